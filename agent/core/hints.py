@@ -1,0 +1,178 @@
+"""NUMA masks and topology hints: the vocabulary shared by every hint provider
+and the topology manager.
+
+A NumaMask is a set of NUMA node ids kept as an int bitmask (node ids are the
+kernel's and may be sparse, e.g. 0, 8, 250..255). Ordering follows the
+kubelet's: a mask is *narrower* than another if it has fewer nodes, and among
+equally wide masks the numerically smaller bitmask (lower node ids) wins.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import combinations
+from typing import Iterable, Iterator
+
+
+class NumaMask:
+    __slots__ = ("bits",)
+
+    def __init__(self, nodes: Iterable[int] = ()) -> None:
+        bits = 0
+        for n in nodes:
+            n = int(n)
+            if n < 0:
+                raise ValueError(f"NUMA node id must be >= 0, got {n}")
+            bits |= 1 << n
+        object.__setattr__(self, "bits", bits)
+
+    @classmethod
+    def from_bits(cls, bits: int) -> "NumaMask":
+        m = cls.__new__(cls)
+        object.__setattr__(m, "bits", bits)
+        return m
+
+    def __setattr__(self, name, value):  # immutable
+        raise AttributeError("NumaMask is immutable")
+
+    def nodes(self) -> tuple[int, ...]:
+        out = []
+        b, i = self.bits, 0
+        while b:
+            if b & 1:
+                out.append(i)
+            b >>= 1
+            i += 1
+        return tuple(out)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.nodes())
+
+    def count(self) -> int:
+        return self.bits.bit_count()
+
+    __len__ = count
+
+    def __bool__(self) -> bool:
+        return self.bits != 0
+
+    def __contains__(self, node: object) -> bool:
+        return isinstance(node, int) and node >= 0 and bool(self.bits >> node & 1)
+
+    def __and__(self, other: "NumaMask") -> "NumaMask":
+        return NumaMask.from_bits(self.bits & other.bits)
+
+    def __or__(self, other: "NumaMask") -> "NumaMask":
+        return NumaMask.from_bits(self.bits | other.bits)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, NumaMask) and other.bits == self.bits
+
+    def __hash__(self) -> int:
+        return hash(("NumaMask", self.bits))
+
+    def issubset(self, other: "NumaMask") -> bool:
+        return self.bits & ~other.bits == 0
+
+    def is_narrower_than(self, other: "NumaMask") -> bool:
+        c1, c2 = self.count(), other.count()
+        if c1 == c2:
+            return self.bits < other.bits
+        return c1 < c2
+
+    def sort_key(self) -> tuple[int, int]:
+        """Key that sorts narrowest-first, the kubelet's order."""
+        return (self.count(), self.bits)
+
+    def __repr__(self) -> str:
+        return f"NumaMask({list(self.nodes())})"
+
+    def format(self) -> str:
+        return ",".join(str(n) for n in self.nodes())
+
+
+def masks_of(nodes: Iterable[int]) -> Iterator[NumaMask]:
+    """Every non-empty subset of `nodes`, narrowest first, then by bitmask:
+    the order in which the kubelet's providers iterate masks."""
+    ids = sorted(set(nodes))
+    for k in range(1, len(ids) + 1):
+        for combo in combinations(ids, k):
+            yield NumaMask(combo)
+
+
+@dataclass(frozen=True, slots=True)
+class TopologyHint:
+    """A provider's statement: 'I can satisfy the request on `mask`'.
+    mask None means 'no NUMA preference'."""
+
+    mask: NumaMask | None
+    preferred: bool
+
+    def to_json(self) -> dict:
+        return {"mask": None if self.mask is None else list(self.mask.nodes()),
+                "preferred": self.preferred}
+
+    def __str__(self) -> str:
+        m = "any" if self.mask is None else "{" + self.mask.format() + "}"
+        return f"{m}{' preferred' if self.preferred else ''}"
+
+
+# A provider answers with resource name -> hints. None for a resource (or for
+# the whole provider) means "no preference"; an empty list means "cannot satisfy".
+ProviderHints = dict[str, "list[TopologyHint] | None"]
+
+
+@dataclass(frozen=True, slots=True)
+class HintSet:
+    """One provider's hints for one resource.
+
+    The kubelet's providers list a hint for every NUMA mask that can hold the
+    request (2^N masks on N nodes), preferred iff the mask is as narrow as
+    the narrowest mask that could ever hold it. Listing them is exponential,
+    so a HintSet can instead carry the rule that generates them:
+
+    - ``no_preference()``: the resource does not care ({nil, preferred}).
+    - ``impossible()``: the resource cannot be satisfied ([] in kubelet terms).
+    - ``generated(nodes, fits, min_size)``: a hint for every mask M over
+      ``nodes`` with ``fits(M)``; preferred iff ``M.count() == min_size``.
+    - ``explicit(hints)``: a literal list (conformance vectors, tests).
+
+    ``hints()`` enumerates the kubelet's list; it is exponential in the node
+    count and meant for small machines, explanations and tests.
+    """
+
+    kind: str  # "none" | "impossible" | "generated" | "explicit"
+    nodes: NumaMask | None = None
+    fits: "object | None" = None  # Callable[[NumaMask], bool]
+    min_size: int = 0
+    explicit_hints: tuple[TopologyHint, ...] = ()
+
+    @classmethod
+    def no_preference(cls) -> "HintSet":
+        return cls("none")
+
+    @classmethod
+    def impossible(cls) -> "HintSet":
+        return cls("impossible")
+
+    @classmethod
+    def generated(cls, nodes: NumaMask, fits, min_size: int) -> "HintSet":
+        return cls("generated", nodes=nodes, fits=fits, min_size=min_size)
+
+    @classmethod
+    def explicit(cls, hints: Iterable[TopologyHint] | None) -> "HintSet":
+        if hints is None:
+            return cls.no_preference()
+        hints = tuple(hints)
+        return cls("explicit", explicit_hints=hints) if hints else cls.impossible()
+
+    def hints(self) -> list[TopologyHint]:
+        if self.kind == "none":
+            return [TopologyHint(None, True)]
+        if self.kind == "impossible":
+            return []
+        if self.kind == "explicit":
+            return list(self.explicit_hints)
+        assert self.nodes is not None and callable(self.fits)
+        return [TopologyHint(m, m.count() == self.min_size)
+                for m in masks_of(self.nodes.nodes()) if self.fits(m)]
