@@ -83,7 +83,8 @@ class PciDevice:
     other_children: tuple[str, ...] = ()  # other class children, "class/name"
 
 
-@dataclass(frozen=True, slots=True)
+# No slots: the cached_property views below need an instance __dict__.
+@dataclass(frozen=True)
 class Topology:
     numa_nodes: tuple[NumaNode, ...]  # sorted by id
     cpus: tuple[Cpu, ...]  # sorted by id; every CPU with a cpuN dir or named by a node
