@@ -1,0 +1,280 @@
+"""Boot a guest of a given shape, run one command inside it, collect the result.
+
+One boot runs one command. To run many tests, make that command a whole pytest
+session or a scenario script: a boot costs 10-40 s under emulation, a command
+inside an already booted guest costs only its own run time.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .build import GuestImage, default_cache_dir, ensure_guest_image, progress
+from .shapes import Shape, get_shape, qemu_args
+
+GUEST_JOB_DIR = "/run/vmharness/job"   # where the job share is mounted inside the guest
+GUEST_OUT_DIR = "/run/vmharness/out"   # where the optional out share is mounted
+TIMED_OUT_STATUS = 124                 # as coreutils timeout(1)
+CONSOLE_TAIL_LINES = 30
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# Never passed into the guest: the opt-in switch would make tests inside the guest boot
+# guests of their own; the rest describe the host session, not the guest.
+_ENV_DROPPED = {"NUMA_AGENT_VM", "OLDPWD", "_", "SHLVL", "PWD"}
+
+
+class GuestError(RuntimeError):
+    """The guest gave no result for the command (never booted, or died mid-run)."""
+
+    def __init__(self, message: str, console_tail: tuple[str, ...] = (), job_dir: Path | None = None):
+        super().__init__(message)
+        self.console_tail = console_tail
+        self.job_dir = job_dir
+
+
+class GuestBootError(GuestError):
+    """No boot reached the command (the `started` marker never appeared)."""
+
+
+@dataclass(frozen=True)
+class GuestResult:
+    shape: str
+    argv: tuple[str, ...]
+    exit_code: int | None        # the command's own status; None if it was killed for time
+    timed_out: bool
+    stdout: bytes
+    stderr: bytes
+    boot_seconds: float          # QEMU start -> `started` marker, for the boot that ran the command
+    run_seconds: float           # `started` marker -> QEMU exit
+    total_seconds: float         # everything, failed boots included
+    attempts: int                # boots needed (2 when the first one hung)
+    console_tail: tuple[str, ...] = field(repr=False, default=())
+    job_dir: Path | None = None  # kept only when asked (keep_job_dir=True)
+
+    @property
+    def returncode(self) -> int:
+        """What a shell would see: the command's status, or 124 after a timeout."""
+        return TIMED_OUT_STATUS if self.timed_out or self.exit_code is None else self.exit_code
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0
+
+
+def guest_env(host_env: dict[str, str], shape: Shape, cwd: str, with_out: bool) -> dict[str, str]:
+    """The command's environment inside the guest: the caller's, minus host-session noise."""
+    env = {k: v for k, v in host_env.items()
+           if _ENV_NAME.match(k) and k not in _ENV_DROPPED and "\0" not in v}
+    env["PWD"] = cwd
+    env["NUMA_AGENT_IN_VM"] = "1"
+    env["NUMA_AGENT_VM_SHAPE"] = shape.name
+    if with_out:
+        env["NUMA_AGENT_VM_OUT"] = GUEST_OUT_DIR
+    else:
+        env.pop("NUMA_AGENT_VM_OUT", None)
+    return env
+
+
+def job_script(argv: list[str] | tuple[str, ...], cwd: str, env: dict[str, str]) -> str:
+    """The shell script the guest runs (with the host's /bin/sh, since the host root is the guest root)."""
+    if not argv:
+        raise ValueError("no command given to run in the guest")
+    if "=" in argv[0]:
+        raise ValueError(f"the command name {argv[0]!r} contains '=', which env(1) would take "
+                         "for a variable; call it through `sh -c` or a path without '='")
+    q = shlex.quote
+    lines = [
+        "#!/bin/sh",
+        "# Written by scripts/vmharness for one guest run.",
+        f"cd {q(cwd)} || {{ echo {q(f'vmharness: cannot enter {cwd} in the guest')} >&2; exit 125; }}",
+        "exec /usr/bin/env -i \\",
+        *(f"    {q(f'{k}={v}')} \\" for k, v in sorted(env.items())),
+        "    " + " ".join(q(a) for a in argv),
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _tail(path: Path, lines: int = CONSOLE_TAIL_LINES) -> tuple[str, ...]:
+    try:
+        text = path.read_bytes().decode("utf-8", "replace").replace("\r", "")
+    except OSError:
+        return ()
+    return tuple(text.splitlines()[-lines:])
+
+
+class _Streamer:
+    """Copies what the guest appends to stdout/stderr to ours while the command runs."""
+
+    def __init__(self, job_dir: Path, enabled: bool):
+        self.enabled = enabled
+        self.offsets = {"stdout": 0, "stderr": 0}
+        self.job_dir = job_dir
+
+    def pump(self) -> None:
+        if not self.enabled:
+            return
+        for name, sink in (("stdout", sys.stdout.buffer), ("stderr", sys.stderr.buffer)):
+            try:
+                with open(self.job_dir / name, "rb") as f:
+                    f.seek(self.offsets[name])
+                    data = f.read()
+            except OSError:
+                continue
+            if data:
+                self.offsets[name] += len(data)
+                sink.write(data)
+                sink.flush()
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@dataclass(frozen=True)
+class _Boot:
+    started: bool
+    boot_seconds: float
+    run_seconds: float
+    timed_out: bool
+    why: str  # empty when the boot ran the command to its end
+
+
+def _boot_once(args: list[str], job_dir: Path, boot_timeout: float, timeout: float,
+               stream: bool, poll: float) -> _Boot:
+    for name in ("started", "finished", "stdout", "stderr", "exit_code", "timed_out", "console.log"):
+        (job_dir / name).unlink(missing_ok=True)
+    t0 = time.monotonic()
+    with open(job_dir / "qemu.log", "wb") as qemu_log:
+        try:
+            proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=qemu_log,
+                                    stderr=subprocess.STDOUT, start_new_session=True)
+        except OSError as exc:
+            raise GuestError(f"cannot start {args[0]}: {exc}") from None
+    try:
+        while not (job_dir / "started").exists():
+            if proc.poll() is not None:
+                if (job_dir / "started").exists():
+                    break
+                qemu_says = " | ".join(_tail(job_dir / "qemu.log", 5))
+                return _Boot(False, time.monotonic() - t0, 0.0, False,
+                             f"QEMU exited with status {proc.returncode} before the command started"
+                             + (f" (QEMU: {qemu_says})" if qemu_says else ""))
+            if time.monotonic() - t0 > boot_timeout:
+                return _Boot(False, time.monotonic() - t0, 0.0, False,
+                             f"the guest did not start the command within {boot_timeout:.0f} s")
+            time.sleep(poll)
+        t_started = time.monotonic()
+        streamer = _Streamer(job_dir, stream)
+        # The guest kills the command at `timeout` and powers off; the margin covers that,
+        # and the host stops a guest that hangs even so.
+        deadline = t_started + timeout + 30
+        while proc.poll() is None and time.monotonic() < deadline:
+            streamer.pump()
+            time.sleep(poll)
+        streamer.pump()
+        host_killed = proc.poll() is None
+        _stop(proc)
+        return _Boot(True, t_started - t0, time.monotonic() - t_started,
+                     host_killed or (job_dir / "timed_out").exists(), "")
+    finally:
+        _stop(proc)
+
+
+def run_in_guest(shape: str | Shape, argv: list[str] | tuple[str, ...], timeout: float = 600, *,
+                 cwd: str | os.PathLike | None = None, env: dict[str, str] | None = None,
+                 out_dir: str | os.PathLike | None = None, boot_timeout: float = 180,
+                 boot_attempts: int = 2, stream: bool = False, keep_job_dir: bool = False,
+                 image: GuestImage | None = None, cache_dir: Path | None = None,
+                 qemu: str = "qemu-system-x86_64", poll_seconds: float = 0.2,
+                 quiet: bool = False) -> GuestResult:
+    """Boot `shape`, run `argv` in the guest (cwd and env default to ours), return its result.
+
+    The guest's root is a throw-away writable copy of the host's root, so the repo, its
+    .venv and the host's Python are where they are here. `out_dir` (a host directory) is
+    mounted read-write in the guest at $NUMA_AGENT_VM_OUT for files that must survive
+    the run (reports, logs). Raises GuestBootError when `boot_attempts` boots never reached
+    the command, GuestError when the guest died while the command ran.
+    """
+    shape = get_shape(shape) if isinstance(shape, str) else shape
+    shape.validate()
+    argv = tuple(str(a) for a in argv)
+    if timeout <= 0:
+        raise ValueError(f"timeout must be positive, got {timeout}")
+    cwd = os.path.abspath(cwd if cwd is not None else os.getcwd())
+    if out_dir is not None:
+        out_dir = Path(out_dir).resolve()
+        if not out_dir.is_dir():
+            raise ValueError(f"out_dir {out_dir} is not an existing directory")
+    script = job_script(argv, cwd, guest_env(dict(os.environ if env is None else env), shape, cwd,
+                                             out_dir is not None))
+    say = (lambda m: None) if quiet else progress
+    image = image or ensure_guest_image(cache_dir)
+    jobs = (cache_dir or default_cache_dir()) / "jobs"
+    jobs.mkdir(parents=True, exist_ok=True)
+    job_dir = Path(tempfile.mkdtemp(prefix=f"{shape.name}-", dir=jobs))
+    (job_dir / "job.sh").write_text(script)
+    (job_dir / "timeout").write_text(f"{int(max(1, round(timeout)))}\n")
+    (job_dir / "shares").write_text("out\n" if out_dir is not None else "")
+    args = qemu_args(shape, kernel=image.vmlinux, initrd=image.initrd, job_dir=job_dir,
+                     out_dir=out_dir, qemu=qemu)
+    t0 = time.monotonic()
+    failures: list[str] = []
+    boot = None
+    for attempt in range(1, boot_attempts + 1):
+        say(f"booting {shape.name} ({shape.cpus} CPUs, {len(shape.nodes)} NUMA nodes), attempt {attempt}")
+        boot = _boot_once(args, job_dir, boot_timeout, timeout, stream, poll_seconds)
+        if boot.started:
+            break
+        tail = _tail(job_dir / "console.log")
+        failures.append(boot.why)
+        say(f"boot attempt {attempt} failed: {boot.why}; last {len(tail)} console lines:")
+        for line in tail:
+            say(f"  | {line}")
+    if boot is None or not boot.started:
+        raise GuestBootError(
+            f"{shape.name}: the guest never started the command in {boot_attempts} boot(s): "
+            + "; ".join(failures) + f" (console and QEMU logs kept in {job_dir})",
+            _tail(job_dir / "console.log"), job_dir)
+    say(f"guest started the command {boot.boot_seconds:.1f} s after boot")
+    console_tail = _tail(job_dir / "console.log")
+    stdout = _read(job_dir / "stdout")
+    stderr = _read(job_dir / "stderr")
+    exit_text = _read(job_dir / "exit_code").decode().strip()
+    if boot.timed_out:
+        exit_code = None
+    elif exit_text.lstrip("-").isdigit():
+        exit_code = int(exit_text)
+    else:
+        raise GuestError(f"{shape.name}: the guest stopped while the command ran and wrote no exit "
+                         f"status (kernel panic or out of memory?); logs kept in {job_dir}",
+                         console_tail, job_dir)
+    total = time.monotonic() - t0
+    say(f"guest finished in {total:.1f} s (boot {boot.boot_seconds:.1f} s, command {boot.run_seconds:.1f} s"
+        + (f", {len(failures) + 1} boots" if failures else "") + ")")
+    if not keep_job_dir:
+        shutil.rmtree(job_dir, ignore_errors=True)
+    return GuestResult(shape.name, argv, exit_code, boot.timed_out, stdout, stderr,
+                       boot.boot_seconds, boot.run_seconds, total, len(failures) + 1,
+                       console_tail, job_dir if keep_job_dir else None)
+
+
+def _read(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError:
+        return b""
