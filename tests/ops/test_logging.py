@@ -1,0 +1,95 @@
+import logging
+import os
+
+import pytest
+
+from agent.service.logging_setup import get_logger, setup_logging
+
+
+@pytest.fixture(autouse=True)
+def restore_logger():
+    logger = logging.getLogger("numa_agent")
+    handlers, level = list(logger.handlers), logger.level
+    yield
+    logger.handlers[:] = handlers
+    logger.setLevel(level)
+
+
+def _journal_env(stream):
+    st = os.fstat(stream.fileno())
+    return {"JOURNAL_STREAM": f"{st.st_dev}:{st.st_ino}"}
+
+
+def _lines(path):
+    return path.read_text().splitlines()
+
+
+def test_terminal_format_has_timestamp_level_and_name(tmp_path):
+    out = tmp_path / "err"
+    with open(out, "w") as stream:
+        setup_logging("info", stream=stream, env={})
+        get_logger("api").info("listening on %s", "/run/numa-agent/agent.sock")
+        get_logger("api").debug("not shown at info")
+    (line,) = _lines(out)
+    assert line.endswith(" INFO numa_agent.api: listening on /run/numa-agent/agent.sock")
+    assert line[:4].isdigit()  # starts with the date
+
+
+def test_journald_gets_priorities_and_no_timestamp(tmp_path):
+    out = tmp_path / "err"
+    with open(out, "w") as stream:
+        setup_logging("DEBUG", stream=stream, env=_journal_env(stream))
+        log = get_logger("admission")
+        log.debug("d")
+        log.info("i")
+        log.warning("w")
+        log.error("e")
+        log.critical("c")
+    assert _lines(out) == [
+        "<7>numa_agent.admission: d",
+        "<6>numa_agent.admission: i",
+        "<4>numa_agent.admission: w",
+        "<3>numa_agent.admission: e",
+        "<2>numa_agent.admission: c",
+    ]
+
+
+def test_journald_prefixes_every_traceback_line(tmp_path):
+    out = tmp_path / "err"
+    with open(out, "w") as stream:
+        setup_logging("info", stream=stream, env=_journal_env(stream))
+        try:
+            raise RuntimeError("boom")
+        except RuntimeError:
+            get_logger("state").exception("checkpoint failed")
+    lines = _lines(out)
+    assert lines[0] == "<3>numa_agent.state: checkpoint failed"
+    assert len(lines) > 2 and all(line.startswith("<3>") for line in lines)
+    assert lines[-1] == "<3>RuntimeError: boom"
+
+
+def test_journal_stream_of_another_file_is_not_journald(tmp_path):
+    other = tmp_path / "other"
+    other.write_text("")
+    st = os.stat(other)
+    out = tmp_path / "err"
+    with open(out, "w") as stream:
+        setup_logging("info", stream=stream, env={"JOURNAL_STREAM": f"{st.st_dev}:{st.st_ino}"})
+        get_logger("x").info("hello")
+    (line,) = _lines(out)
+    assert not line.startswith("<") and line.endswith("INFO numa_agent.x: hello")
+
+
+def test_second_setup_replaces_handler(tmp_path):
+    out = tmp_path / "err"
+    with open(out, "w") as stream:
+        setup_logging("info", stream=stream, env={})
+        setup_logging("warning", stream=stream, env={})
+        get_logger("x").info("hidden")
+        get_logger("x").warning("once")
+    assert len(_lines(out)) == 1
+
+
+def test_bad_level_lists_valid_ones():
+    with pytest.raises(ValueError, match=r"invalid log level 'verbose'; valid levels: debug, info, warning, error, critical"):
+        setup_logging("verbose")
