@@ -1,0 +1,99 @@
+"""Minimal client of the agent's local API.
+
+Imports only `socket`, `json` and `os` so that `numa-run` starts fast: it
+runs before every latency-sensitive program. One request per connection,
+matching the server.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+
+_MAX_RESPONSE_BYTES = 64 * 1024 * 1024
+
+
+class ClientError(Exception):
+    """Base of the client's own failures (not the agent's refusals)."""
+
+
+class AgentUnreachable(ClientError):
+    """No agent answers on the socket path."""
+
+
+class BadResponse(ClientError):
+    """The agent answered something that is not an HTTP/JSON response."""
+
+
+def request(socket_path: str, method: str, path: str, body: dict | None = None,
+            timeout: float = 30) -> tuple[int, dict]:
+    """Send one request; return (HTTP status, decoded JSON body)."""
+    payload = b"" if body is None else json.dumps(body).encode("utf-8")
+    head = (f"{method} {path} HTTP/1.1\r\nHost: numa-agent\r\nConnection: close\r\n"
+            f"Accept: application/json\r\n")
+    if body is not None or method in ("POST", "PUT"):
+        head += f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n"
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(timeout)
+    try:
+        try:
+            sock.connect(socket_path)
+        except OSError as exc:
+            reason = exc.strerror or str(exc)
+            raise AgentUnreachable(
+                f"cannot reach the agent at {socket_path}: {reason}; is the agent running? "
+                "start it with `numa-agent serve` or scripts/agent") from None
+        try:
+            sock.sendall(head.encode("ascii") + b"\r\n" + payload)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the server may answer (e.g. 413) before reading everything
+        except socket.timeout:
+            raise BadResponse(f"timed out sending to the agent at {socket_path}") from None
+        raw = _read_all(sock, socket_path)
+    finally:
+        sock.close()
+    return _parse_response(raw, socket_path)
+
+
+def _read_all(sock: socket.socket, socket_path: str) -> bytes:
+    chunks: list[bytes] = []
+    total = 0
+    while True:
+        try:
+            chunk = sock.recv(65536)
+        except socket.timeout:
+            raise BadResponse(f"the agent at {socket_path} did not answer in time") from None
+        except ConnectionResetError:
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+        total += len(chunk)
+        if total > _MAX_RESPONSE_BYTES:
+            raise BadResponse(f"response from {socket_path} is too large")
+    return b"".join(chunks)
+
+
+def _parse_response(raw: bytes, socket_path: str) -> tuple[int, dict]:
+    head, sep, body = raw.partition(b"\r\n\r\n")
+    if not sep:
+        raise BadResponse(f"incomplete HTTP response from {socket_path}")
+    lines = head.decode("latin-1").split("\r\n")
+    parts = lines[0].split(" ", 2)
+    if len(parts) < 2 or not parts[0].startswith("HTTP/") or not parts[1].isdigit():
+        raise BadResponse(f"not an HTTP response from {socket_path}: {lines[0][:60]!r}")
+    status = int(parts[1])
+    for line in lines[1:]:
+        name, _, value = line.partition(":")
+        if name.strip().lower() == "content-length" and value.strip().isdigit():
+            body = body[:int(value.strip())]
+    if not body:
+        return status, {}
+    try:
+        data = json.loads(body)
+    except ValueError:
+        raise BadResponse(f"response from {socket_path} is not JSON (status {status})") from None
+    if not isinstance(data, dict):
+        data = {"items": data}
+    return status, data
+
