@@ -25,6 +25,9 @@ GUEST_JOB_DIR = "/run/vmharness/job"   # where the job share is mounted inside t
 GUEST_OUT_DIR = "/run/vmharness/out"   # where the optional out share is mounted
 TIMED_OUT_STATUS = 124                 # as coreutils timeout(1)
 CONSOLE_TAIL_LINES = 30
+# After the guest's own watchdog kills the command it still has to power off; past this
+# margin the host stops QEMU itself.
+HOST_GRACE_SECONDS = 30
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # Never passed into the guest: the opt-in switch would make tests inside the guest boot
 # guests of their own; the rest describe the host session, not the guest.
@@ -155,7 +158,7 @@ class _Boot:
 
 
 def _boot_once(args: list[str], job_dir: Path, boot_timeout: float, timeout: float,
-               stream: bool, poll: float) -> _Boot:
+               stream: bool, poll: float, on_started) -> _Boot:
     for name in ("started", "finished", "stdout", "stderr", "exit_code", "timed_out", "console.log"):
         (job_dir / name).unlink(missing_ok=True)
     t0 = time.monotonic()
@@ -179,10 +182,11 @@ def _boot_once(args: list[str], job_dir: Path, boot_timeout: float, timeout: flo
                              f"the guest did not start the command within {boot_timeout:.0f} s")
             time.sleep(poll)
         t_started = time.monotonic()
+        on_started(t_started - t0)
         streamer = _Streamer(job_dir, stream)
         # The guest kills the command at `timeout` and powers off; the margin covers that,
         # and the host stops a guest that hangs even so.
-        deadline = t_started + timeout + 30
+        deadline = t_started + timeout + HOST_GRACE_SECONDS
         while proc.poll() is None and time.monotonic() < deadline:
             streamer.pump()
             time.sleep(poll)
@@ -200,17 +204,19 @@ def run_in_guest(shape: str | Shape, argv: list[str] | tuple[str, ...], timeout:
                  out_dir: str | os.PathLike | None = None, boot_timeout: float = 180,
                  boot_attempts: int = 2, stream: bool = False, keep_job_dir: bool = False,
                  image: GuestImage | None = None, cache_dir: Path | None = None,
-                 qemu: str = "qemu-system-x86_64", poll_seconds: float = 0.2,
+                 qemu: str | None = None, poll_seconds: float = 0.2,
                  quiet: bool = False) -> GuestResult:
     """Boot `shape`, run `argv` in the guest (cwd and env default to ours), return its result.
 
     The guest's root is a throw-away writable copy of the host's root, so the repo, its
     .venv and the host's Python are where they are here. `out_dir` (a host directory) is
     mounted read-write in the guest at $NUMA_AGENT_VM_OUT for files that must survive
-    the run (reports, logs). Raises GuestBootError when `boot_attempts` boots never reached
-    the command, GuestError when the guest died while the command ran.
+    the run (reports, logs). `qemu` defaults to $NUMA_AGENT_VM_QEMU or qemu-system-x86_64.
+    Raises GuestBootError when `boot_attempts` boots never reached the command, GuestError
+    when the guest died while the command ran.
     """
     shape = get_shape(shape) if isinstance(shape, str) else shape
+    qemu = qemu or os.environ.get("NUMA_AGENT_VM_QEMU", "qemu-system-x86_64")
     shape.validate()
     argv = tuple(str(a) for a in argv)
     if timeout <= 0:
@@ -237,7 +243,8 @@ def run_in_guest(shape: str | Shape, argv: list[str] | tuple[str, ...], timeout:
     boot = None
     for attempt in range(1, boot_attempts + 1):
         say(f"booting {shape.name} ({shape.cpus} CPUs, {len(shape.nodes)} NUMA nodes), attempt {attempt}")
-        boot = _boot_once(args, job_dir, boot_timeout, timeout, stream, poll_seconds)
+        boot = _boot_once(args, job_dir, boot_timeout, timeout, stream, poll_seconds,
+                          lambda seconds: say(f"guest started the command {seconds:.1f} s after boot"))
         if boot.started:
             break
         tail = _tail(job_dir / "console.log")
@@ -250,7 +257,6 @@ def run_in_guest(shape: str | Shape, argv: list[str] | tuple[str, ...], timeout:
             f"{shape.name}: the guest never started the command in {boot_attempts} boot(s): "
             + "; ".join(failures) + f" (console and QEMU logs kept in {job_dir})",
             _tail(job_dir / "console.log"), job_dir)
-    say(f"guest started the command {boot.boot_seconds:.1f} s after boot")
     console_tail = _tail(job_dir / "console.log")
     stdout = _read(job_dir / "stdout")
     stderr = _read(job_dir / "stderr")
