@@ -146,6 +146,9 @@ class HintSet:
     fits: "object | None" = None  # Callable[[NumaMask], bool]
     min_size: int = 0
     explicit_hints: tuple[TopologyHint, ...] = ()
+    # Callable[[NumaMask], bool] | None: masks wider than min_size that are
+    # preferred all the same (the CPU manager's align-by-socket option).
+    also_preferred: "object | None" = None
 
     @classmethod
     def no_preference(cls) -> "HintSet":
@@ -156,8 +159,15 @@ class HintSet:
         return cls("impossible")
 
     @classmethod
-    def generated(cls, nodes: NumaMask, fits, min_size: int) -> "HintSet":
-        return cls("generated", nodes=nodes, fits=fits, min_size=min_size)
+    def generated(cls, nodes: NumaMask, fits, min_size: int, also_preferred=None) -> "HintSet":
+        return cls("generated", nodes=nodes, fits=fits, min_size=min_size,
+                   also_preferred=also_preferred)
+
+    def is_preferred(self, mask: NumaMask) -> bool:
+        """Preference of a generated hint on `mask` (which must fit)."""
+        if mask.count() == self.min_size:
+            return True
+        return self.also_preferred is not None and bool(self.also_preferred(mask))
 
     @classmethod
     def explicit(cls, hints: Iterable[TopologyHint] | None) -> "HintSet":
@@ -174,5 +184,5 @@ class HintSet:
         if self.kind == "explicit":
             return list(self.explicit_hints)
         assert self.nodes is not None and callable(self.fits)
-        return [TopologyHint(m, m.count() == self.min_size)
+        return [TopologyHint(m, self.is_preferred(m))
                 for m in masks_of(self.nodes.nodes()) if self.fits(m)]
