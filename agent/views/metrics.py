@@ -1,0 +1,248 @@
+"""Prometheus metrics: a read-only view of the service's state, built at scrape time.
+
+`AgentCollector` calls the service's `metrics_snapshot()` once per scrape, so every family
+in one scrape comes from the same consistent snapshot, and turns it into metric families
+(prefix `numa_agent_`, base units, `_total` counters). It lives on the agent's own
+`CollectorRegistry` (never the global default one, which would also drag in process
+collectors this agent does not ask for).
+
+`start_metrics_server("HOST:PORT", registry)` serves `/metrics` over plain HTTP on TCP,
+by default on 127.0.0.1:9464 (loopback only: the figures describe the node's tenants).
+Snapshot shape: see the service contract (`{"status": status(), "counters": {...}}`).
+Histogram buckets in the snapshot are cumulative `[upper_bound, count]` pairs, as
+Prometheus defines them; the `+Inf` bucket is added from `count` when absent.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from importlib import metadata
+from typing import Any, Callable, Iterator, Mapping
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.exposition import start_http_server
+from prometheus_client.utils import floatToGoString
+
+log = logging.getLogger("numa_agent.metrics")
+
+DEFAULT_METRICS_ADDRESS = "127.0.0.1:9464"
+PREFIX = "numa_agent_"
+
+# Fixed label-value orders, so output never depends on dict order in the snapshot and
+# dashboards see every series (at 0) from the first scrape on.
+RESOURCE_STATES = ("capacity", "reserved", "allocated", "free")
+ADMISSION_RESULTS = ("admitted", "refused", "dry_run")
+ALIGNMENT_LEVELS = ("numa_node", "physical_core", "l3")
+HOTPLUG_KINDS = ("cpu", "memory", "node", "pci")
+
+Snapshot = Mapping[str, Any]
+
+
+def _agent_version() -> str:
+    try:
+        return metadata.version("numa-agent")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def _labelled_counts(values: Mapping[str, Any] | None, always: tuple[str, ...] = ()) -> list[tuple[str, float]]:
+    """(label, value) pairs: the `always` labels first in that order, then the rest sorted."""
+    values = values or {}
+    out = [(key, float(values.get(key, 0))) for key in always]
+    out += [(str(key), float(values[key])) for key in sorted(values, key=str) if key not in always]
+    return out
+
+
+def _states(values: Mapping[str, Any] | None) -> list[tuple[str, float]]:
+    values = values or {}
+    return [(state, float(values[state])) for state in RESOURCE_STATES if state in values]
+
+
+class AgentCollector:
+    """A prometheus-client collector over `snapshot_fn()` (the service's metrics_snapshot)."""
+
+    def __init__(self, snapshot_fn: Callable[[], Snapshot], version: str | None = None) -> None:
+        self._snapshot_fn = snapshot_fn
+        self._version = version if version is not None else _agent_version()
+
+    def describe(self) -> Iterator[Metric]:
+        # Lets the registry check names at registration without taking a snapshot.
+        return iter(self._families({"status": {}, "counters": {}}))
+
+    def collect(self) -> Iterator[Metric]:
+        try:
+            snapshot = self._snapshot_fn()
+        except Exception:
+            log.exception("metrics scrape failed: the service snapshot raised")
+            raise
+        return iter(self._families(snapshot))
+
+    def _families(self, snapshot: Snapshot) -> list[Metric]:
+        status = snapshot.get("status") or {}
+        counters = snapshot.get("counters") or {}
+        families: list[Metric] = []
+        families += self._admission_families(counters)
+        families += self._node_families(status.get("nodes") or [])
+
+        workloads = status.get("workloads") or []
+        families.append(GaugeMetricFamily(
+            PREFIX + "workloads", "Admitted workloads currently held.", value=len(workloads)))
+        families.append(GaugeMetricFamily(
+            PREFIX + "pods", "Pods (groups of workloads sharing a budget) currently held.",
+            value=len(status.get("pods") or [])))
+        families.append(GaugeMetricFamily(
+            PREFIX + "workloads_lost_resources",
+            "Workloads that lost a CPU or device to hotplug since admission.",
+            value=sum(1 for w in workloads if w.get("lost"))))
+
+        aligned = CounterMetricFamily(
+            PREFIX + "aligned_allocations", "Admissions whose allocation was aligned, by level.",
+            labels=["level"])
+        for level, value in _labelled_counts(counters.get("aligned_allocations_total"), ALIGNMENT_LEVELS):
+            aligned.add_metric([level], value)
+        families.append(aligned)
+
+        families.append(CounterMetricFamily(
+            PREFIX + "releases", "Workloads released.",
+            value=float(counters.get("releases_total", 0))))
+        families.append(CounterMetricFamily(
+            PREFIX + "checkpoint_writes", "Checkpoints written.",
+            value=float(counters.get("checkpoint_writes_total", 0))))
+        families.append(CounterMetricFamily(
+            PREFIX + "checkpoint_failures", "Checkpoint writes that failed.",
+            value=float(counters.get("checkpoint_failures_total", 0))))
+
+        hotplug = CounterMetricFamily(
+            PREFIX + "hotplug_events", "Hotplug events handled, by kind.", labels=["kind"])
+        for kind, value in _labelled_counts(counters.get("hotplug_events_total"), HOTPLUG_KINDS):
+            hotplug.add_metric([kind], value)
+        families.append(hotplug)
+
+        info = GaugeMetricFamily(
+            PREFIX + "info", "Agent version and enforcement mode (cgroup or affinity).",
+            labels=["version", "enforcement"])
+        info.add_metric([self._version, str(status.get("enforcement", "unknown"))], 1)
+        families.append(info)
+        return families
+
+    def _admission_families(self, counters: Mapping[str, Any]) -> list[Metric]:
+        requests = CounterMetricFamily(
+            PREFIX + "admission_requests", "Admission requests, by result.", labels=["result"])
+        for result, value in _labelled_counts(counters.get("admission_requests_total"), ADMISSION_RESULTS):
+            requests.add_metric([result], value)
+        errors = CounterMetricFamily(
+            PREFIX + "admission_errors", "Refused or failed admissions, by reason.", labels=["reason"])
+        for reason, value in _labelled_counts(counters.get("admission_errors_total")):
+            errors.add_metric([reason], value)
+
+        duration = counters.get("admission_duration_seconds") or {}
+        count = float(duration.get("count", 0))
+        buckets = sorted((float(le), float(n)) for le, n in duration.get("buckets", []))
+        pairs = [(floatToGoString(le), n) for le, n in buckets if not math.isinf(le)]
+        pairs.append(("+Inf", count))
+        histogram = HistogramMetricFamily(
+            PREFIX + "admission_duration_seconds", "Time to decide one admission.",
+            buckets=pairs, sum_value=float(duration.get("sum", 0.0)))
+        return [requests, errors, histogram]
+
+    def _node_families(self, nodes: list[Mapping[str, Any]]) -> list[Metric]:
+        cpus = GaugeMetricFamily(
+            PREFIX + "cpus", "CPUs per NUMA node, by state.", labels=["numa_node", "state"])
+        memory = GaugeMetricFamily(
+            PREFIX + "memory_bytes", "Memory per NUMA node, by state.", labels=["numa_node", "state"])
+        hugepages = GaugeMetricFamily(
+            PREFIX + "hugepages", "Huge pages per NUMA node and page size (e.g. 2048kB), by state.",
+            labels=["numa_node", "size", "state"])
+        devices = GaugeMetricFamily(
+            PREFIX + "devices", "Devices per resource and NUMA node, by state.",
+            labels=["resource", "numa_node", "state"])
+        for node in sorted(nodes, key=lambda n: int(n["id"])):
+            node_id = str(node["id"])
+            for state, value in _states(node.get("cpus")):
+                cpus.add_metric([node_id, state], value)
+            for state, value in _states(node.get("memory_bytes")):
+                memory.add_metric([node_id, state], value)
+            pages = node.get("hugepages") or {}
+            for size in sorted(pages, key=_page_size_key):
+                for state, value in _states(pages[size]):
+                    hugepages.add_metric([node_id, str(size), state], value)
+            resources = node.get("devices") or {}
+            for resource in sorted(resources):
+                for state, value in _states(resources[resource]):
+                    devices.add_metric([str(resource), node_id, state], value)
+        return [cpus, memory, hugepages, devices]
+
+
+def _page_size_key(size: str) -> tuple[int, str]:
+    digits = "".join(ch for ch in str(size) if ch.isdigit())
+    return (int(digits) if digits else 0, str(size))
+
+
+def build_registry(snapshot_fn: Callable[[], Snapshot], version: str | None = None) -> CollectorRegistry:
+    """A fresh registry holding only the agent's collector."""
+    registry = CollectorRegistry(auto_describe=True)
+    registry.register(AgentCollector(snapshot_fn, version))
+    return registry
+
+
+def parse_address(address: str) -> tuple[str, int]:
+    """"HOST:PORT" or "[IPV6]:PORT" -> (host, port); ValueError says what is wrong."""
+    if not isinstance(address, str) or not address.strip():
+        raise ValueError(f"metrics address must be HOST:PORT (e.g. {DEFAULT_METRICS_ADDRESS}); got {address!r}")
+    text = address.strip()
+    if text.startswith("["):
+        host, sep, rest = text[1:].partition("]")
+        if not sep or not rest.startswith(":"):
+            raise ValueError(f"metrics address {address!r}: expected [IPV6]:PORT, e.g. [::1]:9464")
+        port_text = rest[1:]
+    else:
+        host, sep, port_text = text.rpartition(":")
+        if not sep:
+            raise ValueError(f"metrics address {address!r} has no port; expected HOST:PORT, e.g. {DEFAULT_METRICS_ADDRESS}")
+        if ":" in host:
+            raise ValueError(f"metrics address {address!r}: put an IPv6 address in brackets, e.g. [::1]:9464")
+    if not host:
+        raise ValueError(f"metrics address {address!r} has no host; use 0.0.0.0 or [::] to listen on all addresses")
+    if not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
+        raise ValueError(f"metrics address {address!r}: port must be a number from 0 to 65535")
+    return host, int(port_text)
+
+
+class MetricsServer:
+    """A running /metrics endpoint; `stop()` closes the socket and joins its thread."""
+
+    def __init__(self, httpd, thread) -> None:
+        self._httpd = httpd
+        self._thread = thread
+        sockaddr = httpd.server_address
+        self.host: str = sockaddr[0]
+        self.port: int = sockaddr[1]
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}/metrics"
+
+    def stop(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        self._thread.join(timeout=5)
+
+
+def start_metrics_server(address: str, registry: CollectorRegistry) -> MetricsServer:
+    """Serve `registry` on `address` ("HOST:PORT"; port 0 picks a free one) in a thread."""
+    host, port = parse_address(address)
+    try:
+        httpd, thread = start_http_server(port, addr=host, registry=registry)
+    except OSError as exc:
+        raise OSError(exc.errno, f"metrics: cannot listen on {address}: {exc.strerror or exc}") from exc
+    server = MetricsServer(httpd, thread)
+    log.info("serving metrics on %s", server.url)
+    return server
