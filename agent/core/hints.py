@@ -146,6 +146,9 @@ class HintSet:
     fits: "object | None" = None  # Callable[[NumaMask], bool]
     min_size: int = 0
     explicit_hints: tuple[TopologyHint, ...] = ()
+    # True when every superset (within `nodes`) of a fitting mask fits too,
+    # as for CPUs and devices; lets the topology manager skip enumeration.
+    monotone: bool = False
     # Callable[[NumaMask], bool] | None: masks wider than min_size that are
     # preferred all the same (the CPU manager's align-by-socket option).
     also_preferred: "object | None" = None
@@ -159,9 +162,10 @@ class HintSet:
         return cls("impossible")
 
     @classmethod
-    def generated(cls, nodes: NumaMask, fits, min_size: int, also_preferred=None) -> "HintSet":
+    def generated(cls, nodes: NumaMask, fits, min_size: int, also_preferred=None,
+                  monotone: bool = False) -> "HintSet":
         return cls("generated", nodes=nodes, fits=fits, min_size=min_size,
-                   also_preferred=also_preferred)
+                   also_preferred=also_preferred, monotone=monotone)
 
     def is_preferred(self, mask: NumaMask) -> bool:
         """Preference of a generated hint on `mask` (which must fit)."""
