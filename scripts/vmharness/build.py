@@ -66,8 +66,7 @@ def _run(argv: list[str], what: str, **kwargs) -> subprocess.CompletedProcess:
 
 
 def ensure_host_packages() -> None:
-    missing = sorted({pkg for cmd, pkg in HOST_PACKAGES.items() if shutil.which(cmd) is None
-                      and not Path("/sbin", cmd).exists()})
+    missing = sorted({pkg for cmd, pkg in HOST_PACKAGES.items() if not _have_command(cmd)})
     if not _is_static_busybox(BUSYBOX):
         missing.append("busybox-static")
     if not missing:
@@ -85,6 +84,11 @@ def ensure_host_packages() -> None:
         _run(["apt-get", "install", "-y", "-q", "--no-install-recommends", *missing], "apt-get install", env=env)
     if not _is_static_busybox(BUSYBOX):
         raise SetupError(f"{BUSYBOX} is not a static binary after installing busybox-static")
+
+
+def _have_command(cmd: str) -> bool:
+    # depmod lives in /sbin, which a non-root PATH often lacks
+    return shutil.which(cmd) is not None or Path("/sbin", cmd).exists()
 
 
 def _is_static_busybox(path: Path) -> bool:
@@ -132,8 +136,9 @@ def parse_show_depends(output: str) -> list[str]:
     paths: list[str] = []
     for line in output.splitlines():
         parts = line.split()
-        if len(parts) >= 2 and parts[0] == "insmod" and parts[1] not in paths:
-            paths.append(parts[1])
+        if len(parts) >= 2 and parts[0] == "insmod":
+            if parts[1] not in paths:
+                paths.append(parts[1])
         elif parts and parts[0] != "builtin":
             raise SetupError(f"unexpected modprobe --show-depends line: {line!r}")
     return paths

@@ -1,0 +1,8 @@
+"""The harness lives in scripts/vmharness (tooling, not the agent package)."""
+
+import sys
+from pathlib import Path
+
+SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
+if str(SCRIPTS) not in sys.path:
+    sys.path.insert(0, str(SCRIPTS))

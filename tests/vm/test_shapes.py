@@ -1,0 +1,89 @@
+"""Machine shapes and the QEMU command derived from them (no guest is booted)."""
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from vmharness.shapes import SHAPES, Node, ShapeError, get_shape, qemu_args
+
+
+def _args(shape, out_dir=None):
+    return qemu_args(shape, kernel=Path("/k/vmlinux"), initrd=Path("/k/initrd"), job_dir=Path("/j"),
+                     out_dir=out_dir)
+
+
+def _values(args, flag):
+    return [args[i + 1] for i, a in enumerate(args[:-1]) if a == flag]
+
+
+@pytest.mark.parametrize("name", sorted(SHAPES))
+def test_every_shape_gives_a_consistent_qemu_command(name):
+    shape = SHAPES[name]
+    args = _args(shape)
+    # per-node memory must add up to -m exactly, or QEMU refuses to start
+    backends = [int(v.split("size=")[1].rstrip("M")) for v in _values(args, "-object")]
+    assert sum(backends) == int(_values(args, "-m")[0]) == shape.memory_mib
+    assert _values(args, "-smp")[0].startswith(f"{shape.cpus},sockets={shape.sockets},")
+    # QEMU wants a distance for every pair of nodes
+    dists = {frozenset(v.split(",")[1:3]) for v in _values(args, "-numa") if v.startswith("dist,")}
+    n = len(shape.nodes)
+    assert len(dists) == n * (n - 1) // 2
+    # devices outside the expander bridges must name pcie.0 explicitly
+    for device in _values(args, "-device"):
+        assert "bus=" in device, device
+        bus = device.split("bus=")[1].split(",")[0]
+        assert bus == "pcie.0" or bus.startswith(("pxb", "rp")), device
+    assert "-accel" in args and _values(args, "-accel") == ["tcg"]
+    assert "mount_tag=out" not in " ".join(args)
+
+
+def test_out_share_is_added_only_when_asked():
+    args = _args(SHAPES["2node"], out_dir=Path("/host/out"))
+    assert "local,id=out,path=/host/out,security_model=none" in _values(args, "-fsdev")
+
+
+def test_expected_cpus_per_node_follow_socket_major_numbering():
+    assert SHAPES["2node"].expected_node_cpus() == {0: (0, 1, 2, 3), 1: (4, 5, 6, 7)}
+    assert SHAPES["4node"].expected_node_cpus() == {0: (0, 1), 1: (2, 3), 2: (4, 5), 3: (6, 7)}
+    assert SHAPES["cpuless"].expected_node_cpus() == {0: (0, 1, 2, 3), 1: (4, 5, 6, 7), 2: ()}
+    assert SHAPES["snc"].expected_node_cpus() == {0: (0, 1), 1: (2, 3), 2: (4, 5), 3: (6, 7)}
+    assert SHAPES["2node"].cpu_location(5) == (1, 0, 0, 1)
+    assert SHAPES["2node"].expected_device_nodes() == (1,)
+
+
+def test_2node_matches_the_recipe_topology():
+    args = _args(SHAPES["2node"])
+    assert "cpu,node-id=1,socket-id=1" in _values(args, "-numa")
+    assert "pxb-pcie,id=pxb0,bus_nr=128,numa_node=1,bus=pcie.0" in _values(args, "-device")
+    assert any(d.startswith("nvme,bus=rp1") for d in _values(args, "-device"))
+    assert "e1000e,id=nic1,bus=rp2" in _values(args, "-device")
+
+
+def test_unknown_shape_names_the_known_ones():
+    with pytest.raises(ShapeError, match=r"unknown machine shape 'big'; known shapes: 2node, 4node"):
+        get_shape("big")
+
+
+two = SHAPES["2node"]
+
+
+@pytest.mark.parametrize(
+    "shape, message",
+    [
+        (replace(two, nodes=(Node(0, 1024, (0,)), Node(0, 1024, (1,)))), r"NUMA node ids repeat: \[0, 0\]"),
+        (replace(two, nodes=()), "needs at least one NUMA node"),
+        (replace(two, distances=()), r"needs a distance for every node pair; missing \[\(0, 1\)\]"),
+        (replace(two, distances=((0, 1, 5),)), "distance 0->1 is 5; it must be 11-255"),
+        (replace(two, distances=((0, 2, 21),)), "distance 0->2 names an unknown node"),
+        (replace(two, nodes=(Node(0, 1024, (0,)), Node(1, 1024, (2,)))), "names socket 2, but the machine has sockets 0-1"),
+        (replace(two, nodes=(Node(0, 1024, (0,)), Node(1, 1024, ()))), r"CPU 4 \(socket 1, die 0\) is in no NUMA node"),
+        (replace(two, nodes=(Node(0, 64, (0,)), Node(1, 1024, (1,)))), "node 0 has 64 MiB"),
+        (replace(two, expanders=((128, 5, ("nvme",)),)), "expander bridge on bus 128 names unknown node 5"),
+        (replace(two, cores=0), "cores must be at least 1"),
+        (replace(SHAPES["snc"], nodes=(Node(0, 512, (), ((0, 2),)),), distances=()), "names socket 0 die 2"),
+    ],
+)
+def test_invalid_shapes_are_refused_with_the_reason(shape, message):
+    with pytest.raises(ShapeError, match=message):
+        _args(shape)
