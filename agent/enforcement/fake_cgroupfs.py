@@ -261,12 +261,12 @@ class FakeCgroupfs:
         kids = _child_dirs(cgroup_dir)
         carved = CpuSet()
         for kid in kids:
-            if _get(kid / "cpuset.cpus.partition") in _PARTITION_TYPES:
+            if _is_partition(kid):
                 carved |= _partition_cpus(kid) & eff_cpus
         _put(cgroup_dir / "cpuset.cpus.effective", (eff_cpus - carved).format())
         _put(cgroup_dir / "cpuset.mems.effective", eff_mems.format())
         for kid in kids:
-            if _get(kid / "cpuset.cpus.partition") in _PARTITION_TYPES:
+            if _is_partition(kid):
                 self._recompute(kid, _partition_cpus(kid) & eff_cpus, eff_mems)
             else:
                 self._recompute(kid, eff_cpus - carved, eff_mems)
@@ -363,6 +363,12 @@ def _subtree(cgroup_dir: Path) -> list[Path]:
 def _narrow(requested: CpuSet, given: CpuSet) -> CpuSet:
     # cgroup v2: an empty or disjoint request falls back to the parent's set.
     return (requested & given) or given
+
+
+def _is_partition(cgroup_dir: Path) -> bool:
+    # A child whose parent did not enable cpuset has no partition file.
+    file = cgroup_dir / "cpuset.cpus.partition"
+    return file.is_file() and _get(file) in _PARTITION_TYPES
 
 
 def _partition_cpus(cgroup_dir: Path) -> CpuSet:
