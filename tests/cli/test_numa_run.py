@@ -1,0 +1,258 @@
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from agent.cli import common
+from agent.cli.numa_run import main, parse_args, workload_env
+
+REPO = Path(__file__).parents[2]
+
+
+# ------------------------------------------------------------ parsing
+@pytest.mark.parametrize("text,expected", [
+    ("4096", 4096), ("512M", 512 << 20), ("16Gi", 16 << 30), ("1G", 1 << 30),
+    ("2048kB", 2048 << 10), ("1K", 1024), ("3MiB", 3 << 20), ("2T", 2 << 40), ("0", 0),
+    ("10b", 10),
+])
+def test_parse_size(text, expected):
+    assert common.parse_size(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "M", "1.5G", "-1G", "12Q", "1 G B", "0x10"])
+def test_parse_size_rejects(text):
+    with pytest.raises(argparse.ArgumentTypeError, match="invalid size"):
+        common.parse_size(text)
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("2Mi=512", ("2048", 512)), ("1Gi=4", ("1048576", 4)), ("2048kB=1", ("2048", 1)),
+])
+def test_hugepages_item(text, expected):
+    assert common.hugepages_item(text) == expected
+
+
+@pytest.mark.parametrize("text,message", [
+    ("2Mi", "SIZE=COUNT"), ("512=1", "multiple of 1 KiB"), ("2Mi=x", "hugepage count"),
+    ("2Mi=-1", "hugepage count"),
+])
+def test_hugepages_item_rejects(text, message):
+    with pytest.raises(argparse.ArgumentTypeError, match=message):
+        common.hugepages_item(text)
+
+
+PARSE_TABLE = [
+    (["--cpus", "4", "--", "./app", "-x"],
+     {"cpus": 4}, ["./app", "-x"]),
+    (["--cpus", "2", "sleep", "--cpus", "3"],
+     {"cpus": 2}, ["sleep", "--cpus", "3"]),
+    (["--memory", "512M", "--hugepages", "2Mi=8", "--hugepages", "1Gi=1", "true"],
+     {"memory_bytes": 512 << 20, "hugepages": {"2048": 8, "1048576": 1}}, ["true"]),
+    (["--device", "gpu=2", "--device", "nic", "x"],
+     {"devices": {"gpu": 2, "nic": 1}}, ["x"]),
+    (["-C", "3,0-1", "-N", "0,1", "-m", "1", "x"],
+     {"physcpubind": "0-1,3", "cpunodebind": [0, 1], "membind": [1]}, ["x"]),
+    (["--policy", "single-numa-node", "--name", "web-1", "x"],
+     {"policy": "single-numa-node", "name": "web-1"}, ["x"]),
+    (["--shared", "x"], {"shared": True}, ["x"]),
+    (["--pod", "p1", "--pod-cpus", "6", "--pod-memory", "1G", "--pod-device", "gpu=1",
+      "--pod-hugepages", "2Mi=4", "--cpus", "2", "x"],
+     {"pod": "p1", "cpus": 2, "pod_budget": {"cpus": 6, "memory_bytes": 1 << 30,
+                                             "hugepages": {"2048": 4}, "devices": {"gpu": 1}}},
+     ["x"]),
+    (["-v", "--dry-run", "--json"], {}, []),
+    (["--", "--weird-name"], {}, ["--weird-name"]),
+]
+
+
+@pytest.mark.parametrize("argv,fields,command", PARSE_TABLE)
+def test_option_parsing(argv, fields, command):
+    args = parse_args(argv)
+    assert args.command == command
+    body = common.build_request(args, args.command)
+    expected = {"cpus": 0, "shared": False, "memory_bytes": 0, "hugepages": {}, "devices": {},
+                **fields}
+    if command:
+        expected["command"] = command
+    assert body == expected
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--cpus", "two", "x"], "invalid CPU count"),
+    (["--memory", "lots", "x"], "invalid size"),
+    (["--policy", "always", "x"], "invalid choice"),
+    (["-N", "a", "x"], "invalid NUMA node list"),
+    (["-C", "0-99999999", "x"], "invalid CPU list"),
+    (["--device", "=1", "x"], "invalid device"),
+    (["--bogus", "x"], "unrecognized arguments"),
+])
+def test_bad_option_exits_125(argv, message, capsys):
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 125
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--shared", "--cpus", "2", "x"], "exclude each other"),
+    (["--pod-cpus", "2", "x"], "need --pod NAME"),
+    (["--device", "gpu=1", "--device", "gpu=2", "x"], "--device gpu given twice"),
+])
+def test_inconsistent_options_exit_125(argv, message, capsys, monkeypatch, sock_dir):
+    monkeypatch.setenv("NUMA_AGENT_SOCKET", f"{sock_dir}/none.sock")
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    argv = [a if a != "x" else "true" for a in argv]
+    assert main(argv) == 125
+    assert message in capsys.readouterr().err
+
+
+def test_no_command_exits_125(capsys):
+    assert main(["--cpus", "1"]) == 125
+    assert "no command given" in capsys.readouterr().err
+
+
+def test_help_exits_0_and_shows_examples(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["--help"])
+    assert info.value.code == 0
+    out = capsys.readouterr().out
+    assert "numa-run [OPTIONS] [--] COMMAND" in out and "examples:" in out and "125" in out
+
+
+def test_workload_env_with_nvidia_gpu():
+    record = {"name": "w", "cpus": "2-3", "mems": [0, 1],
+              "devices": [{"address": "0000:3b:00.0", "vendor": "0x10de"},
+                          {"address": "0000:5e:00.0", "vendor": "0x8086"}]}
+    env = workload_env(record)
+    assert env == {"NUMA_AGENT_WORKLOAD": "w", "NUMA_AGENT_CPUS": "2-3", "NUMA_AGENT_MEMS": "0,1",
+                   "NUMA_AGENT_DEVICES": "0000:3b:00.0,0000:5e:00.0",
+                   "CUDA_VISIBLE_DEVICES": "0000:3b:00.0"}
+
+
+def test_workload_env_without_gpu_has_no_cuda():
+    assert "CUDA_VISIBLE_DEVICES" not in workload_env({"name": "w", "cpus": "1", "mems": [0]})
+
+
+def test_numa_run_imports_stay_light():
+    code = ("import sys, agent.cli.numa_run; heavy = {'msgspec', 'psutil', 'pyudev', "
+            "'prometheus_client', 'http'}; print(sorted(heavy & {m.split('.')[0] for m in sys.modules}))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
+    assert out.stdout.strip() == "[]", out.stderr
+
+
+# ------------------------------------------------------------ against the agent
+def run_numa_run(server, *argv, env=None):
+    full_env = {**os.environ, "PYTHONPATH": str(REPO), "NUMA_AGENT_SOCKET": server.socket_path,
+                **(env or {})}
+    return subprocess.run([sys.executable, "-m", "agent.cli.numa_run", *argv], cwd=REPO,
+                          env=full_env, capture_output=True, text=True, timeout=60)
+
+
+def test_exec_passes_exit_status_and_env(server, fake):
+    script = 'echo "$NUMA_AGENT_WORKLOAD|$NUMA_AGENT_CPUS|$NUMA_AGENT_MEMS|$NUMA_AGENT_DEVICES|$CUDA_VISIBLE_DEVICES"; exit 7'
+    out = run_numa_run(server, "--cpus", "2", "--device", "gpu=1", "--name", "web-1", "-v",
+                       "--", "sh", "-c", script)
+    assert out.returncode == 7, out.stderr
+    assert out.stdout.strip() == "web-1|1-2|0|0000:3b:00.0|0000:3b:00.0"
+    assert "numa-run: web-1 cpus 1-2 mems 0 devices 0000:3b:00.0" in out.stderr
+    request, dry_run = fake.calls[0][1]
+    assert request["command"] == ["sh", "-c", script] and dry_run is False
+    assert fake.callers[0].pid != os.getpid()  # the numa-run process itself was identified
+
+
+def test_affinity_mode_pins_itself(fake, sock_dir):
+    from agent.api.server import ApiServer
+    fake.enforcement = "affinity"
+    with ApiServer(fake, f"{sock_dir}/agent.sock") as srv:
+        out = run_numa_run(srv, "--cpus", "1", sys.executable, "-c",
+                           "import os; print(sorted(os.sched_getaffinity(0)))")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[1]"
+
+
+def test_command_not_found_is_127_and_books_nothing(server, fake):
+    out = run_numa_run(server, "--cpus", "1", "no-such-command-xyz")
+    assert out.returncode == 127
+    assert "no-such-command-xyz: command not found" in out.stderr
+    assert fake.calls == []
+
+
+def test_command_not_executable_is_126_and_books_nothing(server, fake, sock_dir):
+    path = Path(sock_dir) / "script.sh"
+    path.write_text("#!/bin/sh\nexit 0\n")
+    path.chmod(0o644)
+    out = run_numa_run(server, "--cpus", "1", str(path))
+    assert out.returncode == 126
+    assert "not executable" in out.stderr
+    assert fake.calls == []
+
+
+def test_exec_failure_releases_the_workload(server, fake, sock_dir):
+    path = Path(sock_dir) / "garbage"
+    path.write_bytes(b"\x7fELF-not-really")
+    path.chmod(0o755)
+    out = run_numa_run(server, "--cpus", "1", str(path))
+    assert out.returncode == 126, out.stderr
+    assert fake.service_calls().count("admit") == 1
+    assert "release" in fake.service_calls()
+    assert fake.workloads == {}
+
+
+def test_unreachable_agent_is_125(sock_dir, server):
+    out = run_numa_run(server, "--cpus", "1", "true",
+                       env={"NUMA_AGENT_SOCKET": f"{sock_dir}/absent.sock"})
+    assert out.returncode == 125
+    assert f"{sock_dir}/absent.sock" in out.stderr and "numa-agent serve" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_socket_option_beats_env(server, sock_dir):
+    out = run_numa_run(server, "--socket", server.socket_path, "--cpus", "1", "true",
+                       env={"NUMA_AGENT_SOCKET": f"{sock_dir}/absent.sock"})
+    assert out.returncode == 0, out.stderr
+
+
+def test_refusal_is_125_with_topology_explanation(server, fake):
+    out = run_numa_run(server, "--cpus", "5", "true")
+    assert out.returncode == 125
+    lines = out.stderr.splitlines()
+    assert lines[0].startswith("numa-run: refused: TopologyAffinityError: 5 CPUs requested")
+    assert any(line.strip().startswith("hints cpu:") for line in lines)
+    assert any("merged hint: {0,1} not preferred" in line for line in lines)
+    assert any(line.strip().startswith("free: node 0: 3 CPUs") for line in lines)
+    assert fake.workloads == {}
+
+
+def test_refusal_json(server):
+    out = run_numa_run(server, "--json", "--cpus", "5", "true")
+    assert out.returncode == 125
+    assert json.loads(out.stdout)["error"]["code"] == "topology_affinity_error"
+
+
+def test_bad_request_from_agent_is_125(server, fake):
+    out = run_numa_run(server, "--name", "Bad/Name", "true")
+    assert out.returncode == 125
+    assert "invalid name" in out.stderr and "Traceback" not in out.stderr
+    assert fake.calls == []
+
+
+def test_dry_run_prints_decision_and_books_nothing(server, fake):
+    out = run_numa_run(server, "--dry-run", "--cpus", "2")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("would admit wl-1: cpus 1-2 (exclusive) numa nodes 0")
+    assert "merged hint: {0} preferred" in out.stdout
+    assert fake.workloads == {} and fake.calls[0][1][1] is True
+
+
+def test_dry_run_json_is_the_full_record(server, fake):
+    out = run_numa_run(server, "--dry-run", "--json", "--cpus", "2", "--", "sleep", "1")
+    assert out.returncode == 0, out.stderr
+    record = json.loads(out.stdout)
+    assert record["dry_run"] is True and record["explanation"]["admit"] is True
+    assert fake.workloads == {}
