@@ -1,0 +1,280 @@
+"""`numa-agent serve`: run the agent in the foreground (systemd Type=notify)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import threading
+from dataclasses import replace
+from pathlib import Path
+
+log = logging.getLogger("numa_agent.serve")
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser(
+        "serve", help="run the agent in the foreground",
+        description="Discover the machine, restore the checkpoint, then admit and pin workloads "
+                    "until SIGTERM. Flags override the config file.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="examples:\n"
+               "  numa-agent serve --config /etc/numa-agent/config.toml\n"
+               "  numa-agent serve --state-dir .run/state --socket .run/agent.sock   (developer box)\n"
+               "  numa-agent serve --sysfs-root snapshot/ --state-dir /tmp/s --socket /tmp/s.sock\n")
+    p.add_argument("--config", help="TOML config file (default /etc/numa-agent/config.toml if present)")
+    p.add_argument("--sysfs-root", help="directory holding sys/ and proc/ (default /)")
+    p.add_argument("--cgroup-root",
+                   help="the agent's cgroup v2 directory; 'auto' (default) finds it, 'none' forces the "
+                        "CPU-affinity fallback")
+    p.add_argument("--state-dir", help="checkpoint directory (default /var/lib/numa-agent)")
+    p.add_argument("--socket", help="API socket path (default /run/numa-agent/agent.sock)")
+    p.add_argument("--socket-group", help="group allowed to use the socket (mode 0660)")
+    p.add_argument("--metrics-address", help="HOST:PORT for Prometheus metrics (default 127.0.0.1:9464; "
+                                             "'' disables)")
+    p.add_argument("--log-level", help="debug, info (default), warning, error")
+    p.add_argument("--no-hotplug", action="store_true", help="do not listen for kernel hotplug events")
+    p.set_defaults(func=run)
+
+
+def _effective_config(args):
+    from agent.service.config import load_config
+
+    cfg = load_config(args.config, required=args.config is not None)
+    overrides = {}
+    for flag, key in (("sysfs_root", "sysfs_root"), ("cgroup_root", "cgroup_root"),
+                      ("state_dir", "state_dir"), ("socket", "socket"),
+                      ("socket_group", "socket_group"), ("log_level", "log_level")):
+        value = getattr(args, flag)
+        if value is not None:
+            overrides[key] = value
+    if args.metrics_address is not None:
+        overrides["metrics_address"] = args.metrics_address or None
+    if args.no_hotplug:
+        overrides["hotplug"] = False
+    return replace(cfg, **overrides)
+
+
+def run(args) -> int:
+    from agent.admission.machine import ConfigError
+
+    try:
+        cfg = _effective_config(args)
+    except ConfigError as exc:
+        print(f"numa-agent: {exc}", file=sys.stderr)
+        return 1
+    from agent.service.logging_setup import setup_logging
+
+    try:
+        setup_logging(cfg.log_level)
+    except ValueError as exc:
+        print(f"numa-agent: --log-level: {exc}", file=sys.stderr)
+        return 1
+    try:
+        return Agent(cfg).run_until_signal()
+    except StartupError as exc:
+        log.error("%s", exc)
+        print(f"numa-agent: {exc}", file=sys.stderr)
+        return 1
+
+
+class StartupError(Exception):
+    pass
+
+
+class Agent:
+    """Wires the edges around the service; start(), stop()."""
+
+    def __init__(self, cfg) -> None:
+        self.cfg = cfg
+        self.api = self.metrics = self.loop = self.hotplug = None
+        self.service = None
+
+    def start(self) -> "Agent":
+        from agent.admission.machine import ConfigError, build_machine
+        from agent.discovery.sysfs import DiscoveryError, read_topology
+        from agent.service.agent_service import AgentService
+        from agent.service.recovery import restore
+        from agent.state.checkpoint import CheckpointStore
+
+        cfg = self.cfg
+        try:
+            topology = read_topology(cfg.sysfs_root)
+        except DiscoveryError as exc:
+            raise StartupError(f"topology discovery failed: {exc}") from None
+        try:
+            machine = build_machine(topology, cfg.policy)
+        except ConfigError as exc:
+            raise StartupError(f"configuration does not fit this machine: {exc}") from None
+        log.info("machine: %d NUMA node(s) %s, %d usable CPUs, %d reserved (%s), %d PCI devices",
+                 len(machine.node_ids), ",".join(map(str, machine.node_ids)), len(machine.usable_cpus),
+                 len(machine.reserved_cpus), machine.reserved_cpus.format() or "-",
+                 len(topology.pci_devices))
+        enforcer = self._enforcer(machine)
+        store = CheckpointStore(cfg.state_dir)
+        try:
+            enforcer.setup()
+            state, report = restore(machine, store, enforcer, cfg.on_policy_change, uid_of=_uid_of)
+        except ConfigError as exc:
+            raise StartupError(str(exc)) from None
+        except Exception as exc:
+            raise StartupError(f"cannot restore state: {exc}") from None
+        service = AgentService(machine, store, enforcer)
+        try:
+            service.install(state)
+        except Exception as exc:
+            raise StartupError(f"cannot apply the restored state: {exc}") from None
+        self.service = service
+        log.info("state: %d workload(s) restored, %d released, %d adopted%s", report.restored,
+                 len(report.released), len(report.adopted),
+                 f", corrupt checkpoint moved to {report.quarantined}" if report.quarantined else "")
+        self._start_edges(machine)
+        return self
+
+    def _enforcer(self, machine):
+        from agent.enforcement.cgroup import CgroupV2
+        from agent.enforcement.enforcer import AffinityEnforcer, CgroupEnforcer
+        from agent.enforcement.fake_cgroupfs import make_fake_cgroup_root
+
+        cfg = self.cfg
+        root = cfg.cgroup_root
+        if root == "none":
+            return _fallback("cgroup enforcement disabled (cgroup_root = none)")
+        if root == "auto" and os.path.abspath(cfg.sysfs_root) != "/":
+            # The topology is a snapshot of another machine: pinning real
+            # processes to its CPUs would be wrong. Simulate the cgroup tree.
+            fake = Path(cfg.state_dir) / "cgroupfs"
+            make_fake_cgroup_root(fake, machine.usable_cpus, machine.memory.memory_nodes.nodes()
+                                  or machine.node_ids)
+            log.warning("sysfs root %s is not this machine: enforcing into a simulated cgroup tree at %s",
+                        cfg.sysfs_root, fake)
+            return CgroupEnforcer(CgroupV2(fake))
+        if root == "auto":
+            root, why = _auto_cgroup_root()
+            if root is None:
+                return _fallback(why)
+        cg = CgroupV2(root)
+        caps = cg.probe()
+        if not caps.usable:
+            if cfg.cgroup_root == "auto":
+                return _fallback(caps.reason)
+            raise StartupError(f"cgroup root {root} cannot be used: {caps.reason}")
+        log.info("enforcing with cgroup v2 below %s", root)
+        return CgroupEnforcer(cg)
+
+    def _start_edges(self, machine) -> None:
+        from agent.api.server import ApiServer
+        from agent.service import sdnotify
+        from agent.service.runtime import EventLoop
+
+        cfg = self.cfg
+        service = self.service
+        try:
+            self.api = ApiServer(service, cfg.socket, socket_mode=cfg.socket_mode,
+                                 socket_group=cfg.socket_group).start()
+        except Exception as exc:
+            raise StartupError(f"cannot serve the API on {cfg.socket}: {exc}") from None
+        if cfg.metrics_address:
+            from agent.views.metrics import build_registry, start_metrics_server
+
+            try:
+                self.metrics = start_metrics_server(cfg.metrics_address,
+                                                    build_registry(service.metrics_snapshot))
+            except (OSError, ValueError) as exc:
+                self.api.stop()
+                raise StartupError(f"metrics: {exc}") from None
+        if cfg.hotplug and os.path.abspath(cfg.sysfs_root) == "/":
+            from agent.hotplug.events import HotplugUnavailable, UdevEventSource
+
+            try:
+                self.hotplug = UdevEventSource.open()
+            except HotplugUnavailable as exc:
+                log.warning("%s; the agent runs without hotplug", exc)
+        self.loop = EventLoop(service, hotplug_source=self.hotplug, on_hotplug=self._on_hotplug,
+                              watchdog_interval=_half(sdnotify.watchdog_interval()),
+                              watchdog_ping=sdnotify.watchdog_ping).start()
+        sdnotify.ready()
+        sdnotify.status(f"{len(service.state.workloads)} workloads; enforcement "
+                        f"{service.enforcer.mode}; socket {cfg.socket}")
+        log.info("ready: socket %s, enforcement %s%s", cfg.socket, service.enforcer.mode,
+                 f" ({service.enforcer.reason})" if service.enforcer.reason else "")
+
+    def _on_hotplug(self, events) -> None:
+        from agent.admission.machine import build_machine
+        from agent.discovery.sysfs import read_topology
+
+        for event in events:
+            self.service.counters.hotplug(event.kind)
+            log.info("hotplug: %s %s %s", event.kind, event.action, event.id)
+        if not events:
+            return
+        machine = build_machine(read_topology(self.cfg.sysfs_root), self.cfg.policy)
+        self.service.replace_machine(machine)
+
+    def stop(self) -> None:
+        from agent.service import sdnotify
+
+        sdnotify.stopping()
+        for part in (self.api, self.loop, self.metrics):
+            if part is not None:
+                part.stop()
+        if self.hotplug is not None:
+            self.hotplug.close()
+        log.info("stopped; workloads keep running and keep their CPUs")
+
+    def run_until_signal(self) -> int:
+        done = threading.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: done.set())
+        self.start()
+        try:
+            while not done.wait(3600):
+                pass
+        finally:
+            self.stop()
+        return 0
+
+
+def _fallback(reason: str):
+    from agent.enforcement.enforcer import AffinityEnforcer
+
+    log.warning("no usable cgroup v2 cpuset (%s): enforcing with CPU affinity instead; "
+                "bookkeeping is identical, but child processes forked before admission "
+                "and memory placement of other processes are not controlled", reason)
+    return AffinityEnforcer(reason)
+
+
+def _auto_cgroup_root() -> tuple[str | None, str]:
+    """The agent's own cgroup when systemd delegated it (Delegate=yes), else
+    a `numa-agent` cgroup below the hierarchy's root."""
+    mount = "/sys/fs/cgroup"
+    if not os.path.isfile(os.path.join(mount, "cgroup.controllers")):
+        return None, f"no cgroup v2 hierarchy mounted at {mount}"
+    try:
+        with open("/proc/self/cgroup") as f:
+            own = next((line.split("::", 1)[1].strip() for line in f if line.startswith("0::")), None)
+    except OSError as exc:
+        return None, f"cannot read /proc/self/cgroup: {exc.strerror}"
+    if own is None:
+        return None, "this process is in no cgroup v2 hierarchy"
+    if own not in ("/", "") and os.environ.get("INVOCATION_ID"):
+        return os.path.join(mount, own.lstrip("/")), ""
+    path = os.path.join(mount, "numa-agent")
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as exc:
+        return None, f"cannot create {path}: {exc.strerror}"
+    return path, ""
+
+
+def _uid_of(pid: int) -> int:
+    try:
+        return os.stat(f"/proc/{pid}").st_uid
+    except OSError:
+        return 0
+
+
+def _half(interval):
+    return interval / 2 if interval else None
