@@ -1,6 +1,8 @@
 """CPU manager static policy: topology view, options, reserved CPUs, hints,
 allocation and their error messages."""
 
+from dataclasses import replace
+
 import pytest
 
 from agent.admission.cpu_manager import (
@@ -51,9 +53,7 @@ def test_from_topology_maps_cores_packages_nodes_and_l3():
 
 def test_from_topology_uses_the_package_when_no_l3_is_known():
     topo = make_topology(sockets=2, cores_per_node=2)
-    no_l3 = type(topo)(numa_nodes=topo.numa_nodes,
-                       cpus=tuple(c.__class__(**{**{f: getattr(c, f) for f in c.__dataclass_fields__},
-                                                 "l3": None}) for c in topo.cpus))
+    no_l3 = replace(topo, cpus=tuple(replace(c, l3=None) for c in topo.cpus))
     cpu_topo = CpuTopology.from_topology(no_l3)
     assert cpu_topo.uncore_cpus == cpu_topo.socket_cpus
 
