@@ -1,0 +1,136 @@
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+import pytest
+
+from agent.api.client import request
+from agent.cli import explain_cmd, release_cmd, status_cmd
+from agent.cli.status_cmd import format_status
+
+
+def parse(module, argv):
+    parser = argparse.ArgumentParser(prog="numa-agent")
+    sub = parser.add_subparsers(dest="command")
+    module.add_parser(sub)
+    return parser.parse_args(argv)
+
+
+def run(module, argv, server=None):
+    if server is not None:
+        argv = [*argv, "--socket", server.socket_path]
+    args = parse(module, argv)
+    return args.func(args)
+
+
+def admit(server, body):
+    status, answer = request(server.socket_path, "POST", "/v1/workloads", body)
+    assert status == 201, answer
+    return answer
+
+
+# ------------------------------------------------------------ status
+def test_status_table(server, capsys):
+    admit(server, {"name": "web-1", "cpus": 2, "devices": {"gpu": 1}, "command": ["sleep", "1"]})
+    assert run(status_cmd, ["status"], server) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert lines[0].startswith("enforcement: cgroup   topology policy: single-numa-node")
+    header = next(line for line in lines if line.startswith("NODE"))
+    assert header.split() == ["NODE", "RESOURCE", "CAPACITY", "RESERVED", "ALLOCATED", "FREE"]
+    assert any(line.split() == ["0", "cpus", "4", "1", "2", "1"] for line in lines)
+    assert any(line.split() == ["0", "memory", "16GiB", "1GiB", "0B", "15GiB"] for line in lines)
+    assert any(line.split() == ["1", "hugepages-2048kB", "512", "0", "0", "512"] for line in lines)
+    assert any(line.split() == ["1", "device", "gpu", "1", "-", "0", "1"] for line in lines)
+    wl_header = next(line for line in lines if line.startswith("NAME"))
+    assert wl_header.split() == ["NAME", "OWNER", "POD", "CPUS", "NODES", "DEVICES", "AGE"]
+    row = next(line for line in lines if line.startswith("web-1"))
+    assert row.split()[:6] == ["web-1", str(os.getuid()), "-", "1-2", "0", "0000:3b:00.0"]
+    assert row.split()[6].endswith("s")
+
+
+def test_status_json(server, capsys):
+    assert run(status_cmd, ["status", "--json"], server) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert [n["id"] for n in data["nodes"]] == [0, 1]
+
+
+def test_format_status_ages_and_shared():
+    status = {"enforcement": "affinity", "policy": {}, "nodes": [],
+              "workloads": [{"name": "a", "owner_uid": 1000, "pod": "p1", "cpus": "0-1",
+                             "exclusive": False, "numa_nodes": [0, 1], "devices": [],
+                             "created_unix": 1000.0}],
+              "pods": [{"name": "p1", "cpus": "4-9", "numa_nodes": [1], "members": ["a", "b"]}]}
+    lines = format_status(status, now=1000.0 + 2 * 3600 + 5)
+    row = next(line for line in lines if line.startswith("a "))
+    assert row.split() == ["a", "1000", "p1", "0-1", "(shared)", "0,1", "-", "2h"]
+    assert "pod p1: cpus 4-9 nodes 1 members a,b" in lines
+
+
+def test_status_no_workloads(server, capsys):
+    assert run(status_cmd, ["status"], server) == 0
+    assert "no workloads" in capsys.readouterr().out
+
+
+# ------------------------------------------------------------ release
+def test_release(server, fake, capsys):
+    admit(server, {"name": "web-1", "cpus": 1})
+    assert run(release_cmd, ["release", "web-1"], server) == 0
+    assert capsys.readouterr().out.strip() == "released web-1 (cpus 1)"
+    assert fake.workloads == {}
+
+
+def test_release_unknown_is_one_line_exit_1(server, capsys):
+    assert run(release_cmd, ["release", "nope"], server) == 1
+    err = capsys.readouterr().err
+    assert err == "numa-agent release: error: no workload named 'nope'\n"
+
+
+@pytest.mark.parametrize("name", ["../x", "a b", "Web", "a%2Fb"])
+def test_release_bad_name_is_rejected(server, fake, capsys, name):
+    assert run(release_cmd, ["release", name], server) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("numa-agent release: error: invalid") and err.count("\n") == 1
+    assert "release" not in fake.service_calls()
+
+
+# ------------------------------------------------------------ explain
+def test_explain_admit(server, fake, capsys):
+    assert run(explain_cmd, ["explain", "--cpus", "2", "--memory", "1G"], server) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("would admit wl-1: cpus 1-2 (exclusive)")
+    assert "hints cpu: {0} preferred, {1} preferred, {0,1}" in out
+    request_sent, dry_run = fake.calls[0][1]
+    assert dry_run is True and request_sent["memory_bytes"] == 1 << 30
+    assert fake.workloads == {}
+
+
+def test_explain_refusal(server, capsys):
+    assert run(explain_cmd, ["explain", "--cpus", "5"], server) == 1
+    out = capsys.readouterr().out
+    assert out.startswith("would refuse: TopologyAffinityError: 5 CPUs requested")
+    assert "merged hint: {0,1} not preferred" in out
+
+
+def test_explain_json(server, capsys):
+    assert run(explain_cmd, ["explain", "--json", "--cpus", "1"], server) == 0
+    assert json.loads(capsys.readouterr().out)["dry_run"] is True
+
+
+# ------------------------------------------------------------ socket resolution
+@pytest.mark.parametrize("module,argv", [(status_cmd, ["status"]),
+                                         (release_cmd, ["release", "x"]),
+                                         (explain_cmd, ["explain", "--cpus", "1"])])
+def test_unreachable_is_one_line_exit_1(module, argv, sock_dir, monkeypatch, capsys):
+    monkeypatch.setenv("NUMA_AGENT_SOCKET", f"{sock_dir}/absent.sock")
+    assert run(module, argv) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{sock_dir}/absent.sock" in err and "numa-agent serve" in err
+
+
+def test_env_socket_is_used(server, monkeypatch, capsys):
+    monkeypatch.setenv("NUMA_AGENT_SOCKET", server.socket_path)
+    assert run(status_cmd, ["status", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["enforcement"] == "cgroup"
