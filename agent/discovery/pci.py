@@ -24,7 +24,8 @@ from agent.discovery.files import (
 )
 
 _PCI_ADDRESS = re.compile(r"^[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$")
-_NVME_NAMESPACE = re.compile(r"^nvme\d+(c\d+)?n\d+$")
+# nvme0n1 is a namespace; nvme0c0n1 is one hidden path of a multipath namespace.
+_NVME_NAMESPACE = re.compile(r"^nvme\d+n\d+$")
 # Subdirectories of a device directory that are not class children.
 _NOT_CLASS_DIRS = frozenset({"power", "msi_irqs", "iommu_group", "driver", "subsystem",
                              "firmware_node", "physfn", "link", "ptp_pin"})

@@ -176,3 +176,40 @@ def test_cgroup_without_cpuset_files_is_unrestricted(machine):
     _write(machine / "proc/self/cgroup", "0::/user.slice\n")
     topo = read_topology(machine)
     assert topo.allowed_cpus is None and topo.allowed_mems is None
+
+
+def test_pci_plain_directory_nvme_namespaces_and_sriov_links(machine):
+    base = machine / "sys/bus/pci/devices"
+    nvme = base / "0000:05:00.0"  # a plain directory, as in some captured trees
+    _write(nvme / "class", "0x010802\n")
+    _write(nvme / "vendor", "0x144d\n")
+    _write(nvme / "device", "0xa808\n")
+    _write(nvme / "numa_node", "-1\n")
+    _write(nvme / "local_cpus", "00000000,000000cc\n")  # no local_cpulist: the mask is used
+    _write(nvme / "nvme/nvme0/nvme0n1/size", "1000\n")
+    _write(nvme / "nvme/nvme0/nvme0c0n1/size", "1000\n")  # multipath path, not a namespace name
+    _write(nvme / "power/control", "auto\n")  # not a class directory
+    os.symlink("../../../bus/pci/drivers/nvme", nvme / "driver")
+    vf = base / "0000:05:00.1"
+    _write(vf / "class", "0x020000\n")
+    _write(vf / "numa_node", "0\n")
+    os.symlink("../0000:05:00.0", vf / "physfn")
+    os.symlink("../0000:05:00.3", nvme / "virtfn1")
+    os.symlink("../0000:05:00.2", nvme / "virtfn0")
+    topo = read_topology(machine)
+    dev = topo.device("0000:05:00.0")
+    assert dev.local_cpus == CpuSet.parse("2-3,6-7")
+    assert (dev.numa_node, dev.numa_node_source) == (1, "local_cpulist")
+    assert dev.block == ("nvme0n1",) and dev.other_children == ("nvme/nvme0",)
+    assert dev.driver == "nvme" and dev.virtfns == ("0000:05:00.2", "0000:05:00.3")
+    assert topo.device("0000:05:00.1").physfn == "0000:05:00.0"
+    assert topo.device("0000:05:00.1").vendor == ""
+
+
+def test_pci_local_cpus_spanning_two_nodes_stay_unknown(machine):
+    dev = machine / "sys/bus/pci/devices/0000:06:00.0"
+    _write(dev / "class", "0x088000\n")
+    _write(dev / "numa_node", "-1\n")
+    _write(dev / "local_cpulist", "0-7\n")
+    found = read_topology(machine).device("0000:06:00.0")
+    assert (found.numa_node, found.numa_node_source) == (-1, "unknown")
