@@ -1,0 +1,114 @@
+"""Affinity fallback: what this machine allows, exercised on child processes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from agent.core.cpuset import CpuSet
+from agent.enforcement.affinity import (
+    MPOL_BIND,
+    MemoryBindResult,
+    bind_memory_self,
+    memory_policy_self,
+    pin_process,
+    process_affinity,
+)
+from agent.enforcement.errors import AffinityError
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def status_field(pid, name):
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(name + ":"):
+            return line.split(":", 1)[1].strip()
+    raise AssertionError(f"{name} not in /proc/{pid}/status")
+
+
+def test_pin_child_to_cpu0(sleepers):
+    proc = sleepers()
+    pin_process(proc.pid, CpuSet([0]))
+    assert status_field(proc.pid, "Cpus_allowed_list") == "0"
+    assert process_affinity(proc.pid) == CpuSet([0])
+
+
+def test_pin_to_every_allowed_cpu_round_trips(sleepers):
+    mine = process_affinity()
+    proc = sleepers()
+    pin_process(proc.pid, mine)
+    assert CpuSet.parse(status_field(proc.pid, "Cpus_allowed_list")) == mine
+
+
+def test_pin_errors_are_explained():
+    with pytest.raises(AffinityError, match="refusing to pin pid 1 to an empty CPU set"):
+        pin_process(1, CpuSet())
+    with pytest.raises(AffinityError, match=r"sched_setaffinity\(pid 2147483647, CPUs 0\) failed: "
+                                            r"ESRCH \(no such process\)"):
+        pin_process(2**31 - 1, CpuSet([0]))
+    with pytest.raises(AffinityError, match=r"CPUs 4000\) failed: EINVAL \(none of these CPUs is "
+                                            r"online and allowed"):
+        pin_process(os.getpid(), CpuSet([4000]))
+    with pytest.raises(AffinityError, match=r"sched_getaffinity\(pid 2147483647\) failed: ESRCH"):
+        process_affinity(2**31 - 1)
+
+
+def run_child(code):
+    """Memory policy is per thread: try it in a throwaway interpreter."""
+    out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=REPO,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip().splitlines()
+
+
+def test_bind_memory_self_in_a_child():
+    lines = run_child("""
+        from agent.core.hints import NumaMask
+        from agent.enforcement.affinity import bind_memory_self, memory_policy_self
+        before = memory_policy_self()
+        result = bind_memory_self(NumaMask([0]))
+        after = memory_policy_self()
+        print(before[0] if before else None)
+        print(result.applied)
+        print(result.reason)
+        print(after[0] if after else None, list(after[1]) if after else None)
+    """)
+    before, applied, reason, after = (lines + [""])[:4]
+    assert before == "0"  # MPOL_DEFAULT until bound
+    if applied == "True":
+        assert after == f"{MPOL_BIND} [0]"
+    else:
+        # A sandbox (seccomp) refusing the call must be reported, not hidden.
+        assert reason.startswith("set_mempolicy(MPOL_BIND, nodes 0) failed: E")
+
+
+def test_bind_to_absent_node_reports_the_kernel_error():
+    lines = run_child("""
+        from agent.enforcement.affinity import bind_memory_self
+        r = bind_memory_self([1000])
+        print(r.applied, r.reason, sep="|")
+    """)
+    applied, reason = lines[0].split("|")
+    assert applied == "False"
+    assert reason.startswith("set_mempolicy(MPOL_BIND, nodes 1000) failed: E")
+
+
+def test_bind_on_unknown_architecture():
+    result = bind_memory_self([0], machine="sparc64")
+    assert result == MemoryBindResult(False, "set_mempolicy syscall number unknown for "
+                                             "architecture 'sparc64'")
+    assert not result
+    assert memory_policy_self(machine="sparc64") is None
+
+
+def test_bind_validates_nodes():
+    with pytest.raises(ValueError, match="at least one NUMA node"):
+        bind_memory_self([])
+    with pytest.raises(ValueError, match="NUMA node id must be >= 0"):
+        bind_memory_self([-1])
+
