@@ -363,13 +363,15 @@ class ApiServer:
     def __init__(self, service: Any, socket_path: str, socket_mode: int = 0o660,
                  socket_group: str | None = None, *,
                  request_deadline: float = REQUEST_DEADLINE_SECONDS,
-                 max_connections: int = MAX_CONNECTIONS) -> None:
+                 max_connections: int = MAX_CONNECTIONS,
+                 poll_interval: float = 0.5) -> None:
         self.service = service
         self.socket_path = os.path.abspath(socket_path)
         self.socket_mode = socket_mode
         self.socket_group = socket_group
         self.request_deadline = request_deadline
         self.max_connections = max_connections
+        self.poll_interval = poll_interval  # how soon stop() takes effect
         self.router = _Router(service)
         self._server: _UnixServer | None = None
         self._thread: threading.Thread | None = None
@@ -458,15 +460,18 @@ class ApiServer:
         """Bind and serve in a background thread; returns once connectable."""
         server = self._ensure_server()
         self._thread = threading.Thread(target=server.serve_forever, name="numa-agent-api",
-                                        kwargs={"poll_interval": 0.2}, daemon=True)
+                                        kwargs={"poll_interval": self.poll_interval}, daemon=True)
         self._thread.start()
         return self
 
     def serve_forever(self) -> None:
-        """Bind and serve in the calling thread until stop() is called."""
-        self._ensure_server().serve_forever(poll_interval=0.2)
+        """Bind and serve in the calling thread until stop() is called from
+        another thread (e.g. the one handling SIGTERM)."""
+        self._ensure_server().serve_forever(poll_interval=self.poll_interval)
 
     def stop(self) -> None:
+        """Stop accepting, wait for the serving loop, remove our socket file.
+        Requests already being handled finish on their own (daemon threads)."""
         server, self._server = self._server, None
         if server is None:
             return

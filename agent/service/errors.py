@@ -116,8 +116,3 @@ class MethodNotAllowed(ServiceError):
 class RequestTimeout(ServiceError):
     status = 408
     code = "request_timeout"
-
-
-class UnsupportedMediaType(ServiceError):
-    status = 415
-    code = "unsupported_media_type"

@@ -27,6 +27,6 @@ def fake():
 
 @pytest.fixture
 def server(fake, sock_dir):
-    srv = ApiServer(fake, f"{sock_dir}/agent.sock", request_deadline=1.0).start()
+    srv = ApiServer(fake, f"{sock_dir}/agent.sock", request_deadline=1.0, poll_interval=0.02).start()
     yield srv
     srv.stop()

@@ -33,6 +33,6 @@ def fake():
 
 @pytest.fixture
 def server(fake, sock_dir):
-    srv = ApiServer(fake, f"{sock_dir}/agent.sock").start()
+    srv = ApiServer(fake, f"{sock_dir}/agent.sock", poll_interval=0.02).start()
     yield srv
     srv.stop()
