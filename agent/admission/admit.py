@@ -234,7 +234,9 @@ def _check_request(machine: Machine, req: Request) -> None:
         if r.cpus and r.cpus != len(req.physcpubind):
             raise InvalidRequest(f"--cpus {r.cpus} disagrees with --physcpubind "
                                  f"{req.physcpubind.format()} ({len(req.physcpubind)} CPUs)")
-XX
+    for resource in r.devices:
+        if not machine.devices.has(resource):
+            known = ", ".join(machine.devices.names) or "none configured"
             raise InvalidRequest(f"unknown device resource {resource!r} (known: {known})")
     for size_kb in r.hugepages:
         if not any(machine.topology.node(n).hugepage(size_kb) for n in machine.node_ids):
@@ -494,14 +496,9 @@ def _free_view(machine: Machine, state: AgentState) -> dict[str, dict[str, int]]
 
 
 def _provider_summaries(providers, result) -> list[dict[str, Any]]:
-    out = []
-    summaries = getattr(result, "provider_summaries", None)
-    if summaries:
-        return [dict(s) for s in summaries]
-    for name, hintsets in providers:
-        for resource, hs in sorted(hintsets.items()):
-            out.append({"provider": name, "resource": resource, "hints": [str(hs)], "more": 0})
-    return out
+    names = [name for name, _ in providers]
+    return [{**dict(summary), "provider": names[summary.provider]}
+            for summary in result.provider_summaries]
 
 
 def _per_node_cpu_text(machine: Machine, available: CpuSet) -> str:
@@ -526,5 +523,8 @@ def _topology_reason(machine, state, res, req, policy_name, providers, merged, f
     what = "; ".join(parts) or "the providers' hints do not agree on a NUMA node set"
     rule = {"single-numa-node": "single-numa-node admits only a preferred single-node hint",
             "restricted": "restricted admits only a preferred hint"}.get(policy_name, "")
-    merged_text = f"merged hint {merged}"
+    if merged.mask is None:
+        merged_text = "merged hint: none (no NUMA node set satisfies every provider)"
+    else:
+        merged_text = f"merged hint {{{merged.mask.format()}}} {'preferred' if merged.preferred else 'not preferred'}"
     return f"TopologyAffinityError: {what}; {merged_text}; {rule}".rstrip("; ")

@@ -22,6 +22,7 @@ from agent.core.topology import Topology
 
 TOPOLOGY_POLICIES = ("none", "best-effort", "restricted", "single-numa-node")
 TOPOLOGY_SCOPES = ("container", "pod")
+DEFAULT_MAX_NUMA_NODES = 64
 
 
 class ConfigError(ValueError):
@@ -105,11 +106,14 @@ def build_machine(topology: Topology, policy: PolicyConfig) -> Machine:
     cpu_topology = CpuTopology.from_topology(topology)
     try:
         cpu_options = CpuManagerOptions.from_mapping(policy.cpu_options)
-        cpu_options.validate(cpu_topology)
+        cpu_options.validate(cpu_topology, policy.topology_policy)
     except ValueError as exc:
         raise ConfigError(f"cpu_manager.options: {exc}") from None
     try:
-        tm_options = TopologyManagerOptions.from_mapping(policy.topology_options)
+        # The kubelet stops at 8 nodes because its merge is exponential; ours
+        # is not, so the default allows the largest machines we know of.
+        tm_options = TopologyManagerOptions.from_mapping(
+            {"max-allowable-numa-nodes": DEFAULT_MAX_NUMA_NODES, **policy.topology_options})
     except ValueError as exc:
         raise ConfigError(f"topology_manager.options: {exc}") from None
 
