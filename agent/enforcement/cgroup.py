@@ -11,8 +11,9 @@ regular files; on a real cgroupfs the kernel does that work itself.
 Kernel rules this driver relies on (Documentation/admin-guide/cgroup-v2.rst):
 - a controller can be enabled in `cgroup.subtree_control` only if it is listed
   in the same cgroup's `cgroup.controllers`;
-- a non-root cgroup with controllers enabled for its children cannot hold
-  processes (EBUSY), so workloads live in leaf cgroups;
+- a non-root cgroup with a domain controller (memory, hugetlb, io) enabled
+  for its children cannot hold processes (EBUSY), so workloads live in leaf
+  cgroups;
 - an empty `cpuset.cpus` or `cpuset.mems` means "inherit the parent's", which
   would silently give a workload every CPU: this driver refuses to write one;
 - a partition request the kernel cannot honour is accepted and reads back as

@@ -10,10 +10,12 @@ The emulation follows the kernel's rules that the agent depends on
 (Documentation/admin-guide/cgroup-v2.rst):
 - a child's interface files exist only for controllers enabled in its
   parent's `cgroup.subtree_control`; `cgroup.controllers` lists those;
-- enabling a controller not in `cgroup.controllers` is ENOENT; enabling
-  controllers in a cgroup that has processes, or moving a process into a
-  cgroup that has controllers enabled for its children, is EBUSY (the "no
-  internal processes" rule); disabling one a child still enables is EBUSY;
+- enabling a controller not in `cgroup.controllers` is ENOENT; enabling a
+  domain controller (memory, hugetlb, io...) in a cgroup that has processes,
+  or moving a process into a cgroup that has one enabled for its children, is
+  EBUSY (the "no internal processes" rule); the threaded controllers (cpuset,
+  cpu, pids, perf_event) are exempt while the cgroup could still become a
+  thread root; disabling a controller a child still enables is EBUSY;
 - `cpuset.cpus`/`cpuset.mems` must lie within the machine's CPUs/nodes
   (EINVAL); an empty value means "inherit the parent's"; the effective sets
   are requested & parent's effective, falling back to the parent's when that
@@ -41,6 +43,8 @@ FAKE_MARKER = ".numa-agent-fake-cgroupfs"
 
 # The kernel lists controllers in its subsystem order, not in write order.
 _CONTROLLER_ORDER = ("cpuset", "cpu", "io", "memory", "perf_event", "hugetlb", "pids", "rdma", "misc")
+# Controllers that tolerate processes in a cgroup that also has children.
+_THREADED = frozenset({"cpuset", "cpu", "perf_event", "pids"})
 DEFAULT_CONTROLLERS = ("cpuset", "cpu", "memory", "hugetlb")
 DEFAULT_HUGEPAGE_SIZES = ("2MB", "1GB")
 _PAGE_SIZE = 4096
@@ -175,7 +179,8 @@ class FakeCgroupfs:
             if sign == "+":
                 if name not in available:
                     raise _oserror(errno.ENOENT, file)
-                if name not in enabled and _procs(cgroup_dir):
+                if name not in enabled and _procs(cgroup_dir) and (
+                        name not in _THREADED or not _can_be_thread_root(cgroup_dir)):
                     raise _oserror(errno.EBUSY, file)
                 enabled.add(name)
             else:
@@ -197,7 +202,7 @@ class FakeCgroupfs:
         if not Path(f"/proc/{pid}").exists():
             raise _oserror(errno.ESRCH, file)
         # The fake root stands for a non-root cgroup, so the rule applies to it too.
-        if _words(_get(target / "cgroup.subtree_control")):
+        if _words(_get(target / "cgroup.subtree_control")) and not _can_be_thread_root(target):
             raise _oserror(errno.EBUSY, file)
         effective = target / "cpuset.cpus.effective"
         if effective.is_file() and not CpuSet.parse(_get(effective)):
@@ -347,6 +352,14 @@ def _ordered(names: Iterable[str]) -> tuple[str, ...]:
 
 def _procs(cgroup_dir: Path) -> list[int]:
     return [int(line) for line in _get(cgroup_dir / "cgroup.procs").split()]
+
+
+def _can_be_thread_root(cgroup_dir: Path) -> bool:
+    # The kernel's test: only threaded controllers enabled for the children
+    # and no child domain holding processes.
+    if set(_words(_get(cgroup_dir / "cgroup.subtree_control"))) - _THREADED:
+        return False
+    return not any(_procs(d) for child in _child_dirs(cgroup_dir) for d in _subtree(child))
 
 
 def _child_dirs(cgroup_dir: Path) -> list[Path]:

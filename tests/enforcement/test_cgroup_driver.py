@@ -147,12 +147,16 @@ def test_enable_controllers_writes_only_available_ones(fake_root):
     assert cg.enable_controllers("w", ["cpu"]) == ()
 
 
-def test_enabling_controllers_in_a_cgroup_with_processes_is_busy(cg, sleepers):
+def test_enabling_domain_controllers_in_a_cgroup_with_processes_is_busy(cg, sleepers):
     cg.create("w")
     cg.move_pid("w", sleepers().pid)
-    with pytest.raises(CgroupBusyError, match=r"write '\+cpuset' to .*w/cgroup.subtree_control "
-                                              r"failed: EBUSY"):
-        cg.enable_controllers("w", ["cpuset"])
+    with pytest.raises(CgroupBusyError, match=r"write '\+cpuset \+memory' to "
+                                              r".*w/cgroup.subtree_control failed: EBUSY"):
+        cg.enable_controllers("w", ["cpuset", "memory"])
+    # cpuset is a threaded controller: allowed next to the cgroup's processes.
+    assert cg.enable_controllers("w", ["cpuset"]) == ("cpuset",)
+    with pytest.raises(CgroupBusyError, match="EBUSY"):
+        cg.enable_controllers("w", ["memory"])
 
 
 def test_disabling_a_controller_a_child_still_uses_is_busy(cg):
@@ -414,7 +418,7 @@ def test_move_pid_procs_and_populated(cg, sleepers):
 
 def test_move_pid_errors(cg, sleepers):
     cg.create("pod")
-    cg.enable_controllers("pod", ["cpuset"])
+    cg.enable_controllers("pod", ["cpuset", "memory"])
     proc = sleepers()
     with pytest.raises(CgroupBusyError, match=rf"write '{proc.pid}' to .*pod/cgroup.procs failed: "
                                               r"EBUSY"):
@@ -428,6 +432,22 @@ def test_move_pid_errors(cg, sleepers):
         cg.move_pid("w", 2**31 - 1)
     with pytest.raises(CgroupInvalidError, match="EINVAL"):
         cg._write(cg.path("w") / "cgroup.procs", "self")
+
+
+def test_threaded_controllers_alone_allow_processes_next_to_children(cg, sleepers):
+    cg.create("pod")
+    cg.enable_controllers("pod", ["cpuset"])
+    cg.create("pod/a")
+    proc = sleepers()
+    cg.move_pid("pod", proc.pid)
+    assert cg.procs("pod") == [proc.pid]
+    # A populated child domain makes the parent unable to be a thread root.
+    cg.create("pod2")
+    cg.enable_controllers("pod2", ["cpuset"])
+    cg.create("pod2/a")
+    cg.move_pid("pod2/a", sleepers().pid)
+    with pytest.raises(CgroupBusyError, match="pod2/cgroup.procs failed: EBUSY"):
+        cg.move_pid("pod2", proc.pid)
 
 
 def test_move_into_cgroup_without_cpus_is_enospc(cg, sleepers):
