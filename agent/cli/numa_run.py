@@ -127,8 +127,9 @@ def _cuda_id(address: str) -> str:
     return address
 
 
-def _apply_affinity(record: dict[str, Any]) -> None:
-    """Fallback mode: pin ourselves too (the agent did, this makes it exact)."""
+def _apply_affinity(record: dict[str, Any]) -> str | None:
+    """Fallback mode: pin ourselves too (the agent did, this makes it exact).
+    Returns why memory could not be bound, or None."""
     cpus = record.get("cpus")
     if cpus:
         from agent.core.cpuset import CpuSet
@@ -138,8 +139,11 @@ def _apply_affinity(record: dict[str, Any]) -> None:
         try:
             from agent.enforcement.affinity import bind_memory_self
         except ImportError:
-            return
-        bind_memory_self(list(mems))
+            return "memory binding is not available in this build"
+        result = bind_memory_self(list(mems))
+        if not result:
+            return getattr(result, "reason", "") or "memory binding was not applied"
+    return None
 
 
 def _release(args: argparse.Namespace, name: str) -> None:
@@ -188,9 +192,10 @@ def run(args: argparse.Namespace) -> int:
         return 0
 
     name = str(record.get("name", ""))
+    memory_note = None
     try:
         if record.get("enforcement") == "affinity":
-            _apply_affinity(record)
+            memory_note = _apply_affinity(record)
         env = workload_env(record)
     except (OSError, ValueError) as exc:
         common.print_error(PROG, f"cannot apply the binding of {name}: {exc}")
@@ -203,6 +208,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"{PROG}: {name} cpus {env['NUMA_AGENT_CPUS'] or '-'} mems "
               f"{env['NUMA_AGENT_MEMS'] or '-'} devices {env['NUMA_AGENT_DEVICES'] or '-'} "
               f"({record.get('enforcement', '-')})", file=sys.stderr)
+        if memory_note:
+            print(f"{PROG}: note: mems not enforced: {memory_note}", file=sys.stderr)
     sys.stdout.flush()
     sys.stderr.flush()
     try:

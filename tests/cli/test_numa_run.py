@@ -170,10 +170,11 @@ def test_affinity_mode_pins_itself(fake, sock_dir):
     from agent.api.server import ApiServer
     fake.enforcement = "affinity"
     with ApiServer(fake, f"{sock_dir}/agent.sock") as srv:
-        out = run_numa_run(srv, "--cpus", "1", sys.executable, "-c",
+        out = run_numa_run(srv, "-v", "--cpus", "1", sys.executable, "-c",
                            "import os; print(sorted(os.sched_getaffinity(0)))")
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[1]"
+    assert "numa-run: wl-1 cpus 1 mems 0 devices - (affinity)" in out.stderr
 
 
 def test_command_not_found_is_127_and_books_nothing(server, fake):
