@@ -114,6 +114,12 @@ class CgroupV2:
     def is_fake(self) -> bool:
         return self._fake is not None
 
+    @property
+    def fake(self) -> FakeCgroupfs | None:
+        """The fake tree's emulator (dev mode, tests), None on a real cgroupfs.
+        Its `process_exited(pid)` stands in for the kernel noticing a death."""
+        return self._fake
+
     # ---- paths -----------------------------------------------------------
     def path(self, relpath: str = "") -> Path:
         """Absolute directory of `relpath` ("" is the root), validated."""

@@ -203,7 +203,7 @@ def test_remove_populated_cgroup_is_busy(cg, sleepers):
     cg.move_pid("w", proc.pid)
     with pytest.raises(CgroupBusyError, match="EBUSY"):
         cg.remove("w")
-    cg._fake.process_exited(proc.pid)
+    cg.fake.process_exited(proc.pid)
     cg.remove("w")
     assert not cg.exists("w")
 

@@ -40,7 +40,7 @@ def test_populated_changes_wake_the_selector(cg, sleepers):
         assert ready(watcher)
         assert watcher.read_events() == ["a"]
         assert cg.populated("a")
-        cg._fake.process_exited(proc.pid)
+        cg.fake.process_exited(proc.pid)
         assert ready(watcher)
         assert watcher.read_events() == ["a"]
         assert not cg.populated("a")
