@@ -179,7 +179,7 @@ def _boot_once(args: list[str], job_dir: Path, boot_timeout: float, timeout: flo
                              + (f" (QEMU: {qemu_says})" if qemu_says else ""))
             if time.monotonic() - t0 > boot_timeout:
                 return _Boot(False, time.monotonic() - t0, 0.0, False,
-                             f"the guest did not start the command within {boot_timeout:.0f} s")
+                             f"the guest did not start the command within {boot_timeout:g} s")
             time.sleep(poll)
         t_started = time.monotonic()
         on_started(t_started - t0)

@@ -51,10 +51,10 @@ def test_command_runs_with_our_cwd_and_env_and_its_status_comes_back(fake, tmp_p
 
 def test_a_hung_boot_is_reported_with_its_console_and_booted_again(fake, tmp_path, capsys):
     fake("hang", "ok")
-    result = run_in_guest("4node", ["true"], timeout=30, boot_timeout=1, keep_job_dir=True)
+    result = run_in_guest("4node", ["true"], timeout=30, boot_timeout=2, keep_job_dir=True)
     assert result.ok and result.attempts == 2
     err = capsys.readouterr().err
-    assert "boot attempt 1 failed: the guest did not start the command within 1 s" in err
+    assert "boot attempt 1 failed: the guest did not start the command within 2 s" in err
     assert "  | fake kernel boot 1" in err
     assert result.job_dir is not None and (result.job_dir / "console.log").exists()
 
@@ -62,8 +62,8 @@ def test_a_hung_boot_is_reported_with_its_console_and_booted_again(fake, tmp_pat
 def test_two_hung_boots_raise_a_boot_error_that_keeps_the_logs(fake, tmp_path):
     fake("hang", "hang")
     with pytest.raises(GuestBootError, match=r"2node: the guest never started the command in 2 boot\(s\): "
-                                             r"the guest did not start the command within 1 s; ") as info:
-        run_in_guest("2node", ["true"], timeout=30, boot_timeout=1, quiet=True)
+                                             r"the guest did not start the command within 2 s; ") as info:
+        run_in_guest("2node", ["true"], timeout=30, boot_timeout=2, quiet=True)
     assert info.value.console_tail == ("fake kernel boot 2", "fake: mode hang")
     assert (info.value.job_dir / "job.sh").exists()
 
@@ -144,7 +144,7 @@ def test_cli_exit_statuses(fake, capsys):
     assert main(["run", "--quiet", "--timeout", "1", "--", "sleep", "30"]) == 124
     assert "did not finish within 1 s in the 2node guest and was killed (exit 124)" in capsys.readouterr().err
     fake("hang", "hang")
-    assert main(["run", "--quiet", "--boot-timeout", "1", "--", "true"]) == 3
+    assert main(["run", "--quiet", "--boot-timeout", "0.5", "--", "true"]) == 3
     assert "the guest never started the command in 2 boot(s)" in capsys.readouterr().err
     assert main(["run", "--shape", "big", "--", "true"]) == 2
     assert "unknown machine shape 'big'" in capsys.readouterr().err
