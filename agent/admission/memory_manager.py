@@ -369,15 +369,32 @@ def free_bytes(capacity: MemoryCapacity, usage: MemoryUsage, node: int, resource
 # ------------------------------------------------------------ mask search
 
 
+class _SearchBudgetExceeded(Exception):
+    pass
+
+
 class _Pool:
     """Nodes with one vector of amounts each (one amount per requested
     resource), and a search for the numerically lowest k-node subset whose
     summed vectors reach a need. Used both for "could ever hold" (allocatable
-    vectors) and for "can hold now" (free vectors)."""
+    vectors) and for "can hold now" (free vectors).
+
+    With one resource the per-component bound is exact and the search never
+    backtracks. With several it is a covering problem; nodes with identical
+    vectors are interchangeable (the lowest ids of a class always win), which
+    keeps regular machines fast, and a step budget bounds pathological
+    cases: past it callers fall back to a greedy cover, so they may settle
+    for a wider mask (and a wider preferred size), never for one that does
+    not fit.
+    """
+
+    STEP_BUDGET = 20_000  # shared by every search on one pool
 
     def __init__(self, nodes: tuple[tuple[int, tuple[int, ...]], ...], width: int) -> None:
         self.nodes = tuple(sorted(nodes))  # ascending node id
         self.width = width
+        self.budget_exceeded = False
+        self._steps_left = self.STEP_BUDGET
         # best[j][c]: prefix sums of component c's values among nodes[:j], largest first;
         # bounds how much r nodes taken from nodes[:j] can contribute.
         self._best = []
@@ -390,6 +407,14 @@ class _Pool:
                     sums.append(sums[-1] + v)
                 per_component.append(sums)
             self._best.append(per_component)
+        # same_below[i]: indices below i whose vector equals node i's.
+        self._same_below = []
+        for i, (_, vec) in enumerate(self.nodes):
+            bits = 0
+            for j in range(i):
+                if self.nodes[j][1] == vec:
+                    bits |= 1 << j
+            self._same_below.append(bits)
 
     def _may_reach(self, j: int, r: int, need: tuple[int, ...]) -> bool:
         if r > j:
@@ -399,33 +424,98 @@ class _Pool:
 
     def lowest(self, need: tuple[int, ...], k: int) -> int | None:
         """Bits of the numerically lowest set of exactly k pool nodes whose
-        sums reach `need` in every component, or None."""
+        sums reach `need` in every component, or None. Once the pool's step
+        budget has run out (`budget_exceeded`), only k == all nodes is
+        answered; smaller sizes read as not found."""
         if not self._may_reach(len(self.nodes), k, need):
             return None
+        if k == len(self.nodes):
+            # Every node, no search: the fallback that always completes.
+            totals = [sum(v[c] for _, v in self.nodes) for c in range(self.width)]
+            if all(t >= n for t, n in zip(totals, need)):
+                return NumaMask(n for n, _ in self.nodes).bits
+            return None
+        if self.budget_exceeded:
+            return None
+
+        def taken_bits(taken: int) -> int:
+            out = 0
+            while taken:
+                low = taken & -taken
+                out |= 1 << self.nodes[low.bit_length() - 1][0]
+                taken ^= low
+            return out
 
         # Decide nodes from the highest id down, leaving each out whenever the
         # rest can still succeed: that yields the numerically lowest mask.
-        def search(j: int, r: int, need: tuple[int, ...]) -> int | None:
+        # `taken` holds indices below j already included (class members forced
+        # in with a higher twin); `r` counts the nodes still to choose.
+        def search(j: int, r: int, need: tuple[int, ...], taken: int) -> int | None:
+            self._steps_left -= 1
+            if self._steps_left < 0:
+                raise _SearchBudgetExceeded
             if r == 0:
-                return 0 if all(n <= 0 for n in need) else None
-            if not self._may_reach(j, r, need):
+                return taken_bits(taken) if all(n <= 0 for n in need) else None
+            if r > j - taken.bit_count() or not self._may_reach(j, r, need):
                 return None
-            node, vec = self.nodes[j - 1]
-            found = search(j - 1, r, need)
+            idx = j - 1
+            node, vec = self.nodes[idx]
+            if taken >> idx & 1:
+                found = search(idx, r, need, taken & ~(1 << idx))
+                return None if found is None else found | (1 << node)
+            found = search(idx, r, need, taken)
             if found is not None:
                 return found
-            found = search(j - 1, r - 1, tuple(n - v for n, v in zip(need, vec)))
+            # Including this node includes its lower twins too: swapping a twin
+            # for a lower one would give a lower mask.
+            twins = self._same_below[idx] & ~taken
+            size = twins.bit_count() + 1
+            if size > r:
+                return None
+            found = search(idx, r - size, tuple(n - size * v for n, v in zip(need, vec)), taken | twins)
             return None if found is None else found | (1 << node)
 
-        return search(len(self.nodes), k, need)
+        try:
+            return search(len(self.nodes), k, need, 0)
+        except _SearchBudgetExceeded:
+            self.budget_exceeded = True
+            return None
+
+    def greedy(self, need: tuple[int, ...]) -> int | None:
+        """A covering set built greedily (the node covering the largest share
+        of what is still needed, lowest id on ties): the fallback once the
+        exact search is out of budget. None if even every node falls short
+        (it stops only when no node left adds to what is still needed)."""
+        remaining = list(need)
+        left = list(self.nodes)
+        bits = 0
+        while any(n > 0 for n in remaining):
+            if not left:
+                return None
+
+            def share(item):
+                _, vec = item
+                return sum(min(v, r) / n for v, r, n in zip(vec, remaining, need) if r > 0)
+
+            best = max(left, key=lambda item: (share(item), -item[0]))
+            if share(best) == 0:
+                return None
+            left.remove(best)
+            bits |= 1 << best[0]
+            remaining = [r - v for r, v in zip(remaining, best[1])]
+        return bits
 
     def fewest(self, need: tuple[int, ...]) -> int | None:
-        """Smallest k for which some k nodes reach `need` (0 if need is met by nothing)."""
+        """Smallest k for which some k nodes reach `need` (0 if need is met by
+        nothing); past the step budget, the greedy cover's size."""
         if all(n <= 0 for n in need):
             return 0
         for k in range(1, len(self.nodes) + 1):
             if self.lowest(need, k) is not None:
                 return k
+            if self.budget_exceeded:
+                cover = self.greedy(need)
+                return None if cover is None else cover.bit_count()
         return None
 
 
@@ -496,6 +586,11 @@ class _State:
                 if limit is not None and k + required_bits.bit_count() > limit:
                     break
                 found = pool.lowest(tuple(base), k)
+                if found is None and pool.budget_exceeded:
+                    # Out of search budget: take the greedy cover (None: nothing covers).
+                    found = pool.greedy(tuple(base))
+                    if found is None:
+                        break
                 if found is not None:
                     if found | required_bits:
                         candidates.append(found | required_bits)

@@ -452,3 +452,22 @@ def test_property_hints_match_reference_and_allocations_stay_within_free(case):
     for alloc in reversed(list(live)):
         usage = usage_without(usage, alloc)
     assert usage == EMPTY_USAGE
+
+
+def test_search_budget_degrades_to_a_wider_mask_never_to_one_that_does_not_fit(monkeypatch):
+    import agent.admission.memory_manager as mm
+
+    _, cap = machine([3, 5, 7, 2, 6, 4], hp2m=[0, 512, 0, 512, 0, 512])
+    req = MemoryRequest(14 * GiB, {2048: 700})
+    exact = allocate_memory(cap, EMPTY_USAGE, req, None)
+    exact_size = memory_hints(cap, EMPTY_USAGE, req, range(6))[MEMORY].min_size
+    monkeypatch.setattr(mm._Pool, "STEP_BUDGET", 3)
+    rough = allocate_memory(cap, EMPTY_USAGE, req, None)
+    rough_hints = memory_hints(cap, EMPTY_USAGE, req, range(6))[MEMORY]
+    assert exact_size <= rough_hints.min_size < 6
+    assert any(h.preferred for h in rough_hints.hints())
+    assert rough.group.count() >= exact.group.count()
+    for resource, need in req.amounts():
+        assert rough.total(resource) == need
+    for n, r, b in rough.amounts:
+        assert b <= free_bytes(cap, EMPTY_USAGE, n, r)
