@@ -1,0 +1,116 @@
+"""scripts/install in a temporary root. One real pip install (~30-60 s: it builds the
+project and fetches or reuses its dependency wheels), then checks on the result."""
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _copy_sources(dest: Path) -> Path:
+    # A private copy, so edits elsewhere in the work tree cannot change what is installed.
+    dest.mkdir(parents=True)
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(REPO / name, dest / name)
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    shutil.copytree(REPO / "agent", dest / "agent", ignore=ignore)
+    shutil.copytree(REPO / "systemd", dest / "systemd", ignore=ignore)
+    (dest / "scripts").mkdir()
+    shutil.copy2(REPO / "scripts" / "install", dest / "scripts" / "install")
+    return dest
+
+
+def run_install(src: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["bash", str(src / "scripts" / "install"), *args],
+        capture_output=True, text=True, timeout=900,
+    )
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory):
+    base = tmp_path_factory.mktemp("install")
+    src = _copy_sources(base / "src")
+    root = base / "root"
+    first = run_install(src, "--root", str(root), "--prefix", "/opt/numa-agent")
+    assert first.returncode == 0, first.stdout + first.stderr
+    return src, root, first
+
+
+def test_venv_has_the_project_and_its_dependencies(installed):
+    _, root, first = installed
+    venv = root / "opt/numa-agent"
+    assert "wrote sample config" in first.stdout
+    out = subprocess.run([str(venv / "bin/numa-agent"), "--help"], capture_output=True, text=True)
+    assert out.returncode == 0 and "usage: numa-agent" in out.stdout
+    out = subprocess.run([str(venv / "bin/numa-run"), "--help"], capture_output=True, text=True)
+    assert out.returncode == 0 and "numa-run" in out.stdout
+    deps = subprocess.run(
+        [str(venv / "bin/python"), "-c", "import psutil, pyudev, prometheus_client, msgspec, agent.views.metrics"],
+        capture_output=True, text=True,
+    )
+    assert deps.returncode == 0, deps.stderr
+
+
+def test_links_units_and_config(installed):
+    src, root, _ = installed
+    for tool in ("numa-agent", "numa-run"):
+        link = root / "usr/local/bin" / tool
+        assert link.is_symlink()
+        assert os.readlink(link) == f"/opt/numa-agent/bin/{tool}"  # valid once root is /
+        assert (root / "opt/numa-agent/bin" / tool).exists()
+    units = root / "etc/systemd/system"
+    assert (units / "numa-agent.service").read_text() == (src / "systemd/numa-agent.service").read_text()
+    assert (units / "numa-agent.slice").read_text() == (src / "systemd/numa-agent.slice").read_text()
+    assert (root / "etc/numa-agent/config.toml").read_text() == (src / "systemd/config.example.toml").read_text()
+
+
+def test_second_run_is_quick_and_keeps_the_config(installed):
+    src, root, _ = installed
+    config = root / "etc/numa-agent/config.toml"
+    config.write_text('[agent]\nlog_level = "debug"\n')
+    again = run_install(src, "--root", str(root))
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "already has this version of numa-agent" in again.stdout
+    assert "keeping existing" in again.stdout
+    assert config.read_text() == '[agent]\nlog_level = "debug"\n'
+    assert "systemctl daemon-reload && systemctl enable --now numa-agent" in again.stdout
+    assert os.readlink(root / "usr/local/bin/numa-agent") == "/opt/numa-agent/bin/numa-agent"
+
+
+@pytest.fixture
+def src(tmp_path):
+    return _copy_sources(tmp_path / "src")
+
+
+def test_relative_prefix_is_refused(src, tmp_path):
+    out = run_install(src, "--root", str(tmp_path / "r"), "--prefix", "opt/numa-agent")
+    assert out.returncode != 0
+    assert "--prefix must be an absolute path, got 'opt/numa-agent'" in out.stderr
+
+
+def test_unknown_argument_is_refused(src):
+    out = run_install(src, "--bogus")
+    assert out.returncode != 0
+    assert "unknown argument: --bogus" in out.stderr
+    assert "usage: scripts/install" in out.stderr
+
+
+def test_missing_python_is_reported(src, tmp_path):
+    out = run_install(src, "--root", str(tmp_path / "r"), "--python", "no-such-python3")
+    assert out.returncode != 0
+    assert "python interpreter 'no-such-python3' not found" in out.stderr
+
+
+def test_old_python_is_reported(src, tmp_path):
+    fake = tmp_path / "python3.9"
+    fake.write_text('#!/bin/sh\nif [ "$1" = "-V" ]; then echo "Python 3.9.18"; exit 0; fi\nexit 1\n')
+    fake.chmod(0o755)
+    out = run_install(src, "--root", str(tmp_path / "r"), "--python", str(fake))
+    assert out.returncode != 0
+    assert "needs Python 3.11 or newer" in out.stderr and "Python 3.9.18" in out.stderr
+    assert not (tmp_path / "r/opt").exists()  # nothing was installed
