@@ -8,7 +8,8 @@ collectors this agent does not ask for).
 
 `start_metrics_server("HOST:PORT", registry)` serves `/metrics` over plain HTTP on TCP,
 by default on 127.0.0.1:9464 (loopback only: the figures describe the node's tenants).
-Snapshot shape: see the service contract (`{"status": status(), "counters": {...}}`).
+Snapshot shape: see the service contract (`{"status": status(), "counters": {...}}`, and
+optionally `"info": {"version": ..., "enforcement": ...}`).
 Histogram buckets in the snapshot are cumulative `[upper_bound, count]` pairs, as
 Prometheus defines them; the `+Inf` bucket is added from `count` when absent.
 """
@@ -125,10 +126,14 @@ class AgentCollector:
             hotplug.add_metric([kind], value)
         families.append(hotplug)
 
+        # The snapshot's own "info" (when the service supplies it) wins over our defaults.
+        info_doc = snapshot.get("info") or {}
+        version = str(info_doc.get("version") or self._version)
+        enforcement = str(info_doc.get("enforcement") or status.get("enforcement") or "unknown")
         info = GaugeMetricFamily(
             PREFIX + "info", "Agent version and enforcement mode (cgroup or affinity).",
             labels=["version", "enforcement"])
-        info.add_metric([self._version, str(status.get("enforcement", "unknown"))], 1)
+        info.add_metric([version, enforcement], 1)
         families.append(info)
         return families
 

@@ -244,3 +244,12 @@ def test_parse_address_forms():
 def test_bad_addresses(address, message):
     with pytest.raises(ValueError, match=message):
         parse_address(address)
+
+
+def test_info_from_the_snapshot_wins():
+    snap = {"status": {"enforcement": "cgroup"}, "counters": {},
+            "info": {"version": "0.1.0", "enforcement": "affinity"}}
+    families = {f.name: f for f in AgentCollector(lambda: snap, version="ignored").collect()}
+    (sample,) = families["numa_agent_info"].samples
+    assert sample.labels == {"version": "0.1.0", "enforcement": "affinity"}
+    assert sample.value == 1
