@@ -21,7 +21,7 @@ from typing import Mapping
 from agent.core.cpuset import CpuSet
 from agent.enforcement.cgroup import CgroupV2, EventWatcher
 from agent.enforcement.errors import CgroupError, CgroupMissingError, EnforcementError
-from agent.enforcement.plan import AGENT_CGROUP, CgroupSpec, order_changes
+from agent.enforcement.plan import AGENT_CGROUP, POD_PREFIX, RELEASED_CGROUP, SHARED_CGROUP, CgroupSpec, order_changes
 
 log = logging.getLogger("numa_agent.enforcement")
 
@@ -67,12 +67,15 @@ class CgroupEnforcer:
             if change.kind == "remove":
                 self.watcher.unwatch(change.relpath)
                 if cg.exists(change.relpath):
+                    self._evict(change.relpath, new)
                     cg.remove(change.relpath)
                 continue
             assert spec is not None
             if change.kind == "create":
                 cg.create(spec.relpath, exist_ok=True)
-                if spec.workload is None and spec.relpath != AGENT_CGROUP:
+                if spec.relpath == SHARED_CGROUP or (spec.relpath.startswith(POD_PREFIX)
+                                                     and "/" not in spec.relpath):
+                    # Parents of workload cgroups: they never hold processes.
                     cg.enable_controllers(spec.relpath, CHILD_CONTROLLERS)
                 self._write_limits(spec)
                 cg.write_cpuset(spec.relpath, spec.cpus, spec.mems)
@@ -85,6 +88,23 @@ class CgroupEnforcer:
             relpath, pid = move
             cg.move_pid(relpath, pid)
         self.verify(new)
+
+    def _evict(self, relpath: str, new: Layout) -> None:
+        """Move processes still in a released workload's cgroup to the
+        shared pool, so the cgroup can go and its CPUs return."""
+        pids = self.pids(relpath)
+        if not pids:
+            return
+        if RELEASED_CGROUP in new and not self.cgroup.exists(RELEASED_CGROUP):
+            spec = new[RELEASED_CGROUP]
+            self.cgroup.create(RELEASED_CGROUP)
+            self.cgroup.write_cpuset(RELEASED_CGROUP, spec.cpus, spec.mems)
+        for pid in pids:
+            try:
+                self.cgroup.move_pid(RELEASED_CGROUP, pid)
+            except CgroupMissingError:
+                continue  # exited meanwhile
+        log.info("released %s: %d process(es) moved to the shared pool", relpath, len(pids))
 
     def _write_limits(self, spec: CgroupSpec) -> None:
         # Limits go in before any process can be moved in.
@@ -185,7 +205,10 @@ class AffinityEnforcer:
     def apply(self, old: Layout, new: Layout, move: tuple[str, int] | None = None) -> None:
         for change in order_changes(old, new):
             if change.kind == "remove":
+                pid = self._pids.get(change.relpath)
                 self._forget(change.relpath)
+                if pid is not None and _alive(pid) and SHARED_CGROUP in new:
+                    _pin_tree(pid, new[SHARED_CGROUP].cpus)  # back to the shared pool
                 continue
             spec = change.spec
             assert spec is not None

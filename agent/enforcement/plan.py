@@ -4,7 +4,8 @@ Below the agent's cgroup root:
 
     agent/              the agent's own process (no-internal-process rule)
     shared/             the shared pool; cpuset = every CPU not held exclusively
-    shared/<name>       a workload without exclusive CPUs (inherits the pool)
+    shared/<name>       a workload without exclusive CPUs (the pool's CPUs)
+    shared/_released    processes left behind by a released workload
     wl-<name>/          a workload with exclusive CPUs
     pod-<pod>/          a pod budget
     pod-<pod>/<member>  a pod member: its exclusive CPUs, or the pod's shared part
@@ -27,6 +28,10 @@ from agent.state.model import AgentState, Workload
 
 AGENT_CGROUP = "agent"
 SHARED_CGROUP = "shared"
+# Processes still running when their workload is released (an operator's
+# `numa-agent release`, or numa-run failing to exec) move here: the shared
+# pool. The leading underscore keeps it apart from workload names.
+RELEASED_CGROUP = "shared/_released"
 WORKLOAD_PREFIX = "wl-"
 POD_PREFIX = "pod-"
 
@@ -80,6 +85,7 @@ def desired_layout(machine: Machine, state: AgentState) -> dict[str, CgroupSpec]
     out: dict[str, CgroupSpec] = {
         AGENT_CGROUP: CgroupSpec(AGENT_CGROUP, pool, all_mems),
         SHARED_CGROUP: CgroupSpec(SHARED_CGROUP, pool, all_mems),
+        RELEASED_CGROUP: CgroupSpec(RELEASED_CGROUP, pool, all_mems),
     }
     for pod in state.pods:
         rel = f"{POD_PREFIX}{safe_component(pod.name)}"

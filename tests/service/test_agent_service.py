@@ -1,0 +1,264 @@
+"""AgentService on a temporary cgroup tree and state directory: the commit
+protocol, failure paths (nothing lost, nothing leaked), restart recovery and
+concurrency."""
+
+import json
+import os
+import subprocess
+import threading
+
+import pytest
+
+from agent.admission.machine import ConfigError, PolicyConfig, build_machine
+from agent.core.cpuset import CpuSet
+from agent.core.synthetic import make_topology
+from agent.enforcement.cgroup import CgroupV2
+from agent.enforcement.enforcer import CgroupEnforcer
+from agent.enforcement.errors import CgroupNoSpaceError
+from agent.enforcement.fake_cgroupfs import make_fake_cgroup_root
+from agent.service.agent_service import AgentService, ServiceUnavailable
+from agent.service.errors import AdmissionRefused, BadRequest, Caller, Conflict, Forbidden, NotFound
+from agent.service.recovery import restore
+from agent.state.checkpoint import CheckpointStore, CheckpointWriteError
+
+ME = Caller(pid=os.getpid(), uid=1000, gid=1000)
+ROOT = Caller(pid=os.getpid(), uid=0, gid=0)
+GPU = ("0x030200", "0x10de", "0x20b0", 1, "nvidia")
+
+
+def make_machine(policy="best-effort", **kw):
+    topo = make_topology(sockets=2, cores_per_node=4, threads_per_core=2,
+                         memory_per_node_bytes=8 << 30, devices=(GPU,))
+    return build_machine(topo, PolicyConfig(topology_policy=policy,
+                                            devices={"gpu": {"vendor": "0x10de"}}, **kw))
+
+
+@pytest.fixture
+def env(tmp_path):
+    machine = make_machine()
+    cg_root = make_fake_cgroup_root(tmp_path / "cg", machine.usable_cpus, [0, 1])
+    return machine, tmp_path / "state", cg_root
+
+
+@pytest.fixture
+def sleepers():
+    """Callers that are real, separate processes (a workload's cgroup is
+    populated by its own process)."""
+    procs = []
+
+    def spawn(uid=1000):
+        p = subprocess.Popen(["sleep", "60"])
+        procs.append(p)
+        return Caller(pid=p.pid, uid=uid, gid=uid)
+
+    yield spawn
+    for p in procs:
+        p.kill()
+        p.wait()
+
+
+def start(machine, state_dir, cg_root, **kw):
+    enforcer = CgroupEnforcer(CgroupV2(cg_root))
+    store = CheckpointStore(state_dir)
+    enforcer.setup()
+    state, report = restore(machine, store, enforcer, **kw)
+    service = AgentService(machine, store, enforcer)
+    service.install(state)
+    return service, report
+
+
+def cg_file(root, rel, name):
+    return (root / rel / name).read_text().strip()
+
+
+def test_admission_writes_cgroups_and_checkpoint_and_pool_shrinks(env):
+    machine, state_dir, root = env
+    service, _ = start(machine, state_dir, root)
+    out = service.admit({"name": "web", "cpus": 2, "memory_bytes": 1 << 30}, ME)
+    cpus = CpuSet.parse(out["cpus"])
+    assert len(cpus) == 2 and out["exclusive"] and out["enforcement"] == "cgroup"
+    assert CpuSet.parse(cg_file(root, "wl-web", "cpuset.cpus")) == cpus
+    assert cg_file(root, "wl-web", "memory.max") == str(1 << 30)
+    assert cg_file(root, "wl-web", "cpuset.mems") == ",".join(map(str, out["mems"]))
+    pool = CpuSet.parse(cg_file(root, "shared", "cpuset.cpus"))
+    assert pool.isdisjoint(cpus) and pool | cpus == machine.usable_cpus
+    assert str(os.getpid()) in cg_file(root, "wl-web", "cgroup.procs").split()
+    saved = CheckpointStore(state_dir).load()
+    assert [w["name"] for w in saved["workloads"]] == ["web"]
+    # release gives everything back and removes the cgroup
+    service.release("web", ME)
+    assert not (root / "wl-web").exists()
+    assert CpuSet.parse(cg_file(root, "shared", "cpuset.cpus")) == machine.usable_cpus
+    assert CheckpointStore(state_dir).load()["workloads"] == []
+
+
+def test_dry_run_books_nothing(env):
+    machine, state_dir, root = env
+    service, _ = start(machine, state_dir, root)
+    before = CheckpointStore(state_dir).load()
+    out = service.admit({"name": "probe", "cpus": 4}, ME, dry_run=True)
+    assert out["dry_run"] and len(CpuSet.parse(out["cpus"])) == 4
+    assert service.state.workloads == ()
+    assert not (root / "wl-probe").exists()
+    assert CheckpointStore(state_dir).load() == before
+
+
+def test_refusal_explains_and_changes_nothing(env):
+    machine, state_dir, root = env
+    service, _ = start(machine, state_dir, root)
+    with pytest.raises(AdmissionRefused) as err:
+        service.admit({"name": "big", "cpus": 10, "policy": "single-numa-node"}, ME)
+    assert err.value.code == "topology_affinity_error"
+    assert "TopologyAffinityError" in err.value.message
+    assert err.value.details["providers"][0]["provider"] == "cpu"
+    assert service.state.workloads == ()
+    assert service.counters.errors == {"topology_affinity_error": 1}
+    with pytest.raises(BadRequest, match="unknown device resource"):
+        service.admit({"name": "x", "devices": {"fpga": 1}}, ME)
+    with pytest.raises(BadRequest, match="must be 1-63 characters"):
+        service.admit({"name": "../etc"}, ME)
+
+
+def test_names_owners_and_release_permissions(env):
+    machine, state_dir, root = env
+    service, _ = start(machine, state_dir, root)
+    service.admit({"name": "mine", "cpus": 1}, ME)
+    with pytest.raises(Conflict, match="already exists"):
+        service.admit({"name": "mine", "cpus": 1}, ME)
+    with pytest.raises(Forbidden, match="belongs to uid 1000"):
+        service.release("mine", Caller(pid=1, uid=1001, gid=1001))
+    with pytest.raises(NotFound):
+        service.release("nobody", ME)
+    service.release("mine", ROOT)  # root may release anything
+    generated = service.admit({"command": ["/usr/bin/My Server"], "shared": True}, ME)["name"]
+    assert generated == f"my-server-{os.getpid()}"
+
+
+def test_checkpoint_failure_books_nothing(env, monkeypatch):
+    machine, state_dir, root = env
+    service, _ = start(machine, state_dir, root)
+    before = CheckpointStore(state_dir).load()
+
+    def broken(payload):
+        raise CheckpointWriteError("saving checkpoint failed: No space left on device")
+
+    monkeypatch.setattr(service.store, "save", broken)
+    with pytest.raises(ServiceUnavailable, match="nothing was booked"):
+        service.admit({"name": "web", "cpus": 2}, ME)
+    assert service.state.workloads == ()
+    assert not (root / "wl-web").exists()
+    assert service.counters.checkpoint_failures_total == 1
+    assert CheckpointStore(state_dir).load() == before
+
+
+def test_enforcement_failure_rolls_back_kernel_and_checkpoint(env, monkeypatch):
+    machine, state_dir, root = env
+    service, _ = start(machine, state_dir, root)
+    service.admit({"name": "first", "cpus": 2}, ME)
+    pool_before = cg_file(root, "shared", "cpuset.cpus")
+    real = service.enforcer.cgroup.move_pid
+
+    def failing_move(rel, pid):
+        raise CgroupNoSpaceError(f"write {pid} to {rel}/cgroup.procs: ENOSPC", path=rel)
+
+    monkeypatch.setattr(service.enforcer.cgroup, "move_pid", failing_move)
+    with pytest.raises(ServiceUnavailable, match="enforcement failed, nothing was booked"):
+        service.admit({"name": "second", "cpus": 2}, ME)
+    monkeypatch.setattr(service.enforcer.cgroup, "move_pid", real)
+    assert [w.name for w in service.state.workloads] == ["first"]
+    assert not (root / "wl-second").exists()
+    assert cg_file(root, "shared", "cpuset.cpus") == pool_before
+    assert [w["name"] for w in CheckpointStore(state_dir).load()["workloads"]] == ["first"]
+
+
+def test_restart_restores_and_never_double_books(env, sleepers):
+    machine, state_dir, root = env
+    service, _ = start(machine, state_dir, root)
+    a = CpuSet.parse(service.admit({"name": "a", "cpus": 2}, sleepers())["cpus"])
+    b = CpuSet.parse(service.admit({"name": "b", "cpus": 2}, sleepers())["cpus"])
+    # The agent dies; the workloads keep running (their cgroups stay populated).
+    service2, report = start(machine, state_dir, root)
+    assert report.released == () and {w.name for w in service2.state.workloads} == {"a", "b"}
+    c = CpuSet.parse(service2.admit({"name": "c", "cpus": 2}, ME)["cpus"])
+    assert c.isdisjoint(a | b)
+
+
+def test_restart_releases_workloads_whose_processes_are_gone(env):
+    machine, state_dir, root = env
+    service, _ = start(machine, state_dir, root)
+    service.admit({"name": "gone", "cpus": 2}, ME)
+    (root / "wl-gone" / "cgroup.procs").write_text("")  # its processes exited while we were down
+    (root / "wl-gone" / "cgroup.events").write_text("populated 0\nfrozen 0\n")
+    service2, report = start(machine, state_dir, root)
+    assert report.released == ("gone",)
+    assert service2.state.workloads == ()
+    assert not (root / "wl-gone").exists()
+
+
+def test_corrupt_checkpoint_is_moved_aside_and_rebuilt_from_cgroups(env, sleepers):
+    machine, state_dir, root = env
+    service, _ = start(machine, state_dir, root)
+    a = CpuSet.parse(service.admit({"name": "a", "cpus": 2}, sleepers())["cpus"])
+    path = state_dir / "checkpoint.json"
+    doc = json.loads(path.read_text())
+    doc["data"]["workloads"] = []  # tampered: checksum no longer matches
+    path.write_text(json.dumps(doc))
+    service2, report = start(machine, state_dir, root)
+    assert report.quarantined and os.path.exists(report.quarantined)
+    assert report.adopted == ("a",)
+    w = service2.state.workload("a")
+    assert w.booking.cpus == a and not w.shared
+    # the adopted CPUs are not handed out again
+    b = CpuSet.parse(service2.admit({"name": "b", "cpus": 2}, ME)["cpus"])
+    assert b.isdisjoint(a)
+
+
+def test_policy_change_against_checkpoint_is_refused_with_remedy(env):
+    machine, state_dir, root = env
+    service, _ = start(machine, state_dir, root)
+    service.admit({"name": "a", "cpus": 2}, ME)
+    other = make_machine(policy="single-numa-node")
+    with pytest.raises(ConfigError, match='on_policy_change = "reconcile"'):
+        start(other, state_dir, root)
+    service2, report = start(other, state_dir, root, on_policy_change="reconcile")
+    assert report.policy_reconciled and service2.state.workload("a") is not None
+
+
+def test_concurrent_admissions_never_share_a_cpu(env):
+    machine, state_dir, root = env
+    service, _ = start(machine, state_dir, root)
+    results, errors = [], []
+
+    def client(i):
+        try:
+            results.append(CpuSet.parse(service.admit({"name": f"c{i}", "cpus": 2}, ME)["cpus"]))
+        except AdmissionRefused as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(12)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(results) == 7  # 16 CPUs, 1 reserved: 7 whole cores
+    assert len(errors) == 5
+    seen = CpuSet()
+    for cpus in results:
+        assert cpus.isdisjoint(seen)
+        seen = seen | cpus
+
+
+def test_status_accounting_adds_up(env):
+    machine, state_dir, root = env
+    service, _ = start(machine, state_dir, root)
+    service.admit({"name": "g", "cpus": 2, "devices": {"gpu": 1}, "memory_bytes": 1 << 30}, ME)
+    status = service.status()
+    node1 = next(n for n in status["nodes"] if n["id"] == 1)
+    assert node1["devices"]["gpu"] == {"capacity": 1, "allocated": 1, "free": 0}
+    for node in status["nodes"]:
+        for key in ("cpus", "memory_bytes"):
+            c = node[key]
+            assert c["capacity"] == c["reserved"] + c["allocated"] + c["free"]
+    assert status["workloads"][0]["devices"][0]["numa_node"] == 1
+    snap = service.metrics_snapshot()
+    assert snap["counters"]["admission_requests_total"]["admitted"] == 1
