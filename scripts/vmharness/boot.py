@@ -243,8 +243,12 @@ def run_in_guest(shape: str | Shape, argv: list[str] | tuple[str, ...], timeout:
     boot = None
     for attempt in range(1, boot_attempts + 1):
         say(f"booting {shape.name} ({shape.cpus} CPUs, {len(shape.nodes)} NUMA nodes), attempt {attempt}")
-        boot = _boot_once(args, job_dir, boot_timeout, timeout, stream, poll_seconds,
-                          lambda seconds: say(f"guest started the command {seconds:.1f} s after boot"))
+        try:
+            boot = _boot_once(args, job_dir, boot_timeout, timeout, stream, poll_seconds,
+                              lambda seconds: say(f"guest started the command {seconds:.1f} s after boot"))
+        except GuestError:
+            shutil.rmtree(job_dir, ignore_errors=True)  # QEMU never ran: no log worth keeping
+            raise
         if boot.started:
             break
         tail = _tail(job_dir / "console.log")

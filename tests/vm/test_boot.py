@@ -148,3 +148,10 @@ def test_cli_exit_statuses(fake, capsys):
     assert "the guest never started the command in 2 boot(s)" in capsys.readouterr().err
     assert main(["run", "--shape", "big", "--", "true"]) == 2
     assert "unknown machine shape 'big'" in capsys.readouterr().err
+
+
+def test_a_missing_qemu_binary_is_a_guest_error(fake, monkeypatch, tmp_path):
+    monkeypatch.setenv("NUMA_AGENT_VM_QEMU", "/nonexistent/qemu-system-x86_64")
+    with pytest.raises(GuestError, match="cannot start /nonexistent/qemu-system-x86_64: "):
+        run_in_guest("2node", ["true"], timeout=30, quiet=True)
+    assert jobs_left(tmp_path) == []

@@ -111,3 +111,28 @@ def test_missing_host_packages_without_root_name_the_apt_command(monkeypatch):
     with pytest.raises(SetupError, match=r"host packages missing: cpio kmod qemu-system-x86 busybox-static; "
                                          r"install them as root \(apt-get install -y cpio"):
         build.ensure_host_packages()
+
+
+def test_a_failing_setup_command_is_quoted_with_its_output():
+    with pytest.raises(SetupError, match=r"listing things: `sh -c echo nope >&2; exit 4` exited 4: nope"):
+        build._run(["sh", "-c", "echo nope >&2; exit 4"], "listing things")
+
+
+def test_a_missing_setup_tool_is_named():
+    with pytest.raises(SetupError, match="unpacking: /nonexistent/dpkg-deb is not installed"):
+        build._run(["/nonexistent/dpkg-deb"], "unpacking")
+
+
+def test_newest_kernel_package_picks_the_highest_generic_version(monkeypatch):
+    listing = ("linux-image-6.1.0-9-amd64 - Linux 6.1\n"
+               "linux-image-6.1.0-57-amd64 - Linux 6.1\n"
+               "linux-image-6.1.0-60-cloud-amd64 - cloud\n"
+               "linux-image-6.1.0-10-amd64 - Linux 6.1\n")
+    monkeypatch.setattr(build, "_run", lambda argv, what, **kw: subprocess.CompletedProcess(argv, 0, listing, ""))
+    assert build.newest_kernel_package() == "linux-image-6.1.0-57-amd64"
+
+
+def test_no_listed_kernel_says_to_update_apt(monkeypatch):
+    monkeypatch.setattr(build, "_run", lambda argv, what, **kw: subprocess.CompletedProcess(argv, 0, "", ""))
+    with pytest.raises(SetupError, match=r"apt lists no linux-image-6.1.\*-amd64 package; run `apt-get update` first"):
+        build.newest_kernel_package()
