@@ -217,7 +217,8 @@ def cpu_hints(
         return HintSet.impossible()
     min_size = topo.min_nodes_for(request)
     also_preferred = _socket_aligned(topo, min_size) if options.align_by_socket else None
-    return HintSet.generated(nodes, fits, min_size, also_preferred)
+    # A superset of a mask that holds the request holds it too.
+    return HintSet.generated(nodes, fits, min_size, also_preferred, monotone=True)
 
 
 def _socket_aligned(topo: CpuTopology, min_size: int):

@@ -265,7 +265,8 @@ def device_hints(
     def fits(mask: NumaMask) -> bool:
         return sum(c for n, c in free_per_node.items() if mask.bits >> n & 1) >= count
 
-    return HintSet.generated(NumaMask.from_bits(universe), fits, min_size)
+    # More nodes never hold fewer devices: the merge may prune on that.
+    return HintSet.generated(NumaMask.from_bits(universe), fits, min_size, monotone=True)
 
 
 # ------------------------------------------------------------- allocation

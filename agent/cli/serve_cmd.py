@@ -11,6 +11,8 @@ import threading
 from dataclasses import replace
 from pathlib import Path
 
+from agent.enforcement.plan import AGENT_CGROUP
+
 log = logging.getLogger("numa_agent.serve")
 
 
@@ -162,7 +164,7 @@ class Agent:
                 return _fallback(caps.reason)
             raise StartupError(f"cgroup root {root} cannot be used: {caps.reason}")
         log.info("enforcing with cgroup v2 below %s", root)
-        return CgroupEnforcer(cg)
+        return CgroupEnforcer(cg, domain_controllers=_may_use_domain_controllers(root))
 
     def _start_edges(self, machine) -> None:
         from agent.api.server import ApiServer
@@ -202,14 +204,18 @@ class Agent:
                  f" ({service.enforcer.reason})" if service.enforcer.reason else "")
 
     def _on_hotplug(self, events) -> None:
+        """Kernel events arrived (None: some were lost): re-read the machine."""
         from agent.admission.machine import build_machine
         from agent.discovery.sysfs import read_topology
 
-        for event in events:
-            self.service.counters.hotplug(event.kind)
-            log.info("hotplug: %s %s %s", event.kind, event.action, event.id)
-        if not events:
-            return
+        if events is None:
+            log.warning("hotplug events were lost; rescanning sysfs")
+        else:
+            for event in events:
+                self.service.counters.hotplug(event.kind)
+                log.info("hotplug: %s %s %s", event.kind, event.action, event.id)
+            if not events:
+                return
         machine = build_machine(read_topology(self.cfg.sysfs_root), self.cfg.policy)
         self.service.replace_machine(machine)
 
@@ -260,6 +266,10 @@ def _auto_cgroup_root() -> tuple[str | None, str]:
     if own is None:
         return None, "this process is in no cgroup v2 hierarchy"
     if own not in ("/", "") and os.environ.get("INVOCATION_ID"):
+        # Under systemd with Delegate=yes: the service's cgroup is ours. With
+        # DelegateSubgroup=agent (systemd >= 254) we start one level down.
+        if os.path.basename(own) == AGENT_CGROUP:
+            own = os.path.dirname(own)
         return os.path.join(mount, own.lstrip("/")), ""
     path = os.path.join(mount, "numa-agent")
     try:
@@ -267,6 +277,27 @@ def _auto_cgroup_root() -> tuple[str | None, str]:
     except OSError as exc:
         return None, f"cannot create {path}: {exc.strerror}"
     return path, ""
+
+
+def _may_use_domain_controllers(root: str) -> bool:
+    """memory and hugetlb are domain controllers: once the service's cgroup
+    enables them for its children it may hold no process, and systemd older
+    than 254 (no DelegateSubgroup=) starts the restarted agent right there
+    and fails (219/CGROUP). Without DelegateSubgroup, keep to the threaded
+    controllers (cpuset, cpu, pids) so `systemctl restart` keeps working."""
+    if not os.environ.get("INVOCATION_ID"):
+        return True
+    try:
+        with open("/proc/self/cgroup") as f:
+            own = next((line.split("::", 1)[1].strip() for line in f if line.startswith("0::")), "")
+    except OSError:
+        return True
+    if os.path.basename(own) == AGENT_CGROUP:
+        return True
+    log.warning("systemd started the agent without DelegateSubgroup= (systemd < 254): memory and "
+                "hugetlb limits are not enforced so that restarts keep working; CPU and memory-node "
+                "pinning is unaffected")
+    return False
 
 
 def _uid_of(pid: int) -> int:

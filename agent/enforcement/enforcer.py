@@ -25,20 +25,22 @@ from agent.enforcement.plan import AGENT_CGROUP, POD_PREFIX, RELEASED_CGROUP, SH
 
 log = logging.getLogger("numa_agent.enforcement")
 
-CHILD_CONTROLLERS = ("cpuset", "cpu", "memory", "hugetlb", "pids")
+THREADED_CONTROLLERS = ("cpuset", "cpu", "pids")
+DOMAIN_CONTROLLERS = ("memory", "hugetlb")
 Layout = Mapping[str, CgroupSpec]
 
 
 class CgroupEnforcer:
     mode = "cgroup"
 
-    def __init__(self, cgroup: CgroupV2) -> None:
+    def __init__(self, cgroup: CgroupV2, domain_controllers: bool = True) -> None:
         self.cgroup = cgroup
         self.watcher = EventWatcher(cgroup)
         caps = cgroup.probe()
-        self.has_memory = caps.memory
-        self.has_hugetlb = caps.hugetlb
-        self.reason = None
+        self.has_memory = caps.memory and domain_controllers
+        self.has_hugetlb = caps.hugetlb and domain_controllers
+        self.child_controllers = THREADED_CONTROLLERS + (DOMAIN_CONTROLLERS if domain_controllers else ())
+        self.reason = None if domain_controllers else "memory and hugetlb limits off (systemd < 254)"
 
     # ---- set-up ---------------------------------------------------------
     def setup(self) -> None:
@@ -54,7 +56,7 @@ class CgroupEnforcer:
             # Anything else left in the root would block subtree_control.
             cg.create(AGENT_CGROUP, exist_ok=True)
             cg.move_pid(AGENT_CGROUP, pid)
-        cg.enable_controllers("", CHILD_CONTROLLERS)
+        cg.enable_controllers("", self.child_controllers)
 
     def path_of(self, relpath: str) -> str:
         return str(self.cgroup.path(relpath))
@@ -76,7 +78,7 @@ class CgroupEnforcer:
                 if spec.relpath == SHARED_CGROUP or (spec.relpath.startswith(POD_PREFIX)
                                                      and "/" not in spec.relpath):
                     # Parents of workload cgroups: they never hold processes.
-                    cg.enable_controllers(spec.relpath, CHILD_CONTROLLERS)
+                    cg.enable_controllers(spec.relpath, self.child_controllers)
                 self._write_limits(spec)
                 cg.write_cpuset(spec.relpath, spec.cpus, spec.mems)
                 if spec.workload is not None:

@@ -18,6 +18,7 @@ import time
 from typing import Callable
 
 from agent.enforcement.plan import workload_relpath
+from agent.hotplug.events import EventsLost
 
 log = logging.getLogger("numa_agent.runtime")
 
@@ -85,7 +86,11 @@ class EventLoop:
                 if pidfds:
                     self._release_paths(enforcer.exited(pidfds), check=False)
                 if "hotplug" in kinds and self.on_hotplug is not None:
-                    self.on_hotplug(self.hotplug_source.read_events())
+                    try:
+                        events = self.hotplug_source.read_events()
+                    except EventsLost:
+                        events = None  # the handler rescans sysfs
+                    self.on_hotplug(events)
             except Exception:  # the loop must survive any one bad event
                 log.exception("error while handling kernel events")
         sel.close()
