@@ -362,10 +362,14 @@ class CgroupV2:
         self._write(self._file(relpath, "cgroup.procs"), str(pid))
 
     def procs(self, relpath: str = "") -> list[int]:
+        if self._fake is not None:
+            self._fake.reap()
         text = self._read(self._file(relpath, "cgroup.procs"))
         return sorted(int(line) for line in text.split())
 
     def populated(self, relpath: str = "") -> bool:
+        if self._fake is not None:
+            self._fake.reap()
         file = self._file(relpath, "cgroup.events")
         for line in self._read(file).splitlines():
             key, _, value = line.partition(" ")

@@ -116,6 +116,7 @@ class FakeCgroupfs:
     def rmdir(self, cgroup_dir: Path) -> None:
         if not cgroup_dir.is_dir():
             raise _oserror(errno.ENOENT, cgroup_dir)
+        self.reap()
         if _child_dirs(cgroup_dir) or _procs(cgroup_dir):
             raise _oserror(errno.EBUSY, cgroup_dir)
         for entry in cgroup_dir.iterdir():
@@ -166,6 +167,14 @@ class FakeCgroupfs:
                 pids.remove(pid)
                 _put(cgroup_dir / "cgroup.procs", "".join(f"{p}\n" for p in pids))
         self._refresh_events()
+
+    def reap(self) -> None:
+        """Drop processes that no longer exist, as the kernel does at exit
+        (a fake tree learns of exits only when someone looks)."""
+        for cgroup_dir in self._all_cgroups():
+            for pid in _procs(cgroup_dir):
+                if not _alive(pid):
+                    self.process_exited(pid)
 
     # ---- emulated writes -------------------------------------------------
     def _write_subtree_control(self, cgroup_dir: Path, text: str) -> None:
@@ -414,3 +423,13 @@ def _size_bytes(label: str) -> int:
 
 def _oserror(code: int, path: Path) -> OSError:
     return OSError(code, os.strerror(code), str(path))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

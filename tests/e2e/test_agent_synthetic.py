@@ -1,0 +1,153 @@
+"""End to end on machines this box is not: the real agent serving a written
+sysfs tree of a 4-node, 2-socket machine (simulated cgroup tree, nothing is
+pinned for real) and the real numa-run: concurrency, devices, pods,
+topology refusals, status and metrics."""
+
+import concurrent.futures
+import json
+import sys
+import urllib.request
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from agent.core.cpuset import CpuSet
+from agent.core.synthetic import make_topology
+from tests.support.agent_process import AgentProcess, numa_run
+from tests.support.sysfs_writer import write_sysfs
+
+GPU = ("0x030200", "0x10de", "0x20b0", 1, "nvidia")
+NIC = ("0x020000", "0x15b3", "0x1017", 2, "mlx5_core")
+CONFIG = """
+[topology_manager]
+policy = "best-effort"
+
+[devices.gpu]
+vendor = "0x10de"
+class_prefixes = ["0x0302", "0x0300"]
+
+[devices.nic]
+class_prefixes = ["0x0200"]
+"""
+
+
+@pytest.fixture(scope="module")
+def agent(tmp_path_factory):
+    work = tmp_path_factory.mktemp("synthetic-agent")
+    topo = make_topology(sockets=2, nodes_per_socket=2, cores_per_node=4, threads_per_core=2,
+                         memory_per_node_bytes=16 << 30, hugepages_2m_per_node=128,
+                         devices=(GPU, NIC))
+    root = write_sysfs(topo, work / "machine")
+    a = AgentProcess(work, "--sysfs-root", str(root), config=CONFIG).start()
+    yield a
+    a.stop()
+
+
+def status(agent):
+    code, body = agent.call("GET", "/v1/status")
+    assert code == 200
+    return body
+
+
+def release_all(agent):
+    for w in status(agent)["workloads"]:
+        agent.call("DELETE", f"/v1/workloads/{w['name']}")
+
+
+def test_concurrent_numa_runs_never_share_a_cpu(agent):
+    release_all(agent)
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(lambda i: numa_run(agent.socket, "--cpus", "2", "--name", f"c{i}",
+                                                   "--", "true"), range(8)))
+    assert [r.returncode for r in results] == [0] * 8, [r.stderr for r in results]
+    seen = CpuSet()
+    for w in status(agent)["workloads"]:
+        cpus = CpuSet.parse(w["cpus"])
+        assert len(cpus) == 2 and cpus.isdisjoint(seen)
+        assert w["aligned"]["physical_core"] and w["aligned"]["numa_node"]
+        seen = seen | cpus
+    assert len(seen) == 16
+    release_all(agent)
+
+
+def test_gpu_request_lands_on_the_gpus_node_with_its_environment(agent):
+    release_all(agent)
+    code = "import os;print(os.environ['NUMA_AGENT_DEVICES']);print(os.environ['NUMA_AGENT_MEMS']);" \
+           "print(os.environ.get('CUDA_VISIBLE_DEVICES'))"
+    r = numa_run(agent.socket, "--cpus", "4", "--memory", "2Gi", "--device", "gpu=1",
+                 "--policy", "single-numa-node", "--name", "infer", "-v", "--", sys.executable, "-c", code)
+    assert r.returncode == 0, r.stderr
+    devices, mems, cuda = r.stdout.split("\n")[:3]
+    assert devices == "0000:01:00.0" and mems == "1" and cuda
+    assert "numa-run: infer cpus" in r.stderr  # -v prints the binding
+    w = status(agent)["workloads"][0]
+    assert w["numa_nodes"] == [1] and w["devices"][0]["numa_node"] == 1
+    assert w["memory_bytes"] == {"1": 2 << 30}
+    release_all(agent)
+
+
+def test_single_numa_node_refusal_names_topology_affinity_error(agent):
+    release_all(agent)
+    r = numa_run(agent.socket, "--cpus", "10", "--policy", "single-numa-node", "--", "true")
+    assert r.returncode == 125
+    assert "TopologyAffinityError" in r.stderr and "at most 8 on one NUMA node" in r.stderr
+    assert status(agent)["workloads"] == []
+    r = numa_run(agent.socket, "--cpus", "10", "--policy", "best-effort", "--name", "wide", "--", "true")
+    assert r.returncode == 0, r.stderr
+    assert len(status(agent)["workloads"][0]["numa_nodes"]) == 2
+    release_all(agent)
+
+
+def test_pod_main_exclusive_and_sidecar_shared(agent):
+    release_all(agent)
+    r = numa_run(agent.socket, "--pod", "trade", "--pod-cpus", "6", "--cpus", "4", "--name", "engine",
+                 "--", "true")
+    assert r.returncode == 0, r.stderr
+    r = numa_run(agent.socket, "--pod", "trade", "--name", "logger", "--", "true")
+    assert r.returncode == 0, r.stderr
+    s = status(agent)
+    pod = s["pods"][0]
+    by_name = {w["name"]: w for w in s["workloads"]}
+    pod_cpus = CpuSet.parse(pod["cpus"])
+    engine, logger = CpuSet.parse(by_name["engine"]["cpus"]), CpuSet.parse(by_name["logger"]["cpus"])
+    assert len(pod_cpus) == 6 and len(pod["numa_nodes"]) == 1
+    assert engine | logger == pod_cpus and engine.isdisjoint(logger) and len(engine) == 4
+    r = numa_run(agent.socket, "--pod", "trade", "--cpus", "2", "--", "true")
+    assert r.returncode == 125 and "leave nothing" in r.stderr
+    release_all(agent)
+    assert status(agent)["pods"] == []
+
+
+def test_metrics_per_numa_match_status(agent):
+    release_all(agent)
+    assert numa_run(agent.socket, "--cpus", "4", "--device", "nic=1", "--", "true").returncode == 0
+    s = status(agent)
+    text = urllib.request.urlopen(f"http://127.0.0.1:{agent.metrics_port}/metrics", timeout=10).read().decode()
+    samples = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    for node in s["nodes"]:
+        for state, value in node["cpus"].items():
+            key = ("numa_agent_cpus", (("numa_node", str(node["id"])), ("state", state)))
+            assert samples[key] == value
+    assert samples[("numa_agent_workloads", ())] == 1
+    key = ("numa_agent_devices", (("numa_node", "2"), ("resource", "nic"), ("state", "allocated")))
+    assert samples[key] == 1
+    release_all(agent)
+
+
+def test_status_command_json_and_table(agent):
+    release_all(agent)
+    assert numa_run(agent.socket, "--cpus", "2", "--name", "tbl", "--", "true").returncode == 0
+    from subprocess import run
+    out = run([sys.executable, "-m", "agent.cli.numa_agent", "status", "--socket", agent.socket, "--json"],
+              capture_output=True, text=True)
+    assert out.returncode == 0 and json.loads(out.stdout)["workloads"][0]["name"] == "tbl"
+    out = run([sys.executable, "-m", "agent.cli.numa_agent", "status", "--socket", agent.socket],
+              capture_output=True, text=True)
+    assert out.returncode == 0 and "tbl" in out.stdout and "ALLOCATED" in out.stdout
+    out = run([sys.executable, "-m", "agent.cli.numa_agent", "release", "tbl", "--socket", agent.socket],
+              capture_output=True, text=True)
+    assert out.returncode == 0
+    assert status(agent)["workloads"] == []
