@@ -1,0 +1,1 @@
+"""Benchmarks behind scripts/bench-*: they print figures and assert nothing."""
