@@ -1,0 +1,1 @@
+"""End-to-end scenarios that run inside the QEMU guest (see README.md)."""

@@ -1,0 +1,155 @@
+"""Host side of the end-to-end suite (`scripts/vm-e2e`): boots each shape once with the QEMU
+harness, runs tests/vm_e2e/scenarios.py inside, and sums up. Standard library and
+scripts/vmharness only, so it runs with the host's python3.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tests.vm_e2e.plan import DEFAULT_SHAPES, SCENARIOS, planned, result_line, skip_reason
+
+REPO = Path(__file__).resolve().parents[2]
+DEFAULT_TIMEOUT = 600.0
+_RESULT = re.compile(r"^(PASS|FAIL|SKIP) (\S+) (\S+)(?:: (.*))?$")
+
+
+def parse_results(stdout: str, shape: str) -> dict[str, tuple[str, str]]:
+    """scenario -> (status, reason), from the guest's result lines for `shape`."""
+    found = {}
+    for line in stdout.splitlines():
+        m = _RESULT.match(line.strip())
+        if m and m.group(3) == shape and m.group(2) in SCENARIOS:
+            found[m.group(2)] = (m.group(1), m.group(4) or "")
+    return found
+
+
+def shape_results(shape: str, stdout: str, why_missing: str) -> tuple[list[tuple[str, str, str]], list[str]]:
+    """Every scenario's (name, status, reason) for one shape, and the lines the guest did not
+    print itself: a planned scenario with no result line failed for `why_missing`."""
+    got = parse_results(stdout, shape)
+    results, extra_lines = [], []
+    for scenario in SCENARIOS:
+        if scenario in got:
+            status, reason = got[scenario]
+        elif scenario in planned(shape):
+            status, reason = "FAIL", why_missing
+            extra_lines.append(result_line(status, scenario, shape, reason))
+        else:
+            status, reason = "SKIP", skip_reason(shape)
+            extra_lines.append(result_line(status, scenario, shape, reason))
+        results.append((scenario, status, reason))
+    return results, extra_lines
+
+
+def ensure_venv() -> str | None:
+    """The guest runs the repo's .venv (the guest's root is ours): make it here first."""
+    done = subprocess.run(["bash", "-c", 'source "$1"', "bootstrap", str(REPO / "scripts" / "bootstrap.sh")],
+                          capture_output=True, text=True)
+    if done.returncode != 0 or not (REPO / ".venv" / "bin" / "python").exists():
+        return f"cannot set up {REPO / '.venv'}: {' | '.join((done.stderr or done.stdout).strip().splitlines()[-3:])}"
+    return None
+
+
+def closing_line(passed: int, failed: int, skipped: int) -> str:
+    return f"{passed} passed, {failed} failed" + (f", {skipped} skipped" if skipped else "")
+
+
+def main(argv: list[str] | None = None, *, run_in_guest=None, venv_check=ensure_venv) -> int:
+    parser = argparse.ArgumentParser(
+        prog="scripts/vm-e2e",
+        description="Boot each machine shape once in QEMU and run the end-to-end scenarios inside: the real "
+                    "agent on the real kernel, driven by the real numa-run.",
+        epilog="Exit status 0 only when no scenario failed. Reports and agent logs land in --out-dir.")
+    parser.add_argument("--shape", default=",".join(DEFAULT_SHAPES),
+                        help=f"comma-separated shapes (default {','.join(DEFAULT_SHAPES)})")
+    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT,
+                        help=f"seconds the scenarios may run in one guest (default {DEFAULT_TIMEOUT:g})")
+    parser.add_argument("--out-dir", default=str(REPO / ".cache" / "vm-e2e"),
+                        help="host directory for report-<shape>.json and agent-<shape>.log "
+                             "(default .cache/vm-e2e; emptied first)")
+    args = parser.parse_args(argv)
+    if run_in_guest is None:
+        from vmharness import run_in_guest
+    from vmharness import GuestError, SetupError, ShapeError, get_shape
+
+    shapes = [s.strip() for s in args.shape.split(",") if s.strip()]
+    if not shapes:
+        parser.error("--shape names no shape")
+    for shape in shapes:
+        try:
+            get_shape(shape)
+        except ShapeError as exc:
+            parser.error(str(exc))
+    if args.timeout <= 0:
+        parser.error(f"--timeout must be positive, got {args.timeout:g}")
+    problem = venv_check()
+    if problem:
+        print(f"vm-e2e: {problem}", file=sys.stderr)
+        return 2
+
+    out_root = Path(args.out_dir)
+    totals = {"PASS": 0, "FAIL": 0, "SKIP": 0}
+    timings = []
+    t_all = time.monotonic()
+    for shape in shapes:
+        out_dir = out_root / shape
+        shutil.rmtree(out_dir, ignore_errors=True)
+        out_dir.mkdir(parents=True)
+        argv_guest = [str(REPO / ".venv" / "bin" / "python"), "-m", "tests.vm_e2e.scenarios", "--shape", shape]
+        t0 = time.monotonic()
+        try:
+            result = run_in_guest(shape, argv_guest, args.timeout, cwd=str(REPO), out_dir=str(out_dir),
+                                  stream=True)
+        except (GuestError, SetupError) as exc:
+            # The guest never reached the command (or died): every planned scenario failed with its message.
+            # What the guest reported before dying was streamed already; its report file keeps it.
+            results, lines = shape_results(shape, _report_lines(out_dir / f"report-{shape}.json"),
+                                           f"guest: {exc}")
+            timings.append(f"{shape}: no result after {time.monotonic() - t0:.1f} s")
+        else:
+            stdout = result.stdout.decode("utf-8", "replace")
+            if result.timed_out:
+                why = f"no result: the scenarios did not finish within {args.timeout:g} s"
+            else:
+                why = f"no result: the scenario script exited {result.exit_code} before reaching it"
+                tail = result.stderr.decode("utf-8", "replace").strip().splitlines()[-3:]
+                if tail:
+                    why += " (" + " | ".join(tail) + ")"
+            results, lines = shape_results(shape, stdout, why)
+            timings.append(f"{shape}: {result.total_seconds:.1f} s (boot {result.boot_seconds:.1f} s, "
+                           f"scenarios {result.run_seconds:.1f} s{_scenario_times(out_dir / f'report-{shape}.json')})")
+        for line in lines:
+            print(line, flush=True)
+        for _, status, _ in results:
+            totals[status] += 1
+    print(f"vm-e2e: timings: {'; '.join(timings)}; total {time.monotonic() - t_all:.1f} s; "
+          f"reports in {out_root}", file=sys.stderr, flush=True)
+    print(closing_line(totals["PASS"], totals["FAIL"], totals["SKIP"]), flush=True)
+    return 1 if totals["FAIL"] else 0
+
+
+def _report_lines(report: Path) -> str:
+    try:
+        data = json.loads(report.read_text())
+    except (OSError, ValueError):
+        return ""
+    return "\n".join(result_line(r["status"], r["scenario"], data["shape"], r.get("reason", ""))
+                     for r in data.get("results", []))
+
+
+def _scenario_times(report: Path) -> str:
+    try:
+        data = json.loads(report.read_text())
+    except (OSError, ValueError):
+        return ""
+    parts = [f"{r['scenario'].split('-', 1)[0]}={r['seconds']:.1f}" for r in data.get("results", [])
+             if r.get("status") != "SKIP"]
+    return f"; agent start {data.get('setup_seconds', 0):.1f}, per scenario {' '.join(parts)}" if parts else ""
