@@ -325,40 +325,48 @@ def run_row(numa_nodes: int, policy: str, sequence: Sequence[Resources], seed: i
     if cost is None:
         row.baseline_note = "baseline not requested"
     elif skipped:
-        row.baseline_note = (f"skipped on {len(skipped)} of {row.requests} requests: "
-                             f"{_worst(skipped)}")
+        row.baseline_note = _skip_note(skipped, row.requests, bound_s, baseline_budget_s)
     return row
+
+
+BUDGET_SPENT = "the row's baseline time budget was spent"
 
 
 def _baseline(machine: Machine, state: AgentState, res: Resources, providers, policy: str,
               cost: CostModel, bound_s: float, budget_left_s: float):
-    """(seconds, merged hint) of hints + cross product for one request, or
-    (None, why it was not run)."""
-    if budget_left_s <= 0:
-        return None, "row's baseline time budget spent"
+    """((seconds, merged hint), "") of hints + cross product for one request,
+    or (None, why it was not run): over the bound, or BUDGET_SPENT."""
     enumeration = cost.enumeration_s(providers)
-    limit = min(bound_s, budget_left_s)
-    if enumeration > limit:
+    if enumeration > bound_s:
         return None, (f"enumerating the hints alone (2^{len(machine.node_ids)} masks per resource) "
-                      f"would take ~{enumeration:.3g} s > {limit:.3g} s")
+                      f"would take ~{enumeration:.3g} s")
+    if enumeration > budget_left_s:
+        return None, BUDGET_SPENT
     combos = combinations(providers, policy)
     estimate = enumeration + combos * cost.per_combo_s
-    if estimate > limit:
-        return None, f"{combos:.3g} combinations, ~{estimate:.3g} s > {limit:.3g} s"
+    if estimate > bound_s:
+        return None, f"{combos:.3g} combinations would take ~{estimate:.3g} s"
+    if estimate > budget_left_s:
+        return None, BUDGET_SPENT
     t0 = time.perf_counter()
     fresh = provider_hints(machine, state, res)  # hint generation is part of the baseline's work
     hint = reference_merge(fresh, machine.node_ids, policy, machine.tm_options, machine.distances)
     return (time.perf_counter() - t0, hint), ""
 
 
-def _worst(reasons: list[str]) -> str:
-    """The most telling skip reason: the largest estimate, else the first."""
-    def seconds(text: str) -> float:
-        try:
-            return float(text.split("~", 1)[1].split(" s", 1)[0])
-        except (IndexError, ValueError):
-            return -1.0
-    return max(reasons, key=seconds)
+def _skip_note(reasons: list[str], requests: int, bound_s: float, budget_s: float) -> str:
+    """One line: how many requests went without a baseline and why, with the
+    largest estimate among those over the bound."""
+    over = [r for r in reasons if r != BUDGET_SPENT]
+    parts = []
+    if over:
+        def seconds(text: str) -> float:
+            return float(text.rsplit("~", 1)[1].split(" s", 1)[0])
+        parts.append(f"{len(over)} over the {bound_s:g} s bound (worst: {max(over, key=seconds)})")
+    spent = len(reasons) - len(over)
+    if spent:
+        parts.append(f"{spent} after the row's {budget_s:g} s baseline budget was spent")
+    return f"skipped on {len(reasons)} of {requests} requests: " + "; ".join(parts)
 
 
 # ---------------------------------------------------------------------------

@@ -57,8 +57,16 @@ def test_bench_admission_says_why_the_baseline_was_skipped():
     row = admission.run_row(2, "best-effort", admission.request_sequence(3, 1), 1, cost, 2.0, 30.0)
     data = row.to_json()
     assert data["baseline_p50_ms"] is None and data["baseline_requests"] == 0
-    assert data["baseline_note"].startswith("skipped on 3 of 3 requests")
-    assert "> 2 s" in data["baseline_note"]
+    assert data["baseline_note"].startswith("skipped on 3 of 3 requests: 3 over the 2 s bound (worst: ")
+
+
+def test_bench_admission_says_when_the_baseline_budget_ran_out():
+    cost = admission.CostModel(per_fit_s=1e-9, per_combo_s=1e-9)
+    row = admission.run_row(2, "best-effort", admission.request_sequence(3, 1), 1, cost, 2.0, 0.0)
+    data = row.to_json()
+    assert data["baseline_requests"] == 0
+    assert data["baseline_note"] == ("skipped on 3 of 3 requests: "
+                                     "3 after the row's 0 s baseline budget was spent")
 
 
 def test_machine_shapes_match_the_brief():
