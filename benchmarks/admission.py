@@ -250,11 +250,13 @@ class Row:
 
 
 def run_row(numa_nodes: int, policy: str, sequence: Sequence[Resources], seed: int,
-            cost: CostModel | None, bound_s: float, baseline_budget_s: float) -> Row:
+            cost: CostModel | None, bound_s: float, baseline_budget_s: float,
+            profiler: cProfile.Profile | None = None) -> Row:
     """Drive `sequence` through decide(), timing each call, after an untimed
     prefill that books PREFILL of the CPUs. With `cost`, also time the
     baseline on every request whose estimated cost is within `bound_s`,
-    until `baseline_budget_s` is spent on this row."""
+    until `baseline_budget_s` is spent on this row. A `profiler` is enabled
+    around the timed decide() calls only."""
     machine = build(numa_nodes, policy)
     usable = len(machine.usable_cpus) - len(machine.reserved_cpus)
     row = Row(numa_nodes, policy, cpus=len(machine.usable_cpus))
@@ -297,12 +299,16 @@ def run_row(numa_nodes: int, policy: str, sequence: Sequence[Resources], seed: i
             else:
                 baseline_spent += baseline[0]
 
+        if profiler is not None:
+            profiler.enable()
         t0 = time.perf_counter_ns()
         try:
             decision = decide(machine, state, req)
         except Refusal:
             decision = None
         elapsed_ms = (time.perf_counter_ns() - t0) / 1e6
+        if profiler is not None:
+            profiler.disable()
 
         row.ours_ms.append(elapsed_ms)
         row.merge_ms.append(merge_ms)
@@ -429,7 +435,8 @@ def render_table(rows: Sequence[dict[str, Any]]) -> str:
                      fmt(r["merge_ratio"], 1), target])
     notes = [f"  {r['numa_nodes']:>2} nodes {r['policy']}: baseline {r['baseline_note']}"
              for r in rows if r["baseline_note"]]
-    legend = ("ours = decide(): hints + merge + allocation; merge = hints + our merge; "
+    legend = ("ours = decide(): hints + merge + allocation; merge = hints + topology_manager.decide "
+              "(our merge + the hint summaries explanations carry); "
               "base = hints + the kubelet's cross-product merge.\n"
               "ratio = base p50 / ours p50, m.ratio = base p50 / merge p50, both on the requests "
               "the baseline ran on (base n); fill = mean share of CPUs exclusively booked")
@@ -437,11 +444,13 @@ def render_table(rows: Sequence[dict[str, Any]]) -> str:
 
 
 def profile(numa_nodes: int, policy: str, sequence: Sequence[Resources], seed: int, top: int = 15) -> str:
+    """cProfile of the timed decide() calls of one row: top functions by
+    cumulative and by own time."""
     profiler = cProfile.Profile()
-    profiler.enable()
-    run_row(numa_nodes, policy, sequence, seed, None, 0, 0)
-    profiler.disable()
+    run_row(numa_nodes, policy, sequence, seed, None, 0, 0, profiler)
     out = io.StringIO()
+    print(f"cProfile of decide() on {numa_nodes} NUMA nodes, {policy}, {len(sequence)} requests",
+          file=out)
     stats = pstats.Stats(profiler, stream=out)
     stats.sort_stats("cumulative").print_stats(top)
     stats.sort_stats("tottime").print_stats(top)
