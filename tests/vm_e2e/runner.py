@@ -128,6 +128,8 @@ def main(argv: list[str] | None = None, *, run_in_guest=None, venv_check=ensure_
                            f"scenarios {result.run_seconds:.1f} s{_scenario_times(out_dir / f'report-{shape}.json')})")
         for line in lines:
             print(line, flush=True)
+        for note in _notes(out_dir / f"report-{shape}.json"):
+            print(f"vm-e2e: {shape} {note}", file=sys.stderr, flush=True)
         for _, status, _ in results:
             totals[status] += 1
     print(f"vm-e2e: timings: {'; '.join(timings)}; total {time.monotonic() - t_all:.1f} s; "
@@ -143,6 +145,14 @@ def _report_lines(report: Path) -> str:
         return ""
     return "\n".join(result_line(r["status"], r["scenario"], data["shape"], r.get("reason", ""))
                      for r in data.get("results", []))
+
+
+def _notes(report: Path) -> list[str]:
+    try:
+        data = json.loads(report.read_text())
+    except (OSError, ValueError):
+        return []
+    return [f"{r['scenario']}: {r['note']}" for r in data.get("results", []) if r.get("note")]
 
 
 def _scenario_times(report: Path) -> str:

@@ -128,7 +128,8 @@ def bring_loopback_up() -> None:
 
 # ---------------------------------------------------------------- kernel-side reads
 def proc_allowed(pid: int) -> tuple[CpuSet, CpuSet]:
-    """(Cpus_allowed_list, Mems_allowed_list) of a live process."""
+    """(Cpus_allowed_list, Mems_allowed_list) of a live process. Node lists use the kernel's
+    list syntax too, so CpuSet parses and compares them as well."""
     return parse_allowed(Path(f"/proc/{pid}/status").read_text())
 
 
@@ -162,6 +163,17 @@ def agent_cgroups() -> list[str]:
     """Every cgroup below the agent's root, as paths relative to it."""
     return sorted(str(p.parent.relative_to(AGENT_ROOT)) for p in AGENT_ROOT.rglob("cgroup.procs")
                   if p.parent != AGENT_ROOT)
+
+
+def unlisted_cgroups(workloads: list[dict]) -> list[str]:
+    """Workload or pod cgroups below the agent's root that no listed workload explains."""
+    expected = {"agent", "shared", "shared/_released"}
+    for w in workloads:
+        expected.add(workload_cgroup(w["name"], w.get("pod")) if w["exclusive"] or w.get("pod")
+                     else f"shared/{w['name']}")
+        if w.get("pod"):
+            expected.add(f"pod-{w['pod']}")
+    return [rel for rel in agent_cgroups() if rel not in expected]
 
 
 def anon_per_node(rel: str) -> dict[int, int]:
@@ -258,13 +270,14 @@ class Guest:
         self.launched.clear()
         if self.agent.proc is None or self.agent.proc.poll() is not None:
             return ""
-        left = wait_for(lambda: not self.workloads(), timeout=20, interval=0.1)
-        if left:
-            return ""
-        names = [w["name"] for w in self.workloads()]
-        for name in names:
-            self.agent.call("DELETE", f"/v1/workloads/{name}")
-        return f"workloads still listed after their programs were killed: {', '.join(names)}"
+        if not wait_for(lambda: not self.workloads(), timeout=20, interval=0.1):
+            names = [w["name"] for w in self.workloads()]
+            for name in names:
+                self.agent.call("DELETE", f"/v1/workloads/{name}")
+            return f"workloads still listed after their programs were killed: {', '.join(names)}"
+        if not wait_for(lambda: not unlisted_cgroups([]), timeout=10, interval=0.1):
+            return f"cgroups left behind after every workload was released: {unlisted_cgroups([])}"
+        return ""
 
     # -- checks shared by several scenarios
     def check_pinned(self, running: "Running", *, expect_mems: CpuSet | None = None) -> tuple[CpuSet, CpuSet]:
@@ -356,7 +369,7 @@ def one_core(g: Guest) -> int:
     return g.kernel.threads_per_core
 
 
-def s1_pin_core(g: Guest) -> None:
+def s1_pin_core(g: Guest) -> str | None:
     n = one_core(g) if one_core(g) > 1 else 2
     a = g.launch("pin-a", "--cpus", str(n))
     cpus = a.cpus
@@ -372,7 +385,7 @@ def s1_pin_core(g: Guest) -> None:
           f"memory on the CPU-less node(s) {g.kernel.memory_only_nodes} without being asked")
 
 
-def s2_exclusive(g: Guest) -> None:
+def s2_exclusive(g: Guest) -> str | None:
     n = one_core(g) if one_core(g) > 1 else 2
     a = g.launch("excl-a", "--cpus", str(n))
     b = g.launch("excl-b", "--cpus", str(n))
@@ -386,7 +399,7 @@ def s2_exclusive(g: Guest) -> None:
                                                     "exclusive CPUs")
 
 
-def s3_single_numa(g: Guest) -> None:
+def s3_single_numa(g: Guest) -> str | None:
     largest = max(len(c) for c in g.kernel.node_cpus.values())
     want = largest + 1  # more than any node has, less than the machine has
     r = g.numa_run("--cpus", str(want), "--policy", "single-numa-node", command=("true",))
@@ -410,7 +423,7 @@ def s3_single_numa(g: Guest) -> None:
           f"memory nodes {mems.format()} do not follow the CPUs' nodes {nodes}")
 
 
-def s4_devices(g: Guest) -> None:
+def s4_devices(g: Guest) -> str | None:
     tried = 0
     for resource, prefix in (("nvme", "0x0108"), ("nic", "0x0200")):
         located = [a for a in g.kernel.devices_of_class(prefix) if g.kernel.pci_nodes[a] >= 0]
@@ -453,7 +466,7 @@ def _memory_workload(g: Guest, name: str, *args: str) -> tuple[Running, dict[int
     return w, anon_per_node(w.rel)
 
 
-def s5_memory(g: Guest) -> None:
+def s5_memory(g: Guest) -> str | None:
     n = one_core(g) if one_core(g) > 1 else 2
     limit = 128 * MIB
     w, anon = _memory_workload(g, "mem-a", "--cpus", str(n), "--memory", "128M")
@@ -477,7 +490,7 @@ def s5_memory(g: Guest) -> None:
         check(anon.get(only, 0) >= 30 * MIB, f"--membind {only}: anon per node {anon}")
 
 
-def s6_release(g: Guest) -> None:
+def s6_release(g: Guest) -> str | None:
     n = one_core(g) if one_core(g) > 1 else 2
     w = g.launch("rel-a", "--cpus", str(n))
     cpus, _ = g.check_pinned(w)
@@ -494,10 +507,10 @@ def s6_release(g: Guest) -> None:
                 f"{g.shared_pool().format()}, listed={g.listed(w.name) is not None}")
     check(elapsed <= RELEASE_LIMIT, f"released only {elapsed:.2f} s after the program exited "
                                     f"(limit {RELEASE_LIMIT:g} s)")
-    print(f"  6-release: cgroup gone and CPUs back {elapsed:.2f} s after exit", file=sys.stderr)
+    return f"cgroup gone and CPUs back in the shared pool {elapsed:.2f} s after exit"
 
 
-def s7_restart(g: Guest) -> None:
+def s7_restart(g: Guest) -> str | None:
     n = one_core(g) if one_core(g) > 1 else 2
     a = g.launch("keep-a", "--cpus", str(n))
     b = g.launch("keep-b", "--cpus", str(n))
@@ -514,18 +527,25 @@ def s7_restart(g: Guest) -> None:
             g.check_pinned(w)
             g.check_exclusive(w.name, w.rel, before[w.name])
 
-    def new_admission_is_apart(when: str) -> None:
-        r = g.numa_run("--cpus", str(n), command=("grep", "_allowed_list", "/proc/self/status"))
-        check(r.returncode == 0, f"{when}: a new --cpus {n}: exit {r.returncode}: {last_lines(r.stderr, 4)}")
-        cpus, _ = parse_allowed(r.stdout)
+    def tree_matches_listing(when: str) -> None:
+        stray = unlisted_cgroups(g.workloads())
+        check(not stray, f"{when}: cgroups the agent no longer lists: {stray}")
+
+    def new_admission_is_apart(when: str, name: str) -> None:
+        c = g.launch(name, "--cpus", str(n))
+        cpus, _ = g.check_pinned(c)
         taken = before["keep-a"] | before["keep-b"]
         check(len(cpus) == n and not cpus & taken,
               f"{when}: new admission got {cpus.format()}, overlapping running {taken.format()}")
+        g.check_exclusive(name, c.rel, cpus)
+        c.stop()
+        check(g.wait_released([name]), f"{when}: {name} still listed after it exited")
 
     g.agent.kill()
     g.start_agent()
     still_pinned("after kill -9 and restart")
-    new_admission_is_apart("after restart")
+    tree_matches_listing("after restart")
+    new_admission_is_apart("after restart", "keep-c")
 
     g.agent.kill()
     checkpoint = g.agent.state_dir / "checkpoint.json"
@@ -535,10 +555,12 @@ def s7_restart(g: Guest) -> None:
     quarantined = list(g.agent.state_dir.glob("checkpoint.json.corrupt-*"))
     check(quarantined, f"the corrupt checkpoint was not moved aside: {sorted(os.listdir(g.agent.state_dir))}")
     still_pinned("after a corrupt checkpoint")
-    new_admission_is_apart("after a corrupt checkpoint")
+    tree_matches_listing("after a corrupt checkpoint")
+    new_admission_is_apart("after a corrupt checkpoint", "keep-d")
+    return f"adopted from the cgroup tree; corrupt checkpoint kept as {quarantined[0].name}"
 
 
-def s8_pods(g: Guest) -> None:
+def s8_pods(g: Guest) -> str | None:
     node = g.kernel.cpu_nodes[-1]  # the last node holds no reserved CPU (the agent reserves CPU 0)
     budget = len(g.kernel.node_cpus[node])
     n = one_core(g)
@@ -562,7 +584,7 @@ def s8_pods(g: Guest) -> None:
     g.check_exclusive("pod pd", "pod-pd", pod_cpus)  # the shared pool and other workloads stay out
 
 
-def s9_metrics(g: Guest) -> None:
+def s9_metrics(g: Guest) -> str | None:
     node = g.kernel.cpu_nodes[-1]
     n = one_core(g) if one_core(g) > 1 else 2
     w = g.launch("metered", "--cpus", str(n), "--cpunodebind", str(node))
@@ -604,10 +626,10 @@ def run_all(shape: str, out_dir: Path | None, only: list[str]) -> int:
     report = {"shape": shape, "results": []}
     report_path = out_dir / f"report-{shape}.json" if out_dir else None
 
-    def record(scenario: str, status: str, reason: str = "", seconds: float = 0.0) -> None:
+    def record(scenario: str, status: str, reason: str = "", seconds: float = 0.0, note: str = "") -> None:
         print(result_line(status, scenario, shape, reason), flush=True)
         report["results"].append({"scenario": scenario, "status": status, "reason": reason,
-                                  "seconds": round(seconds, 2)})
+                                  "seconds": round(seconds, 2), "note": note})
         if report_path:  # after every scenario: a guest that dies still leaves what it finished
             report_path.write_text(json.dumps(report, indent=2) + "\n")
 
@@ -634,10 +656,10 @@ def run_all(shape: str, out_dir: Path | None, only: list[str]) -> int:
             failed += 1
             continue
         t0 = time.monotonic()
-        status, reason = "PASS", ""
+        status, reason, note = "PASS", "", ""
         try:
             guest.ensure_agent()
-            RUNNERS[scenario](guest)
+            note = RUNNERS[scenario](guest) or ""
         except ScenarioSkipped as exc:
             status, reason = "SKIP", str(exc)
         except ScenarioFailed as exc:
@@ -650,7 +672,7 @@ def run_all(shape: str, out_dir: Path | None, only: list[str]) -> int:
         if status == "PASS" and problem:
             status, reason = "FAIL", problem
         failed += status == "FAIL"
-        record(scenario, status, reason, time.monotonic() - t0)
+        record(scenario, status, reason, time.monotonic() - t0, note)
     if guest is not None:
         guest.agent.stop()
         report["agent_log"] = guest.agent.log()[-200_000:]

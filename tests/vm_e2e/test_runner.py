@@ -1,0 +1,125 @@
+"""The host-side runner and the guest script's refusals, without booting a guest: the
+harness's run_in_guest is replaced by a stand-in that answers as a guest would."""
+
+import json
+
+import pytest
+
+from tests.vm_e2e import runner, scenarios
+from tests.vm_e2e.plan import PLAN, SCENARIOS, result_line
+from vmharness import GuestBootError, GuestError, GuestResult
+
+
+def guest_answering(stdout="", exit_code=0, timed_out=False, raises=None, report=None):
+    calls = []
+
+    def run_in_guest(shape, argv, timeout, *, cwd, out_dir, stream):
+        calls.append((shape, list(argv), timeout, out_dir))
+        if report is not None:
+            (runner.Path(out_dir) / f"report-{shape}.json").write_text(json.dumps(report))
+        if raises is not None:
+            raise raises
+        text = stdout(shape) if callable(stdout) else stdout
+        return GuestResult(shape, tuple(argv), None if timed_out else exit_code, timed_out, text.encode(),
+                           b"Traceback...\nRuntimeError: boom\n", 5.0, 60.0, 65.0, 1)
+    run_in_guest.calls = calls
+    return run_in_guest
+
+
+def run(argv, fake, tmp_path, capsys, venv_check=lambda: None):
+    code = runner.main([*argv, "--out-dir", str(tmp_path)], run_in_guest=fake, venv_check=venv_check)
+    out, err = capsys.readouterr()
+    return code, out.splitlines(), err
+
+
+def all_pass(shape):
+    return "\n".join(result_line("PASS", s, shape) if s in PLAN[shape] else result_line("SKIP", s, shape, "x")
+                     for s in SCENARIOS) + "\n"
+
+
+def test_all_passing_guests_exit_0_with_one_closing_line(tmp_path, capsys):
+    fake = guest_answering(all_pass)
+    code, lines, err = run(["--shape", "2node,4node", "--timeout", "300"], fake, tmp_path, capsys)
+    assert code == 0
+    assert lines == ["13 passed, 0 failed, 5 skipped"]  # the guest's own lines were streamed, not repeated
+    assert [c[0] for c in fake.calls] == ["2node", "4node"]
+    assert fake.calls[0][1][-4:] == ["-m", "tests.vm_e2e.scenarios", "--shape", "2node"]
+    assert fake.calls[0][2] == 300
+    assert "2node: 65.0 s (boot 5.0 s, scenarios 60.0 s" in err
+
+
+def test_a_guest_that_never_boots_fails_every_planned_scenario_with_the_harness_message(tmp_path, capsys):
+    fake = guest_answering(raises=GuestBootError("4node: the guest never started the command in 2 boot(s)"))
+    code, lines, _ = run(["--shape", "4node"], fake, tmp_path, capsys)
+    assert code == 1
+    assert lines[0] == "FAIL 1-pin-core 4node: guest: 4node: the guest never started the command in 2 boot(s)"
+    assert lines[3].startswith("SKIP 4-devices 4node: not planned for 4node (it runs 1-pin-core, ")
+    assert sum(line.startswith("FAIL") for line in lines) == 4
+    assert lines[-1] == "0 passed, 4 failed, 5 skipped"
+
+
+def test_a_guest_that_dies_midway_keeps_what_its_report_recorded(tmp_path, capsys):
+    report = {"shape": "cpuless", "results": [{"scenario": "1-pin-core", "status": "PASS", "seconds": 3}]}
+    fake = guest_answering(raises=GuestError("cpuless: the guest stopped while the command ran"), report=report)
+    code, lines, _ = run(["--shape", "cpuless"], fake, tmp_path, capsys)
+    assert code == 1
+    assert "FAIL 5-memory cpuless: guest: cpuless: the guest stopped while the command ran" in lines
+    assert not any(line.split()[1] == "1-pin-core" for line in lines[:-1])  # the guest reported it
+    assert lines[-1] == "1 passed, 1 failed, 7 skipped"
+
+
+def test_scenarios_the_script_never_reached_fail_with_its_exit_status(tmp_path, capsys):
+    fake = guest_answering("PASS 1-pin-core 2node\nFAIL 2-exclusive 2node: overlap\n", exit_code=1)
+    code, lines, _ = run(["--shape", "2node"], fake, tmp_path, capsys)
+    assert code == 1
+    assert lines[0] == ("FAIL 3-single-numa 2node: no result: the scenario script exited 1 before reaching it "
+                        "(Traceback... | RuntimeError: boom)")
+    assert lines[-1] == "1 passed, 8 failed"
+
+
+def test_a_timed_out_guest_says_so(tmp_path, capsys):
+    fake = guest_answering("PASS 1-pin-core 2node\n", timed_out=True)
+    code, lines, _ = run(["--shape", "2node", "--timeout", "42"], fake, tmp_path, capsys)
+    assert code == 1
+    assert lines[0] == "FAIL 2-exclusive 2node: no result: the scenarios did not finish within 42 s"
+
+
+def test_result_lines_of_another_shape_or_unknown_scenario_are_ignored(tmp_path, capsys):
+    fake = guest_answering("PASS 1-pin-core 4node\nPASS 0-bogus 2node\n" + all_pass("2node"))
+    code, lines, _ = run(["--shape", "2node"], fake, tmp_path, capsys)
+    assert (code, lines) == (0, ["9 passed, 0 failed"])
+
+
+def test_bad_arguments_and_a_missing_venv_stop_before_any_boot(tmp_path, capsys):
+    fake = guest_answering(all_pass)
+    with pytest.raises(SystemExit) as info:
+        runner.main(["--shape", "2node,9node"], run_in_guest=fake, venv_check=lambda: None)
+    assert info.value.code == 2 and "unknown machine shape '9node'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        runner.main(["--timeout", "0"], run_in_guest=fake, venv_check=lambda: None)
+    assert "--timeout must be positive, got 0" in capsys.readouterr().err
+    code, lines, err = run([], fake, tmp_path, capsys, venv_check=lambda: "cannot set up .venv: no pip")
+    assert code == 2 and lines == [] and "vm-e2e: cannot set up .venv: no pip" in err
+    assert fake.calls == []
+
+
+def test_result_line_keeps_a_reason_on_one_line():
+    assert result_line("FAIL", "3-single-numa", "2node", "exit 0\n  stderr: x") == \
+        "FAIL 3-single-numa 2node: exit 0 stderr: x"
+    assert result_line("PASS", "1-pin-core", "2node") == "PASS 1-pin-core 2node"
+
+
+def test_the_guest_script_refuses_to_run_outside_a_guest(monkeypatch, capsys):
+    monkeypatch.delenv("NUMA_AGENT_IN_VM", raising=False)
+    assert scenarios.main(["--shape", "2node"]) == 2
+    assert "refusing to run outside the QEMU guest (NUMA_AGENT_IN_VM is not 1)" in capsys.readouterr().err
+
+
+def test_the_guest_script_refuses_unknown_scenarios_and_non_root(monkeypatch, capsys):
+    monkeypatch.setenv("NUMA_AGENT_IN_VM", "1")
+    monkeypatch.setattr(scenarios.os, "geteuid", lambda: 0)
+    assert scenarios.main(["--shape", "2node", "--only", "1-pin-core,9-nope"]) == 2
+    assert "unknown scenario(s) 9-nope; known: 1-pin-core" in capsys.readouterr().err
+    monkeypatch.setattr(scenarios.os, "geteuid", lambda: 1000)
+    assert scenarios.main(["--shape", "2node"]) == 2
+    assert "must run as root in the guest" in capsys.readouterr().err
