@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import socket
+import time
 
 _MAX_RESPONSE_BYTES = 64 * 1024 * 1024
 
@@ -37,7 +38,7 @@ def request(socket_path: str, method: str, path: str, body: dict | None = None,
     sock.settimeout(timeout)
     try:
         try:
-            sock.connect(socket_path)
+            _connect(sock, socket_path, timeout)
         except OSError as exc:
             reason = exc.strerror or str(exc)
             raise AgentUnreachable(
@@ -53,6 +54,22 @@ def request(socket_path: str, method: str, path: str, body: dict | None = None,
     finally:
         sock.close()
     return _parse_response(raw, socket_path)
+
+
+def _connect(sock: socket.socket, socket_path: str, timeout: float) -> None:
+    # A Unix socket with a timeout fails at once with EAGAIN while the agent's
+    # listen queue is full (many numa-runs starting together): wait our turn.
+    deadline = time.monotonic() + timeout
+    delay = 0.001
+    while True:
+        try:
+            sock.connect(socket_path)
+            return
+        except BlockingIOError:
+            if time.monotonic() + delay > deadline:
+                raise
+            time.sleep(delay)
+            delay = min(delay * 2, 0.05)
 
 
 def _read_all(sock: socket.socket, socket_path: str) -> bytes:

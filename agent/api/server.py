@@ -321,6 +321,9 @@ class _Handler(socketserver.BaseRequestHandler):
 class _UnixServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
     daemon_threads = True
     block_on_close = False
+    # socketserver's default backlog of 5 turns a burst of numa-runs into
+    # EAGAIN at connect; the kernel caps this at net.core.somaxconn.
+    request_queue_size = 256
     api: "ApiServer"
 
     def __init__(self, api: "ApiServer") -> None:

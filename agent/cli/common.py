@@ -14,16 +14,10 @@ import sys
 from typing import Any
 
 from agent.api.client import ClientError, request
+from agent.core import units
 
 DEFAULT_SOCKET = "/run/numa-agent/agent.sock"
 POLICIES = ("none", "best-effort", "restricted", "single-numa-node")
-
-_UNITS = {"": 1, "b": 1,
-          "k": 1 << 10, "ki": 1 << 10, "kb": 1 << 10, "kib": 1 << 10,
-          "m": 1 << 20, "mi": 1 << 20, "mb": 1 << 20, "mib": 1 << 20,
-          "g": 1 << 30, "gi": 1 << 30, "gb": 1 << 30, "gib": 1 << 30,
-          "t": 1 << 40, "ti": 1 << 40, "tb": 1 << 40, "tib": 1 << 40}
-
 
 class CliError(Exception):
     """A failure to report as one line, without a traceback."""
@@ -73,14 +67,10 @@ def print_json(data: Any, stream=None) -> None:
 # ------------------------------------------------------------------ values
 def parse_size(text: str) -> int:
     """Bytes from "512M", "16Gi", "1G", "2048kB" or plain "4096" (binary units)."""
-    stripped = text.strip()
-    digits = len(stripped) - len(stripped.lstrip("0123456789"))
-    number, unit = stripped[:digits], stripped[digits:].strip().lower()
-    if not number or unit not in _UNITS:
-        raise argparse.ArgumentTypeError(
-            f"invalid size {text!r}: use a whole number with an optional unit "
-            "K/Ki/KB, M/Mi/MB, G/Gi/GB, T (all binary), e.g. 512M or 16Gi")
-    return int(number) * _UNITS[unit]
+    try:
+        return units.parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def parse_count(text: str, what: str, low: int = 0) -> int:

@@ -21,7 +21,15 @@ from typing import Mapping
 from agent.core.cpuset import CpuSet
 from agent.enforcement.cgroup import CgroupV2, EventWatcher
 from agent.enforcement.errors import CgroupError, CgroupMissingError, EnforcementError
-from agent.enforcement.plan import AGENT_CGROUP, POD_PREFIX, RELEASED_CGROUP, SHARED_CGROUP, CgroupSpec, order_changes
+from agent.enforcement.plan import (
+    AGENT_CGROUP,
+    POD_PREFIX,
+    RELEASED_CGROUP,
+    SHARED_CGROUP,
+    CgroupSpec,
+    order_changes,
+)
+from agent.enforcement.processes import process_alive
 
 log = logging.getLogger("numa_agent.enforcement")
 
@@ -209,7 +217,7 @@ class AffinityEnforcer:
             if change.kind == "remove":
                 pid = self._pids.get(change.relpath)
                 self._forget(change.relpath)
-                if pid is not None and _alive(pid) and SHARED_CGROUP in new:
+                if pid is not None and process_alive(pid) and SHARED_CGROUP in new:
                     _pin_tree(pid, new[SHARED_CGROUP].cpus)  # back to the shared pool
                 continue
             spec = change.spec
@@ -253,11 +261,11 @@ class AffinityEnforcer:
 
     def populated(self, relpath: str) -> bool:
         pid = self._pids.get(relpath)
-        return pid is not None and _alive(pid)
+        return pid is not None and process_alive(pid)
 
     def pids(self, relpath: str) -> list[int]:
         pid = self._pids.get(relpath)
-        return [pid] if pid is not None and _alive(pid) else []
+        return [pid] if pid is not None and process_alive(pid) else []
 
     def existing(self) -> list[str]:
         return sorted(self._pidfds)
@@ -285,16 +293,6 @@ class AffinityEnforcer:
             self._forget(rel)
         os.close(self._wake_r)
         os.close(self._wake_w)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _pin_tree(pid: int, cpus: CpuSet) -> None:

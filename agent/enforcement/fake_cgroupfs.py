@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Iterable
 
 from agent.core.cpuset import CpuSet, CpuSetParseError
+from agent.enforcement.processes import process_alive
 
 FAKE_MARKER = ".numa-agent-fake-cgroupfs"
 
@@ -173,7 +174,7 @@ class FakeCgroupfs:
         (a fake tree learns of exits only when someone looks)."""
         for cgroup_dir in self._all_cgroups():
             for pid in _procs(cgroup_dir):
-                if not _alive(pid):
+                if not process_alive(pid):
                     self.process_exited(pid)
 
     # ---- emulated writes -------------------------------------------------
@@ -423,13 +424,3 @@ def _size_bytes(label: str) -> int:
 
 def _oserror(code: int, path: Path) -> OSError:
     return OSError(code, os.strerror(code), str(path))
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

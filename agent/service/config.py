@@ -14,31 +14,12 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from agent.admission.machine import ConfigError, PolicyConfig
+from agent.core.units import parse_size
 
 DEFAULT_CONFIG = "/etc/numa-agent/config.toml"
 DEFAULT_SOCKET = "/run/numa-agent/agent.sock"
 DEFAULT_STATE_DIR = "/var/lib/numa-agent"
 DEFAULT_METRICS = "127.0.0.1:9464"
-
-_SIZE = re.compile(r"^\s*(\d+)\s*([KMGTP]i?|[KMGTP]B?|B|kB)?\s*$", re.IGNORECASE)
-_UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40, "p": 1 << 50}
-
-
-def parse_size(text: str | int, what: str = "size") -> int:
-    """'512M', '16Gi', '1G', '2048kB', or a plain byte count -> bytes.
-    Binary units throughout, as numactl and the kernel's meminfo use them."""
-    if isinstance(text, bool):
-        raise ValueError(f"{what}: not a size: {text!r}")
-    if isinstance(text, int):
-        if text < 0:
-            raise ValueError(f"{what}: must not be negative, got {text}")
-        return text
-    m = _SIZE.match(str(text))
-    if not m:
-        raise ValueError(f"{what}: not a size: {text!r} (examples: 512M, 16Gi, 1073741824)")
-    unit = (m.group(2) or "").lower()[:1]
-    return int(m.group(1)) * _UNITS[unit]
-
 
 @dataclass(frozen=True)
 class AgentConfig:
@@ -174,9 +155,9 @@ def _reserved_memory(value: Any) -> dict[int, dict[str, int]]:
             if resource != "memory" and not re.fullmatch(r"hugepages-\d+kB", resource):
                 raise ConfigError(f"{where}.{resource}: unknown resource (use memory or hugepages-<size>kB)")
             try:
-                out.setdefault(node, {})[resource] = parse_size(amount, f"{where}.{resource}")
+                out.setdefault(node, {})[resource] = parse_size(amount)
             except ValueError as exc:
-                raise ConfigError(str(exc)) from None
+                raise ConfigError(f"{where}.{resource}: {exc}") from None
     return out
 
 

@@ -5,7 +5,9 @@ topology refusals, status and metrics."""
 
 import concurrent.futures
 import json
+import subprocess
 import sys
+import time
 import urllib.request
 
 import pytest
@@ -54,23 +56,50 @@ def release_all(agent):
         agent.call("DELETE", f"/v1/workloads/{w['name']}")
 
 
-def test_concurrent_numa_runs_never_share_a_cpu(agent):
+@pytest.fixture
+def launch(agent):
+    """Start `numa-run ... -- sleep 60` and wait until it is admitted. The
+    workloads must outlive the checks: a workload whose process exits is
+    released (the simulated cgroup tree notices exits too)."""
+    running = []
+
+    def start(*options):
+        proc = subprocess.Popen([sys.executable, "-m", "agent.cli.numa_run", "--socket", agent.socket,
+                                 *options, "--", "sleep", "60"], stderr=subprocess.PIPE, text=True)
+        running.append(proc)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                return proc
+            if any(w["pid"] == proc.pid for w in status(agent)["workloads"]):
+                return proc
+            time.sleep(0.05)
+        raise AssertionError(f"numa-run {options} was not admitted in time")
+
+    yield start
+    for proc in running:
+        proc.kill()
+        proc.wait()
+    release_all(agent)
+
+
+def test_concurrent_numa_runs_never_share_a_cpu(agent, launch):
     release_all(agent)
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
-        results = list(pool.map(lambda i: numa_run(agent.socket, "--cpus", "2", "--name", f"c{i}",
-                                                   "--", "true"), range(8)))
-    assert [r.returncode for r in results] == [0] * 8, [r.stderr for r in results]
+        procs = list(pool.map(lambda i: launch("--cpus", "2", "--name", f"c{i}"), range(8)))
+    assert [p.poll() for p in procs] == [None] * 8  # all admitted and running
     seen = CpuSet()
-    for w in status(agent)["workloads"]:
+    listed = status(agent)["workloads"]
+    assert len(listed) == 8
+    for w in listed:
         cpus = CpuSet.parse(w["cpus"])
         assert len(cpus) == 2 and cpus.isdisjoint(seen)
         assert w["aligned"]["physical_core"] and w["aligned"]["numa_node"]
         seen = seen | cpus
     assert len(seen) == 16
-    release_all(agent)
 
 
-def test_gpu_request_lands_on_the_gpus_node_with_its_environment(agent):
+def test_gpu_request_lands_on_the_gpus_node_with_its_environment(agent, launch):
     release_all(agent)
     code = "import os;print(os.environ['NUMA_AGENT_DEVICES']);print(os.environ['NUMA_AGENT_MEMS']);" \
            "print(os.environ.get('CUDA_VISIBLE_DEVICES'))"
@@ -80,31 +109,28 @@ def test_gpu_request_lands_on_the_gpus_node_with_its_environment(agent):
     devices, mems, cuda = r.stdout.split("\n")[:3]
     assert devices == "0000:01:00.0" and mems == "1" and cuda
     assert "numa-run: infer cpus" in r.stderr  # -v prints the binding
+    release_all(agent)
+    launch("--cpus", "4", "--memory", "2Gi", "--device", "gpu=1", "--policy", "single-numa-node",
+           "--name", "infer2")
     w = status(agent)["workloads"][0]
     assert w["numa_nodes"] == [1] and w["devices"][0]["numa_node"] == 1
     assert w["memory_bytes"] == {"1": 2 << 30}
-    release_all(agent)
 
 
-def test_single_numa_node_refusal_names_topology_affinity_error(agent):
+def test_single_numa_node_refusal_names_topology_affinity_error(agent, launch):
     release_all(agent)
     r = numa_run(agent.socket, "--cpus", "10", "--policy", "single-numa-node", "--", "true")
     assert r.returncode == 125
     assert "TopologyAffinityError" in r.stderr and "at most 8 on one NUMA node" in r.stderr
     assert status(agent)["workloads"] == []
-    r = numa_run(agent.socket, "--cpus", "10", "--policy", "best-effort", "--name", "wide", "--", "true")
-    assert r.returncode == 0, r.stderr
+    launch("--cpus", "10", "--policy", "best-effort", "--name", "wide")
     assert len(status(agent)["workloads"][0]["numa_nodes"]) == 2
-    release_all(agent)
 
 
-def test_pod_main_exclusive_and_sidecar_shared(agent):
+def test_pod_main_exclusive_and_sidecar_shared(agent, launch):
     release_all(agent)
-    r = numa_run(agent.socket, "--pod", "trade", "--pod-cpus", "6", "--cpus", "4", "--name", "engine",
-                 "--", "true")
-    assert r.returncode == 0, r.stderr
-    r = numa_run(agent.socket, "--pod", "trade", "--name", "logger", "--", "true")
-    assert r.returncode == 0, r.stderr
+    launch("--pod", "trade", "--pod-cpus", "6", "--cpus", "4", "--name", "engine")
+    launch("--pod", "trade", "--name", "logger")
     s = status(agent)
     pod = s["pods"][0]
     by_name = {w["name"]: w for w in s["workloads"]}
@@ -118,9 +144,9 @@ def test_pod_main_exclusive_and_sidecar_shared(agent):
     assert status(agent)["pods"] == []
 
 
-def test_metrics_per_numa_match_status(agent):
+def test_metrics_per_numa_match_status(agent, launch):
     release_all(agent)
-    assert numa_run(agent.socket, "--cpus", "4", "--device", "nic=1", "--", "true").returncode == 0
+    launch("--cpus", "4", "--device", "nic=1")
     s = status(agent)
     text = urllib.request.urlopen(f"http://127.0.0.1:{agent.metrics_port}/metrics", timeout=10).read().decode()
     samples = {}
@@ -134,20 +160,18 @@ def test_metrics_per_numa_match_status(agent):
     assert samples[("numa_agent_workloads", ())] == 1
     key = ("numa_agent_devices", (("numa_node", "2"), ("resource", "nic"), ("state", "allocated")))
     assert samples[key] == 1
-    release_all(agent)
 
 
-def test_status_command_json_and_table(agent):
+def test_status_command_json_and_table(agent, launch):
     release_all(agent)
-    assert numa_run(agent.socket, "--cpus", "2", "--name", "tbl", "--", "true").returncode == 0
-    from subprocess import run
-    out = run([sys.executable, "-m", "agent.cli.numa_agent", "status", "--socket", agent.socket, "--json"],
-              capture_output=True, text=True)
+    launch("--cpus", "2", "--name", "tbl")
+    out = subprocess.run([sys.executable, "-m", "agent.cli.numa_agent", "status", "--socket", agent.socket,
+                          "--json"], capture_output=True, text=True)
     assert out.returncode == 0 and json.loads(out.stdout)["workloads"][0]["name"] == "tbl"
-    out = run([sys.executable, "-m", "agent.cli.numa_agent", "status", "--socket", agent.socket],
-              capture_output=True, text=True)
+    out = subprocess.run([sys.executable, "-m", "agent.cli.numa_agent", "status", "--socket", agent.socket],
+                         capture_output=True, text=True)
     assert out.returncode == 0 and "tbl" in out.stdout and "ALLOCATED" in out.stdout
-    out = run([sys.executable, "-m", "agent.cli.numa_agent", "release", "tbl", "--socket", agent.socket],
-              capture_output=True, text=True)
+    out = subprocess.run([sys.executable, "-m", "agent.cli.numa_agent", "release", "tbl", "--socket",
+                          agent.socket], capture_output=True, text=True)
     assert out.returncode == 0
     assert status(agent)["workloads"] == []
