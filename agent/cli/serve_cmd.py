@@ -89,9 +89,10 @@ class StartupError(Exception):
 class Agent:
     """Wires the edges around the service; start(), stop()."""
 
-    def __init__(self, cfg) -> None:
+    def __init__(self, cfg, hotplug_source=None) -> None:
         self.cfg = cfg
-        self.api = self.metrics = self.loop = self.hotplug = None
+        self.api = self.metrics = self.loop = None
+        self.hotplug = hotplug_source  # tests inject a fake; else kernel uevents
         self.service = None
 
     def start(self) -> "Agent":
@@ -187,7 +188,7 @@ class Agent:
             except (OSError, ValueError) as exc:
                 self.api.stop()
                 raise StartupError(f"metrics: {exc}") from None
-        if cfg.hotplug and os.path.abspath(cfg.sysfs_root) == "/":
+        if self.hotplug is None and cfg.hotplug and os.path.abspath(cfg.sysfs_root) == "/":
             from agent.hotplug.events import HotplugUnavailable, UdevEventSource
 
             try:

@@ -262,3 +262,19 @@ def test_status_accounting_adds_up(env):
     assert status["workloads"][0]["devices"][0]["numa_node"] == 1
     snap = service.metrics_snapshot()
     assert snap["counters"]["admission_requests_total"]["admitted"] == 1
+
+
+def test_refusal_log_record_carries_hints_and_decision(env, caplog):
+    machine, state_dir, root = env
+    service, _ = start(machine, state_dir, root)
+    with caplog.at_level("INFO", logger="numa_agent.service"):
+        with pytest.raises(AdmissionRefused):
+            service.admit({"name": "big", "cpus": 10, "policy": "single-numa-node"}, ME)
+        service.admit({"name": "ok", "cpus": 2}, ME)
+    refused = next(r for r in caplog.records if r.levelname == "WARNING")
+    text = refused.getMessage()
+    assert "refused big" in text and "TopologyAffinityError" in text
+    assert "hints: cpu/cpu: {0,1} preferred" in text  # 10 CPUs need both nodes
+    assert "merged" in text
+    admitted = next(r for r in caplog.records if r.levelname == "INFO" and "admitted ok" in r.getMessage())
+    assert "hints: cpu/cpu:" in admitted.getMessage()
