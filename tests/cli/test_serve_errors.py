@@ -1,0 +1,71 @@
+"""`numa-agent serve` refuses to start with one clear line and exit 1, and
+leaves nothing behind, for each way a start can go wrong."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.support.agent_process import AgentProcess
+
+
+def serve(tmp_path, *args, timeout=60):
+    return subprocess.run([sys.executable, "-m", "agent.cli.numa_agent", "serve",
+                           "--state-dir", str(tmp_path / "state"), "--socket", str(tmp_path / "s.sock"),
+                           "--metrics-address", "", "--no-hotplug", *args],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def one_clear_line(result, *needles):
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+    line = [l for l in result.stderr.splitlines() if l.startswith("numa-agent:")]
+    assert line, result.stderr
+    for needle in needles:
+        assert needle in line[-1], line[-1]
+
+
+def test_unknown_config_key(tmp_path):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("[cpu_manager]\npolicy = \"static\"\nreserved_cpu = 2\n")
+    r = serve(tmp_path, "--config", str(cfg))
+    one_clear_line(r, "unknown key cpu_manager.reserved_cpu", str(cfg))
+    assert not (tmp_path / "s.sock").exists() and not (tmp_path / "state").exists()
+
+
+def test_bad_config_value(tmp_path):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("[topology_manager]\npolicy = \"strict\"\n")
+    one_clear_line(serve(tmp_path, "--config", str(cfg)), "topology_manager.policy", "'strict'")
+
+
+def test_missing_config_file_that_was_asked_for(tmp_path):
+    one_clear_line(serve(tmp_path, "--config", str(tmp_path / "nope.toml")), "does not exist")
+
+
+def test_broken_sysfs_root(tmp_path):
+    (tmp_path / "fake" / "sys").mkdir(parents=True)
+    one_clear_line(serve(tmp_path, "--sysfs-root", str(tmp_path / "fake")), "topology discovery failed")
+
+
+def test_explicit_cgroup_root_that_cannot_be_used(tmp_path):
+    one_clear_line(serve(tmp_path, "--cgroup-root", str(tmp_path / "no-such-cgroup")),
+                   "cannot be used", "no-such-cgroup")
+
+
+def test_bad_log_level(tmp_path):
+    one_clear_line(serve(tmp_path, "--log-level", "chatty"), "--log-level")
+
+
+def test_second_agent_on_the_same_socket_is_refused(tmp_path):
+    first = AgentProcess(tmp_path, "--cgroup-root", "none").start()
+    try:
+        r = subprocess.run([sys.executable, "-m", "agent.cli.numa_agent", "serve",
+                            "--state-dir", str(tmp_path / "state2"), "--socket", first.socket,
+                            "--metrics-address", "", "--no-hotplug", "--cgroup-root", "none"],
+                           capture_output=True, text=True, timeout=60)
+        one_clear_line(r, first.socket)
+        assert first.call("GET", "/v1/health")[0] == 200  # the first one is untouched
+    finally:
+        first.stop()
