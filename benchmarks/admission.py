@@ -329,7 +329,7 @@ def run_row(numa_nodes: int, policy: str, sequence: Sequence[Resources], seed: i
     row.mean_resources = resources_total / max(1, row.requests)
     row.mean_fill = fill_total / max(1, row.requests)
     if cost is None:
-        row.baseline_note = "baseline not requested"
+        row.baseline_note = "not requested (--no-baseline)"
     elif skipped:
         row.baseline_note = _skip_note(skipped, row.requests, bound_s, baseline_budget_s)
     return row
