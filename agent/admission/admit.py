@@ -153,7 +153,11 @@ def effective_cpus(machine: Machine, state: AgentState, w: Workload) -> CpuSet:
 
 
 def memory_usage(state: AgentState):
-    return usage_from(_as_memory_allocation(b) for b in state.top_level_bookings() if b.memory)
+    memo = state.memo
+    if "memory_usage" not in memo:
+        memo["memory_usage"] = usage_from(_as_memory_allocation(b)
+                                          for b in state.top_level_bookings() if b.memory)
+    return memo["memory_usage"]
 
 
 def _as_memory_allocation(b: Booking) -> MemoryAllocation:

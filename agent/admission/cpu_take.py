@@ -50,10 +50,11 @@ class _Accumulator:
         self.needed = count
         self.result = 0
         self.spread = spread
-        self._numa = {k: v.bits for k, v in topo.numa_cpus.items()}
-        self._socket = {k: v.bits for k, v in topo.socket_cpus.items()}
-        self._core = {k: v.bits for k, v in topo.core_cpus.items()}
-        self._uncore = {k: v.bits for k, v in topo.uncore_cpus.items()}
+        groups = topo.group_bits  # computed once per topology, not per request
+        self._numa = groups["numa"]
+        self._socket = groups["socket"]
+        self._core = groups["core"]
+        self._uncore = groups["uncore"]
 
     # ---- state ------------------------------------------------------------
     def take(self, bits: int) -> None:

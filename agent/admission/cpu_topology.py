@@ -177,6 +177,13 @@ class CpuTopology:
     def uncore_cpus(self) -> dict[int, CpuSet]:
         return _group(self.cpus, "uncore")
 
+    @cached_property
+    def group_bits(self) -> dict[str, dict[int, int]]:
+        """The groupings as raw bitmasks, for the allocator's inner loops."""
+        return {level: {k: v.bits for k, v in groups.items()}
+                for level, groups in (("numa", self.numa_cpus), ("socket", self.socket_cpus),
+                                      ("core", self.core_cpus), ("uncore", self.uncore_cpus))}
+
     @property
     def numa_ids(self) -> tuple[int, ...]:
         return tuple(self.numa_cpus)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Mapping
 
 from agent.admission.cpu_manager import CpuManagerOptions, reserved_cpus
@@ -80,11 +81,21 @@ class Machine:
     def nodes_of(self, cpus: CpuSet) -> tuple[int, ...]:
         return tuple(sorted({self.node_of_cpu(c) for c in cpus}))
 
+    @cached_property
+    def _usable_cpus_by_node(self) -> dict[int, int]:
+        out: dict[int, int] = {}
+        for cpu in self.usable_cpus:
+            node = self.topology.cpu(cpu).numa_node
+            out[node] = out.get(node, 0) | 1 << cpu
+        return out
+
     def cpus_of_nodes(self, nodes) -> CpuSet:
+        """Usable CPUs of these NUMA nodes."""
         bits = 0
+        by_node = self._usable_cpus_by_node
         for n in nodes:
-            bits |= self.topology.node_cpus(n).bits
-        return CpuSet.from_bits(bits) & self.usable_cpus
+            bits |= by_node.get(n, 0)
+        return CpuSet.from_bits(bits)
 
 
 def build_machine(topology: Topology, policy: PolicyConfig) -> Machine:

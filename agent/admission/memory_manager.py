@@ -353,11 +353,29 @@ def usage_without(usage: MemoryUsage, allocation: MemoryAllocation) -> MemoryUsa
 
 
 def usage_from(allocations: Iterable[MemoryAllocation]) -> MemoryUsage:
-    """The usage of a set of live allocations (order does not matter)."""
-    usage = EMPTY_USAGE
+    """The usage of a set of live allocations (order does not matter): the
+    same as folding usage_with over them, in one pass."""
+    allocated: dict[tuple[int, str], int] = {}
+    groups: dict[int, int] = {}
+    group_of: dict[int, int] = {}
     for allocation in allocations:
-        usage = usage_with(usage, allocation)
-    return usage
+        bits = allocation.group.bits
+        if not bits:
+            continue
+        for n in allocation.group.nodes():
+            held = group_of.setdefault(n, bits)
+            if held != bits:
+                raise MemoryAllocationError(
+                    f"memory group {{{allocation.group.format()}}} overlaps group "
+                    f"{_fmt_mask(held)} in use on NUMA node {n}"
+                )
+        for n, r, b in allocation.amounts:
+            allocated[(n, r)] = allocated.get((n, r), 0) + b
+        groups[bits] = groups.get(bits, 0) + 1
+    return MemoryUsage(
+        tuple((n, r, b) for (n, r), b in allocated.items()),
+        tuple((NumaMask.from_bits(m), c) for m, c in groups.items()),
+    )
 
 
 def free_bytes(capacity: MemoryCapacity, usage: MemoryUsage, node: int, resource: str) -> int:

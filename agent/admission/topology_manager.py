@@ -618,6 +618,10 @@ def admit(policy: str, merged: TopologyHint) -> bool:
 # Decisions with explanations.
 
 SUMMARY_LIMIT = 4  # hints listed per resource; the rest are counted
+# Up to this many nodes a summary lists and counts every hint (2^N masks);
+# beyond, only a few preferred examples, so explaining never costs more than
+# deciding.
+FULL_SUMMARY_NODES = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -657,7 +661,7 @@ def _summarize(index: int, name: str, hs: HintSet) -> HintSummary:
         shown = tuple(str(h) for h in hints[:SUMMARY_LIMIT])
         return HintSummary(index, label, shown, len(hints) - len(shown))
     nodes = hs.nodes.nodes() if hs.nodes is not None else ()
-    if len(nodes) <= 10:
+    if len(nodes) <= FULL_SUMMARY_NODES:
         hints = sorted(hs.hints(), key=lambda h: (not h.preferred, h.mask.sort_key()))
         if not hints:
             return HintSummary(index, label, ("none: no NUMA node set fits",), 0)

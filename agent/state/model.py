@@ -10,6 +10,7 @@ disk.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import Any, Iterable, Mapping
 
 from agent.core.cpuset import CpuSet
@@ -145,6 +146,13 @@ class AgentState:
         return tuple(w for w in self.workloads if w.pod == pod)
 
     # ---- derived accounting --------------------------------------------
+    @cached_property
+    def memo(self) -> dict[str, Any]:
+        """Values derived from this (immutable) state, computed once by the
+        functions that need them. Not copied by `replace`: a new state starts
+        with an empty memo."""
+        return {}
+
     def top_level_bookings(self) -> Iterable[Booking]:
         """Bookings against the machine: pod budgets and workloads outside pods
         (a pod member's resources come out of its pod's budget)."""
@@ -154,18 +162,26 @@ class AgentState:
             if w.pod is None:
                 yield w.booking
 
-    def exclusive_cpus(self) -> CpuSet:
+    @cached_property
+    def _exclusive_cpus(self) -> CpuSet:
         bits = 0
         for b in self.top_level_bookings():
             bits |= b.cpus.bits
         return CpuSet.from_bits(bits)
 
-    def devices_in_use(self) -> dict[str, frozenset[str]]:
+    def exclusive_cpus(self) -> CpuSet:
+        return self._exclusive_cpus
+
+    @cached_property
+    def _devices_in_use(self) -> dict[str, frozenset[str]]:
         out: dict[str, set[str]] = {}
         for b in self.top_level_bookings():
             for resource, addr in b.devices:
                 out.setdefault(resource, set()).add(addr)
         return {r: frozenset(a) for r, a in sorted(out.items())}
+
+    def devices_in_use(self) -> dict[str, frozenset[str]]:
+        return dict(self._devices_in_use)
 
     # ---- updates -----------------------------------------------------------
     def with_workload(self, w: Workload) -> "AgentState":
