@@ -394,8 +394,13 @@ def alignment(machine: Machine, b: Booking) -> dict[str, bool]:
     if not b.cpus:
         return {"numa_node": len(b.numa_nodes) <= 1, "physical_core": False, "l3": False}
     topo = machine.topology
-    whole_cores = all((topo.cpu(c).siblings & machine.usable_cpus).issubset(b.cpus) for c in b.cpus)
-    l3s = {topo.cpu(c).l3 for c in b.cpus}
+    siblings = 0
+    l3s = set()
+    for c in b.cpus:
+        cpu = topo.cpu(c)
+        siblings |= cpu.siblings.bits
+        l3s.add(cpu.l3)
+    whole_cores = siblings & machine.usable_cpus.bits == b.cpus.bits
     return {"numa_node": len(b.numa_nodes) == 1, "physical_core": whole_cores,
             "l3": len(l3s) == 1 and None not in l3s}
 

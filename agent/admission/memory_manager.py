@@ -576,6 +576,26 @@ class _State:
         bits = mask.bits
         return bits & ~self.universe == 0 and self.group_ok(bits) and self.free_covers(bits)
 
+    def contains_fit(self, mask: NumaMask) -> bool:
+        """Whether some fitting mask over the universe contains `mask`.
+
+        A fitting mask that holds a used memory node has exactly that node's
+        group as its memory nodes; one without used memory nodes can take
+        every unused memory node, and more free memory never hurts. So two
+        candidates decide it, without enumerating supersets."""
+        bits = mask.bits
+        if bits & ~self.universe:
+            return False
+        memoryless = self.universe & ~self.mem_bits
+        used = bits & self.used_bits
+        if used:
+            group = self.group_of[(used & -used).bit_length() - 1]
+            return bits & self.mem_bits & ~group == 0 and self.free_covers(group)
+        if self.fits(NumaMask.from_bits(bits | memoryless | (self.mem_bits & ~self.used_bits))):
+            return True
+        # Only memoryless nodes asked for: an existing group may take them along.
+        return bits & self.mem_bits == 0 and any(self.free_covers(g) for g in set(self.group_of.values()))
+
     def min_size(self) -> int | None:
         """Fewest nodes whose allocatable could ever hold the request (groups and
         current usage ignored), as the kubelet computes its preferred size."""
@@ -648,7 +668,8 @@ def memory_hints(
         return {r: HintSet.impossible() for r in state.resources}
     nodes_mask = NumaMask.from_bits(state.universe)
     fits = state.fits
-    return {r: HintSet.generated(nodes_mask, fits, min_size) for r in state.resources}
+    return {r: HintSet.generated(nodes_mask, fits, min_size, contains_fit=state.contains_fit)
+            for r in state.resources}
 
 
 def _free_table(state: _State, resource: str) -> str:

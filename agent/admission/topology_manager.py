@@ -292,6 +292,7 @@ class _Gen:
         self.monotone = bool(getattr(hs, "monotone", False))
         self._fits = hs.fits
         self._also = getattr(hs, "also_preferred", None)
+        self._contains = getattr(hs, "contains_fit", None)
         self._cache: dict[int, bool] = {}
         self._budget = budget
 
@@ -441,6 +442,9 @@ def _any_superset(gen: _Gen, x: int, budget: _Budget) -> bool:
         return True  # caller checked x <= nodes; the whole node set fits
     if gen.fits(x) or gen.fits(gen.nodes):
         return True
+    if gen._contains is not None:
+        budget.spend()
+        return bool(gen._contains(NumaMask.from_bits(x)))
     return any(True for _ in _supersets(gen, x, budget))
 
 

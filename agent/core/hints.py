@@ -152,6 +152,10 @@ class HintSet:
     # Callable[[NumaMask], bool] | None: masks wider than min_size that are
     # preferred all the same (the CPU manager's align-by-socket option).
     also_preferred: "object | None" = None
+    # Callable[[NumaMask], bool] | None: "some fitting mask contains this
+    # one", answered without enumerating supersets (the memory manager's
+    # group rule makes its hints non-monotone, but this question stays cheap).
+    contains_fit: "object | None" = None
 
     @classmethod
     def no_preference(cls) -> "HintSet":
@@ -163,9 +167,9 @@ class HintSet:
 
     @classmethod
     def generated(cls, nodes: NumaMask, fits, min_size: int, also_preferred=None,
-                  monotone: bool = False) -> "HintSet":
+                  monotone: bool = False, contains_fit=None) -> "HintSet":
         return cls("generated", nodes=nodes, fits=fits, min_size=min_size,
-                   also_preferred=also_preferred, monotone=monotone)
+                   also_preferred=also_preferred, monotone=monotone, contains_fit=contains_fit)
 
     def is_preferred(self, mask: NumaMask) -> bool:
         """Preference of a generated hint on `mask` (which must fit)."""

@@ -419,6 +419,11 @@ def test_property_hints_match_reference_and_allocations_stay_within_free(case):
         expected = reference_hints(cap, usage, req, nodes) if req else None
         for resource, hs in hints.items():
             assert hs.hints() == expected, resource
+            if hs.contains_fit is not None:  # the merge's shortcut agrees with enumeration
+                for k in range(1, len(nodes) + 1):
+                    for combo in combinations(nodes, k):
+                        x = NumaMask(combo)
+                        assert hs.contains_fit(x) == any(x.issubset(h.mask) for h in expected), x
         mask = None if affinity is None else NumaMask(affinity)
         if req:
             # The kubelet's choice: the affinity if it is a hint, else the narrowest hint
