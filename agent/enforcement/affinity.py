@@ -11,16 +11,15 @@ and the agent pins the caller's PID at admission time.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import errno
 import os
-import platform
 from dataclasses import dataclass
 from typing import Iterable
 
 from agent.core.cpuset import CpuSet
 from agent.core.hints import NumaMask
 from agent.enforcement.errors import AffinityError
+from agent.enforcement.libc import libc
 
 MPOL_DEFAULT = 0
 MPOL_BIND = 2
@@ -81,7 +80,7 @@ def bind_memory_self(nodes: Iterable[int], *, machine: str | None = None) -> Mem
     mask = NumaMask(nodes)
     if not mask:
         raise ValueError("bind_memory_self needs at least one NUMA node")
-    arch = machine or platform.machine()
+    arch = machine or os.uname().machine
     number = _SET_MEMPOLICY.get(arch)
     if number is None:
         return MemoryBindResult(False, f"set_mempolicy syscall number unknown for architecture "
@@ -89,10 +88,9 @@ def bind_memory_self(nodes: Iterable[int], *, machine: str | None = None) -> Mem
     bits = mask.bits.bit_length()
     words = (bits + _ULONG_BITS - 1) // _ULONG_BITS
     nodemask = (ctypes.c_ulong * words)(*_words(mask.bits, words))
-    libc = _libc()
     ctypes.set_errno(0)
     # The kernel reads maxnode-1 bits (historic off-by-one), hence the + 1.
-    rc = libc.syscall(ctypes.c_long(number), ctypes.c_int(MPOL_BIND), nodemask,
+    rc = libc().syscall(ctypes.c_long(number), ctypes.c_int(MPOL_BIND), nodemask,
                       ctypes.c_ulong(words * _ULONG_BITS + 1))
     if rc != 0:
         code = ctypes.get_errno()
@@ -105,13 +103,13 @@ def bind_memory_self(nodes: Iterable[int], *, machine: str | None = None) -> Mem
 def memory_policy_self(*, machine: str | None = None) -> tuple[int, NumaMask] | None:
     """(mode, nodes) of the calling thread's memory policy via
     get_mempolicy, or None when it cannot be queried."""
-    number = _GET_MEMPOLICY.get(machine or platform.machine())
+    number = _GET_MEMPOLICY.get(machine or os.uname().machine)
     if number is None:
         return None
     words = _QUERY_NODE_BITS // _ULONG_BITS
     mode = ctypes.c_int(0)
     nodemask = (ctypes.c_ulong * words)()
-    rc = _libc().syscall(ctypes.c_long(number), ctypes.byref(mode), nodemask,
+    rc = libc().syscall(ctypes.c_long(number), ctypes.byref(mode), nodemask,
                          ctypes.c_ulong(_QUERY_NODE_BITS), ctypes.c_void_p(0), ctypes.c_ulong(0))
     if rc != 0:
         return None
@@ -124,14 +122,3 @@ def memory_policy_self(*, machine: str | None = None) -> tuple[int, NumaMask] | 
 def _words(bits: int, count: int) -> list[int]:
     mask = (1 << _ULONG_BITS) - 1
     return [(bits >> (i * _ULONG_BITS)) & mask for i in range(count)]
-
-
-_libc_handle: ctypes.CDLL | None = None
-
-
-def _libc() -> ctypes.CDLL:
-    global _libc_handle
-    if _libc_handle is None:
-        _libc_handle = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        _libc_handle.syscall.restype = ctypes.c_long
-    return _libc_handle

@@ -23,7 +23,6 @@ Kernel rules this driver relies on (Documentation/admin-guide/cgroup-v2.rst):
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import errno
 import os
 import re
@@ -42,6 +41,7 @@ from agent.enforcement.errors import (
     cgroup_error_from_oserror,
 )
 from agent.enforcement.fake_cgroupfs import FakeCgroupfs, is_fake
+from agent.enforcement.libc import libc
 
 CGROUP2_SUPER_MAGIC = 0x63677270
 PARTITION_TYPES = ("root", "isolated", "member")
@@ -388,21 +388,13 @@ def _limit_text(limit_bytes: int | None, what: str) -> str:
 
 
 # ---- libc through ctypes ----------------------------------------------------------------
-_libc_handle: ctypes.CDLL | None = None
-
-
-def _libc() -> ctypes.CDLL:
-    global _libc_handle
-    if _libc_handle is None:
-        _libc_handle = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-    return _libc_handle
 
 
 def _statfs_type(path: Path) -> int | None:
     """f_type of statfs(2) (the first field on every Linux ABI), or None."""
     buf = ctypes.create_string_buffer(512)
     try:
-        rc = _libc().statfs(os.fsencode(path), buf)
+        rc = libc().statfs(os.fsencode(path), buf)
     except (OSError, AttributeError):
         return None
     if rc != 0:
@@ -432,7 +424,7 @@ class EventWatcher:
         self._wd_to_rel: dict[int, str] = {}
         self._rel_to_wd: dict[str, int] = {}
         try:
-            init = _libc().inotify_init1
+            init = libc().inotify_init1
         except AttributeError:
             raise CgroupUnsupportedError("inotify_init1 is not available in this libc") from None
         fd = init(_IN_NONBLOCK | _IN_CLOEXEC)
@@ -447,7 +439,7 @@ class EventWatcher:
         if relpath in self._rel_to_wd:
             return
         file = self._cgroup.path(relpath) / "cgroup.events"
-        wd = _libc().inotify_add_watch(self._fd, os.fsencode(file), _IN_MODIFY)
+        wd = libc().inotify_add_watch(self._fd, os.fsencode(file), _IN_MODIFY)
         if wd < 0:
             raise cgroup_error_from_oserror(_last_oserror(), "watch", str(file))
         self._wd_to_rel[wd] = relpath
@@ -458,7 +450,7 @@ class EventWatcher:
         if wd is not None:
             self._wd_to_rel.pop(wd, None)
             # Fails harmlessly when the cgroup (and so the watch) is gone.
-            _libc().inotify_rm_watch(self._fd, wd)
+            libc().inotify_rm_watch(self._fd, wd)
 
     def watched(self) -> list[str]:
         return sorted(self._rel_to_wd)

@@ -105,13 +105,13 @@ class _FailingInotify:
 
 
 def test_libc_without_inotify(cg, monkeypatch):
-    monkeypatch.setattr(cgroup_module, "_libc", lambda: _NoInotify())
+    monkeypatch.setattr(cgroup_module, "libc", lambda: _NoInotify())
     with pytest.raises(CgroupUnsupportedError, match="inotify_init1 is not available"):
         EventWatcher(cg)
 
 
 def test_inotify_init_failure(cg, monkeypatch):
-    monkeypatch.setattr(cgroup_module, "_libc", lambda: _FailingInotify())
+    monkeypatch.setattr(cgroup_module, "libc", lambda: _FailingInotify())
     with pytest.raises(CgroupError, match=r"inotify_init1 \(inotify\) failed: EMFILE"):
         EventWatcher(cg)
 
