@@ -165,7 +165,8 @@ class Agent:
                 return _fallback(caps.reason)
             raise StartupError(f"cgroup root {root} cannot be used: {caps.reason}")
         log.info("enforcing with cgroup v2 below %s", root)
-        return CgroupEnforcer(cg, domain_controllers=_may_use_domain_controllers(root))
+        return CgroupEnforcer(cg, domain_controllers=_may_use_domain_controllers(root),
+                              partitions=cfg.cpuset_partitions)
 
     def _start_edges(self, machine) -> None:
         from agent.api.server import ApiServer

@@ -26,6 +26,7 @@ from agent.enforcement.plan import (
     POD_PREFIX,
     RELEASED_CGROUP,
     SHARED_CGROUP,
+    WORKLOAD_PREFIX,
     CgroupSpec,
     order_changes,
 )
@@ -41,8 +42,12 @@ Layout = Mapping[str, CgroupSpec]
 class CgroupEnforcer:
     mode = "cgroup"
 
-    def __init__(self, cgroup: CgroupV2, domain_controllers: bool = True) -> None:
+    def __init__(self, cgroup: CgroupV2, domain_controllers: bool = True,
+                 partitions: str = "off") -> None:
         self.cgroup = cgroup
+        # "isolated" or "root": exclusive workloads become cpuset partitions,
+        # when the agent's root is itself a partition root (see setup).
+        self.partitions = partitions
         self.watcher = EventWatcher(cgroup)
         caps = cgroup.probe()
         self.has_memory = caps.memory and domain_controllers
@@ -65,6 +70,26 @@ class CgroupEnforcer:
             cg.create(AGENT_CGROUP, exist_ok=True)
             cg.move_pid(AGENT_CGROUP, pid)
         cg.enable_controllers("", self.child_controllers)
+        if self.partitions != "off":
+            self.partitions = self._check_partitions()
+
+    def _check_partitions(self) -> str:
+        """Partitions are offered only where the hierarchy allows them: the
+        agent's root must already be a partition root. The agent never makes
+        it one itself, since that takes its CPUs away from the whole system:
+        that is the administrator's decision."""
+        try:
+            state = self.cgroup.partition("")
+        except CgroupError as exc:
+            log.warning("cpuset partitions unavailable (%s); exclusive workloads stay members", exc)
+            return "off"
+        if state.split()[0] not in ("root", "isolated") or "invalid" in state:
+            log.warning("cpuset partitions unavailable: %s is not a partition root (its "
+                        "cpuset.cpus.partition reads %r); exclusive workloads stay members",
+                        self.cgroup.root, state)
+            return "off"
+        log.info("exclusive workloads become %s cpuset partitions", self.partitions)
+        return self.partitions
 
     def path_of(self, relpath: str) -> str:
         return str(self.cgroup.path(relpath))
@@ -89,6 +114,8 @@ class CgroupEnforcer:
                     cg.enable_controllers(spec.relpath, self.child_controllers)
                 self._write_limits(spec)
                 cg.write_cpuset(spec.relpath, spec.cpus, spec.mems)
+                if self.partitions != "off" and spec.relpath.startswith(WORKLOAD_PREFIX):
+                    self._make_partition(spec.relpath)
                 if spec.workload is not None:
                     self.watcher.watch(spec.relpath)
             else:
@@ -98,6 +125,15 @@ class CgroupEnforcer:
             relpath, pid = move
             cg.move_pid(relpath, pid)
         self.verify(new)
+
+    def _make_partition(self, relpath: str) -> None:
+        try:
+            self.cgroup.set_partition(relpath, self.partitions)
+        except CgroupError as exc:
+            # Still exclusive among the agent's cgroups; only the scheduler
+            # isolation is missing. Say so rather than refuse the workload.
+            log.warning("workload cgroup %s stays a member, not a partition: %s",
+                        self.path_of(relpath), exc)
 
     def _evict(self, relpath: str, new: Layout) -> None:
         """Move processes still in a released workload's cgroup to the

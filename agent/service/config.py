@@ -33,11 +33,12 @@ class AgentConfig:
     log_level: str = "info"
     on_policy_change: str = "refuse"  # "refuse" | "reconcile"
     hotplug: bool = True
+    cpuset_partitions: str = "off"  # "off" | "isolated" | "root"
     policy: PolicyConfig = field(default_factory=PolicyConfig)
 
 
 _AGENT_KEYS = {"sysfs_root", "cgroup_root", "state_dir", "socket", "socket_mode", "socket_group",
-               "metrics_address", "log_level", "on_policy_change", "hotplug"}
+               "metrics_address", "log_level", "on_policy_change", "hotplug", "cpuset_partitions"}
 _SECTIONS = {"agent", "cpu_manager", "memory_manager", "topology_manager", "devices"}
 
 
@@ -91,6 +92,11 @@ def config_from_mapping(doc: Mapping[str, Any]) -> AgentConfig:
         if value not in ("refuse", "reconcile"):
             raise ConfigError(f"agent.on_policy_change: {value!r} is not 'refuse' or 'reconcile'")
         kwargs["on_policy_change"] = value
+    if "cpuset_partitions" in agent:
+        value = _str(agent["cpuset_partitions"], "agent.cpuset_partitions")
+        if value not in ("off", "isolated", "root"):
+            raise ConfigError(f"agent.cpuset_partitions: {value!r} is not 'off', 'isolated' or 'root'")
+        kwargs["cpuset_partitions"] = value
     if "hotplug" in agent:
         if not isinstance(agent["hotplug"], bool):
             raise ConfigError("agent.hotplug: must be true or false")

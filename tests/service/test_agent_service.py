@@ -57,8 +57,8 @@ def sleepers():
         p.wait()
 
 
-def start(machine, state_dir, cg_root, **kw):
-    enforcer = CgroupEnforcer(CgroupV2(cg_root))
+def start(machine, state_dir, cg_root, partitions="off", **kw):
+    enforcer = CgroupEnforcer(CgroupV2(cg_root), partitions=partitions)
     store = CheckpointStore(state_dir)
     enforcer.setup()
     state, report = restore(machine, store, enforcer, **kw)
@@ -278,3 +278,28 @@ def test_refusal_log_record_carries_hints_and_decision(env, caplog):
     assert "merged" in text
     admitted = next(r for r in caplog.records if r.levelname == "INFO" and "admitted ok" in r.getMessage())
     assert "hints: cpu/cpu:" in admitted.getMessage()
+
+
+def test_partitions_are_not_offered_below_a_non_partition_root(env, caplog):
+    machine, state_dir, root = env
+    with caplog.at_level("WARNING", logger="numa_agent.enforcement"):
+        service, _ = start(machine, state_dir, root, partitions="isolated")
+    assert service.enforcer.partitions == "off"
+    assert "is not a partition root" in caplog.text
+    service.admit({"name": "m", "cpus": 2}, ME)
+    assert cg_file(root, "wl-m", "cpuset.cpus.partition") == "member"
+
+
+def test_exclusive_workloads_become_isolated_partitions_where_allowed(env):
+    machine, state_dir, root = env
+    CgroupV2(root).set_partition("", "root")  # the administrator's decision
+    service, _ = start(machine, state_dir, root, partitions="isolated")
+    assert service.enforcer.partitions == "isolated"
+    cpus = CpuSet.parse(service.admit({"name": "p", "cpus": 2}, ME)["cpus"])
+    assert cg_file(root, "wl-p", "cpuset.cpus.partition") == "isolated"
+    # the partition's CPUs left the root's effective set; the pool never had them
+    assert CpuSet.parse(cg_file(root, "", "cpuset.cpus.effective")).isdisjoint(cpus)
+    assert CpuSet.parse(cg_file(root, "shared", "cpuset.cpus.effective")).isdisjoint(cpus)
+    service.release("p", ME)
+    assert not (root / "wl-p").exists()
+    assert cpus.issubset(CpuSet.parse(cg_file(root, "shared", "cpuset.cpus.effective")))
