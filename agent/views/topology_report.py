@@ -180,6 +180,11 @@ def _node_lines(topo: Topology, node: NumaNode, devices: list[PciDevice]) -> lis
     return lines
 
 
+# What kernels write for a die or cluster they do not know: nothing, -1
+# (arm64) or 65535 (x86, where cluster_id is 16 bits).
+_NO_ID = (None, -1, 65535)
+
+
 def _cpu_tree(topo: Topology, cpus: CpuSet, indent: str) -> list[str]:
     """package > die > L3 > cluster > core lines for the given online CPUs."""
     members = [topo.cpu(c) for c in cpus]
@@ -202,7 +207,7 @@ def _cpu_tree(topo: Topology, cpus: CpuSet, indent: str) -> list[str]:
             return
         name, attr = levels[depth]
         values = sorted({attr(c) for c in group}, key=_key)
-        if values == [None]:
+        if len(values) == 1 and values[0] in _NO_ID:
             walk(group, depth + 1, pad)  # this level is unknown here: skip it
             return
         for value in values:
