@@ -303,3 +303,39 @@ def test_exclusive_workloads_become_isolated_partitions_where_allowed(env):
     service.release("p", ME)
     assert not (root / "wl-p").exists()
     assert cpus.issubset(CpuSet.parse(cg_file(root, "shared", "cpuset.cpus.effective")))
+
+
+class Crash(BaseException):
+    """The agent dies (power loss, SIGKILL) in the middle of a step."""
+
+
+def test_crash_after_checkpoint_before_cgroup_is_released_on_restart(env, sleepers, monkeypatch):
+    machine, state_dir, root = env
+    service, _ = start(machine, state_dir, root)
+
+    def die(*args, **kwargs):
+        raise Crash()
+
+    monkeypatch.setattr(service.enforcer, "apply", die)
+    with pytest.raises(Crash):
+        service.admit({"name": "half", "cpus": 2}, sleepers())
+    assert [w["name"] for w in CheckpointStore(state_dir).load()["workloads"]] == ["half"]
+    assert not (root / "wl-half").exists()
+    service2, report = start(machine, state_dir, root)
+    assert report.released == ("half",)
+    assert service2.state.workloads == ()
+    assert len(CpuSet.parse(cg_file(root, "shared", "cpuset.cpus"))) == 16
+
+
+def test_missing_checkpoint_is_rebuilt_from_the_cgroup_tree(env, sleepers):
+    machine, state_dir, root = env
+    service, _ = start(machine, state_dir, root)
+    a = CpuSet.parse(service.admit({"name": "a", "cpus": 2}, sleepers())["cpus"])
+    side = service.admit({"name": "side", "shared": True}, sleepers())
+    (state_dir / "checkpoint.json").unlink()  # lost with the disk it was on
+    service2, report = start(machine, state_dir, root)
+    assert sorted(report.adopted) == ["a", "side"]
+    assert service2.state.workload("a").booking.cpus == a
+    assert service2.state.workload("side").shared
+    assert CheckpointStore(state_dir).load()["workloads"]  # written again at once
+    assert side["cpus"]
