@@ -449,12 +449,19 @@ def _any_superset(gen: _Gen, x: int, budget: _Budget) -> bool:
 
 
 def _supersets(gen: _Gen, x: int, budget: _Budget) -> Iterator[int]:
-    """Traces (fitting superset minus x) of a non-monotone set."""
+    """The minimal traces (fitting superset minus x) of a non-monotone set.
+    Callers intersect traces and ask whether the rest can be excluded, which
+    only gets easier with fewer nodes, so a trace that contains another adds
+    nothing and is not tried."""
     free = _nodes_of(gen.nodes & ~x)
+    found: list[int] = []
     for k in range(len(free) + 1):
         for extra in (_gosper(free, k) if k else iter((0,))):
             budget.spend()
+            if any(extra & t == t for t in found):
+                continue
             if gen.fits(x | extra):
+                found.append(extra)
                 yield extra
 
 
@@ -514,6 +521,8 @@ def _achievable(x: int, finite: list[Finite], gens: list[_Gen], all_bits: int, b
     monos = [g for g in gens if g.monotone]
     for g in gens:
         if not g.monotone:
+            if not _any_superset(g, x, budget):
+                return False  # cheap with an oracle: spares the enumeration below
             found = set(_supersets(g, x, budget))
             if not found:
                 return False
