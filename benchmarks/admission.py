@@ -35,7 +35,7 @@ from agent.admission.device_manager import device_hints
 from agent.admission.machine import Machine, PolicyConfig, build_machine
 from agent.admission.memory_manager import MemoryRequest, memory_hints
 from agent.admission.topology_manager import decide as merge_decide
-from agent.admission.topology_manager import merge, reference_merge
+from agent.admission.topology_manager import reference_merge
 from agent.core.hints import HintSet, NumaMask, TopologyHint
 from agent.core.synthetic import make_topology
 from agent.state.model import AgentState

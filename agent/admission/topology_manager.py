@@ -73,7 +73,7 @@ from dataclasses import dataclass
 from itertools import product
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
-from agent.core.hints import HintSet, NumaMask, TopologyHint, masks_of
+from agent.core.hints import HintSet, NumaMask, TopologyHint
 
 POLICIES = ("none", "best-effort", "restricted", "single-numa-node")
 SCOPES = ("container", "pod")

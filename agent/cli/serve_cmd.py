@@ -138,7 +138,7 @@ class Agent:
 
     def _enforcer(self, machine):
         from agent.enforcement.cgroup import CgroupV2
-        from agent.enforcement.enforcer import AffinityEnforcer, CgroupEnforcer
+        from agent.enforcement.enforcer import CgroupEnforcer
         from agent.enforcement.fake_cgroupfs import make_fake_cgroup_root
 
         cfg = self.cfg

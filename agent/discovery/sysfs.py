@@ -22,7 +22,6 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass
-from pathlib import Path
 
 from agent.core.cpuset import CpuSet
 from agent.core.topology import UNKNOWN_NODE, Cpu, HugePages, NumaNode, Topology

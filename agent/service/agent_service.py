@@ -14,7 +14,6 @@ import os
 import re
 import threading
 import time
-from dataclasses import replace
 from typing import Any, Callable, Mapping
 
 from agent.admission.admit import (
@@ -25,6 +24,7 @@ from agent.admission.admit import (
     alignment,
     decide,
     effective_cpus,
+    pod_shared_cpus,
     release as release_workload,
     shared_pool,
 )
@@ -257,7 +257,6 @@ class AgentService:
 
     def status(self) -> dict:
         state = self.state  # one immutable snapshot for the whole view
-        from agent.admission.admit import pod_shared_cpus
         return {
             "enforcement": self.enforcer.mode,
             "enforcement_reason": self.enforcer.reason,

@@ -321,7 +321,7 @@ def ensure_guest_image(cache: Path | None = None, *, refresh: bool = False) -> G
         if not initrd.exists():
             progress(f"building {initrd.name} (busybox, {len(modules)} modules)")
             _write_atomic(initrd, build_initramfs(modules, BUSYBOX))
-            for old in cache.glob(f"initramfs-*.cpio.gz"):
+            for old in cache.glob("initramfs-*.cpio.gz"):
                 if old != initrd:
                     old.unlink()
         return GuestImage(version, vmlinux, initrd)

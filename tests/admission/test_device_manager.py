@@ -11,7 +11,6 @@ from hypothesis import given, settings, strategies as st
 from agent.admission.device_manager import (
     DeviceAllocationError,
     DeviceConfigError,
-    DeviceInventory,
     DeviceResource,
     DeviceSelector,
     InventoryDevice,

@@ -1,11 +1,9 @@
 """`numa-agent serve` refuses to start with one clear line and exit 1, and
 leaves nothing behind, for each way a start can go wrong."""
 
-import os
 import subprocess
 import sys
 
-import pytest
 
 from tests.support.agent_process import AgentProcess
 
