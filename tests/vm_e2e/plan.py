@@ -14,6 +14,8 @@ SCENARIOS = (
     "7-restart",
     "8-pods",
     "9-metrics",
+    "10-hotplug",
+    "11-partitions",
 )
 
 # Shapes not named here run nothing (every scenario is a SKIP).

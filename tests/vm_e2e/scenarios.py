@@ -203,6 +203,10 @@ class Guest:
         where = self.agent.args.index("--metrics-address") + 1
         self.agent.args[where] = METRICS_ADDRESS
         self.agent.metrics_port = int(METRICS_ADDRESS.rsplit(":", 1)[1])
+        self.standard_args = list(self.agent.args)
+        self.variant: str | None = None  # a scenario's own agent flavour, None: the standard one
+        # Undo steps a scenario registers; they run after its workloads are released.
+        self.after_cleanup: list = []
         self.launched: list[subprocess.Popen] = []
         bindir = Path(sys.executable).parent
         run = bindir / "numa-run"
@@ -216,8 +220,49 @@ class Guest:
             raise ScenarioFailed(f"agent did not start: {last_lines(str(exc), 8)}") from None
 
     def ensure_agent(self) -> None:
+        """The standard agent, running: a scenario that used its own flavour leaves it behind."""
+        if self.variant is not None:
+            self.agent.stop()
+            self.agent.args[:] = self.standard_args
+            self.variant = None
         if self.agent.proc is None or self.agent.proc.poll() is not None:
             self.start_agent()
+
+    def restart_agent(self, variant: str, *, hotplug: bool = False, config: str = AGENT_CONFIG,
+                      in_cgroup: Path | None = None) -> None:
+        """Stop the agent and start it again with hotplug events on, or with another config
+        (same state directory, socket and metrics address), optionally started inside the
+        cgroup `in_cgroup` as systemd would start it in its own. ensure_agent() undoes it."""
+        self.agent.stop()
+        args = list(self.standard_args)
+        if in_cgroup is not None:
+            # The shell moves itself, then execs the agent: same pid, born in that cgroup.
+            args[:0] = ["sh", "-c", 'echo $$ > "$0" && exec "$@"', str(in_cgroup / "cgroup.procs")]
+        if hotplug:
+            args.remove("--no-hotplug")
+        if config != AGENT_CONFIG:
+            path = self.work / "agent" / f"config-{variant}.toml"
+            path.write_text(config)
+            args[args.index("--config") + 1] = str(path)
+        self.agent.args[:] = args
+        self.variant = variant
+        self.start_agent()
+
+    def status(self) -> dict:
+        status, body = self.agent.call("GET", "/v1/status")
+        check(status == 200, f"GET /v1/status answered {status}: {body}")
+        return body
+
+    def status_cli(self) -> dict:
+        """What `numa-agent status --json` prints: the operator's view."""
+        r = subprocess.run([sys.executable, "-m", "agent.cli.numa_agent", "status", "--json",
+                            "--socket", self.agent.socket], capture_output=True, text=True, timeout=ADMIT_TIMEOUT)
+        check(r.returncode == 0, f"numa-agent status --json exited {r.returncode}: {last_lines(r.stderr, 4)}")
+        return json.loads(r.stdout)
+
+    def scrape(self) -> str:
+        with urllib.request.urlopen(f"http://{METRICS_ADDRESS}/metrics", timeout=30) as response:
+            return response.read().decode()
 
     def workloads(self) -> list[dict]:
         status, body = self.agent.call("GET", "/v1/workloads")
@@ -278,6 +323,17 @@ class Guest:
         if not wait_for(lambda: not unlisted_cgroups([]), timeout=10, interval=0.1):
             return f"cgroups left behind after every workload was released: {unlisted_cgroups([])}"
         return ""
+
+    def undo_scenario_setup(self) -> str:
+        """Run the undo steps the scenario registered (last first). Returns a problem, if any."""
+        problems = []
+        while self.after_cleanup:
+            step = self.after_cleanup.pop()
+            try:
+                step()
+            except Exception as exc:
+                problems.append(f"undoing the scenario's set-up: {exc}")
+        return "; ".join(problems)
 
     # -- checks shared by several scenarios
     def check_pinned(self, running: "Running", *, expect_mems: CpuSet | None = None) -> tuple[CpuSet, CpuSet]:
@@ -607,6 +663,182 @@ def s9_metrics(g: Guest) -> str | None:
                                             f"{entry['cpus']['free']}")
 
 
+
+HOTPLUG_LIMIT = 15.0  # "within a few seconds", with room for emulation
+
+
+def _node_capacity(status: dict, node: int) -> int:
+    return next(e["cpus"]["capacity"] for e in status["nodes"] if e["id"] == node)
+
+
+def _lost_cpus(record: dict) -> CpuSet:
+    """The CPUs named in a workload's `lost` list (entries read `cpus 5` or `pci ...`)."""
+    found = CpuSet()
+    for entry in record.get("lost") or ():
+        if entry.startswith("cpus "):
+            found |= CpuSet.parse(entry[len("cpus "):])
+    return found
+
+
+def _hotplug_cpu_events(metrics_text: str) -> float:
+    m = re.search(r'^numa_agent_hotplug_events_total\{kind="cpu"\} (\S+)$', metrics_text, re.M)
+    return float(m.group(1)) if m else 0.0
+
+
+def s10_hotplug(g: Guest) -> str | None:
+    g.restart_agent("hotplug", hotplug=True)
+    check("runs without hotplug" not in g.agent.log(),
+          f"the agent started without hotplug events: {last_lines(g.agent.log(), 3)}")
+    node = g.kernel.cpu_nodes[-1]  # CPU 0 (which cannot go offline) is on the first node
+    n = one_core(g) if one_core(g) > 1 else 2
+    a = g.launch("hot-a", "--cpus", str(n), "--cpunodebind", str(node))
+    cpus, _ = g.check_pinned(a)
+    check(g.kernel.nodes_of(cpus) == [node], f"--cpunodebind {node} got {cpus.format()}")
+    victim = cpus.max()
+    online = SYS_CPUS / f"cpu{victim}" / "online"
+    check(victim != 0 and online.exists(), f"CPU {victim} cannot be taken offline (no {online})")
+    capacity = _node_capacity(g.status(), node)
+    kept = cpus - CpuSet([victim])
+    try:
+        online.write_text("0")
+        went = time.monotonic()
+
+        def noticed():
+            status = g.status()
+            record = next((w for w in status["workloads"] if w["name"] == a.name), None)
+            return (record is not None and victim in _lost_cpus(record)
+                    and CpuSet.parse(record["cpus"]) == kept and _node_capacity(status, node) == capacity - 1)
+        done = wait_for(noticed, timeout=HOTPLUG_LIMIT, interval=0.1)
+        offline_seconds = time.monotonic() - went
+        status = g.status_cli()
+        record = next((w for w in status["workloads"] if w["name"] == a.name), None)
+        check(done and record is not None,
+              f"{HOTPLUG_LIMIT:g} s after CPU {victim} went offline, status --json shows {a.name} as "
+              f"{record and {k: record[k] for k in ('cpus', 'lost')}}, node {node} capacity "
+              f"{_node_capacity(status, node)} (was {capacity})")
+        check(victim in _lost_cpus(record) and CpuSet.parse(record["cpus"]) == kept,
+              f"status --json: {a.name} cpus {record['cpus']}, lost {record['lost']}; expected cpus "
+              f"{kept.format()} and CPU {victim} lost")
+        check(_node_capacity(status, node) == capacity - 1,
+              f"node {node} capacity {_node_capacity(status, node)} with CPU {victim} offline, was {capacity}")
+        check(cg_cpus(a.rel, "cpuset.cpus") == kept,
+              f"{a.rel}/cpuset.cpus is {cg_read(a.rel, 'cpuset.cpus')!r} with CPU {victim} offline, "
+              f"expected {kept.format()}")
+        allowed, _ = proc_allowed(a.proc.pid)
+        check(allowed == kept, f"{a.name}: Cpus_allowed_list is {allowed.format()} with CPU {victim} offline")
+        events = _hotplug_cpu_events(g.scrape())
+        check(events > 0, f'numa_agent_hotplug_events_total{{kind="cpu"}} is {events} after CPU {victim} '
+                          "went offline")
+
+        online.write_text("1")
+        came = time.monotonic()
+
+        def returned():
+            status = g.status()
+            return (_node_capacity(status, node) == capacity and victim in CpuSet.parse(status["shared_pool"])
+                    and victim in g.shared_pool())
+        done = wait_for(returned, timeout=HOTPLUG_LIMIT, interval=0.1)
+        online_seconds = time.monotonic() - came
+        status = g.status()
+        check(done, f"{HOTPLUG_LIMIT:g} s after CPU {victim} came back: node {node} capacity "
+                    f"{_node_capacity(status, node)} (expected {capacity}), shared pool {status['shared_pool']} "
+                    f"(cgroup {g.shared_pool().format()})")
+        record = next(w for w in status["workloads"] if w["name"] == a.name)
+        check(CpuSet.parse(record["cpus"]) == kept and cg_cpus(a.rel, "cpuset.cpus") == kept,
+              f"CPU {victim} came back and {a.name} has {record['cpus']} (cgroup {cg_read(a.rel, 'cpuset.cpus')}); "
+              f"it must stay on {kept.format()}: a returning CPU goes to the shared pool")
+        b = g.launch("hot-b", "--cpus", str(n))
+        b_cpus, _ = g.check_pinned(b)
+        check(not b_cpus & kept, f"new admission got {b_cpus.format()}, overlapping {a.name}'s {kept.format()}")
+        g.check_exclusive(b.name, b.rel, b_cpus)
+        g.check_exclusive(a.name, a.rel, kept)
+    finally:
+        if online.read_text().strip() == "0":
+            online.write_text("1")
+    return (f"CPU {victim} offline seen in {offline_seconds:.2f} s, back in the shared pool in "
+            f"{online_seconds:.2f} s; cpu hotplug events {events:g}")
+
+
+PARTITIONS_CONFIG = AGENT_CONFIG + '\n[agent]\ncpuset_partitions = "isolated"\n'
+
+
+def dmesg_tail(n: int = 5) -> str:
+    r = subprocess.run(["dmesg"], capture_output=True, text=True)
+    return last_lines(r.stdout, n) if r.returncode == 0 else f"(dmesg failed: {r.stderr.strip()})"
+
+
+def remove_agent_root() -> None:
+    """rmdir the agent's cgroup tree, children first (the agent is stopped, nothing runs there)."""
+    if not AGENT_ROOT.exists():
+        return
+    for path in sorted((p.parent for p in AGENT_ROOT.rglob("cgroup.procs")), key=lambda p: -len(p.parts)):
+        procs = (path / "cgroup.procs").read_text().split()
+        check(not procs, f"{path} still holds processes {procs}")
+        path.rmdir()
+
+
+def s11_partitions(g: Guest) -> str | None:
+    cpus_file = AGENT_ROOT / "cpuset.cpus.partition"
+
+    def undo() -> None:
+        g.agent.stop()
+        g.variant = "stopped"  # the next scenario starts the standard agent again
+        if cpus_file.exists():
+            cpus_file.write_text("member")
+            state = cpus_file.read_text().strip()
+            check(state == "member", f"{cpus_file} reads {state!r} after writing member")
+        remove_agent_root()
+    g.after_cleanup.append(undo)
+
+    # The administrator's part: a fresh agent root that is a partition root of every CPU
+    # but CPU 0 (the top cgroup keeps CPU 0 for everything else on the machine).
+    g.agent.stop()
+    remove_agent_root()
+    AGENT_ROOT.mkdir()
+    every_cpu = CpuSet.parse((SYS_CPUS / "online").read_text().strip())
+    given = every_cpu - CpuSet([0])
+    mems = (SYS_NODES / "has_memory").read_text().strip()
+    (AGENT_ROOT / "cpuset.cpus").write_text(given.format())
+    (AGENT_ROOT / "cpuset.mems").write_text(mems)
+    cpus_file.write_text("root")
+    state = cpus_file.read_text().strip()
+    check(state == "root", f"{cpus_file} reads {state!r} after writing root (cpuset.cpus {given.format()}); "
+                           f"dmesg: {dmesg_tail()}")
+    check(cg_cpus("", "cpuset.cpus.effective") == given,
+          f"the partition root's cpuset.cpus.effective is {cg_read('', 'cpuset.cpus.effective')!r}, "
+          f"expected {given.format()}")
+
+    # The agent takes the CPUs it may use from its own affinity. Started from the top cgroup
+    # it would see only CPU 0 (all the partition root left there), so it starts inside the
+    # agent root, like the systemd unit whose delegated cgroup the partition root would be.
+    (AGENT_ROOT / "agent").mkdir()
+    g.restart_agent("partitions", config=PARTITIONS_CONFIG, in_cgroup=AGENT_ROOT / "agent")
+    check("exclusive workloads become isolated cpuset partitions" in g.agent.log(),
+          f"the agent did not take up partitions: {last_lines(g.agent.log(), 4)}")
+    n = one_core(g) if one_core(g) > 1 else 2
+    w = g.launch("part-a", "--cpus", str(n))
+    cpus, _ = g.check_pinned(w)
+    partition = cg_read(w.rel, "cpuset.cpus.partition")
+    check(partition == "isolated", f"{w.rel}/cpuset.cpus.partition reads {partition!r}, expected 'isolated'; "
+                                   f"agent log: {last_lines(g.agent.log(), 3)}; dmesg: {dmesg_tail(3)}")
+    parent = cg_cpus("", "cpuset.cpus.effective")
+    check(not parent & cpus, f"the agent root's cpuset.cpus.effective {parent.format()} still holds the "
+                             f"isolated partition's {cpus.format()}")
+    check(parent | cpus == given, f"the agent root's effective {parent.format()} and the partition's "
+                                  f"{cpus.format()} do not add up to {given.format()}")
+    check(not g.shared_pool() & cpus, f"the shared pool {g.shared_pool().format()} holds {cpus.format()}")
+    g.check_exclusive(w.name, w.rel, cpus)
+    w.stop()
+
+    def released():
+        return (not (AGENT_ROOT / w.rel).exists() and cpus.issubset(g.shared_pool())
+                and cpus.issubset(cg_cpus("", "cpuset.cpus.effective")) and g.listed(w.name) is None)
+    check(wait_for(released, timeout=30, interval=0.05),
+          f"30 s after exit: cgroup exists={(AGENT_ROOT / w.rel).exists()}, shared pool "
+          f"{g.shared_pool().format()}, agent root effective {cg_read('', 'cpuset.cpus.effective')}")
+    return f"agent root partition {given.format()}; {w.name} isolated on {cpus.format()}"
+
+
 RUNNERS = {
     "1-pin-core": s1_pin_core,
     "2-exclusive": s2_exclusive,
@@ -617,6 +849,8 @@ RUNNERS = {
     "7-restart": s7_restart,
     "8-pods": s8_pods,
     "9-metrics": s9_metrics,
+    "10-hotplug": s10_hotplug,
+    "11-partitions": s11_partitions,
 }
 assert tuple(RUNNERS) == SCENARIOS
 
@@ -669,6 +903,7 @@ def run_all(shape: str, out_dir: Path | None, only: list[str]) -> int:
             status, reason = "FAIL", f"{type(exc).__name__}: {exc} (at {Path(where.filename).name}:{where.lineno})"
         finally:
             problem = guest.cleanup()
+            problem = guest.undo_scenario_setup() or problem
         if status == "PASS" and problem:
             status, reason = "FAIL", problem
         failed += status == "FAIL"
