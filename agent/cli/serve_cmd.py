@@ -116,6 +116,7 @@ class Agent:
                  len(machine.reserved_cpus), machine.reserved_cpus.format() or "-",
                  len(topology.pci_devices))
         enforcer = self._enforcer(machine)
+        machine = self._within_cgroup_root(machine, enforcer)
         store = CheckpointStore(cfg.state_dir)
         try:
             enforcer.setup()
@@ -135,6 +136,30 @@ class Agent:
                  f", corrupt checkpoint moved to {report.quarantined}" if report.quarantined else "")
         self._start_edges(machine)
         return self
+
+    def _within_cgroup_root(self, machine, enforcer):
+        """In cgroup mode the agent hands out what its cgroup root is granted
+        (`cpuset.*.effective`), not what its own process happens to be allowed:
+        the two differ when the root is a partition the agent was not started
+        in, or when the agent runs outside the subtree it manages."""
+        from dataclasses import replace
+
+        from agent.admission.machine import ConfigError, build_machine
+
+        if enforcer.mode != "cgroup" or enforcer.cgroup.is_fake:
+            return machine
+        cpus, mems = enforcer.cgroup.read_effective("")
+        topo = machine.topology
+        granted = replace(topo, allowed_cpus=cpus, allowed_mems=frozenset(mems.nodes()))
+        if (granted.allowed_cpus, granted.allowed_mems) == (topo.allowed_cpus, topo.allowed_mems):
+            return machine
+        log.info("cgroup root %s grants cpus %s, mems %s", enforcer.cgroup.root, cpus.format(),
+                 mems.format())
+        try:
+            return build_machine(granted, self.cfg.policy)
+        except ConfigError as exc:
+            raise StartupError(f"configuration does not fit what cgroup root {enforcer.cgroup.root} "
+                               f"grants (cpus {cpus.format()}, mems {mems.format()}): {exc}") from None
 
     def _enforcer(self, machine):
         from agent.enforcement.cgroup import CgroupV2

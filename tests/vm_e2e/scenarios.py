@@ -228,16 +228,11 @@ class Guest:
         if self.agent.proc is None or self.agent.proc.poll() is not None:
             self.start_agent()
 
-    def restart_agent(self, variant: str, *, hotplug: bool = False, config: str = AGENT_CONFIG,
-                      in_cgroup: Path | None = None) -> None:
+    def restart_agent(self, variant: str, *, hotplug: bool = False, config: str = AGENT_CONFIG) -> None:
         """Stop the agent and start it again with hotplug events on, or with another config
-        (same state directory, socket and metrics address), optionally started inside the
-        cgroup `in_cgroup` as systemd would start it in its own. ensure_agent() undoes it."""
+        (same state directory, socket and metrics address). ensure_agent() undoes it."""
         self.agent.stop()
         args = list(self.standard_args)
-        if in_cgroup is not None:
-            # The shell moves itself, then execs the agent: same pid, born in that cgroup.
-            args[:0] = ["sh", "-c", 'echo $$ > "$0" && exec "$@"', str(in_cgroup / "cgroup.procs")]
         if hotplug:
             args.remove("--no-hotplug")
         if config != AGENT_CONFIG:
@@ -808,11 +803,11 @@ def s11_partitions(g: Guest) -> str | None:
           f"the partition root's cpuset.cpus.effective is {cg_read('', 'cpuset.cpus.effective')!r}, "
           f"expected {given.format()}")
 
-    # The agent takes the CPUs it may use from its own affinity. Started from the top cgroup
-    # it would see only CPU 0 (all the partition root left there), so it starts inside the
-    # agent root, like the systemd unit whose delegated cgroup the partition root would be.
-    (AGENT_ROOT / "agent").mkdir()
-    g.restart_agent("partitions", config=PARTITIONS_CONFIG, in_cgroup=AGENT_ROOT / "agent")
+    # The agent hands out what its cgroup root grants (cpuset.cpus.effective), not its own
+    # affinity: started from the top cgroup, as here, it is itself allowed only CPU 0.
+    g.restart_agent("partitions", config=PARTITIONS_CONFIG)
+    check(f"grants cpus {given.format()}" in g.agent.log(),
+          f"the agent did not take its CPUs from its cgroup root: {last_lines(g.agent.log(), 4)}")
     check("exclusive workloads become isolated cpuset partitions" in g.agent.log(),
           f"the agent did not take up partitions: {last_lines(g.agent.log(), 4)}")
     n = one_core(g) if one_core(g) > 1 else 2
