@@ -100,13 +100,22 @@ def _is_static_busybox(path: Path) -> bool:
     return data[:4] == b"\x7fELF" and b"/lib64/ld-linux" not in data[:4096] and b"ld-linux-x86-64" not in data[:4096]
 
 
-def newest_kernel_package() -> str:
+def _listed_kernels() -> list[str]:
     listing = _run(["apt-cache", "search", "--names-only", r"^linux-image-6\.1\.[0-9]+-[0-9]+-amd64$"],
                    "listing kernels").stdout
     names = [line.split(" ", 1)[0] for line in listing.splitlines()]
-    names = [n for n in names if KERNEL_PACKAGE.match(n)]
+    return [n for n in names if KERNEL_PACKAGE.match(n)]
+
+
+def newest_kernel_package() -> str:
+    names = _listed_kernels()
     if not names:
-        raise SetupError("apt lists no linux-image-6.1.*-amd64 package; run `apt-get update` first")
+        # A fresh machine may have no package lists yet.
+        progress("apt lists no linux-image-6.1.*-amd64 package; refreshing package lists once")
+        _run(["apt-get", "update", "-q"], "apt-get update")
+        names = _listed_kernels()
+    if not names:
+        raise SetupError("apt lists no linux-image-6.1.*-amd64 package, even after `apt-get update`")
 
     def version_key(name: str) -> tuple[int, ...]:
         return tuple(int(x) for x in re.findall(r"\d+", name))

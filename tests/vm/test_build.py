@@ -132,7 +132,20 @@ def test_newest_kernel_package_picks_the_highest_generic_version(monkeypatch):
     assert build.newest_kernel_package() == "linux-image-6.1.0-57-amd64"
 
 
-def test_no_listed_kernel_says_to_update_apt(monkeypatch):
-    monkeypatch.setattr(build, "_run", lambda argv, what, **kw: subprocess.CompletedProcess(argv, 0, "", ""))
-    with pytest.raises(SetupError, match=r"apt lists no linux-image-6.1.\*-amd64 package; run `apt-get update` first"):
+def test_no_listed_kernel_refreshes_apt_once_then_says_so(monkeypatch):
+    calls = []
+
+    def fake_run(argv, what, **kw):
+        calls.append(argv[0])
+        return subprocess.CompletedProcess(argv, 0, "", "")
+
+    monkeypatch.setattr(build, "_run", fake_run)
+    with pytest.raises(SetupError, match=r"apt lists no linux-image-6.1.\*-amd64 package, even after `apt-get update`"):
         build.newest_kernel_package()
+    assert calls == ["apt-cache", "apt-get", "apt-cache"]
+
+
+def test_kernel_found_after_refreshing_apt(monkeypatch):
+    answers = iter(["", "", "linux-image-6.1.0-57-amd64 - Linux 6.1\n"])
+    monkeypatch.setattr(build, "_run", lambda argv, what, **kw: subprocess.CompletedProcess(argv, 0, next(answers), ""))
+    assert build.newest_kernel_package() == "linux-image-6.1.0-57-amd64"
