@@ -251,10 +251,10 @@ def _check_request(machine: Machine, req: Request) -> None:
 
 
 def _workload(req: Request, booking: Booking, shared: bool | None = None) -> Workload:
+    if shared is None:  # no exclusive CPUs asked for: it runs on the shared pool
+        shared = req.shared or (req.resources.cpus == 0 and req.physcpubind is None)
     return Workload(
-        name=req.name, owner_uid=req.owner_uid, booking=booking,
-        shared=req.shared or (req.resources.cpus == 0 and req.physcpubind is None)
-        if shared is None else shared,
+        name=req.name, owner_uid=req.owner_uid, booking=booking, shared=shared,
         pod=req.pod, pid=req.pid, created_unix=req.created_unix, command=req.command,
         cpunodebind=tuple(req.cpunodebind or ()), request=req.to_json())
 
@@ -299,7 +299,7 @@ def _book(machine: Machine, state: AgentState, res: Resources, req: Request,
     explanation["merged"] = merged.to_json()
     explanation["admit"] = result.admit
     if not result.admit:
-        reason = _topology_reason(machine, state, res, req, policy_name, providers, merged, free_view)
+        reason = _topology_reason(machine, state, res, policy_name, merged, free_view)
         explanation["reason"] = reason
         raise Refusal("topology_affinity_error", reason, explanation)
     affinity = merged.mask if merged.mask is not None and merged.mask.count() < len(machine.node_ids) else None
@@ -515,7 +515,7 @@ def _per_node_cpu_text(machine: Machine, available: CpuSet) -> str:
     return " (" + ", ".join(parts) + ")" if len(parts) > 1 else ""
 
 
-def _topology_reason(machine, state, res, req, policy_name, providers, merged, free_view) -> str:
+def _topology_reason(machine, state, res, policy_name, merged, free_view) -> str:
     parts = []
     if res.cpus:
         per_node = [v["cpus"] for v in free_view.values()]

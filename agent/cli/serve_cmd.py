@@ -286,8 +286,7 @@ def _auto_cgroup_root() -> tuple[str | None, str]:
     if not os.path.isfile(os.path.join(mount, "cgroup.controllers")):
         return None, f"no cgroup v2 hierarchy mounted at {mount}"
     try:
-        with open("/proc/self/cgroup") as f:
-            own = next((line.split("::", 1)[1].strip() for line in f if line.startswith("0::")), None)
+        own = _own_cgroup()
     except OSError as exc:
         return None, f"cannot read /proc/self/cgroup: {exc.strerror}"
     if own is None:
@@ -306,6 +305,12 @@ def _auto_cgroup_root() -> tuple[str | None, str]:
     return path, ""
 
 
+def _own_cgroup() -> str | None:
+    """This process's cgroup v2 path ("0::" line of /proc/self/cgroup), or None."""
+    with open("/proc/self/cgroup") as f:
+        return next((line.split("::", 1)[1].strip() for line in f if line.startswith("0::")), None)
+
+
 def _may_use_domain_controllers(root: str) -> bool:
     """memory and hugetlb are domain controllers: once the service's cgroup
     enables them for its children it may hold no process, and systemd older
@@ -315,8 +320,7 @@ def _may_use_domain_controllers(root: str) -> bool:
     if not os.environ.get("INVOCATION_ID"):
         return True
     try:
-        with open("/proc/self/cgroup") as f:
-            own = next((line.split("::", 1)[1].strip() for line in f if line.startswith("0::")), "")
+        own = _own_cgroup() or ""
     except OSError:
         return True
     if os.path.basename(own) == AGENT_CGROUP:

@@ -117,10 +117,6 @@ class TopologyHint:
         return f"{m}{' preferred' if self.preferred else ''}"
 
 
-# A provider answers with resource name -> hints. None for a resource (or for
-# the whole provider) means "no preference"; an empty list means "cannot satisfy".
-ProviderHints = dict[str, "list[TopologyHint] | None"]
-
 
 @dataclass(frozen=True, slots=True)
 class HintSet:
