@@ -117,7 +117,6 @@ class TopologyHint:
         return f"{m}{' preferred' if self.preferred else ''}"
 
 
-
 @dataclass(frozen=True, slots=True)
 class HintSet:
     """One provider's hints for one resource.
