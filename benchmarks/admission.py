@@ -1,4 +1,4 @@
-"""Admission latency: the real pure pipeline `agent.admission.admit.decide`
+"""Admission latency: the real pure pipeline `numa_agent.admission.admit.decide`
 (hints + merge + allocation) on synthetic machines of 2..64 NUMA nodes, driven
 by a seeded sequence of mixed requests that admits and releases so the machine
 stays partly full. Baseline: the kubelet's exhaustive cross-product merge
@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from agent.admission.admit import (
+from numa_agent.admission.admit import (
     Refusal,
     Request,
     Resources,
@@ -30,15 +30,15 @@ from agent.admission.admit import (
     memory_usage,
     release,
 )
-from agent.admission.cpu_manager import cpu_hints
-from agent.admission.device_manager import device_hints
-from agent.admission.machine import Machine, PolicyConfig, build_machine
-from agent.admission.memory_manager import MemoryRequest, memory_hints
-from agent.admission.topology_manager import decide as merge_decide
-from agent.admission.topology_manager import reference_merge
-from agent.core.hints import HintSet, NumaMask, TopologyHint
-from agent.core.synthetic import make_topology
-from agent.state.model import AgentState
+from numa_agent.admission.cpu_manager import cpu_hints
+from numa_agent.admission.device_manager import device_hints
+from numa_agent.admission.machine import Machine, PolicyConfig, build_machine
+from numa_agent.admission.memory_manager import MemoryRequest, memory_hints
+from numa_agent.admission.topology_manager import decide as merge_decide
+from numa_agent.admission.topology_manager import reference_merge
+from numa_agent.core.hints import HintSet, NumaMask, TopologyHint
+from numa_agent.core.synthetic import make_topology
+from numa_agent.state.model import AgentState
 from benchmarks.stats import fmt, percentile, table
 
 DEFAULT_SIZES = (2, 8, 16, 32, 64)
@@ -391,7 +391,7 @@ def parse_sizes(text: str) -> tuple[int, ...]:
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="bench-admission", description=(
-        "Admission time (hints + merge + allocation) through agent.admission.admit.decide on "
+        "Admission time (hints + merge + allocation) through numa_agent.admission.admit.decide on "
         "synthetic machines, p50/p99 per size and policy, against the kubelet's cross-product "
         "merge where that finishes. Prints figures, asserts nothing."))
     p.add_argument("--json", action="store_true", help="print a JSON list of rows")

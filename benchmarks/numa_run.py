@@ -22,7 +22,7 @@ from benchmarks.stats import fmt, percentile, table
 
 ROOT = Path(__file__).resolve().parent.parent
 # The same thing the console script does, so -X importtime sees its imports.
-CONSOLE_EQUIVALENT = "import sys; from agent.cli.numa_run import main; sys.exit(main())"
+CONSOLE_EQUIVALENT = "import sys; from numa_agent.cli.numa_run import main; sys.exit(main())"
 
 
 class BenchError(RuntimeError):
@@ -44,8 +44,8 @@ def commands(socket_path: str) -> list[Command]:
     if script.is_file() and os.access(script, os.X_OK):
         out.append(Command("numa-run (console script)",
                            (str(script), "--socket", socket_path, "--shared", "--", "true")))
-    out.append(Command("python -m agent.cli.numa_run",
-                       (py, "-m", "agent.cli.numa_run", "--socket", socket_path, "--shared", "--", "true")))
+    out.append(Command("python -m numa_agent.cli.numa_run",
+                       (py, "-m", "numa_agent.cli.numa_run", "--socket", socket_path, "--shared", "--", "true")))
     out.append(Command("python3 -I -S -c pass", (py, "-I", "-S", "-c", "pass")))
     taskset = shutil.which("taskset")
     if taskset:
@@ -56,7 +56,7 @@ def commands(socket_path: str) -> list[Command]:
 def child_env() -> dict[str, str]:
     """From a checkout, make `agent` importable whatever the working directory."""
     env = dict(os.environ)
-    if (ROOT / "agent" / "__init__.py").is_file():
+    if (ROOT / "numa_agent" / "__init__.py").is_file():
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
     return env
 
@@ -138,7 +138,7 @@ def measure(runs: int) -> dict[str, Any]:
             agent.stop()
     by_name = {r["name"]: r["median_ms"] for r in results}
     ratios = {}
-    for name in ("numa-run (console script)", "python -m agent.cli.numa_run"):
+    for name in ("numa-run (console script)", "python -m numa_agent.cli.numa_run"):
         if name in by_name:
             for base in ("python3 -I -S -c pass", "taskset -c 0 true"):
                 if base in by_name and by_name[base] > 0:

@@ -107,12 +107,12 @@ def test_bench_numa_run_json_on_one_run():
     assert r.returncode == 0, r.stderr
     report = json.loads(r.stdout)
     names = [c["name"] for c in report["commands"]]
-    assert "python -m agent.cli.numa_run" in names
+    assert "python -m numa_agent.cli.numa_run" in names
     assert "python3 -I -S -c pass" in names and "taskset -c 0 true" in names
     for c in report["commands"]:
         assert c["runs"] == 1 and 0 < c["median_ms"] <= c["p90_ms"]
-    assert "python -m agent.cli.numa_run / python3 -I -S -c pass" in report["ratios"]
-    assert "python -m agent.cli.numa_run / taskset -c 0 true" in report["ratios"]
+    assert "python -m numa_agent.cli.numa_run / python3 -I -S -c pass" in report["ratios"]
+    assert "python -m numa_agent.cli.numa_run / taskset -c 0 true" in report["ratios"]
     imports = report["imports"]
     assert 0 < len(imports["top"]) <= 10 and imports["modules"] >= len(imports["top"])
     cumulative = [m["cumulative_us"] for m in imports["top"]]
@@ -143,10 +143,10 @@ def test_bench_numa_run_bad_runs_exit_2(capsys):
 def test_importtime_lines_parse_and_failures_are_reported(monkeypatch):
     text = ("import time: self [us] | cumulative | imported package\n"
             "import time:       120 |        120 |   _io\n"
-            "import time:      2000 |       5000 | agent.cli.common\n")
+            "import time:      2000 |       5000 | numa_agent.cli.common\n")
     assert numa_run.parse_importtime(text) == [
         {"module": "_io", "self_us": 120, "cumulative_us": 120},
-        {"module": "agent.cli.common", "self_us": 2000, "cumulative_us": 5000}]
+        {"module": "numa_agent.cli.common", "self_us": 2000, "cumulative_us": 5000}]
 
     def fake_run(rc, stderr):
         return lambda *a, **kw: subprocess.CompletedProcess(a, rc, "", stderr)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.conformance.runner import ConformanceFileError, run
+from numa_agent.conformance.runner import ConformanceFileError, run
 
 ROOT = Path(__file__).resolve().parent.parent
 VECTORS = ROOT / "tests" / "fixtures" / "conformance" / "kubelet-vectors.json"

@@ -10,6 +10,6 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_pyflakes_rules_pass():
     result = subprocess.run([sys.executable, "-m", "ruff", "check", "--select", "F,E9", "--no-cache",
-                             "agent", "benchmarks", "scripts", "tests"],
+                             "numa_agent", "benchmarks", "scripts", "tests"],
                             cwd=ROOT, capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr

@@ -7,10 +7,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from agent.admission.cpu_manager import CpuManagerOptions, allocate_cpus, cpu_hints  # noqa: E402
-from agent.admission.cpu_topology import CpuTopology  # noqa: E402
-from agent.core.hints import NumaMask  # noqa: E402
-from agent.core.synthetic import make_topology  # noqa: E402
+from numa_agent.admission.cpu_manager import CpuManagerOptions, allocate_cpus, cpu_hints  # noqa: E402
+from numa_agent.admission.cpu_topology import CpuTopology  # noqa: E402
+from numa_agent.core.hints import NumaMask  # noqa: E402
+from numa_agent.core.synthetic import make_topology  # noqa: E402
 
 
 def timed(label, fn, repeat=20):

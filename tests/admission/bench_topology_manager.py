@@ -10,8 +10,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from agent.admission.topology_manager import _kubelet_lists, _merge, reference_merge  # noqa: E402
-from agent.core.hints import HintSet, NumaMask  # noqa: E402
+from numa_agent.admission.topology_manager import _kubelet_lists, _merge, reference_merge  # noqa: E402
+from numa_agent.core.hints import HintSet, NumaMask  # noqa: E402
 
 
 def cpu_like(free, request, capacity):
@@ -60,7 +60,7 @@ def main():
 def extra():
     """Costlier shapes at 64 nodes: prefer-closest (sorts every candidate
     pair) and a request that needs 4 nodes (C(64,4) candidates at worst)."""
-    from agent.admission.topology_manager import TopologyManagerOptions
+    from numa_agent.admission.topology_manager import TopologyManagerOptions
     nodes = list(range(64))
     dist = {a: {b: 10 if a == b else 12 + abs(a // 8 - b // 8) for b in nodes} for a in nodes}
     _, providers = scenario(64, "aligned")

@@ -7,8 +7,8 @@ from dataclasses import replace
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from agent.admission.accounting import node_accounting
-from agent.admission.admit import (
+from numa_agent.admission.accounting import node_accounting
+from numa_agent.admission.admit import (
     InvalidRequest,
     Refusal,
     Request,
@@ -19,11 +19,11 @@ from agent.admission.admit import (
     release,
     shared_pool,
 )
-from agent.admission.hotplug import rebase_state
-from agent.admission.machine import ConfigError, PolicyConfig, build_machine
-from agent.core.cpuset import CpuSet
-from agent.core.synthetic import make_topology
-from agent.state.model import AgentState
+from numa_agent.admission.hotplug import rebase_state
+from numa_agent.admission.machine import ConfigError, PolicyConfig, build_machine
+from numa_agent.core.cpuset import CpuSet
+from numa_agent.core.synthetic import make_topology
+from numa_agent.state.model import AgentState
 
 GPU = ("0x030200", "0x10de", "0x20b0", 1, "nvidia")
 NIC = ("0x020000", "0x8086", "0x1572", 0, "i40e")

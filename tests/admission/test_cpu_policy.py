@@ -5,7 +5,7 @@ from dataclasses import replace
 
 import pytest
 
-from agent.admission.cpu_manager import (
+from numa_agent.admission.cpu_manager import (
     CpuAllocationError,
     CpuManagerOptions,
     CpuPolicyConfigError,
@@ -14,11 +14,11 @@ from agent.admission.cpu_manager import (
     cpu_hints,
     reserved_cpus,
 )
-from agent.admission.cpu_take import take_by_topology, take_by_topology_distributed
-from agent.admission.cpu_topology import CpuInfo, CpuTopology, CpuTopologyError
-from agent.core.cpuset import CpuSet
-from agent.core.hints import NumaMask, TopologyHint
-from agent.core.synthetic import make_topology
+from numa_agent.admission.cpu_take import take_by_topology, take_by_topology_distributed
+from numa_agent.admission.cpu_topology import CpuInfo, CpuTopology, CpuTopologyError
+from numa_agent.core.cpuset import CpuSet
+from numa_agent.core.hints import NumaMask, TopologyHint
+from numa_agent.core.synthetic import make_topology
 
 
 def machine(sockets=2, nodes_per_socket=1, cores_per_node=4, threads=2, uncores_per_node=1):

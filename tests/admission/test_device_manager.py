@@ -8,7 +8,7 @@ from itertools import combinations
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from agent.admission.device_manager import (
+from numa_agent.admission.device_manager import (
     DeviceAllocationError,
     DeviceConfigError,
     DeviceResource,
@@ -19,9 +19,9 @@ from agent.admission.device_manager import (
     device_refusal_reason,
     resolve_inventory,
 )
-from agent.core.hints import NumaMask, TopologyHint
-from agent.core.synthetic import make_topology
-from agent.core.topology import PciDevice
+from numa_agent.core.hints import NumaMask, TopologyHint
+from numa_agent.core.synthetic import make_topology
+from numa_agent.core.topology import PciDevice
 
 GPU = ("0x030200", "0x10de", "0x20b0", None, "nvidia")
 

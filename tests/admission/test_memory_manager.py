@@ -9,7 +9,7 @@ from itertools import combinations
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from agent.admission.memory_manager import (
+from numa_agent.admission.memory_manager import (
     EMPTY_USAGE,
     MEMORY,
     MemoryAllocation,
@@ -26,9 +26,9 @@ from agent.admission.memory_manager import (
     usage_with,
     usage_without,
 )
-from agent.core.hints import NumaMask, TopologyHint
-from agent.core.synthetic import make_topology
-from agent.core.topology import HugePages
+from numa_agent.core.hints import NumaMask, TopologyHint
+from numa_agent.core.synthetic import make_topology
+from numa_agent.core.topology import HugePages
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -460,7 +460,7 @@ def test_property_hints_match_reference_and_allocations_stay_within_free(case):
 
 
 def test_search_budget_degrades_to_a_wider_mask_never_to_one_that_does_not_fit(monkeypatch):
-    import agent.admission.memory_manager as mm
+    import numa_agent.admission.memory_manager as mm
 
     _, cap = machine([3, 5, 7, 2, 6, 4], hp2m=[0, 512, 0, 512, 0, 512])
     req = MemoryRequest(14 * GiB, {2048: 700})

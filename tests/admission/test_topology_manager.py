@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from agent.admission.topology_manager import (
+from numa_agent.admission.topology_manager import (
     SCOPES,
     TopologyConfigError,
     TopologyManagerOptions,
@@ -17,7 +17,7 @@ from agent.admission.topology_manager import (
     merge,
     reference_merge,
 )
-from agent.core.hints import HintSet, NumaMask, TopologyHint
+from numa_agent.core.hints import HintSet, NumaMask, TopologyHint
 
 
 def H(nodes, preferred=True):

@@ -8,14 +8,14 @@ import math
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from agent.admission.topology_manager import (
+from numa_agent.admission.topology_manager import (
     POLICIES,
     TopologyManagerOptions,
     _kubelet_lists,
     _merge,
     reference_merge,
 )
-from agent.core.hints import HintSet, NumaMask, TopologyHint
+from numa_agent.core.hints import HintSet, NumaMask, TopologyHint
 
 
 def _subsets(nodes):

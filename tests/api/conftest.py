@@ -7,7 +7,7 @@ import tempfile
 
 import pytest
 
-from agent.api.server import ApiServer
+from numa_agent.api.server import ApiServer
 
 from .fake_service import FakeService
 

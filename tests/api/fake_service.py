@@ -13,8 +13,8 @@ import threading
 import time
 from typing import Any
 
-from agent.core.cpuset import CpuSet
-from agent.service.errors import AdmissionRefused, Caller, Conflict, Forbidden, NotFound
+from numa_agent.core.cpuset import CpuSet
+from numa_agent.service.errors import AdmissionRefused, Caller, Conflict, Forbidden, NotFound
 
 NODE_CPUS = {0: CpuSet.parse("1-3"), 1: CpuSet.parse("4-7")}
 GPU = {"resource": "gpu", "address": "0000:3b:00.0", "numa_node": 1, "vendor": "0x10de"}

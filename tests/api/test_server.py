@@ -7,8 +7,8 @@ import stat
 
 import pytest
 
-from agent.api.client import AgentUnreachable, request
-from agent.api.server import ApiServer, SocketInUse
+from numa_agent.api.client import AgentUnreachable, request
+from numa_agent.api.server import ApiServer, SocketInUse
 
 from .fake_service import FakeService
 from .rawhttp import post, send_raw

@@ -6,9 +6,9 @@ import os
 
 import pytest
 
-from agent.api.client import request
-from agent.cli import explain_cmd, release_cmd, status_cmd
-from agent.cli.status_cmd import format_status
+from numa_agent.api.client import request
+from numa_agent.cli import explain_cmd, release_cmd, status_cmd
+from numa_agent.cli.status_cmd import format_status
 
 
 def parse(module, argv):

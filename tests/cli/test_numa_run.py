@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.cli import common
-from agent.cli.numa_run import main, parse_args, workload_env
+from numa_agent.cli import common
+from numa_agent.cli.numa_run import main, parse_args, workload_env
 
 REPO = Path(__file__).parents[2]
 
@@ -140,7 +140,7 @@ def test_workload_env_without_gpu_has_no_cuda():
 
 
 def test_numa_run_imports_stay_light():
-    code = ("import sys, agent.cli.numa_run; heavy = {'msgspec', 'psutil', 'pyudev', "
+    code = ("import sys, numa_agent.cli.numa_run; heavy = {'msgspec', 'psutil', 'pyudev', "
             "'prometheus_client', 'http'}; print(sorted(heavy & {m.split('.')[0] for m in sys.modules}))")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
     assert out.stdout.strip() == "[]", out.stderr
@@ -150,7 +150,7 @@ def test_numa_run_imports_stay_light():
 def run_numa_run(server, *argv, env=None):
     full_env = {**os.environ, "PYTHONPATH": str(REPO), "NUMA_AGENT_SOCKET": server.socket_path,
                 **(env or {})}
-    return subprocess.run([sys.executable, "-m", "agent.cli.numa_run", *argv], cwd=REPO,
+    return subprocess.run([sys.executable, "-m", "numa_agent.cli.numa_run", *argv], cwd=REPO,
                           env=full_env, capture_output=True, text=True, timeout=60)
 
 
@@ -167,7 +167,7 @@ def test_exec_passes_exit_status_and_env(server, fake):
 
 
 def test_affinity_mode_pins_itself(fake, sock_dir):
-    from agent.api.server import ApiServer
+    from numa_agent.api.server import ApiServer
     fake.enforcement = "affinity"
     with ApiServer(fake, f"{sock_dir}/agent.sock") as srv:
         out = run_numa_run(srv, "-v", "--cpus", "1", sys.executable, "-c",

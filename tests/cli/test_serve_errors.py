@@ -9,7 +9,7 @@ from tests.support.agent_process import AgentProcess
 
 
 def serve(tmp_path, *args, timeout=60):
-    return subprocess.run([sys.executable, "-m", "agent.cli.numa_agent", "serve",
+    return subprocess.run([sys.executable, "-m", "numa_agent.cli.numa_agent", "serve",
                            "--state-dir", str(tmp_path / "state"), "--socket", str(tmp_path / "s.sock"),
                            "--metrics-address", "", "--no-hotplug", *args],
                           capture_output=True, text=True, timeout=timeout)
@@ -59,7 +59,7 @@ def test_bad_log_level(tmp_path):
 def test_second_agent_on_the_same_socket_is_refused(tmp_path):
     first = AgentProcess(tmp_path, "--cgroup-root", "none").start()
     try:
-        r = subprocess.run([sys.executable, "-m", "agent.cli.numa_agent", "serve",
+        r = subprocess.run([sys.executable, "-m", "numa_agent.cli.numa_agent", "serve",
                             "--state-dir", str(tmp_path / "state2"), "--socket", first.socket,
                             "--metrics-address", "", "--no-hotplug", "--cgroup-root", "none"],
                            capture_output=True, text=True, timeout=60)

@@ -1,7 +1,7 @@
 import pytest
 from hypothesis import given, strategies as st
 
-from agent.core.cpuset import CpuSet, CpuSetParseError
+from numa_agent.core.cpuset import CpuSet, CpuSetParseError
 
 cpu_ids = st.sets(st.integers(min_value=0, max_value=2048), max_size=200)
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from agent.discovery.sysfs import read_topology  # noqa: E402
+from numa_agent.discovery.sysfs import read_topology  # noqa: E402
 
 ARCHIVES = sorted((Path(__file__).parents[1] / "fixtures" / "sysfs").glob("*.tar.gz"))
 

@@ -7,9 +7,9 @@ import os
 
 import pytest
 
-from agent.core.cpuset import CpuSet
-from agent.core.synthetic import make_topology
-from agent.discovery.sysfs import DiscoveryError, read_topology
+from numa_agent.core.cpuset import CpuSet
+from numa_agent.core.synthetic import make_topology
+from numa_agent.discovery.sysfs import DiscoveryError, read_topology
 from tests.support.sysfs_writer import write_sysfs
 
 

@@ -8,10 +8,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agent.core.cpuset import CpuSet
-from agent.core.synthetic import make_topology
-from agent.core.topology import PciDevice
-from agent.discovery.sysfs import read_topology
+from numa_agent.core.cpuset import CpuSet
+from numa_agent.core.synthetic import make_topology
+from numa_agent.core.topology import PciDevice
+from numa_agent.discovery.sysfs import read_topology
 from tests.support.sysfs_writer import write_sysfs
 
 GPU = ("0x030200", "0x10de", "0x20b0")

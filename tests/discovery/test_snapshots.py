@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from agent.core.cpuset import CpuSet
-from agent.core.topology import UNKNOWN_NODE
-from agent.discovery.sysfs import read_topology
+from numa_agent.core.cpuset import CpuSet
+from numa_agent.core.topology import UNKNOWN_NODE
+from numa_agent.discovery.sysfs import read_topology
 
 ARCHIVES = sorted((Path(__file__).parents[1] / "fixtures" / "sysfs").glob("*.tar.gz"))
 NAMES = [p.name[: -len(".tar.gz")] for p in ARCHIVES]

@@ -2,8 +2,8 @@
 
 import pytest
 
-from agent.core.cpuset import CpuSet
-from agent.core.synthetic import make_numa_machine, make_topology
+from numa_agent.core.cpuset import CpuSet
+from numa_agent.core.synthetic import make_numa_machine, make_topology
 
 
 def test_default_shape_split_numbering():

@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from agent.cli.numa_agent import main
-from agent.core.cpuset import CpuSet
-from agent.core.synthetic import make_topology
-from agent.views.topology_report import render_text, topology_to_json
+from numa_agent.cli.numa_agent import main
+from numa_agent.core.cpuset import CpuSet
+from numa_agent.core.synthetic import make_topology
+from numa_agent.views.topology_report import render_text, topology_to_json
 
 
 @pytest.mark.parametrize("name", ["intel-skx-2s-ht-2numa-pci-nec-ve", "power9-2s-smt4-gpu-numa-nodes"])

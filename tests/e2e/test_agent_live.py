@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from agent.core.cpuset import CpuSet
+from numa_agent.core.cpuset import CpuSet
 from tests.support.agent_process import AgentProcess, numa_run, wait_for
 
 pytestmark = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2,
@@ -52,7 +52,7 @@ def test_numa_run_pins_the_command_and_sets_its_environment(agent):
 
 
 def test_running_workload_is_listed_pinned_and_released_on_exit(agent):
-    proc = subprocess.Popen([sys.executable, "-m", "agent.cli.numa_run", "--socket", agent.socket,
+    proc = subprocess.Popen([sys.executable, "-m", "numa_agent.cli.numa_run", "--socket", agent.socket,
                              "--cpus", "1", "--name", "sleeper", "--", "sleep", "30"])
     try:
         listed = wait_for(lambda: workloads(agent), timeout=10)
@@ -113,7 +113,7 @@ def test_dry_run_books_nothing(agent):
 
 def test_restart_keeps_running_workload(tmp_path):
     a = AgentProcess(tmp_path / "agent", "--cgroup-root", "none").start()
-    proc = subprocess.Popen([sys.executable, "-m", "agent.cli.numa_run", "--socket", a.socket,
+    proc = subprocess.Popen([sys.executable, "-m", "numa_agent.cli.numa_run", "--socket", a.socket,
                              "--cpus", "1", "--name", "survivor", "--", "sleep", "30"])
     try:
         cpus = wait_for(lambda: [w["cpus"] for w in _list(a)], timeout=10)[0]

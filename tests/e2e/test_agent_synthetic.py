@@ -13,8 +13,8 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent.core.cpuset import CpuSet
-from agent.core.synthetic import make_topology
+from numa_agent.core.cpuset import CpuSet
+from numa_agent.core.synthetic import make_topology
 from tests.support.agent_process import AgentProcess, numa_run
 from tests.support.sysfs_writer import write_sysfs
 
@@ -64,7 +64,7 @@ def launch(agent):
     running = []
 
     def start(*options):
-        proc = subprocess.Popen([sys.executable, "-m", "agent.cli.numa_run", "--socket", agent.socket,
+        proc = subprocess.Popen([sys.executable, "-m", "numa_agent.cli.numa_run", "--socket", agent.socket,
                                  *options, "--", "sleep", "60"], stderr=subprocess.PIPE, text=True)
         running.append(proc)
         deadline = time.monotonic() + 20
@@ -165,13 +165,13 @@ def test_metrics_per_numa_match_status(agent, launch):
 def test_status_command_json_and_table(agent, launch):
     release_all(agent)
     launch("--cpus", "2", "--name", "tbl")
-    out = subprocess.run([sys.executable, "-m", "agent.cli.numa_agent", "status", "--socket", agent.socket,
+    out = subprocess.run([sys.executable, "-m", "numa_agent.cli.numa_agent", "status", "--socket", agent.socket,
                           "--json"], capture_output=True, text=True)
     assert out.returncode == 0 and json.loads(out.stdout)["workloads"][0]["name"] == "tbl"
-    out = subprocess.run([sys.executable, "-m", "agent.cli.numa_agent", "status", "--socket", agent.socket],
+    out = subprocess.run([sys.executable, "-m", "numa_agent.cli.numa_agent", "status", "--socket", agent.socket],
                          capture_output=True, text=True)
     assert out.returncode == 0 and "tbl" in out.stdout and "ALLOCATED" in out.stdout
-    out = subprocess.run([sys.executable, "-m", "agent.cli.numa_agent", "release", "tbl", "--socket",
+    out = subprocess.run([sys.executable, "-m", "numa_agent.cli.numa_agent", "release", "tbl", "--socket",
                           agent.socket], capture_output=True, text=True)
     assert out.returncode == 0
     assert status(agent)["workloads"] == []

@@ -4,9 +4,9 @@ import subprocess
 
 import pytest
 
-from agent.core.cpuset import CpuSet
-from agent.enforcement.cgroup import CgroupV2
-from agent.enforcement.fake_cgroupfs import make_fake_cgroup_root
+from numa_agent.core.cpuset import CpuSet
+from numa_agent.enforcement.cgroup import CgroupV2
+from numa_agent.enforcement.fake_cgroupfs import make_fake_cgroup_root
 
 
 @pytest.fixture

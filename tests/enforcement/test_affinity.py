@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.core.cpuset import CpuSet
-from agent.enforcement.affinity import (
+from numa_agent.core.cpuset import CpuSet
+from numa_agent.enforcement.affinity import (
     MPOL_BIND,
     MemoryBindResult,
     bind_memory_self,
@@ -19,7 +19,7 @@ from agent.enforcement.affinity import (
     pin_process,
     process_affinity,
 )
-from agent.enforcement.errors import AffinityError
+from numa_agent.enforcement.errors import AffinityError
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -68,8 +68,8 @@ def run_child(code):
 
 def test_bind_memory_self_in_a_child():
     lines = run_child("""
-        from agent.core.hints import NumaMask
-        from agent.enforcement.affinity import bind_memory_self, memory_policy_self
+        from numa_agent.core.hints import NumaMask
+        from numa_agent.enforcement.affinity import bind_memory_self, memory_policy_self
         before = memory_policy_self()
         result = bind_memory_self(NumaMask([0]))
         after = memory_policy_self()
@@ -89,7 +89,7 @@ def test_bind_memory_self_in_a_child():
 
 def test_bind_to_absent_node_reports_the_kernel_error():
     lines = run_child("""
-        from agent.enforcement.affinity import bind_memory_self
+        from numa_agent.enforcement.affinity import bind_memory_self
         r = bind_memory_self([1000])
         print(r.applied, r.reason, sep="|")
     """)

@@ -7,11 +7,11 @@ import os
 
 import pytest
 
-from agent.core.cpuset import CpuSet
-from agent.core.hints import NumaMask
-from agent.enforcement import cgroup as cgroup_module
-from agent.enforcement.cgroup import CgroupV2, hugetlb_size_name
-from agent.enforcement.errors import (
+from numa_agent.core.cpuset import CpuSet
+from numa_agent.core.hints import NumaMask
+from numa_agent.enforcement import cgroup as cgroup_module
+from numa_agent.enforcement.cgroup import CgroupV2, hugetlb_size_name
+from numa_agent.enforcement.errors import (
     CgroupBusyError,
     CgroupError,
     CgroupExistsError,
@@ -24,7 +24,7 @@ from agent.enforcement.errors import (
     CgroupRangeError,
     cgroup_error_from_oserror,
 )
-from agent.enforcement.fake_cgroupfs import make_fake_cgroup_root
+from numa_agent.enforcement.fake_cgroupfs import make_fake_cgroup_root
 
 
 # ---- paths ------------------------------------------------------------------

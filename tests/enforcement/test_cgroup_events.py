@@ -6,10 +6,10 @@ import selectors
 
 import pytest
 
-from agent.core.cpuset import CpuSet
-from agent.enforcement import cgroup as cgroup_module
-from agent.enforcement.cgroup import EventWatcher
-from agent.enforcement.errors import CgroupError, CgroupMissingError, CgroupUnsupportedError
+from numa_agent.core.cpuset import CpuSet
+from numa_agent.enforcement import cgroup as cgroup_module
+from numa_agent.enforcement.cgroup import EventWatcher
+from numa_agent.enforcement.errors import CgroupError, CgroupMissingError, CgroupUnsupportedError
 
 
 def ready(watcher, timeout=2.0):

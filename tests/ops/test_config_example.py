@@ -3,7 +3,7 @@
 import re
 from pathlib import Path
 
-from agent.service.config import AgentConfig, load_config
+from numa_agent.service.config import AgentConfig, load_config
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "systemd" / "config.example.toml"
 

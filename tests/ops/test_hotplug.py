@@ -5,7 +5,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from agent.hotplug.events import (
+from numa_agent.hotplug.events import (
     EventsLost,
     FakeEventSource,
     HotplugEvent,

@@ -17,7 +17,7 @@ def _copy_sources(dest: Path) -> Path:
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(REPO / name, dest / name)
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
-    shutil.copytree(REPO / "agent", dest / "agent", ignore=ignore)
+    shutil.copytree(REPO / "numa_agent", dest / "numa_agent", ignore=ignore)
     shutil.copytree(REPO / "systemd", dest / "systemd", ignore=ignore)
     (dest / "scripts").mkdir()
     shutil.copy2(REPO / "scripts" / "install", dest / "scripts" / "install")
@@ -50,7 +50,7 @@ def test_venv_has_the_project_and_its_dependencies(installed):
     out = subprocess.run([str(venv / "bin/numa-run"), "--help"], capture_output=True, text=True)
     assert out.returncode == 0 and "numa-run" in out.stdout
     deps = subprocess.run(
-        [str(venv / "bin/python"), "-c", "import psutil, pyudev, prometheus_client, msgspec, agent.views.metrics"],
+        [str(venv / "bin/python"), "-c", "import psutil, pyudev, prometheus_client, msgspec, numa_agent.views.metrics"],
         capture_output=True, text=True,
     )
     assert deps.returncode == 0, deps.stderr

@@ -5,7 +5,7 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent.views.metrics import (
+from numa_agent.views.metrics import (
     DEFAULT_METRICS_ADDRESS,
     AgentCollector,
     build_registry,

@@ -6,16 +6,16 @@ import os
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent.admission.machine import PolicyConfig, build_machine
-from agent.core.synthetic import make_topology
-from agent.enforcement.cgroup import CgroupV2
-from agent.enforcement.enforcer import CgroupEnforcer
-from agent.enforcement.fake_cgroupfs import make_fake_cgroup_root
-from agent.service.agent_service import AgentService
-from agent.service.errors import Caller
-from agent.service.recovery import restore
-from agent.state.checkpoint import CheckpointStore
-from agent.views.metrics import build_registry
+from numa_agent.admission.machine import PolicyConfig, build_machine
+from numa_agent.core.synthetic import make_topology
+from numa_agent.enforcement.cgroup import CgroupV2
+from numa_agent.enforcement.enforcer import CgroupEnforcer
+from numa_agent.enforcement.fake_cgroupfs import make_fake_cgroup_root
+from numa_agent.service.agent_service import AgentService
+from numa_agent.service.errors import Caller
+from numa_agent.service.recovery import restore
+from numa_agent.state.checkpoint import CheckpointStore
+from numa_agent.views.metrics import build_registry
 
 
 def test_scrape_of_a_real_service_after_one_admission(tmp_path):

@@ -3,7 +3,7 @@ import socket
 
 import pytest
 
-from agent.service import sdnotify
+from numa_agent.service import sdnotify
 
 
 @pytest.fixture

@@ -9,17 +9,17 @@ import threading
 
 import pytest
 
-from agent.admission.machine import ConfigError, PolicyConfig, build_machine
-from agent.core.cpuset import CpuSet
-from agent.core.synthetic import make_topology
-from agent.enforcement.cgroup import CgroupV2
-from agent.enforcement.enforcer import CgroupEnforcer
-from agent.enforcement.errors import CgroupNoSpaceError
-from agent.enforcement.fake_cgroupfs import make_fake_cgroup_root
-from agent.service.agent_service import AgentService, ServiceUnavailable
-from agent.service.errors import AdmissionRefused, BadRequest, Caller, Conflict, Forbidden, NotFound
-from agent.service.recovery import restore
-from agent.state.checkpoint import CheckpointStore, CheckpointWriteError
+from numa_agent.admission.machine import ConfigError, PolicyConfig, build_machine
+from numa_agent.core.cpuset import CpuSet
+from numa_agent.core.synthetic import make_topology
+from numa_agent.enforcement.cgroup import CgroupV2
+from numa_agent.enforcement.enforcer import CgroupEnforcer
+from numa_agent.enforcement.errors import CgroupNoSpaceError
+from numa_agent.enforcement.fake_cgroupfs import make_fake_cgroup_root
+from numa_agent.service.agent_service import AgentService, ServiceUnavailable
+from numa_agent.service.errors import AdmissionRefused, BadRequest, Caller, Conflict, Forbidden, NotFound
+from numa_agent.service.recovery import restore
+from numa_agent.state.checkpoint import CheckpointStore, CheckpointWriteError
 
 ME = Caller(pid=os.getpid(), uid=1000, gid=1000)
 ROOT = Caller(pid=os.getpid(), uid=0, gid=0)

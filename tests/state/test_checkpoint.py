@@ -10,8 +10,8 @@ from datetime import datetime, timezone
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from agent.state import checkpoint as checkpoint_module
-from agent.state.checkpoint import (
+from numa_agent.state import checkpoint as checkpoint_module
+from numa_agent.state.checkpoint import (
     CheckpointCorruptError,
     CheckpointReadError,
     CheckpointStore,

@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from agent.api.client import request
+from numa_agent.api.client import request
 
 
 class AgentProcess:
@@ -21,7 +21,7 @@ class AgentProcess:
         self.socket = str(self.workdir / "agent.sock")
         self.state_dir = self.workdir / "state"
         self.log_path = self.workdir / "agent.log"
-        self.args = [sys.executable, "-m", "agent.cli.numa_agent", "serve",
+        self.args = [sys.executable, "-m", "numa_agent.cli.numa_agent", "serve",
                      "--state-dir", str(self.state_dir), "--socket", self.socket,
                      "--metrics-address", f"127.0.0.1:{free_port()}", "--no-hotplug",
                      "--log-level", "debug", *extra_args]
@@ -83,7 +83,7 @@ def free_port() -> int:
 
 
 def numa_run(socket_path: str, *args: str, timeout: float = 30, env: dict | None = None):
-    return subprocess.run([sys.executable, "-m", "agent.cli.numa_run", "--socket", socket_path, *args],
+    return subprocess.run([sys.executable, "-m", "numa_agent.cli.numa_run", "--socket", socket_path, *args],
                           capture_output=True, text=True, timeout=timeout,
                           env={**os.environ, **(env or {})})
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from agent.core.cpuset import CpuSet
-from agent.core.topology import UNKNOWN_NODE, PciDevice, Topology
+from numa_agent.core.cpuset import CpuSet
+from numa_agent.core.topology import UNKNOWN_NODE, PciDevice, Topology
 
 _CPUINFO_BY_ARCH = {
     "x86_64": "vendor_id\t: GenuineIntel\nflags\t\t: fpu lm sse2\n",

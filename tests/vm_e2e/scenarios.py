@@ -30,7 +30,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.core.cpuset import CpuSet
+from numa_agent.core.cpuset import CpuSet
 from tests.support.agent_process import AgentProcess, wait_for
 from tests.vm_e2e.plan import SCENARIOS, planned, result_line, skip_reason
 
@@ -210,7 +210,7 @@ class Guest:
         self.launched: list[subprocess.Popen] = []
         bindir = Path(sys.executable).parent
         run = bindir / "numa-run"
-        self.numa_run_argv = [str(run)] if run.exists() else [sys.executable, "-m", "agent.cli.numa_run"]
+        self.numa_run_argv = [str(run)] if run.exists() else [sys.executable, "-m", "numa_agent.cli.numa_run"]
 
     # -- the agent
     def start_agent(self) -> None:
@@ -250,7 +250,7 @@ class Guest:
 
     def status_cli(self) -> dict:
         """What `numa-agent status --json` prints: the operator's view."""
-        r = subprocess.run([sys.executable, "-m", "agent.cli.numa_agent", "status", "--json",
+        r = subprocess.run([sys.executable, "-m", "numa_agent.cli.numa_agent", "status", "--json",
                             "--socket", self.agent.socket], capture_output=True, text=True, timeout=ADMIT_TIMEOUT)
         check(r.returncode == 0, f"numa-agent status --json exited {r.returncode}: {last_lines(r.stderr, 4)}")
         return json.loads(r.stdout)

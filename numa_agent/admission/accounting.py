@@ -1,0 +1,54 @@
+"""Per-NUMA-node accounting: capacity, reserved, allocated, free. Pure.
+
+Derived from the machine and the state every time, so allocated + free +
+reserved == capacity holds by construction, and status, metrics and the
+explanations all read the same numbers.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from numa_agent.admission.admit import memory_usage
+from numa_agent.admission.machine import Machine
+from numa_agent.admission.memory_manager import MEMORY, free_bytes
+from numa_agent.state.model import AgentState
+
+
+def node_accounting(machine: Machine, state: AgentState) -> list[dict[str, Any]]:
+    exclusive = state.exclusive_cpus()
+    usage = memory_usage(state)
+    in_use = state.devices_in_use()
+    out = []
+    for n in machine.node_ids:
+        node_cpus = machine.cpus_of_nodes((n,))
+        reserved = node_cpus & machine.reserved_cpus
+        allocated = node_cpus & exclusive
+        entry: dict[str, Any] = {
+            "id": n,
+            "cpus": {"capacity": len(node_cpus), "reserved": len(reserved),
+                     "allocated": len(allocated), "free": len(node_cpus - reserved - allocated)},
+            "memory_bytes": _memory_states(machine, usage, n, MEMORY, 1),
+            "hugepages": {},
+            "devices": {},
+        }
+        for hp in machine.topology.node(n).hugepages:
+            resource = f"hugepages-{hp.size_kb}kB"
+            entry["hugepages"][f"{hp.size_kb}kB"] = _memory_states(
+                machine, usage, n, resource, hp.size_kb * 1024)
+        for resource, devices in machine.devices.resources:
+            here = [d.address for d in devices if d.numa_node == n]
+            if here:
+                used = sum(1 for a in here if a in in_use.get(resource, ()))
+                entry["devices"][resource] = {"capacity": len(here), "allocated": used,
+                                              "free": len(here) - used}
+        out.append(entry)
+    return out
+
+
+def _memory_states(machine: Machine, usage, node: int, resource: str, unit: int) -> dict[str, int]:
+    cap = machine.memory.get(node, resource)
+    free = free_bytes(machine.memory, usage, node, resource) if cap.total else 0
+    allocated = cap.total - cap.reserved - free if cap.total else 0
+    return {"capacity": cap.total // unit, "reserved": cap.reserved // unit,
+            "allocated": allocated // unit, "free": free // unit}

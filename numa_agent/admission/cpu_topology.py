@@ -1,0 +1,281 @@
+"""The CPU manager's view of the machine: one record per usable CPU.
+
+The static policy reasons over four groupings of CPUs (core, socket, NUMA
+node, uncore/L3 cache) plus the kubelet's header counts. The header counts are
+kept as given (not recomputed) because the kubelet's choices depend on them:
+NUMA nodes are taken before sockets iff ``num_sockets >= num_numa_nodes``, a
+socket is wholly free iff its free CPUs equal ``num_cpus // num_sockets``, and
+so on. Built from a discovered `Topology` they simply match the machine.
+
+Every grouping is precomputed once as CpuSet bitmasks, so "free CPUs of node
+N" is one AND and one popcount on 1024-CPU machines.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Iterable, Mapping
+
+from numa_agent.core.cpuset import CpuSet
+from numa_agent.core.hints import NumaMask
+from numa_agent.core.topology import UNKNOWN_NODE, Topology
+
+
+class CpuTopologyError(ValueError):
+    """A CPU topology description that cannot be used."""
+
+
+@dataclass(frozen=True, slots=True)
+class CpuInfo:
+    cpu: int
+    core: int
+    socket: int
+    numa: int
+    uncore: int
+
+
+def _group(cpus: tuple[CpuInfo, ...], field: str) -> dict[int, CpuSet]:
+    bits: dict[int, int] = {}
+    for info in cpus:
+        key = getattr(info, field)
+        bits[key] = bits.get(key, 0) | (1 << info.cpu)
+    return {k: CpuSet.from_bits(bits[k]) for k in sorted(bits)}
+
+
+def _relation(cpus: tuple[CpuInfo, ...], parent: str, child: str) -> dict[int, tuple[int, ...]]:
+    """parent id -> sorted ids of the children that share at least one CPU."""
+    out: dict[int, set[int]] = {}
+    for info in cpus:
+        out.setdefault(getattr(info, parent), set()).add(getattr(info, child))
+    return {k: tuple(sorted(v)) for k, v in sorted(out.items())}
+
+
+@dataclass(frozen=True)
+class CpuTopology:
+    cpus: tuple[CpuInfo, ...]  # sorted by CPU id
+    num_cpus: int
+    num_cores: int
+    num_sockets: int
+    num_numa_nodes: int
+    num_uncore_caches: int
+
+    def __post_init__(self) -> None:
+        ids = [c.cpu for c in self.cpus]
+        if ids != sorted(set(ids)):
+            raise CpuTopologyError("CPU ids must be unique and sorted")
+        for name in ("num_cpus", "num_cores", "num_sockets", "num_numa_nodes", "num_uncore_caches"):
+            if getattr(self, name) < 0:
+                raise CpuTopologyError(f"{name} must be >= 0, got {getattr(self, name)}")
+
+    # ---- constructors ---------------------------------------------------
+    @classmethod
+    def from_topology(cls, topo: Topology) -> "CpuTopology":
+        """Online CPUs that belong to a NUMA node. The uncore group is the L3
+        group, or the package on machines that report no L3."""
+        infos = []
+        for c in topo.cpus:
+            if not c.online or c.numa_node == UNKNOWN_NODE:
+                continue
+            socket = c.package if c.package is not None else 0
+            infos.append(CpuInfo(
+                cpu=c.id,
+                core=c.core if c.core is not None else c.id,
+                socket=socket,
+                numa=c.numa_node,
+                uncore=c.l3 if c.l3 is not None else socket,
+            ))
+        infos.sort(key=lambda i: i.cpu)
+        cpus = tuple(infos)
+        return cls(
+            cpus=cpus,
+            num_cpus=len(cpus),
+            num_cores=len({i.core for i in cpus}),
+            num_sockets=len({i.socket for i in cpus}),
+            num_numa_nodes=len({i.numa for i in cpus}),
+            num_uncore_caches=len({i.uncore for i in cpus}),
+        )
+
+    @classmethod
+    def from_vectors(cls, entry: Mapping) -> "CpuTopology":
+        """A `topologies` entry of the conformance vectors:
+        {"header": {"NumCPUs": .., ...}, "cpus": [{"cpu", "core", "socket", "numa", "uncore"}]}."""
+        try:
+            header = entry["header"]
+            cpus = tuple(sorted(
+                (CpuInfo(int(c["cpu"]), int(c["core"]), int(c["socket"]), int(c["numa"]),
+                         int(c.get("uncore", 0))) for c in entry["cpus"]),
+                key=lambda i: i.cpu,
+            ))
+            return cls(
+                cpus=cpus,
+                num_cpus=int(header["NumCPUs"]),
+                num_cores=int(header["NumCores"]),
+                num_sockets=int(header["NumSockets"]),
+                num_numa_nodes=int(header.get("NumNUMANodes") or 0),
+                num_uncore_caches=int(header.get("NumUncoreCache") or 0),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            if isinstance(exc, CpuTopologyError):
+                raise
+            raise CpuTopologyError(f"bad topology entry: {exc!r}") from None
+
+    @classmethod
+    def from_cpus(cls, cpus: Iterable[CpuInfo]) -> "CpuTopology":
+        """Header counts derived from the CPUs themselves (tests, benchmarks)."""
+        infos = tuple(sorted(cpus, key=lambda i: i.cpu))
+        return cls(
+            cpus=infos,
+            num_cpus=len(infos),
+            num_cores=len({i.core for i in infos}),
+            num_sockets=len({i.socket for i in infos}),
+            num_numa_nodes=len({i.numa for i in infos}),
+            num_uncore_caches=len({i.uncore for i in infos}),
+        )
+
+    # ---- header-derived ratios (integer division, like the kubelet) -------
+    @property
+    def cpus_per_core(self) -> int:
+        return max(1, self.num_cpus // self.num_cores) if self.num_cores else 1
+
+    @property
+    def cpus_per_socket(self) -> int:
+        return self.num_cpus // self.num_sockets if self.num_sockets else self.num_cpus
+
+    @property
+    def cpus_per_uncore(self) -> int:
+        # A header without uncore caches means one cache for the whole machine.
+        return self.num_cpus // self.num_uncore_caches if self.num_uncore_caches else self.num_cpus
+
+    @property
+    def numa_first(self) -> bool:
+        """Whether NUMA nodes sit above sockets in the kubelet's take order."""
+        return self.num_sockets >= self.num_numa_nodes
+
+    # ---- groupings ------------------------------------------------------
+    @cached_property
+    def info(self) -> dict[int, CpuInfo]:
+        return {c.cpu: c for c in self.cpus}
+
+    @cached_property
+    def all_cpus(self) -> CpuSet:
+        return CpuSet(c.cpu for c in self.cpus)
+
+    @cached_property
+    def core_cpus(self) -> dict[int, CpuSet]:
+        return _group(self.cpus, "core")
+
+    @cached_property
+    def socket_cpus(self) -> dict[int, CpuSet]:
+        return _group(self.cpus, "socket")
+
+    @cached_property
+    def numa_cpus(self) -> dict[int, CpuSet]:
+        return _group(self.cpus, "numa")
+
+    @cached_property
+    def uncore_cpus(self) -> dict[int, CpuSet]:
+        return _group(self.cpus, "uncore")
+
+    @cached_property
+    def group_bits(self) -> dict[str, dict[int, int]]:
+        """The groupings as raw bitmasks, for the allocator's inner loops."""
+        return {level: {k: v.bits for k, v in groups.items()}
+                for level, groups in (("numa", self.numa_cpus), ("socket", self.socket_cpus),
+                                      ("core", self.core_cpus), ("uncore", self.uncore_cpus))}
+
+    @property
+    def numa_ids(self) -> tuple[int, ...]:
+        return tuple(self.numa_cpus)
+
+    @property
+    def socket_ids(self) -> tuple[int, ...]:
+        return tuple(self.socket_cpus)
+
+    @property
+    def core_ids(self) -> tuple[int, ...]:
+        return tuple(self.core_cpus)
+
+    @property
+    def uncore_ids(self) -> tuple[int, ...]:
+        return tuple(self.uncore_cpus)
+
+    @cached_property
+    def numa_mask(self) -> NumaMask:
+        return NumaMask(self.numa_ids)
+
+    @cached_property
+    def sockets_of_numa(self) -> dict[int, tuple[int, ...]]:
+        return _relation(self.cpus, "numa", "socket")
+
+    @cached_property
+    def numas_of_socket(self) -> dict[int, tuple[int, ...]]:
+        return _relation(self.cpus, "socket", "numa")
+
+    @cached_property
+    def cores_of_socket(self) -> dict[int, tuple[int, ...]]:
+        return _relation(self.cpus, "socket", "core")
+
+    @cached_property
+    def cores_of_numa(self) -> dict[int, tuple[int, ...]]:
+        return _relation(self.cpus, "numa", "core")
+
+    @cached_property
+    def cores_of_uncore(self) -> dict[int, tuple[int, ...]]:
+        return _relation(self.cpus, "uncore", "core")
+
+    @cached_property
+    def uncores_of_numa(self) -> dict[int, tuple[int, ...]]:
+        return _relation(self.cpus, "numa", "uncore")
+
+    def cpus_of_numas(self, nodes: Iterable[int]) -> CpuSet:
+        bits = 0
+        for n in nodes:
+            cpus = self.numa_cpus.get(n)
+            if cpus is not None:
+                bits |= cpus.bits
+        return CpuSet.from_bits(bits)
+
+    def cpus_of_sockets(self, sockets: Iterable[int]) -> CpuSet:
+        bits = 0
+        for s in sockets:
+            cpus = self.socket_cpus.get(s)
+            if cpus is not None:
+                bits |= cpus.bits
+        return CpuSet.from_bits(bits)
+
+    def numas_of(self, cpus: CpuSet) -> NumaMask:
+        """The NUMA nodes holding at least one of `cpus`."""
+        return NumaMask(n for n, node_cpus in self.numa_cpus.items() if node_cpus.bits & cpus.bits)
+
+    def sockets_of_numas(self, nodes: Iterable[int]) -> tuple[int, ...]:
+        out: set[int] = set()
+        for n in nodes:
+            out.update(self.sockets_of_numa.get(n, ()))
+        return tuple(sorted(out))
+
+    def whole_core_cpus(self, available: CpuSet) -> CpuSet:
+        """The CPUs of every core whose CPUs are all in `available`."""
+        bits = available.bits
+        out = 0
+        for cpus in self.core_cpus.values():
+            if cpus.bits & bits == cpus.bits:
+                out |= cpus.bits
+        return CpuSet.from_bits(out)
+
+    @cached_property
+    def _node_sizes_desc(self) -> tuple[int, ...]:
+        sizes = sorted((len(c) for c in self.numa_cpus.values()), reverse=True)
+        prefix, total = [], 0
+        for s in sizes:
+            total += s
+            prefix.append(total)
+        return tuple(prefix)
+
+    def min_nodes_for(self, request: int) -> int:
+        """Fewest NUMA nodes whose CPUs (free or not) could hold `request`;
+        every node when even the whole machine cannot (the kubelet's rule)."""
+        for k, total in enumerate(self._node_sizes_desc, start=1):
+            if total >= request:
+                return k
+        return len(self._node_sizes_desc)

@@ -1,0 +1,334 @@
+"""Device manager, static policy: PCI devices grouped into named resources,
+NUMA hints for a device request, and exclusive device allocation.
+
+Hints follow the kubelet's device manager:
+- a resource none of whose devices has a known NUMA node has no NUMA
+  preference;
+- otherwise a mask is offered when it holds enough *free* devices with a
+  known node inside it (devices whose node is unknown never count towards a
+  mask), preferred when it has as few nodes as the narrowest mask that holds
+  enough devices counting every device, free or not;
+- a request the resource cannot meet at all (unknown resource, more devices
+  than exist or than are free) gets ``impossible()``; the reason comes from
+  ``device_refusal_reason``.
+
+Everything here is pure and iterates sorted tuples only.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Mapping
+
+from numa_agent.core.hints import HintSet, NumaMask
+from numa_agent.core.topology import UNKNOWN_NODE, PciDevice, Topology
+
+# PCI-to-PCI bridges (0x0604) and host bridges (0x0600) are plumbing, never a workload's device.
+_BRIDGE_CLASSES = ("0x0604", "0x0600")
+_RESOURCE_NAME = re.compile(r"[a-z0-9]([-a-z0-9./]*[a-z0-9])?")
+_MAX_RESOURCE_NAME = 63
+
+Distances = Callable[[int, int], int] | Mapping[int, Mapping[int, int]]
+
+
+class DeviceConfigError(ValueError):
+    """The device resources configuration is invalid for this machine."""
+
+
+class DeviceAllocationError(Exception):
+    """A device request cannot be satisfied."""
+
+
+def _hex(value: str) -> str:
+    """Normalise a PCI id or class to lower-case 0x-prefixed form."""
+    v = value.strip().lower()
+    return v if v.startswith("0x") else "0x" + v
+
+
+def _is_bridge(device: PciDevice) -> bool:
+    return _hex(device.pci_class).startswith(_BRIDGE_CLASSES)
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceSelector:
+    """Which PCI devices form a resource. Every criterion given must match;
+    ids and classes compare case-insensitively, with or without "0x"."""
+
+    vendor: str | None = None
+    device: str | None = None
+    class_prefixes: tuple[str, ...] = ()
+    driver: str | None = None
+    addresses: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "class_prefixes", tuple(_hex(c) for c in self.class_prefixes))
+        object.__setattr__(self, "addresses", tuple(a.strip().lower() for a in self.addresses))
+        if self.vendor is not None:
+            object.__setattr__(self, "vendor", _hex(self.vendor))
+        if self.device is not None:
+            object.__setattr__(self, "device", _hex(self.device))
+
+    def is_empty(self) -> bool:
+        return (self.vendor is None and self.device is None and not self.class_prefixes
+                and self.driver is None and not self.addresses)
+
+    def matches(self, device: PciDevice) -> bool:
+        if _is_bridge(device):
+            return False
+        if self.vendor is not None and _hex(device.vendor) != self.vendor:
+            return False
+        if self.device is not None and _hex(device.device) != self.device:
+            return False
+        if self.class_prefixes and not _hex(device.pci_class).startswith(self.class_prefixes):
+            return False
+        if self.driver is not None and device.driver != self.driver:
+            return False
+        if self.addresses and device.address.lower() not in self.addresses:
+            return False
+        return True
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceResource:
+    name: str
+    selector: DeviceSelector
+
+    def __post_init__(self) -> None:
+        if (not isinstance(self.name, str) or len(self.name) > _MAX_RESOURCE_NAME
+                or not _RESOURCE_NAME.fullmatch(self.name)):
+            raise DeviceConfigError(
+                f"invalid device resource name {self.name!r}: use at most {_MAX_RESOURCE_NAME} "
+                "characters of a-z, 0-9, '-', '.', '/', starting and ending with a letter or digit"
+            )
+        if self.selector.is_empty():
+            raise DeviceConfigError(
+                f"device resource {self.name!r} has an empty selector, which would take every "
+                "PCI device; give a vendor, device, class prefix, driver or addresses"
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class InventoryDevice:
+    address: str
+    numa_node: int  # UNKNOWN_NODE when the kernel does not tell
+
+
+@dataclass(frozen=True)
+class DeviceInventory:
+    """resource name -> its devices sorted by address, resources sorted by name."""
+
+    resources: tuple[tuple[str, tuple[InventoryDevice, ...]], ...]
+    _index: dict = field(init=False, repr=False, compare=False, hash=False)
+
+    def __post_init__(self) -> None:
+        resources = tuple(sorted(
+            ((name, tuple(sorted(devs, key=lambda d: d.address))) for name, devs in self.resources),
+            key=lambda r: r[0],
+        ))
+        object.__setattr__(self, "resources", resources)
+        object.__setattr__(self, "_index", dict(resources))
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(name for name, _ in self.resources)
+
+    def has(self, resource: str) -> bool:
+        return resource in self._index
+
+    def devices(self, resource: str) -> tuple[InventoryDevice, ...]:
+        """The resource's devices ((), if the resource is unknown)."""
+        return self._index.get(resource, ())
+
+
+def resolve_inventory(topo: Topology, resources: Iterable[DeviceResource]) -> DeviceInventory:
+    """Match every PCI device against the configured resources. A device that
+    two resources both select is a configuration error."""
+    resources = tuple(resources)
+    seen: set[str] = set()
+    for r in sorted(resources, key=lambda r: r.name):
+        if r.name in seen:
+            raise DeviceConfigError(f"device resource {r.name!r} is configured twice")
+        seen.add(r.name)
+    owner: dict[str, str] = {}
+    members: dict[str, list[InventoryDevice]] = {r.name: [] for r in resources}
+    for device in sorted(topo.pci_devices, key=lambda d: d.address):
+        for r in sorted(resources, key=lambda r: r.name):
+            if not r.selector.matches(device):
+                continue
+            if device.address in owner:
+                raise DeviceConfigError(
+                    f"PCI device {device.address} is selected by both {owner[device.address]!r} "
+                    f"and {r.name!r}; narrow one of the selectors"
+                )
+            owner[device.address] = r.name
+            node = device.numa_node if device.numa_node >= 0 else UNKNOWN_NODE
+            members[r.name].append(InventoryDevice(device.address, node))
+    return DeviceInventory(tuple((name, tuple(devs)) for name, devs in members.items()))
+
+
+# ------------------------------------------------------------------ hints
+
+
+def _bits_of(nodes: NumaMask | Iterable[int]) -> int:
+    return nodes.bits if isinstance(nodes, NumaMask) else NumaMask(nodes).bits
+
+
+def _free(inventory: DeviceInventory, allocated: Mapping[str, frozenset[str]],
+          resource: str) -> tuple[InventoryDevice, ...]:
+    in_use = allocated.get(resource, frozenset())
+    return tuple(d for d in inventory.devices(resource) if d.address not in in_use)
+
+
+def _per_node(devices: Iterable[InventoryDevice], universe: int) -> dict[int, int]:
+    counts: dict[int, int] = {}
+    for d in devices:
+        if d.numa_node >= 0 and universe >> d.numa_node & 1:
+            counts[d.numa_node] = counts.get(d.numa_node, 0) + 1
+    return counts
+
+
+def _narrowest_size(counts: Mapping[int, int], count: int) -> int | None:
+    """Fewest nodes whose devices add up to `count`: the fullest nodes first."""
+    total = 0
+    for k, c in enumerate(sorted(counts.values(), reverse=True), start=1):
+        total += c
+        if total >= count:
+            return k
+    return None
+
+
+def device_refusal_reason(
+    inventory: DeviceInventory,
+    allocated: Mapping[str, frozenset[str]],
+    resource: str,
+    count: int,
+    nodes: NumaMask | Iterable[int] | None = None,
+) -> str | None:
+    """Why `device_hints` answers ``impossible()`` for this request, or None
+    when it does not. `nodes` as for device_hints (None: every node)."""
+    if count <= 0:
+        return None
+    if not inventory.has(resource):
+        known = ", ".join(inventory.names) or "none configured"
+        return f"unknown device resource {resource!r} (known: {known})"
+    devices = inventory.devices(resource)
+    if count > len(devices):
+        return f"{resource}: requested {count} devices, the machine has {len(devices)}"
+    free = _free(inventory, allocated, resource)
+    if count > len(free):
+        return f"{resource}: requested {count} devices, {len(free)} of {len(devices)} are free"
+    if all(d.numa_node < 0 for d in devices):
+        return None  # no NUMA preference
+    universe = _bits_of(nodes) if nodes is not None else _all_nodes(devices)
+    free_known = sum(_per_node(free, universe).values())
+    if count > free_known:
+        unknown = sum(1 for d in free if d.numa_node < 0)
+        return (f"{resource}: requested {count} devices, only {free_known} free devices have a "
+                f"NUMA node among {{{NumaMask.from_bits(universe).format()}}} "
+                f"({unknown} free devices have no known NUMA node)")
+    return None
+
+
+def _all_nodes(devices: Iterable[InventoryDevice]) -> int:
+    bits = 0
+    for d in devices:
+        if d.numa_node >= 0:
+            bits |= 1 << d.numa_node
+    return bits
+
+
+def device_hints(
+    inventory: DeviceInventory,
+    allocated: Mapping[str, frozenset[str]],
+    resource: str,
+    count: int,
+    nodes: NumaMask | Iterable[int],
+) -> HintSet:
+    """The kubelet's device hints for `count` devices of `resource` over the
+    NUMA nodes `nodes`. `allocated` maps resource -> addresses in use."""
+    if count < 0:
+        raise ValueError(f"device count for {resource!r} must be >= 0, got {count}")
+    if count == 0:
+        return HintSet.no_preference()
+    universe = _bits_of(nodes)
+    if device_refusal_reason(inventory, allocated, resource, count, NumaMask.from_bits(universe)):
+        return HintSet.impossible()
+    devices = inventory.devices(resource)
+    if all(d.numa_node < 0 for d in devices):
+        return HintSet.no_preference()
+    min_size = _narrowest_size(_per_node(devices, universe), count)
+    if min_size is None:
+        return HintSet.impossible()
+    free_per_node = _per_node(_free(inventory, allocated, resource), universe)
+
+    def fits(mask: NumaMask) -> bool:
+        return sum(c for n, c in free_per_node.items() if mask.bits >> n & 1) >= count
+
+    # More nodes never hold fewer devices: the merge may prune on that.
+    return HintSet.generated(NumaMask.from_bits(universe), fits, min_size, monotone=True)
+
+
+# ------------------------------------------------------------- allocation
+
+
+def _distance_fn(distances: Distances) -> Callable[[int, int], int]:
+    if callable(distances):
+        return distances
+
+    def lookup(a: int, b: int) -> int:
+        # Missing entries read like Topology.distance: local 10, remote 20.
+        return distances.get(a, {}).get(b, 10 if a == b else 20)
+
+    return lookup
+
+
+def allocate_devices(
+    inventory: DeviceInventory,
+    allocated: Mapping[str, frozenset[str]],
+    resource: str,
+    count: int,
+    affinity: NumaMask | None,
+    distances: Distances,
+) -> tuple[str, ...]:
+    """Pick `count` free devices of `resource`; returns their addresses, sorted.
+
+    Order of preference: devices on a node of `affinity` (lowest address
+    first); then devices with a known node by their NUMA distance to the
+    closest node of `affinity` (then the sum of distances to all of it, then
+    address); then devices whose node is unknown. Without affinity, known-node
+    devices by address, then unknown ones. `distances` is a function
+    (a, b) -> distance such as ``Topology.distance``, or a mapping
+    node -> node -> distance.
+    """
+    if count < 0:
+        raise ValueError(f"device count for {resource!r} must be >= 0, got {count}")
+    if count == 0:
+        return ()
+    if not inventory.has(resource):
+        known = ", ".join(inventory.names) or "none configured"
+        raise DeviceAllocationError(f"unknown device resource {resource!r} (known: {known})")
+    free = _free(inventory, allocated, resource)
+    if count > len(free):
+        listing = ", ".join(
+            f"{d.address} on node {d.numa_node if d.numa_node >= 0 else 'unknown'}" for d in free
+        ) or "none"
+        raise DeviceAllocationError(
+            f"{resource}: requested {count} devices, {len(free)} of "
+            f"{len(inventory.devices(resource))} are free ({listing})"
+        )
+    distance = _distance_fn(distances)
+    near = affinity.nodes() if affinity else ()
+
+    def rank(d: InventoryDevice) -> tuple:
+        if d.numa_node < 0:
+            return (2, 0, 0, d.address)
+        if d.numa_node in near:
+            return (0, 0, 0, d.address)
+        if not near:
+            return (1, 0, 0, d.address)
+        gaps = [distance(d.numa_node, n) for n in near]
+        return (1, min(gaps), sum(gaps), d.address)
+
+    chosen = sorted(free, key=rank)[:count]
+    return tuple(sorted(d.address for d in chosen))

@@ -1,0 +1,200 @@
+"""Machine: the topology plus the configured policies, precomputed once.
+
+Everything the admission functions need that depends only on the hardware
+and the configuration (not on what is booked) lives here, built by one pure
+function so a hotplug event or a restart rebuilds it the same way.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any, Mapping
+
+from numa_agent.admission.cpu_manager import CpuManagerOptions, reserved_cpus
+from numa_agent.admission.cpu_topology import CpuTopology
+from numa_agent.admission.device_manager import DeviceInventory, DeviceResource, DeviceSelector, resolve_inventory
+from numa_agent.admission.memory_manager import MemoryCapacity
+from numa_agent.admission.topology_manager import TopologyManagerOptions
+from numa_agent.core.cpuset import CpuSet
+from numa_agent.core.topology import Topology
+
+TOPOLOGY_POLICIES = ("none", "best-effort", "restricted", "single-numa-node")
+TOPOLOGY_SCOPES = ("container", "pod")
+DEFAULT_MAX_NUMA_NODES = 64
+
+
+class ConfigError(ValueError):
+    """The configuration cannot work on this machine; the message names the key."""
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    topology_policy: str = "best-effort"
+    topology_scope: str = "container"
+    topology_options: Mapping[str, str] = field(default_factory=dict)
+    cpu_policy: str = "static"  # "static" | "none"
+    cpu_options: Mapping[str, str] = field(default_factory=dict)
+    reserved_cpus: str | None = None  # explicit list; wins over the count
+    reserved_cpu_count: int = 1  # like the kubelet's static policy: keep >= 1 for the system
+    memory_policy: str = "static"  # "static" | "none"
+    # node id -> resource ("memory", "hugepages-2048kB") -> bytes
+    reserved_memory: Mapping[int, Mapping[str, int]] = field(default_factory=dict)
+    # resource name -> selector fields (vendor, device, class_prefixes, driver, addresses)
+    devices: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+
+    def fingerprint(self) -> str:
+        """Identifies the policies bookings were made under. Device resources
+        and reserved amounts are not part of it: they can change across a
+        restart without making existing bookings wrong."""
+        doc = {"topology_policy": self.topology_policy, "topology_scope": self.topology_scope,
+               "cpu_policy": self.cpu_policy, "memory_policy": self.memory_policy,
+               "cpu_options": dict(sorted(self.cpu_options.items()))}
+        return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
+
+    def describe(self) -> dict[str, Any]:
+        return {"topology": self.topology_policy, "scope": self.topology_scope,
+                "cpu": self.cpu_policy, "memory": self.memory_policy,
+                "cpu_options": dict(self.cpu_options),
+                "topology_options": dict(self.topology_options)}
+
+
+@dataclass(frozen=True)
+class Machine:
+    topology: Topology
+    policy: PolicyConfig
+    cpu_topology: CpuTopology
+    cpu_options: CpuManagerOptions
+    tm_options: TopologyManagerOptions
+    reserved_cpus: CpuSet
+    usable_cpus: CpuSet
+    memory: MemoryCapacity
+    devices: DeviceInventory
+    node_ids: tuple[int, ...]  # usable NUMA nodes
+    distances: Mapping[int, Mapping[int, int]]
+
+    def node_of_cpu(self, cpu: int) -> int:
+        return self.topology.cpu(cpu).numa_node
+
+    def nodes_of(self, cpus: CpuSet) -> tuple[int, ...]:
+        return tuple(sorted({self.node_of_cpu(c) for c in cpus}))
+
+    @cached_property
+    def _usable_cpus_by_node(self) -> dict[int, int]:
+        out: dict[int, int] = {}
+        for cpu in self.usable_cpus:
+            node = self.topology.cpu(cpu).numa_node
+            out[node] = out.get(node, 0) | 1 << cpu
+        return out
+
+    def cpus_of_nodes(self, nodes) -> CpuSet:
+        """Usable CPUs of these NUMA nodes."""
+        bits = 0
+        by_node = self._usable_cpus_by_node
+        for n in nodes:
+            bits |= by_node.get(n, 0)
+        return CpuSet.from_bits(bits)
+
+
+def build_machine(topology: Topology, policy: PolicyConfig) -> Machine:
+    """Validate the policy against the machine and precompute. Raises ConfigError."""
+    if policy.topology_policy not in TOPOLOGY_POLICIES:
+        raise ConfigError(f"topology_manager.policy: {policy.topology_policy!r} is not one of "
+                          f"{', '.join(TOPOLOGY_POLICIES)}")
+    if policy.topology_scope not in TOPOLOGY_SCOPES:
+        raise ConfigError(f"topology_manager.scope: {policy.topology_scope!r} is not one of "
+                          f"{', '.join(TOPOLOGY_SCOPES)}")
+    if policy.cpu_policy not in ("static", "none"):
+        raise ConfigError(f"cpu_manager.policy: {policy.cpu_policy!r} is not 'static' or 'none'")
+    if policy.memory_policy not in ("static", "none"):
+        raise ConfigError(f"memory_manager.policy: {policy.memory_policy!r} is not 'static' or 'none'")
+
+    usable = topology.usable_cpus
+    if not usable:
+        raise ConfigError("no usable CPU: every online CPU is outside the agent's cpuset or in no NUMA node")
+    cpu_topology = CpuTopology.from_topology(topology)
+    try:
+        cpu_options = CpuManagerOptions.from_mapping(policy.cpu_options)
+        cpu_options.validate(cpu_topology, policy.topology_policy)
+    except ValueError as exc:
+        raise ConfigError(f"cpu_manager.options: {exc}") from None
+    try:
+        # The kubelet stops at 8 nodes because its merge is exponential; ours
+        # is not, so the default allows the largest machines we know of.
+        tm_options = TopologyManagerOptions.from_mapping(
+            {"max-allowable-numa-nodes": DEFAULT_MAX_NUMA_NODES, **policy.topology_options})
+    except ValueError as exc:
+        raise ConfigError(f"topology_manager.options: {exc}") from None
+
+    node_ids = tuple(n for n in topology.usable_node_ids)
+    max_nodes = tm_options.max_allowable_numa_nodes
+    if policy.topology_policy != "none" and len(node_ids) > max_nodes:
+        raise ConfigError(
+            f"topology_manager.options.max-allowable-numa-nodes: this machine has {len(node_ids)} "
+            f"NUMA nodes, more than the allowed {max_nodes}; raise the option")
+
+    explicit = None
+    if policy.reserved_cpus:
+        try:
+            explicit = CpuSet.parse(policy.reserved_cpus)
+        except ValueError as exc:
+            raise ConfigError(f"cpu_manager.reserved_cpus: {exc}") from None
+        outside = explicit - usable
+        if outside:
+            raise ConfigError(f"cpu_manager.reserved_cpus: CPUs {outside.format()} are not usable "
+                              f"on this machine (usable: {usable.format()})")
+    if policy.reserved_cpu_count < 0 or policy.reserved_cpu_count > len(usable):
+        raise ConfigError(f"cpu_manager.reserved_cpu_count: {policy.reserved_cpu_count} is not "
+                          f"between 0 and {len(usable)} usable CPUs")
+    try:
+        reserved = reserved_cpus(cpu_topology, explicit, policy.reserved_cpu_count)
+    except ValueError as exc:
+        raise ConfigError(f"cpu_manager.reserved_cpus: {exc}") from None
+
+    try:
+        memory = MemoryCapacity.from_topology(topology, policy.reserved_memory)
+    except ValueError as exc:
+        raise ConfigError(f"memory_manager.reserved_memory: {exc}") from None
+
+    resources = []
+    for name, sel in sorted(policy.devices.items()):
+        try:
+            resources.append(DeviceResource(name, _selector(sel)))
+        except (ValueError, TypeError) as exc:
+            raise ConfigError(f"devices.{name}: {exc}") from None
+    try:
+        devices = resolve_inventory(topology, resources)
+    except ValueError as exc:
+        raise ConfigError(f"devices: {exc}") from None
+
+    distances = {n.id: dict(n.distances) for n in topology.numa_nodes}
+    return Machine(topology=topology, policy=policy, cpu_topology=cpu_topology,
+                   cpu_options=cpu_options, tm_options=tm_options, reserved_cpus=reserved,
+                   usable_cpus=usable, memory=memory, devices=devices, node_ids=node_ids,
+                   distances=distances)
+
+
+_SELECTOR_KEYS = ("vendor", "device", "class_prefixes", "driver", "addresses")
+
+
+def _selector(fields: Mapping[str, Any]) -> DeviceSelector:
+    unknown = sorted(set(fields) - set(_SELECTOR_KEYS))
+    if unknown:
+        raise ValueError(f"unknown selector key(s) {', '.join(unknown)} (known: {', '.join(_SELECTOR_KEYS)})")
+    kwargs: dict[str, Any] = {}
+    for key in ("vendor", "device", "driver"):
+        if key in fields:
+            if not isinstance(fields[key], str):
+                raise ValueError(f"{key} must be a string")
+            kwargs[key] = fields[key]
+    for key in ("class_prefixes", "addresses"):
+        if key in fields:
+            value = fields[key]
+            if isinstance(value, str):
+                value = [value]
+            if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+                raise ValueError(f"{key} must be a list of strings")
+            kwargs[key] = tuple(value)
+    return DeviceSelector(**kwargs)

@@ -1,0 +1,774 @@
+"""Memory manager, static policy: NUMA hints and exclusive allocations for
+regular memory and hugepages, with the kubelet's rules.
+
+Resources are ``memory`` and one per hugepage size (``hugepages-2048kB``,
+``hugepages-1048576kB``), all counted in bytes.
+
+Groups. An allocation is made on a set of NUMA nodes, its *group* (the mask
+the topology manager chose). Every node of the group belongs to it while the
+allocation lives, even a node that ended up holding none of its bytes: the
+kernel may place the workload's pages on any node of its ``cpuset.mems``, so
+the group is what is really shared. Hence the kubelet's rule: a node used by
+a group is never also used alone or in another group, and vice versa. A
+mask is usable only if every used node in it belongs to a group equal to
+the mask.
+
+Nodes without memory (CPU-only nodes) are transparent here: they may appear
+in a hint mask, so their CPUs can be aligned with memory on a neighbour, but
+they never hold memory and never join a group.
+
+Release. ``MemoryUsage`` is a pure fold of the live allocations:
+``usage_from(allocations)`` is the source of truth, and ``usage_with`` /
+``usage_without`` are its incremental forms (``usage_without(usage_from(A +
+[x]), x) == usage_from(A)``), so releasing is removing the allocation.
+
+Everything here is pure and iterates sorted tuples only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable, Mapping
+
+from numa_agent.core.hints import HintSet, NumaMask
+from numa_agent.core.topology import Topology
+
+MEMORY = "memory"
+_HUGEPAGES_PREFIX = "hugepages-"
+
+
+class MemoryConfigError(ValueError):
+    """The memory configuration (reserved amounts) does not fit the machine."""
+
+
+class MemoryAllocationError(Exception):
+    """A memory request cannot be satisfied, or allocations are inconsistent."""
+
+
+def hugepages_resource(size_kb: int) -> str:
+    """Resource name of a hugepage size: 2048 -> "hugepages-2048kB"."""
+    return f"{_HUGEPAGES_PREFIX}{int(size_kb)}kB"
+
+
+def _fmt_mask(bits: int) -> str:
+    return "{" + NumaMask.from_bits(bits).format() + "}"
+
+
+def _bits_of(nodes: NumaMask | Iterable[int]) -> int:
+    if isinstance(nodes, NumaMask):
+        return nodes.bits
+    return NumaMask(nodes).bits
+
+
+def _ids_of(bits: int) -> tuple[int, ...]:
+    return NumaMask.from_bits(bits).nodes()
+
+
+# ---------------------------------------------------------------- capacity
+
+
+@dataclass(frozen=True, slots=True)
+class ResourceCapacity:
+    total: int
+    reserved: int = 0
+
+    @property
+    def allocatable(self) -> int:
+        return self.total - self.reserved
+
+
+_NO_CAPACITY = ResourceCapacity(0, 0)
+
+
+@dataclass(frozen=True)
+class MemoryCapacity:
+    """Per NUMA node, per resource: total and reserved bytes.
+
+    ``entries`` is sorted by (node, resource). Only nodes with memory appear.
+    """
+
+    entries: tuple[tuple[int, str, ResourceCapacity], ...]
+    _index: dict = field(init=False, repr=False, compare=False, hash=False)
+
+    def __post_init__(self) -> None:
+        entries = tuple(sorted(self.entries, key=lambda e: (e[0], e[1])))
+        object.__setattr__(self, "entries", entries)
+        object.__setattr__(self, "_index", {(n, r): c for n, r, c in entries})
+
+    @classmethod
+    def from_topology(
+        cls, topo: Topology, reserved: Mapping[int, Mapping[str, int]] | None = None
+    ) -> "MemoryCapacity":
+        """Capacity of every node that has memory and that the agent may use.
+
+        Hugepage totals are ``pages * page size``. The kernel counts the
+        hugepage pools inside a node's memory total, so ``memory`` is the
+        node's memory minus its hugepage pools (as the kubelet computes it).
+        ``reserved`` maps node id -> resource name -> bytes kept back for
+        the system.
+        """
+        usable = set(topo.usable_node_ids)
+        table: dict[tuple[int, str], int] = {}
+        for node in topo.numa_nodes:
+            if node.memory_total_bytes <= 0 or node.id not in usable:
+                continue
+            pools = 0
+            for hp in sorted(node.hugepages, key=lambda h: h.size_kb):
+                size = hp.total * hp.size_kb * 1024
+                table[(node.id, hugepages_resource(hp.size_kb))] = size
+                pools += size
+            table[(node.id, MEMORY)] = max(0, node.memory_total_bytes - pools)
+
+        reserved = reserved or {}
+        kept: dict[tuple[int, str], int] = {}
+        for node_id in sorted(reserved):
+            per_resource = reserved[node_id]
+            for resource in sorted(per_resource):
+                amount = per_resource[resource]
+                key = (node_id, resource)
+                if not any(n == node_id for n, _ in table):
+                    raise MemoryConfigError(
+                        f"reserved memory names NUMA node {node_id}, which has no usable memory "
+                        f"(nodes with memory: {sorted({n for n, _ in table})})"
+                    )
+                if key not in table:
+                    known = sorted(r for n, r in table if n == node_id)
+                    raise MemoryConfigError(
+                        f"reserved memory names resource {resource!r} on NUMA node {node_id}, "
+                        f"which it does not have (it has: {', '.join(known)})"
+                    )
+                if not isinstance(amount, int) or amount < 0:
+                    raise MemoryConfigError(
+                        f"reserved {resource} on NUMA node {node_id} must be a byte count >= 0, "
+                        f"got {amount!r}"
+                    )
+                if amount > table[key]:
+                    raise MemoryConfigError(
+                        f"reserved {resource} on NUMA node {node_id} is {amount} bytes, more than "
+                        f"its total of {table[key]} bytes"
+                    )
+                kept[key] = amount
+        return cls(tuple(
+            (n, r, ResourceCapacity(total, kept.get((n, r), 0)))
+            for (n, r), total in table.items()
+        ))
+
+    @property
+    def node_ids(self) -> tuple[int, ...]:
+        return tuple(sorted({n for n, _, _ in self.entries}))
+
+    @property
+    def memory_nodes(self) -> NumaMask:
+        return NumaMask(self.node_ids)
+
+    @property
+    def resources(self) -> tuple[str, ...]:
+        return tuple(sorted({r for _, r, _ in self.entries}))
+
+    def get(self, node: int, resource: str) -> ResourceCapacity:
+        return self._index.get((node, resource), _NO_CAPACITY)
+
+    def allocatable(self, node: int, resource: str) -> int:
+        return self.get(node, resource).allocatable
+
+
+# ----------------------------------------------------------------- request
+
+
+@dataclass(frozen=True)
+class MemoryRequest:
+    """What a workload asks for: regular memory in bytes and hugepages as
+    page size (kB) -> page count. ``hugepages`` may be given as a mapping;
+    it is kept as sorted (size_kb, count) pairs without zero counts."""
+
+    memory_bytes: int = 0
+    hugepages: Mapping[int, int] | tuple[tuple[int, int], ...] = ()
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.memory_bytes, int) or self.memory_bytes < 0:
+            raise ValueError(f"memory_bytes must be an integer >= 0, got {self.memory_bytes!r}")
+        pairs = self.hugepages.items() if isinstance(self.hugepages, Mapping) else self.hugepages
+        norm: dict[int, int] = {}
+        for size_kb, count in pairs:
+            if not isinstance(size_kb, int) or size_kb <= 0:
+                raise ValueError(f"hugepage size must be a positive number of kB, got {size_kb!r}")
+            if not isinstance(count, int) or count < 0:
+                raise ValueError(f"hugepage count for {size_kb}kB must be an integer >= 0, got {count!r}")
+            if size_kb in norm:
+                raise ValueError(f"hugepage size {size_kb}kB given twice")
+            norm[size_kb] = count
+        object.__setattr__(self, "hugepages", tuple(sorted((s, c) for s, c in norm.items() if c)))
+
+    def amounts(self) -> tuple[tuple[str, int], ...]:
+        """(resource, bytes) for every resource with a non-zero request, by name."""
+        out = [(hugepages_resource(s), s * 1024 * c) for s, c in self.hugepages]
+        if self.memory_bytes:
+            out.append((MEMORY, self.memory_bytes))
+        return tuple(sorted(out))
+
+    def __bool__(self) -> bool:
+        return bool(self.memory_bytes or self.hugepages)
+
+
+# -------------------------------------------------------------- allocation
+
+
+@dataclass(frozen=True)
+class MemoryAllocation:
+    """One workload's memory: the group (NUMA nodes it may use) and the bytes
+    taken per node per resource (sorted (node, resource, bytes), none zero)."""
+
+    group: NumaMask
+    amounts: tuple[tuple[int, str, int], ...] = ()
+
+    def __post_init__(self) -> None:
+        amounts = tuple(sorted((int(n), str(r), int(b)) for n, r, b in self.amounts if b))
+        for n, r, b in amounts:
+            if b < 0:
+                raise ValueError(f"allocation of {r} on node {n} is negative ({b})")
+            if n not in self.group:
+                raise ValueError(f"allocation takes {r} from node {n}, outside its group {self.group.format()!r}")
+        object.__setattr__(self, "amounts", amounts)
+
+    def bytes_on(self, node: int, resource: str) -> int:
+        return sum(b for n, r, b in self.amounts if n == node and r == resource)
+
+    def total(self, resource: str) -> int:
+        return sum(b for _, r, b in self.amounts if r == resource)
+
+    def to_json(self) -> dict:
+        return {"group": list(self.group.nodes()),
+                "amounts": [{"node": n, "resource": r, "bytes": b} for n, r, b in self.amounts]}
+
+    @classmethod
+    def from_json(cls, data: Mapping) -> "MemoryAllocation":
+        try:
+            return cls(NumaMask(data["group"]),
+                       tuple((a["node"], a["resource"], a["bytes"]) for a in data["amounts"]))
+        except (KeyError, TypeError) as exc:
+            raise ValueError(f"not a memory allocation: {data!r} ({exc})") from None
+
+
+EMPTY_ALLOCATION = MemoryAllocation(NumaMask())
+
+
+# ------------------------------------------------------------------- usage
+
+
+@dataclass(frozen=True)
+class MemoryUsage:
+    """The fold of live allocations: bytes allocated per (node, resource), and
+    the groups in use with how many allocations hold each."""
+
+    allocated: tuple[tuple[int, str, int], ...] = ()
+    groups: tuple[tuple[NumaMask, int], ...] = ()
+    _alloc_index: dict = field(init=False, repr=False, compare=False, hash=False)
+    _group_of: dict = field(init=False, repr=False, compare=False, hash=False)
+
+    def __post_init__(self) -> None:
+        allocated = tuple(sorted(a for a in self.allocated if a[2]))
+        groups = tuple(sorted((g for g in self.groups if g[1] and g[0]), key=lambda g: g[0].bits))
+        object.__setattr__(self, "allocated", allocated)
+        object.__setattr__(self, "groups", groups)
+        object.__setattr__(self, "_alloc_index", {(n, r): b for n, r, b in allocated})
+        group_of: dict[int, int] = {}
+        for mask, _ in groups:
+            for n in mask.nodes():
+                if n in group_of:
+                    raise MemoryAllocationError(
+                        f"NUMA node {n} is in two memory groups: {_fmt_mask(group_of[n])} "
+                        f"and {_fmt_mask(mask.bits)}"
+                    )
+                group_of[n] = mask.bits
+        object.__setattr__(self, "_group_of", group_of)
+
+    def allocated_bytes(self, node: int, resource: str) -> int:
+        return self._alloc_index.get((node, resource), 0)
+
+    def group_of(self, node: int) -> NumaMask | None:
+        bits = self._group_of.get(node)
+        return None if bits is None else NumaMask.from_bits(bits)
+
+    @property
+    def used_nodes(self) -> NumaMask:
+        bits = 0
+        for mask, _ in self.groups:
+            bits |= mask.bits
+        return NumaMask.from_bits(bits)
+
+    @property
+    def multi_node_groups(self) -> tuple[NumaMask, ...]:
+        return tuple(m for m, _ in self.groups if m.count() > 1)
+
+
+EMPTY_USAGE = MemoryUsage()
+
+
+def usage_with(usage: MemoryUsage, allocation: MemoryAllocation) -> MemoryUsage:
+    """`usage` plus one more allocation. Raises MemoryAllocationError if the
+    allocation's group overlaps a different group in use."""
+    if not allocation.group:
+        return usage
+    for n in allocation.group.nodes():
+        g = usage.group_of(n)
+        if g is not None and g != allocation.group:
+            raise MemoryAllocationError(
+                f"memory group {{{allocation.group.format()}}} overlaps group "
+                f"{{{g.format()}}} in use on NUMA node {n}"
+            )
+    allocated = dict(usage._alloc_index)
+    for n, r, b in allocation.amounts:
+        allocated[(n, r)] = allocated.get((n, r), 0) + b
+    groups = dict((m.bits, c) for m, c in usage.groups)
+    groups[allocation.group.bits] = groups.get(allocation.group.bits, 0) + 1
+    return MemoryUsage(
+        tuple((n, r, b) for (n, r), b in allocated.items()),
+        tuple((NumaMask.from_bits(m), c) for m, c in groups.items()),
+    )
+
+
+def usage_without(usage: MemoryUsage, allocation: MemoryAllocation) -> MemoryUsage:
+    """`usage` with one allocation released. Raises MemoryAllocationError if
+    the allocation is not part of it."""
+    if not allocation.group:
+        return usage
+    groups = dict((m.bits, c) for m, c in usage.groups)
+    if allocation.group.bits not in groups:
+        raise MemoryAllocationError(
+            f"cannot release memory on group {{{allocation.group.format()}}}: no allocation uses it"
+        )
+    allocated = dict(usage._alloc_index)
+    for n, r, b in allocation.amounts:
+        have = allocated.get((n, r), 0)
+        if have < b:
+            raise MemoryAllocationError(
+                f"cannot release {b} bytes of {r} on NUMA node {n}: only {have} are allocated"
+            )
+        allocated[(n, r)] = have - b
+    groups[allocation.group.bits] -= 1
+    return MemoryUsage(
+        tuple((n, r, b) for (n, r), b in allocated.items()),
+        tuple((NumaMask.from_bits(m), c) for m, c in groups.items()),
+    )
+
+
+def usage_from(allocations: Iterable[MemoryAllocation]) -> MemoryUsage:
+    """The usage of a set of live allocations (order does not matter): the
+    same as folding usage_with over them, in one pass."""
+    allocated: dict[tuple[int, str], int] = {}
+    groups: dict[int, int] = {}
+    group_of: dict[int, int] = {}
+    for allocation in allocations:
+        bits = allocation.group.bits
+        if not bits:
+            continue
+        for n in allocation.group.nodes():
+            held = group_of.setdefault(n, bits)
+            if held != bits:
+                raise MemoryAllocationError(
+                    f"memory group {{{allocation.group.format()}}} overlaps group "
+                    f"{_fmt_mask(held)} in use on NUMA node {n}"
+                )
+        for n, r, b in allocation.amounts:
+            allocated[(n, r)] = allocated.get((n, r), 0) + b
+        groups[bits] = groups.get(bits, 0) + 1
+    return MemoryUsage(
+        tuple((n, r, b) for (n, r), b in allocated.items()),
+        tuple((NumaMask.from_bits(m), c) for m, c in groups.items()),
+    )
+
+
+def free_bytes(capacity: MemoryCapacity, usage: MemoryUsage, node: int, resource: str) -> int:
+    """Allocatable minus allocated, never below 0 (capacity may shrink under
+    live allocations, e.g. after a hugepage pool is resized)."""
+    return max(0, capacity.allocatable(node, resource) - usage.allocated_bytes(node, resource))
+
+
+# ------------------------------------------------------------ mask search
+
+
+class _SearchBudgetExceeded(Exception):
+    pass
+
+
+class _Pool:
+    """Nodes with one vector of amounts each (one amount per requested
+    resource), and a search for the numerically lowest k-node subset whose
+    summed vectors reach a need. Used both for "could ever hold" (allocatable
+    vectors) and for "can hold now" (free vectors).
+
+    With one resource the per-component bound is exact and the search never
+    backtracks. With several it is a covering problem; nodes with identical
+    vectors are interchangeable (the lowest ids of a class always win), which
+    keeps regular machines fast, and a step budget bounds pathological
+    cases: past it callers fall back to a greedy cover, so they may settle
+    for a wider mask (and a wider preferred size), never for one that does
+    not fit.
+    """
+
+    STEP_BUDGET = 20_000  # shared by every search on one pool
+
+    def __init__(self, nodes: tuple[tuple[int, tuple[int, ...]], ...], width: int) -> None:
+        self.nodes = tuple(sorted(nodes))  # ascending node id
+        self.width = width
+        self.budget_exceeded = False
+        self._steps_left = self.STEP_BUDGET
+        # best[j][c]: prefix sums of component c's values among nodes[:j], largest first;
+        # bounds how much r nodes taken from nodes[:j] can contribute.
+        self._best = []
+        for j in range(len(self.nodes) + 1):
+            per_component = []
+            for c in range(width):
+                vals = sorted((v[c] for _, v in self.nodes[:j]), reverse=True)
+                sums = [0]
+                for v in vals:
+                    sums.append(sums[-1] + v)
+                per_component.append(sums)
+            self._best.append(per_component)
+        # same_below[i]: indices below i whose vector equals node i's.
+        self._same_below = []
+        for i, (_, vec) in enumerate(self.nodes):
+            bits = 0
+            for j in range(i):
+                if self.nodes[j][1] == vec:
+                    bits |= 1 << j
+            self._same_below.append(bits)
+
+    def _may_reach(self, j: int, r: int, need: tuple[int, ...]) -> bool:
+        if r > j:
+            return False
+        best = self._best[j]
+        return all(n <= 0 or best[c][r] >= n for c, n in enumerate(need))
+
+    def lowest(self, need: tuple[int, ...], k: int) -> int | None:
+        """Bits of the numerically lowest set of exactly k pool nodes whose
+        sums reach `need` in every component, or None. Once the pool's step
+        budget has run out (`budget_exceeded`), only k == all nodes is
+        answered; smaller sizes read as not found."""
+        if not self._may_reach(len(self.nodes), k, need):
+            return None
+        if k == len(self.nodes):
+            # Every node, no search: the fallback that always completes.
+            totals = [sum(v[c] for _, v in self.nodes) for c in range(self.width)]
+            if all(t >= n for t, n in zip(totals, need)):
+                return NumaMask(n for n, _ in self.nodes).bits
+            return None
+        if self.budget_exceeded:
+            return None
+
+        def taken_bits(taken: int) -> int:
+            out = 0
+            while taken:
+                low = taken & -taken
+                out |= 1 << self.nodes[low.bit_length() - 1][0]
+                taken ^= low
+            return out
+
+        # Decide nodes from the highest id down, leaving each out whenever the
+        # rest can still succeed: that yields the numerically lowest mask.
+        # `taken` holds indices below j already included (class members forced
+        # in with a higher twin); `r` counts the nodes still to choose.
+        def search(j: int, r: int, need: tuple[int, ...], taken: int) -> int | None:
+            self._steps_left -= 1
+            if self._steps_left < 0:
+                raise _SearchBudgetExceeded
+            if r == 0:
+                return taken_bits(taken) if all(n <= 0 for n in need) else None
+            if r > j - taken.bit_count() or not self._may_reach(j, r, need):
+                return None
+            idx = j - 1
+            node, vec = self.nodes[idx]
+            if taken >> idx & 1:
+                found = search(idx, r, need, taken & ~(1 << idx))
+                return None if found is None else found | (1 << node)
+            found = search(idx, r, need, taken)
+            if found is not None:
+                return found
+            # Including this node includes its lower twins too: swapping a twin
+            # for a lower one would give a lower mask.
+            twins = self._same_below[idx] & ~taken
+            size = twins.bit_count() + 1
+            if size > r:
+                return None
+            found = search(idx, r - size, tuple(n - size * v for n, v in zip(need, vec)), taken | twins)
+            return None if found is None else found | (1 << node)
+
+        try:
+            return search(len(self.nodes), k, need, 0)
+        except _SearchBudgetExceeded:
+            self.budget_exceeded = True
+            return None
+
+    def greedy(self, need: tuple[int, ...]) -> int | None:
+        """A covering set built greedily (the node covering the largest share
+        of what is still needed, lowest id on ties): the fallback once the
+        exact search is out of budget. None if even every node falls short
+        (it stops only when no node left adds to what is still needed)."""
+        remaining = list(need)
+        left = list(self.nodes)
+        bits = 0
+        while any(n > 0 for n in remaining):
+            if not left:
+                return None
+
+            def share(item):
+                _, vec = item
+                return sum(min(v, r) / n for v, r, n in zip(vec, remaining, need) if r > 0)
+
+            best = max(left, key=lambda item: (share(item), -item[0]))
+            if share(best) == 0:
+                return None
+            left.remove(best)
+            bits |= 1 << best[0]
+            remaining = [r - v for r, v in zip(remaining, best[1])]
+        return bits
+
+    def fewest(self, need: tuple[int, ...]) -> int | None:
+        """Smallest k for which some k nodes reach `need` (0 if need is met by
+        nothing); past the step budget, the greedy cover's size."""
+        if all(n <= 0 for n in need):
+            return 0
+        for k in range(1, len(self.nodes) + 1):
+            if self.lowest(need, k) is not None:
+                return k
+            if self.budget_exceeded:
+                cover = self.greedy(need)
+                return None if cover is None else cover.bit_count()
+        return None
+
+
+class _State:
+    """Precomputed per-node vectors for one request, restricted to a node universe."""
+
+    def __init__(self, capacity: MemoryCapacity, usage: MemoryUsage, request: MemoryRequest,
+                 universe_bits: int) -> None:
+        self.amounts = request.amounts()
+        self.resources = tuple(r for r, _ in self.amounts)
+        self.need = tuple(b for _, b in self.amounts)
+        self.universe = universe_bits
+        self.mem_bits = capacity.memory_nodes.bits & universe_bits
+        ids = _ids_of(self.mem_bits)
+        self.free = {n: tuple(free_bytes(capacity, usage, n, r) for r in self.resources) for n in ids}
+        self.allocatable = {n: tuple(max(0, capacity.allocatable(n, r)) for r in self.resources)
+                            for n in ids}
+        self.used_bits = usage.used_nodes.bits & self.mem_bits
+        self.group_of = {n: usage._group_of[n] for n in ids if n in usage._group_of}
+        self.width = len(self.resources)
+
+    def group_ok(self, bits: int) -> bool:
+        """Every used memory node in the mask belongs to a group equal to the
+        mask's memory nodes."""
+        eff = bits & self.mem_bits
+        used = eff & self.used_bits
+        if not used:
+            return True
+        lowest = (used & -used).bit_length() - 1
+        return self.group_of[lowest] == eff
+
+    def free_covers(self, bits: int) -> bool:
+        totals = [0] * self.width
+        for n in _ids_of(bits & self.mem_bits):
+            for c, v in enumerate(self.free[n]):
+                totals[c] += v
+        return all(t >= n for t, n in zip(totals, self.need))
+
+    def fits(self, mask: NumaMask) -> bool:
+        bits = mask.bits
+        return bits & ~self.universe == 0 and self.group_ok(bits) and self.free_covers(bits)
+
+    def contains_fit(self, mask: NumaMask) -> bool:
+        """Whether some fitting mask over the universe contains `mask`.
+
+        A fitting mask that holds a used memory node has exactly that node's
+        group as its memory nodes; one without used memory nodes can take
+        every unused memory node, and more free memory never hurts. So two
+        candidates decide it, without enumerating supersets."""
+        bits = mask.bits
+        if bits & ~self.universe:
+            return False
+        memoryless = self.universe & ~self.mem_bits
+        used = bits & self.used_bits
+        if used:
+            group = self.group_of[(used & -used).bit_length() - 1]
+            return bits & self.mem_bits & ~group == 0 and self.free_covers(group)
+        if self.fits(NumaMask.from_bits(bits | memoryless | (self.mem_bits & ~self.used_bits))):
+            return True
+        # Only memoryless nodes asked for: an existing group may take them along.
+        return bits & self.mem_bits == 0 and any(self.free_covers(g) for g in set(self.group_of.values()))
+
+    def min_size(self) -> int | None:
+        """Fewest nodes whose allocatable could ever hold the request (groups and
+        current usage ignored), as the kubelet computes its preferred size."""
+        pool = _Pool(tuple(self.allocatable.items()), self.width)
+        return pool.fewest(self.need)
+
+    def narrowest_fit(self, required_bits: int = 0) -> int | None:
+        """The narrowest mask (fewest nodes, then lowest bits) over the universe
+        that contains `required_bits` and fits now, or None."""
+        candidates: list[int] = []
+        extra = required_bits & ~self.mem_bits  # memoryless nodes asked for: carried along
+        req_mem = required_bits & self.mem_bits
+        # Masks that reuse a group already in use.
+        for group in sorted(set(self.group_of.values())):
+            if req_mem & ~group == 0 and self.free_covers(group):
+                candidates.append(group | extra)
+        # Masks made only of unused memory nodes.
+        if req_mem & self.used_bits == 0:
+            base = list(self.need)
+            for n in _ids_of(req_mem):
+                base = [b - v for b, v in zip(base, self.free[n])]
+            unused = self.mem_bits & ~self.used_bits & ~req_mem
+            pool = _Pool(tuple((n, self.free[n]) for n in _ids_of(unused)), self.width)
+            limit = min((c.bit_count() for c in candidates), default=None)
+            for k in range(0, len(pool.nodes) + 1):
+                if limit is not None and k + required_bits.bit_count() > limit:
+                    break
+                found = pool.lowest(tuple(base), k)
+                if found is None and pool.budget_exceeded:
+                    # Out of search budget: take the greedy cover (None: nothing covers).
+                    found = pool.greedy(tuple(base))
+                    if found is None:
+                        break
+                if found is not None:
+                    if found | required_bits:
+                        candidates.append(found | required_bits)
+                    break
+        if not candidates:
+            return None
+        return min(candidates, key=lambda b: (b.bit_count(), b))
+
+
+def _universe(nodes: NumaMask | Iterable[int] | None, capacity: MemoryCapacity) -> int:
+    return capacity.memory_nodes.bits if nodes is None else _bits_of(nodes)
+
+
+# ------------------------------------------------------------------ hints
+
+
+def memory_hints(
+    capacity: MemoryCapacity,
+    usage: MemoryUsage,
+    request: MemoryRequest,
+    nodes: NumaMask | Iterable[int],
+) -> dict[str, HintSet]:
+    """The kubelet's memory hints: resource -> HintSet for every requested
+    resource (resources requested at 0 are absent).
+
+    A mask over `nodes` fits when its group rule holds and its free bytes
+    cover every requested resource; a hint is preferred when the mask has as
+    few nodes as the fewest nodes whose allocatable could ever hold the whole
+    request. The same masks are offered for every resource, as the kubelet
+    does. When no mask could ever hold the request every resource gets
+    ``impossible()`` (see ``memory_refusal_reason``)."""
+    state = _State(capacity, usage, request, _bits_of(nodes))
+    if not state.resources:
+        return {}
+    min_size = state.min_size()
+    if min_size is None:
+        return {r: HintSet.impossible() for r in state.resources}
+    nodes_mask = NumaMask.from_bits(state.universe)
+    fits = state.fits
+    return {r: HintSet.generated(nodes_mask, fits, min_size, contains_fit=state.contains_fit)
+            for r in state.resources}
+
+
+def _free_table(state: _State, resource: str) -> str:
+    c = state.resources.index(resource)
+    return ", ".join(f"{n}={state.free[n][c]}" for n in sorted(state.free)) or "no memory nodes"
+
+
+def _refusal(state: _State, required_bits: int = 0) -> str:
+    for resource, need in zip(state.resources, state.need):
+        c = state.resources.index(resource)
+        if sum(v[c] for v in state.allocatable.values()) < need:
+            return (f"{resource}: requested {need} bytes, more than the machine can ever hold "
+                    f"(allocatable per node: "
+                    + (", ".join(f"{n}={state.allocatable[n][c]}" for n in sorted(state.allocatable))
+                       or "no memory nodes")
+                    + f"); free per node: {_free_table(state, resource)}")
+    for resource, need in zip(state.resources, state.need):
+        c = state.resources.index(resource)
+        if sum(v[c] for v in state.free.values()) < need:
+            return (f"{resource}: requested {need} bytes, free per node: "
+                    f"{_free_table(state, resource)}")
+    detail = "; ".join(f"{r}: requested {b} bytes, free per node: {_free_table(state, r)}"
+                       for r, b in zip(state.resources, state.need))
+    groups = sorted(set(state.group_of.values()))
+    where = f" containing {_fmt_mask(required_bits)}" if required_bits else ""
+    return (f"no NUMA node set{where} can hold the request under the group rule "
+            f"(groups in use: {', '.join(_fmt_mask(g) for g in groups) or 'none'}); {detail}")
+
+
+def memory_refusal_reason(
+    capacity: MemoryCapacity,
+    usage: MemoryUsage,
+    request: MemoryRequest,
+    nodes: NumaMask | Iterable[int] | None = None,
+) -> str | None:
+    """Why no NUMA mask over `nodes` (default: every memory node) can hold the
+    request now, or None when one can."""
+    state = _State(capacity, usage, request, _universe(nodes, capacity))
+    if not state.resources or state.narrowest_fit() is not None:
+        return None
+    return _refusal(state)
+
+
+# ------------------------------------------------------------- allocation
+
+
+def allocate_memory(
+    capacity: MemoryCapacity,
+    usage: MemoryUsage,
+    request: MemoryRequest,
+    affinity: NumaMask | None,
+    *,
+    require_preferred: bool = False,
+) -> MemoryAllocation:
+    """Take the request's bytes, filling the group's nodes lowest id first.
+
+    - affinity given and it fits (group rule and free bytes): the group is
+      the affinity's memory nodes.
+    - affinity given but it cannot hold the request (best-effort admitted a
+      non-preferred hint, or the merge narrowed a multi-node hint): extend it
+      like the kubelet, to the narrowest fitting mask that contains it (a
+      node in a group extends to that group).
+    - no affinity (policy none, or no preference): the narrowest fitting mask.
+
+    With ``require_preferred`` (the topology manager's hint was preferred)
+    an extension to a non-preferred size is refused, as the kubelet does.
+    Raises MemoryAllocationError naming the resource, requested bytes and
+    free bytes per node.
+    """
+    state = _State(capacity, usage, request, capacity.memory_nodes.bits | (affinity.bits if affinity else 0))
+    if not state.resources:
+        return EMPTY_ALLOCATION
+    aff_bits = affinity.bits if affinity is not None else 0
+    if aff_bits and state.group_ok(aff_bits) and state.free_covers(aff_bits):
+        chosen = aff_bits
+    else:
+        chosen = state.narrowest_fit(aff_bits)
+        if chosen is None:
+            head = (f"cannot extend NUMA affinity {_fmt_mask(aff_bits)} to hold the memory request"
+                    if aff_bits else "no NUMA node set can hold the memory request")
+            raise MemoryAllocationError(f"{head}: {_refusal(state, aff_bits)}")
+        if aff_bits and require_preferred:
+            min_size = state.min_size()
+            if chosen.bit_count() != min_size:
+                raise MemoryAllocationError(
+                    f"NUMA affinity {_fmt_mask(aff_bits)} cannot hold the memory request and the "
+                    f"narrowest mask containing it, {_fmt_mask(chosen)}, has {chosen.bit_count()} "
+                    f"nodes where a preferred one has {min_size}"
+                )
+    group = chosen & state.mem_bits
+    amounts = []
+    for c, (resource, need) in enumerate(zip(state.resources, state.need)):
+        remaining = need
+        for n in _ids_of(group):
+            if not remaining:
+                break
+            take = min(remaining, state.free[n][c])
+            if take:
+                amounts.append((n, resource, take))
+                remaining -= take
+        assert remaining == 0, "the chosen mask was checked to cover the request"
+    return MemoryAllocation(NumaMask.from_bits(group), tuple(amounts))

@@ -1,0 +1,193 @@
+"""Validation of everything a client sends to the local API.
+
+Two stages: msgspec decodes the JSON body into strict Structs (no coercion,
+unknown fields rejected, numeric bounds), then the rules msgspec cannot say
+(name syntax checked with `fullmatch`, CPU list syntax and size) are checked
+here. Every failure is a `BadRequest` whose message names the field, so a
+hostile or mistaken request never reaches the service.
+
+The service receives a plain dict with every key of the contract present
+(absent optional fields are None, absent amounts 0 or empty).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal
+
+import msgspec
+
+from numa_agent.core.cpuset import CpuSet, CpuSetParseError
+from numa_agent.service.errors import BadRequest
+
+MAX_BODY_BYTES = 64 * 1024
+MAX_CPUS = 4096
+MAX_MEMORY_BYTES = 2 ** 50
+MAX_HUGEPAGE_COUNT = 2 ** 31
+MAX_DEVICE_COUNT = 64
+# Highest CPU / NUMA node id a client may name. Bounds the bitmask that a
+# CPU list turns into, so "0-999999999" cannot make the agent allocate memory.
+MAX_CPU_ID = 8191
+MAX_NODE_ID = 1023
+MAX_CPU_LIST_CHARS = 4096
+MAX_COMMAND_ARGS = 1024
+
+# Workload and pod names become cgroup directory names: lowercase DNS-label
+# like, never "/", "..", NUL or control characters.
+NAME_RULE = "1-63 characters: lowercase letters, digits, '-', '_', '.'; starting and ending with a letter or digit"
+_NAME_RE = re.compile(r"[a-z0-9]([-a-z0-9_.]{0,61}[a-z0-9])?")
+# Device resource names, optionally vendor-qualified ("gpu", "nvidia.com/gpu").
+_RESOURCE_PART = r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
+_RESOURCE_RE = re.compile(rf"{_RESOURCE_PART}(/{_RESOURCE_PART})?")
+_HUGEPAGE_KEY_RE = re.compile(r"[1-9][0-9]{0,9}")
+_CPU_LIST_CHARS_RE = re.compile(r"[0-9,:\- ]*")
+
+Policy = Literal["none", "best-effort", "restricted", "single-numa-node"]
+CpuCount = Annotated[int, msgspec.Meta(ge=0, le=MAX_CPUS)]
+Bytes = Annotated[int, msgspec.Meta(ge=0, le=MAX_MEMORY_BYTES)]
+HugepageCount = Annotated[int, msgspec.Meta(ge=0, le=MAX_HUGEPAGE_COUNT)]
+DeviceCount = Annotated[int, msgspec.Meta(ge=1, le=MAX_DEVICE_COUNT)]
+NodeId = Annotated[int, msgspec.Meta(ge=0, le=MAX_NODE_ID)]
+NodeList = Annotated[list[NodeId], msgspec.Meta(min_length=1, max_length=MAX_NODE_ID + 1)]
+ShortStr = Annotated[str, msgspec.Meta(max_length=256)]
+Hugepages = Annotated[dict[ShortStr, HugepageCount], msgspec.Meta(max_length=16)]
+Devices = Annotated[dict[ShortStr, DeviceCount], msgspec.Meta(max_length=64)]
+Command = Annotated[list[Annotated[str, msgspec.Meta(max_length=4096)]],
+                    msgspec.Meta(max_length=MAX_COMMAND_ARGS)]
+
+
+class PodBudget(msgspec.Struct, forbid_unknown_fields=True):
+    cpus: CpuCount = 0
+    memory_bytes: Bytes = 0
+    hugepages: Hugepages = {}
+    devices: Devices = {}
+
+
+class AdmitRequest(msgspec.Struct, forbid_unknown_fields=True):
+    name: ShortStr | None = None
+    pod: ShortStr | None = None
+    cpus: CpuCount = 0
+    shared: bool = False
+    memory_bytes: Bytes = 0
+    hugepages: Hugepages = {}
+    devices: Devices = {}
+    policy: Policy | None = None
+    physcpubind: Annotated[str, msgspec.Meta(max_length=MAX_CPU_LIST_CHARS)] | None = None
+    cpunodebind: NodeList | None = None
+    membind: NodeList | None = None
+    pod_budget: PodBudget | None = None
+    command: Command = []
+
+
+def validate_name(name: str, what: str = "name") -> str:
+    """Return `name` if it is a valid workload/pod name, else raise BadRequest."""
+    if not isinstance(name, str) or _NAME_RE.fullmatch(name) is None:
+        raise BadRequest(f"invalid {what} {_shown(name)}: {NAME_RULE}",
+                         details={"field": what})
+    return name
+
+
+def parse_admit_request(body: bytes) -> dict[str, Any]:
+    """Decode and check a POST /v1/workloads body; return the service's request dict."""
+    if len(body) > MAX_BODY_BYTES:
+        raise BadRequest(f"request body is {len(body)} bytes; the limit is {MAX_BODY_BYTES}")
+    try:
+        body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise BadRequest(f"request body is not valid UTF-8 (byte {exc.start})") from None
+    if not body.strip():
+        raise BadRequest("request body is empty; expected a JSON object")
+    try:
+        req = msgspec.json.decode(body, type=AdmitRequest)
+    except msgspec.ValidationError as exc:
+        raise BadRequest(f"invalid request: {exc}") from None
+    except msgspec.DecodeError as exc:
+        raise BadRequest(f"malformed JSON: {exc}") from None
+    return _check(req)
+
+
+def _check(req: AdmitRequest) -> dict[str, Any]:
+    if req.name is not None:
+        validate_name(req.name, "name")
+    if req.pod is not None:
+        validate_name(req.pod, "pod")
+    if req.shared and req.cpus:
+        raise BadRequest("a shared workload cannot also ask for exclusive CPUs "
+                         f"(shared=true, cpus={req.cpus})", details={"field": "cpus"})
+    physcpubind = None
+    if req.physcpubind is not None:
+        physcpubind = parse_cpu_list(req.physcpubind, "physcpubind").format()
+    if req.pod_budget is not None and req.pod is None:
+        raise BadRequest("pod_budget needs a pod name", details={"field": "pod_budget"})
+    budget = None
+    if req.pod_budget is not None:
+        b = req.pod_budget
+        budget = {"cpus": b.cpus, "memory_bytes": b.memory_bytes,
+                  "hugepages": _hugepages(b.hugepages, "pod_budget.hugepages"),
+                  "devices": _devices(b.devices, "pod_budget.devices")}
+    for arg in req.command:
+        if "\x00" in arg:
+            raise BadRequest("command arguments cannot contain NUL", details={"field": "command"})
+    return {
+        "name": req.name,
+        "pod": req.pod,
+        "cpus": req.cpus,
+        "shared": req.shared,
+        "memory_bytes": req.memory_bytes,
+        "hugepages": _hugepages(req.hugepages, "hugepages"),
+        "devices": _devices(req.devices, "devices"),
+        "policy": req.policy,
+        "physcpubind": physcpubind,
+        "cpunodebind": _nodes(req.cpunodebind, "cpunodebind"),
+        "membind": _nodes(req.membind, "membind"),
+        "pod_budget": budget,
+        "command": list(req.command),
+    }
+
+
+def parse_cpu_list(text: str, field: str) -> CpuSet:
+    """Parse a kernel-syntax CPU list with ids bounded by MAX_CPU_ID."""
+    if len(text) > MAX_CPU_LIST_CHARS or _CPU_LIST_CHARS_RE.fullmatch(text) is None:
+        raise BadRequest(f"{field} {_shown(text)} is not a CPU list like '0-3,8'",
+                         details={"field": field})
+    for number in re.findall(r"[0-9]+", text):
+        if len(number) > 5 or int(number) > MAX_CPU_ID:
+            raise BadRequest(f"{field}: CPU id {number[:12]} is above {MAX_CPU_ID}",
+                             details={"field": field})
+    try:
+        cpus = CpuSet.parse(text)
+    except CpuSetParseError as exc:
+        raise BadRequest(f"{field}: {exc}", details={"field": field}) from None
+    if not cpus:
+        raise BadRequest(f"{field} names no CPU", details={"field": field})
+    return cpus
+
+
+def _nodes(nodes: list[int] | None, field: str) -> list[int] | None:
+    if nodes is None:
+        return None
+    if len(set(nodes)) != len(nodes):
+        raise BadRequest(f"{field} lists a NUMA node twice: {nodes}", details={"field": field})
+    return sorted(nodes)
+
+
+def _hugepages(pages: dict[str, int], field: str) -> dict[str, int]:
+    for key in pages:
+        if _HUGEPAGE_KEY_RE.fullmatch(key) is None:
+            raise BadRequest(f"{field}: key {_shown(key)} must be a page size in kB, e.g. \"2048\"",
+                             details={"field": field})
+    return {key: pages[key] for key in sorted(pages, key=int)}
+
+
+def _devices(devices: dict[str, int], field: str) -> dict[str, int]:
+    for key in devices:
+        if _RESOURCE_RE.fullmatch(key) is None:
+            raise BadRequest(f"{field}: invalid resource name {_shown(key)}",
+                             details={"field": field})
+    return {key: devices[key] for key in sorted(devices)}
+
+
+def _shown(value: object) -> str:
+    """A short, printable rendering of client input for error messages."""
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."

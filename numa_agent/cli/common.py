@@ -1,0 +1,275 @@
+"""Shared bits of the client-side commands (numa-run, status, explain, release).
+
+The allocation options are defined once here and used by both `numa-run`
+and `numa-agent explain`. Imports stay light (argparse, os, sys and the
+minimal API client) because `numa-run` starts before every workload.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+from numa_agent.api.client import ClientError, request
+from numa_agent.core import units
+
+DEFAULT_SOCKET = "/run/numa-agent/agent.sock"
+POLICIES = ("none", "best-effort", "restricted", "single-numa-node")
+
+class CliError(Exception):
+    """A failure to report as one line, without a traceback."""
+
+
+class AgentError(CliError):
+    """The agent answered with an error body; `body` is its "error" object."""
+
+    def __init__(self, status: int, error: dict[str, Any]) -> None:
+        super().__init__(error.get("message") or f"agent answered HTTP {status}")
+        self.status = status
+        self.error = error
+
+
+# ------------------------------------------------------------------ socket
+def add_socket_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--socket", metavar="PATH", default=None,
+                        help=f"agent API socket (default: $NUMA_AGENT_SOCKET or {DEFAULT_SOCKET})")
+
+
+def resolve_socket(args: argparse.Namespace) -> str:
+    """--socket, else $NUMA_AGENT_SOCKET, else the default path."""
+    return getattr(args, "socket", None) or os.environ.get("NUMA_AGENT_SOCKET") or DEFAULT_SOCKET
+
+
+def call(args: argparse.Namespace, method: str, path: str,
+         body: dict | None = None) -> tuple[int, dict]:
+    """One API call; raises CliError when the agent is unreachable or answers an error."""
+    try:
+        status, answer = request(resolve_socket(args), method, path, body)
+    except ClientError as exc:
+        raise CliError(str(exc)) from None
+    if status >= 400:
+        raise AgentError(status, answer.get("error") or {"message": f"agent answered HTTP {status}"})
+    return status, answer
+
+
+def print_error(prog: str, message: str) -> None:
+    print(f"{prog}: error: {message}", file=sys.stderr)
+
+
+def print_json(data: Any, stream=None) -> None:
+    json.dump(data, stream or sys.stdout, indent=2, sort_keys=True)
+    (stream or sys.stdout).write("\n")
+
+
+# ------------------------------------------------------------------ values
+def parse_size(text: str) -> int:
+    """Bytes from "512M", "16Gi", "1G", "2048kB" or plain "4096" (binary units)."""
+    try:
+        return units.parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def parse_count(text: str, what: str, low: int = 0) -> int:
+    text = text.strip()
+    if not (text.isascii() and text.isdigit()) or len(text) > 18 or int(text) < low:
+        raise argparse.ArgumentTypeError(f"invalid {what} {text!r}: expected a whole number >= {low}")
+    return int(text)
+
+
+def cpu_count(text: str) -> int:
+    return parse_count(text, "CPU count")
+
+
+def hugepages_item(text: str) -> tuple[str, int]:
+    """"2Mi=512" -> ("2048", 512): page size in kB as the API wants it."""
+    size_text, sep, count_text = text.partition("=")
+    if not sep:
+        raise argparse.ArgumentTypeError(f"invalid hugepages {text!r}: expected SIZE=COUNT, e.g. 2Mi=512")
+    size = parse_size(size_text)
+    if size < 1024 or size % 1024:
+        raise argparse.ArgumentTypeError(f"invalid hugepage size {size_text!r}: must be a multiple of 1 KiB")
+    return str(size // 1024), parse_count(count_text, "hugepage count")
+
+
+def device_item(text: str) -> tuple[str, int]:
+    """"gpu=1" -> ("gpu", 1); a bare "gpu" means one."""
+    resource, sep, count_text = text.partition("=")
+    if not resource.strip():
+        raise argparse.ArgumentTypeError(f"invalid device {text!r}: expected RESOURCE=COUNT, e.g. gpu=1")
+    return resource.strip(), parse_count(count_text, "device count", low=1) if sep else 1
+
+
+def _parse_list(text: str, highest: int):
+    """Kernel list syntax with ids bounded before parsing (so "0-99999999"
+    cannot build a huge bitmask); None when invalid."""
+    from numa_agent.core.cpuset import CpuSet, CpuSetParseError  # numa-run only loads it if used
+    numbers = text.replace("-", ",").replace(":", ",").split(",")
+    if any(len(n.strip()) > 5 or (n.strip().isdigit() and int(n) > highest) for n in numbers):
+        return None
+    try:
+        parsed = CpuSet.parse(text)
+    except CpuSetParseError:
+        return None
+    return parsed or None
+
+
+def node_list(text: str) -> list[int]:
+    """"0,2-3" -> [0, 2, 3] (the kernel's list syntax, as numactl takes it)."""
+    nodes = _parse_list(text, 1023)
+    if nodes is None:
+        raise argparse.ArgumentTypeError(f"invalid NUMA node list {text!r}: expected e.g. 0 or 0,1 or 0-1")
+    return list(nodes.ids())
+
+
+def cpu_list(text: str) -> str:
+    """A CPU list, normalized ("3,0-1" -> "0-1,3")."""
+    cpus = _parse_list(text, 8191)
+    if cpus is None:
+        raise argparse.ArgumentTypeError(f"invalid CPU list {text!r}: expected e.g. 2-5,8")
+    return cpus.format()
+
+
+def _merge(pairs: list[tuple[str, int]] | None, option: str) -> dict[str, int]:
+    merged: dict[str, int] = {}
+    for key, count in pairs or []:
+        if key in merged:
+            raise CliError(f"{option} {key} given twice")
+        merged[key] = count
+    return merged
+
+
+# ------------------------------------------------------------------ options
+def add_allocation_options(parser: argparse.ArgumentParser) -> None:
+    """The request options shared by numa-run and `numa-agent explain`."""
+    res = parser.add_argument_group("what to allocate")
+    res.add_argument("--cpus", type=cpu_count, default=0, metavar="N",
+                     help="exclusive CPUs (whole physical cores first)")
+    res.add_argument("--shared", action="store_true",
+                     help="no exclusive CPUs: run in the shared pool")
+    res.add_argument("--memory", type=parse_size, default=0, metavar="SIZE",
+                     help="memory, e.g. 512M, 16Gi, 1G or plain bytes (binary units)")
+    res.add_argument("--hugepages", type=hugepages_item, action="append", metavar="SIZE=COUNT",
+                     help="hugepages of one size, e.g. 2Mi=512, 1Gi=4, 2048kB=1 (repeatable)")
+    res.add_argument("--device", type=device_item, action="append", metavar="RESOURCE=COUNT",
+                     help="devices of one resource, e.g. gpu=1 (repeatable)")
+    res.add_argument("--policy", choices=POLICIES,
+                     help="topology manager policy for this request")
+    res.add_argument("--name", help="workload name (default: chosen by the agent)")
+    numactl = parser.add_argument_group("explicit placement (numactl forms)")
+    numactl.add_argument("-C", "--physcpubind", type=cpu_list, metavar="CPUS",
+                         help="exactly these CPUs, e.g. 2-5")
+    numactl.add_argument("-N", "--cpunodebind", type=node_list, metavar="NODES",
+                         help="CPUs from these NUMA nodes, e.g. 0 or 0,1")
+    numactl.add_argument("-m", "--membind", type=node_list, metavar="NODES",
+                         help="memory from these NUMA nodes")
+    pod = parser.add_argument_group("pods (several workloads sharing one aligned budget)")
+    pod.add_argument("--pod", metavar="NAME", help="join (or create) this pod")
+    pod.add_argument("--pod-cpus", type=cpu_count, metavar="N",
+                     help="pod budget: CPUs (first member only)")
+    pod.add_argument("--pod-memory", type=parse_size, metavar="SIZE", help="pod budget: memory")
+    pod.add_argument("--pod-hugepages", type=hugepages_item, action="append", metavar="SIZE=COUNT",
+                     help="pod budget: hugepages (repeatable)")
+    pod.add_argument("--pod-device", type=device_item, action="append", metavar="RESOURCE=COUNT",
+                     help="pod budget: devices (repeatable)")
+    add_socket_option(parser)
+
+
+def build_request(args: argparse.Namespace, command: list[str] | None = None) -> dict[str, Any]:
+    """The admit request body for the parsed allocation options."""
+    if args.shared and args.cpus:
+        raise CliError("--shared and --cpus exclude each other: shared means no exclusive CPUs")
+    req: dict[str, Any] = {"cpus": args.cpus, "shared": args.shared, "memory_bytes": args.memory,
+                           "hugepages": _merge(args.hugepages, "--hugepages"),
+                           "devices": _merge(args.device, "--device")}
+    for key in ("name", "pod", "policy", "physcpubind", "cpunodebind", "membind"):
+        value = getattr(args, key)
+        if value is not None:
+            req[key] = value
+    budget_given = (args.pod_cpus is not None or args.pod_memory is not None
+                    or args.pod_hugepages or args.pod_device)
+    if budget_given:
+        if args.pod is None:
+            raise CliError("--pod-cpus/--pod-memory/--pod-hugepages/--pod-device need --pod NAME")
+        req["pod_budget"] = {"cpus": args.pod_cpus or 0, "memory_bytes": args.pod_memory or 0,
+                             "hugepages": _merge(args.pod_hugepages, "--pod-hugepages"),
+                             "devices": _merge(args.pod_device, "--pod-device")}
+    if command:
+        req["command"] = list(command)
+    return req
+
+
+# ------------------------------------------------------------------ output
+def human_bytes(n: int | None) -> str:
+    if n is None:
+        return "-"
+    for unit, size in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if abs(n) >= size:
+            value = n / size
+            return f"{value:.0f}{unit}" if value == int(value) else f"{value:.1f}{unit}"
+    return f"{n}B"
+
+
+def _mask(mask: Any) -> str:
+    if mask is None:
+        return "any"
+    return "{" + ",".join(str(n) for n in mask) + "}"
+
+
+def explanation_lines(explanation: dict[str, Any]) -> list[str]:
+    """The reasoning of one decision, a few lines a person can act on."""
+    lines = []
+    policy = explanation.get("policy")
+    if policy:
+        lines.append(f"  policy: {policy} (scope {explanation.get('scope', '-')})")
+    free = explanation.get("free") or {}
+    if free:
+        parts = []
+        for node in sorted(free, key=lambda k: int(k) if str(k).lstrip("-").isdigit() else 0):
+            item = free[node]
+            text = f"node {node}: {item.get('cpus', '-')} CPUs"
+            if "memory_bytes" in item:
+                text += f", {human_bytes(item['memory_bytes'])}"
+            parts.append(text)
+        lines.append("  free: " + "; ".join(parts))
+    for provider in explanation.get("providers") or []:
+        hints = ", ".join(provider.get("hints") or []) or "no preference"
+        more = provider.get("more") or 0
+        if more:
+            hints += f" (+{more} more)"
+        name = provider.get("provider", "?")
+        resource = provider.get("resource")
+        label = name if not resource or resource == name else f"{name}/{resource}"
+        lines.append(f"  hints {label}: {hints}")
+    merged = explanation.get("merged")
+    if merged:
+        pref = "preferred" if merged.get("preferred") else "not preferred"
+        lines.append(f"  merged hint: {_mask(merged.get('mask'))} {pref}")
+    return lines
+
+
+def refusal_lines(prefix: str, error: dict[str, Any]) -> list[str]:
+    """A refusal: "<prefix>: <reason>", then the reasoning."""
+    details = error.get("details") or {}
+    reason = details.get("reason") or error.get("message") or "admission refused"
+    message = error.get("message") or reason
+    lines = [f"{prefix}: {reason}"]
+    if message != reason:
+        lines.append(f"  {message}")
+    return lines + explanation_lines(details)
+
+
+def decision_lines(record: dict[str, Any]) -> list[str]:
+    """A one-line summary of an admission (or dry run), then its reasoning."""
+    devices = ",".join(d.get("address", "?") for d in record.get("devices") or []) or "-"
+    nodes = ",".join(str(n) for n in record.get("numa_nodes") or []) or "-"
+    mems = ",".join(str(n) for n in record.get("mems") or []) or "-"
+    verb = "would admit" if record.get("dry_run") else "admitted"
+    lines = [f"{verb} {record.get('name', '?')}: cpus {record.get('cpus') or '-'}"
+             f"{' (exclusive)' if record.get('exclusive') else ' (shared)'} "
+             f"numa nodes {nodes} mems {mems} devices {devices} "
+             f"enforcement {record.get('enforcement', '-')}"]
+    return lines + explanation_lines(record.get("explanation") or {})

@@ -1,0 +1,54 @@
+"""`numa-agent`: the daemon and its admin commands.
+
+Each subcommand lives in its own module under numa_agent.cli with two functions:
+``add_parser(subparsers)`` and ``run(args) -> int``. This file only wires them,
+so `numa-agent topology` never imports the daemon's dependencies.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# subcommand name -> module under numa_agent.cli
+SUBCOMMANDS = {
+    "serve": "serve_cmd",
+    "topology": "topology_cmd",
+    "status": "status_cmd",
+    "explain": "explain_cmd",
+    "release": "release_cmd",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="numa-agent",
+        description="NUMA-aware node agent: discovers the machine, admits and pins workloads.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for name, module_name in SUBCOMMANDS.items():
+        try:
+            module = importlib.import_module(f"numa_agent.cli.{module_name}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"numa_agent.cli.{module_name}":
+                raise
+            continue  # subcommand not built yet
+        module.add_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,233 @@
+"""`numa-run`: run a command on a NUMA-aligned allocation granted by the agent.
+
+The agent identifies this process by the socket's peer credentials and, on
+admission, has already moved it into the workload's cgroup; numa-run then
+sets the environment and execs the command, so the PID, signals and exit
+status are the command's own. Imports are kept to the minimum (no msgspec,
+psutil...) because this runs in front of every latency-sensitive program.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any, NoReturn
+
+from numa_agent.cli import common
+
+PROG = "numa-run"
+EXIT_FAILURE = 125       # numa-run's own failure (unreachable, refused, bad option)
+EXIT_NOT_EXECUTABLE = 126
+EXIT_NOT_FOUND = 127
+NVIDIA_VENDOR = "0x10de"
+
+EXAMPLES = """\
+examples:
+  numa-run --cpus 4 --memory 8Gi -- ./server --port 8080
+      4 exclusive CPUs (whole cores) and 8 GiB on one NUMA node
+  numa-run --cpus 8 --device gpu=1 --policy single-numa-node python train.py
+      8 CPUs and a GPU on the same node, or refuse
+  numa-run --hugepages 1Gi=4 --cpus 2 ./dpdk-app
+  numa-run -N 1 -m 1 --cpus 2 ./app          CPUs and memory from node 1 only
+  numa-run --pod p1 --pod-cpus 6 --cpus 4 ./main   first member books the pod budget
+  numa-run --pod p1 --cpus 2 ./sidecar             later members draw from it
+  numa-run --dry-run --cpus 16                     show the decision, book nothing
+
+The command sees NUMA_AGENT_WORKLOAD, NUMA_AGENT_CPUS, NUMA_AGENT_MEMS and
+NUMA_AGENT_DEVICES (and CUDA_VISIBLE_DEVICES for NVIDIA GPUs).
+exit status: the command's own; 125 numa-run failed (agent unreachable,
+admission refused, bad option); 126 command not executable; 127 not found.
+"""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        common.print_error(PROG, message)
+        sys.exit(EXIT_FAILURE)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog=PROG,
+        usage="%(prog)s [OPTIONS] [--] COMMAND [ARGS...]",
+        description="Ask the numa-agent for NUMA-aligned exclusive CPUs, memory, hugepages "
+                    "and devices, then run COMMAND inside that allocation.",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    common.add_allocation_options(parser)
+    out = parser.add_argument_group("behaviour")
+    out.add_argument("--dry-run", action="store_true",
+                     help="print the agent's decision; launch nothing, book nothing")
+    out.add_argument("--json", action="store_true",
+                     help="print the decision as JSON (stdout for --dry-run and refusals, "
+                          "stderr before exec)")
+    out.add_argument("-v", "--verbose", action="store_true",
+                     help="print the binding to stderr before running the command")
+    parser.add_argument("command", nargs=argparse.REMAINDER, metavar="COMMAND",
+                        help=argparse.SUPPRESS)
+    return parser
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """Options stop at the first non-option word or at `--`."""
+    args = build_parser().parse_args(argv)
+    if args.command and args.command[0] == "--":
+        args.command = args.command[1:]
+    return args
+
+
+def check_command(command: list[str]) -> int | None:
+    """Exit status if COMMAND cannot run (checked before anything is booked)."""
+    import shutil
+    program = command[0]
+    if "/" in program:
+        if not os.path.exists(program):
+            return EXIT_NOT_FOUND
+        if os.path.isdir(program) or not os.access(program, os.X_OK):
+            return EXIT_NOT_EXECUTABLE
+        return None
+    if shutil.which(program) is not None:
+        return None
+    # which() skips files without the execute bit; tell those apart from missing ones.
+    for directory in os.environ.get("PATH", os.defpath).split(os.pathsep):
+        if os.path.isfile(os.path.join(directory or ".", program)):
+            return EXIT_NOT_EXECUTABLE
+    return EXIT_NOT_FOUND
+
+
+def workload_env(record: dict[str, Any]) -> dict[str, str]:
+    """The variables the workload sees, from the admission record."""
+    devices = record.get("devices") or []
+    env = {
+        "NUMA_AGENT_WORKLOAD": str(record.get("name", "")),
+        "NUMA_AGENT_CPUS": str(record.get("cpus") or ""),
+        "NUMA_AGENT_MEMS": ",".join(str(n) for n in record.get("mems") or []),
+        "NUMA_AGENT_DEVICES": ",".join(d.get("address", "") for d in devices),
+    }
+    gpus = [d for d in devices if str(d.get("vendor", "")).lower() == NVIDIA_VENDOR]
+    if gpus:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(_cuda_id(d["address"]) for d in gpus)
+    return env
+
+
+def _cuda_id(address: str) -> str:
+    """The GPU's UUID from the NVIDIA driver when it exposes one (CUDA documents
+    indices and UUIDs for CUDA_VISIBLE_DEVICES), else its PCI bus id."""
+    try:
+        with open(f"/proc/driver/nvidia/gpus/{address}/information") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "GPU UUID" and value.strip().startswith("GPU-"):
+                    return value.strip()
+    except OSError:
+        pass
+    return address
+
+
+def _apply_affinity(record: dict[str, Any]) -> str | None:
+    """Fallback mode: pin ourselves too (the agent did, this makes it exact).
+    Returns why memory could not be bound, or None."""
+    cpus = record.get("cpus")
+    if cpus:
+        from numa_agent.core.cpuset import CpuSet
+        os.sched_setaffinity(0, CpuSet.parse(cpus).ids())
+    mems = record.get("mems")
+    if mems:
+        try:
+            from numa_agent.enforcement.affinity import bind_memory_self
+        except ImportError:
+            return "memory binding is not available in this build"
+        result = bind_memory_self(list(mems))
+        if not result:
+            return getattr(result, "reason", "") or "memory binding was not applied"
+    return None
+
+
+def _release(args: argparse.Namespace, name: str) -> None:
+    try:
+        common.call(args, "DELETE", f"/v1/workloads/{name}")
+    except common.CliError as exc:
+        common.print_error(PROG, f"could not release {name}: {exc}")
+
+
+def _report_agent_error(args: argparse.Namespace, exc: common.AgentError) -> None:
+    if args.json:
+        common.print_json({"error": exc.error})
+    elif exc.error.get("code") in ("admission_refused", "topology_affinity_error"):
+        print("\n".join(common.refusal_lines(f"{PROG}: refused", exc.error)), file=sys.stderr)
+    else:
+        common.print_error(PROG, str(exc))
+
+
+def run(args: argparse.Namespace) -> int:
+    command = list(args.command)
+    if not command and not args.dry_run:
+        common.print_error(PROG, "no command given (see numa-run --help)")
+        return EXIT_FAILURE
+    if command:
+        unusable = check_command(command)
+        if unusable is not None:
+            what = "not found" if unusable == EXIT_NOT_FOUND else "not executable"
+            common.print_error(PROG, f"{command[0]}: command {what}")
+            return unusable
+    try:
+        body = common.build_request(args, command)
+        path = "/v1/workloads?dry_run=1" if args.dry_run else "/v1/workloads"
+        _, record = common.call(args, "POST", path, body)
+    except common.AgentError as exc:
+        _report_agent_error(args, exc)
+        return EXIT_FAILURE
+    except common.CliError as exc:
+        common.print_error(PROG, str(exc))
+        return EXIT_FAILURE
+
+    if args.dry_run:
+        if args.json:
+            common.print_json(record)
+        else:
+            print("\n".join(common.decision_lines(record)))
+        return 0
+
+    name = str(record.get("name", ""))
+    memory_note = None
+    try:
+        if record.get("enforcement") == "affinity":
+            memory_note = _apply_affinity(record)
+        env = workload_env(record)
+    except (OSError, ValueError) as exc:
+        common.print_error(PROG, f"cannot apply the binding of {name}: {exc}")
+        _release(args, name)
+        return EXIT_FAILURE
+    os.environ.update(env)
+    if args.json:
+        common.print_json(record, sys.stderr)
+    if args.verbose:
+        print(f"{PROG}: {name} cpus {env['NUMA_AGENT_CPUS'] or '-'} mems "
+              f"{env['NUMA_AGENT_MEMS'] or '-'} devices {env['NUMA_AGENT_DEVICES'] or '-'} "
+              f"({record.get('enforcement', '-')})", file=sys.stderr)
+        if memory_note:
+            print(f"{PROG}: note: mems not enforced: {memory_note}", file=sys.stderr)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        os.execvp(command[0], command)
+    except OSError as exc:
+        status = EXIT_NOT_FOUND if isinstance(exc, FileNotFoundError) else EXIT_NOT_EXECUTABLE
+        common.print_error(PROG, f"{command[0]}: {exc.strerror or exc}")
+        _release(args, name)
+        return status
+    return EXIT_FAILURE  # not reached: execvp returns only by raising
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        return run(parse_args(sys.argv[1:] if argv is None else argv))
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

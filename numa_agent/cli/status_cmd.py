@@ -1,0 +1,108 @@
+"""`numa-agent status`: per-node capacity and use, then the workloads."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Any
+
+from numa_agent.cli import common
+
+PROG = "numa-agent status"
+_COLUMNS = ("capacity", "reserved", "allocated", "free")
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "status", help="per-node CPUs, memory, hugepages, devices and the workloads",
+        description="Show, per NUMA node, CPUs, memory, each hugepage size and devices as "
+                    "capacity / reserved / allocated / free, then each workload.")
+    parser.add_argument("--json", action="store_true", help="print the agent's status as JSON")
+    common.add_socket_option(parser)
+    parser.set_defaults(func=run)
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        _, status = common.call(args, "GET", "/v1/status")
+    except common.CliError as exc:
+        common.print_error(PROG, str(exc))
+        return 1
+    if args.json:
+        common.print_json(status)
+    else:
+        print("\n".join(format_status(status, now=time.time())))
+    return 0
+
+
+def _table(rows: list[list[str]], right_from: int) -> list[str]:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    out = []
+    for row in rows:
+        cells = [cell.rjust(w) if i >= right_from else cell.ljust(w)
+                 for i, (cell, w) in enumerate(zip(row, widths))]
+        out.append("  ".join(cells).rstrip())
+    return out
+
+
+def _amounts(values: dict[str, Any], fmt=str) -> list[str]:
+    return [fmt(values[c]) if values.get(c) is not None else "-" for c in _COLUMNS]
+
+
+def node_rows(nodes: list[dict[str, Any]]) -> list[list[str]]:
+    rows = [["NODE", "RESOURCE", *[c.upper() for c in _COLUMNS]]]
+    for node in nodes:
+        nid = str(node.get("id", "?"))
+        if "cpus" in node:
+            rows.append([nid, "cpus", *_amounts(node["cpus"])])
+        if "memory_bytes" in node:
+            rows.append([nid, "memory", *_amounts(node["memory_bytes"], common.human_bytes)])
+        for size, values in sorted((node.get("hugepages") or {}).items()):
+            rows.append([nid, f"hugepages-{size}", *_amounts(values)])
+        for resource, values in sorted((node.get("devices") or {}).items()):
+            rows.append([nid, f"device {resource}", *_amounts(values)])
+    return rows
+
+
+def _age(created: float | None, now: float) -> str:
+    if created is None:
+        return "-"
+    seconds = max(0, int(now - created))
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
+
+
+def workload_rows(workloads: list[dict[str, Any]], now: float) -> list[list[str]]:
+    rows = [["NAME", "OWNER", "POD", "CPUS", "NODES", "DEVICES", "AGE"]]
+    for wl in workloads:
+        cpus = wl.get("cpus") or "-"
+        if cpus != "-" and not wl.get("exclusive", True):
+            cpus += " (shared)"
+        devices = ",".join(d.get("address", "?") for d in wl.get("devices") or []) or "-"
+        rows.append([str(wl.get("name", "?")), str(wl.get("owner_uid", "-")),
+                     wl.get("pod") or "-", cpus,
+                     ",".join(str(n) for n in wl.get("numa_nodes") or []) or "-",
+                     devices, _age(wl.get("created_unix"), now)])
+    return rows
+
+
+def format_status(status: dict[str, Any], now: float) -> list[str]:
+    policy = status.get("policy") or {}
+    lines = [f"enforcement: {status.get('enforcement', '-')}   topology policy: "
+             f"{policy.get('topology', '-')} (scope {policy.get('scope', '-')})   "
+             f"shared pool: {status.get('shared_pool') or '-'}", ""]
+    lines += _table(node_rows(status.get("nodes") or []), right_from=2)
+    workloads = status.get("workloads") or []
+    lines.append("")
+    if workloads:
+        lines += _table(workload_rows(workloads, now), right_from=7)
+    else:
+        lines.append("no workloads")
+    for pod in status.get("pods") or []:
+        lines.append(f"pod {pod.get('name')}: cpus {pod.get('cpus') or '-'} nodes "
+                     f"{','.join(str(n) for n in pod.get('numa_nodes') or []) or '-'} members "
+                     f"{','.join(pod.get('members') or []) or '-'}")
+    return lines

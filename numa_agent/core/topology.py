@@ -1,0 +1,168 @@
+"""The machine as discovery sees it: one immutable value.
+
+Everything here is plain data plus derived views; nothing reads files. The
+sysfs reader (numa_agent.discovery.sysfs) builds it; the managers only read it.
+Ids are the kernel's: NUMA node ids may be sparse, package ids may be large
+(PPTT offsets on ARM), and a NUMA node may have no CPUs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Mapping
+
+from numa_agent.core.cpuset import CpuSet
+
+UNKNOWN_NODE = -1
+
+
+@dataclass(frozen=True, slots=True)
+class Cpu:
+    id: int
+    online: bool
+    numa_node: int  # UNKNOWN_NODE when the CPU is in no node
+    package: int | None = None  # physical_package_id
+    die: int | None = None  # die_id where the kernel has it
+    cluster: int | None = None  # cluster_id where the kernel has it
+    core_id: int | None = None  # raw core_id: NOT unique per package on every machine
+    core: int | None = None  # machine-unique core index: lowest CPU id of the SMT sibling group
+    siblings: CpuSet = CpuSet()  # SMT siblings incl. itself (thread_siblings / core_cpus)
+    l3: int | None = None  # machine-unique L3 group index: lowest CPU id sharing the L3
+    isolated: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class HugePages:
+    size_kb: int
+    total: int
+    free: int
+    surplus: int = 0
+
+    @property
+    def label(self) -> str:
+        """"2048kB" as in sysfs directory names."""
+        return f"{self.size_kb}kB"
+
+
+@dataclass(frozen=True, slots=True)
+class NumaNode:
+    id: int
+    cpus: CpuSet  # every CPU the kernel lists for the node (online or not)
+    memory_total_bytes: int = 0
+    memory_free_bytes: int = 0
+    hugepages: tuple[HugePages, ...] = ()
+    distances: Mapping[int, int] = field(default_factory=dict)  # node id -> distance
+
+    def hugepage(self, size_kb: int) -> HugePages | None:
+        for h in self.hugepages:
+            if h.size_kb == size_kb:
+                return h
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class PciDevice:
+    address: str  # "0000:3b:00.0"
+    pci_class: str  # "0x030200"
+    vendor: str  # "0x10de"
+    device: str
+    numa_node: int  # UNKNOWN_NODE when neither numa_node nor local_cpulist tells
+    numa_node_source: str = "numa_node"  # "numa_node" | "local_cpulist" | "unknown"
+    subsystem_vendor: str | None = None
+    subsystem_device: str | None = None
+    driver: str | None = None
+    local_cpus: CpuSet = CpuSet()
+    physfn: str | None = None  # SR-IOV: the physical function's address (for a VF)
+    virtfns: tuple[str, ...] = ()  # SR-IOV: the virtual functions' addresses (for a PF)
+    sriov_totalvfs: int | None = None
+    sriov_numvfs: int | None = None
+    net: tuple[str, ...] = ()  # network interface names
+    block: tuple[str, ...] = ()  # block device names (NVMe namespaces...)
+    infiniband: tuple[str, ...] = ()
+    other_children: tuple[str, ...] = ()  # other class children, "class/name"
+
+
+# No slots: the cached_property views below need an instance __dict__.
+@dataclass(frozen=True)
+class Topology:
+    numa_nodes: tuple[NumaNode, ...]  # sorted by id
+    cpus: tuple[Cpu, ...]  # sorted by id; every CPU with a cpuN dir or named by a node
+    pci_devices: tuple[PciDevice, ...] = ()  # sorted by address
+    allowed_cpus: CpuSet | None = None  # the agent's own cpuset; None = unrestricted
+    allowed_mems: frozenset[int] | None = None
+    architecture: str | None = None
+    kernel: str | None = None
+
+    # ---- derived views --------------------------------------------------
+    @cached_property
+    def _cpu_index(self) -> dict[int, Cpu]:
+        return {c.id: c for c in self.cpus}
+
+    def cpu(self, cpu_id: int) -> Cpu:
+        return self._cpu_index[cpu_id]
+
+    @cached_property
+    def _node_index(self) -> dict[int, NumaNode]:
+        return {n.id: n for n in self.numa_nodes}
+
+    def node(self, node_id: int) -> NumaNode:
+        return self._node_index[node_id]
+
+    @property
+    def node_ids(self) -> tuple[int, ...]:
+        return tuple(n.id for n in self.numa_nodes)
+
+    @cached_property
+    def online_cpus(self) -> CpuSet:
+        return CpuSet(c.id for c in self.cpus if c.online)
+
+    @cached_property
+    def usable_cpus(self) -> CpuSet:
+        """Online CPUs the agent may hand out: online, in its cpuset, in a node."""
+        cpus = CpuSet(c.id for c in self.cpus if c.online and c.numa_node != UNKNOWN_NODE)
+        if self.allowed_cpus is not None:
+            cpus = cpus & self.allowed_cpus
+        return cpus
+
+    @cached_property
+    def usable_node_ids(self) -> tuple[int, ...]:
+        if self.allowed_mems is None:
+            return self.node_ids
+        return tuple(n for n in self.node_ids if n in self.allowed_mems)
+
+    def node_cpus(self, node_id: int, online_only: bool = True) -> CpuSet:
+        if online_only:
+            return CpuSet(c.id for c in self.cpus if c.online and c.numa_node == node_id)
+        return self.node(node_id).cpus
+
+    def distance(self, a: int, b: int) -> int:
+        return self.node(a).distances.get(b, 10 if a == b else 20)
+
+    @cached_property
+    def packages(self) -> dict[int, CpuSet]:
+        out: dict[int, set[int]] = {}
+        for c in self.cpus:
+            if c.online and c.package is not None:
+                out.setdefault(c.package, set()).add(c.id)
+        return {p: CpuSet(ids) for p, ids in sorted(out.items())}
+
+    @cached_property
+    def cores(self) -> tuple[CpuSet, ...]:
+        """Every SMT sibling group among online CPUs, by first CPU."""
+        groups = {c.siblings & self.online_cpus for c in self.cpus if c.online}
+        return tuple(sorted((g for g in groups if g), key=lambda g: g.min()))
+
+    @cached_property
+    def l3_groups(self) -> dict[int, CpuSet]:
+        out: dict[int, set[int]] = {}
+        for c in self.cpus:
+            if c.online and c.l3 is not None:
+                out.setdefault(c.l3, set()).add(c.id)
+        return {k: CpuSet(v) for k, v in sorted(out.items())}
+
+    def device(self, address: str) -> PciDevice:
+        for d in self.pci_devices:
+            if d.address == address:
+                return d
+        raise KeyError(address)

@@ -1,0 +1,139 @@
+"""PCI devices from `sys/bus/pci/devices`, with their NUMA node.
+
+Firmware often leaves `numa_node` at -1 (uncore devices, NVMe behind a
+socket's root port, whole 4-socket machines). The device's `local_cpulist`
+still tells where it sits: when its online CPUs all belong to exactly one
+NUMA node, that node is the device's node (source "local_cpulist").
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Mapping
+
+from numa_agent.core.cpuset import CpuSet
+from numa_agent.core.topology import UNKNOWN_NODE, PciDevice
+from numa_agent.discovery.files import (
+    DiscoveryError,
+    link_basename,
+    numbered_entries,
+    read_cpus,
+    read_int,
+    read_text,
+)
+
+_PCI_ADDRESS = re.compile(r"^[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$")
+# nvme0n1 is a namespace; nvme0c0n1 is one hidden path of a multipath namespace.
+_NVME_NAMESPACE = re.compile(r"^nvme\d+n\d+$")
+# Subdirectories of a device directory that are not class children.
+_NOT_CLASS_DIRS = frozenset({"power", "msi_irqs", "iommu_group", "driver", "subsystem",
+                             "firmware_node", "physfn", "link", "ptp_pin"})
+
+
+def read_pci_devices(sys_dir: str, online: CpuSet, node_of_cpu: Mapping[int, int]) -> tuple[PciDevice, ...]:
+    """Every device under `sys_dir/bus/pci/devices`, sorted by address.
+
+    `online` and `node_of_cpu` (online CPU -> NUMA node) drive the
+    local_cpulist fallback for devices with no numa_node."""
+    base = os.path.join(sys_dir, "bus", "pci", "devices")
+    try:
+        names = sorted(os.listdir(base))
+    except (FileNotFoundError, NotADirectoryError):
+        return ()
+    devices = []
+    for name in names:
+        path = os.path.join(base, name)
+        # Entries are symlinks into sys/devices/pci*/... on real kernels and
+        # plain directories in some captured trees; realpath handles both.
+        real = os.path.realpath(path)
+        if not os.path.isdir(real):
+            continue
+        devices.append(_read_device(name, real, online, node_of_cpu))
+    return tuple(devices)
+
+
+def _read_device(address: str, path: str, online: CpuSet, node_of_cpu: Mapping[int, int]) -> PciDevice:
+    def attr(name: str) -> str | None:
+        return read_text(os.path.join(path, name))
+
+    local_cpus = read_cpus(path, ("local_cpulist",), ("local_cpus",)) or CpuSet()
+    raw_node = read_int(os.path.join(path, "numa_node"))
+    if raw_node is not None and raw_node >= 0:
+        node, source = raw_node, "numa_node"
+    else:
+        node = _node_from_local_cpus(local_cpus, online, node_of_cpu)
+        source = "local_cpulist" if node != UNKNOWN_NODE else "unknown"
+
+    virtfns = tuple(
+        vf for _, vf in (
+            (n, link_basename(os.path.join(path, entry)))
+            for n, entry in numbered_entries(path, "virtfn")
+        ) if vf
+    )
+    children = _class_children(path)
+    return PciDevice(
+        address=address,
+        pci_class=attr("class") or "",
+        vendor=attr("vendor") or "",
+        device=attr("device") or "",
+        numa_node=node,
+        numa_node_source=source,
+        subsystem_vendor=attr("subsystem_vendor"),
+        subsystem_device=attr("subsystem_device"),
+        driver=link_basename(os.path.join(path, "driver")),
+        local_cpus=local_cpus,
+        physfn=link_basename(os.path.join(path, "physfn")),
+        virtfns=virtfns,
+        sriov_totalvfs=read_int(os.path.join(path, "sriov_totalvfs")),
+        sriov_numvfs=read_int(os.path.join(path, "sriov_numvfs")),
+        net=children.pop("net", ()),
+        block=children.pop("block", ()),
+        infiniband=children.pop("infiniband", ()),
+        other_children=tuple(
+            f"{cls}/{child}" for cls in sorted(children) for child in children[cls]
+        ),
+    )
+
+
+def _node_from_local_cpus(local: CpuSet, online: CpuSet, node_of_cpu: Mapping[int, int]) -> int:
+    """The one NUMA node holding every online CPU of `local`, else UNKNOWN_NODE."""
+    nodes = {node_of_cpu.get(cpu, UNKNOWN_NODE) for cpu in local & online}
+    if len(nodes) == 1:
+        return nodes.pop()  # may itself be UNKNOWN_NODE: CPUs in no node
+    return UNKNOWN_NODE
+
+
+def _class_children(path: str) -> dict[str, tuple[str, ...]]:
+    """class name -> child names, e.g. {"net": ("eth0",), "block": ("nvme0n1",)}.
+
+    A class directory is a real subdirectory (not a nested PCI function) that
+    itself holds subdirectories. NVMe controllers put their namespaces one
+    level deeper (`nvme/nvme0/nvme0n1`); those count as block devices."""
+    out: dict[str, list[str]] = {}
+    try:
+        entries = sorted(os.scandir(path), key=lambda e: e.name)
+    except (FileNotFoundError, NotADirectoryError):
+        return {}
+    for entry in entries:
+        if entry.is_symlink() or not entry.is_dir() or entry.name in _NOT_CLASS_DIRS:
+            continue
+        if _PCI_ADDRESS.match(entry.name):
+            continue
+        subdirs = sorted(e.name for e in os.scandir(entry.path) if e.is_dir(follow_symlinks=False))
+        if not subdirs:
+            continue
+        out.setdefault(entry.name, []).extend(subdirs)
+        if entry.name == "nvme":
+            for controller in subdirs:
+                ctrl_path = os.path.join(entry.path, controller)
+                namespaces = sorted(
+                    e.name for e in os.scandir(ctrl_path)
+                    if e.is_dir(follow_symlinks=False) and _NVME_NAMESPACE.match(e.name)
+                )
+                block = out.setdefault("block", [])
+                block.extend(n for n in namespaces if n not in block)
+    return {cls: tuple(names) for cls, names in out.items()}
+
+
+__all__ = ["read_pci_devices", "DiscoveryError"]

@@ -1,0 +1,505 @@
+"""cgroup v2 driver: plain file I/O below the agent's own cgroup.
+
+`CgroupV2(root)` never touches anything outside `root`: every relative path is
+validated first. Every OSError becomes a typed `CgroupError` (see errors.py)
+whose message names the file, the value written and the errno.
+
+When `root` holds the fake-tree marker (see fake_cgroupfs.py), mkdir, rmdir and
+writes go through `FakeCgroupfs`, which reproduces the kernel's side effects on
+regular files; on a real cgroupfs the kernel does that work itself.
+
+Kernel rules this driver relies on (Documentation/admin-guide/cgroup-v2.rst):
+- a controller can be enabled in `cgroup.subtree_control` only if it is listed
+  in the same cgroup's `cgroup.controllers`;
+- a non-root cgroup with a domain controller (memory, hugetlb, io) enabled
+  for its children cannot hold processes (EBUSY), so workloads live in leaf
+  cgroups;
+- an empty `cpuset.cpus` or `cpuset.mems` means "inherit the parent's", which
+  would silently give a workload every CPU: this driver refuses to write one;
+- a partition request the kernel cannot honour is accepted and reads back as
+  "<type> invalid (<reason>)": `set_partition` reads back and raises.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import re
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable
+
+from numa_agent.core.cpuset import CpuSet, CpuSetParseError
+from numa_agent.core.hints import NumaMask
+from numa_agent.enforcement.errors import (
+    CgroupError,
+    CgroupInvalidError,
+    CgroupPathError,
+    CgroupUnsupportedError,
+    cgroup_error_from_oserror,
+)
+from numa_agent.enforcement.fake_cgroupfs import FakeCgroupfs, is_fake
+from numa_agent.enforcement.libc import libc
+
+CGROUP2_SUPER_MAGIC = 0x63677270
+PARTITION_TYPES = ("root", "isolated", "member")
+
+_COMPONENT = re.compile(r"[A-Za-z0-9_.:@-]+")
+# A cgroup named like an interface file ("memory.max") would collide with one.
+_INTERFACE_PREFIXES = ("cgroup.", "cpuset.", "cpu.", "io.", "memory.", "hugetlb.",
+                       "pids.", "rdma.", "misc.", "perf_event.")
+
+
+@dataclass(frozen=True)
+class CgroupCapabilities:
+    """What the agent can do with its root cgroup. `reason` says why not."""
+
+    root: str
+    mounted: bool                 # root is a cgroup2 directory (or a fake tree)
+    fake: bool
+    writable: bool
+    controllers: tuple[str, ...]  # from root/cgroup.controllers, kernel order
+    cpuset: bool
+    memory: bool
+    hugetlb: bool
+    partition: bool               # root/cpuset.cpus.partition exists
+    reason: str = ""
+
+    @property
+    def usable(self) -> bool:
+        return self.mounted and self.writable and self.cpuset
+
+
+def hugetlb_size_name(size: int | str) -> str:
+    """The kernel's hugetlb cgroup file infix for a huge page size.
+
+    Accepts a size in kB (2048), a sysfs label ("2048kB",
+    "hugepages-1048576kB") or the cgroup form itself ("2MB"). The kernel names
+    files with the largest whole unit: KB below 1 MiB (upper-case K), then MB,
+    then GB, so 2048kB -> "2MB" and 1048576kB -> "1GB".
+    """
+    kb = _size_kb(size)
+    if kb <= 0:
+        raise ValueError(f"huge page size must be positive, got {size!r}")
+    if kb >= 1 << 20:
+        return f"{kb >> 20}GB"
+    if kb >= 1 << 10:
+        return f"{kb >> 10}MB"
+    return f"{kb}KB"
+
+
+def _size_kb(size: int | str) -> int:
+    if isinstance(size, int):
+        return size
+    text = size.strip()
+    if text.startswith("hugepages-"):
+        text = text[len("hugepages-"):]
+    match = re.fullmatch(r"(\d+)\s*(kB|KB|MB|GB)", text)
+    if not match:
+        raise ValueError(f"not a huge page size: {size!r} (expected e.g. 2048kB, 2MB or 1GB)")
+    number, unit = int(match.group(1)), match.group(2)
+    return number * {"kB": 1, "KB": 1, "MB": 1 << 10, "GB": 1 << 20}[unit]
+
+
+class CgroupV2:
+    """Small typed driver for one cgroup v2 subtree rooted at `root`."""
+
+    def __init__(self, root: str | os.PathLike) -> None:
+        self.root = Path(os.path.abspath(root))
+        self._fake = FakeCgroupfs(self.root) if is_fake(self.root) else None
+
+    @property
+    def is_fake(self) -> bool:
+        return self._fake is not None
+
+    @property
+    def fake(self) -> FakeCgroupfs | None:
+        """The fake tree's emulator (dev mode, tests), None on a real cgroupfs.
+        Its `process_exited(pid)` stands in for the kernel noticing a death."""
+        return self._fake
+
+    # ---- paths -----------------------------------------------------------
+    def path(self, relpath: str = "") -> Path:
+        """Absolute directory of `relpath` ("" is the root), validated."""
+        if not isinstance(relpath, str):
+            raise CgroupPathError(f"cgroup path must be a string, got {type(relpath).__name__}")
+        if relpath == "":
+            return self.root
+        if relpath.startswith("/"):
+            raise CgroupPathError(f"cgroup path {relpath!r} must be relative to {self.root}",
+                                  path=relpath)
+        for part in relpath.split("/"):
+            if part == "":
+                raise CgroupPathError(f"cgroup path {relpath!r} has an empty component",
+                                      path=relpath)
+            if part in (".", ".."):
+                raise CgroupPathError(f"cgroup path {relpath!r} may not contain {part!r}",
+                                      path=relpath)
+            if not _COMPONENT.fullmatch(part):
+                raise CgroupPathError(
+                    f"cgroup path component {part!r} in {relpath!r} has characters "
+                    "outside [A-Za-z0-9_.:@-]", path=relpath)
+            if len(part.encode()) > 255:
+                raise CgroupPathError(f"cgroup path component in {relpath!r} is longer "
+                                      "than 255 bytes", path=relpath)
+            if part.startswith(_INTERFACE_PREFIXES):
+                raise CgroupPathError(f"cgroup name {part!r} in {relpath!r} would collide "
+                                      "with a cgroup interface file", path=relpath)
+        full = self.root.joinpath(*relpath.split("/"))
+        # Belt and braces: the checks above already rule out escaping.
+        if os.path.commonpath([self.root, full]) != str(self.root):
+            raise CgroupPathError(f"cgroup path {relpath!r} escapes {self.root}", path=relpath)
+        return full
+
+    def _file(self, relpath: str, name: str) -> Path:
+        return self.path(relpath) / name
+
+    def _child(self, relpath: str) -> Path:
+        if relpath == "":
+            raise CgroupPathError("this operation needs a child cgroup, not the root itself")
+        return self.path(relpath)
+
+    # ---- raw I/O -----------------------------------------------------------
+    def _read(self, file: Path) -> str:
+        try:
+            with open(file, "rb") as f:
+                return f.read().decode("ascii", errors="replace").replace("\x00", "").strip()
+        except OSError as exc:
+            raise cgroup_error_from_oserror(exc, "read", str(file)) from None
+
+    def _write(self, file: Path, value: str) -> None:
+        try:
+            if self._fake is not None:
+                self._fake.write(file, value)
+                return
+            # No O_CREAT: a missing interface file means a missing controller,
+            # which must surface as ENOENT rather than create a regular file.
+            fd = os.open(file, os.O_WRONLY | os.O_TRUNC | os.O_CLOEXEC)
+            try:
+                data = value.encode("ascii")
+                # cgroupfs parses one write() as one value; never split it.
+                written = os.write(fd, data)
+                if written != len(data):
+                    raise OSError(errno.EIO, f"short write ({written} of {len(data)} bytes)")
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            raise cgroup_error_from_oserror(exc, "write", str(file), value) from None
+
+    # ---- capabilities ---------------------------------------------------------
+    def probe(self) -> CgroupCapabilities:
+        root = self.root
+        fake = self.is_fake
+        reasons: list[str] = []
+        mounted = root.is_dir()
+        if not mounted:
+            reasons.append(f"no cgroup2 mounted at {root} (directory does not exist)")
+        elif not fake:
+            fs_type = _statfs_type(root)
+            if fs_type is not None and fs_type != CGROUP2_SUPER_MAGIC:
+                mounted = False
+                reasons.append(f"no cgroup2 mounted at {root} (filesystem type {fs_type:#x})")
+        controllers: tuple[str, ...] = ()
+        if mounted:
+            try:
+                controllers = tuple(self._read(root / "cgroup.controllers").split())
+            except CgroupError:
+                mounted = False
+                reasons.append(f"no cgroup2 mounted at {root} (no cgroup.controllers)")
+        if mounted and "cpuset" not in controllers:
+            reasons.append(f"cpuset controller not available in {root}/cgroup.controllers "
+                           "(bound to cgroup v1?)")
+        writable = mounted and os.access(root, os.W_OK | os.X_OK) and os.access(
+            root / "cgroup.subtree_control", os.W_OK)
+        if mounted and not writable:
+            reasons.append(f"not writable: {root} (needs root or a delegated cgroup)")
+        return CgroupCapabilities(
+            root=str(root), mounted=mounted, fake=fake, writable=writable,
+            controllers=controllers, cpuset="cpuset" in controllers,
+            memory="memory" in controllers, hugetlb="hugetlb" in controllers,
+            partition=mounted and (root / "cpuset.cpus.partition").is_file(),
+            reason="; ".join(reasons))
+
+    def controllers(self, relpath: str = "") -> tuple[str, ...]:
+        return tuple(self._read(self._file(relpath, "cgroup.controllers")).split())
+
+    def subtree_control(self, relpath: str = "") -> tuple[str, ...]:
+        return tuple(self._read(self._file(relpath, "cgroup.subtree_control")).split())
+
+    def enable_controllers(self, relpath: str, names: Iterable[str]) -> tuple[str, ...]:
+        """Enable `names` for the children of `relpath`, skipping those the
+        cgroup does not offer. Returns the controllers actually requested."""
+        available = self.controllers(relpath)
+        wanted = [n for n in available if n in set(names)]
+        if wanted:
+            self._write(self._file(relpath, "cgroup.subtree_control"),
+                        " ".join(f"+{n}" for n in wanted))
+        return tuple(wanted)
+
+    # ---- cgroups -----------------------------------------------------------------
+    def exists(self, relpath: str) -> bool:
+        return self.path(relpath).is_dir()
+
+    def create(self, relpath: str, exist_ok: bool = False) -> Path:
+        """mkdir one cgroup; its parent must exist (the kernel has no -p)."""
+        directory = self._child(relpath)
+        if exist_ok and directory.is_dir():
+            return directory
+        try:
+            if self._fake is not None:
+                self._fake.mkdir(directory)
+            else:
+                os.mkdir(directory)
+        except OSError as exc:
+            raise cgroup_error_from_oserror(exc, "mkdir", str(directory)) from None
+        return directory
+
+    def remove(self, relpath: str) -> None:
+        """rmdir one cgroup. EBUSY (processes or children left) raises
+        CgroupBusyError."""
+        directory = self._child(relpath)
+        try:
+            if self._fake is not None:
+                self._fake.rmdir(directory)
+            else:
+                os.rmdir(directory)
+        except OSError as exc:
+            raise cgroup_error_from_oserror(exc, "rmdir", str(directory)) from None
+
+    def children(self, relpath: str = "") -> list[str]:
+        """Relative paths of the direct child cgroups, sorted."""
+        directory = self.path(relpath)
+        try:
+            names = sorted(e.name for e in os.scandir(directory) if e.is_dir(follow_symlinks=False))
+        except OSError as exc:
+            raise cgroup_error_from_oserror(exc, "list", str(directory)) from None
+        return [f"{relpath}/{n}" if relpath else n for n in names]
+
+    # ---- cpuset --------------------------------------------------------------------
+    def write_cpuset(self, relpath: str, cpus: CpuSet, mems: Iterable[int]) -> None:
+        """Write `cpuset.mems`, then `cpuset.cpus`.
+
+        cgroup v2 accepts the two files in either order for one cgroup; the
+        order that matters is between siblings (shrink the donor first, then
+        grow the receiver), which the caller owns. Memory goes first so that,
+        whenever the cgroup is allowed onto new CPUs, its allocations are
+        already constrained to (and migrated onto) the nodes meant for them.
+        """
+        mem_set = CpuSet(mems)
+        if not cpus:
+            raise CgroupInvalidError(
+                f"refusing to write an empty cpuset.cpus for {relpath!r}: cgroup v2 treats it "
+                "as 'inherit every CPU of the parent'", path=relpath, value="")
+        if not mem_set:
+            raise CgroupInvalidError(
+                f"refusing to write an empty cpuset.mems for {relpath!r}: cgroup v2 treats it "
+                "as 'inherit every node of the parent'", path=relpath, value="")
+        self._write(self._file(relpath, "cpuset.mems"), mem_set.format())
+        self._write(self._file(relpath, "cpuset.cpus"), cpus.format())
+
+    def write_cpus_exclusive(self, relpath: str, cpus: CpuSet) -> None:
+        """`cpuset.cpus.exclusive` (Linux 6.7+): CPUs handed down for a
+        partition below a cgroup that is not itself a partition root."""
+        self._write(self._file(relpath, "cpuset.cpus.exclusive"), cpus.format())
+
+    def read_effective(self, relpath: str = "") -> tuple[CpuSet, NumaMask]:
+        """(CPUs, memory nodes) the kernel actually grants; the requested
+        files are read when a (fake) tree has no `*.effective` ones."""
+        return (self._read_list(relpath, "cpuset.cpus"),
+                NumaMask.from_bits(self._read_list(relpath, "cpuset.mems").bits))
+
+    def _read_list(self, relpath: str, base: str) -> CpuSet:
+        effective = self._file(relpath, base + ".effective")
+        file = effective if effective.is_file() else self._file(relpath, base)
+        text = self._read(file)
+        try:
+            return CpuSet.parse(text)
+        except CpuSetParseError:
+            raise CgroupInvalidError(f"unexpected content {text!r} in {file}",
+                                     path=str(file)) from None
+
+    def set_partition(self, relpath: str, kind: str) -> None:
+        """Write `cpuset.cpus.partition` and check the kernel honoured it."""
+        if kind not in PARTITION_TYPES:
+            raise CgroupInvalidError(
+                f"partition type must be one of {', '.join(PARTITION_TYPES)}, got {kind!r}",
+                path=relpath, value=kind)
+        file = self._file(relpath, "cpuset.cpus.partition")
+        self._write(file, kind)
+        state = self.partition(relpath)
+        if state != kind:
+            raise CgroupInvalidError(f"wrote {kind!r} to {file} but the kernel reports "
+                                     f"{state!r}", path=str(file), value=kind)
+
+    def partition(self, relpath: str) -> str:
+        return self._read(self._file(relpath, "cpuset.cpus.partition"))
+
+    # ---- limits ----------------------------------------------------------------------
+    def write_memory_max(self, relpath: str, limit_bytes: int | None) -> None:
+        """`memory.max`; None removes the limit ("max")."""
+        self._write(self._file(relpath, "memory.max"), _limit_text(limit_bytes, "memory.max"))
+
+    def write_hugetlb_max(self, relpath: str, size: int | str, limit_bytes: int | None) -> None:
+        """`hugetlb.<size>.max`. `size` is a kB count or label (see
+        hugetlb_size_name). The kernel silently rounds a limit down to whole
+        huge pages, so a limit that is not a multiple is refused here."""
+        name = hugetlb_size_name(size)
+        page_bytes = _size_kb(size) * 1024
+        if limit_bytes is not None and limit_bytes % page_bytes:
+            raise CgroupInvalidError(
+                f"hugetlb limit {limit_bytes} is not a multiple of the {name} page size "
+                f"({page_bytes} bytes) for {relpath!r}", path=relpath, value=str(limit_bytes))
+        file = self._file(relpath, f"hugetlb.{name}.max")
+        self._write(file, _limit_text(limit_bytes, file.name))
+
+    # ---- processes ---------------------------------------------------------------------
+    def move_pid(self, relpath: str, pid: int) -> None:
+        if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0:
+            raise CgroupInvalidError(f"pid must be a positive integer, got {pid!r}",
+                                     path=relpath, value=str(pid))
+        self._write(self._file(relpath, "cgroup.procs"), str(pid))
+
+    def procs(self, relpath: str = "") -> list[int]:
+        if self._fake is not None:
+            self._fake.reap()
+        text = self._read(self._file(relpath, "cgroup.procs"))
+        return sorted(int(line) for line in text.split())
+
+    def populated(self, relpath: str = "") -> bool:
+        if self._fake is not None:
+            self._fake.reap()
+        file = self._file(relpath, "cgroup.events")
+        for line in self._read(file).splitlines():
+            key, _, value = line.partition(" ")
+            if key == "populated":
+                return value.strip() == "1"
+        raise CgroupInvalidError(f"no 'populated' key in {file}", path=str(file))
+
+
+def _limit_text(limit_bytes: int | None, what: str) -> str:
+    if limit_bytes is None:
+        return "max"
+    if isinstance(limit_bytes, bool) or not isinstance(limit_bytes, int) or limit_bytes < 0:
+        raise CgroupInvalidError(f"{what} must be a byte count >= 0 or None, got {limit_bytes!r}",
+                                 value=str(limit_bytes))
+    return str(limit_bytes)
+
+
+# ---- libc through ctypes ----------------------------------------------------------------
+
+
+def _statfs_type(path: Path) -> int | None:
+    """f_type of statfs(2) (the first field on every Linux ABI), or None."""
+    buf = ctypes.create_string_buffer(512)
+    try:
+        rc = libc().statfs(os.fsencode(path), buf)
+    except (OSError, AttributeError):
+        return None
+    if rc != 0:
+        return None
+    return ctypes.c_long.from_buffer(buf).value & 0xFFFFFFFF
+
+
+_IN_MODIFY = 0x00000002
+_IN_Q_OVERFLOW = 0x00004000
+_IN_IGNORED = 0x00008000
+_IN_NONBLOCK = os.O_NONBLOCK
+_IN_CLOEXEC = os.O_CLOEXEC
+_EVENT_HEADER = struct.Struct("iIII")  # wd, mask, cookie, len
+
+
+class EventWatcher:
+    """Tells which watched cgroups' `cgroup.events` changed, without polling.
+
+    The kernel signals a change of `populated` as a modification of
+    `cgroup.events` (inotify IN_MODIFY; also POLLPRI). Register `fileno()`
+    with a selector or asyncio loop and call `read_events()` when readable;
+    then ask `CgroupV2.populated()` for the new state.
+    """
+
+    def __init__(self, cgroup: CgroupV2) -> None:
+        self._cgroup = cgroup
+        self._wd_to_rel: dict[int, str] = {}
+        self._rel_to_wd: dict[str, int] = {}
+        try:
+            init = libc().inotify_init1
+        except AttributeError:
+            raise CgroupUnsupportedError("inotify_init1 is not available in this libc") from None
+        fd = init(_IN_NONBLOCK | _IN_CLOEXEC)
+        if fd < 0:
+            raise cgroup_error_from_oserror(_last_oserror(), "inotify_init1", "(inotify)")
+        self._fd = fd
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def watch(self, relpath: str) -> None:
+        if relpath in self._rel_to_wd:
+            return
+        file = self._cgroup.path(relpath) / "cgroup.events"
+        wd = libc().inotify_add_watch(self._fd, os.fsencode(file), _IN_MODIFY)
+        if wd < 0:
+            raise cgroup_error_from_oserror(_last_oserror(), "watch", str(file))
+        self._wd_to_rel[wd] = relpath
+        self._rel_to_wd[relpath] = wd
+
+    def unwatch(self, relpath: str) -> None:
+        wd = self._rel_to_wd.pop(relpath, None)
+        if wd is not None:
+            self._wd_to_rel.pop(wd, None)
+            # Fails harmlessly when the cgroup (and so the watch) is gone.
+            libc().inotify_rm_watch(self._fd, wd)
+
+    def watched(self) -> list[str]:
+        return sorted(self._rel_to_wd)
+
+    def read_events(self) -> list[str]:
+        """Relative paths whose `cgroup.events` changed since the last call,
+        each once, in arrival order; [] when nothing is pending. On queue
+        overflow every watched path is returned, since any may have changed."""
+        changed: list[str] = []
+        while True:
+            try:
+                data = os.read(self._fd, 64 * 1024)
+            except BlockingIOError:
+                break
+            if not data:
+                break
+            offset = 0
+            while offset + _EVENT_HEADER.size <= len(data):
+                wd, mask, _cookie, name_len = _EVENT_HEADER.unpack_from(data, offset)
+                offset += _EVENT_HEADER.size + name_len
+                if mask & _IN_Q_OVERFLOW:
+                    changed.extend(self.watched())
+                    continue
+                relpath = self._wd_to_rel.get(wd)
+                if relpath is None:
+                    continue
+                if mask & _IN_IGNORED:
+                    # The cgroup was removed; its watch is gone.
+                    self._wd_to_rel.pop(wd, None)
+                    self._rel_to_wd.pop(relpath, None)
+                    continue
+                if mask & _IN_MODIFY:
+                    changed.append(relpath)
+        return list(dict.fromkeys(changed))
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+            self._wd_to_rel.clear()
+            self._rel_to_wd.clear()
+
+    def __enter__(self) -> "EventWatcher":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _last_oserror() -> OSError:
+    code = ctypes.get_errno()
+    return OSError(code, os.strerror(code))

@@ -1,0 +1,359 @@
+"""Enforcers: make the machine match a planned layout.
+
+Two implementations of one small interface:
+
+- CgroupEnforcer writes cgroup v2 files below the agent's root (the real thing).
+- AffinityEnforcer, for machines without a writable cgroup v2 cpuset
+  (containers, development boxes), pins the workload's processes with
+  sched_setaffinity; numa-run binds its own memory policy before exec.
+  Bookkeeping is identical; only the mechanism differs.
+
+Both apply the changes of `plan.order_changes`, so CPUs leave the shared pool
+before a workload gets them and come back only after it is gone.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Mapping
+
+from numa_agent.core.cpuset import CpuSet
+from numa_agent.enforcement.cgroup import CgroupV2, EventWatcher
+from numa_agent.enforcement.errors import CgroupError, CgroupMissingError, EnforcementError
+from numa_agent.enforcement.plan import (
+    AGENT_CGROUP,
+    POD_PREFIX,
+    RELEASED_CGROUP,
+    SHARED_CGROUP,
+    WORKLOAD_PREFIX,
+    CgroupSpec,
+    order_changes,
+)
+from numa_agent.enforcement.processes import process_alive
+
+log = logging.getLogger("numa_agent.enforcement")
+
+THREADED_CONTROLLERS = ("cpuset", "cpu", "pids")
+DOMAIN_CONTROLLERS = ("memory", "hugetlb")
+Layout = Mapping[str, CgroupSpec]
+
+
+class CgroupEnforcer:
+    mode = "cgroup"
+
+    def __init__(self, cgroup: CgroupV2, domain_controllers: bool = True,
+                 partitions: str = "off") -> None:
+        self.cgroup = cgroup
+        # "isolated" or "root": exclusive workloads become cpuset partitions,
+        # when the agent's root is itself a partition root (see setup).
+        self.partitions = partitions
+        self.watcher = EventWatcher(cgroup)
+        caps = cgroup.probe()
+        self.has_memory = caps.memory and domain_controllers
+        self.has_hugetlb = caps.hugetlb and domain_controllers
+        self.child_controllers = THREADED_CONTROLLERS + (DOMAIN_CONTROLLERS if domain_controllers else ())
+        self.reason = None if domain_controllers else "memory and hugetlb limits off (systemd < 254)"
+
+    # ---- set-up ---------------------------------------------------------
+    def setup(self) -> None:
+        """Move the agent out of the root (the no-internal-process rule: a
+        cgroup that delegates controllers to children cannot hold processes)
+        and enable the controllers for the children."""
+        cg = self.cgroup
+        own = os.getpid()
+        if own in cg.procs(""):
+            cg.create(AGENT_CGROUP, exist_ok=True)
+            cg.move_pid(AGENT_CGROUP, own)
+        for pid in cg.procs(""):
+            # Anything else left in the root would block subtree_control.
+            cg.create(AGENT_CGROUP, exist_ok=True)
+            cg.move_pid(AGENT_CGROUP, pid)
+        cg.enable_controllers("", self.child_controllers)
+        if self.partitions != "off":
+            self.partitions = self._check_partitions()
+
+    def _check_partitions(self) -> str:
+        """Partitions are offered only where the hierarchy allows them: the
+        agent's root must already be a partition root. The agent never makes
+        it one itself, since that takes its CPUs away from the whole system:
+        that is the administrator's decision."""
+        try:
+            state = self.cgroup.partition("")
+        except CgroupError as exc:
+            log.warning("cpuset partitions unavailable (%s); exclusive workloads stay members", exc)
+            return "off"
+        if state.split()[0] not in ("root", "isolated") or "invalid" in state:
+            log.warning("cpuset partitions unavailable: %s is not a partition root (its "
+                        "cpuset.cpus.partition reads %r); exclusive workloads stay members",
+                        self.cgroup.root, state)
+            return "off"
+        log.info("exclusive workloads become %s cpuset partitions", self.partitions)
+        return self.partitions
+
+    def path_of(self, relpath: str) -> str:
+        return str(self.cgroup.path(relpath))
+
+    # ---- apply ---------------------------------------------------------------
+    def apply(self, old: Layout, new: Layout, move: tuple[str, int] | None = None) -> None:
+        cg = self.cgroup
+        for change in order_changes(old, new):
+            spec = change.spec
+            if change.kind == "remove":
+                self.watcher.unwatch(change.relpath)
+                if cg.exists(change.relpath):
+                    self._evict(change.relpath, new)
+                    cg.remove(change.relpath)
+                continue
+            assert spec is not None
+            if change.kind == "create":
+                cg.create(spec.relpath, exist_ok=True)
+                if spec.relpath == SHARED_CGROUP or (spec.relpath.startswith(POD_PREFIX)
+                                                     and "/" not in spec.relpath):
+                    # Parents of workload cgroups: they never hold processes.
+                    cg.enable_controllers(spec.relpath, self.child_controllers)
+                self._write_limits(spec)
+                cg.write_cpuset(spec.relpath, spec.cpus, spec.mems)
+                if self.partitions != "off" and spec.relpath.startswith(WORKLOAD_PREFIX):
+                    self._make_partition(spec.relpath)
+                if spec.workload is not None:
+                    self.watcher.watch(spec.relpath)
+            else:
+                self._write_limits(spec)
+                cg.write_cpuset(spec.relpath, spec.cpus, spec.mems)
+        if move is not None:
+            relpath, pid = move
+            cg.move_pid(relpath, pid)
+        self.verify(new)
+
+    def _make_partition(self, relpath: str) -> None:
+        try:
+            self.cgroup.set_partition(relpath, self.partitions)
+        except CgroupError as exc:
+            # Still exclusive among the agent's cgroups; only the scheduler
+            # isolation is missing. Say so rather than refuse the workload.
+            log.warning("workload cgroup %s stays a member, not a partition: %s",
+                        self.path_of(relpath), exc)
+
+    def _evict(self, relpath: str, new: Layout) -> None:
+        """Move processes still in a released workload's cgroup to the
+        shared pool, so the cgroup can go and its CPUs return."""
+        pids = self.pids(relpath)
+        if not pids:
+            return
+        if RELEASED_CGROUP in new and not self.cgroup.exists(RELEASED_CGROUP):
+            spec = new[RELEASED_CGROUP]
+            self.cgroup.create(RELEASED_CGROUP)
+            self.cgroup.write_cpuset(RELEASED_CGROUP, spec.cpus, spec.mems)
+        for pid in pids:
+            try:
+                self.cgroup.move_pid(RELEASED_CGROUP, pid)
+            except CgroupMissingError:
+                continue  # exited meanwhile
+        log.info("released %s: %d process(es) moved to the shared pool", relpath, len(pids))
+
+    def _write_limits(self, spec: CgroupSpec) -> None:
+        # Limits go in before any process can be moved in.
+        if self.has_memory:
+            self.cgroup.write_memory_max(spec.relpath, spec.memory_max)
+        if self.has_hugetlb:
+            for size_kb, limit in sorted(spec.hugetlb_max.items()):
+                self.cgroup.write_hugetlb_max(spec.relpath, size_kb, limit)
+
+    def verify(self, layout: Layout) -> None:
+        """Read the kernel's effective cpusets back: a difference means the
+        kernel did not honour what we wrote (e.g. a parent narrowed it)."""
+        for rel, spec in layout.items():
+            cpus, mems = self.cgroup.read_effective(rel)
+            if cpus != spec.cpus:
+                raise EnforcementError(
+                    f"cgroup {self.path_of(rel)}: cpuset.cpus.effective is {cpus.format() or 'empty'}, "
+                    f"expected {spec.cpus.format()}")
+
+    # ---- observation (restart, reconcile) ------------------------------------
+    def exists(self, relpath: str) -> bool:
+        return self.cgroup.exists(relpath)
+
+    def populated(self, relpath: str) -> bool:
+        try:
+            return self.cgroup.populated(relpath)
+        except CgroupMissingError:
+            return False
+
+    def pids(self, relpath: str) -> list[int]:
+        try:
+            return self.cgroup.procs(relpath)
+        except CgroupMissingError:
+            return []
+
+    def read_cpuset(self, relpath: str) -> tuple[CpuSet, tuple[int, ...]]:
+        cpus, mems = self.cgroup.read_effective(relpath)
+        return cpus, mems.nodes()
+
+    def existing(self) -> list[str]:
+        """Every cgroup below the root, parents before children."""
+        out, todo = [], self.cgroup.children("")
+        while todo:
+            rel = todo.pop(0)
+            out.append(rel)
+            todo[0:0] = self.cgroup.children(rel)
+        return out
+
+    def prune(self, layout: Layout) -> list[str]:
+        """Remove empty cgroups below the root that the layout does not name
+        (left by workloads released while the agent was down)."""
+        removed = []
+        for rel in reversed(self.existing()):
+            if rel in layout or self.populated(rel) or self.cgroup.children(rel):
+                continue
+            try:
+                self.cgroup.remove(rel)
+                removed.append(rel)
+            except CgroupError as exc:
+                log.warning("cannot remove stale cgroup %s: %s", self.path_of(rel), exc)
+        return removed
+
+    def watch(self, relpath: str) -> None:
+        self.watcher.watch(relpath)
+
+    def fileno(self) -> int:
+        return self.watcher.fileno()
+
+    def changed(self) -> list[str]:
+        return self.watcher.read_events()
+
+    def close(self) -> None:
+        self.watcher.close()
+
+
+class AffinityEnforcer:
+    """Pins processes with sched_setaffinity where cgroups cannot be used.
+
+    Release is detected through a pidfd of the workload's process: it becomes
+    readable when the process exits (no polling)."""
+
+    mode = "affinity"
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+        self._pidfds: dict[str, int] = {}  # relpath -> pidfd
+        self._by_fd: dict[int, str] = {}
+        self._pids: dict[str, int] = {}
+        # A pipe that wakes the event loop when the set of pidfds changes.
+        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+
+    def setup(self) -> None:
+        pass
+
+    def path_of(self, relpath: str) -> None:
+        return None
+
+    def apply(self, old: Layout, new: Layout, move: tuple[str, int] | None = None) -> None:
+        for change in order_changes(old, new):
+            if change.kind == "remove":
+                pid = self._pids.get(change.relpath)
+                self._forget(change.relpath)
+                if pid is not None and process_alive(pid) and SHARED_CGROUP in new:
+                    _pin_tree(pid, new[SHARED_CGROUP].cpus)  # back to the shared pool
+                continue
+            spec = change.spec
+            assert spec is not None
+            pid = spec.pid
+            if move is not None and move[0] == spec.relpath:
+                pid = move[1]
+            if spec.workload is None or pid is None:
+                continue
+            _pin_tree(pid, spec.cpus)
+        if move is not None:
+            relpath, pid = move
+            spec = new[relpath]
+            _pin_tree(pid, spec.cpus)
+            self.track(relpath, pid)
+
+    def track(self, relpath: str, pid: int) -> bool:
+        """Watch `pid` for exit; False if it is already gone."""
+        if relpath in self._pidfds:
+            return True
+        try:
+            fd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            return False
+        self._pidfds[relpath] = fd
+        self._by_fd[fd] = relpath
+        self._pids[relpath] = pid
+        os.write(self._wake_w, b"x")
+        return True
+
+    def _forget(self, relpath: str) -> None:
+        fd = self._pidfds.pop(relpath, None)
+        self._pids.pop(relpath, None)
+        if fd is not None:
+            self._by_fd.pop(fd, None)
+            os.close(fd)
+            os.write(self._wake_w, b"x")
+
+    def exists(self, relpath: str) -> bool:
+        return relpath in self._pidfds
+
+    def populated(self, relpath: str) -> bool:
+        pid = self._pids.get(relpath)
+        return pid is not None and process_alive(pid)
+
+    def pids(self, relpath: str) -> list[int]:
+        pid = self._pids.get(relpath)
+        return [pid] if pid is not None and process_alive(pid) else []
+
+    def existing(self) -> list[str]:
+        return sorted(self._pidfds)
+
+    @property
+    def wake_fd(self) -> int:
+        """Readable when the set of watched pidfds changed."""
+        return self._wake_r
+
+    def pidfds(self) -> list[int]:
+        return sorted(self._by_fd)
+
+    def drain_wake(self) -> None:
+        try:
+            os.read(self._wake_r, 4096)
+        except BlockingIOError:
+            pass
+
+    def exited(self, ready_fds) -> list[str]:
+        """Workload paths whose process exited, from readable pidfds."""
+        return [self._by_fd[fd] for fd in sorted(ready_fds) if fd in self._by_fd]
+
+    def close(self) -> None:
+        for rel in list(self._pidfds):
+            self._forget(rel)
+        os.close(self._wake_r)
+        os.close(self._wake_w)
+
+
+def _pin_tree(pid: int, cpus: CpuSet) -> None:
+    """Pin every thread of `pid` and of its descendants (threads each carry
+    their own affinity mask)."""
+    import psutil  # only the daemon pays for this import
+
+    try:
+        procs = [psutil.Process(pid)]
+        procs += procs[0].children(recursive=True)
+    except psutil.NoSuchProcess:
+        return
+    for proc in procs:
+        try:
+            tids = [t.id for t in proc.threads()]
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            tids = [proc.pid]
+        for tid in tids:
+            try:
+                os.sched_setaffinity(tid, cpus.ids())
+            except ProcessLookupError:
+                continue
+            except OSError as exc:
+                raise EnforcementError(f"cannot pin task {tid} of pid {pid} to CPUs "
+                                       f"{cpus.format()}: {exc.strerror}") from None
+
+
+__all__ = ["CgroupEnforcer", "AffinityEnforcer", "CgroupError", "EnforcementError"]

@@ -1,0 +1,329 @@
+"""AgentService: the one owner of the state.
+
+Every admission and release runs under one lock, in this order:
+decide (pure) -> checkpoint the new state -> enforce -> acknowledge. If
+enforcement fails, the previous state is checkpointed again and the kernel
+side rolled back, so nothing is half-booked. Readers (status, metrics) get
+immutable snapshots and never wait for a long admission.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import threading
+import time
+from typing import Any, Callable, Mapping
+
+from numa_agent.admission.admit import (
+    InvalidRequest,
+    Refusal,
+    Request,
+    Resources,
+    alignment,
+    decide,
+    effective_cpus,
+    pod_shared_cpus,
+    release as release_workload,
+    shared_pool,
+)
+from numa_agent.admission.accounting import node_accounting
+from numa_agent.admission.hotplug import rebase_state
+from numa_agent.admission.machine import Machine
+from numa_agent.core.cpuset import CpuSet, CpuSetParseError
+from numa_agent.enforcement.errors import EnforcementError
+from numa_agent.enforcement.plan import desired_layout, workload_relpath
+from numa_agent.service.counters import Counters
+from numa_agent.service.errors import (
+    AdmissionRefused,
+    BadRequest,
+    Caller,
+    Conflict,
+    Forbidden,
+    NotFound,
+    ServiceError,
+)
+from numa_agent.state.checkpoint import CheckpointError
+from numa_agent.state.model import AgentState, Workload
+
+log = logging.getLogger("numa_agent.service")
+
+_NAME = re.compile(r"^[a-z0-9]([-a-z0-9_.]{0,61}[a-z0-9])?$")
+VERSION = "0.1.0"
+
+
+class ServiceUnavailable(ServiceError):
+    status = 503
+    code = "unavailable"
+
+
+class AgentService:
+    def __init__(self, machine: Machine, store, enforcer, *,
+                 clock: Callable[[], float] = time.time,
+                 topology_json: Callable[[], dict] | None = None) -> None:
+        self.machine = machine
+        self.store = store
+        self.enforcer = enforcer
+        self.clock = clock
+        self._topology_json = topology_json
+        self.state = AgentState(policy_fingerprint=machine.policy.fingerprint())
+        self.counters = Counters()
+        self.started = clock()
+        self._lock = threading.RLock()
+        self._layout = {}
+
+    # ---- admission ---------------------------------------------------------
+    def admit(self, request: Mapping[str, Any], caller: Caller, dry_run: bool = False) -> dict:
+        started = time.perf_counter()
+        with self._lock:
+            try:
+                req = self._request_from(request, caller)
+                decision = decide(self.machine, self.state, req)
+            except _NameTaken as exc:
+                self.counters.refused("name_in_use", time.perf_counter() - started)
+                raise Conflict(f"a workload named {exc.args[0]!r} already exists; choose another --name") from None
+            except InvalidRequest as exc:
+                self.counters.refused("bad_request", time.perf_counter() - started)
+                raise BadRequest(str(exc)) from None
+            except Refusal as exc:
+                self.counters.refused(exc.code, time.perf_counter() - started)
+                log.warning("refused %s for uid %d pid %d: %s | hints: %s | merged: %s",
+                            request.get("name") or "(unnamed)", caller.uid, caller.pid, exc.message,
+                            _hints_text(exc.explanation), exc.explanation.get("merged"))
+                if exc.code == "forbidden":
+                    raise Forbidden(exc.message) from None
+                code = "topology_affinity_error" if exc.code == "topology_affinity_error" \
+                    else "admission_refused"
+                raise AdmissionRefused(exc.message, code=code,
+                                       details={**exc.explanation, "reason": exc.message,
+                                                "reason_code": exc.code}) from None
+            w = decision.workload
+            if dry_run:
+                self.counters.dry_run(time.perf_counter() - started)
+                return self._admission_view(decision.state, w, decision.explanation, dry_run=True)
+
+            new_state = decision.state
+            self._commit(new_state, move=(workload_relpath(w), caller.pid), caller=caller)
+            self.counters.admitted(time.perf_counter() - started, decision.explanation.get("alignment", {}))
+            log.info("admitted %s for uid %d pid %d: cpus %s mems %s devices %s | hints: %s | merged: %s",
+                     w.name, caller.uid, caller.pid, effective_cpus(self.machine, new_state, w).format(),
+                     ",".join(map(str, w.booking.mems)), ",".join(w.booking.device_addresses()) or "-",
+                     _hints_text(decision.explanation), decision.explanation.get("merged"))
+            return self._admission_view(new_state, w, decision.explanation, dry_run=False)
+
+    def release(self, name: str, caller: Caller | None, reason: str = "requested") -> dict:
+        with self._lock:
+            w = self.state.workload(name)
+            if w is None:
+                raise NotFound(f"no workload named {name!r}")
+            if caller is not None and not caller.is_root and caller.uid != w.owner_uid:
+                raise Forbidden(f"workload {name!r} belongs to uid {w.owner_uid}; only its owner "
+                                f"or root may release it")
+            new_state, released, pod = release_workload(self.state, name)
+            self._commit(new_state, move=None, caller=None)
+            self.counters.releases_total += 1
+            log.info("released %s (%s)%s", name, reason, f"; pod {pod.name} budget freed" if pod else "")
+            return {"name": name, "released": True, "reason": reason,
+                    "pod_released": pod.name if pod else None}
+
+    def _commit(self, new_state: AgentState, move, caller: Caller | None) -> None:
+        """Checkpoint, then enforce; undo both if enforcement fails."""
+        old_state, old_layout = self.state, self._layout
+        new_layout = desired_layout(self.machine, new_state)
+        self._save(new_state)
+        try:
+            if move is not None and caller is not None:
+                _check_alive(caller)
+            self.enforcer.apply(old_layout, new_layout, move)
+        except (EnforcementError, OSError, ProcessLookupError) as exc:
+            log.error("enforcement failed, rolling back: %s", exc)
+            try:
+                self.enforcer.apply(new_layout, old_layout, None)
+            except (EnforcementError, OSError) as undo_exc:
+                log.error("rollback of the cgroup tree failed too: %s", undo_exc)
+            self._save(old_state)
+            msg = str(exc) if not isinstance(exc, ProcessLookupError) else \
+                "the requesting process exited before it could be moved into its workload"
+            raise ServiceUnavailable(f"enforcement failed, nothing was booked: {msg}") from None
+        self.state, self._layout = new_state, new_layout
+
+    def _save(self, state: AgentState) -> None:
+        try:
+            self.store.save(state.to_json())
+            self.counters.checkpoint_writes_total += 1
+        except CheckpointError as exc:
+            self.counters.checkpoint_failures_total += 1
+            log.error("checkpoint write failed: %s", exc)
+            raise ServiceUnavailable(f"cannot write the checkpoint, nothing was booked: {exc}") from None
+
+    # ---- lifecycle -------------------------------------------------------------------
+    def install(self, state: AgentState) -> None:
+        """Adopt a restored state: checkpoint it, then make the kernel match
+        (cgroups re-written, leftovers of released workloads removed)."""
+        with self._lock:
+            layout = desired_layout(self.machine, state)
+            self._save(state)
+            self.enforcer.apply({}, layout, None)
+            prune = getattr(self.enforcer, "prune", None)
+            if prune is not None:
+                prune(layout)
+            self.state, self._layout = state, layout
+
+    def replace_machine(self, machine: Machine) -> list[tuple[str, str]]:
+        """The hardware changed: fit the bookings to the new machine and
+        correct the cgroups. Returns (workload, what it lost) pairs."""
+        with self._lock:
+            new_state, lost = rebase_state(machine, self.state)
+            self.machine = machine
+            self._commit(new_state, move=None, caller=None)
+            for name, what in lost:
+                log.warning("hotplug: workload %s lost %s", name, what)
+            return lost
+
+    # ---- requests ----------------------------------------------------------------
+    def _request_from(self, body: Mapping[str, Any], caller: Caller) -> Request:
+        name = body.get("name") or self._generate_name(body, caller)
+        for key, value in (("name", name), ("pod", body.get("pod"))):
+            if value is not None and not _NAME.match(value):
+                raise InvalidRequest(f"{key} {value!r} must be 1-63 characters of a-z, 0-9, '-', '_', '.', "
+                                     f"starting and ending with a letter or digit")
+        if self.state.workload(name) is not None:
+            raise _NameTaken(name)
+        physcpubind = None
+        if body.get("physcpubind") is not None:
+            try:
+                physcpubind = CpuSet.parse(body["physcpubind"])
+            except CpuSetParseError as exc:
+                raise InvalidRequest(f"physcpubind: {exc}") from None
+        budget = body.get("pod_budget")
+        return Request(
+            name=name, owner_uid=caller.uid, pid=caller.pid,
+            resources=_resources(body), shared=bool(body.get("shared", False)),
+            policy=body.get("policy"), physcpubind=physcpubind,
+            cpunodebind=_nodes(body.get("cpunodebind")), membind=_nodes(body.get("membind")),
+            pod=body.get("pod"), pod_budget=_resources(budget) if budget else None,
+            command=tuple(body.get("command") or ()), created_unix=self.clock())
+
+    def _generate_name(self, body: Mapping[str, Any], caller: Caller) -> str:
+        command = body.get("command") or ["workload"]
+        base = re.sub(r"[^a-z0-9]+", "-", os.path.basename(str(command[0])).lower()).strip("-") or "workload"
+        base = base[:40]
+        name = f"{base}-{caller.pid}"
+        n = 1
+        while self.state.workload(name) is not None:
+            n += 1
+            name = f"{base}-{caller.pid}-{n}"
+        return name
+
+    # ---- views ---------------------------------------------------------------------
+    def _admission_view(self, state: AgentState, w: Workload, explanation, dry_run: bool) -> dict:
+        view = self._workload_view(state, w)
+        view.update({
+            "cgroup": None if dry_run else self.enforcer.path_of(workload_relpath(w)),
+            "enforcement": self.enforcer.mode,
+            "explanation": dict(explanation), "dry_run": dry_run,
+        })
+        return view
+
+    def _workload_view(self, state: AgentState, w: Workload) -> dict:
+        topo = self.machine.topology
+        devices = []
+        for resource, addr in w.booking.devices:
+            d = topo.device(addr)
+            devices.append({"resource": resource, "address": addr, "numa_node": d.numa_node,
+                            "vendor": d.vendor, "device": d.device})
+        hugepages: dict[str, dict[str, int]] = {}
+        memory: dict[str, int] = {}
+        for node, per in sorted(w.booking.memory.items()):
+            for resource, amount in per.items():
+                if resource == "memory":
+                    memory[str(node)] = amount
+                else:
+                    hugepages.setdefault(resource[len("hugepages-"):], {})[str(node)] = amount
+        return {
+            "name": w.name, "owner_uid": w.owner_uid, "pod": w.pod, "pid": w.pid,
+            "cpus": effective_cpus(self.machine, state, w).format(), "exclusive": not w.shared,
+            "numa_nodes": list(w.booking.numa_nodes), "mems": list(w.booking.mems),
+            "memory_bytes": memory, "memory_limit_bytes": w.request.get("memory_bytes") or None,
+            "hugepages": hugepages, "devices": devices, "created_unix": w.created_unix,
+            "command": list(w.command), "aligned": alignment(self.machine, w.booking),
+            "lost": list(w.lost),
+        }
+
+    def list_workloads(self) -> list[dict]:
+        state = self.state
+        return [self._workload_view(state, w) for w in state.workloads]
+
+    def status(self) -> dict:
+        state = self.state  # one immutable snapshot for the whole view
+        return {
+            "enforcement": self.enforcer.mode,
+            "enforcement_reason": self.enforcer.reason,
+            "policy": self.machine.policy.describe(),
+            "reserved_cpus": self.machine.reserved_cpus.format(),
+            "shared_pool": shared_pool(self.machine, state).format(),
+            "nodes": node_accounting(self.machine, state),
+            "workloads": [self._workload_view(state, w) for w in state.workloads],
+            "pods": [{"name": p.name, "owner_uid": p.owner_uid, "cpus": p.booking.cpus.format(),
+                      "numa_nodes": list(p.booking.numa_nodes), "mems": list(p.booking.mems),
+                      "members": list(p.members), "shared_cpus": pod_shared_cpus(state, p).format(),
+                      "budget": dict(p.request), "created_unix": p.created_unix}
+                     for p in state.pods],
+        }
+
+    def topology(self) -> dict:
+        if self._topology_json is not None:
+            return self._topology_json()
+        from numa_agent.views.topology_report import topology_to_json
+        return topology_to_json(self.machine.topology)
+
+    def health(self) -> dict:
+        return {"status": "ok", "enforcement": self.enforcer.mode, "reason": self.enforcer.reason,
+                "uptime_seconds": round(self.clock() - self.started, 3), "version": VERSION,
+                "workloads": len(self.state.workloads)}
+
+    def metrics_snapshot(self) -> dict:
+        with self._lock:
+            return {"status": self.status(), "counters": self.counters.snapshot(),
+                    "info": {"version": VERSION, "enforcement": self.enforcer.mode}}
+
+
+class _NameTaken(InvalidRequest):
+    pass
+
+
+def _check_alive(caller: Caller) -> None:
+    """The pidfd, opened when the caller connected, still names a live
+    process: so caller.pid was not recycled for somebody else."""
+    if caller.pidfd is not None:
+        import signal
+        signal.pidfd_send_signal(caller.pidfd, 0)
+
+
+def _resources(body: Mapping[str, Any]) -> Resources:
+    return Resources(
+        cpus=int(body.get("cpus") or 0),
+        memory_bytes=int(body.get("memory_bytes") or 0),
+        hugepages={int(k): int(v) for k, v in (body.get("hugepages") or {}).items()},
+        devices={str(k): int(v) for k, v in (body.get("devices") or {}).items()},
+    )
+
+
+def _nodes(value) -> tuple[int, ...] | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        try:
+            return CpuSet.parse(value).ids()
+        except CpuSetParseError as exc:
+            raise InvalidRequest(f"bad NUMA node list {value!r}: {exc}") from None
+    return tuple(sorted(int(v) for v in value))
+
+
+def _hints_text(explanation: Mapping[str, Any]) -> str:
+    parts = []
+    for p in explanation.get("providers", ()):
+        parts.append(f"{p.get('provider')}/{p.get('resource')}: {', '.join(map(str, p.get('hints', [])))}"
+                     + (f" (+{p['more']} more)" if p.get("more") else ""))
+    return "; ".join(parts) or "none"
