@@ -36,6 +36,7 @@ from numa_agent.admission.memory_manager import (
 from numa_agent.admission.topology_manager import decide as merge_decide
 from numa_agent.core.cpuset import CpuSet
 from numa_agent.core.hints import NumaMask
+from numa_agent.core.policy import POLICY_NAMES, TopologyPolicy
 from numa_agent.state.model import AgentState, Booking, Pod, Workload
 
 
@@ -246,7 +247,7 @@ def _check_request(machine: Machine, req: Request) -> None:
         if not any(machine.topology.node(n).hugepage(size_kb) for n in machine.node_ids):
             raise InvalidRequest(f"hugepages of {size_kb}kB do not exist on this machine")
     policy = _policy(machine, req)
-    if policy not in ("none", "best-effort", "restricted", "single-numa-node"):
+    if policy not in POLICY_NAMES:
         raise InvalidRequest(f"unknown topology policy {policy!r}")
 
 
@@ -530,8 +531,7 @@ def _topology_reason(machine, state, res, policy_name, merged, free_view) -> str
         if why:
             parts.append(why)
     what = "; ".join(parts) or "the providers' hints do not agree on a NUMA node set"
-    rule = {"single-numa-node": "single-numa-node admits only a preferred single-node hint",
-            "restricted": "restricted admits only a preferred hint"}.get(policy_name, "")
+    rule = TopologyPolicy(policy_name).rule
     if merged.mask is None:
         merged_text = "merged hint: none (no NUMA node set satisfies every provider)"
     else:

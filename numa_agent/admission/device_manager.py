@@ -17,17 +17,15 @@ Everything here is pure and iterates sorted tuples only.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Mapping
 
 from numa_agent.core.hints import HintSet, NumaMask
+from numa_agent.core.names import RESOURCE_RULE, is_resource_name
 from numa_agent.core.topology import UNKNOWN_NODE, PciDevice, Topology
 
 # PCI-to-PCI bridges (0x0604) and host bridges (0x0600) are plumbing, never a workload's device.
 _BRIDGE_CLASSES = ("0x0604", "0x0600")
-_RESOURCE_NAME = re.compile(r"[a-z0-9]([-a-z0-9./]*[a-z0-9])?")
-_MAX_RESOURCE_NAME = 63
 
 Distances = Callable[[int, int], int] | Mapping[int, Mapping[int, int]]
 
@@ -95,12 +93,8 @@ class DeviceResource:
     selector: DeviceSelector
 
     def __post_init__(self) -> None:
-        if (not isinstance(self.name, str) or len(self.name) > _MAX_RESOURCE_NAME
-                or not _RESOURCE_NAME.fullmatch(self.name)):
-            raise DeviceConfigError(
-                f"invalid device resource name {self.name!r}: use at most {_MAX_RESOURCE_NAME} "
-                "characters of a-z, 0-9, '-', '.', '/', starting and ending with a letter or digit"
-            )
+        if not is_resource_name(self.name):
+            raise DeviceConfigError(f"invalid device resource name {self.name!r}: use {RESOURCE_RULE}")
         if self.selector.is_empty():
             raise DeviceConfigError(
                 f"device resource {self.name!r} has an empty selector, which would take every "

@@ -19,10 +19,11 @@ from numa_agent.admission.device_manager import DeviceInventory, DeviceResource,
 from numa_agent.admission.memory_manager import MemoryCapacity
 from numa_agent.admission.topology_manager import TopologyManagerOptions
 from numa_agent.core.cpuset import CpuSet
+from numa_agent.core.policy import POLICY_NAMES, SCOPE_NAMES
 from numa_agent.core.topology import Topology
 
-TOPOLOGY_POLICIES = ("none", "best-effort", "restricted", "single-numa-node")
-TOPOLOGY_SCOPES = ("container", "pod")
+TOPOLOGY_POLICIES = POLICY_NAMES
+TOPOLOGY_SCOPES = SCOPE_NAMES
 DEFAULT_MAX_NUMA_NODES = 64
 
 

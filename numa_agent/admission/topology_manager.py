@@ -74,9 +74,10 @@ from itertools import product
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from numa_agent.core.hints import HintSet, NumaMask, TopologyHint
+from numa_agent.core.policy import POLICY_NAMES, SCOPE_NAMES, TopologyPolicy, TopologyScope
 
-POLICIES = ("none", "best-effort", "restricted", "single-numa-node")
-SCOPES = ("container", "pod")
+POLICIES = POLICY_NAMES
+SCOPES = SCOPE_NAMES
 
 # fits() calls one merge may spend before it gives up exactness (see module doc).
 FITS_BUDGET = 200_000
@@ -88,18 +89,18 @@ class TopologyConfigError(ValueError):
     """Unknown policy or option, bad option value, or a machine the options refuse."""
 
 
-def check_policy(policy: str) -> str:
-    if policy not in POLICIES:
-        raise TopologyConfigError(
-            f"unknown topology manager policy {policy!r}; expected one of {', '.join(POLICIES)}")
-    return policy
+def check_policy(policy: str) -> TopologyPolicy:
+    try:
+        return TopologyPolicy.parse(policy)
+    except ValueError as exc:
+        raise TopologyConfigError(str(exc)) from None
 
 
-def check_scope(scope: str) -> str:
-    if scope not in SCOPES:
-        raise TopologyConfigError(
-            f"unknown topology manager scope {scope!r}; expected one of {', '.join(SCOPES)}")
-    return scope
+def check_scope(scope: str) -> TopologyScope:
+    try:
+        return TopologyScope.parse(scope)
+    except ValueError as exc:
+        raise TopologyConfigError(str(exc)) from None
 
 
 def _parse_bool(name: str, value: Any) -> bool:
@@ -621,10 +622,7 @@ def merge(providers: Sequence[ProviderInput], numa_nodes: Sequence[int], policy:
 def admit(policy: str, merged: TopologyHint) -> bool:
     """best-effort and none always admit; restricted and single-numa-node
     admit only a preferred merged hint."""
-    check_policy(policy)
-    if policy in ("none", "best-effort"):
-        return True
-    return bool(merged.preferred)
+    return check_policy(policy).admits(bool(merged.preferred))
 
 
 # --------------------------------------------------------------------------
@@ -707,8 +705,7 @@ class MergeResult:
         state = "preferred" if self.merged.preferred else "not preferred"
         if self.admit:
             return f"admitted by policy {self.policy}: {hints}; merged {merged} {state}"
-        rule = {"single-numa-node": "policy single-numa-node admits only a preferred single-node hint",
-                "restricted": "policy restricted admits only a preferred hint"}[self.policy]
+        rule = TopologyPolicy(self.policy).rule
         return f"TopologyAffinityError: {hints}; merged {merged} {state}; {rule}"
 
 

@@ -13,11 +13,13 @@ The service receives a plain dict with every key of the contract present
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 import msgspec
 
 from numa_agent.core.cpuset import CpuSet, CpuSetParseError
+from numa_agent.core.names import NAME_RULE, is_resource_name, is_workload_name
+from numa_agent.core.policy import TopologyPolicy
 from numa_agent.service.errors import BadRequest
 
 MAX_BODY_BYTES = 64 * 1024
@@ -32,17 +34,10 @@ MAX_NODE_ID = 1023
 MAX_CPU_LIST_CHARS = 4096
 MAX_COMMAND_ARGS = 1024
 
-# Workload and pod names become cgroup directory names: lowercase DNS-label
-# like, never "/", "..", NUL or control characters.
-NAME_RULE = "1-63 characters: lowercase letters, digits, '-', '_', '.'; starting and ending with a letter or digit"
-_NAME_RE = re.compile(r"[a-z0-9]([-a-z0-9_.]{0,61}[a-z0-9])?")
-# Device resource names, optionally vendor-qualified ("gpu", "nvidia.com/gpu").
-_RESOURCE_PART = r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
-_RESOURCE_RE = re.compile(rf"{_RESOURCE_PART}(/{_RESOURCE_PART})?")
 _HUGEPAGE_KEY_RE = re.compile(r"[1-9][0-9]{0,9}")
 _CPU_LIST_CHARS_RE = re.compile(r"[0-9,:\- ]*")
 
-Policy = Literal["none", "best-effort", "restricted", "single-numa-node"]
+Policy = TopologyPolicy
 CpuCount = Annotated[int, msgspec.Meta(ge=0, le=MAX_CPUS)]
 Bytes = Annotated[int, msgspec.Meta(ge=0, le=MAX_MEMORY_BYTES)]
 HugepageCount = Annotated[int, msgspec.Meta(ge=0, le=MAX_HUGEPAGE_COUNT)]
@@ -81,7 +76,7 @@ class AdmitRequest(msgspec.Struct, forbid_unknown_fields=True):
 
 def validate_name(name: str, what: str = "name") -> str:
     """Return `name` if it is a valid workload/pod name, else raise BadRequest."""
-    if not isinstance(name, str) or _NAME_RE.fullmatch(name) is None:
+    if not is_workload_name(name):
         raise BadRequest(f"invalid {what} {_shown(name)}: {NAME_RULE}",
                          details={"field": what})
     return name
@@ -181,7 +176,7 @@ def _hugepages(pages: dict[str, int], field: str) -> dict[str, int]:
 
 def _devices(devices: dict[str, int], field: str) -> dict[str, int]:
     for key in devices:
-        if _RESOURCE_RE.fullmatch(key) is None:
+        if not is_resource_name(key):
             raise BadRequest(f"{field}: invalid resource name {_shown(key)}",
                              details={"field": field})
     return {key: devices[key] for key in sorted(devices)}

@@ -15,9 +15,9 @@ from typing import Any
 
 from numa_agent.api.client import ClientError, request
 from numa_agent.core import units
+from numa_agent.core.names import DEFAULT_SOCKET
+from numa_agent.core.policy import POLICY_NAMES
 
-DEFAULT_SOCKET = "/run/numa-agent/agent.sock"
-POLICIES = ("none", "best-effort", "restricted", "single-numa-node")
 
 class CliError(Exception):
     """A failure to report as one line, without a traceback."""
@@ -156,7 +156,7 @@ def add_allocation_options(parser: argparse.ArgumentParser) -> None:
                      help="hugepages of one size, e.g. 2Mi=512, 1Gi=4, 2048kB=1 (repeatable)")
     res.add_argument("--device", type=device_item, action="append", metavar="RESOURCE=COUNT",
                      help="devices of one resource, e.g. gpu=1 (repeatable)")
-    res.add_argument("--policy", choices=POLICIES,
+    res.add_argument("--policy", choices=POLICY_NAMES,
                      help="topology manager policy for this request")
     res.add_argument("--name", help="workload name (default: chosen by the agent)")
     numactl = parser.add_argument_group("explicit placement (numactl forms)")

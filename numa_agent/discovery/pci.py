@@ -13,6 +13,7 @@ import re
 from typing import Mapping
 
 from numa_agent.core.cpuset import CpuSet
+from numa_agent.core.names import is_pci_address
 from numa_agent.core.topology import UNKNOWN_NODE, PciDevice
 from numa_agent.discovery.files import (
     DiscoveryError,
@@ -23,7 +24,6 @@ from numa_agent.discovery.files import (
     read_text,
 )
 
-_PCI_ADDRESS = re.compile(r"^[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$")
 # nvme0n1 is a namespace; nvme0c0n1 is one hidden path of a multipath namespace.
 _NVME_NAMESPACE = re.compile(r"^nvme\d+n\d+$")
 # Subdirectories of a device directory that are not class children.
@@ -118,7 +118,7 @@ def _class_children(path: str) -> dict[str, tuple[str, ...]]:
     for entry in entries:
         if entry.is_symlink() or not entry.is_dir() or entry.name in _NOT_CLASS_DIRS:
             continue
-        if _PCI_ADDRESS.match(entry.name):
+        if is_pci_address(entry.name):
             continue
         subdirs = sorted(e.name for e in os.scandir(entry.path) if e.is_dir(follow_symlinks=False))
         if not subdirs:

@@ -17,13 +17,13 @@ them, and limits are written before any process moves in.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field, replace
 from typing import Mapping
 
 from numa_agent.admission.admit import effective_cpus, shared_pool
 from numa_agent.admission.machine import Machine
 from numa_agent.core.cpuset import CpuSet
+from numa_agent.core.names import is_workload_name
 from numa_agent.state.model import AgentState, Workload
 
 AGENT_CGROUP = "agent"
@@ -35,9 +35,6 @@ RELEASED_CGROUP = "shared/_released"
 WORKLOAD_PREFIX = "wl-"
 POD_PREFIX = "pod-"
 
-# Workload and pod names are validated at the API; this is the last line of
-# defence before a name becomes a path component.
-_SAFE_NAME = re.compile(r"^[a-z0-9]([-a-z0-9_.]{0,61}[a-z0-9])?$")
 
 
 @dataclass(frozen=True)
@@ -52,7 +49,9 @@ class CgroupSpec:
 
 
 def safe_component(name: str) -> str:
-    if not _SAFE_NAME.match(name) or ".." in name:
+    # Names are validated at the API; this is the last line of defence before
+    # a name becomes a path component.
+    if not is_workload_name(name):
         raise ValueError(f"unsafe cgroup name {name!r}")
     return name
 

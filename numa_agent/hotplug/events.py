@@ -17,6 +17,8 @@ import threading
 from dataclasses import dataclass
 from typing import Callable, Mapping, Protocol
 
+from numa_agent.core.names import is_pci_address
+
 KINDS = ("cpu", "memory", "node", "pci")
 ACTIONS = ("add", "remove", "online", "offline", "change")
 
@@ -81,7 +83,7 @@ def classify(
         props = properties or {}
         address = props.get("PCI_SLOT_NAME") or devpath.rsplit("/", 1)[-1]
         address = address.lower()
-        if not _PCI_ADDRESS.match(address):
+        if not is_pci_address(address):
             return None
         ident = address
     else:

@@ -16,6 +16,7 @@ import threading
 import time
 from typing import Any, Callable, Mapping
 
+from numa_agent.admission.accounting import node_accounting
 from numa_agent.admission.admit import (
     InvalidRequest,
     Refusal,
@@ -25,13 +26,15 @@ from numa_agent.admission.admit import (
     decide,
     effective_cpus,
     pod_shared_cpus,
-    release as release_workload,
     shared_pool,
 )
-from numa_agent.admission.accounting import node_accounting
+from numa_agent.admission.admit import (
+    release as release_workload,
+)
 from numa_agent.admission.hotplug import rebase_state
 from numa_agent.admission.machine import Machine
 from numa_agent.core.cpuset import CpuSet, CpuSetParseError
+from numa_agent.core.names import NAME_RULE, is_workload_name
 from numa_agent.enforcement.errors import EnforcementError
 from numa_agent.enforcement.plan import desired_layout, workload_relpath
 from numa_agent.service.counters import Counters
@@ -49,7 +52,6 @@ from numa_agent.state.model import AgentState, Workload
 
 log = logging.getLogger("numa_agent.service")
 
-_NAME = re.compile(r"^[a-z0-9]([-a-z0-9_.]{0,61}[a-z0-9])?$")
 VERSION = "0.1.0"
 
 
@@ -185,9 +187,8 @@ class AgentService:
     def _request_from(self, body: Mapping[str, Any], caller: Caller) -> Request:
         name = body.get("name") or self._generate_name(body, caller)
         for key, value in (("name", name), ("pod", body.get("pod"))):
-            if value is not None and not _NAME.match(value):
-                raise InvalidRequest(f"{key} {value!r} must be 1-63 characters of a-z, 0-9, '-', '_', '.', "
-                                     f"starting and ending with a letter or digit")
+            if value is not None and not is_workload_name(value):
+                raise InvalidRequest(f"{key} {value!r} must be {NAME_RULE}")
         if self.state.workload(name) is not None:
             raise _NameTaken(name)
         physcpubind = None

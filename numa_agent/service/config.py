@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from numa_agent.admission.machine import ConfigError, PolicyConfig
+from numa_agent.core.names import DEFAULT_SOCKET
 from numa_agent.core.units import parse_size
 
 DEFAULT_CONFIG = "/etc/numa-agent/config.toml"
-DEFAULT_SOCKET = "/run/numa-agent/agent.sock"
 DEFAULT_STATE_DIR = "/var/lib/numa-agent"
 DEFAULT_METRICS = "127.0.0.1:9464"
 

@@ -1,0 +1,41 @@
+"""The naming rules every layer shares, each written once.
+
+Workload and pod names become cgroup directory names, so the rule is a
+lowercase DNS-label-like word: never "/", "..", NUL or a control character.
+Device resource names follow the kubelet's extended resources: a name,
+optionally qualified by a lowercase domain ("gpu", "nvidia.com/gpu").
+"""
+
+from __future__ import annotations
+
+import re
+
+# Where the agent listens unless told otherwise (numa-run, numa-agent, config).
+DEFAULT_SOCKET = "/run/numa-agent/agent.sock"
+
+NAME_MAX = 63
+NAME_RULE = (f"1-{NAME_MAX} characters: lowercase letters, digits, '-', '_', '.'; "
+             "starting and ending with a letter or digit")
+_NAME = re.compile(r"[a-z0-9]([-a-z0-9_.]{0,61}[a-z0-9])?")
+
+RESOURCE_RULE = (f"at most {NAME_MAX} characters: lowercase letters, digits, '-', '.', starting and ending "
+                 "with a letter or digit, optionally after a domain and '/' (gpu, nvidia.com/gpu)")
+_RESOURCE = re.compile(r"([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[a-z0-9]([-a-z0-9.]*[a-z0-9])?")
+
+# PCI addresses as sysfs and the kernel's uevents spell them: domain:bus:slot.function.
+_PCI_ADDRESS = re.compile(r"[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]")
+
+
+def is_workload_name(value: object) -> bool:
+    """A valid workload or pod name (it is also a safe path component)."""
+    return isinstance(value, str) and _NAME.fullmatch(value) is not None and ".." not in value
+
+
+def is_resource_name(value: object) -> bool:
+    """A valid device resource name, as the config and the API accept it."""
+    return isinstance(value, str) and len(value) <= NAME_MAX and _RESOURCE.fullmatch(value) is not None
+
+
+def is_pci_address(value: object) -> bool:
+    """A PCI address like 0000:3b:00.0 (lowercase hex, as the kernel writes it)."""
+    return isinstance(value, str) and _PCI_ADDRESS.fullmatch(value.lower()) is not None

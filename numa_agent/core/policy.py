@@ -1,0 +1,67 @@
+"""The topology manager's policies and scopes, their names and admit rules,
+in one place: config, API, CLIs, the merge and the explanations read them here.
+
+``TopologyPolicy`` is a ``StrEnum``, so a member compares equal to its kubelet
+name and serialises as that name in JSON and the checkpoint.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class TopologyPolicy(StrEnum):
+    NONE = "none"
+    BEST_EFFORT = "best-effort"
+    RESTRICTED = "restricted"
+    SINGLE_NUMA_NODE = "single-numa-node"
+
+    @classmethod
+    def parse(cls, value: object) -> TopologyPolicy:
+        """The policy named `value`; ValueError listing the names otherwise."""
+        try:
+            return cls(value)
+        except ValueError:
+            raise ValueError(f"unknown topology manager policy {value!r}; "
+                             f"expected one of {', '.join(POLICY_NAMES)}") from None
+
+    @property
+    def admits_any(self) -> bool:
+        """none and best-effort admit whatever the merge says."""
+        return self in (TopologyPolicy.NONE, TopologyPolicy.BEST_EFFORT)
+
+    @property
+    def single_node(self) -> bool:
+        """single-numa-node considers only single-node hints (and 'any')."""
+        return self is TopologyPolicy.SINGLE_NUMA_NODE
+
+    def admits(self, preferred: bool) -> bool:
+        """The kubelet's rule: restricted and single-numa-node admit only a
+        preferred merged hint."""
+        return self.admits_any or preferred
+
+    @property
+    def rule(self) -> str:
+        """Why a refusal is a refusal, for explanations ("" when it never refuses)."""
+        if self is TopologyPolicy.SINGLE_NUMA_NODE:
+            return "policy single-numa-node admits only a preferred single-node hint"
+        if self is TopologyPolicy.RESTRICTED:
+            return "policy restricted admits only a preferred hint"
+        return ""
+
+
+class TopologyScope(StrEnum):
+    CONTAINER = "container"
+    POD = "pod"
+
+    @classmethod
+    def parse(cls, value: object) -> TopologyScope:
+        try:
+            return cls(value)
+        except ValueError:
+            raise ValueError(f"unknown topology manager scope {value!r}; "
+                             f"expected one of {', '.join(SCOPE_NAMES)}") from None
+
+
+POLICY_NAMES: tuple[str, ...] = tuple(p.value for p in TopologyPolicy)
+SCOPE_NAMES: tuple[str, ...] = tuple(s.value for s in TopologyScope)
