@@ -17,7 +17,7 @@ class TopologyPolicy(StrEnum):
     SINGLE_NUMA_NODE = "single-numa-node"
 
     @classmethod
-    def parse(cls, value: object) -> TopologyPolicy:
+    def parse(cls, value: str) -> TopologyPolicy:
         """The policy named `value`; ValueError listing the names otherwise."""
         try:
             return cls(value)
@@ -55,7 +55,7 @@ class TopologyScope(StrEnum):
     POD = "pod"
 
     @classmethod
-    def parse(cls, value: object) -> TopologyScope:
+    def parse(cls, value: str) -> TopologyScope:
         try:
             return cls(value)
         except ValueError:

@@ -61,7 +61,7 @@ def read_topology(root: str | os.PathLike = "/") -> Topology:
     node_dirs = dict((n, os.path.join(node_dir, name)) for n, name in numbered_entries(node_dir, "node"))
     if not node_dirs:
         # A kernel without NUMA support: the whole machine is node 0.
-        nodes = (_single_node(proc_dir, CpuSet(cpu_dirs)),)
+        nodes: tuple[NumaNode, ...] = (_single_node(proc_dir, CpuSet(cpu_dirs)),)
     else:
         nodes = tuple(_read_node(n, path) for n, path in sorted(node_dirs.items()))
         nodes = _with_distances(nodes, node_dirs, node_dir)
@@ -81,11 +81,11 @@ def read_topology(root: str | os.PathLike = "/") -> Topology:
     cpus = []
     for cpu_id in all_cpu_ids:
         path = cpu_dirs.get(cpu_id)
-        node = node_of_cpu.get(cpu_id)
-        if node is None and path is not None:
-            node = _node_from_links(path, known_nodes)
+        node_id = node_of_cpu.get(cpu_id)
+        if node_id is None and path is not None:
+            node_id = _node_from_links(path, known_nodes)
         cpus.append(_read_cpu(cpu_id, path, cpu_id in online, cpu_id in isolated,
-                              UNKNOWN_NODE if node is None else node))
+                              UNKNOWN_NODE if node_id is None else node_id))
 
     online_node_of_cpu = {c.id: c.numa_node for c in cpus if c.online}
     allowed_cpus, allowed_mems = _read_allowed(root, proc_dir)
@@ -403,7 +403,7 @@ def _read_platform(proc_dir: str) -> tuple[str | None, str | None]:
 
 
 def _arch_from_cpuinfo(cpuinfo: str) -> str | None:
-    keys = {}
+    keys: dict[str, str] = {}
     for line in cpuinfo.splitlines():
         key, sep, value = line.partition(":")
         if sep:

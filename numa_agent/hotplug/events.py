@@ -15,7 +15,7 @@ import os
 import re
 import threading
 from dataclasses import dataclass
-from typing import Callable, Mapping, Protocol
+from typing import Any, Callable, Mapping, Protocol
 
 from numa_agent.core.names import is_pci_address
 
@@ -110,7 +110,7 @@ class EventSource(Protocol):
 
 
 def _default_monitor():
-    import pyudev  # imported lazily: only the daemon needs it
+    import pyudev  # type: ignore[import-untyped]  # imported lazily: only the daemon needs it
 
     context = pyudev.Context()
     return pyudev.Monitor.from_netlink(context, source="kernel")
@@ -123,7 +123,7 @@ class UdevEventSource:
         self._monitor = monitor
 
     @classmethod
-    def open(cls, monitor_factory: Callable[[], object] | None = None) -> "UdevEventSource":
+    def open(cls, monitor_factory: Callable[[], Any] | None = None) -> "UdevEventSource":
         """Open and start the monitor; raise HotplugUnavailable (with the reason) if the
         netlink socket or libudev cannot be used, e.g. in an unprivileged container."""
         factory = monitor_factory or _default_monitor

@@ -67,6 +67,10 @@ def is_journal_stream(stream: TextIO, env: Mapping[str, str]) -> bool:
     return st.st_dev == dev and st.st_ino == ino
 
 
+class _AgentHandler(logging.StreamHandler):
+    """The agent's own handler, told apart from anyone else's by its type."""
+
+
 def setup_logging(
     level: str,
     *,
@@ -81,15 +85,14 @@ def setup_logging(
     out = sys.stderr if stream is None else stream
     environ = os.environ if env is None else env
 
-    handler = logging.StreamHandler(out)
+    handler = _AgentHandler(out)
     if is_journal_stream(out, environ):
         handler.setFormatter(JournalFormatter())
     else:
         handler.setFormatter(logging.Formatter(_TERMINAL_FORMAT))
-    handler._numa_agent = True  # marks ours, so a second call replaces rather than duplicates
 
     logger = logging.getLogger(ROOT_LOGGER)
-    for old in [h for h in logger.handlers if getattr(h, "_numa_agent", False)]:
+    for old in [h for h in logger.handlers if isinstance(h, _AgentHandler)]:  # a second call replaces ours
         logger.removeHandler(old)
     logger.addHandler(handler)
     logger.setLevel(name.upper())
