@@ -106,6 +106,8 @@ def _read_request(conn: socket.socket, deadline: float) -> _Request:
     if len(parts) != 3 or parts[2] not in ("HTTP/1.1", "HTTP/1.0") or not parts[1].startswith("/"):
         raise BadRequest(f"malformed request line {lines[0][:80]!r}")
     method, target = parts[0], parts[1]
+    if any(c < "!" or c == "\x7f" for c in target):
+        raise BadRequest("control character in the request target")
     if len(lines) - 1 > MAX_HEADERS:
         raise HeadersTooLarge(f"more than {MAX_HEADERS} header fields")
     headers: dict[str, str] = {}
@@ -115,6 +117,10 @@ def _read_request(conn: socket.socket, deadline: float) -> _Request:
             raise BadRequest(f"malformed header line {line[:80]!r}")
         key = name.lower()
         value = value.strip()
+        if any((c < " " and c != "\t") or c == "\x7f" for c in value):
+            # RFC 9110: a field value holds no control characters; a NUL
+            # smuggled through here would reach logs and comparisons.
+            raise BadRequest(f"control character in the value of header {name[:40]!r}")
         if key in headers and headers[key] != value:
             if key == "content-length":
                 raise BadRequest("conflicting Content-Length headers")

@@ -247,7 +247,11 @@ def test_header_flood_is_431(server, fake):
 
 @pytest.mark.parametrize("raw", [b"GARBAGE\r\n\r\n", b"GET /v1/health HTTP/2\r\n\r\n",
                                  b"GET /v1/health HTTP/1.1\r\nno-colon\r\n\r\n",
-                                 b"GET /v1/h\xffealth HTTP/1.1\r\n\r\n"])
+                                 b"GET /v1/h\xffealth HTTP/1.1\r\n\r\n",
+                                 b"GET /v1/health HTTP/1.1\r\nX-Name: a\x00b\r\n\r\n",
+                                 b"GET /v1/health HTTP/1.1\r\nX-Name: a\x1bb\r\n\r\n",
+                                 b"GET /v1/health HTTP/1.1\r\nX-Name: a\x7f\r\n\r\n",
+                                 b"GET /v1/hea\x00lth HTTP/1.1\r\n\r\n"])
 def test_malformed_head_is_400(server, fake, raw):
     status, body = send_raw(server.socket_path, raw)
     assert status == 400
