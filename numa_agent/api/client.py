@@ -8,7 +8,9 @@ matching the server.
 from __future__ import annotations
 
 import json
+import os
 import socket
+import struct
 import time
 
 _MAX_RESPONSE_BYTES = 64 * 1024 * 1024
@@ -26,9 +28,47 @@ class BadResponse(ClientError):
     """The agent answered something that is not an HTTP/JSON response."""
 
 
+class UntrustedAgent(ClientError):
+    """Whatever listens on the socket runs as a user the caller does not trust."""
+
+
+# Set to a user name or uid when the agent runs as a dedicated user.
+AGENT_USER_ENV = "NUMA_AGENT_USER"
+
+
+def trusted_uids(environ=os.environ) -> frozenset[int]:
+    """Who may answer as the agent: root, the caller itself (an agent of one's
+    own has no more rights than its user) and the configured agent user."""
+    uids = {0, os.getuid()}
+    configured = environ.get(AGENT_USER_ENV, "").strip()
+    if configured.isdigit():
+        uids.add(int(configured))
+    elif configured:
+        import pwd  # only when configured by name: numa-run starts fast otherwise
+
+        try:
+            uids.add(pwd.getpwnam(configured).pw_uid)
+        except KeyError:
+            pass  # an unknown name adds nobody
+    return frozenset(uids)
+
+
+def check_peer(sock: socket.socket, socket_path: str, trusted: frozenset[int]) -> None:
+    """Refuse a server whose peer credentials are not a trusted user's: an
+    impostor on a world-writable path must not decide what numa-run runs."""
+    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    pid, uid, _gid = struct.unpack("3i", creds)
+    if uid not in trusted:
+        allowed = ", ".join(str(u) for u in sorted(trusted))
+        raise UntrustedAgent(
+            f"refusing the server on {socket_path}: it runs as uid {uid} (pid {pid}), not as root or a trusted "
+            f"agent user (uids {allowed}); if the agent runs as a dedicated user, set {AGENT_USER_ENV}")
+
+
 def request(socket_path: str, method: str, path: str, body: dict | None = None,
-            timeout: float = 30) -> tuple[int, dict]:
-    """Send one request; return (HTTP status, decoded JSON body)."""
+            timeout: float = 30, trusted: frozenset[int] | None = None) -> tuple[int, dict]:
+    """Send one request; return (HTTP status, decoded JSON body). The server
+    must run as one of `trusted` (default: trusted_uids())."""
     payload = b"" if body is None else json.dumps(body).encode("utf-8")
     head = (f"{method} {path} HTTP/1.1\r\nHost: numa-agent\r\nConnection: close\r\n"
             f"Accept: application/json\r\n")
@@ -44,6 +84,7 @@ def request(socket_path: str, method: str, path: str, body: dict | None = None,
             raise AgentUnreachable(
                 f"cannot reach the agent at {socket_path}: {reason}; is the agent running? "
                 "start it with `numa-agent serve` or scripts/agent") from None
+        check_peer(sock, socket_path, trusted_uids() if trusted is None else trusted)
         try:
             sock.sendall(head.encode("ascii") + b"\r\n" + payload)
         except (BrokenPipeError, ConnectionResetError):

@@ -257,3 +257,61 @@ def test_dry_run_json_is_the_full_record(server, fake):
     record = json.loads(out.stdout)
     assert record["dry_run"] is True and record["explanation"]["admit"] is True
     assert fake.workloads == {}
+
+
+# ------------------------------------------------------------ an impostor on the socket
+def _impostor(path: str, ready_w: int) -> None:
+    """Runs in a forked child as uid 65534: answers every request with an admission."""
+    import socket
+    os.setgid(65534)
+    os.setuid(65534)
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(path)
+    srv.listen(8)
+    os.write(ready_w, b"r")
+    body = json.dumps({"name": "pwned", "cpus": "0", "mems": "0", "devices": [], "enforcement": "cgroup"}).encode()
+    while True:
+        conn, _ = srv.accept()
+        conn.recv(65536)
+        conn.sendall(b"HTTP/1.1 201 Created\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
+                     b"Connection: close\r\n\r\n%s" % (len(body), body))
+        conn.close()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run the impostor as another user")
+def test_numa_run_refuses_an_impostor_agent(tmp_path):
+    """A server on the socket path that runs as another (unprivileged) user is
+    not the agent: numa-run exits 125 naming its uid, and the command never runs."""
+    import tempfile
+    public = Path(tempfile.mkdtemp(prefix="numa-agent-public-", dir="/tmp"))  # reachable by uid 65534
+    os.chmod(public, 0o1777)  # a world-writable directory, like /tmp itself
+    sock = public / "agent.sock"
+    ready_r, ready_w = os.pipe()
+    child = os.fork()
+    if child == 0:
+        try:
+            _impostor(str(sock), ready_w)
+        finally:
+            os._exit(1)
+    os.close(ready_w)
+    try:
+        assert os.read(ready_r, 1) == b"r"
+        marker = tmp_path / "ran"
+        out = subprocess.run([sys.executable, "-m", "numa_agent.cli.numa_run", "--socket", str(sock), "--cpus", "1",
+                              "--", "touch", str(marker)], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 125, out.stderr
+        assert "runs as uid 65534" in out.stderr and "not as root" in out.stderr
+        assert not marker.exists()
+        # Declared as the agent's user, the same server is believed.
+        declared = subprocess.run([sys.executable, "-m", "numa_agent.cli.numa_run", "--socket", str(sock),
+                                   "--dry-run", "--cpus", "1", "--", "true"], cwd=REPO,
+                                  env={**os.environ, "PYTHONPATH": str(REPO), "NUMA_AGENT_USER": "65534"},
+                                  capture_output=True, text=True, timeout=60)
+        assert "runs as uid" not in declared.stderr
+    finally:
+        os.close(ready_r)
+        os.kill(child, 9)
+        os.waitpid(child, 0)
+        sock.unlink(missing_ok=True)
+        public.rmdir()
