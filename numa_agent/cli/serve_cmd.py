@@ -146,7 +146,7 @@ class Agent:
 
         from numa_agent.admission.machine import ConfigError, build_machine
 
-        if enforcer.mode != "cgroup" or enforcer.cgroup.is_fake:
+        if enforcer.mode != "cgroup" or enforcer.cgroup.files.simulated:
             return machine
         cpus, mems = enforcer.cgroup.read_effective("")
         topo = machine.topology
@@ -162,9 +162,9 @@ class Agent:
                                f"grants (cpus {cpus.format()}, mems {mems.format()}): {exc}") from None
 
     def _enforcer(self, machine):
-        from numa_agent.enforcement.cgroup import CgroupV2
+        from numa_agent.enforcement.cgroup import CgroupV2, KernelFiles
         from numa_agent.enforcement.enforcer import CgroupEnforcer
-        from numa_agent.enforcement.fake_cgroupfs import make_fake_cgroup_root
+        from numa_agent.enforcement.fake_cgroupfs import FakeCgroupfs, make_fake_cgroup_root
 
         cfg = self.cfg
         root = cfg.cgroup_root
@@ -178,12 +178,12 @@ class Agent:
                                   or machine.node_ids)
             log.warning("sysfs root %s is not this machine: enforcing into a simulated cgroup tree at %s",
                         cfg.sysfs_root, fake)
-            return CgroupEnforcer(CgroupV2(fake))
+            return CgroupEnforcer(CgroupV2(fake, FakeCgroupfs(fake)))
         if root == "auto":
             root, why = _auto_cgroup_root()
             if root is None:
                 return _fallback(why)
-        cg = CgroupV2(root)
+        cg = CgroupV2(root, KernelFiles())
         caps = cg.probe()
         if not caps.usable:
             if cfg.cgroup_root == "auto":
