@@ -10,8 +10,12 @@ import sys
 import threading
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from numa_agent.enforcement.plan import AGENT_CGROUP
+
+if TYPE_CHECKING:
+    from numa_agent.enforcement.protocol import Enforcer
 
 log = logging.getLogger("numa_agent.serve")
 
@@ -137,28 +141,27 @@ class Agent:
         self._start_edges(machine)
         return self
 
-    def _within_cgroup_root(self, machine, enforcer):
-        """In cgroup mode the agent hands out what its cgroup root is granted
-        (`cpuset.*.effective`), not what its own process happens to be allowed:
-        the two differ when the root is a partition the agent was not started
-        in, or when the agent runs outside the subtree it manages."""
+    def _within_cgroup_root(self, machine, enforcer: Enforcer):
+        """The agent hands out what the enforcer's root is granted when it
+        says so (in cgroup mode `cpuset.*.effective` of its cgroup root), not
+        what its own process happens to be allowed."""
         from dataclasses import replace
 
         from numa_agent.admission.machine import ConfigError, build_machine
 
-        if enforcer.mode != "cgroup" or enforcer.cgroup.files.simulated:
+        grant = enforcer.granted()
+        if grant is None:
             return machine
-        cpus, mems = enforcer.cgroup.read_effective("")
+        cpus, mems = grant.cpus, grant.mems
         topo = machine.topology
         granted = replace(topo, allowed_cpus=cpus, allowed_mems=frozenset(mems.nodes()))
         if (granted.allowed_cpus, granted.allowed_mems) == (topo.allowed_cpus, topo.allowed_mems):
             return machine
-        log.info("cgroup root %s grants cpus %s, mems %s", enforcer.cgroup.root, cpus.format(),
-                 mems.format())
+        log.info("%s grants cpus %s, mems %s", grant.source, cpus.format(), mems.format())
         try:
             return build_machine(granted, self.cfg.policy)
         except ConfigError as exc:
-            raise StartupError(f"configuration does not fit what cgroup root {enforcer.cgroup.root} "
+            raise StartupError(f"configuration does not fit what {grant.source} "
                                f"grants (cpus {cpus.format()}, mems {mems.format()}): {exc}") from None
 
     def _enforcer(self, machine):
