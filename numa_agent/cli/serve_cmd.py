@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import os
 import signal
@@ -10,8 +11,12 @@ import sys
 import threading
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
 
 from numa_agent.enforcement.plan import AGENT_CGROUP
+
+if TYPE_CHECKING:
+    from numa_agent.enforcement.protocol import Enforcer
 
 log = logging.getLogger("numa_agent.serve")
 
@@ -115,7 +120,7 @@ class Agent:
                  len(machine.node_ids), ",".join(map(str, machine.node_ids)), len(machine.usable_cpus),
                  len(machine.reserved_cpus), machine.reserved_cpus.format() or "-",
                  len(topology.pci_devices))
-        enforcer = self._enforcer(machine)
+        enforcer = choose_enforcer(cfg, machine)
         machine = self._within_cgroup_root(machine, enforcer)
         store = CheckpointStore(cfg.state_dir)
         try:
@@ -137,61 +142,28 @@ class Agent:
         self._start_edges(machine)
         return self
 
-    def _within_cgroup_root(self, machine, enforcer):
-        """In cgroup mode the agent hands out what its cgroup root is granted
-        (`cpuset.*.effective`), not what its own process happens to be allowed:
-        the two differ when the root is a partition the agent was not started
-        in, or when the agent runs outside the subtree it manages."""
+    def _within_cgroup_root(self, machine, enforcer: Enforcer):
+        """The agent hands out what the enforcer's root is granted when it
+        says so (in cgroup mode `cpuset.*.effective` of its cgroup root), not
+        what its own process happens to be allowed."""
         from dataclasses import replace
 
         from numa_agent.admission.machine import ConfigError, build_machine
 
-        if enforcer.mode != "cgroup" or enforcer.cgroup.is_fake:
+        grant = enforcer.granted()
+        if grant is None:
             return machine
-        cpus, mems = enforcer.cgroup.read_effective("")
+        cpus, mems = grant.cpus, grant.mems
         topo = machine.topology
         granted = replace(topo, allowed_cpus=cpus, allowed_mems=frozenset(mems.nodes()))
         if (granted.allowed_cpus, granted.allowed_mems) == (topo.allowed_cpus, topo.allowed_mems):
             return machine
-        log.info("cgroup root %s grants cpus %s, mems %s", enforcer.cgroup.root, cpus.format(),
-                 mems.format())
+        log.info("%s grants cpus %s, mems %s", grant.source, cpus.format(), mems.format())
         try:
             return build_machine(granted, self.cfg.policy)
         except ConfigError as exc:
-            raise StartupError(f"configuration does not fit what cgroup root {enforcer.cgroup.root} "
+            raise StartupError(f"configuration does not fit what {grant.source} "
                                f"grants (cpus {cpus.format()}, mems {mems.format()}): {exc}") from None
-
-    def _enforcer(self, machine):
-        from numa_agent.enforcement.cgroup import CgroupV2
-        from numa_agent.enforcement.enforcer import CgroupEnforcer
-        from numa_agent.enforcement.fake_cgroupfs import make_fake_cgroup_root
-
-        cfg = self.cfg
-        root = cfg.cgroup_root
-        if root == "none":
-            return _fallback("cgroup enforcement disabled (cgroup_root = none)")
-        if root == "auto" and os.path.abspath(cfg.sysfs_root) != "/":
-            # The topology is a snapshot of another machine: pinning real
-            # processes to its CPUs would be wrong. Simulate the cgroup tree.
-            fake = Path(cfg.state_dir) / "cgroupfs"
-            make_fake_cgroup_root(fake, machine.usable_cpus, machine.memory.memory_nodes.nodes()
-                                  or machine.node_ids)
-            log.warning("sysfs root %s is not this machine: enforcing into a simulated cgroup tree at %s",
-                        cfg.sysfs_root, fake)
-            return CgroupEnforcer(CgroupV2(fake))
-        if root == "auto":
-            root, why = _auto_cgroup_root()
-            if root is None:
-                return _fallback(why)
-        cg = CgroupV2(root)
-        caps = cg.probe()
-        if not caps.usable:
-            if cfg.cgroup_root == "auto":
-                return _fallback(caps.reason)
-            raise StartupError(f"cgroup root {root} cannot be used: {caps.reason}")
-        log.info("enforcing with cgroup v2 below %s", root)
-        return CgroupEnforcer(cg, domain_controllers=_may_use_domain_controllers(root),
-                              partitions=cfg.cpuset_partitions)
 
     def _start_edges(self, machine) -> None:
         from numa_agent.api.server import ApiServer
@@ -270,13 +242,97 @@ class Agent:
         return 0
 
 
-def _fallback(reason: str):
+# ---- choosing the enforcer ----------------------------------------------------------
+class EnforcerUnavailable(Exception):
+    """An enforcer cannot run here; the message says why. The next one is tried."""
+
+
+EnforcerFactory = Callable[[Any, Any, str], "Enforcer"]
+
+
+def choose_enforcer(cfg, machine) -> Enforcer:
+    """The first enforcer of _ENFORCERS that accepts this configuration. Each
+    factory gets (cfg, machine, why_not), `why_not` being why the previous
+    ones declined ("" for the first), and returns an Enforcer, raises
+    EnforcerUnavailable to let the next one try, or StartupError to stop."""
+    why_not = ""
+    for factory in _ENFORCERS:
+        try:
+            return factory(cfg, machine, why_not)
+        except EnforcerUnavailable as exc:
+            why_not = str(exc)
+    raise StartupError(f"no enforcer can run here: {why_not}")
+
+
+def _lazy(target: str) -> EnforcerFactory:
+    """The factory "module:function", imported only when it is tried, so that
+    the other subcommands never load an enforcer's dependencies."""
+    module_name, _, name = target.partition(":")
+
+    def factory(cfg, machine, why_not: str) -> Enforcer:
+        return getattr(importlib.import_module(module_name), name)(cfg, machine, why_not)
+
+    return factory
+
+
+def _simulated_cgroup(cfg, machine, why_not: str) -> Enforcer:
+    """The topology is a snapshot of another machine: pinning real processes
+    to its CPUs would be wrong. Simulate the cgroup tree."""
+    if cfg.cgroup_root != "auto" or os.path.abspath(cfg.sysfs_root) == "/":
+        raise EnforcerUnavailable("the topology is this machine's")
+    from numa_agent.enforcement.cgroup import CgroupV2
+    from numa_agent.enforcement.enforcer import CgroupEnforcer
+    from numa_agent.enforcement.fake_cgroupfs import FakeCgroupfs, make_fake_cgroup_root
+
+    fake = Path(cfg.state_dir) / "cgroupfs"
+    make_fake_cgroup_root(fake, machine.usable_cpus, machine.memory.memory_nodes.nodes()
+                          or machine.node_ids)
+    log.warning("sysfs root %s is not this machine: enforcing into a simulated cgroup tree at %s",
+                cfg.sysfs_root, fake)
+    return CgroupEnforcer(CgroupV2(fake, FakeCgroupfs(fake)))
+
+
+def _kernel_cgroup(cfg, machine, why_not: str) -> Enforcer:
+    """cgroup v2 below the configured root, or the one found (auto)."""
+    from numa_agent.enforcement.cgroup import CgroupV2, KernelFiles
+    from numa_agent.enforcement.enforcer import CgroupEnforcer
+
+    root = cfg.cgroup_root
+    if root == "none":
+        raise EnforcerUnavailable("cgroup enforcement disabled (cgroup_root = none)")
+    if root == "auto":
+        root, why = _auto_cgroup_root()
+        if root is None:
+            raise EnforcerUnavailable(why)
+    cg = CgroupV2(root, KernelFiles())
+    caps = cg.probe()
+    if not caps.usable:
+        if cfg.cgroup_root == "auto":
+            raise EnforcerUnavailable(caps.reason)
+        raise StartupError(f"cgroup root {root} cannot be used: {caps.reason}")
+    log.info("enforcing with cgroup v2 below %s", root)
+    return CgroupEnforcer(cg, domain_controllers=_may_use_domain_controllers(root),
+                          partitions=cfg.cpuset_partitions)
+
+
+def _affinity(cfg, machine, why_not: str) -> Enforcer:
+    """The last resort: pinning with CPU affinity; never declines."""
     from numa_agent.enforcement.enforcer import AffinityEnforcer
 
     log.warning("no usable cgroup v2 cpuset (%s): enforcing with CPU affinity instead; "
                 "bookkeeping is identical, but child processes forked before admission "
-                "and memory placement of other processes are not controlled", reason)
-    return AffinityEnforcer(reason)
+                "and memory placement of other processes are not controlled", why_not)
+    return AffinityEnforcer(why_not)
+
+
+# Every enforcer the agent can run with, most capable first; the last one
+# never declines. A new enforcer is one module holding its class and its
+# factory, and one line here: _lazy("numa_agent.enforcement.<module>:<factory>").
+_ENFORCERS: tuple[EnforcerFactory, ...] = (
+    _simulated_cgroup,
+    _kernel_cgroup,
+    _affinity,
+)
 
 
 def _auto_cgroup_root() -> tuple[str | None, str]:

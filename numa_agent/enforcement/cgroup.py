@@ -1,12 +1,15 @@
 """cgroup v2 driver: plain file I/O below the agent's own cgroup.
 
-`CgroupV2(root)` never touches anything outside `root`: every relative path is
-validated first. Every OSError becomes a typed `CgroupError` (see errors.py)
-whose message names the file, the value written and the errno.
+`CgroupV2(root, files)` never touches anything outside `root`: every relative
+path is validated first. Every OSError becomes a typed `CgroupError` (see
+errors.py) whose message names the file, the value written and the errno.
 
-When `root` holds the fake-tree marker (see fake_cgroupfs.py), mkdir, rmdir and
-writes go through `FakeCgroupfs`, which reproduces the kernel's side effects on
-regular files; on a real cgroupfs the kernel does that work itself.
+The operations whose effects the kernel produces (reading and writing
+interface files, mkdir, rmdir, noticing exited processes, the filesystem
+type) go through `files`, a `CgroupFiles` chosen once by whoever assembles the
+agent: `KernelFiles` on a real cgroupfs, or `FakeCgroupfs` (fake_cgroupfs.py),
+which reproduces the kernel's side effects on a tree of regular files. The
+driver itself never asks which one it has.
 
 Kernel rules this driver relies on (Documentation/admin-guide/cgroup-v2.rst):
 - a controller can be enabled in `cgroup.subtree_control` only if it is listed
@@ -29,7 +32,7 @@ import re
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Protocol, runtime_checkable
 
 from numa_agent.core.cpuset import CpuSet, CpuSetParseError
 from numa_agent.core.hints import NumaMask
@@ -40,7 +43,6 @@ from numa_agent.enforcement.errors import (
     CgroupUnsupportedError,
     cgroup_error_from_oserror,
 )
-from numa_agent.enforcement.fake_cgroupfs import FakeCgroupfs, is_fake
 from numa_agent.enforcement.libc import libc
 
 CGROUP2_SUPER_MAGIC = 0x63677270
@@ -58,7 +60,7 @@ class CgroupCapabilities:
 
     root: str
     mounted: bool                 # root is a cgroup2 directory (or a fake tree)
-    fake: bool
+    fake: bool                    # the files backend is a simulated tree
     writable: bool
     controllers: tuple[str, ...]  # from root/cgroup.controllers, kernel order
     cpuset: bool
@@ -103,22 +105,81 @@ def _size_kb(size: int | str) -> int:
     return number * {"kB": 1, "KB": 1, "MB": 1 << 10, "GB": 1 << 20}[unit]
 
 
+@runtime_checkable
+class CgroupFiles(Protocol):
+    """The cgroupfs operations whose effects the kernel produces.
+
+    Paths are absolute and already validated by the driver; failures raise
+    OSError with the kernel's errno (the driver turns them into CgroupError).
+    """
+
+    # True when the tree is a simulation, not the kernel's (for reports).
+    simulated: bool
+
+    def read(self, file: Path) -> bytes:
+        """The whole content of an interface file."""
+        ...
+
+    def write(self, file: Path, value: str) -> None:
+        """Write `value` to an existing interface file in one write()."""
+        ...
+
+    def mkdir(self, cgroup_dir: Path) -> None:
+        ...
+
+    def rmdir(self, cgroup_dir: Path) -> None:
+        ...
+
+    def reap(self) -> None:
+        """Bring process membership up to date before it is read."""
+        ...
+
+    def fs_type(self, path: Path) -> int | None:
+        """statfs f_type of the filesystem holding `path`, None if unknown."""
+        ...
+
+
+class KernelFiles:
+    """The real cgroupfs: plain file I/O; the kernel does the rest."""
+
+    simulated = False
+
+    def read(self, file: Path) -> bytes:
+        with open(file, "rb") as f:
+            return f.read()
+
+    def write(self, file: Path, value: str) -> None:
+        # No O_CREAT: a missing interface file means a missing controller,
+        # which must surface as ENOENT rather than create a regular file.
+        fd = os.open(file, os.O_WRONLY | os.O_TRUNC | os.O_CLOEXEC)
+        try:
+            data = value.encode("ascii")
+            # cgroupfs parses one write() as one value; never split it.
+            written = os.write(fd, data)
+            if written != len(data):
+                raise OSError(errno.EIO, f"short write ({written} of {len(data)} bytes)")
+        finally:
+            os.close(fd)
+
+    def mkdir(self, cgroup_dir: Path) -> None:
+        os.mkdir(cgroup_dir)
+
+    def rmdir(self, cgroup_dir: Path) -> None:
+        os.rmdir(cgroup_dir)
+
+    def reap(self) -> None:
+        pass  # the kernel drops exited processes itself
+
+    def fs_type(self, path: Path) -> int | None:
+        return _statfs_type(path)
+
+
 class CgroupV2:
     """Small typed driver for one cgroup v2 subtree rooted at `root`."""
 
-    def __init__(self, root: str | os.PathLike) -> None:
+    def __init__(self, root: str | os.PathLike, files: CgroupFiles) -> None:
         self.root = Path(os.path.abspath(root))
-        self._fake = FakeCgroupfs(self.root) if is_fake(self.root) else None
-
-    @property
-    def is_fake(self) -> bool:
-        return self._fake is not None
-
-    @property
-    def fake(self) -> FakeCgroupfs | None:
-        """The fake tree's emulator (dev mode, tests), None on a real cgroupfs.
-        Its `process_exited(pid)` stands in for the kernel noticing a death."""
-        return self._fake
+        self.files = files
 
     # ---- paths -----------------------------------------------------------
     def path(self, relpath: str = "") -> Path:
@@ -164,40 +225,26 @@ class CgroupV2:
     # ---- raw I/O -----------------------------------------------------------
     def _read(self, file: Path) -> str:
         try:
-            with open(file, "rb") as f:
-                return f.read().decode("ascii", errors="replace").replace("\x00", "").strip()
+            data = self.files.read(file)
         except OSError as exc:
             raise cgroup_error_from_oserror(exc, "read", str(file)) from None
+        return data.decode("ascii", errors="replace").replace("\x00", "").strip()
 
     def _write(self, file: Path, value: str) -> None:
         try:
-            if self._fake is not None:
-                self._fake.write(file, value)
-                return
-            # No O_CREAT: a missing interface file means a missing controller,
-            # which must surface as ENOENT rather than create a regular file.
-            fd = os.open(file, os.O_WRONLY | os.O_TRUNC | os.O_CLOEXEC)
-            try:
-                data = value.encode("ascii")
-                # cgroupfs parses one write() as one value; never split it.
-                written = os.write(fd, data)
-                if written != len(data):
-                    raise OSError(errno.EIO, f"short write ({written} of {len(data)} bytes)")
-            finally:
-                os.close(fd)
+            self.files.write(file, value)
         except OSError as exc:
             raise cgroup_error_from_oserror(exc, "write", str(file), value) from None
 
     # ---- capabilities ---------------------------------------------------------
     def probe(self) -> CgroupCapabilities:
         root = self.root
-        fake = self.is_fake
         reasons: list[str] = []
         mounted = root.is_dir()
         if not mounted:
             reasons.append(f"no cgroup2 mounted at {root} (directory does not exist)")
-        elif not fake:
-            fs_type = _statfs_type(root)
+        else:
+            fs_type = self.files.fs_type(root)
             if fs_type is not None and fs_type != CGROUP2_SUPER_MAGIC:
                 mounted = False
                 reasons.append(f"no cgroup2 mounted at {root} (filesystem type {fs_type:#x})")
@@ -216,7 +263,7 @@ class CgroupV2:
         if mounted and not writable:
             reasons.append(f"not writable: {root} (needs root or a delegated cgroup)")
         return CgroupCapabilities(
-            root=str(root), mounted=mounted, fake=fake, writable=writable,
+            root=str(root), mounted=mounted, fake=self.files.simulated, writable=writable,
             controllers=controllers, cpuset="cpuset" in controllers,
             memory="memory" in controllers, hugetlb="hugetlb" in controllers,
             partition=mounted and (root / "cpuset.cpus.partition").is_file(),
@@ -248,10 +295,7 @@ class CgroupV2:
         if exist_ok and directory.is_dir():
             return directory
         try:
-            if self._fake is not None:
-                self._fake.mkdir(directory)
-            else:
-                os.mkdir(directory)
+            self.files.mkdir(directory)
         except OSError as exc:
             raise cgroup_error_from_oserror(exc, "mkdir", str(directory)) from None
         return directory
@@ -261,10 +305,7 @@ class CgroupV2:
         CgroupBusyError."""
         directory = self._child(relpath)
         try:
-            if self._fake is not None:
-                self._fake.rmdir(directory)
-            else:
-                os.rmdir(directory)
+            self.files.rmdir(directory)
         except OSError as exc:
             raise cgroup_error_from_oserror(exc, "rmdir", str(directory)) from None
 
@@ -362,14 +403,12 @@ class CgroupV2:
         self._write(self._file(relpath, "cgroup.procs"), str(pid))
 
     def procs(self, relpath: str = "") -> list[int]:
-        if self._fake is not None:
-            self._fake.reap()
+        self.files.reap()
         text = self._read(self._file(relpath, "cgroup.procs"))
         return sorted(int(line) for line in text.split())
 
     def populated(self, relpath: str = "") -> bool:
-        if self._fake is not None:
-            self._fake.reap()
+        self.files.reap()
         file = self._file(relpath, "cgroup.events")
         for line in self._read(file).splitlines():
             key, _, value = line.partition(" ")

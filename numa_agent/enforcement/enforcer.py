@@ -1,6 +1,6 @@
 """Enforcers: make the machine match a planned layout.
 
-Two implementations of one small interface:
+Two implementations of the `Enforcer` protocol (protocol.py):
 
 - CgroupEnforcer writes cgroup v2 files below the agent's root (the real thing).
 - AffinityEnforcer, for machines without a writable cgroup v2 cpuset
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Mapping
+from typing import Collection
 
 from numa_agent.core.cpuset import CpuSet
 from numa_agent.enforcement.cgroup import CgroupV2, EventWatcher
@@ -31,12 +31,12 @@ from numa_agent.enforcement.plan import (
     order_changes,
 )
 from numa_agent.enforcement.processes import process_alive
+from numa_agent.enforcement.protocol import Grant, Layout
 
 log = logging.getLogger("numa_agent.enforcement")
 
 THREADED_CONTROLLERS = ("cpuset", "cpu", "pids")
 DOMAIN_CONTROLLERS = ("memory", "hugetlb")
-Layout = Mapping[str, CgroupSpec]
 
 
 class CgroupEnforcer:
@@ -53,7 +53,8 @@ class CgroupEnforcer:
         self.has_memory = caps.memory and domain_controllers
         self.has_hugetlb = caps.hugetlb and domain_controllers
         self.child_controllers = THREADED_CONTROLLERS + (DOMAIN_CONTROLLERS if domain_controllers else ())
-        self.reason = None if domain_controllers else "memory and hugetlb limits off (systemd < 254)"
+        self.reason: str | None = (None if domain_controllers
+                                   else "memory and hugetlb limits off (systemd < 254)")
 
     # ---- set-up ---------------------------------------------------------
     def setup(self) -> None:
@@ -91,7 +92,7 @@ class CgroupEnforcer:
         log.info("exclusive workloads become %s cpuset partitions", self.partitions)
         return self.partitions
 
-    def path_of(self, relpath: str) -> str:
+    def path_of(self, relpath: str) -> str | None:
         return str(self.cgroup.path(relpath))
 
     # ---- apply ---------------------------------------------------------------
@@ -213,14 +214,32 @@ class CgroupEnforcer:
                 log.warning("cannot remove stale cgroup %s: %s", self.path_of(rel), exc)
         return removed
 
-    def watch(self, relpath: str) -> None:
-        self.watcher.watch(relpath)
+    def granted(self) -> Grant | None:
+        """What the root cgroup is granted (`cpuset.*.effective`): the agent
+        hands out that, not what its own process happens to be allowed (the
+        two differ when the root is a partition the agent was not started in,
+        or when the agent runs outside the subtree it manages). None on a
+        simulated tree, which was made from the machine's own view."""
+        if self.cgroup.files.simulated:
+            return None
+        cpus, mems = self.cgroup.read_effective("")
+        return Grant(cpus, mems, f"cgroup root {self.cgroup.root}")
 
-    def fileno(self) -> int:
-        return self.watcher.fileno()
+    # ---- liveness: inotify on each workload's cgroup.events ---------------------
+    def track(self, relpath: str, pid: int | None) -> bool:
+        """The cgroup knows its processes: `pid` is not needed. Its watch is
+        set when the layout is applied."""
+        return self.populated(relpath)
 
-    def changed(self) -> list[str]:
-        return self.watcher.read_events()
+    def fds(self) -> list[int]:
+        return [self.watcher.fileno()]
+
+    def released(self, ready_fds: Collection[int]) -> list[str]:
+        """Watched cgroups whose `cgroup.events` changed and that are empty now
+        (the change may as well have been a process moving in)."""
+        if self.watcher.fileno() not in ready_fds:
+            return []
+        return [rel for rel in self.watcher.read_events() if not self.populated(rel)]
 
     def close(self) -> None:
         self.watcher.close()
@@ -235,7 +254,7 @@ class AffinityEnforcer:
     mode = "affinity"
 
     def __init__(self, reason: str) -> None:
-        self.reason = reason
+        self.reason: str | None = reason
         self._pidfds: dict[str, int] = {}  # relpath -> pidfd
         self._by_fd: dict[int, str] = {}
         self._pids: dict[str, int] = {}
@@ -245,7 +264,7 @@ class AffinityEnforcer:
     def setup(self) -> None:
         pass
 
-    def path_of(self, relpath: str) -> None:
+    def path_of(self, relpath: str) -> str | None:
         return None
 
     def apply(self, old: Layout, new: Layout, move: tuple[str, int] | None = None) -> None:
@@ -270,10 +289,16 @@ class AffinityEnforcer:
             _pin_tree(pid, spec.cpus)
             self.track(relpath, pid)
 
-    def track(self, relpath: str, pid: int) -> bool:
-        """Watch `pid` for exit; False if it is already gone."""
+    def verify(self, layout: Layout) -> None:
+        """Nothing to read back: sched_setaffinity either pinned a task or
+        raised, and tasks created later inherit the mask."""
+
+    def track(self, relpath: str, pid: int | None) -> bool:
+        """Watch `pid` for exit; False if it is already gone or unknown."""
         if relpath in self._pidfds:
             return True
+        if pid is None:
+            return False
         try:
             fd = os.pidfd_open(pid)
         except ProcessLookupError:
@@ -303,25 +328,41 @@ class AffinityEnforcer:
         pid = self._pids.get(relpath)
         return [pid] if pid is not None and process_alive(pid) else []
 
+    def read_cpuset(self, relpath: str) -> tuple[CpuSet, tuple[int, ...]]:
+        """The tracked process's CPU affinity; its memory policy cannot be
+        read from outside, so no memory nodes."""
+        pid = self._pids.get(relpath)
+        if pid is None:
+            raise EnforcementError(f"no process is tracked for {relpath}")
+        try:
+            return CpuSet(os.sched_getaffinity(pid)), ()
+        except OSError as exc:
+            raise EnforcementError(f"cannot read the affinity of pid {pid} ({relpath}): "
+                                   f"{exc.strerror}") from None
+
     def existing(self) -> list[str]:
+        """Only the tracked workloads: nothing of a workload outlives the
+        agent but its process, so there is never anything to adopt."""
         return sorted(self._pidfds)
 
-    @property
-    def wake_fd(self) -> int:
-        """Readable when the set of watched pidfds changed."""
-        return self._wake_r
+    def prune(self, layout: Layout) -> list[str]:
+        return []  # nothing is left behind by a released workload
 
-    def pidfds(self) -> list[int]:
-        return sorted(self._by_fd)
+    def granted(self) -> Grant | None:
+        return None  # the agent hands out what its own process may use
 
-    def drain_wake(self) -> None:
-        try:
-            os.read(self._wake_r, 4096)
-        except BlockingIOError:
-            pass
+    def fds(self) -> list[int]:
+        """The wake pipe (readable when the set of pidfds changed) and one
+        pidfd per workload (readable when its process exited)."""
+        return [self._wake_r, *sorted(self._by_fd)]
 
-    def exited(self, ready_fds) -> list[str]:
+    def released(self, ready_fds: Collection[int]) -> list[str]:
         """Workload paths whose process exited, from readable pidfds."""
+        if self._wake_r in ready_fds:
+            try:
+                os.read(self._wake_r, 4096)
+            except BlockingIOError:
+                pass
         return [self._by_fd[fd] for fd in sorted(ready_fds) if fd in self._by_fd]
 
     def close(self) -> None:

@@ -1,10 +1,13 @@
 """A directory of regular files that behaves like a cgroup v2 subtree.
 
 Used by the tests and by the agent's dev mode on machines without a writable
-cgroup2 cpuset controller. A tree is fake when its root holds the marker file
-`.numa-agent-fake-cgroupfs` (JSON: the machine's CPUs, memory nodes and huge
-page sizes); the driver in `cgroup.py` routes mkdir, rmdir and writes through
-`FakeCgroupfs` only then, so on a real cgroupfs nothing extra ever happens.
+cgroup2 cpuset controller. `make_fake_cgroup_root` writes the tree and, in its
+root, the file `.numa-agent-fake-cgroupfs` (JSON: the machine's CPUs, memory
+nodes and huge page sizes) that `FakeCgroupfs` reads its settings from.
+`FakeCgroupfs` is a `CgroupFiles` backend (see cgroup.py): whoever assembles
+the driver passes it in, as `CgroupV2(root, FakeCgroupfs(root))`, instead of
+`KernelFiles()`; the driver never looks for the marker, so on a real cgroupfs
+nothing extra ever happens.
 
 The emulation follows the kernel's rules that the agent depends on
 (Documentation/admin-guide/cgroup-v2.rst):
@@ -38,6 +41,7 @@ from pathlib import Path
 from typing import Iterable
 
 from numa_agent.core.cpuset import CpuSet, CpuSetParseError
+from numa_agent.enforcement.cgroup import CGROUP2_SUPER_MAGIC
 from numa_agent.enforcement.processes import process_alive
 
 FAKE_MARKER = ".numa-agent-fake-cgroupfs"
@@ -56,10 +60,6 @@ _READ_ONLY = {
     "memory.current", "memory.events", "memory.stat", "cpu.stat",
 }
 _PARTITION_TYPES = ("root", "isolated")
-
-
-def is_fake(root: str | os.PathLike) -> bool:
-    return (Path(root) / FAKE_MARKER).is_file()
 
 
 def make_fake_cgroup_root(path: str | os.PathLike, cpus: CpuSet, mems: Iterable[int], *,
@@ -97,16 +97,27 @@ def make_fake_cgroup_root(path: str | os.PathLike, cpus: CpuSet, mems: Iterable[
 
 
 class FakeCgroupfs:
-    """Kernel-like side effects for one fake tree (see module docstring)."""
+    """Kernel-like side effects for one fake tree (see module docstring): the
+    simulated `CgroupFiles` backend of the driver."""
+
+    simulated = True
 
     def __init__(self, root: str | os.PathLike) -> None:
-        self.root = Path(root)
+        self.root = Path(os.path.abspath(root))
         marker = json.loads((self.root / FAKE_MARKER).read_text())
         self.machine_cpus = CpuSet.parse(marker["machine_cpus"])
         self.machine_mems = CpuSet.parse(marker["machine_mems"])
         self.hugepage_sizes = tuple(marker["hugepage_sizes"])
 
-    # ---- entry points used by the driver ---------------------------------
+    # ---- entry points used by the driver (CgroupFiles) ---------------------
+    def read(self, file: Path) -> bytes:
+        with open(file, "rb") as f:
+            return f.read()
+
+    def fs_type(self, path: Path) -> int | None:
+        # The tree stands for a cgroup2 mount, whatever really holds it.
+        return CGROUP2_SUPER_MAGIC
+
     def mkdir(self, cgroup_dir: Path) -> None:
         os.mkdir(cgroup_dir)
         enabled = _words(_get(cgroup_dir.parent / "cgroup.subtree_control"))

@@ -37,6 +37,7 @@ from numa_agent.core.cpuset import CpuSet, CpuSetParseError
 from numa_agent.core.names import NAME_RULE, is_workload_name
 from numa_agent.enforcement.errors import EnforcementError
 from numa_agent.enforcement.plan import desired_layout, workload_relpath
+from numa_agent.enforcement.protocol import Enforcer, Layout
 from numa_agent.service.counters import Counters
 from numa_agent.service.errors import (
     AdmissionRefused,
@@ -61,7 +62,7 @@ class ServiceUnavailable(ServiceError):
 
 
 class AgentService:
-    def __init__(self, machine: Machine, store, enforcer, *,
+    def __init__(self, machine: Machine, store, enforcer: Enforcer, *,
                  clock: Callable[[], float] = time.time,
                  topology_json: Callable[[], dict] | None = None) -> None:
         self.machine = machine
@@ -73,7 +74,7 @@ class AgentService:
         self.counters = Counters()
         self.started = clock()
         self._lock = threading.RLock()
-        self._layout = {}
+        self._layout: Layout = {}
 
     # ---- admission ---------------------------------------------------------
     def admit(self, request: Mapping[str, Any], caller: Caller, dry_run: bool = False) -> dict:
@@ -167,9 +168,7 @@ class AgentService:
             layout = desired_layout(self.machine, state)
             self._save(state)
             self.enforcer.apply({}, layout, None)
-            prune = getattr(self.enforcer, "prune", None)
-            if prune is not None:
-                prune(layout)
+            self.enforcer.prune(layout)
             self.state, self._layout = state, layout
 
     def replace_machine(self, machine: Machine) -> list[tuple[str, str]]:

@@ -21,6 +21,7 @@ from numa_agent.admission.hotplug import rebase_state
 from numa_agent.admission.machine import ConfigError, Machine
 from numa_agent.core.cpuset import CpuSet
 from numa_agent.enforcement.plan import POD_PREFIX, SHARED_CGROUP, WORKLOAD_PREFIX, safe_component, workload_relpath
+from numa_agent.enforcement.protocol import Enforcer
 from numa_agent.state.checkpoint import CheckpointCorruptError
 from numa_agent.state.model import AgentState, Booking, Pod, Workload
 
@@ -36,7 +37,7 @@ class RecoveryReport:
     policy_reconciled: bool
 
 
-def restore(machine: Machine, store, enforcer, on_policy_change: str = "refuse",
+def restore(machine: Machine, store, enforcer: Enforcer, on_policy_change: str = "refuse",
             uid_of=None) -> tuple[AgentState, RecoveryReport]:
     fingerprint = machine.policy.fingerprint()
     quarantined = None
@@ -73,17 +74,11 @@ def restore(machine: Machine, store, enforcer, on_policy_change: str = "refuse",
     for name, what in lost:
         log.warning("workload %s lost %s while the agent was stopped", name, what)
 
-    released, adopted = [], []
-    for w in state.workloads:
-        rel = workload_relpath(w)
-        alive = enforcer.populated(rel) if enforcer.mode == "cgroup" else _track(enforcer, rel, w.pid)
-        if not alive:
-            released.append(w.name)
+    released = [w.name for w in state.workloads if not enforcer.track(workload_relpath(w), w.pid)]
     for name in released:
         from numa_agent.admission.admit import release
         state, _, _ = release(state, name)
-    if enforcer.mode == "cgroup":
-        state, adopted = _adopt(machine, state, enforcer, uid_of)
+    state, adopted = _adopt(machine, state, enforcer, uid_of)
     report = RecoveryReport(restored=len(state.workloads), released=tuple(released),
                             adopted=tuple(adopted), quarantined=quarantined,
                             policy_reconciled=reconciled)
@@ -93,14 +88,11 @@ def restore(machine: Machine, store, enforcer, on_policy_change: str = "refuse",
     return state, report
 
 
-def _track(enforcer, rel: str, pid: int | None) -> bool:
-    return pid is not None and enforcer.track(rel, pid)
-
-
-def _adopt(machine: Machine, state: AgentState, enforcer, uid_of) -> tuple[AgentState, list[str]]:
+def _adopt(machine: Machine, state: AgentState, enforcer: Enforcer,
+           uid_of) -> tuple[AgentState, list[str]]:
     """Adopt populated workload cgroups the state does not know."""
     known = {workload_relpath(w) for w in state.workloads} | {f"{POD_PREFIX}{p.name}" for p in state.pods}
-    adopted = []
+    adopted: list[str] = []
     for rel in enforcer.existing():
         if rel in known or not enforcer.populated(rel):
             continue

@@ -1,8 +1,9 @@
 """The agent's event loop: one thread, woken only by the kernel.
 
 It waits (selectors, no polling loop) on:
-- the enforcer's release signal: inotify on each workload's `cgroup.events`
-  (cgroup mode) or the workload processes' pidfds (affinity mode);
+- the enforcer's descriptors (`Enforcer.fds`), which tell when a workload's
+  processes are gone: inotify on each workload's `cgroup.events` (cgroup
+  mode) or the workload processes' pidfds (affinity mode);
 - the hotplug event source (kernel uevents);
 - a stop pipe;
 and wakes on a timer only to ping the systemd watchdog when one is set.
@@ -50,21 +51,13 @@ class EventLoop:
         enforcer = self.service.enforcer
         sel = selectors.DefaultSelector()
         sel.register(self._stop_r, selectors.EVENT_READ, "stop")
-        if enforcer.mode == "cgroup":
-            sel.register(enforcer.fileno(), selectors.EVENT_READ, "cgroup")
         if self.hotplug_source is not None:
             sel.register(self.hotplug_source.fileno(), selectors.EVENT_READ, "hotplug")
-        if enforcer.mode == "affinity":
-            sel.register(enforcer.wake_fd, selectors.EVENT_READ, "wake")
-        registered_pidfds: set[int] = set()
+        registered = _sync_fds(sel, set(), enforcer.fds())
         # Workloads whose process died while we were not yet watching.
         self._release_empty()
         next_ping = time.monotonic()
-        resync = True
         while True:
-            if enforcer.mode == "affinity" and resync:
-                registered_pidfds = _sync_pidfds(sel, registered_pidfds, set(enforcer.pidfds()))
-                resync = False
             timeout = None
             if self.watchdog_interval:
                 timeout = max(0.0, next_ping - time.monotonic())
@@ -76,15 +69,12 @@ class EventLoop:
             if "stop" in kinds:
                 break
             try:
-                if "cgroup" in kinds:
-                    changed = enforcer.changed()
-                    self._release_paths(changed, check=True)
-                if "wake" in kinds:
-                    enforcer.drain_wake()
-                    resync = True
-                pidfds = {key.fd for key, _ in ready if key.data == "pidfd"}
-                if pidfds:
-                    self._release_paths(enforcer.exited(pidfds), check=False)
+                ready_fds = {key.fd for key, _ in ready if key.data == "enforcer"}
+                if ready_fds:
+                    try:
+                        self._release_paths(enforcer.released(ready_fds), check=False)
+                    finally:
+                        registered = _sync_fds(sel, registered, enforcer.fds())
                 if "hotplug" in kinds and self.on_hotplug is not None:
                     try:
                         events = self.hotplug_source.read_events()
@@ -113,14 +103,15 @@ class EventLoop:
         self._release_paths(paths, check=True)
 
 
-def _sync_pidfds(sel, registered: set[int], wanted: set[int]) -> set[int]:
-    # A closed pidfd's number can be reused by a new one at once, so start
-    # over rather than diff: unregistering a stale number is harmless.
+def _sync_fds(sel, registered: set[int], wanted: list[int]) -> set[int]:
+    # A closed descriptor's number can be reused by a new one at once (a
+    # pidfd), so start over rather than diff: unregistering a stale number is
+    # harmless.
     for fd in registered:
         try:
             sel.unregister(fd)
         except (KeyError, ValueError, OSError):
             pass
-    for fd in sorted(wanted):
-        sel.register(fd, selectors.EVENT_READ, "pidfd")
+    for fd in sorted(set(wanted)):
+        sel.register(fd, selectors.EVENT_READ, "enforcer")
     return set(wanted)

@@ -6,7 +6,7 @@ import pytest
 
 from numa_agent.core.cpuset import CpuSet
 from numa_agent.enforcement.cgroup import CgroupV2
-from numa_agent.enforcement.fake_cgroupfs import make_fake_cgroup_root
+from numa_agent.enforcement.fake_cgroupfs import FakeCgroupfs, make_fake_cgroup_root
 
 
 @pytest.fixture
@@ -15,9 +15,16 @@ def fake_root(tmp_path):
 
 
 @pytest.fixture
-def cg(fake_root):
+def fakefs(fake_root):
+    """The fake tree's emulator; its `process_exited(pid)` stands in for the
+    kernel noticing a death."""
+    return FakeCgroupfs(fake_root)
+
+
+@pytest.fixture
+def cg(fake_root, fakefs):
     """Driver on a fake tree whose root hands cpuset, memory and hugetlb down."""
-    driver = CgroupV2(fake_root)
+    driver = CgroupV2(fake_root, fakefs)
     driver.enable_controllers("", ["cpuset", "memory", "hugetlb"])
     return driver
 

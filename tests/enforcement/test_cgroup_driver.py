@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import builtins
 import errno
+import io
 import os
 
 import pytest
@@ -10,7 +12,7 @@ import pytest
 from numa_agent.core.cpuset import CpuSet
 from numa_agent.core.hints import NumaMask
 from numa_agent.enforcement import cgroup as cgroup_module
-from numa_agent.enforcement.cgroup import CgroupV2, hugetlb_size_name
+from numa_agent.enforcement.cgroup import CgroupFiles, CgroupV2, KernelFiles, hugetlb_size_name
 from numa_agent.enforcement.errors import (
     CgroupBusyError,
     CgroupError,
@@ -24,7 +26,7 @@ from numa_agent.enforcement.errors import (
     CgroupRangeError,
     cgroup_error_from_oserror,
 )
-from numa_agent.enforcement.fake_cgroupfs import make_fake_cgroup_root
+from numa_agent.enforcement.fake_cgroupfs import FAKE_MARKER, FakeCgroupfs, make_fake_cgroup_root
 
 
 # ---- paths ------------------------------------------------------------------
@@ -44,16 +46,16 @@ from numa_agent.enforcement.fake_cgroupfs import make_fake_cgroup_root
 ])
 def test_bad_relative_paths_are_refused(fake_root, relpath, message):
     with pytest.raises(CgroupPathError, match=message):
-        CgroupV2(fake_root).path(relpath)
+        CgroupV2(fake_root, FakeCgroupfs(fake_root)).path(relpath)
 
 
 def test_non_string_path_is_refused(fake_root):
     with pytest.raises(CgroupPathError, match="must be a string, got int"):
-        CgroupV2(fake_root).path(3)  # type: ignore[arg-type]
+        CgroupV2(fake_root, FakeCgroupfs(fake_root)).path(3)  # type: ignore[arg-type]
 
 
 def test_good_paths_stay_below_root(fake_root):
-    cg = CgroupV2(fake_root)
+    cg = CgroupV2(fake_root, FakeCgroupfs(fake_root))
     assert cg.path("") == fake_root
     assert cg.path("pod-a/member_1.x:y@z") == fake_root / "pod-a" / "member_1.x:y@z"
 
@@ -85,7 +87,7 @@ def test_errno_picks_the_error_class_and_message_names_everything(code, cls):
 
 # ---- probe ----------------------------------------------------------------------
 def test_probe_fake_root(fake_root):
-    caps = CgroupV2(fake_root).probe()
+    caps = CgroupV2(fake_root, FakeCgroupfs(fake_root)).probe()
     assert caps.usable and caps.fake and caps.writable and caps.partition
     assert caps.controllers == ("cpuset", "cpu", "memory", "hugetlb")
     assert (caps.cpuset, caps.memory, caps.hugetlb) == (True, True, True)
@@ -93,27 +95,27 @@ def test_probe_fake_root(fake_root):
 
 
 def test_probe_missing_directory(tmp_path):
-    caps = CgroupV2(tmp_path / "nope").probe()
+    caps = CgroupV2(tmp_path / "nope", KernelFiles()).probe()
     assert not caps.usable and not caps.mounted
     assert caps.reason == f"no cgroup2 mounted at {tmp_path / 'nope'} (directory does not exist)"
 
 
 def test_probe_plain_directory_is_not_cgroup2(tmp_path):
-    caps = CgroupV2(tmp_path).probe()
+    caps = CgroupV2(tmp_path, KernelFiles()).probe()
     assert not caps.mounted
     assert caps.reason.startswith(f"no cgroup2 mounted at {tmp_path} (filesystem type 0x")
 
 
 def test_probe_without_controllers_file(fake_root):
     (fake_root / "cgroup.controllers").unlink()
-    caps = CgroupV2(fake_root).probe()
+    caps = CgroupV2(fake_root, FakeCgroupfs(fake_root)).probe()
     assert not caps.usable
     assert caps.reason == f"no cgroup2 mounted at {fake_root} (no cgroup.controllers)"
 
 
 def test_probe_without_cpuset_controller(tmp_path):
     root = make_fake_cgroup_root(tmp_path / "r", CpuSet([0]), [0], controllers=["memory", "hugetlb"])
-    caps = CgroupV2(root).probe()
+    caps = CgroupV2(root, FakeCgroupfs(root)).probe()
     assert not caps.usable and caps.memory and caps.hugetlb and not caps.cpuset
     assert not caps.partition
     assert caps.reason == (f"cpuset controller not available in {root}/cgroup.controllers "
@@ -122,7 +124,7 @@ def test_probe_without_cpuset_controller(tmp_path):
 
 def test_probe_not_writable(fake_root, monkeypatch):
     monkeypatch.setattr(cgroup_module.os, "access", lambda path, mode: False)
-    caps = CgroupV2(fake_root).probe()
+    caps = CgroupV2(fake_root, FakeCgroupfs(fake_root)).probe()
     assert not caps.usable and not caps.writable
     assert caps.reason == f"not writable: {fake_root} (needs root or a delegated cgroup)"
 
@@ -134,7 +136,7 @@ def test_unknown_controller_for_fake_root_is_refused(tmp_path):
 
 # ---- controllers ---------------------------------------------------------------------
 def test_enable_controllers_writes_only_available_ones(fake_root):
-    cg = CgroupV2(fake_root)
+    cg = CgroupV2(fake_root, FakeCgroupfs(fake_root))
     assert cg.enable_controllers("", ["memory", "io", "cpuset"]) == ("cpuset", "memory")
     assert cg.subtree_control("") == ("cpuset", "memory")
     cg.create("w")
@@ -196,14 +198,14 @@ def test_create_remove_children(cg):
         cg.remove("pod")
 
 
-def test_remove_populated_cgroup_is_busy(cg, sleepers):
+def test_remove_populated_cgroup_is_busy(cg, fakefs, sleepers):
     cg.create("w")
     cg.write_cpuset("w", CpuSet([1]), [0])
     proc = sleepers()
     cg.move_pid("w", proc.pid)
     with pytest.raises(CgroupBusyError, match="EBUSY"):
         cg.remove("w")
-    cg.fake.process_exited(proc.pid)
+    fakefs.process_exited(proc.pid)
     cg.remove("w")
     assert not cg.exists("w")
 
@@ -262,11 +264,11 @@ def test_fake_rejects_unparsable_cpu_list(cg):
 
 
 def test_read_effective_falls_back_and_reports_garbage(tmp_path):
-    # A tree without *.effective files (and without the fake marker).
+    # A tree without *.effective files, read through the kernel backend.
     (tmp_path / "w").mkdir()
     (tmp_path / "w" / "cpuset.cpus").write_text("4-5\n")
     (tmp_path / "w" / "cpuset.mems").write_text("0\n")
-    cg = CgroupV2(tmp_path)
+    cg = CgroupV2(tmp_path, KernelFiles())
     assert cg.read_effective("w") == (CpuSet.parse("4-5"), NumaMask([0]))
     (tmp_path / "w" / "cpuset.cpus").write_text("banana\n")
     with pytest.raises(CgroupInvalidError, match=r"unexpected content 'banana' in .*w/cpuset.cpus"):
@@ -390,7 +392,7 @@ def test_limit_errors(cg):
 
 
 def test_limit_file_missing_without_controller(fake_root):
-    cg = CgroupV2(fake_root)
+    cg = CgroupV2(fake_root, FakeCgroupfs(fake_root))
     cg.enable_controllers("", ["cpuset"])
     cg.create("w")
     with pytest.raises(CgroupMissingError, match=r"write 'max' to .*w/memory.max failed: ENOENT"):
@@ -474,11 +476,11 @@ def test_populated_without_key(cg, fake_root):
 # ---- the raw (non-fake) write path ---------------------------------------------------------------
 @pytest.fixture
 def plain(tmp_path):
-    """A plain directory standing in for cgroupfs: no marker, raw writes."""
+    """A plain directory standing in for cgroupfs: the kernel backend, raw writes."""
     (tmp_path / "w").mkdir()
     for name in ("cpuset.cpus", "cpuset.mems", "cgroup.procs", "memory.max"):
         (tmp_path / "w" / name).write_text("")
-    return CgroupV2(tmp_path)
+    return CgroupV2(tmp_path, KernelFiles())
 
 
 def test_raw_writes_replace_the_value_in_one_write(plain, tmp_path, monkeypatch):
@@ -516,3 +518,49 @@ def test_raw_mkdir_rmdir(plain, tmp_path):
     plain.remove("x")
     with pytest.raises(CgroupBusyError, match="rmdir .*w failed: ENOTEMPTY"):
         plain.remove("w")  # on a plain fs leftover files stand in for EBUSY
+
+
+# ---- the files backends -------------------------------------------------------------------------
+def test_both_backends_are_cgroup_files(fake_root):
+    assert isinstance(KernelFiles(), CgroupFiles) and not KernelFiles().simulated
+    assert isinstance(FakeCgroupfs(fake_root), CgroupFiles) and FakeCgroupfs(fake_root).simulated
+    assert not CgroupV2(fake_root, KernelFiles()).probe().fake
+
+
+@pytest.mark.parametrize("marker_present", [False, True])
+def test_kernel_backend_never_creates_or_reads_the_marker(tmp_path, monkeypatch, marker_present):
+    """The driver does not look for the fake-tree marker: with the kernel
+    backend a marker in the root is never opened or stat'ed (nor created),
+    and the writes stay raw (a new cgroup gets no emulated interface files)."""
+    for name, value in (("cgroup.controllers", "cpuset memory"), ("cgroup.subtree_control", ""),
+                        ("cgroup.procs", ""), ("cgroup.events", "populated 0")):
+        (tmp_path / name).write_text(value + "\n")
+    marker = tmp_path / FAKE_MARKER
+    if marker_present:
+        marker.write_text("not json: whoever parses this fails\n")
+    touched: list[str] = []
+
+    def recording(real):
+        def call(path, *args, **kwargs):
+            touched.append(os.fspath(path) if isinstance(path, (str, os.PathLike)) else repr(path))
+            return real(path, *args, **kwargs)
+        return call
+
+    for module, name in ((builtins, "open"), (io, "open"), (os, "open"), (os, "stat"),
+                         (os, "lstat"), (os, "access"), (os, "mkdir"), (os, "rmdir")):
+        monkeypatch.setattr(module, name, recording(getattr(module, name)))
+
+    cg = CgroupV2(tmp_path, KernelFiles())
+    caps = cg.probe()
+    assert not caps.fake
+    assert cg.enable_controllers("", ["cpuset", "cpu"]) == ("cpuset",)
+    cg.create("w")
+    assert cg.exists("w") and cg.children("") == ["w"]
+    assert sorted(p.name for p in (tmp_path / "w").iterdir()) == []  # no emulation
+    assert cg.procs("") == [] and not cg.populated("")
+    cg.remove("w")
+    monkeypatch.undo()
+
+    assert touched and not [p for p in touched if FAKE_MARKER in p]
+    assert marker.exists() == marker_present
+    assert (tmp_path / "cgroup.subtree_control").read_text() == "+cpuset"

@@ -26,7 +26,7 @@ def test_nothing_pending_means_empty_list(cg):
         assert not ready(watcher, timeout=0)
 
 
-def test_populated_changes_wake_the_selector(cg, sleepers):
+def test_populated_changes_wake_the_selector(cg, fakefs, sleepers):
     cg.create("a")
     cg.create("b")
     cg.write_cpuset("a", CpuSet([0]), [0])
@@ -40,7 +40,7 @@ def test_populated_changes_wake_the_selector(cg, sleepers):
         assert ready(watcher)
         assert watcher.read_events() == ["a"]
         assert cg.populated("a")
-        cg.fake.process_exited(proc.pid)
+        fakefs.process_exited(proc.pid)
         assert ready(watcher)
         assert watcher.read_events() == ["a"]
         assert not cg.populated("a")

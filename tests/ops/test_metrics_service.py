@@ -10,7 +10,7 @@ from numa_agent.admission.machine import PolicyConfig, build_machine
 from numa_agent.core.synthetic import make_topology
 from numa_agent.enforcement.cgroup import CgroupV2
 from numa_agent.enforcement.enforcer import CgroupEnforcer
-from numa_agent.enforcement.fake_cgroupfs import make_fake_cgroup_root
+from numa_agent.enforcement.fake_cgroupfs import FakeCgroupfs, make_fake_cgroup_root
 from numa_agent.service.agent_service import AgentService
 from numa_agent.service.errors import Caller
 from numa_agent.service.recovery import restore
@@ -22,7 +22,7 @@ def test_scrape_of_a_real_service_after_one_admission(tmp_path):
     topo = make_topology(sockets=2, cores_per_node=4, threads_per_core=2, memory_per_node_bytes=8 << 30)
     machine = build_machine(topo, PolicyConfig(topology_policy="single-numa-node"))
     root = make_fake_cgroup_root(tmp_path / "cg", machine.usable_cpus, [0, 1])
-    enforcer = CgroupEnforcer(CgroupV2(root))
+    enforcer = CgroupEnforcer(CgroupV2(root, FakeCgroupfs(root)))
     store = CheckpointStore(tmp_path / "state")
     enforcer.setup()
     state, _ = restore(machine, store, enforcer)

@@ -15,7 +15,7 @@ from numa_agent.core.synthetic import make_topology
 from numa_agent.enforcement.cgroup import CgroupV2
 from numa_agent.enforcement.enforcer import CgroupEnforcer
 from numa_agent.enforcement.errors import CgroupNoSpaceError
-from numa_agent.enforcement.fake_cgroupfs import make_fake_cgroup_root
+from numa_agent.enforcement.fake_cgroupfs import FakeCgroupfs, make_fake_cgroup_root
 from numa_agent.service.agent_service import AgentService, ServiceUnavailable
 from numa_agent.service.errors import AdmissionRefused, BadRequest, Caller, Conflict, Forbidden, NotFound
 from numa_agent.service.recovery import restore
@@ -58,7 +58,7 @@ def sleepers():
 
 
 def start(machine, state_dir, cg_root, partitions="off", **kw):
-    enforcer = CgroupEnforcer(CgroupV2(cg_root), partitions=partitions)
+    enforcer = CgroupEnforcer(CgroupV2(cg_root, FakeCgroupfs(cg_root)), partitions=partitions)
     store = CheckpointStore(state_dir)
     enforcer.setup()
     state, report = restore(machine, store, enforcer, **kw)
@@ -292,7 +292,7 @@ def test_partitions_are_not_offered_below_a_non_partition_root(env, caplog):
 
 def test_exclusive_workloads_become_isolated_partitions_where_allowed(env):
     machine, state_dir, root = env
-    CgroupV2(root).set_partition("", "root")  # the administrator's decision
+    CgroupV2(root, FakeCgroupfs(root)).set_partition("", "root")  # the administrator's decision
     service, _ = start(machine, state_dir, root, partitions="isolated")
     assert service.enforcer.partitions == "isolated"
     cpus = CpuSet.parse(service.admit({"name": "p", "cpus": 2}, ME)["cpus"])

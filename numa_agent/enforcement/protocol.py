@@ -1,0 +1,113 @@
+"""The one interface between the service and the enforcement edge.
+
+`Enforcer` is everything the service, the event loop, start-up recovery and
+the daemon's assembly ask of an enforcer. Every implementation provides all of
+it, so callers never ask which one they hold: `mode` and `reason` exist only
+to be reported (status, health, metrics, log lines), never to branch on.
+
+Paths are the relative workload/pod paths of `plan.py` ("wl-web",
+"pod-a/web"); a layout maps them to the `CgroupSpec` they must match.
+"""
+
+from __future__ import annotations
+
+from typing import Collection, Mapping, NamedTuple, Protocol, runtime_checkable
+
+from numa_agent.core.cpuset import CpuSet
+from numa_agent.core.hints import NumaMask
+from numa_agent.enforcement.plan import CgroupSpec
+
+Layout = Mapping[str, CgroupSpec]
+
+
+class Grant(NamedTuple):
+    """CPUs and memory nodes the enforcement root is granted from above, which
+    the agent hands out instead of what its own process is allowed."""
+
+    cpus: CpuSet
+    mems: NumaMask
+    source: str  # names the grantor in messages, e.g. "cgroup root /sys/fs/cgroup/numa"
+
+
+@runtime_checkable
+class Enforcer(Protocol):
+    @property
+    def mode(self) -> str:
+        """Short name of the mechanism ("cgroup", "affinity"), for reports."""
+        ...
+
+    @property
+    def reason(self) -> str | None:
+        """Why this mechanism, or what it leaves out; None when nothing to say."""
+        ...
+
+    # ---- set-up and enforcement -------------------------------------------
+    def setup(self) -> None:
+        """Prepare the mechanism once, before anything is restored or applied."""
+        ...
+
+    def apply(self, old: Layout, new: Layout, move: tuple[str, int] | None = None) -> None:
+        """Change the machine from layout `old` to `new`; `move` is (path,
+        pid) of a process to put into its workload. Raises EnforcementError."""
+        ...
+
+    def verify(self, layout: Layout) -> None:
+        """Raise EnforcementError where the machine does not match `layout`."""
+        ...
+
+    def path_of(self, relpath: str) -> str | None:
+        """What to show a user as where the workload is enforced (the cgroup
+        directory), None when there is no such place."""
+        ...
+
+    # ---- observation (restart, reconcile) -----------------------------------
+    def exists(self, relpath: str) -> bool:
+        ...
+
+    def populated(self, relpath: str) -> bool:
+        """The workload still has a live process."""
+        ...
+
+    def pids(self, relpath: str) -> list[int]:
+        ...
+
+    def read_cpuset(self, relpath: str) -> tuple[CpuSet, tuple[int, ...]]:
+        """(CPUs, memory nodes) `relpath` is confined to, as found."""
+        ...
+
+    def existing(self) -> list[str]:
+        """Every path the mechanism holds, parents before children; start-up
+        adopts those the checkpoint does not know."""
+        ...
+
+    def prune(self, layout: Layout) -> list[str]:
+        """Remove empty leftovers that `layout` does not name; returns them."""
+        ...
+
+    def granted(self) -> Grant | None:
+        """What the agent may hand out, when something above it decides that;
+        None: the machine's view of the agent's own process stands."""
+        ...
+
+    # ---- liveness -------------------------------------------------------------
+    def track(self, relpath: str, pid: int | None) -> bool:
+        """Start following a restored workload (`pid` as checkpointed, None if
+        unknown); False when its processes are already gone."""
+        ...
+
+    def fds(self) -> list[int]:
+        """Descriptors for the event loop to wait on for reading. The list
+        changes only in ways announced by one of them becoming readable, so
+        the loop asks again after each call of `released`."""
+        ...
+
+    def released(self, ready_fds: Collection[int]) -> list[str]:
+        """Given the readable ones among `fds()`, the paths of workloads whose
+        processes are all gone, each once."""
+        ...
+
+    def close(self) -> None:
+        ...
+
+
+__all__ = ["Enforcer", "Grant", "Layout"]

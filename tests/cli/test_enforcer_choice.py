@@ -1,0 +1,79 @@
+"""`numa-agent serve` picks its enforcer from one table: the first factory that
+accepts the configuration wins, each told why the previous ones declined."""
+
+from __future__ import annotations
+
+import pytest
+
+from numa_agent.admission.machine import PolicyConfig, build_machine
+from numa_agent.cli import serve_cmd
+from numa_agent.cli.serve_cmd import EnforcerUnavailable, StartupError, _lazy, choose_enforcer
+from numa_agent.core.synthetic import make_topology
+from numa_agent.enforcement.enforcer import AffinityEnforcer, CgroupEnforcer
+from numa_agent.service.config import AgentConfig
+
+HERE = __name__
+
+
+@pytest.fixture
+def machine():
+    topo = make_topology(sockets=2, cores_per_node=2, threads_per_core=1, memory_per_node_bytes=1 << 30)
+    return build_machine(topo, PolicyConfig())
+
+
+@pytest.fixture
+def close_after():
+    made = []
+    yield made.append
+    for enforcer in made:
+        enforcer.close()
+
+
+def test_cgroup_root_none_falls_back_to_affinity_and_says_why(machine, close_after):
+    enforcer = choose_enforcer(AgentConfig(cgroup_root="none"), machine)
+    close_after(enforcer)
+    assert isinstance(enforcer, AffinityEnforcer) and enforcer.mode == "affinity"
+    assert enforcer.reason == "cgroup enforcement disabled (cgroup_root = none)"
+
+
+def test_a_sysfs_snapshot_enforces_into_a_simulated_tree(machine, tmp_path, close_after):
+    cfg = AgentConfig(sysfs_root=str(tmp_path / "snapshot"), state_dir=str(tmp_path / "state"))
+    enforcer = choose_enforcer(cfg, machine)
+    close_after(enforcer)
+    assert isinstance(enforcer, CgroupEnforcer) and enforcer.mode == "cgroup"
+    assert enforcer.cgroup.files.simulated and enforcer.granted() is None
+    assert enforcer.cgroup.root == tmp_path / "state" / "cgroupfs"
+
+
+def test_an_explicit_cgroup_root_that_cannot_be_used_stops_the_start(machine, tmp_path):
+    with pytest.raises(StartupError, match="cgroup root .*/nope cannot be used: no cgroup2"):
+        choose_enforcer(AgentConfig(cgroup_root=str(tmp_path / "nope")), machine)
+
+
+class _Third:
+    mode = "third"
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+
+def _declines(cfg, machine, why_not):
+    raise EnforcerUnavailable(f"declined after {why_not or 'nobody'}")
+
+
+def _third(cfg, machine, why_not):
+    return _Third(why_not)
+
+
+def test_another_enforcer_is_one_line_in_the_table(machine, monkeypatch):
+    monkeypatch.setattr(serve_cmd, "_ENFORCERS",
+                        (_declines, _lazy(f"{HERE}:_third"), serve_cmd._affinity))
+    enforcer = choose_enforcer(AgentConfig(cgroup_root="none"), machine)
+    assert isinstance(enforcer, _Third) and enforcer.reason == "declined after nobody"
+
+
+def test_when_every_enforcer_declines_the_start_stops(machine, monkeypatch):
+    monkeypatch.setattr(serve_cmd, "_ENFORCERS", (_declines, _lazy(f"{HERE}:_declines")))
+    with pytest.raises(StartupError, match="no enforcer can run here: declined after declined "
+                                           "after nobody"):
+        choose_enforcer(AgentConfig(), machine)
