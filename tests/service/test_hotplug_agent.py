@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import pytest
 
-from numa_agent.cli.serve_cmd import Agent
+from numa_agent.service.startup import Agent
 from numa_agent.core.cpuset import CpuSet
 from numa_agent.core.synthetic import make_topology
 from numa_agent.hotplug.events import HotplugEvent, FakeEventSource

@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 
 from numa_agent.admission.machine import PolicyConfig, build_machine
-from numa_agent.cli import serve_cmd
-from numa_agent.cli.serve_cmd import EnforcerUnavailable, StartupError, _lazy, choose_enforcer
 from numa_agent.core.synthetic import make_topology
 from numa_agent.enforcement.enforcer import AffinityEnforcer, CgroupEnforcer
+from numa_agent.service import startup
 from numa_agent.service.config import AgentConfig
+from numa_agent.service.startup import EnforcerUnavailable, StartupError, _lazy, choose_enforcer
 
 HERE = __name__
 
@@ -66,14 +66,14 @@ def _third(cfg, machine, why_not):
 
 
 def test_another_enforcer_is_one_line_in_the_table(machine, monkeypatch):
-    monkeypatch.setattr(serve_cmd, "_ENFORCERS",
-                        (_declines, _lazy(f"{HERE}:_third"), serve_cmd._affinity))
+    monkeypatch.setattr(startup, "_ENFORCERS",
+                        (_declines, _lazy(f"{HERE}:_third"), startup._affinity))
     enforcer = choose_enforcer(AgentConfig(cgroup_root="none"), machine)
     assert isinstance(enforcer, _Third) and enforcer.reason == "declined after nobody"
 
 
 def test_when_every_enforcer_declines_the_start_stops(machine, monkeypatch):
-    monkeypatch.setattr(serve_cmd, "_ENFORCERS", (_declines, _lazy(f"{HERE}:_declines")))
+    monkeypatch.setattr(startup, "_ENFORCERS", (_declines, _lazy(f"{HERE}:_declines")))
     with pytest.raises(StartupError, match="no enforcer can run here: declined after declined "
                                            "after nobody"):
         choose_enforcer(AgentConfig(), machine)

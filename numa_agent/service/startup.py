@@ -1,0 +1,331 @@
+"""The agent's start-up: discover the machine, choose the enforcer, restore the
+checkpoint, then start the edges (API, metrics, event loop, hotplug) around the
+one service that owns the state. `numa-agent serve` parses flags and calls this."""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import signal
+import threading
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+from numa_agent.enforcement.plan import AGENT_CGROUP
+
+if TYPE_CHECKING:
+    from numa_agent.enforcement.protocol import Enforcer
+
+log = logging.getLogger("numa_agent.startup")
+
+
+class StartupError(Exception):
+    pass
+
+
+class Agent:
+    """Wires the edges around the service; start(), stop()."""
+
+    def __init__(self, cfg, hotplug_source=None) -> None:
+        self.cfg = cfg
+        self.api = self.metrics = self.loop = None
+        self.hotplug = hotplug_source  # tests inject a fake; else kernel uevents
+        self.service = None
+
+    def start(self) -> "Agent":
+        from numa_agent.admission.machine import ConfigError, build_machine
+        from numa_agent.discovery.sysfs import DiscoveryError, read_topology
+        from numa_agent.service.agent_service import AgentService
+        from numa_agent.service.recovery import restore
+        from numa_agent.state.checkpoint import CheckpointStore
+
+        cfg = self.cfg
+        try:
+            topology = read_topology(cfg.sysfs_root)
+        except DiscoveryError as exc:
+            raise StartupError(f"topology discovery failed: {exc}") from None
+        try:
+            machine = build_machine(topology, cfg.policy)
+        except ConfigError as exc:
+            raise StartupError(f"configuration does not fit this machine: {exc}") from None
+        log.info("machine: %d NUMA node(s) %s, %d usable CPUs, %d reserved (%s), %d PCI devices",
+                 len(machine.node_ids), ",".join(map(str, machine.node_ids)), len(machine.usable_cpus),
+                 len(machine.reserved_cpus), machine.reserved_cpus.format() or "-",
+                 len(topology.pci_devices))
+        enforcer = choose_enforcer(cfg, machine)
+        machine = self._within_cgroup_root(machine, enforcer)
+        store = CheckpointStore(cfg.state_dir)
+        try:
+            enforcer.setup()
+            state, report = restore(machine, store, enforcer, cfg.on_policy_change, uid_of=_uid_of)
+        except ConfigError as exc:
+            raise StartupError(str(exc)) from None
+        except Exception as exc:
+            raise StartupError(f"cannot restore state: {exc}") from None
+        service = AgentService(machine, store, enforcer)
+        try:
+            service.install(state)
+        except Exception as exc:
+            raise StartupError(f"cannot apply the restored state: {exc}") from None
+        self.service = service
+        log.info("state: %d workload(s) restored, %d released, %d adopted%s", report.restored,
+                 len(report.released), len(report.adopted),
+                 f", corrupt checkpoint moved to {report.quarantined}" if report.quarantined else "")
+        self._start_edges(machine)
+        return self
+
+    def _within_cgroup_root(self, machine, enforcer: Enforcer):
+        """The agent hands out what the enforcer's root is granted when it
+        says so (in cgroup mode `cpuset.*.effective` of its cgroup root), not
+        what its own process happens to be allowed."""
+        from dataclasses import replace
+
+        from numa_agent.admission.machine import ConfigError, build_machine
+
+        grant = enforcer.granted()
+        if grant is None:
+            return machine
+        cpus, mems = grant.cpus, grant.mems
+        topo = machine.topology
+        granted = replace(topo, allowed_cpus=cpus, allowed_mems=frozenset(mems.nodes()))
+        if (granted.allowed_cpus, granted.allowed_mems) == (topo.allowed_cpus, topo.allowed_mems):
+            return machine
+        log.info("%s grants cpus %s, mems %s", grant.source, cpus.format(), mems.format())
+        try:
+            return build_machine(granted, self.cfg.policy)
+        except ConfigError as exc:
+            raise StartupError(f"configuration does not fit what {grant.source} "
+                               f"grants (cpus {cpus.format()}, mems {mems.format()}): {exc}") from None
+
+    def _start_edges(self, machine) -> None:
+        from numa_agent.api.server import ApiServer
+        from numa_agent.service import sdnotify
+        from numa_agent.service.runtime import EventLoop
+
+        cfg = self.cfg
+        service = self.service
+        try:
+            self.api = ApiServer(service, cfg.socket, socket_mode=cfg.socket_mode,
+                                 socket_group=cfg.socket_group).start()
+        except Exception as exc:
+            raise StartupError(f"cannot serve the API on {cfg.socket}: {exc}") from None
+        if cfg.metrics_address:
+            from numa_agent.views.metrics import build_registry, start_metrics_server
+
+            try:
+                self.metrics = start_metrics_server(cfg.metrics_address,
+                                                    build_registry(service.metrics_snapshot))
+            except (OSError, ValueError) as exc:
+                self.api.stop()
+                raise StartupError(f"metrics: {exc}") from None
+        if self.hotplug is None and cfg.hotplug and os.path.abspath(cfg.sysfs_root) == "/":
+            from numa_agent.hotplug.events import HotplugUnavailable, UdevEventSource
+
+            try:
+                self.hotplug = UdevEventSource.open()
+            except HotplugUnavailable as exc:
+                log.warning("%s; the agent runs without hotplug", exc)
+        self.loop = EventLoop(service, hotplug_source=self.hotplug, on_hotplug=self._on_hotplug,
+                              watchdog_interval=_half(sdnotify.watchdog_interval()),
+                              watchdog_ping=sdnotify.watchdog_ping).start()
+        sdnotify.ready()
+        sdnotify.status(f"{len(service.state.workloads)} workloads; enforcement "
+                        f"{service.enforcer.mode}; socket {cfg.socket}")
+        log.info("ready: socket %s, enforcement %s%s", cfg.socket, service.enforcer.mode,
+                 f" ({service.enforcer.reason})" if service.enforcer.reason else "")
+
+    def _on_hotplug(self, events) -> None:
+        """Kernel events arrived (None: some were lost): re-read the machine."""
+        from numa_agent.admission.machine import build_machine
+        from numa_agent.discovery.sysfs import read_topology
+
+        if events is None:
+            log.warning("hotplug events were lost; rescanning sysfs")
+        else:
+            for event in events:
+                self.service.counters.hotplug(event.kind)
+                log.info("hotplug: %s %s %s", event.kind, event.action, event.id)
+            if not events:
+                return
+        machine = build_machine(read_topology(self.cfg.sysfs_root), self.cfg.policy)
+        self.service.replace_machine(machine)
+
+    def stop(self) -> None:
+        from numa_agent.service import sdnotify
+
+        sdnotify.stopping()
+        for part in (self.api, self.loop, self.metrics):
+            if part is not None:
+                part.stop()
+        if self.hotplug is not None:
+            self.hotplug.close()
+        log.info("stopped; workloads keep running and keep their CPUs")
+
+    def run_until_signal(self) -> int:
+        done = threading.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: done.set())
+        self.start()
+        try:
+            while not done.wait(3600):
+                pass
+        finally:
+            self.stop()
+        return 0
+
+
+# ---- choosing the enforcer ----------------------------------------------------------
+class EnforcerUnavailable(Exception):
+    """An enforcer cannot run here; the message says why. The next one is tried."""
+
+
+EnforcerFactory = Callable[[Any, Any, str], "Enforcer"]
+
+
+def choose_enforcer(cfg, machine) -> Enforcer:
+    """The first enforcer of _ENFORCERS that accepts this configuration. Each
+    factory gets (cfg, machine, why_not), `why_not` being why the previous
+    ones declined ("" for the first), and returns an Enforcer, raises
+    EnforcerUnavailable to let the next one try, or StartupError to stop."""
+    why_not = ""
+    for factory in _ENFORCERS:
+        try:
+            return factory(cfg, machine, why_not)
+        except EnforcerUnavailable as exc:
+            why_not = str(exc)
+    raise StartupError(f"no enforcer can run here: {why_not}")
+
+
+def _lazy(target: str) -> EnforcerFactory:
+    """The factory "module:function", imported only when it is tried, so that
+    the other subcommands never load an enforcer's dependencies."""
+    module_name, _, name = target.partition(":")
+
+    def factory(cfg, machine, why_not: str) -> Enforcer:
+        return getattr(importlib.import_module(module_name), name)(cfg, machine, why_not)
+
+    return factory
+
+
+def _simulated_cgroup(cfg, machine, why_not: str) -> Enforcer:
+    """The topology is a snapshot of another machine: pinning real processes
+    to its CPUs would be wrong. Simulate the cgroup tree."""
+    if cfg.cgroup_root != "auto" or os.path.abspath(cfg.sysfs_root) == "/":
+        raise EnforcerUnavailable("the topology is this machine's")
+    from numa_agent.enforcement.cgroup import CgroupV2
+    from numa_agent.enforcement.enforcer import CgroupEnforcer
+    from numa_agent.enforcement.fake_cgroupfs import FakeCgroupfs, make_fake_cgroup_root
+
+    fake = Path(cfg.state_dir) / "cgroupfs"
+    make_fake_cgroup_root(fake, machine.usable_cpus, machine.memory.memory_nodes.nodes()
+                          or machine.node_ids)
+    log.warning("sysfs root %s is not this machine: enforcing into a simulated cgroup tree at %s",
+                cfg.sysfs_root, fake)
+    return CgroupEnforcer(CgroupV2(fake, FakeCgroupfs(fake)))
+
+
+def _kernel_cgroup(cfg, machine, why_not: str) -> Enforcer:
+    """cgroup v2 below the configured root, or the one found (auto)."""
+    from numa_agent.enforcement.cgroup import CgroupV2, KernelFiles
+    from numa_agent.enforcement.enforcer import CgroupEnforcer
+
+    root = cfg.cgroup_root
+    if root == "none":
+        raise EnforcerUnavailable("cgroup enforcement disabled (cgroup_root = none)")
+    if root == "auto":
+        root, why = _auto_cgroup_root()
+        if root is None:
+            raise EnforcerUnavailable(why)
+    cg = CgroupV2(root, KernelFiles())
+    caps = cg.probe()
+    if not caps.usable:
+        if cfg.cgroup_root == "auto":
+            raise EnforcerUnavailable(caps.reason)
+        raise StartupError(f"cgroup root {root} cannot be used: {caps.reason}")
+    log.info("enforcing with cgroup v2 below %s", root)
+    return CgroupEnforcer(cg, domain_controllers=_may_use_domain_controllers(root),
+                          partitions=cfg.cpuset_partitions)
+
+
+def _affinity(cfg, machine, why_not: str) -> Enforcer:
+    """The last resort: pinning with CPU affinity; never declines."""
+    from numa_agent.enforcement.enforcer import AffinityEnforcer
+
+    log.warning("no usable cgroup v2 cpuset (%s): enforcing with CPU affinity instead; "
+                "bookkeeping is identical, but child processes forked before admission "
+                "and memory placement of other processes are not controlled", why_not)
+    return AffinityEnforcer(why_not)
+
+
+# Every enforcer the agent can run with, most capable first; the last one
+# never declines. A new enforcer is one module holding its class and its
+# factory, and one line here: _lazy("numa_agent.enforcement.<module>:<factory>").
+_ENFORCERS: tuple[EnforcerFactory, ...] = (
+    _simulated_cgroup,
+    _kernel_cgroup,
+    _affinity,
+)
+
+
+def _auto_cgroup_root() -> tuple[str | None, str]:
+    """The agent's own cgroup when systemd delegated it (Delegate=yes), else
+    a `numa-agent` cgroup below the hierarchy's root."""
+    mount = "/sys/fs/cgroup"
+    if not os.path.isfile(os.path.join(mount, "cgroup.controllers")):
+        return None, f"no cgroup v2 hierarchy mounted at {mount}"
+    try:
+        own = _own_cgroup()
+    except OSError as exc:
+        return None, f"cannot read /proc/self/cgroup: {exc.strerror}"
+    if own is None:
+        return None, "this process is in no cgroup v2 hierarchy"
+    if own not in ("/", "") and os.environ.get("INVOCATION_ID"):
+        # Under systemd with Delegate=yes: the service's cgroup is ours. With
+        # DelegateSubgroup=agent (systemd >= 254) we start one level down.
+        if os.path.basename(own) == AGENT_CGROUP:
+            own = os.path.dirname(own)
+        return os.path.join(mount, own.lstrip("/")), ""
+    path = os.path.join(mount, "numa-agent")
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as exc:
+        return None, f"cannot create {path}: {exc.strerror}"
+    return path, ""
+
+
+def _own_cgroup() -> str | None:
+    """This process's cgroup v2 path ("0::" line of /proc/self/cgroup), or None."""
+    with open("/proc/self/cgroup") as f:
+        return next((line.split("::", 1)[1].strip() for line in f if line.startswith("0::")), None)
+
+
+def _may_use_domain_controllers(root: str) -> bool:
+    """memory and hugetlb are domain controllers: once the service's cgroup
+    enables them for its children it may hold no process, and systemd older
+    than 254 (no DelegateSubgroup=) starts the restarted agent right there
+    and fails (219/CGROUP). Without DelegateSubgroup, keep to the threaded
+    controllers (cpuset, cpu, pids) so `systemctl restart` keeps working."""
+    if not os.environ.get("INVOCATION_ID"):
+        return True
+    try:
+        own = _own_cgroup() or ""
+    except OSError:
+        return True
+    if os.path.basename(own) == AGENT_CGROUP:
+        return True
+    log.warning("systemd started the agent without DelegateSubgroup= (systemd < 254): memory and "
+                "hugetlb limits are not enforced so that restarts keep working; CPU and memory-node "
+                "pinning is unaffected")
+    return False
+
+
+def _uid_of(pid: int) -> int:
+    try:
+        return os.stat(f"/proc/{pid}").st_uid
+    except OSError:
+        return 0
+
+
+def _half(interval):
+    return interval / 2 if interval else None
