@@ -12,7 +12,7 @@ import pytest
 
 from benchmarks import admission, numa_run
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 ROW_KEYS = {"numa_nodes", "cpus", "providers", "p50_ms", "p99_ms",
             "baseline_p50_ms", "baseline_p99_ms", "ratio"}
 
