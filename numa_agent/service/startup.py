@@ -32,8 +32,24 @@ class Agent:
         self.api = self.metrics = self.loop = None
         self.hotplug = hotplug_source  # tests inject a fake; else kernel uevents
         self.service = None
+        self.claim = None
 
     def start(self) -> "Agent":
+        """Start, or raise StartupError having released whatever was taken."""
+        from numa_agent.state.directory import StateDirError, claim_state_dir
+
+        try:
+            # First of all: one agent per state directory, and only a private one.
+            self.claim = claim_state_dir(self.cfg.state_dir)
+        except StateDirError as exc:
+            raise StartupError(str(exc)) from None
+        try:
+            return self._start()
+        except BaseException:
+            self.claim.abandon()
+            raise
+
+    def _start(self) -> "Agent":
         from numa_agent.admission.machine import ConfigError, build_machine
         from numa_agent.discovery.sysfs import DiscoveryError, read_topology
         from numa_agent.service.agent_service import AgentService
@@ -160,6 +176,8 @@ class Agent:
                 part.stop()
         if self.hotplug is not None:
             self.hotplug.close()
+        if self.claim is not None:
+            self.claim.release()
         log.info("stopped; workloads keep running and keep their CPUs")
 
     def run_until_signal(self) -> int:

@@ -1,11 +1,11 @@
 """`numa-agent serve` refuses to start with one clear line and exit 1, and
 leaves nothing behind, for each way a start can go wrong."""
 
+import os
 import subprocess
 import sys
 
-
-from tests.support.agent_process import AgentProcess
+from tests.support.agent_process import AgentProcess, wait_for
 
 
 def serve(tmp_path, *args, timeout=60):
@@ -67,3 +67,42 @@ def test_second_agent_on_the_same_socket_is_refused(tmp_path):
         assert first.call("GET", "/v1/health")[0] == 200  # the first one is untouched
     finally:
         first.stop()
+
+
+def test_second_agent_on_the_same_state_dir_is_refused_before_any_write(tmp_path):
+    """Another socket, the same --state-dir: the second agent stops at once,
+    names the holder, and the live agent's checkpoint is byte for byte intact."""
+    first = AgentProcess(tmp_path, "--cgroup-root", "none").start()
+    kept = subprocess.Popen([sys.executable, "-m", "numa_agent.cli.numa_run", "--socket", first.socket,
+                             "--name", "kept", "--shared", "--", "sleep", "60"])
+    try:
+        wait_for(lambda: any(w["name"] == "kept" for w in first.call("GET", "/v1/workloads")[1]["workloads"]))
+        checkpoint = first.state_dir / "checkpoint.json"
+        assert b'"kept"' in checkpoint.read_bytes()
+        before = checkpoint.read_bytes()
+        r = subprocess.run([sys.executable, "-m", "numa_agent.cli.numa_agent", "serve",
+                            "--state-dir", str(first.state_dir), "--socket", str(tmp_path / "other.sock"),
+                            "--metrics-address", "", "--no-hotplug", "--cgroup-root", "none"],
+                           capture_output=True, text=True, timeout=60)
+        one_clear_line(r, "in use by another numa-agent", f"PID {first.proc.pid}")
+        assert checkpoint.read_bytes() == before
+        assert not (tmp_path / "other.sock").exists()
+        assert first.call("GET", "/v1/health")[0] == 200
+    finally:
+        kept.kill()
+        kept.wait()
+        first.stop()
+
+
+def test_world_writable_state_dir_is_refused(tmp_path):
+    state = tmp_path / "state"
+    state.mkdir()
+    os.chmod(state, 0o777)
+    one_clear_line(serve(tmp_path, "--cgroup-root", "none"), "writable by its group or by others", "chmod go-w")
+    assert os.listdir(state) == []
+
+
+def test_failed_start_leaves_no_state_dir(tmp_path):
+    (tmp_path / "fake" / "sys").mkdir(parents=True)
+    one_clear_line(serve(tmp_path, "--sysfs-root", str(tmp_path / "fake")), "topology discovery failed")
+    assert not (tmp_path / "state").exists()

@@ -1,0 +1,65 @@
+"""The state directory: one agent at a time, and only a directory the agent's
+user alone can write (a forged checkpoint must not be believed)."""
+
+import os
+import stat
+
+import pytest
+
+from numa_agent.state.directory import StateDirError, StateDirLocked, claim_state_dir
+
+
+def test_created_private_and_locked_with_our_pid(tmp_path):
+    claim = claim_state_dir(tmp_path / "state")
+    try:
+        assert stat.S_IMODE(os.stat(tmp_path / "state").st_mode) == 0o700
+        assert (tmp_path / "state" / "lock").read_text().strip() == str(os.getpid())
+        with pytest.raises(StateDirLocked, match=f"in use by another numa-agent \\(PID {os.getpid()}\\)"):
+            claim_state_dir(tmp_path / "state")
+    finally:
+        claim.release()
+    claim_state_dir(tmp_path / "state").release()  # free again once released
+
+
+def test_abandon_removes_only_a_directory_it_created(tmp_path):
+    claim_state_dir(tmp_path / "new").abandon()
+    assert not (tmp_path / "new").exists()
+    (tmp_path / "old").mkdir(mode=0o700)
+    claim_state_dir(tmp_path / "old").abandon()
+    assert (tmp_path / "old").is_dir()
+
+
+@pytest.mark.parametrize("mode", [0o770, 0o777, 0o1777, 0o720])
+def test_group_or_world_writable_directory_is_refused(tmp_path, mode):
+    state = tmp_path / "state"
+    state.mkdir()
+    os.chmod(state, mode)
+    with pytest.raises(StateDirError, match="writable by its group or by others.*chmod go-w"):
+        claim_state_dir(state)
+    assert not (state / "lock").exists()  # refused before anything was written
+
+
+def test_writable_checkpoint_is_refused(tmp_path):
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    (state / "checkpoint.json").write_text("{}")
+    os.chmod(state / "checkpoint.json", 0o666)
+    with pytest.raises(StateDirError, match="checkpoint.json is writable"):
+        claim_state_dir(state)
+
+
+def test_symlinked_checkpoint_is_refused(tmp_path):
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    (tmp_path / "elsewhere.json").write_text("{}")
+    os.symlink(tmp_path / "elsewhere.json", state / "checkpoint.json")
+    with pytest.raises(StateDirError, match="not a regular file"):
+        claim_state_dir(state)
+
+
+def test_directory_of_another_user_is_refused(tmp_path):
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    other = os.geteuid() + 1
+    with pytest.raises(StateDirError, match=f"owned by uid {os.geteuid()}, not by the agent's uid {other}"):
+        claim_state_dir(state, uid=other)
