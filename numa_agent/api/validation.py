@@ -17,10 +17,10 @@ from typing import Annotated, Any
 
 import msgspec
 
+from numa_agent.api.errors import BadRequest
 from numa_agent.core.cpuset import CpuSet, CpuSetParseError
 from numa_agent.core.names import NAME_RULE, is_resource_name, is_workload_name
 from numa_agent.core.policy import TopologyPolicy
-from numa_agent.service.errors import BadRequest
 
 MAX_BODY_BYTES = 64 * 1024
 MAX_CPUS = 4096

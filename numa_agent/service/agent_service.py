@@ -33,31 +33,27 @@ from numa_agent.admission.admit import (
 )
 from numa_agent.admission.hotplug import rebase_state
 from numa_agent.admission.machine import Machine
+from numa_agent.api.errors import (
+    AdmissionRefused,
+    BadRequest,
+    Conflict,
+    Forbidden,
+    NotFound,
+    ServiceUnavailable,
+    TopologyAffinityError,
+)
 from numa_agent.core.cpuset import CpuSet, CpuSetParseError
 from numa_agent.core.names import NAME_RULE, is_workload_name
 from numa_agent.enforcement.errors import EnforcementError
 from numa_agent.enforcement.plan import desired_layout, workload_relpath
+from numa_agent.service.caller import Caller
 from numa_agent.service.counters import Counters
-from numa_agent.service.errors import (
-    AdmissionRefused,
-    BadRequest,
-    Caller,
-    Conflict,
-    Forbidden,
-    NotFound,
-    ServiceError,
-)
 from numa_agent.state.checkpoint import CheckpointError
 from numa_agent.state.model import AgentState, Workload
 
 log = logging.getLogger("numa_agent.service")
 
 VERSION = "0.1.0"
-
-
-class ServiceUnavailable(ServiceError):
-    status = 503
-    code = "unavailable"
 
 
 class AgentService:
@@ -95,11 +91,10 @@ class AgentService:
                             _hints_text(exc.explanation), exc.explanation.get("merged"))
                 if exc.code == "forbidden":
                     raise Forbidden(exc.message) from None
-                code = "topology_affinity_error" if exc.code == "topology_affinity_error" \
-                    else "admission_refused"
-                raise AdmissionRefused(exc.message, code=code,
-                                       details={**exc.explanation, "reason": exc.message,
-                                                "reason_code": exc.code}) from None
+                refused = TopologyAffinityError if exc.code == TopologyAffinityError.code \
+                    else AdmissionRefused
+                raise refused(exc.message, details={**exc.explanation, "reason": exc.message,
+                                                    "reason_code": exc.code}) from None
             w = decision.workload
             if dry_run:
                 self.counters.dry_run(time.perf_counter() - started)

@@ -13,8 +13,9 @@ import threading
 import time
 from typing import Any
 
+from numa_agent.api.errors import Conflict, Forbidden, NotFound, TopologyAffinityError
 from numa_agent.core.cpuset import CpuSet
-from numa_agent.service.errors import AdmissionRefused, Caller, Conflict, Forbidden, NotFound
+from numa_agent.service.caller import Caller
 
 NODE_CPUS = {0: CpuSet.parse("1-3"), 1: CpuSet.parse("4-7")}
 GPU = {"resource": "gpu", "address": "0000:3b:00.0", "numa_node": 1, "vendor": "0x10de"}
@@ -66,8 +67,8 @@ class FakeService:
                 total = sum(len(self._free(n)) for n in NODE_CPUS)
                 reason = (f"TopologyAffinityError: {want} CPUs requested; {total} free, but at most "
                           f"{max(len(self._free(n)) for n in NODE_CPUS)} on one NUMA node")
-                raise AdmissionRefused(reason, code="topology_affinity_error",
-                                       details=self._explanation(request, False, [0, 1], reason))
+                raise TopologyAffinityError(reason,
+                                            details=self._explanation(request, False, [0, 1], reason))
             cpus = CpuSet(self._free(node).ids()[:want]) if want else CpuSet()
             devices = [dict(GPU)] if request["devices"].get("gpu") else []
             result = {"name": name, "pod": request["pod"], "cpus": cpus.format(),

@@ -12,7 +12,7 @@ from numa_agent.enforcement.cgroup import CgroupV2
 from numa_agent.enforcement.enforcer import CgroupEnforcer
 from numa_agent.enforcement.fake_cgroupfs import make_fake_cgroup_root
 from numa_agent.service.agent_service import AgentService
-from numa_agent.service.errors import Caller
+from numa_agent.service.caller import Caller
 from numa_agent.service.recovery import restore
 from numa_agent.state.checkpoint import CheckpointStore
 from numa_agent.views.metrics import build_registry

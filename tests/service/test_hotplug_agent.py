@@ -9,13 +9,13 @@ from dataclasses import replace
 
 import pytest
 
+from numa_agent.admission.machine import PolicyConfig
 from numa_agent.cli.serve_cmd import Agent
 from numa_agent.core.cpuset import CpuSet
 from numa_agent.core.synthetic import make_topology
-from numa_agent.hotplug.events import HotplugEvent, FakeEventSource
+from numa_agent.hotplug.events import FakeEventSource, HotplugEvent
+from numa_agent.service.caller import Caller
 from numa_agent.service.config import AgentConfig
-from numa_agent.admission.machine import PolicyConfig
-from numa_agent.service.errors import Caller
 from tests.support.sysfs_writer import write_sysfs
 
 GPU = ("0x030200", "0x10de", "0x20b0", 1, "nvidia")
