@@ -60,7 +60,7 @@ def _effective_config(args):
 
 
 def run(args) -> int:
-    from numa_agent.admission.machine import ConfigError
+    from numa_agent.service.config import ConfigError
 
     try:
         cfg = _effective_config(args)
@@ -96,9 +96,10 @@ class Agent:
         self.service = None
 
     def start(self) -> "Agent":
-        from numa_agent.admission.machine import ConfigError, build_machine
+        from numa_agent.admission.machine import MachineConfigError, build_machine
         from numa_agent.discovery.sysfs import DiscoveryError, read_topology
         from numa_agent.service.agent_service import AgentService
+        from numa_agent.service.config import ConfigError
         from numa_agent.service.recovery import restore
         from numa_agent.state.checkpoint import CheckpointStore
 
@@ -109,7 +110,7 @@ class Agent:
             raise StartupError(f"topology discovery failed: {exc}") from None
         try:
             machine = build_machine(topology, cfg.policy)
-        except ConfigError as exc:
+        except MachineConfigError as exc:
             raise StartupError(f"configuration does not fit this machine: {exc}") from None
         log.info("machine: %d NUMA node(s) %s, %d usable CPUs, %d reserved (%s), %d PCI devices",
                  len(machine.node_ids), ",".join(map(str, machine.node_ids)), len(machine.usable_cpus),
@@ -144,7 +145,7 @@ class Agent:
         in, or when the agent runs outside the subtree it manages."""
         from dataclasses import replace
 
-        from numa_agent.admission.machine import ConfigError, build_machine
+        from numa_agent.admission.machine import MachineConfigError, build_machine
 
         if enforcer.mode != "cgroup" or enforcer.cgroup.is_fake:
             return machine
@@ -157,7 +158,7 @@ class Agent:
                  mems.format())
         try:
             return build_machine(granted, self.cfg.policy)
-        except ConfigError as exc:
+        except MachineConfigError as exc:
             raise StartupError(f"configuration does not fit what cgroup root {enforcer.cgroup.root} "
                                f"grants (cpus {cpus.format()}, mems {mems.format()}): {exc}") from None
 

@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from numa_agent.admission.machine import ConfigError, PolicyConfig, build_machine
+from numa_agent.admission.machine import PolicyConfig, build_machine
 from numa_agent.api.errors import AdmissionRefused, BadRequest, Conflict, Forbidden, NotFound, ServiceUnavailable
 from numa_agent.core.cpuset import CpuSet
 from numa_agent.core.synthetic import make_topology
@@ -19,6 +19,7 @@ from numa_agent.enforcement.errors import CgroupNoSpaceError
 from numa_agent.enforcement.fake_cgroupfs import make_fake_cgroup_root
 from numa_agent.service.agent_service import AgentService
 from numa_agent.service.caller import Caller
+from numa_agent.service.config import ConfigError
 from numa_agent.service.recovery import restore
 from numa_agent.state.checkpoint import CheckpointStore, CheckpointWriteError
 
