@@ -21,7 +21,6 @@ from numa_agent.admission.admit import (
     InvalidRequest,
     Refusal,
     Request,
-    Resources,
     alignment,
     decide,
     effective_cpus,
@@ -42,7 +41,7 @@ from numa_agent.api.errors import (
     ServiceUnavailable,
     TopologyAffinityError,
 )
-from numa_agent.core.cpuset import CpuSet, CpuSetParseError
+from numa_agent.api.validation import AdmitRequest, to_admission_request
 from numa_agent.core.names import NAME_RULE, is_workload_name
 from numa_agent.enforcement.errors import EnforcementError
 from numa_agent.enforcement.plan import desired_layout, workload_relpath
@@ -72,7 +71,7 @@ class AgentService:
         self._layout = {}
 
     # ---- admission ---------------------------------------------------------
-    def admit(self, request: Mapping[str, Any], caller: Caller, dry_run: bool = False) -> dict:
+    def admit(self, request: AdmitRequest, caller: Caller, dry_run: bool = False) -> dict:
         started = time.perf_counter()
         with self._lock:
             try:
@@ -87,7 +86,7 @@ class AgentService:
             except Refusal as exc:
                 self.counters.refused(exc.code, time.perf_counter() - started)
                 log.warning("refused %s for uid %d pid %d: %s | hints: %s | merged: %s",
-                            request.get("name") or "(unnamed)", caller.uid, caller.pid, exc.message,
+                            request.name or "(unnamed)", caller.uid, caller.pid, exc.message,
                             _hints_text(exc.explanation), exc.explanation.get("merged"))
                 if exc.code == "forbidden":
                     raise Forbidden(exc.message) from None
@@ -179,30 +178,17 @@ class AgentService:
             return lost
 
     # ---- requests ----------------------------------------------------------------
-    def _request_from(self, body: Mapping[str, Any], caller: Caller) -> Request:
-        name = body.get("name") or self._generate_name(body, caller)
-        for key, value in (("name", name), ("pod", body.get("pod"))):
+    def _request_from(self, body: AdmitRequest, caller: Caller) -> Request:
+        name = body.name or self._generate_name(body, caller)
+        for key, value in (("name", name), ("pod", body.pod)):
             if value is not None and not is_workload_name(value):
                 raise InvalidRequest(f"{key} {value!r} must be {NAME_RULE}")
         if self.state.workload(name) is not None:
             raise _NameTaken(name)
-        physcpubind = None
-        if body.get("physcpubind") is not None:
-            try:
-                physcpubind = CpuSet.parse(body["physcpubind"])
-            except CpuSetParseError as exc:
-                raise InvalidRequest(f"physcpubind: {exc}") from None
-        budget = body.get("pod_budget")
-        return Request(
-            name=name, owner_uid=caller.uid, pid=caller.pid,
-            resources=_resources(body), shared=bool(body.get("shared", False)),
-            policy=body.get("policy"), physcpubind=physcpubind,
-            cpunodebind=_nodes(body.get("cpunodebind")), membind=_nodes(body.get("membind")),
-            pod=body.get("pod"), pod_budget=_resources(budget) if budget else None,
-            command=tuple(body.get("command") or ()), created_unix=self.clock())
+        return to_admission_request(body, caller, name=name, created_unix=self.clock())
 
-    def _generate_name(self, body: Mapping[str, Any], caller: Caller) -> str:
-        command = body.get("command") or ["workload"]
+    def _generate_name(self, body: AdmitRequest, caller: Caller) -> str:
+        command = body.command or ["workload"]
         base = re.sub(r"[^a-z0-9]+", "-", os.path.basename(str(command[0])).lower()).strip("-") or "workload"
         base = base[:40]
         name = f"{base}-{caller.pid}"
@@ -295,26 +281,6 @@ def _check_alive(caller: Caller) -> None:
     if caller.pidfd is not None:
         import signal
         signal.pidfd_send_signal(caller.pidfd, 0)
-
-
-def _resources(body: Mapping[str, Any]) -> Resources:
-    return Resources(
-        cpus=int(body.get("cpus") or 0),
-        memory_bytes=int(body.get("memory_bytes") or 0),
-        hugepages={int(k): int(v) for k, v in (body.get("hugepages") or {}).items()},
-        devices={str(k): int(v) for k, v in (body.get("devices") or {}).items()},
-    )
-
-
-def _nodes(value) -> tuple[int, ...] | None:
-    if value is None:
-        return None
-    if isinstance(value, str):
-        try:
-            return CpuSet.parse(value).ids()
-        except CpuSetParseError as exc:
-            raise InvalidRequest(f"bad NUMA node list {value!r}: {exc}") from None
-    return tuple(sorted(int(v) for v in value))
 
 
 def _hints_text(explanation: Mapping[str, Any]) -> str:
