@@ -96,7 +96,7 @@ def parse_admit_request(body: bytes) -> AdmitRequest:
     if not body.strip():
         raise BadRequest("request body is empty; expected a JSON object")
     try:
-        req = msgspec.json.decode(body, type=AdmitRequest)
+        req: AdmitRequest = msgspec.json.decode(body, type=AdmitRequest)
     except msgspec.ValidationError as exc:
         raise BadRequest(f"invalid request: {exc}") from None
     except msgspec.DecodeError as exc:

@@ -71,7 +71,7 @@ Size = str | int  # "1Gi", "512Mi" or bytes
 Paths = str | list[str]
 
 
-class AgentSection(_Section):
+class AgentSection(_Section, frozen=True):
     sysfs_root: str | UnsetType = UNSET
     cgroup_root: str | UnsetType = UNSET
     state_dir: str | UnsetType = UNSET
@@ -85,26 +85,26 @@ class AgentSection(_Section):
     cpuset_partitions: Literal["off", "isolated", "root"] | UnsetType = UNSET
 
 
-class CpuManagerSection(_Section):
+class CpuManagerSection(_Section, frozen=True):
     cpu_policy: Literal["static", "none"] | UnsetType = msgspec.field(default=UNSET, name="policy")
     cpu_options: Options | UnsetType = msgspec.field(default=UNSET, name="options")
     reserved_cpus: str | UnsetType = UNSET
     reserved_cpu_count: Count | UnsetType = UNSET
 
 
-class MemoryManagerSection(_Section):
+class MemoryManagerSection(_Section, frozen=True):
     memory_policy: Literal["static", "none"] | UnsetType = msgspec.field(default=UNSET, name="policy")
     # [[memory_manager.reserved_memory]] tables: numa_node plus resource = size
     reserved_memory: list[dict[str, Any]] | UnsetType = UNSET
 
 
-class TopologyManagerSection(_Section):
+class TopologyManagerSection(_Section, frozen=True):
     topology_policy: TopologyPolicy | UnsetType = msgspec.field(default=UNSET, name="policy")
     topology_scope: TopologyScope | UnsetType = msgspec.field(default=UNSET, name="scope")
     topology_options: Options | UnsetType = msgspec.field(default=UNSET, name="options")
 
 
-class DeviceSelectorSection(_Section):
+class DeviceSelectorSection(_Section, frozen=True):
     """Every given field must match a PCI device."""
 
     vendor: str | UnsetType = UNSET
@@ -114,7 +114,7 @@ class DeviceSelectorSection(_Section):
     addresses: Paths | UnsetType = UNSET
 
 
-class ConfigFile(_Section):
+class ConfigFile(_Section, frozen=True):
     agent: AgentSection = AgentSection()
     cpu_manager: CpuManagerSection = CpuManagerSection()
     memory_manager: MemoryManagerSection = MemoryManagerSection()

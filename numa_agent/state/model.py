@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 from functools import cached_property
-from typing import Any, Iterable, Mapping, TypeVar
+from typing import Any, Iterable, Mapping, TypeVar, cast
 
 import msgspec
 
@@ -30,7 +30,7 @@ _T = TypeVar("_T")
 def replace(value: _T, /, **changes: Any) -> _T:
     """A copy of `value` (a state Struct or a dataclass) with `changes`."""
     if isinstance(value, msgspec.Struct):
-        return msgspec.structs.replace(value, **changes)
+        return cast(_T, msgspec.structs.replace(value, **changes))
     return dataclasses.replace(value, **changes)  # type: ignore[type-var]
 
 
@@ -38,7 +38,7 @@ class _Value(msgspec.Struct, frozen=True):
     pass
 
 
-class Booking(_Value):
+class Booking(_Value, frozen=True):
     """Resources held by one workload or one pod budget.
 
     memory: node id -> resource name ("memory", "hugepages-2048kB") -> bytes.
@@ -66,7 +66,7 @@ class Booking(_Value):
         return _sorted_devices(_from_json(d, cls))
 
 
-class Workload(_Value):
+class Workload(_Value, frozen=True):
     name: str
     owner_uid: int
     booking: Booking = Booking()  # absent from the JSON: an empty booking
@@ -88,7 +88,7 @@ class Workload(_Value):
         return _with_booking(w, _sorted_devices(w.booking))
 
 
-class Pod(_Value):
+class Pod(_Value, frozen=True):
     """A pod budget: booked once, shared by its members."""
 
     name: str
@@ -107,7 +107,7 @@ class Pod(_Value):
         return _with_booking(p, _sorted_devices(p.booking))
 
 
-class AgentState(_Value, dict=True):  # dict=True: room for the cached properties
+class AgentState(_Value, frozen=True, dict=True):  # dict=True: room for the cached properties
     workloads: tuple[Workload, ...] = ()  # sorted by name
     pods: tuple[Pod, ...] = ()  # sorted by name
     # The configuration the bookings were made under; a restart with another
