@@ -13,7 +13,7 @@ share what the exclusive members leave, on the pod's NUMA node(s).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from numa_agent.admission.cpu_manager import CpuAllocationError, allocate_cpus, cpu_hints
@@ -37,7 +37,7 @@ from numa_agent.admission.topology_manager import decide as merge_decide
 from numa_agent.core.cpuset import CpuSet
 from numa_agent.core.hints import NumaMask
 from numa_agent.core.policy import POLICY_NAMES, TopologyPolicy
-from numa_agent.state.model import AgentState, Booking, Pod, Workload
+from numa_agent.state.model import AgentState, Booking, Pod, Workload, replace
 
 
 class Refusal(Exception):

@@ -9,10 +9,8 @@ returns to the shared pool, so nothing can ever be held twice.
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from numa_agent.admission.machine import Machine
-from numa_agent.state.model import AgentState, Booking
+from numa_agent.state.model import AgentState, Booking, replace
 
 
 def _trim(machine: Machine, booking: Booking) -> tuple[Booking, list[str]]:

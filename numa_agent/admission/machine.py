@@ -27,8 +27,10 @@ TOPOLOGY_SCOPES = SCOPE_NAMES
 DEFAULT_MAX_NUMA_NODES = 64
 
 
-class ConfigError(ValueError):
-    """The configuration cannot work on this machine; the message names the key."""
+class MachineConfigError(ValueError):
+    """The policies cannot work on this machine (too many NUMA nodes, reserved
+    CPUs it does not have, a device selector matching nothing...); the message
+    names the configuration key."""
 
 
 @dataclass(frozen=True)
@@ -100,39 +102,29 @@ class Machine:
 
 
 def build_machine(topology: Topology, policy: PolicyConfig) -> Machine:
-    """Validate the policy against the machine and precompute. Raises ConfigError."""
-    if policy.topology_policy not in TOPOLOGY_POLICIES:
-        raise ConfigError(f"topology_manager.policy: {policy.topology_policy!r} is not one of "
-                          f"{', '.join(TOPOLOGY_POLICIES)}")
-    if policy.topology_scope not in TOPOLOGY_SCOPES:
-        raise ConfigError(f"topology_manager.scope: {policy.topology_scope!r} is not one of "
-                          f"{', '.join(TOPOLOGY_SCOPES)}")
-    if policy.cpu_policy not in ("static", "none"):
-        raise ConfigError(f"cpu_manager.policy: {policy.cpu_policy!r} is not 'static' or 'none'")
-    if policy.memory_policy not in ("static", "none"):
-        raise ConfigError(f"memory_manager.policy: {policy.memory_policy!r} is not 'static' or 'none'")
-
+    """Validate the policy against the machine and precompute. Raises MachineConfigError."""
+    _check_names(policy)
     usable = topology.usable_cpus
     if not usable:
-        raise ConfigError("no usable CPU: every online CPU is outside the agent's cpuset or in no NUMA node")
+        raise MachineConfigError("no usable CPU: every online CPU is outside the agent's cpuset or in no NUMA node")
     cpu_topology = CpuTopology.from_topology(topology)
     try:
         cpu_options = CpuManagerOptions.from_mapping(policy.cpu_options)
         cpu_options.validate(cpu_topology, policy.topology_policy)
     except ValueError as exc:
-        raise ConfigError(f"cpu_manager.options: {exc}") from None
+        raise MachineConfigError(f"cpu_manager.options: {exc}") from None
     try:
         # The kubelet stops at 8 nodes because its merge is exponential; ours
         # is not, so the default allows the largest machines we know of.
         tm_options = TopologyManagerOptions.from_mapping(
             {"max-allowable-numa-nodes": DEFAULT_MAX_NUMA_NODES, **policy.topology_options})
     except ValueError as exc:
-        raise ConfigError(f"topology_manager.options: {exc}") from None
+        raise MachineConfigError(f"topology_manager.options: {exc}") from None
 
     node_ids = tuple(n for n in topology.usable_node_ids)
     max_nodes = tm_options.max_allowable_numa_nodes
     if policy.topology_policy != "none" and len(node_ids) > max_nodes:
-        raise ConfigError(
+        raise MachineConfigError(
             f"topology_manager.options.max-allowable-numa-nodes: this machine has {len(node_ids)} "
             f"NUMA nodes, more than the allowed {max_nodes}; raise the option")
 
@@ -141,40 +133,55 @@ def build_machine(topology: Topology, policy: PolicyConfig) -> Machine:
         try:
             explicit = CpuSet.parse(policy.reserved_cpus)
         except ValueError as exc:
-            raise ConfigError(f"cpu_manager.reserved_cpus: {exc}") from None
+            raise MachineConfigError(f"cpu_manager.reserved_cpus: {exc}") from None
         outside = explicit - usable
         if outside:
-            raise ConfigError(f"cpu_manager.reserved_cpus: CPUs {outside.format()} are not usable "
-                              f"on this machine (usable: {usable.format()})")
+            raise MachineConfigError(f"cpu_manager.reserved_cpus: CPUs {outside.format()} are not usable "
+                                     f"on this machine (usable: {usable.format()})")
     if policy.reserved_cpu_count < 0 or policy.reserved_cpu_count > len(usable):
-        raise ConfigError(f"cpu_manager.reserved_cpu_count: {policy.reserved_cpu_count} is not "
-                          f"between 0 and {len(usable)} usable CPUs")
+        raise MachineConfigError(f"cpu_manager.reserved_cpu_count: {policy.reserved_cpu_count} is not "
+                                 f"between 0 and {len(usable)} usable CPUs")
     try:
         reserved = reserved_cpus(cpu_topology, explicit, policy.reserved_cpu_count)
     except ValueError as exc:
-        raise ConfigError(f"cpu_manager.reserved_cpus: {exc}") from None
+        raise MachineConfigError(f"cpu_manager.reserved_cpus: {exc}") from None
 
     try:
         memory = MemoryCapacity.from_topology(topology, policy.reserved_memory)
     except ValueError as exc:
-        raise ConfigError(f"memory_manager.reserved_memory: {exc}") from None
+        raise MachineConfigError(f"memory_manager.reserved_memory: {exc}") from None
 
     resources = []
     for name, sel in sorted(policy.devices.items()):
         try:
             resources.append(DeviceResource(name, _selector(sel)))
         except (ValueError, TypeError) as exc:
-            raise ConfigError(f"devices.{name}: {exc}") from None
+            raise MachineConfigError(f"devices.{name}: {exc}") from None
     try:
         devices = resolve_inventory(topology, resources)
     except ValueError as exc:
-        raise ConfigError(f"devices: {exc}") from None
+        raise MachineConfigError(f"devices: {exc}") from None
 
     distances = {n.id: dict(n.distances) for n in topology.numa_nodes}
     return Machine(topology=topology, policy=policy, cpu_topology=cpu_topology,
                    cpu_options=cpu_options, tm_options=tm_options, reserved_cpus=reserved,
                    usable_cpus=usable, memory=memory, devices=devices, node_ids=node_ids,
                    distances=distances)
+
+
+def _check_names(policy: PolicyConfig) -> None:
+    """The policy names, for a PolicyConfig not read from a file (the file's
+    reader checks them as it decodes)."""
+    if policy.topology_policy not in TOPOLOGY_POLICIES:
+        raise MachineConfigError(f"topology_manager.policy: {policy.topology_policy!r} is not one of "
+                                 f"{', '.join(TOPOLOGY_POLICIES)}")
+    if policy.topology_scope not in TOPOLOGY_SCOPES:
+        raise MachineConfigError(f"topology_manager.scope: {policy.topology_scope!r} is not one of "
+                                 f"{', '.join(TOPOLOGY_SCOPES)}")
+    if policy.cpu_policy not in ("static", "none"):
+        raise MachineConfigError(f"cpu_manager.policy: {policy.cpu_policy!r} is not 'static' or 'none'")
+    if policy.memory_policy not in ("static", "none"):
+        raise MachineConfigError(f"memory_manager.policy: {policy.memory_policy!r} is not 'static' or 'none'")
 
 
 _SELECTOR_KEYS = ("vendor", "device", "class_prefixes", "driver", "addresses")

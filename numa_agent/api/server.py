@@ -31,18 +31,19 @@ from urllib.parse import unquote
 
 import msgspec
 
-from numa_agent.api.validation import MAX_BODY_BYTES, parse_admit_request, validate_name
-from numa_agent.service.errors import (
+from numa_agent.api.errors import (
+    ApiError,
     BadRequest,
-    Caller,
     HeadersTooLarge,
     LengthRequired,
     MethodNotAllowed,
     NotFound,
     PayloadTooLarge,
     RequestTimeout,
-    ServiceError,
+    ServerBusy,
 )
+from numa_agent.api.validation import MAX_BODY_BYTES, parse_admit_request, validate_name
+from numa_agent.service.caller import Caller
 
 log = logging.getLogger("numa_agent.api")
 
@@ -61,11 +62,6 @@ _REASONS = {200: "OK", 201: "Created", 400: "Bad Request", 403: "Forbidden",
 
 class SocketInUse(RuntimeError):
     """Another process is already serving on the socket path."""
-
-
-class ServiceUnavailable(ServiceError):
-    status = 503
-    code = "busy"
 
 
 class _Request:
@@ -232,7 +228,7 @@ def allocatable_view(status: dict[str, Any]) -> dict[str, Any]:
 
 
 class _Router:
-    """Maps (method, path) to a service call; raises ServiceError subclasses."""
+    """Maps (method, path) to a service call; raises ApiError subclasses."""
 
     def __init__(self, service: Any) -> None:
         self.service = service
@@ -297,7 +293,7 @@ class _Handler(socketserver.BaseRequestHandler):
             req = _read_request(conn, started + api.request_deadline)
             method, path = req.method, req.path
             status, payload = api.router.dispatch(req, caller)
-        except ServiceError as exc:
+        except ApiError as exc:
             status, payload = exc.status, exc.to_dict()
             log.warning("%s %s from pid %s uid %s -> %d %s: %s", method, path[:100],
                         caller and caller.pid, caller and caller.uid, status, exc.code, exc.message)
@@ -344,7 +340,7 @@ class _UnixServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
         # Cap concurrent connections so a flood cannot exhaust threads.
         if not self._slots.acquire(blocking=False):
             try:
-                request.sendall(_json_body(503, ServiceUnavailable(
+                request.sendall(_json_body(503, ServerBusy(
                     "too many concurrent connections; retry").to_dict()))
             except OSError:
                 pass

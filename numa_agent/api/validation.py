@@ -6,21 +6,24 @@ unknown fields rejected, numeric bounds), then the rules msgspec cannot say
 here. Every failure is a `BadRequest` whose message names the field, so a
 hostile or mistaken request never reaches the service.
 
-The service receives a plain dict with every key of the contract present
-(absent optional fields are None, absent amounts 0 or empty).
+The service receives the checked `AdmitRequest` (CPU list in canonical
+form, node lists sorted, resource tables in key order) and turns it, with the
+caller's identity, into the admission `Request` by `to_admission_request`.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any
+from typing import Annotated
 
 import msgspec
 
+from numa_agent.admission.admit import InvalidRequest, Request, Resources
+from numa_agent.api.errors import BadRequest
 from numa_agent.core.cpuset import CpuSet, CpuSetParseError
 from numa_agent.core.names import NAME_RULE, is_resource_name, is_workload_name
 from numa_agent.core.policy import TopologyPolicy
-from numa_agent.service.errors import BadRequest
+from numa_agent.service.caller import Caller
 
 MAX_BODY_BYTES = 64 * 1024
 MAX_CPUS = 4096
@@ -82,8 +85,8 @@ def validate_name(name: str, what: str = "name") -> str:
     return name
 
 
-def parse_admit_request(body: bytes) -> dict[str, Any]:
-    """Decode and check a POST /v1/workloads body; return the service's request dict."""
+def parse_admit_request(body: bytes) -> AdmitRequest:
+    """Decode and check a POST /v1/workloads body; return it normalised."""
     if len(body) > MAX_BODY_BYTES:
         raise BadRequest(f"request body is {len(body)} bytes; the limit is {MAX_BODY_BYTES}")
     try:
@@ -93,7 +96,7 @@ def parse_admit_request(body: bytes) -> dict[str, Any]:
     if not body.strip():
         raise BadRequest("request body is empty; expected a JSON object")
     try:
-        req = msgspec.json.decode(body, type=AdmitRequest)
+        req: AdmitRequest = msgspec.json.decode(body, type=AdmitRequest)
     except msgspec.ValidationError as exc:
         raise BadRequest(f"invalid request: {exc}") from None
     except msgspec.DecodeError as exc:
@@ -101,7 +104,7 @@ def parse_admit_request(body: bytes) -> dict[str, Any]:
     return _check(req)
 
 
-def _check(req: AdmitRequest) -> dict[str, Any]:
+def _check(req: AdmitRequest) -> AdmitRequest:
     if req.name is not None:
         validate_name(req.name, "name")
     if req.pod is not None:
@@ -117,27 +120,42 @@ def _check(req: AdmitRequest) -> dict[str, Any]:
     budget = None
     if req.pod_budget is not None:
         b = req.pod_budget
-        budget = {"cpus": b.cpus, "memory_bytes": b.memory_bytes,
-                  "hugepages": _hugepages(b.hugepages, "pod_budget.hugepages"),
-                  "devices": _devices(b.devices, "pod_budget.devices")}
+        budget = msgspec.structs.replace(b, hugepages=_hugepages(b.hugepages, "pod_budget.hugepages"),
+                                         devices=_devices(b.devices, "pod_budget.devices"))
     for arg in req.command:
         if "\x00" in arg:
             raise BadRequest("command arguments cannot contain NUL", details={"field": "command"})
-    return {
-        "name": req.name,
-        "pod": req.pod,
-        "cpus": req.cpus,
-        "shared": req.shared,
-        "memory_bytes": req.memory_bytes,
-        "hugepages": _hugepages(req.hugepages, "hugepages"),
-        "devices": _devices(req.devices, "devices"),
-        "policy": req.policy,
-        "physcpubind": physcpubind,
-        "cpunodebind": _nodes(req.cpunodebind, "cpunodebind"),
-        "membind": _nodes(req.membind, "membind"),
-        "pod_budget": budget,
-        "command": list(req.command),
-    }
+    return msgspec.structs.replace(
+        req, hugepages=_hugepages(req.hugepages, "hugepages"), devices=_devices(req.devices, "devices"),
+        physcpubind=physcpubind, cpunodebind=_nodes(req.cpunodebind, "cpunodebind"),
+        membind=_nodes(req.membind, "membind"), pod_budget=budget)
+
+
+def to_admission_request(req: AdmitRequest, caller: Caller, *, name: str, created_unix: float) -> Request:
+    """The admission's Request for `req` asked by `caller`, under `name`.
+    InvalidRequest if `req` (built without `parse_admit_request`) names a bad
+    CPU list."""
+    physcpubind = None
+    if req.physcpubind is not None:
+        try:
+            physcpubind = CpuSet.parse(req.physcpubind)
+        except CpuSetParseError as exc:
+            raise InvalidRequest(f"physcpubind: {exc}") from None
+    return Request(
+        name=name, owner_uid=caller.uid, pid=caller.pid, resources=_resources(req),
+        shared=req.shared, policy=req.policy, physcpubind=physcpubind,
+        cpunodebind=_node_ids(req.cpunodebind), membind=_node_ids(req.membind), pod=req.pod,
+        pod_budget=_resources(req.pod_budget) if req.pod_budget is not None else None,
+        command=tuple(req.command), created_unix=created_unix)
+
+
+def _resources(r: AdmitRequest | PodBudget) -> Resources:
+    return Resources(cpus=r.cpus, memory_bytes=r.memory_bytes,
+                     hugepages={int(k): v for k, v in r.hugepages.items()}, devices=dict(r.devices))
+
+
+def _node_ids(nodes: list[int] | None) -> tuple[int, ...] | None:
+    return None if nodes is None else tuple(sorted(nodes))
 
 
 def parse_cpu_list(text: str, field: str) -> CpuSet:

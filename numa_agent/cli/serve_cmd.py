@@ -58,7 +58,7 @@ def _effective_config(args):
 
 
 def run(args) -> int:
-    from numa_agent.admission.machine import ConfigError
+    from numa_agent.service.config import ConfigError
 
     try:
         cfg = _effective_config(args)

@@ -21,7 +21,6 @@ from numa_agent.admission.admit import (
     InvalidRequest,
     Refusal,
     Request,
-    Resources,
     alignment,
     decide,
     effective_cpus,
@@ -33,32 +32,28 @@ from numa_agent.admission.admit import (
 )
 from numa_agent.admission.hotplug import rebase_state
 from numa_agent.admission.machine import Machine
-from numa_agent.core.cpuset import CpuSet, CpuSetParseError
+from numa_agent.api.errors import (
+    AdmissionRefused,
+    BadRequest,
+    Conflict,
+    Forbidden,
+    NotFound,
+    ServiceUnavailable,
+    TopologyAffinityError,
+)
+from numa_agent.api.validation import AdmitRequest, to_admission_request
 from numa_agent.core.names import NAME_RULE, is_workload_name
 from numa_agent.enforcement.errors import EnforcementError
 from numa_agent.enforcement.plan import desired_layout, workload_relpath
 from numa_agent.enforcement.protocol import Enforcer, Layout
+from numa_agent.service.caller import Caller
 from numa_agent.service.counters import Counters
-from numa_agent.service.errors import (
-    AdmissionRefused,
-    BadRequest,
-    Caller,
-    Conflict,
-    Forbidden,
-    NotFound,
-    ServiceError,
-)
 from numa_agent.state.checkpoint import CheckpointError
 from numa_agent.state.model import AgentState, Workload
 
 log = logging.getLogger("numa_agent.service")
 
 VERSION = "0.1.0"
-
-
-class ServiceUnavailable(ServiceError):
-    status = 503
-    code = "unavailable"
 
 
 class AgentService:
@@ -77,7 +72,7 @@ class AgentService:
         self._layout: Layout = {}
 
     # ---- admission ---------------------------------------------------------
-    def admit(self, request: Mapping[str, Any], caller: Caller, dry_run: bool = False) -> dict:
+    def admit(self, request: AdmitRequest, caller: Caller, dry_run: bool = False) -> dict:
         started = time.perf_counter()
         with self._lock:
             try:
@@ -92,15 +87,14 @@ class AgentService:
             except Refusal as exc:
                 self.counters.refused(exc.code, time.perf_counter() - started)
                 log.warning("refused %s for uid %d pid %d: %s | hints: %s | merged: %s",
-                            request.get("name") or "(unnamed)", caller.uid, caller.pid, exc.message,
+                            request.name or "(unnamed)", caller.uid, caller.pid, exc.message,
                             _hints_text(exc.explanation), exc.explanation.get("merged"))
                 if exc.code == "forbidden":
                     raise Forbidden(exc.message) from None
-                code = "topology_affinity_error" if exc.code == "topology_affinity_error" \
-                    else "admission_refused"
-                raise AdmissionRefused(exc.message, code=code,
-                                       details={**exc.explanation, "reason": exc.message,
-                                                "reason_code": exc.code}) from None
+                refused = TopologyAffinityError if exc.code == TopologyAffinityError.code \
+                    else AdmissionRefused
+                raise refused(exc.message, details={**exc.explanation, "reason": exc.message,
+                                                    "reason_code": exc.code}) from None
             w = decision.workload
             if dry_run:
                 self.counters.dry_run(time.perf_counter() - started)
@@ -183,30 +177,17 @@ class AgentService:
             return lost
 
     # ---- requests ----------------------------------------------------------------
-    def _request_from(self, body: Mapping[str, Any], caller: Caller) -> Request:
-        name = body.get("name") or self._generate_name(body, caller)
-        for key, value in (("name", name), ("pod", body.get("pod"))):
+    def _request_from(self, body: AdmitRequest, caller: Caller) -> Request:
+        name = body.name or self._generate_name(body, caller)
+        for key, value in (("name", name), ("pod", body.pod)):
             if value is not None and not is_workload_name(value):
                 raise InvalidRequest(f"{key} {value!r} must be {NAME_RULE}")
         if self.state.workload(name) is not None:
             raise _NameTaken(name)
-        physcpubind = None
-        if body.get("physcpubind") is not None:
-            try:
-                physcpubind = CpuSet.parse(body["physcpubind"])
-            except CpuSetParseError as exc:
-                raise InvalidRequest(f"physcpubind: {exc}") from None
-        budget = body.get("pod_budget")
-        return Request(
-            name=name, owner_uid=caller.uid, pid=caller.pid,
-            resources=_resources(body), shared=bool(body.get("shared", False)),
-            policy=body.get("policy"), physcpubind=physcpubind,
-            cpunodebind=_nodes(body.get("cpunodebind")), membind=_nodes(body.get("membind")),
-            pod=body.get("pod"), pod_budget=_resources(budget) if budget else None,
-            command=tuple(body.get("command") or ()), created_unix=self.clock())
+        return to_admission_request(body, caller, name=name, created_unix=self.clock())
 
-    def _generate_name(self, body: Mapping[str, Any], caller: Caller) -> str:
-        command = body.get("command") or ["workload"]
+    def _generate_name(self, body: AdmitRequest, caller: Caller) -> str:
+        command = body.command or ["workload"]
         base = re.sub(r"[^a-z0-9]+", "-", os.path.basename(str(command[0])).lower()).strip("-") or "workload"
         base = base[:40]
         name = f"{base}-{caller.pid}"
@@ -299,26 +280,6 @@ def _check_alive(caller: Caller) -> None:
     if caller.pidfd is not None:
         import signal
         signal.pidfd_send_signal(caller.pidfd, 0)
-
-
-def _resources(body: Mapping[str, Any]) -> Resources:
-    return Resources(
-        cpus=int(body.get("cpus") or 0),
-        memory_bytes=int(body.get("memory_bytes") or 0),
-        hugepages={int(k): int(v) for k, v in (body.get("hugepages") or {}).items()},
-        devices={str(k): int(v) for k, v in (body.get("devices") or {}).items()},
-    )
-
-
-def _nodes(value) -> tuple[int, ...] | None:
-    if value is None:
-        return None
-    if isinstance(value, str):
-        try:
-            return CpuSet.parse(value).ids()
-        except CpuSetParseError as exc:
-            raise InvalidRequest(f"bad NUMA node list {value!r}: {exc}") from None
-    return tuple(sorted(int(v) for v in value))
 
 
 def _hints_text(explanation: Mapping[str, Any]) -> str:

@@ -1,25 +1,41 @@
 """Configuration: a TOML file, overridden by command-line flags.
 
-The knobs a kubelet user knows, in snake_case. Unknown keys and bad values
-stop the start with a message that names the key; nothing is guessed.
-See systemd/config.example.toml for every key with its default.
+The knobs a kubelet user knows, in snake_case. The file's layout is declared
+once, as the msgspec Structs below (`ConfigFile` and its sections): unknown
+keys, wrong types and values outside an enumeration or range stop the start
+with a message that names the key; nothing is guessed. See
+systemd/config.example.toml for every key with its default.
+
+A section's fields are named after the `AgentConfig` / `PolicyConfig` field
+they set (the TOML key is the msgspec `name`), and a key that is absent stays
+UNSET, so the defaults live in one place: the dataclasses.
 """
 
 from __future__ import annotations
 
 import re
 import tomllib
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Annotated, Any, Literal, Mapping
 
-from numa_agent.admission.machine import ConfigError, PolicyConfig
+import msgspec
+from msgspec import UNSET, UnsetType
+
+from numa_agent.admission.machine import PolicyConfig
 from numa_agent.core.names import DEFAULT_SOCKET
+from numa_agent.core.policy import TopologyPolicy, TopologyScope
 from numa_agent.core.units import parse_size
 
 DEFAULT_CONFIG = "/etc/numa-agent/config.toml"
 DEFAULT_STATE_DIR = "/var/lib/numa-agent"
 DEFAULT_METRICS = "127.0.0.1:9464"
+
+
+class ConfigError(ValueError):
+    """The configuration file (or the settings it combines with) is wrong;
+    the message names the key."""
+
 
 @dataclass(frozen=True)
 class AgentConfig:
@@ -37,11 +53,76 @@ class AgentConfig:
     policy: PolicyConfig = field(default_factory=PolicyConfig)
 
 
-_AGENT_KEYS = {"sysfs_root", "cgroup_root", "state_dir", "socket", "socket_mode", "socket_group",
-               "metrics_address", "log_level", "on_policy_change", "hotplug", "cpuset_partitions"}
-_SECTIONS = {"agent", "cpu_manager", "memory_manager", "topology_manager", "devices"}
+# ---- the file, as declared types -------------------------------------------
+class _Section(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    def given(self) -> dict[str, Any]:
+        """The fields the file set, by AgentConfig / PolicyConfig name."""
+        return {f: v for f in self.__struct_fields__ if (v := getattr(self, f)) is not UNSET}
 
 
+# Tables whose keys are names the file chooses (options, device resources,
+# reserved resources) are typed per value below, one key at a time, so that an
+# error names the key (msgspec reports a dict key as "[...]").
+Options = dict[str, Any]  # kubelet option name -> str | bool | int, kept as text
+OptionValue = str | bool | int
+Count = Annotated[int, msgspec.Meta(ge=0)]
+NodeId = Annotated[int, msgspec.Meta(ge=0)]
+Size = str | int  # "1Gi", "512Mi" or bytes
+Paths = str | list[str]
+
+
+class AgentSection(_Section, frozen=True):
+    sysfs_root: str | UnsetType = UNSET
+    cgroup_root: str | UnsetType = UNSET
+    state_dir: str | UnsetType = UNSET
+    socket: str | UnsetType = UNSET
+    socket_mode: str | int | UnsetType = UNSET  # "0660" or 432
+    socket_group: str | UnsetType = UNSET
+    metrics_address: str | UnsetType = UNSET  # "" disables
+    log_level: str | UnsetType = UNSET
+    on_policy_change: Literal["refuse", "reconcile"] | UnsetType = UNSET
+    hotplug: bool | UnsetType = UNSET
+    cpuset_partitions: Literal["off", "isolated", "root"] | UnsetType = UNSET
+
+
+class CpuManagerSection(_Section, frozen=True):
+    cpu_policy: Literal["static", "none"] | UnsetType = msgspec.field(default=UNSET, name="policy")
+    cpu_options: Options | UnsetType = msgspec.field(default=UNSET, name="options")
+    reserved_cpus: str | UnsetType = UNSET
+    reserved_cpu_count: Count | UnsetType = UNSET
+
+
+class MemoryManagerSection(_Section, frozen=True):
+    memory_policy: Literal["static", "none"] | UnsetType = msgspec.field(default=UNSET, name="policy")
+    # [[memory_manager.reserved_memory]] tables: numa_node plus resource = size
+    reserved_memory: list[dict[str, Any]] | UnsetType = UNSET
+
+
+class TopologyManagerSection(_Section, frozen=True):
+    topology_policy: TopologyPolicy | UnsetType = msgspec.field(default=UNSET, name="policy")
+    topology_scope: TopologyScope | UnsetType = msgspec.field(default=UNSET, name="scope")
+    topology_options: Options | UnsetType = msgspec.field(default=UNSET, name="options")
+
+
+class DeviceSelectorSection(_Section, frozen=True):
+    """Every given field must match a PCI device."""
+
+    vendor: str | UnsetType = UNSET
+    device: str | UnsetType = UNSET
+    class_prefixes: Paths | UnsetType = UNSET
+    driver: str | UnsetType = UNSET
+    addresses: Paths | UnsetType = UNSET
+
+
+class ConfigFile(_Section, frozen=True):
+    agent: AgentSection = AgentSection()
+    cpu_manager: CpuManagerSection = CpuManagerSection()
+    memory_manager: MemoryManagerSection = MemoryManagerSection()
+    topology_manager: TopologyManagerSection = TopologyManagerSection()
+    devices: dict[str, Any] = {}  # resource name -> DeviceSelectorSection
+
+
+# ---- loading -----------------------------------------------------------------
 def load_config(path: str | Path | None, *, required: bool = False) -> AgentConfig:
     """Read `path` (default file when None). A missing default file means
     defaults; a missing file that was asked for is an error."""
@@ -65,137 +146,149 @@ def load_config(path: str | Path | None, *, required: bool = False) -> AgentConf
 
 
 def config_from_mapping(doc: Mapping[str, Any]) -> AgentConfig:
-    _no_unknown(doc, _SECTIONS, "")
-    agent = _table(doc, "agent")
-    _no_unknown(agent, _AGENT_KEYS, "agent.")
-    cfg = AgentConfig()
-    kwargs: dict[str, Any] = {}
-    for key in ("sysfs_root", "cgroup_root", "state_dir", "socket", "log_level"):
-        if key in agent:
-            kwargs[key] = _str(agent[key], f"agent.{key}")
-    if "socket_group" in agent:
-        kwargs["socket_group"] = _str(agent["socket_group"], "agent.socket_group")
-    if "socket_mode" in agent:
-        value = agent["socket_mode"]
-        try:
-            mode = int(value, 8) if isinstance(value, str) else int(value)
-        except ValueError:
-            raise ConfigError(f"agent.socket_mode: {value!r} is not an octal mode like \"0660\"") from None
-        if not 0 <= mode <= 0o777:
-            raise ConfigError(f"agent.socket_mode: {value!r} is not a file mode")
-        kwargs["socket_mode"] = mode
-    if "metrics_address" in agent:
-        value = _str(agent["metrics_address"], "agent.metrics_address")
-        kwargs["metrics_address"] = value or None
-    if "on_policy_change" in agent:
-        value = _str(agent["on_policy_change"], "agent.on_policy_change")
-        if value not in ("refuse", "reconcile"):
-            raise ConfigError(f"agent.on_policy_change: {value!r} is not 'refuse' or 'reconcile'")
-        kwargs["on_policy_change"] = value
-    if "cpuset_partitions" in agent:
-        value = _str(agent["cpuset_partitions"], "agent.cpuset_partitions")
-        if value not in ("off", "isolated", "root"):
-            raise ConfigError(f"agent.cpuset_partitions: {value!r} is not 'off', 'isolated' or 'root'")
-        kwargs["cpuset_partitions"] = value
-    if "hotplug" in agent:
-        if not isinstance(agent["hotplug"], bool):
-            raise ConfigError("agent.hotplug: must be true or false")
-        kwargs["hotplug"] = agent["hotplug"]
-
-    policy: dict[str, Any] = {}
-    cpu = _table(doc, "cpu_manager")
-    _no_unknown(cpu, {"policy", "options", "reserved_cpus", "reserved_cpu_count"}, "cpu_manager.")
-    if "policy" in cpu:
-        policy["cpu_policy"] = _str(cpu["policy"], "cpu_manager.policy")
-    if "options" in cpu:
-        policy["cpu_options"] = _options(cpu["options"], "cpu_manager.options")
-    if "reserved_cpus" in cpu:
-        policy["reserved_cpus"] = _str(cpu["reserved_cpus"], "cpu_manager.reserved_cpus")
-    if "reserved_cpu_count" in cpu:
-        value = cpu["reserved_cpu_count"]
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ConfigError(f"cpu_manager.reserved_cpu_count: {value!r} is not a count >= 0")
-        policy["reserved_cpu_count"] = value
-
-    mem = _table(doc, "memory_manager")
-    _no_unknown(mem, {"policy", "reserved_memory"}, "memory_manager.")
-    if "policy" in mem:
-        policy["memory_policy"] = _str(mem["policy"], "memory_manager.policy")
-    if "reserved_memory" in mem:
-        policy["reserved_memory"] = _reserved_memory(mem["reserved_memory"])
-
-    tm = _table(doc, "topology_manager")
-    _no_unknown(tm, {"policy", "scope", "options"}, "topology_manager.")
-    if "policy" in tm:
-        policy["topology_policy"] = _str(tm["policy"], "topology_manager.policy")
-    if "scope" in tm:
-        policy["topology_scope"] = _str(tm["scope"], "topology_manager.scope")
-    if "options" in tm:
-        policy["topology_options"] = _options(tm["options"], "topology_manager.options")
-
-    devices = _table(doc, "devices")
-    for name, sel in devices.items():
-        if not isinstance(sel, Mapping):
-            raise ConfigError(f"devices.{name}: must be a table of selector keys")
-    if devices:
-        policy["devices"] = {k: dict(v) for k, v in devices.items()}
-
-    return replace(cfg, policy=replace(cfg.policy, **policy), **kwargs)
+    parsed = _convert(doc, ConfigFile)
+    return AgentConfig(**_agent_fields(parsed.agent), policy=_policy(parsed))
 
 
-def _reserved_memory(value: Any) -> dict[int, dict[str, int]]:
-    if not isinstance(value, list):
-        raise ConfigError("memory_manager.reserved_memory: must be an array of tables "
-                          "([[memory_manager.reserved_memory]])")
+def _agent_fields(agent: AgentSection) -> dict[str, Any]:
+    fields = agent.given()
+    if "socket_mode" in fields:
+        fields["socket_mode"] = _socket_mode(fields["socket_mode"])
+    if "metrics_address" in fields:
+        fields["metrics_address"] = fields["metrics_address"] or None
+    return fields
+
+
+def _policy(parsed: ConfigFile) -> PolicyConfig:
+    fields = {**parsed.cpu_manager.given(), **parsed.memory_manager.given(),
+              **parsed.topology_manager.given()}
+    for key in ("topology_policy", "topology_scope"):
+        if key in fields:
+            fields[key] = str(fields[key])
+    for key, where in (("cpu_options", "cpu_manager.options"), ("topology_options", "topology_manager.options")):
+        if key in fields:
+            fields[key] = _options(fields[key], where)
+    if "reserved_memory" in fields:
+        fields["reserved_memory"] = _reserved_memory(fields["reserved_memory"])
+    if parsed.devices:
+        fields["devices"] = {name: _convert(sel, DeviceSelectorSection, f"devices.{name}").given()
+                             for name, sel in parsed.devices.items()}
+    return PolicyConfig(**fields)
+
+
+def _socket_mode(value: str | int) -> int:
+    try:
+        mode = int(value, 8) if isinstance(value, str) else value
+    except ValueError:
+        raise ConfigError(f"agent.socket_mode: {value!r} is not an octal mode like \"0660\"") from None
+    if not 0 <= mode <= 0o777:
+        raise ConfigError(f"agent.socket_mode: {value!r} is not a file mode")
+    return mode
+
+
+def _options(options: Options, where: str) -> dict[str, str]:
+    """Option values as the text the managers parse (true/false, numbers)."""
+    out = {}
+    for name, value in options.items():
+        value = _convert(value, OptionValue, f"{where}.{name}")
+        out[name] = ("true" if value else "false") if isinstance(value, bool) else str(value)
+    return out
+
+
+def _reserved_memory(entries: list[dict[str, Any]]) -> dict[int, dict[str, int]]:
     out: dict[int, dict[str, int]] = {}
-    for i, entry in enumerate(value):
+    for i, entry in enumerate(entries):
         where = f"memory_manager.reserved_memory[{i}]"
-        if not isinstance(entry, Mapping) or "numa_node" not in entry:
+        if "numa_node" not in entry:
             raise ConfigError(f"{where}: needs numa_node and at least one resource")
-        node = entry["numa_node"]
-        if isinstance(node, bool) or not isinstance(node, int) or node < 0:
-            raise ConfigError(f"{where}.numa_node: {node!r} is not a NUMA node id")
+        node = _convert(entry["numa_node"], NodeId, f"{where}.numa_node")
         for resource, amount in entry.items():
             if resource == "numa_node":
                 continue
             if resource != "memory" and not re.fullmatch(r"hugepages-\d+kB", resource):
                 raise ConfigError(f"{where}.{resource}: unknown resource (use memory or hugepages-<size>kB)")
+            size = _convert(amount, Size, f"{where}.{resource}")
             try:
-                out.setdefault(node, {})[resource] = parse_size(amount)
+                out.setdefault(node, {})[resource] = parse_size(size)
             except ValueError as exc:
                 raise ConfigError(f"{where}.{resource}: {exc}") from None
     return out
 
 
-def _table(doc: Mapping[str, Any], key: str) -> Mapping[str, Any]:
-    value = doc.get(key, {})
-    if not isinstance(value, Mapping):
-        raise ConfigError(f"{key}: must be a table")
-    return value
+# ---- msgspec's errors, in the file's terms ---------------------------------------
+_AT = re.compile(r"^(?P<what>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.DOTALL)
+_UNKNOWN = re.compile(r"^Object contains unknown field `(?P<key>.*)`$", re.DOTALL)
+_BAD_ENUM = re.compile(r"^Invalid enum value (?P<value>.*)$", re.DOTALL)
+_TOML_WORDS = {"`object`": "a table", "`array`": "an array"}
 
 
-def _no_unknown(doc: Mapping[str, Any], known: set[str], prefix: str) -> None:
-    unknown = sorted(set(doc) - known)
+def _convert(value: Any, typ: Any, where: str = "") -> Any:
+    """`value` as `typ`; ConfigError naming the key (`where` is the key of `value`)."""
+    try:
+        return msgspec.convert(value, typ)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(_config_message(str(exc), typ, where)) from None
+
+
+def _config_message(error: str, root: Any, where: str) -> str:
+    """Turn msgspec's "<what> - at `$.a.b`" into "a.b: <what>" naming TOML keys."""
+    m = _AT.match(error)
+    assert m is not None  # the pattern matches any text
+    what, inner = m["what"], (m["path"] or "").lstrip(".")
+    path = ".".join(p for p in (where, inner) if p)
+    unknown = _UNKNOWN.match(what)
     if unknown:
-        raise ConfigError(f"unknown key {prefix}{unknown[0]} (known: {', '.join(sorted(known))})")
+        key = f"{path}.{unknown['key']}" if path else unknown["key"]
+        known = _keys_at(root, inner)
+        return f"unknown key {key}" + (f" (known: {', '.join(known)})" if known else "")
+    bad = _BAD_ENUM.match(what)
+    if bad:
+        choices = _choices_at(root, inner)
+        return f"{path}: {bad['value']} is not one of {', '.join(choices)}" if choices \
+            else f"{path}: invalid value {bad['value']}"
+    for word, toml in _TOML_WORDS.items():
+        what = what.replace(word, toml)
+    what = what[:1].lower() + what[1:]
+    return f"{path}: {what}" if path else what
 
 
-def _str(value: Any, key: str) -> str:
-    if not isinstance(value, str):
-        raise ConfigError(f"{key}: must be a string, got {value!r}")
-    return value
+def _type_at(root: Any, path: str) -> Any:
+    """The msgspec.inspect type of the value at `path` ("a.b[0].c") in `root`."""
+    t: Any = msgspec.inspect.type_info(root)
+    for part in re.findall(r"[^.\[\]]+|\[\d+\]", path):
+        t = _one(t)
+        if isinstance(t, msgspec.inspect.StructType):
+            t = next((f.type for f in t.fields if f.encode_name == part), None)
+        elif isinstance(t, msgspec.inspect.DictType):
+            t = t.value_type
+        elif isinstance(t, msgspec.inspect.ListType):
+            t = t.item_type
+        else:
+            return None
+    return t
 
 
-def _options(value: Any, key: str) -> dict[str, str]:
-    if not isinstance(value, Mapping):
-        raise ConfigError(f"{key}: must be a table like {{ \"full-pcpus-only\" = \"true\" }}")
-    out = {}
-    for k, v in value.items():
-        if isinstance(v, bool):
-            v = "true" if v else "false"
-        elif isinstance(v, int):
-            v = str(v)
-        if not isinstance(v, str):
-            raise ConfigError(f"{key}.{k}: must be a string, boolean or number")
-        out[str(k)] = v
-    return out
+def _one(t: Any) -> Any:
+    """The table-like member of a union (e.g. `str | list[str]`: the list)."""
+    if isinstance(t, msgspec.inspect.UnionType):
+        tables = (msgspec.inspect.StructType, msgspec.inspect.DictType, msgspec.inspect.ListType)
+        return next((m for m in t.types if isinstance(m, tables)), t)
+    return t
+
+
+def _keys_at(root: Any, path: str) -> list[str]:
+    t = _one(_type_at(root, path))
+    if isinstance(t, msgspec.inspect.StructType):
+        return sorted(f.encode_name for f in t.fields)
+    return []
+
+
+def _choices_at(root: Any, path: str) -> list[str]:
+    t = _type_at(root, path)
+    members = t.types if isinstance(t, msgspec.inspect.UnionType) else (t,)
+    for m in members:
+        if isinstance(m, msgspec.inspect.LiteralType):
+            return [str(v) for v in m.values]
+        if isinstance(m, msgspec.inspect.EnumType):
+            return [str(v.value) for v in m.cls]
+    return []

@@ -50,9 +50,10 @@ class Agent:
             raise
 
     def _start(self) -> "Agent":
-        from numa_agent.admission.machine import ConfigError, build_machine
+        from numa_agent.admission.machine import MachineConfigError, build_machine
         from numa_agent.discovery.sysfs import DiscoveryError, read_topology
         from numa_agent.service.agent_service import AgentService
+        from numa_agent.service.config import ConfigError
         from numa_agent.service.recovery import restore
         from numa_agent.state.checkpoint import CheckpointStore
 
@@ -63,7 +64,7 @@ class Agent:
             raise StartupError(f"topology discovery failed: {exc}") from None
         try:
             machine = build_machine(topology, cfg.policy)
-        except ConfigError as exc:
+        except MachineConfigError as exc:
             raise StartupError(f"configuration does not fit this machine: {exc}") from None
         log.info("machine: %d NUMA node(s) %s, %d usable CPUs, %d reserved (%s), %d PCI devices",
                  len(machine.node_ids), ",".join(map(str, machine.node_ids)), len(machine.usable_cpus),
@@ -97,7 +98,7 @@ class Agent:
         what its own process happens to be allowed."""
         from dataclasses import replace
 
-        from numa_agent.admission.machine import ConfigError, build_machine
+        from numa_agent.admission.machine import MachineConfigError, build_machine
 
         grant = enforcer.granted()
         if grant is None:
@@ -110,7 +111,7 @@ class Agent:
         log.info("%s grants cpus %s, mems %s", grant.source, cpus.format(), mems.format())
         try:
             return build_machine(granted, self.cfg.policy)
-        except ConfigError as exc:
+        except MachineConfigError as exc:
             raise StartupError(f"configuration does not fit what {grant.source} "
                                f"grants (cpus {cpus.format()}, mems {mems.format()}): {exc}") from None
 

@@ -5,21 +5,40 @@ devices are always *derived* from it (capacity - reserved - booked), never
 kept as separate counters that could drift. Every admission or release
 returns a new AgentState; the service swaps it in after the checkpoint is on
 disk.
+
+The classes are frozen msgspec Structs: the checkpoint's JSON is their fields
+(a CPU set as its kernel list text, "2-3,8"; node ids as JSON object keys are
+strings), encoded and decoded by `to_json` / `from_json` from the one
+declaration. `replace` makes an updated copy of any of them.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+import dataclasses
 from functools import cached_property
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, TypeVar, cast
 
-from numa_agent.core.cpuset import CpuSet
+import msgspec
+
+from numa_agent.core.cpuset import CpuSet, CpuSetParseError
 
 STATE_SCHEMA = 1
 
+_T = TypeVar("_T")
 
-@dataclass(frozen=True)
-class Booking:
+
+def replace(value: _T, /, **changes: Any) -> _T:
+    """A copy of `value` (a state Struct or a dataclass) with `changes`."""
+    if isinstance(value, msgspec.Struct):
+        return cast(_T, msgspec.structs.replace(value, **changes))
+    return dataclasses.replace(value, **changes)  # type: ignore[type-var]
+
+
+class _Value(msgspec.Struct, frozen=True):
+    pass
+
+
+class Booking(_Value, frozen=True):
     """Resources held by one workload or one pod budget.
 
     memory: node id -> resource name ("memory", "hugepages-2048kB") -> bytes.
@@ -29,7 +48,7 @@ class Booking:
     cpus: CpuSet = CpuSet()  # exclusive CPUs
     numa_nodes: tuple[int, ...] = ()  # the NUMA affinity the decision aligned on
     mems: tuple[int, ...] = ()  # cpuset.mems
-    memory: Mapping[int, Mapping[str, int]] = field(default_factory=dict)
+    memory: Mapping[int, Mapping[str, int]] = {}
     memory_group: tuple[int, ...] = ()  # nodes the memory manager booked as one group
     devices: tuple[tuple[str, str], ...] = ()
 
@@ -40,89 +59,55 @@ class Booking:
         return tuple(addr for _, addr in self.devices)
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "cpus": self.cpus.format(),
-            "numa_nodes": list(self.numa_nodes),
-            "mems": list(self.mems),
-            "memory": {str(n): dict(sorted(r.items())) for n, r in sorted(self.memory.items())},
-            "memory_group": list(self.memory_group),
-            "devices": [list(d) for d in self.devices],
-        }
+        return _to_json(self)
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> "Booking":
-        return cls(
-            cpus=CpuSet.parse(d.get("cpus", "")),
-            numa_nodes=tuple(int(n) for n in d.get("numa_nodes", ())),
-            mems=tuple(int(n) for n in d.get("mems", ())),
-            memory={int(n): {str(k): int(v) for k, v in r.items()}
-                    for n, r in d.get("memory", {}).items()},
-            memory_group=tuple(int(n) for n in d.get("memory_group", ())),
-            devices=tuple(sorted((str(r), str(a)) for r, a in d.get("devices", ()))),
-        )
+        return _sorted_devices(_from_json(d, cls))
 
 
-@dataclass(frozen=True)
-class Workload:
+class Workload(_Value, frozen=True):
     name: str
     owner_uid: int
-    booking: Booking
+    booking: Booking = Booking()  # absent from the JSON: an empty booking
     shared: bool = False  # runs on the shared pool (or the pod's shared part)
     pod: str | None = None
     pid: int | None = None  # the process that asked (numa-run, which then execs)
     created_unix: float = 0.0
     command: tuple[str, ...] = ()
     cpunodebind: tuple[int, ...] = ()  # shared workloads restricted to these nodes' CPUs
-    request: Mapping[str, Any] = field(default_factory=dict)  # as asked, for status/explain
+    request: Mapping[str, Any] = {}  # as asked, for status/explain
     lost: tuple[str, ...] = ()  # resources taken away by hotplug ("cpu 5", "pci 0000:3b:00.0")
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "name": self.name, "owner_uid": self.owner_uid, "booking": self.booking.to_json(),
-            "shared": self.shared, "pod": self.pod, "pid": self.pid,
-            "created_unix": self.created_unix, "command": list(self.command),
-            "cpunodebind": list(self.cpunodebind), "request": dict(self.request),
-            "lost": list(self.lost),
-        }
+        return _to_json(self)
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> "Workload":
-        return cls(
-            name=str(d["name"]), owner_uid=int(d["owner_uid"]),
-            booking=Booking.from_json(d.get("booking", {})), shared=bool(d.get("shared", False)),
-            pod=d.get("pod"), pid=d.get("pid"), created_unix=float(d.get("created_unix", 0.0)),
-            command=tuple(d.get("command", ())), cpunodebind=tuple(d.get("cpunodebind", ())),
-            request=dict(d.get("request", {})), lost=tuple(d.get("lost", ())),
-        )
+        w = _from_json(d, cls)
+        return _with_booking(w, _sorted_devices(w.booking))
 
 
-@dataclass(frozen=True)
-class Pod:
+class Pod(_Value, frozen=True):
     """A pod budget: booked once, shared by its members."""
 
     name: str
     owner_uid: int
-    booking: Booking
+    booking: Booking = Booking()  # absent from the JSON: an empty booking
     members: tuple[str, ...] = ()
     created_unix: float = 0.0
-    request: Mapping[str, Any] = field(default_factory=dict)
+    request: Mapping[str, Any] = {}
 
     def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "owner_uid": self.owner_uid, "booking": self.booking.to_json(),
-                "members": list(self.members), "created_unix": self.created_unix,
-                "request": dict(self.request)}
+        return _to_json(self)
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> "Pod":
-        return cls(name=str(d["name"]), owner_uid=int(d["owner_uid"]),
-                   booking=Booking.from_json(d.get("booking", {})),
-                   members=tuple(d.get("members", ())),
-                   created_unix=float(d.get("created_unix", 0.0)),
-                   request=dict(d.get("request", {})))
+        p = _from_json(d, cls)
+        return _with_booking(p, _sorted_devices(p.booking))
 
 
-@dataclass(frozen=True)
-class AgentState:
+class AgentState(_Value, frozen=True, dict=True):  # dict=True: room for the cached properties
     workloads: tuple[Workload, ...] = ()  # sorted by name
     pods: tuple[Pod, ...] = ()  # sorted by name
     # The configuration the bookings were made under; a restart with another
@@ -200,17 +185,60 @@ class AgentState:
 
     # ---- serialization -------------------------------------------------------
     def to_json(self) -> dict[str, Any]:
-        return {"schema": STATE_SCHEMA, "policy_fingerprint": self.policy_fingerprint,
-                "workloads": [w.to_json() for w in self.workloads],
-                "pods": [p.to_json() for p in self.pods]}
+        return {"schema": STATE_SCHEMA, **_to_json(self)}
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> "AgentState":
         if d.get("schema") != STATE_SCHEMA:
             raise ValueError(f"unknown state schema {d.get('schema')!r} (this agent reads {STATE_SCHEMA})")
-        return cls(
-            workloads=tuple(sorted((Workload.from_json(w) for w in d.get("workloads", ())),
-                                   key=lambda x: x.name)),
-            pods=tuple(sorted((Pod.from_json(p) for p in d.get("pods", ())), key=lambda x: x.name)),
-            policy_fingerprint=str(d.get("policy_fingerprint", "")),
-        )
+        state = _from_json(d, cls)  # "schema" is not a field: ignored like any unknown key
+        workloads = tuple(sorted((_with_booking(w, _sorted_devices(w.booking)) for w in state.workloads),
+                                 key=lambda x: x.name))
+        pods = tuple(sorted((_with_booking(p, _sorted_devices(p.booking)) for p in state.pods),
+                            key=lambda x: x.name))
+        return replace(state, workloads=workloads, pods=pods)
+
+
+# ---- the checkpoint's JSON ---------------------------------------------------------
+def _enc_hook(value: Any) -> Any:
+    if isinstance(value, CpuSet):
+        return value.format()
+    raise NotImplementedError(f"cannot encode {type(value).__name__}")
+
+
+def _dec_hook(typ: type, value: Any) -> Any:
+    if typ is CpuSet and isinstance(value, str):
+        try:
+            return CpuSet.parse(value)
+        except CpuSetParseError as exc:
+            raise ValueError(str(exc)) from None
+    raise NotImplementedError(f"cannot decode {typ.__name__} from {type(value).__name__}")
+
+
+def _to_json(value: _Value) -> dict[str, Any]:
+    """JSON-ready builtins: CPU sets as list text, tuples as lists, node ids as strings."""
+    return msgspec.to_builtins(value, enc_hook=_enc_hook, str_keys=True)
+
+
+_V = TypeVar("_V", bound=_Value)
+
+
+def _from_json(d: Mapping[str, Any], cls: type[_V]) -> _V:
+    """Decode what `_to_json` wrote; absent keys take their defaults, unknown keys
+    are ignored. ValueError (naming the field) when a value has the wrong type."""
+    try:
+        return msgspec.convert(d, cls, dec_hook=_dec_hook, str_keys=True)
+    except msgspec.ValidationError as exc:
+        raise ValueError(f"{cls.__name__}: {exc}") from None
+
+
+def _sorted_devices(b: Booking) -> Booking:
+    devices = tuple(sorted(b.devices))
+    return b if devices == b.devices else replace(b, devices=devices)
+
+
+_Holder = TypeVar("_Holder", Workload, Pod)
+
+
+def _with_booking(value: _Holder, booking: Booking) -> _Holder:
+    return value if booking is value.booking else replace(value, booking=booking)

@@ -20,7 +20,7 @@ from numa_agent.admission.admit import (
     shared_pool,
 )
 from numa_agent.admission.hotplug import rebase_state
-from numa_agent.admission.machine import ConfigError, PolicyConfig, build_machine
+from numa_agent.admission.machine import MachineConfigError, PolicyConfig, build_machine
 from numa_agent.core.cpuset import CpuSet
 from numa_agent.core.synthetic import make_topology
 from numa_agent.state.model import AgentState
@@ -183,11 +183,11 @@ def test_shared_pool_never_empties():
 
 def test_config_errors_name_the_key():
     topo = make_topology(sockets=2, cores_per_node=2)
-    with pytest.raises(ConfigError, match="topology_manager.policy"):
+    with pytest.raises(MachineConfigError, match="topology_manager.policy"):
         build_machine(topo, PolicyConfig(topology_policy="strict"))
-    with pytest.raises(ConfigError, match="reserved_cpus: CPUs 99"):
+    with pytest.raises(MachineConfigError, match="reserved_cpus: CPUs 99"):
         build_machine(topo, PolicyConfig(reserved_cpus="99"))
-    with pytest.raises(ConfigError, match="devices.gpu"):
+    with pytest.raises(MachineConfigError, match="devices.gpu"):
         build_machine(topo, PolicyConfig(devices={"gpu": {"colour": "green"}}))
 
 

@@ -13,8 +13,10 @@ import threading
 import time
 from typing import Any
 
+from numa_agent.api.errors import Conflict, Forbidden, NotFound, TopologyAffinityError
+from numa_agent.api.validation import AdmitRequest
 from numa_agent.core.cpuset import CpuSet
-from numa_agent.service.errors import AdmissionRefused, Caller, Conflict, Forbidden, NotFound
+from numa_agent.service.caller import Caller
 
 NODE_CPUS = {0: CpuSet.parse("1-3"), 1: CpuSet.parse("4-7")}
 GPU = {"resource": "gpu", "address": "0000:3b:00.0", "numa_node": 1, "vendor": "0x10de"}
@@ -43,36 +45,36 @@ class FakeService:
             used = used | CpuSet.parse(wl["cpus"])
         return NODE_CPUS[node] - used
 
-    def _explanation(self, request: dict, admit: bool, mask: list[int], reason: str) -> dict:
+    def _explanation(self, request: AdmitRequest, admit: bool, mask: list[int], reason: str) -> dict:
         free = {str(n): {"cpus": len(self._free(n)), "memory_bytes": 8 << 30} for n in NODE_CPUS}
-        fits = [n for n in NODE_CPUS if len(self._free(n)) >= request["cpus"]]
-        hints = [f"{{{n}}} preferred" for n in fits] + (["{0,1}"] if request["cpus"] else [])
-        return {"policy": request.get("policy") or "single-numa-node", "scope": "container",
+        fits = [n for n in NODE_CPUS if len(self._free(n)) >= request.cpus]
+        hints = [f"{{{n}}} preferred" for n in fits] + (["{0,1}"] if request.cpus else [])
+        return {"policy": request.policy or "single-numa-node", "scope": "container",
                 "providers": [{"provider": "cpu", "resource": "cpu", "hints": hints, "more": 0}],
                 "merged": {"mask": mask, "preferred": admit}, "admit": admit,
                 "free": free, "reason": reason}
 
     # -- the contract ---------------------------------------------------
-    def admit(self, request: dict, caller: Caller, dry_run: bool = False) -> dict:
+    def admit(self, request: AdmitRequest, caller: Caller, dry_run: bool = False) -> dict:
         self._record("admit", (request, dry_run), caller)
         with self.lock:
             self._counter += 1
-            name = request["name"] or f"wl-{self._counter}"
+            name = request.name or f"wl-{self._counter}"
             if name in self.workloads:
                 raise Conflict(f"workload name {name!r} is in use")
-            want = request["cpus"]
+            want = request.cpus
             node = next((n for n in NODE_CPUS if len(self._free(n)) >= want), None)
             if node is None:
                 total = sum(len(self._free(n)) for n in NODE_CPUS)
                 reason = (f"TopologyAffinityError: {want} CPUs requested; {total} free, but at most "
                           f"{max(len(self._free(n)) for n in NODE_CPUS)} on one NUMA node")
-                raise AdmissionRefused(reason, code="topology_affinity_error",
-                                       details=self._explanation(request, False, [0, 1], reason))
+                raise TopologyAffinityError(reason,
+                                            details=self._explanation(request, False, [0, 1], reason))
             cpus = CpuSet(self._free(node).ids()[:want]) if want else CpuSet()
-            devices = [dict(GPU)] if request["devices"].get("gpu") else []
-            result = {"name": name, "pod": request["pod"], "cpus": cpus.format(),
+            devices = [dict(GPU)] if request.devices.get("gpu") else []
+            result = {"name": name, "pod": request.pod, "cpus": cpus.format(),
                       "exclusive": bool(want), "mems": [node], "numa_nodes": [node],
-                      "memory_bytes": {str(node): request["memory_bytes"]}, "hugepages": {},
+                      "memory_bytes": {str(node): request.memory_bytes}, "hugepages": {},
                       "devices": devices,
                       "cgroup": None if self.enforcement == "affinity" else f"/fake/wl-{name}",
                       "enforcement": self.enforcement,
@@ -81,7 +83,7 @@ class FakeService:
             if not dry_run:
                 self.workloads[name] = {**result, "owner_uid": caller.uid, "pid": caller.pid,
                                         "created_unix": time.time(),
-                                        "command": request["command"]}
+                                        "command": request.command}
             return result
 
     def release(self, name: str, caller: Caller) -> dict:

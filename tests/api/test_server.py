@@ -9,6 +9,7 @@ import pytest
 
 from numa_agent.api.client import AgentUnreachable, request
 from numa_agent.api.server import ApiServer, SocketInUse
+from numa_agent.api.validation import AdmitRequest
 
 from .fake_service import FakeService
 from .rawhttp import post, send_raw
@@ -71,8 +72,9 @@ def test_service_receives_normalized_request(server, fake):
             {"cpus": 1, "hugepages": {"2048": 4}, "physcpubind": "3,1-2", "membind": [1, 0]})
     (req, dry_run) = fake.calls[-1][1]
     assert dry_run is False
-    assert req["physcpubind"] == "1-3" and req["membind"] == [0, 1]
-    assert req["name"] is None and req["devices"] == {} and req["pod_budget"] is None
+    assert isinstance(req, AdmitRequest)
+    assert req.physcpubind == "1-3" and req.membind == [0, 1] and req.hugepages == {"2048": 4}
+    assert req.name is None and req.devices == {} and req.pod_budget is None
 
 
 def test_dry_run_is_200_and_keeps_nothing(server, fake):

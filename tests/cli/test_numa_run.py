@@ -162,7 +162,7 @@ def test_exec_passes_exit_status_and_env(server, fake):
     assert out.stdout.strip() == "web-1|1-2|0|0000:3b:00.0|0000:3b:00.0"
     assert "numa-run: web-1 cpus 1-2 mems 0 devices 0000:3b:00.0" in out.stderr
     request, dry_run = fake.calls[0][1]
-    assert request["command"] == ["sh", "-c", script] and dry_run is False
+    assert request.command == ["sh", "-c", script] and dry_run is False
     assert fake.callers[0].pid != os.getpid()  # the numa-run process itself was identified
 
 

@@ -7,11 +7,11 @@ import pytest
 
 from numa_agent.admission.device_manager import DeviceConfigError, DeviceResource, DeviceSelector
 from numa_agent.admission.topology_manager import admit
+from numa_agent.api.errors import BadRequest
 from numa_agent.api.validation import parse_admit_request, validate_name
 from numa_agent.core.hints import NumaMask, TopologyHint
 from numa_agent.core.policy import POLICY_NAMES, TopologyPolicy
 from numa_agent.enforcement.plan import safe_component
-from numa_agent.service.errors import BadRequest
 
 RESOURCE_NAMES = ["gpu", "nic", "nvidia.com/gpu", "a", "gpu-0", "x" * 63, "x" * 64, "GPU", "-gpu", "gpu-",
                   "gpu/", "/gpu", "a/b/c", "gpu nic", "gpu_1", "Nvidia.com/gpu", ""]

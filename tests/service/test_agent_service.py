@@ -9,15 +9,18 @@ import threading
 
 import pytest
 
-from numa_agent.admission.machine import ConfigError, PolicyConfig, build_machine
+from numa_agent.admission.machine import PolicyConfig, build_machine
+from numa_agent.api.errors import AdmissionRefused, BadRequest, Conflict, Forbidden, NotFound, ServiceUnavailable
+from numa_agent.api.validation import AdmitRequest
 from numa_agent.core.cpuset import CpuSet
 from numa_agent.core.synthetic import make_topology
 from numa_agent.enforcement.cgroup import CgroupV2
 from numa_agent.enforcement.enforcer import CgroupEnforcer
 from numa_agent.enforcement.errors import CgroupNoSpaceError
 from numa_agent.enforcement.fake_cgroupfs import FakeCgroupfs, make_fake_cgroup_root
-from numa_agent.service.agent_service import AgentService, ServiceUnavailable
-from numa_agent.service.errors import AdmissionRefused, BadRequest, Caller, Conflict, Forbidden, NotFound
+from numa_agent.service.agent_service import AgentService
+from numa_agent.service.caller import Caller
+from numa_agent.service.config import ConfigError
 from numa_agent.service.recovery import restore
 from numa_agent.state.checkpoint import CheckpointStore, CheckpointWriteError
 
@@ -74,7 +77,7 @@ def cg_file(root, rel, name):
 def test_admission_writes_cgroups_and_checkpoint_and_pool_shrinks(env):
     machine, state_dir, root = env
     service, _ = start(machine, state_dir, root)
-    out = service.admit({"name": "web", "cpus": 2, "memory_bytes": 1 << 30}, ME)
+    out = service.admit(AdmitRequest(name="web", cpus=2, memory_bytes=1 << 30), ME)
     cpus = CpuSet.parse(out["cpus"])
     assert len(cpus) == 2 and out["exclusive"] and out["enforcement"] == "cgroup"
     assert CpuSet.parse(cg_file(root, "wl-web", "cpuset.cpus")) == cpus
@@ -96,7 +99,7 @@ def test_dry_run_books_nothing(env):
     machine, state_dir, root = env
     service, _ = start(machine, state_dir, root)
     before = CheckpointStore(state_dir).load()
-    out = service.admit({"name": "probe", "cpus": 4}, ME, dry_run=True)
+    out = service.admit(AdmitRequest(name="probe", cpus=4), ME, dry_run=True)
     assert out["dry_run"] and len(CpuSet.parse(out["cpus"])) == 4
     assert service.state.workloads == ()
     assert not (root / "wl-probe").exists()
@@ -107,30 +110,30 @@ def test_refusal_explains_and_changes_nothing(env):
     machine, state_dir, root = env
     service, _ = start(machine, state_dir, root)
     with pytest.raises(AdmissionRefused) as err:
-        service.admit({"name": "big", "cpus": 10, "policy": "single-numa-node"}, ME)
+        service.admit(AdmitRequest(name="big", cpus=10, policy="single-numa-node"), ME)
     assert err.value.code == "topology_affinity_error"
     assert "TopologyAffinityError" in err.value.message
     assert err.value.details["providers"][0]["provider"] == "cpu"
     assert service.state.workloads == ()
     assert service.counters.errors == {"topology_affinity_error": 1}
     with pytest.raises(BadRequest, match="unknown device resource"):
-        service.admit({"name": "x", "devices": {"fpga": 1}}, ME)
+        service.admit(AdmitRequest(name="x", devices={"fpga": 1}), ME)
     with pytest.raises(BadRequest, match="must be 1-63 characters"):
-        service.admit({"name": "../etc"}, ME)
+        service.admit(AdmitRequest(name="../etc"), ME)
 
 
 def test_names_owners_and_release_permissions(env):
     machine, state_dir, root = env
     service, _ = start(machine, state_dir, root)
-    service.admit({"name": "mine", "cpus": 1}, ME)
+    service.admit(AdmitRequest(name="mine", cpus=1), ME)
     with pytest.raises(Conflict, match="already exists"):
-        service.admit({"name": "mine", "cpus": 1}, ME)
+        service.admit(AdmitRequest(name="mine", cpus=1), ME)
     with pytest.raises(Forbidden, match="belongs to uid 1000"):
         service.release("mine", Caller(pid=1, uid=1001, gid=1001))
     with pytest.raises(NotFound):
         service.release("nobody", ME)
     service.release("mine", ROOT)  # root may release anything
-    generated = service.admit({"command": ["/usr/bin/My Server"], "shared": True}, ME)["name"]
+    generated = service.admit(AdmitRequest(command=["/usr/bin/My Server"], shared=True), ME)["name"]
     assert generated == f"my-server-{os.getpid()}"
 
 
@@ -144,7 +147,7 @@ def test_checkpoint_failure_books_nothing(env, monkeypatch):
 
     monkeypatch.setattr(service.store, "save", broken)
     with pytest.raises(ServiceUnavailable, match="nothing was booked"):
-        service.admit({"name": "web", "cpus": 2}, ME)
+        service.admit(AdmitRequest(name="web", cpus=2), ME)
     assert service.state.workloads == ()
     assert not (root / "wl-web").exists()
     assert service.counters.checkpoint_failures_total == 1
@@ -154,7 +157,7 @@ def test_checkpoint_failure_books_nothing(env, monkeypatch):
 def test_enforcement_failure_rolls_back_kernel_and_checkpoint(env, monkeypatch):
     machine, state_dir, root = env
     service, _ = start(machine, state_dir, root)
-    service.admit({"name": "first", "cpus": 2}, ME)
+    service.admit(AdmitRequest(name="first", cpus=2), ME)
     pool_before = cg_file(root, "shared", "cpuset.cpus")
     real = service.enforcer.cgroup.move_pid
 
@@ -163,7 +166,7 @@ def test_enforcement_failure_rolls_back_kernel_and_checkpoint(env, monkeypatch):
 
     monkeypatch.setattr(service.enforcer.cgroup, "move_pid", failing_move)
     with pytest.raises(ServiceUnavailable, match="enforcement failed, nothing was booked"):
-        service.admit({"name": "second", "cpus": 2}, ME)
+        service.admit(AdmitRequest(name="second", cpus=2), ME)
     monkeypatch.setattr(service.enforcer.cgroup, "move_pid", real)
     assert [w.name for w in service.state.workloads] == ["first"]
     assert not (root / "wl-second").exists()
@@ -174,19 +177,19 @@ def test_enforcement_failure_rolls_back_kernel_and_checkpoint(env, monkeypatch):
 def test_restart_restores_and_never_double_books(env, sleepers):
     machine, state_dir, root = env
     service, _ = start(machine, state_dir, root)
-    a = CpuSet.parse(service.admit({"name": "a", "cpus": 2}, sleepers())["cpus"])
-    b = CpuSet.parse(service.admit({"name": "b", "cpus": 2}, sleepers())["cpus"])
+    a = CpuSet.parse(service.admit(AdmitRequest(name="a", cpus=2), sleepers())["cpus"])
+    b = CpuSet.parse(service.admit(AdmitRequest(name="b", cpus=2), sleepers())["cpus"])
     # The agent dies; the workloads keep running (their cgroups stay populated).
     service2, report = start(machine, state_dir, root)
     assert report.released == () and {w.name for w in service2.state.workloads} == {"a", "b"}
-    c = CpuSet.parse(service2.admit({"name": "c", "cpus": 2}, ME)["cpus"])
+    c = CpuSet.parse(service2.admit(AdmitRequest(name="c", cpus=2), ME)["cpus"])
     assert c.isdisjoint(a | b)
 
 
 def test_restart_releases_workloads_whose_processes_are_gone(env):
     machine, state_dir, root = env
     service, _ = start(machine, state_dir, root)
-    service.admit({"name": "gone", "cpus": 2}, ME)
+    service.admit(AdmitRequest(name="gone", cpus=2), ME)
     (root / "wl-gone" / "cgroup.procs").write_text("")  # its processes exited while we were down
     (root / "wl-gone" / "cgroup.events").write_text("populated 0\nfrozen 0\n")
     service2, report = start(machine, state_dir, root)
@@ -198,7 +201,7 @@ def test_restart_releases_workloads_whose_processes_are_gone(env):
 def test_corrupt_checkpoint_is_moved_aside_and_rebuilt_from_cgroups(env, sleepers):
     machine, state_dir, root = env
     service, _ = start(machine, state_dir, root)
-    a = CpuSet.parse(service.admit({"name": "a", "cpus": 2}, sleepers())["cpus"])
+    a = CpuSet.parse(service.admit(AdmitRequest(name="a", cpus=2), sleepers())["cpus"])
     path = state_dir / "checkpoint.json"
     doc = json.loads(path.read_text())
     doc["data"]["workloads"] = []  # tampered: checksum no longer matches
@@ -209,14 +212,14 @@ def test_corrupt_checkpoint_is_moved_aside_and_rebuilt_from_cgroups(env, sleeper
     w = service2.state.workload("a")
     assert w.booking.cpus == a and not w.shared
     # the adopted CPUs are not handed out again
-    b = CpuSet.parse(service2.admit({"name": "b", "cpus": 2}, ME)["cpus"])
+    b = CpuSet.parse(service2.admit(AdmitRequest(name="b", cpus=2), ME)["cpus"])
     assert b.isdisjoint(a)
 
 
 def test_policy_change_against_checkpoint_is_refused_with_remedy(env):
     machine, state_dir, root = env
     service, _ = start(machine, state_dir, root)
-    service.admit({"name": "a", "cpus": 2}, ME)
+    service.admit(AdmitRequest(name="a", cpus=2), ME)
     other = make_machine(policy="single-numa-node")
     with pytest.raises(ConfigError, match='on_policy_change = "reconcile"'):
         start(other, state_dir, root)
@@ -231,7 +234,7 @@ def test_concurrent_admissions_never_share_a_cpu(env):
 
     def client(i):
         try:
-            results.append(CpuSet.parse(service.admit({"name": f"c{i}", "cpus": 2}, ME)["cpus"]))
+            results.append(CpuSet.parse(service.admit(AdmitRequest(name=f"c{i}", cpus=2), ME)["cpus"]))
         except AdmissionRefused as exc:
             errors.append(exc)
 
@@ -251,7 +254,7 @@ def test_concurrent_admissions_never_share_a_cpu(env):
 def test_status_accounting_adds_up(env):
     machine, state_dir, root = env
     service, _ = start(machine, state_dir, root)
-    service.admit({"name": "g", "cpus": 2, "devices": {"gpu": 1}, "memory_bytes": 1 << 30}, ME)
+    service.admit(AdmitRequest(name="g", cpus=2, devices={"gpu": 1}, memory_bytes=1 << 30), ME)
     status = service.status()
     node1 = next(n for n in status["nodes"] if n["id"] == 1)
     assert node1["devices"]["gpu"] == {"capacity": 1, "allocated": 1, "free": 0}
@@ -269,8 +272,8 @@ def test_refusal_log_record_carries_hints_and_decision(env, caplog):
     service, _ = start(machine, state_dir, root)
     with caplog.at_level("INFO", logger="numa_agent.service"):
         with pytest.raises(AdmissionRefused):
-            service.admit({"name": "big", "cpus": 10, "policy": "single-numa-node"}, ME)
-        service.admit({"name": "ok", "cpus": 2}, ME)
+            service.admit(AdmitRequest(name="big", cpus=10, policy="single-numa-node"), ME)
+        service.admit(AdmitRequest(name="ok", cpus=2), ME)
     refused = next(r for r in caplog.records if r.levelname == "WARNING")
     text = refused.getMessage()
     assert "refused big" in text and "TopologyAffinityError" in text
@@ -286,7 +289,7 @@ def test_partitions_are_not_offered_below_a_non_partition_root(env, caplog):
         service, _ = start(machine, state_dir, root, partitions="isolated")
     assert service.enforcer.partitions == "off"
     assert "is not a partition root" in caplog.text
-    service.admit({"name": "m", "cpus": 2}, ME)
+    service.admit(AdmitRequest(name="m", cpus=2), ME)
     assert cg_file(root, "wl-m", "cpuset.cpus.partition") == "member"
 
 
@@ -295,7 +298,7 @@ def test_exclusive_workloads_become_isolated_partitions_where_allowed(env):
     CgroupV2(root, FakeCgroupfs(root)).set_partition("", "root")  # the administrator's decision
     service, _ = start(machine, state_dir, root, partitions="isolated")
     assert service.enforcer.partitions == "isolated"
-    cpus = CpuSet.parse(service.admit({"name": "p", "cpus": 2}, ME)["cpus"])
+    cpus = CpuSet.parse(service.admit(AdmitRequest(name="p", cpus=2), ME)["cpus"])
     assert cg_file(root, "wl-p", "cpuset.cpus.partition") == "isolated"
     # the partition's CPUs left the root's effective set; the pool never had them
     assert CpuSet.parse(cg_file(root, "", "cpuset.cpus.effective")).isdisjoint(cpus)
@@ -318,7 +321,7 @@ def test_crash_after_checkpoint_before_cgroup_is_released_on_restart(env, sleepe
 
     monkeypatch.setattr(service.enforcer, "apply", die)
     with pytest.raises(Crash):
-        service.admit({"name": "half", "cpus": 2}, sleepers())
+        service.admit(AdmitRequest(name="half", cpus=2), sleepers())
     assert [w["name"] for w in CheckpointStore(state_dir).load()["workloads"]] == ["half"]
     assert not (root / "wl-half").exists()
     service2, report = start(machine, state_dir, root)
@@ -330,8 +333,8 @@ def test_crash_after_checkpoint_before_cgroup_is_released_on_restart(env, sleepe
 def test_missing_checkpoint_is_rebuilt_from_the_cgroup_tree(env, sleepers):
     machine, state_dir, root = env
     service, _ = start(machine, state_dir, root)
-    a = CpuSet.parse(service.admit({"name": "a", "cpus": 2}, sleepers())["cpus"])
-    side = service.admit({"name": "side", "shared": True}, sleepers())
+    a = CpuSet.parse(service.admit(AdmitRequest(name="a", cpus=2), sleepers())["cpus"])
+    side = service.admit(AdmitRequest(name="side", shared=True), sleepers())
     (state_dir / "checkpoint.json").unlink()  # lost with the disk it was on
     service2, report = start(machine, state_dir, root)
     assert sorted(report.adopted) == ["a", "side"]

@@ -9,13 +9,14 @@ from dataclasses import replace
 
 import pytest
 
+from numa_agent.admission.machine import PolicyConfig
+from numa_agent.api.validation import AdmitRequest
 from numa_agent.service.startup import Agent
 from numa_agent.core.cpuset import CpuSet
 from numa_agent.core.synthetic import make_topology
-from numa_agent.hotplug.events import HotplugEvent, FakeEventSource
+from numa_agent.hotplug.events import FakeEventSource, HotplugEvent
+from numa_agent.service.caller import Caller
 from numa_agent.service.config import AgentConfig
-from numa_agent.admission.machine import PolicyConfig
-from numa_agent.service.errors import Caller
 from tests.support.sysfs_writer import write_sysfs
 
 GPU = ("0x030200", "0x10de", "0x20b0", 1, "nvidia")
@@ -58,7 +59,7 @@ def running(tmp_path):
 def test_cpu_offline_under_a_workload_then_back(running):
     agent, topo, source, change, caller, tmp = running
     service = agent.service
-    cpus = CpuSet.parse(service.admit({"name": "w", "cpus": 4, "devices": {"gpu": 1}}, caller)["cpus"])
+    cpus = CpuSet.parse(service.admit(AdmitRequest(name="w", cpus=4, devices={"gpu": 1}), caller)["cpus"])
     gone = cpus.max()
     offline = replace(topo, cpus=tuple(replace(c, online=False) if c.id == gone else c for c in topo.cpus))
     change(offline)
@@ -81,14 +82,14 @@ def test_cpu_offline_under_a_workload_then_back(running):
     assert wait_for(lambda: sum(n["cpus"]["capacity"] for n in service.status()["nodes"]) == 16)
     assert gone in CpuSet.parse(service.status()["shared_pool"])
     assert gone not in service.state.workload("w").booking.cpus
-    other = CpuSet.parse(service.admit({"name": "x", "cpus": 8}, caller)["cpus"])
+    other = CpuSet.parse(service.admit(AdmitRequest(name="x", cpus=8), caller)["cpus"])
     assert other.isdisjoint(service.state.workload("w").booking.cpus)
 
 
 def test_device_removed_under_a_workload(running):
     agent, topo, source, change, caller, tmp = running
     service = agent.service
-    service.admit({"name": "g", "cpus": 2, "devices": {"gpu": 1}}, caller)
+    service.admit(AdmitRequest(name="g", cpus=2, devices={"gpu": 1}), caller)
     change(replace(topo, pci_devices=()))
     source.push(HotplugEvent("pci", "remove", "/devices/pci0000:00/0000:01:00.0", "0000:01:00.0"))
     assert wait_for(lambda: service.state.workload("g").lost)

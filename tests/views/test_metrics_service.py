@@ -7,12 +7,13 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from numa_agent.admission.machine import PolicyConfig, build_machine
+from numa_agent.api.validation import AdmitRequest
 from numa_agent.core.synthetic import make_topology
 from numa_agent.enforcement.cgroup import CgroupV2
 from numa_agent.enforcement.enforcer import CgroupEnforcer
 from numa_agent.enforcement.fake_cgroupfs import FakeCgroupfs, make_fake_cgroup_root
 from numa_agent.service.agent_service import AgentService
-from numa_agent.service.errors import Caller
+from numa_agent.service.caller import Caller
 from numa_agent.service.recovery import restore
 from numa_agent.state.checkpoint import CheckpointStore
 from numa_agent.views.metrics import build_registry
@@ -28,7 +29,7 @@ def test_scrape_of_a_real_service_after_one_admission(tmp_path):
     state, _ = restore(machine, store, enforcer)
     service = AgentService(machine, store, enforcer)
     service.install(state)
-    out = service.admit({"name": "web", "cpus": 2, "memory_bytes": 1 << 30},
+    out = service.admit(AdmitRequest(name="web", cpus=2, memory_bytes=1 << 30),
                         Caller(pid=os.getpid(), uid=1000, gid=1000))
     (node,) = out["numa_nodes"]
 

@@ -1,0 +1,114 @@
+"""The errors a caller of the local API sees, each with its HTTP status and
+reason code as class attributes.
+
+The API server turns each into a response with the error's `status` and a
+body `{"error": {"code", "message", "details"}}`; the service raises the ones
+that describe an admission or release (bad request, not yours, no such
+workload, name taken, refused, unavailable), the server the ones about the
+HTTP exchange itself. Kept free of imports beyond the standard library so
+that the CLI and the server can use them without loading the service.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class ApiError(Exception):
+    """Base of every error reported to an API caller."""
+
+    status: int = 500
+    code: str = "internal_error"
+
+    def __init__(self, message: str, *, details: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.details: dict[str, Any] = dict(details) if details else {}
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON error body the API returns."""
+        return {"error": {"code": self.code, "message": self.message,
+                          "details": self.details}}
+
+
+class BadRequest(ApiError):
+    """The request is malformed or asks for something that can never be valid."""
+
+    status = 400
+    code = "bad_request"
+
+
+class Forbidden(ApiError):
+    """The caller may not do this (e.g. release another user's workload)."""
+
+    status = 403
+    code = "forbidden"
+
+
+class NotFound(ApiError):
+    """No workload (or pod, or route) by that name."""
+
+    status = 404
+    code = "not_found"
+
+
+class Conflict(ApiError):
+    """The workload name is already taken."""
+
+    status = 409
+    code = "name_in_use"
+
+
+class AdmissionRefused(ApiError):
+    """The request is valid but cannot be admitted now (not enough resources
+    at all). `details` is the explanation dict."""
+
+    status = 409
+    code = "admission_refused"
+
+
+class TopologyAffinityError(AdmissionRefused):
+    """The topology manager's policy refused the merged hint."""
+
+    code = "topology_affinity_error"
+
+
+class ServiceUnavailable(ApiError):
+    """The service could not checkpoint or enforce; nothing was booked."""
+
+    status = 503
+    code = "unavailable"
+
+
+class ServerBusy(ApiError):
+    """The server is at its connection limit."""
+
+    status = 503
+    code = "busy"
+
+
+# Status codes the API server itself produces for malformed HTTP, outside the
+# service.
+class PayloadTooLarge(ApiError):
+    status = 413
+    code = "payload_too_large"
+
+
+class LengthRequired(ApiError):
+    status = 411
+    code = "length_required"
+
+
+class HeadersTooLarge(ApiError):
+    status = 431
+    code = "headers_too_large"
+
+
+class MethodNotAllowed(ApiError):
+    status = 405
+    code = "method_not_allowed"
+
+
+class RequestTimeout(ApiError):
+    status = 408
+    code = "request_timeout"

@@ -1,0 +1,24 @@
+"""Who is asking: the caller identity the API edge hands the service."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who is asking, as the kernel reports it for the Unix socket peer.
+
+    `pidfd` is opened by the API server right after accept, so the process
+    cannot be swapped for another one with a recycled PID. The server closes
+    it after the request; a service that wants to keep it must `os.dup` it.
+    """
+
+    pid: int
+    uid: int
+    gid: int
+    pidfd: int | None = None
+
+    @property
+    def is_root(self) -> bool:
+        return self.uid == 0
