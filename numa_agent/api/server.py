@@ -240,10 +240,10 @@ class _Router:
         fixed: dict[str, dict[str, Callable[[], tuple[int, Any]]]] = {
             "/v1/health": {"GET": lambda: (200, self.service.health())},
             "/v1/topology": {"GET": lambda: (200, self.service.topology())},
-            "/v1/status": {"GET": lambda: (200, self.service.status())},
-            "/v1/allocatable": {"GET": lambda: (200, allocatable_view(self.service.status()))},
+            "/v1/status": {"GET": lambda: (200, self.service.status(caller.uid))},
+            "/v1/allocatable": {"GET": lambda: (200, allocatable_view(self.service.status(caller.uid)))},
             "/v1/workloads": {
-                "GET": lambda: (200, {"workloads": self.service.list_workloads()}),
+                "GET": lambda: (200, {"workloads": self.service.list_workloads(caller.uid)}),
                 "POST": lambda: self._admit(req, caller),
             },
         }

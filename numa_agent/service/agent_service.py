@@ -207,7 +207,9 @@ class AgentService:
         })
         return view
 
-    def _workload_view(self, state: AgentState, w: Workload) -> dict:
+    def _workload_view(self, state: AgentState, w: Workload, viewer_uid: int | None = None) -> dict:
+        """`viewer_uid`: who asks (None: the agent itself). A command line can
+        carry secrets, so only root and the owner see it."""
         topo = self.machine.topology
         devices = []
         for resource, addr in w.booking.devices:
@@ -228,15 +230,16 @@ class AgentService:
             "numa_nodes": list(w.booking.numa_nodes), "mems": list(w.booking.mems),
             "memory_bytes": memory, "memory_limit_bytes": w.request.get("memory_bytes") or None,
             "hugepages": hugepages, "devices": devices, "created_unix": w.created_unix,
-            "command": list(w.command), "aligned": alignment(self.machine, w.booking),
+            "command": list(w.command) if _may_see_command(viewer_uid, w.owner_uid) else None,
+            "aligned": alignment(self.machine, w.booking),
             "lost": list(w.lost),
         }
 
-    def list_workloads(self) -> list[dict]:
+    def list_workloads(self, viewer_uid: int | None = None) -> list[dict]:
         state = self.state
-        return [self._workload_view(state, w) for w in state.workloads]
+        return [self._workload_view(state, w, viewer_uid) for w in state.workloads]
 
-    def status(self) -> dict:
+    def status(self, viewer_uid: int | None = None) -> dict:
         state = self.state  # one immutable snapshot for the whole view
         return {
             "enforcement": self.enforcer.mode,
@@ -245,7 +248,7 @@ class AgentService:
             "reserved_cpus": self.machine.reserved_cpus.format(),
             "shared_pool": shared_pool(self.machine, state).format(),
             "nodes": node_accounting(self.machine, state),
-            "workloads": [self._workload_view(state, w) for w in state.workloads],
+            "workloads": [self._workload_view(state, w, viewer_uid) for w in state.workloads],
             "pods": [{"name": p.name, "owner_uid": p.owner_uid, "cpus": p.booking.cpus.format(),
                       "numa_nodes": list(p.booking.numa_nodes), "mems": list(p.booking.mems),
                       "members": list(p.members), "shared_cpus": pod_shared_cpus(state, p).format(),
@@ -268,6 +271,10 @@ class AgentService:
         with self._lock:
             return {"status": self.status(), "counters": self.counters.snapshot(),
                     "info": {"version": VERSION, "enforcement": self.enforcer.mode}}
+
+
+def _may_see_command(viewer_uid: int | None, owner_uid: int) -> bool:
+    return viewer_uid is None or viewer_uid == 0 or viewer_uid == owner_uid
 
 
 class _NameTaken(InvalidRequest):

@@ -27,6 +27,7 @@ class FakeService:
         self.enforcement = enforcement
         self.calls: list[tuple[str, Any]] = []
         self.callers: list[Caller] = []
+        self.viewers: list[int | None] = []  # on whose behalf status and listings were asked
         self.pidfd_was_open: list[bool] = []
         self.workloads: dict[str, dict[str, Any]] = {}
         self.lock = threading.Lock()
@@ -97,8 +98,9 @@ class FakeService:
             del self.workloads[name]
             return {"name": name, "released": True, "cpus": wl["cpus"]}
 
-    def list_workloads(self) -> list[dict]:
+    def list_workloads(self, viewer_uid: int | None = None) -> list[dict]:
         self._record("list_workloads", None)
+        self.viewers.append(viewer_uid)
         return [self._status_entry(wl) for _, wl in sorted(self.workloads.items())]
 
     def _status_entry(self, wl: dict) -> dict:
@@ -109,8 +111,9 @@ class FakeService:
                 "created_unix": wl["created_unix"], "command": wl["command"],
                 "aligned": {"numa_node": True, "physical_core": True, "l3": True}, "lost": []}
 
-    def status(self) -> dict:
+    def status(self, viewer_uid: int | None = None) -> dict:
         self._record("status", None)
+        self.viewers.append(viewer_uid)
         nodes = []
         for n, cpus in NODE_CPUS.items():
             free = len(self._free(n))

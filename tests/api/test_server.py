@@ -365,3 +365,10 @@ def test_client_unreachable_names_path_and_remedy(sock_dir):
         request(path, "GET", "/v1/health")
     message = str(info.value)
     assert path in message and "No such file" in message and "numa-agent serve" in message
+
+
+def test_status_and_listing_are_asked_on_behalf_of_the_caller(server, fake):
+    request(server.socket_path, "GET", "/v1/status")
+    request(server.socket_path, "GET", "/v1/workloads")
+    assert [name for name, _ in fake.calls[-2:]] == ["status", "list_workloads"]
+    assert fake.viewers[-2:] == [os.getuid(), os.getuid()]

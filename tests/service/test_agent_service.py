@@ -342,3 +342,19 @@ def test_missing_checkpoint_is_rebuilt_from_the_cgroup_tree(env, sleepers):
     assert service2.state.workload("side").shared
     assert CheckpointStore(state_dir).load()["workloads"]  # written again at once
     assert side["cpus"]
+
+
+def test_command_lines_are_shown_only_to_root_and_the_owner(env):
+    """A command line can carry a password: another member of the socket group
+    sees the workload and its CPUs, not what it runs."""
+    machine, state_dir, root = env
+    service, _ = start(machine, state_dir, root)
+    secret = ["db", "--password=hunter2"]
+    service.admit(AdmitRequest(name="theirs", cpus=1, command=secret), ME)
+    other = 1001
+    for view in (service.status(other)["workloads"], service.list_workloads(other)):
+        (w,) = view
+        assert w["name"] == "theirs" and w["cpus"] and w["command"] is None
+    assert service.list_workloads(ME.uid)[0]["command"] == secret
+    assert service.status(0)["workloads"][0]["command"] == secret
+    assert service.list_workloads()[0]["command"] == secret  # the agent's own views (metrics)
