@@ -73,6 +73,8 @@ class Workload(_Value, frozen=True):
     shared: bool = False  # runs on the shared pool (or the pod's shared part)
     pod: str | None = None
     pid: int | None = None  # the process that asked (numa-run, which then execs)
+    # "<boot id>:<start time>" of that process, so a recycled PID is never taken for it.
+    pid_identity: str | None = None
     created_unix: float = 0.0
     command: tuple[str, ...] = ()
     cpunodebind: tuple[int, ...] = ()  # shared workloads restricted to these nodes' CPUs
@@ -80,7 +82,7 @@ class Workload(_Value, frozen=True):
     lost: tuple[str, ...] = ()  # resources taken away by hotplug ("cpu 5", "pci 0000:3b:00.0")
 
     def to_json(self) -> dict[str, Any]:
-        return _to_json(self)
+        return _without_unknown_identity(_to_json(self))
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> "Workload":
@@ -185,7 +187,9 @@ class AgentState(_Value, frozen=True, dict=True):  # dict=True: room for the cac
 
     # ---- serialization -------------------------------------------------------
     def to_json(self) -> dict[str, Any]:
-        return {"schema": STATE_SCHEMA, **_to_json(self)}
+        out = _to_json(self)
+        out["workloads"] = [_without_unknown_identity(w) for w in out.get("workloads", [])]
+        return {"schema": STATE_SCHEMA, **out}
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> "AgentState":
@@ -213,6 +217,13 @@ def _dec_hook(typ: type, value: Any) -> Any:
         except CpuSetParseError as exc:
             raise ValueError(str(exc)) from None
     raise NotImplementedError(f"cannot decode {typ.__name__} from {type(value).__name__}")
+
+
+def _without_unknown_identity(workload: dict[str, Any]) -> dict[str, Any]:
+    """pid_identity is written only when known, so older checkpoints read back unchanged."""
+    if workload.get("pid_identity") is None:
+        workload.pop("pid_identity", None)
+    return workload
 
 
 def _to_json(value: _Value) -> dict[str, Any]:
