@@ -326,8 +326,7 @@ def _book(machine: Machine, state: AgentState, res: Resources, req: Request,
                                  NumaMask(req.cpunodebind) if req.cpunodebind else affinity,
                                  machine.cpu_options)
         except CpuAllocationError as exc:
-            code = "smt_alignment_error" if "SMTAlignment" in type(exc).__name__ else "insufficient_cpus"
-            raise Refusal(code, str(exc), explanation) from None
+            raise Refusal(exc.reason, str(exc), explanation) from None
     if cpus and not (shared_pool(machine, state) - cpus):
         raise Refusal("shared_pool_empty",
                       f"giving CPUs {cpus.format()} away would leave the shared pool empty; "
@@ -339,7 +338,7 @@ def _book(machine: Machine, state: AgentState, res: Resources, req: Request,
         try:
             memory_alloc = allocate_memory(machine.memory, usage, mem_request, mem_affinity)
         except MemoryAllocationError as exc:
-            raise Refusal("insufficient_memory", str(exc), explanation) from None
+            raise Refusal(exc.reason, str(exc), explanation) from None
 
     devices: list[tuple[str, str]] = []
     for resource, count in sorted(res.devices.items()):
@@ -348,7 +347,7 @@ def _book(machine: Machine, state: AgentState, res: Resources, req: Request,
         try:
             addrs = allocate_devices(machine.devices, in_use, resource, count, affinity, machine.distances)
         except DeviceAllocationError as exc:
-            raise Refusal("insufficient_devices", str(exc), explanation) from None
+            raise Refusal(exc.reason, str(exc), explanation) from None
         devices.extend((resource, a) for a in addrs)
 
     if memory_alloc is not None:

@@ -22,18 +22,14 @@ from __future__ import annotations
 
 import math
 from itertools import combinations
-from typing import TYPE_CHECKING, Sequence
+from typing import Sequence
 
+from numa_agent.admission.cpu_options import CpuManagerOptions
 from numa_agent.admission.cpu_topology import CpuTopology
+from numa_agent.admission.errors import CpuAllocationError
 from numa_agent.core.cpuset import CpuSet
 
-if TYPE_CHECKING:  # options are read by attribute only; no import cycle at run time
-    from numa_agent.admission.cpu_manager import CpuManagerOptions
-
-
-class CpuAllocationError(Exception):
-    """The request cannot be met from the CPUs offered."""
-
+__all__ = ["CpuAllocationError", "MAX_COMBINATIONS", "take_by_topology", "take_by_topology_distributed"]
 
 # n-choose-k NUMA combinations examined per size before the distributed
 # search settles for the single most promising combination. The kubelet caps
@@ -226,7 +222,7 @@ def take_by_topology(
     topo: CpuTopology,
     available: CpuSet,
     count: int,
-    options: "CpuManagerOptions | None" = None,
+    options: CpuManagerOptions | None = None,
 ) -> CpuSet:
     """The packed best fit. Reads `options.distribute_cpus_across_cores`
     (spread threads over cores) and `options.prefer_align_cpus_by_uncorecache`."""
@@ -307,7 +303,7 @@ def take_by_topology_distributed(
     available: CpuSet,
     count: int,
     cpu_group_size: int = 1,
-    options: "CpuManagerOptions | None" = None,
+    options: CpuManagerOptions | None = None,
 ) -> CpuSet:
     """Spread `count` CPUs evenly over NUMA nodes in groups of
     `cpu_group_size`; falls back to the packed algorithm when the count is not

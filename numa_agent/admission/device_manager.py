@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Mapping
 
+from numa_agent.admission.errors import DeviceAllocationError
 from numa_agent.core.hints import HintSet, NumaMask
 from numa_agent.core.names import RESOURCE_RULE, is_resource_name
 from numa_agent.core.topology import UNKNOWN_NODE, PciDevice, Topology
@@ -32,10 +33,6 @@ Distances = Callable[[int, int], int] | Mapping[int, Mapping[int, int]]
 
 class DeviceConfigError(ValueError):
     """The device resources configuration is invalid for this machine."""
-
-
-class DeviceAllocationError(Exception):
-    """A device request cannot be satisfied."""
 
 
 def _hex(value: str) -> str:

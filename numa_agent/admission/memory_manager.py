@@ -30,6 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping
 
+from numa_agent.admission.errors import MemoryAllocationError
 from numa_agent.core.hints import HintSet, NumaMask
 from numa_agent.core.topology import Topology
 
@@ -39,10 +40,6 @@ _HUGEPAGES_PREFIX = "hugepages-"
 
 class MemoryConfigError(ValueError):
     """The memory configuration (reserved amounts) does not fit the machine."""
-
-
-class MemoryAllocationError(Exception):
-    """A memory request cannot be satisfied, or allocations are inconsistent."""
 
 
 def hugepages_resource(size_kb: int) -> str:
