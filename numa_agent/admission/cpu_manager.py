@@ -76,26 +76,23 @@ def cpu_hints(
         available, reusable = already_allocated, EMPTY
 
     pool = (available | reusable).bits
-    # Per-node counts keyed by the node's single-bit mask: fits() walks only
-    # the set bits of the mask it is asked about.
+    # fits() walks only the nodes of the mask it is asked about.
     counts: dict[int, int] = {}
     reusable_nodes = 0
     for node, cpus in topo.numa_cpus.items():
-        counts[1 << node] = (cpus.bits & pool).bit_count()
+        counts[node] = (cpus.bits & pool).bit_count()
         if cpus.bits & reusable.bits:
             reusable_nodes |= 1 << node
 
     def fits(mask: NumaMask) -> bool:
         bits = mask.bits
-        if reusable_nodes & ~bits:
+        if not NumaMask.is_subset_bits(reusable_nodes, bits):
             return False
         total = 0
-        while bits:
-            low = bits & -bits
-            total += counts.get(low, 0)
+        for node in NumaMask.nodes_of(bits):
+            total += counts.get(node, 0)
             if total >= request:
                 return True
-            bits ^= low
         return False
 
     nodes = topo.numa_mask
@@ -114,19 +111,13 @@ def _socket_aligned(topo: CpuTopology, min_size: int):
     if nodes_per_socket == 0:
         return None
     min_sockets = -(-min_size // nodes_per_socket)
-    socket_bits: dict[int, int] = {}
-    for node, sockets in topo.sockets_of_numa.items():
-        bits = 0
-        for s in sockets:
-            bits |= 1 << s
-        socket_bits[1 << node] = bits
+    # Socket ids are small ints too: a socket set is kept as a bitmask.
+    socket_bits = {node: NumaMask.bits_of(sockets) for node, sockets in topo.sockets_of_numa.items()}
 
     def aligned(mask: NumaMask) -> bool:
-        bits, sockets = mask.bits, 0
-        while bits:
-            low = bits & -bits
-            sockets |= socket_bits.get(low, 0)
-            bits ^= low
+        sockets = 0
+        for node in mask.nodes():
+            sockets |= socket_bits.get(node, 0)
         return sockets.bit_count() == min_sockets
 
     return aligned

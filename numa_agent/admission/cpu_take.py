@@ -67,6 +67,10 @@ class _Accumulator:
     def free_in(self, bits: int) -> int:
         return (self.free & bits).bit_count()
 
+    def free_of_numa(self, numa: int) -> CpuSet:
+        """The free CPUs of one NUMA node."""
+        return CpuSet.from_bits(self.free & self._numa[numa])
+
     # ---- orderings ----------------------------------------------------------
     def _fullest_first(self, ids: Sequence[int], groups: dict[int, int]) -> list[int]:
         free = self.free
@@ -322,7 +326,7 @@ def take_by_topology_distributed(
         raise _not_enough(count, available)
 
     numas = acc.sorted_numas()
-    free_of = {n: acc.free_in(acc._numa[n]) for n in numas}
+    free_of = {n: len(acc.free_of_numa(n)) for n in numas}
 
     # Bounds on how many nodes the request can span.
     total_groups = (len(topo.all_cpus) - 1) // cpu_group_size + 1
@@ -373,14 +377,14 @@ def take_by_topology_distributed(
 
         share = (count // len(best_combo) // cpu_group_size) * cpu_group_size
         for n in best_combo:
-            acc.take(_take_packed(topo, CpuSet.from_bits(acc.free & acc._numa[n]), share, spread, False).bits)
+            acc.take(_take_packed(topo, acc.free_of_numa(n), share, spread, False).bits)
         remainder = count - share * len(best_combo)
         while remainder > 0:
             progressed = False
             for n in best_remainder:
                 if remainder == 0:
                     break
-                node_free = CpuSet.from_bits(acc.free & acc._numa[n])
+                node_free = acc.free_of_numa(n)
                 if len(node_free) < cpu_group_size:
                     continue
                 acc.take(_take_packed(topo, node_free, cpu_group_size, spread, False).bits)

@@ -28,6 +28,7 @@ Everything here is pure and iterates sorted tuples only.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Iterable, Mapping
 
 from numa_agent.admission.errors import MemoryAllocationError
@@ -49,16 +50,6 @@ def hugepages_resource(size_kb: int) -> str:
 
 def _fmt_mask(bits: int) -> str:
     return "{" + NumaMask.from_bits(bits).format() + "}"
-
-
-def _bits_of(nodes: NumaMask | Iterable[int]) -> int:
-    if isinstance(nodes, NumaMask):
-        return nodes.bits
-    return NumaMask(nodes).bits
-
-
-def _ids_of(bits: int) -> tuple[int, ...]:
-    return NumaMask.from_bits(bits).nodes()
 
 
 # ---------------------------------------------------------------- capacity
@@ -282,6 +273,16 @@ class MemoryUsage:
     def allocated_bytes(self, node: int, resource: str) -> int:
         return self._alloc_index.get((node, resource), 0)
 
+    @property
+    def allocated_index(self) -> Mapping[tuple[int, str], int]:
+        """(node, resource) -> bytes allocated, read-only."""
+        return MappingProxyType(self._alloc_index)
+
+    @property
+    def group_bits(self) -> Mapping[int, int]:
+        """Node -> bitmask of the group that uses it (used nodes only), read-only."""
+        return MappingProxyType(self._group_of)
+
     def group_of(self, node: int) -> NumaMask | None:
         bits = self._group_of.get(node)
         return None if bits is None else NumaMask.from_bits(bits)
@@ -313,7 +314,7 @@ def usage_with(usage: MemoryUsage, allocation: MemoryAllocation) -> MemoryUsage:
                 f"memory group {{{allocation.group.format()}}} overlaps group "
                 f"{{{g.format()}}} in use on NUMA node {n}"
             )
-    allocated = dict(usage._alloc_index)
+    allocated = dict(usage.allocated_index)
     for n, r, b in allocation.amounts:
         allocated[(n, r)] = allocated.get((n, r), 0) + b
     groups = dict((m.bits, c) for m, c in usage.groups)
@@ -334,7 +335,7 @@ def usage_without(usage: MemoryUsage, allocation: MemoryAllocation) -> MemoryUsa
         raise MemoryAllocationError(
             f"cannot release memory on group {{{allocation.group.format()}}}: no allocation uses it"
         )
-    allocated = dict(usage._alloc_index)
+    allocated = dict(usage.allocated_index)
     for n, r, b in allocation.amounts:
         have = allocated.get((n, r), 0)
         if have < b:
@@ -454,12 +455,8 @@ class _Pool:
             return None
 
         def taken_bits(taken: int) -> int:
-            out = 0
-            while taken:
-                low = taken & -taken
-                out |= 1 << self.nodes[low.bit_length() - 1][0]
-                taken ^= low
-            return out
+            # `taken` holds indices into self.nodes, not node ids.
+            return NumaMask.bits_of(self.nodes[i][0] for i in NumaMask.nodes_of(taken))
 
         # Decide nodes from the highest id down, leaving each out whenever the
         # rest can still succeed: that yields the numerically lowest mask.
@@ -544,12 +541,13 @@ class _State:
         self.need = tuple(b for _, b in self.amounts)
         self.universe = universe_bits
         self.mem_bits = capacity.memory_nodes.bits & universe_bits
-        ids = _ids_of(self.mem_bits)
+        ids = NumaMask.nodes_of(self.mem_bits)
         self.free = {n: tuple(free_bytes(capacity, usage, n, r) for r in self.resources) for n in ids}
         self.allocatable = {n: tuple(max(0, capacity.allocatable(n, r)) for r in self.resources)
                             for n in ids}
         self.used_bits = usage.used_nodes.bits & self.mem_bits
-        self.group_of = {n: usage._group_of[n] for n in ids if n in usage._group_of}
+        group_bits = usage.group_bits
+        self.group_of = {n: group_bits[n] for n in ids if n in group_bits}
         self.width = len(self.resources)
 
     def group_ok(self, bits: int) -> bool:
@@ -559,12 +557,11 @@ class _State:
         used = eff & self.used_bits
         if not used:
             return True
-        lowest = (used & -used).bit_length() - 1
-        return self.group_of[lowest] == eff
+        return self.group_of[NumaMask.lowest_node(used)] == eff
 
     def free_covers(self, bits: int) -> bool:
         totals = [0] * self.width
-        for n in _ids_of(bits & self.mem_bits):
+        for n in NumaMask.nodes_of(bits & self.mem_bits):
             for c, v in enumerate(self.free[n]):
                 totals[c] += v
         return all(t >= n for t, n in zip(totals, self.need))
@@ -586,7 +583,7 @@ class _State:
         memoryless = self.universe & ~self.mem_bits
         used = bits & self.used_bits
         if used:
-            group = self.group_of[(used & -used).bit_length() - 1]
+            group = self.group_of[NumaMask.lowest_node(used)]
             return bits & self.mem_bits & ~group == 0 and self.free_covers(group)
         if self.fits(NumaMask.from_bits(bits | memoryless | (self.mem_bits & ~self.used_bits))):
             return True
@@ -612,10 +609,10 @@ class _State:
         # Masks made only of unused memory nodes.
         if req_mem & self.used_bits == 0:
             base = list(self.need)
-            for n in _ids_of(req_mem):
+            for n in NumaMask.nodes_of(req_mem):
                 base = [b - v for b, v in zip(base, self.free[n])]
             unused = self.mem_bits & ~self.used_bits & ~req_mem
-            pool = _Pool(tuple((n, self.free[n]) for n in _ids_of(unused)), self.width)
+            pool = _Pool(tuple((n, self.free[n]) for n in NumaMask.nodes_of(unused)), self.width)
             limit = min((c.bit_count() for c in candidates), default=None)
             for k in range(0, len(pool.nodes) + 1):
                 if limit is not None and k + required_bits.bit_count() > limit:
@@ -636,7 +633,7 @@ class _State:
 
 
 def _universe(nodes: NumaMask | Iterable[int] | None, capacity: MemoryCapacity) -> int:
-    return capacity.memory_nodes.bits if nodes is None else _bits_of(nodes)
+    return capacity.memory_nodes.bits if nodes is None else NumaMask.bits_of(nodes)
 
 
 # ------------------------------------------------------------------ hints
@@ -657,7 +654,7 @@ def memory_hints(
     request. The same masks are offered for every resource, as the kubelet
     does. When no mask could ever hold the request every resource gets
     ``impossible()`` (see ``memory_refusal_reason``)."""
-    state = _State(capacity, usage, request, _bits_of(nodes))
+    state = _State(capacity, usage, request, NumaMask.bits_of(nodes))
     if not state.resources:
         return {}
     min_size = state.min_size()
@@ -760,7 +757,7 @@ def allocate_memory(
     amounts = []
     for c, (resource, need) in enumerate(zip(state.resources, state.need)):
         remaining = need
-        for n in _ids_of(group):
+        for n in NumaMask.nodes_of(group):
             if not remaining:
                 break
             take = min(remaining, state.free[n][c])
