@@ -448,7 +448,7 @@ class _Pool:
         if k == len(self.nodes):
             # Every node, no search: the fallback that always completes.
             totals = [sum(v[c] for _, v in self.nodes) for c in range(self.width)]
-            if all(t >= n for t, n in zip(totals, need)):
+            if all(t >= n for t, n in zip(totals, need, strict=True)):
                 return NumaMask(n for n, _ in self.nodes).bits
             return None
         if self.budget_exceeded:
@@ -484,7 +484,7 @@ class _Pool:
             size = twins.bit_count() + 1
             if size > r:
                 return None
-            found = search(idx, r - size, tuple(n - size * v for n, v in zip(need, vec)), taken | twins)
+            found = search(idx, r - size, tuple(n - size * v for n, v in zip(need, vec, strict=True)), taken | twins)
             return None if found is None else found | (1 << node)
 
         try:
@@ -501,20 +501,19 @@ class _Pool:
         remaining = list(need)
         left = list(self.nodes)
         bits = 0
+        def share(vec: tuple[int, ...], remaining: list[int]) -> float:
+            return sum(min(v, r) / n for v, r, n in zip(vec, remaining, need, strict=True) if r > 0)
+
         while any(n > 0 for n in remaining):
             if not left:
                 return None
-
-            def share(item):
-                _, vec = item
-                return sum(min(v, r) / n for v, r, n in zip(vec, remaining, need) if r > 0)
-
-            best = max(left, key=lambda item: (share(item), -item[0]))
-            if share(best) == 0:
+            shares = {node: share(vec, remaining) for node, vec in left}
+            best = max(left, key=lambda item: (shares[item[0]], -item[0]))
+            if shares[best[0]] == 0:
                 return None
             left.remove(best)
             bits |= 1 << best[0]
-            remaining = [r - v for r, v in zip(remaining, best[1])]
+            remaining = [r - v for r, v in zip(remaining, best[1], strict=True)]
         return bits
 
     def fewest(self, need: tuple[int, ...]) -> int | None:
@@ -564,7 +563,7 @@ class _State:
         for n in NumaMask.nodes_of(bits & self.mem_bits):
             for c, v in enumerate(self.free[n]):
                 totals[c] += v
-        return all(t >= n for t, n in zip(totals, self.need))
+        return all(t >= n for t, n in zip(totals, self.need, strict=True))
 
     def fits(self, mask: NumaMask) -> bool:
         bits = mask.bits
@@ -610,7 +609,7 @@ class _State:
         if req_mem & self.used_bits == 0:
             base = list(self.need)
             for n in NumaMask.nodes_of(req_mem):
-                base = [b - v for b, v in zip(base, self.free[n])]
+                base = [b - v for b, v in zip(base, self.free[n], strict=True)]
             unused = self.mem_bits & ~self.used_bits & ~req_mem
             pool = _Pool(tuple((n, self.free[n]) for n in NumaMask.nodes_of(unused)), self.width)
             limit = min((c.bit_count() for c in candidates), default=None)
@@ -672,7 +671,7 @@ def _free_table(state: _State, resource: str) -> str:
 
 
 def _refusal(state: _State, required_bits: int = 0) -> str:
-    for resource, need in zip(state.resources, state.need):
+    for resource, need in zip(state.resources, state.need, strict=True):
         c = state.resources.index(resource)
         if sum(v[c] for v in state.allocatable.values()) < need:
             return (f"{resource}: requested {need} bytes, more than the machine can ever hold "
@@ -680,13 +679,13 @@ def _refusal(state: _State, required_bits: int = 0) -> str:
                     + (", ".join(f"{n}={state.allocatable[n][c]}" for n in sorted(state.allocatable))
                        or "no memory nodes")
                     + f"); free per node: {_free_table(state, resource)}")
-    for resource, need in zip(state.resources, state.need):
+    for resource, need in zip(state.resources, state.need, strict=True):
         c = state.resources.index(resource)
         if sum(v[c] for v in state.free.values()) < need:
             return (f"{resource}: requested {need} bytes, free per node: "
                     f"{_free_table(state, resource)}")
     detail = "; ".join(f"{r}: requested {b} bytes, free per node: {_free_table(state, r)}"
-                       for r, b in zip(state.resources, state.need))
+                       for r, b in zip(state.resources, state.need, strict=True))
     groups = sorted(set(state.group_of.values()))
     where = f" containing {_fmt_mask(required_bits)}" if required_bits else ""
     return (f"no NUMA node set{where} can hold the request under the group rule "
@@ -755,7 +754,7 @@ def allocate_memory(
                 )
     group = chosen & state.mem_bits
     amounts = []
-    for c, (resource, need) in enumerate(zip(state.resources, state.need)):
+    for c, (resource, need) in enumerate(zip(state.resources, state.need, strict=True)):
         remaining = need
         for n in NumaMask.nodes_of(group):
             if not remaining:

@@ -385,13 +385,13 @@ def _preferred_phase(finite: list[Finite], gens: list[_Gen], all_bits: int, orde
                      budget: _Budget) -> int | None:
     """The best preferred merged mask, or None when no combination is preferred."""
     nil_ok = [any(raw is None and p for raw, p in hints) for hints in finite]
-    restrictive = [hints for hints, ok in zip(finite, nil_ok) if not ok]
+    restrictive = [hints for hints, ok in zip(finite, nil_ok, strict=True) if not ok]
     pref_sets = [{raw for raw, p in hints if p and raw is not None} for hints in finite]
 
     def everyone_prefers(raw: int) -> bool:
         if not raw & all_bits:
             return False
-        for ok, prefs in zip(nil_ok, pref_sets):
+        for ok, prefs in zip(nil_ok, pref_sets, strict=True):
             if not ok and raw not in prefs:
                 return False
         return all(g.prefers(raw) for g in gens)
@@ -400,7 +400,7 @@ def _preferred_phase(finite: list[Finite], gens: list[_Gen], all_bits: int, orde
         candidates = {all_bits} | {raw & all_bits for prefs in pref_sets for raw in prefs if raw & all_bits}
         return min(candidates, key=order.key)
     if restrictive:
-        smallest = min((s for s, ok in zip(pref_sets, nil_ok) if not ok), key=len)
+        smallest = min((s for s, ok in zip(pref_sets, nil_ok, strict=True) if not ok), key=len)
         hits = [raw & all_bits for raw in smallest if everyone_prefers(raw)]
         return min(hits, key=order.key) if hits else None
 
@@ -756,6 +756,51 @@ def _reference_better(current: TopologyHint | None, candidate: TopologyHint, bes
     return fitter()
 
 
+def _reference_best_count(lists: Sequence[Sequence[TopologyHint]]) -> int:
+    """The widest of the lists' narrowest masks."""
+    best_count = 0
+    for hints in lists:
+        masks = [h.mask for h in hints if h.mask is not None]
+        if masks:
+            best_count = max(best_count, min(masks, key=NumaMask.sort_key).count())
+    return best_count
+
+
+def _reference_pick(closest: bool, distances: Mapping[int, Mapping[int, int]] | None,
+                    ) -> Callable[[NumaMask, NumaMask], NumaMask]:
+    """The kubelet's choice between two masks (narrower, or closer with
+    prefer-closest-numa-nodes among equally wide ones)."""
+
+    def average(mask: NumaMask) -> float:
+        nodes = mask.nodes()
+        return sum(distances[a][b] for a in nodes for b in nodes) / (len(nodes) ** 2)
+
+    def pick(a: NumaMask, b: NumaMask) -> NumaMask:
+        if closest and a.count() == b.count():
+            da, db = average(a), average(b)
+            if da != db:
+                return a if da < db else b
+            return a if a.bits < b.bits else b
+        return a if a.is_narrower_than(b) else b
+
+    return pick
+
+
+def _reference_combine(combo: Sequence[TopologyHint], all_mask: NumaMask) -> TopologyHint:
+    """One combination merged: the masks' intersection, preferred iff every
+    hint is and every non-nil mask is the same."""
+    mask, preferred, first = all_mask, True, None
+    for hint in combo:
+        if hint.mask is not None:
+            mask = mask & hint.mask
+            first = hint.mask if first is None else first
+            if hint.mask != first:
+                preferred = False
+        if not hint.preferred:
+            preferred = False
+    return TopologyHint(mask, preferred)
+
+
 def reference_merge(providers: Sequence[ProviderInput], numa_nodes: Sequence[int], policy: str,
                     options: TopologyManagerOptions | None = None,
                     distances: Mapping[int, Mapping[int, int]] | None = None) -> TopologyHint:
@@ -770,38 +815,11 @@ def reference_merge(providers: Sequence[ProviderInput], numa_nodes: Sequence[int
     if policy == "single-numa-node":
         lists = [[h for h in hints if h.preferred and (h.mask is None or h.mask.count() == 1)]
                  for hints in lists]
-    best_count = 0
-    for hints in lists:
-        masks = [h.mask for h in hints if h.mask is not None]
-        if masks:
-            best_count = max(best_count, min(masks, key=NumaMask.sort_key).count())
-
-    closest = options.prefer_closest_numa_nodes and policy != "single-numa-node"
-
-    def average(mask: NumaMask) -> float:
-        nodes = mask.nodes()
-        return sum(distances[a][b] for a in nodes for b in nodes) / (len(nodes) ** 2)
-
-    def pick(a: NumaMask, b: NumaMask) -> NumaMask:
-        if closest and a.count() == b.count():
-            da, db = average(a), average(b)
-            if da != db:
-                return a if da < db else b
-            return a if a.bits < b.bits else b
-        return a if a.is_narrower_than(b) else b
-
+    best_count = _reference_best_count(lists)
+    pick = _reference_pick(options.prefer_closest_numa_nodes and policy != "single-numa-node", distances)
     best = None
     for combo in product(*lists):
-        mask, preferred, first = all_mask, True, None
-        for hint in combo:
-            if hint.mask is not None:
-                mask = mask & hint.mask
-                first = hint.mask if first is None else first
-                if hint.mask != first:
-                    preferred = False
-            if not hint.preferred:
-                preferred = False
-        best = _reference_better(best, TopologyHint(mask, preferred), best_count, pick)
+        best = _reference_better(best, _reference_combine(combo, all_mask), best_count, pick)
     if best is None:
         best = TopologyHint(all_mask, False)
     if policy == "single-numa-node" and best.mask == all_mask:
