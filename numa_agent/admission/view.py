@@ -8,8 +8,7 @@ from; every derived value is computed once, on first use.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cached_property
-from typing import Any
+from typing import Any, Callable, Generic, TypeVar
 
 from numa_agent.admission.machine import Machine
 from numa_agent.admission.memory_manager import MemoryAllocation, MemoryUsage, free_bytes, usage_from
@@ -66,6 +65,29 @@ def _as_memory_allocation(b: Booking) -> MemoryAllocation:
                             tuple((n, r, v) for n, per in b.memory.items() for r, v in per.items()))
 
 
+T = TypeVar("T")
+
+
+class _once(Generic[T]):
+    """A value computed on first read and kept in the instance (like
+    functools.cached_property, without its lock: one view serves one
+    admission, in one thread)."""
+
+    def __init__(self, compute: Callable[[Any], T]) -> None:
+        self.compute = compute
+        self.name = compute.__name__
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, view: Any, owner: type | None = None) -> T:
+        if view is None:
+            return self  # type: ignore[return-value]
+        value = self.compute(view)
+        view.__dict__[self.name] = value  # later reads find it before this descriptor
+        return value
+
+
 @dataclass(frozen=True)
 class AdmissionView:
     """The machine and state one admission reads. ``pod`` set: the request is
@@ -75,31 +97,31 @@ class AdmissionView:
     state: AgentState
     pod: Pod | None = None
 
-    @cached_property
+    @_once
     def allocatable_cpus(self) -> CpuSet:
         return allocatable_cpus(self.machine, self.state)
 
-    @cached_property
+    @_once
     def shared_pool(self) -> CpuSet:
         return shared_pool(self.machine, self.state)
 
-    @cached_property
+    @_once
     def memory_usage(self) -> MemoryUsage:
         return memory_usage(self.state)
 
-    @cached_property
+    @_once
     def devices_in_use(self) -> dict[str, frozenset[str]]:
         return self.state.devices_in_use()
 
-    @cached_property
+    @_once
     def pod_members(self) -> tuple[Workload, ...]:
         return () if self.pod is None else tuple(self.state.members_of(self.pod.name))
 
-    @cached_property
+    @_once
     def pod_shared_cpus(self) -> CpuSet:
         return CpuSet() if self.pod is None else pod_shared_cpus(self.state, self.pod)
 
-    @cached_property
+    @_once
     def free(self) -> dict[str, dict[str, Any]]:
         """Per node: CPUs that can still become exclusive, free regular memory."""
         machine, usage = self.machine, self.memory_usage
