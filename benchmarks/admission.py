@@ -21,25 +21,22 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+from benchmarks.stats import fmt, percentile, table
 from numa_agent.admission.admit import (
     Refusal,
     Request,
     Resources,
-    allocatable_cpus,
     decide,
-    memory_usage,
     release,
 )
-from numa_agent.admission.cpu_manager import cpu_hints
-from numa_agent.admission.device_manager import device_hints
 from numa_agent.admission.machine import Machine, PolicyConfig, build_machine
-from numa_agent.admission.memory_manager import MemoryRequest, memory_hints
+from numa_agent.admission.registry import PROVIDERS as REGISTERED
 from numa_agent.admission.topology_manager import decide as merge_decide
 from numa_agent.admission.topology_manager import reference_merge
+from numa_agent.admission.view import AdmissionView
 from numa_agent.core.hints import HintSet, NumaMask, TopologyHint
 from numa_agent.core.synthetic import make_topology
 from numa_agent.state.model import AgentState
-from benchmarks.stats import fmt, percentile, table
 
 DEFAULT_SIZES = (2, 8, 16, 32, 64)
 POLICIES = ("best-effort", "single-numa-node")
@@ -126,24 +123,11 @@ def request_sequence(count: int, seed: int) -> list[Resources]:
 
 
 def provider_hints(machine: Machine, state: AgentState, res: Resources) -> list[dict[str, HintSet]]:
-    """The providers admit.py asks for a plain (unpinned) request, same order."""
-    providers: list[dict[str, HintSet]] = []
-    if res.cpus > 0 and machine.policy.cpu_policy == "static":
-        providers.append({"cpu": cpu_hints(machine.cpu_topology, allocatable_cpus(machine, state),
-                                           res.cpus, machine.cpu_options)})
-    if machine.policy.memory_policy == "static" and (res.memory_bytes or any(res.hugepages.values())):
-        providers.append(memory_hints(machine.memory, memory_usage(state),
-                                      MemoryRequest(memory_bytes=res.memory_bytes,
-                                                    hugepages=dict(res.hugepages)),
-                                      machine.node_ids))
-    devices = {}
-    in_use = state.devices_in_use()
-    for resource, count in sorted(res.devices.items()):
-        if count > 0:
-            devices[resource] = device_hints(machine.devices, in_use, resource, count, machine.node_ids)
-    if devices:
-        providers.append(devices)
-    return providers
+    """The hints admit.py merges for a plain (unpinned) request: the
+    registered providers', same order."""
+    request = Request(name="bench", owner_uid=0, resources=res)
+    view = AdmissionView(machine, state)
+    return [dict(hints) for provider in REGISTERED if (hints := provider.hints(request, view)) is not None]
 
 
 @dataclass(frozen=True)

@@ -1,43 +1,50 @@
 """Admission: request + machine + state -> decision. Pure.
 
-The CPU, memory and device managers each offer topology hints for their part
-of the request; the topology manager merges them under the policy and
-admits or refuses; the managers then allocate inside the merged NUMA
-affinity. The result is a new AgentState and an explanation that says why,
-for admissions and refusals alike.
+One path for every request: the registered providers (``registry.PROVIDERS``:
+CPU, memory, devices) each offer topology hints for their part of the
+request; the topology manager merges them under the policy and admits or
+refuses; every provider then allocates its part inside the merged NUMA
+affinity, and the parts combine into one Booking. The result is a new
+AgentState and an explanation that says why, for admissions and refusals
+alike.
 
 Pods: the first member carries the pod's budget, which is admitted as one
 request (pod scope). Members then take exclusive CPUs from the budget or
-share what the exclusive members leave, on the pod's NUMA node(s).
+share what the exclusive members leave, on the pod's NUMA node(s): the same
+providers allocate, from the pod's budget instead of the machine (no merge:
+the budget was merged once).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Mapping
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
 
-from numa_agent.admission.cpu_manager import CpuAllocationError, allocate_cpus, cpu_hints
-from numa_agent.admission.device_manager import (
-    DeviceAllocationError,
-    allocate_devices,
-    device_hints,
-    device_refusal_reason,
-)
+from numa_agent.admission.errors import AllocationError
 from numa_agent.admission.machine import Machine
-from numa_agent.admission.memory_manager import (
-    MemoryAllocation,
-    MemoryAllocationError,
-    MemoryRequest,
-    allocate_memory,
-    free_bytes,
-    memory_hints,
-    usage_from,
-)
+from numa_agent.admission.provider import Allocation, HintProvider
+from numa_agent.admission.registry import PROVIDERS
+from numa_agent.admission.request import Request, Resources
+from numa_agent.admission.topology_manager import MergeResult
 from numa_agent.admission.topology_manager import decide as merge_decide
+from numa_agent.admission.view import (
+    AdmissionView,
+    allocatable_cpus,
+    effective_cpus,
+    memory_usage,
+    pod_shared_cpus,
+    shared_pool,
+)
 from numa_agent.core.cpuset import CpuSet
-from numa_agent.core.hints import NumaMask
+from numa_agent.core.hints import HintSet, NumaMask
 from numa_agent.core.policy import POLICY_NAMES, TopologyPolicy
 from numa_agent.state.model import AgentState, Booking, Pod, Workload, replace
+
+__all__ = [
+    "Decision", "InvalidRequest", "PROVIDERS", "Refusal", "Request", "Resources",
+    "alignment", "allocatable_cpus", "decide", "effective_cpus", "memory_usage",
+    "pod_shared_cpus", "release", "shared_pool",
+]
 
 
 class Refusal(Exception):
@@ -57,56 +64,6 @@ class InvalidRequest(ValueError):
 
 
 @dataclass(frozen=True)
-class Resources:
-    """What one request asks for."""
-
-    cpus: int = 0
-    memory_bytes: int = 0
-    hugepages: Mapping[int, int] = field(default_factory=dict)  # size kB -> count
-    devices: Mapping[str, int] = field(default_factory=dict)
-
-    def is_empty(self) -> bool:
-        return not (self.cpus or self.memory_bytes or any(self.hugepages.values())
-                    or any(self.devices.values()))
-
-    def to_json(self) -> dict[str, Any]:
-        return {"cpus": self.cpus, "memory_bytes": self.memory_bytes,
-                "hugepages": {str(k): v for k, v in sorted(self.hugepages.items())},
-                "devices": dict(sorted(self.devices.items()))}
-
-
-@dataclass(frozen=True)
-class Request:
-    name: str
-    owner_uid: int
-    resources: Resources = Resources()
-    shared: bool = False
-    pid: int | None = None
-    policy: str | None = None  # overrides the configured topology policy
-    physcpubind: CpuSet | None = None
-    cpunodebind: tuple[int, ...] | None = None
-    membind: tuple[int, ...] | None = None
-    pod: str | None = None
-    pod_budget: Resources | None = None
-    command: tuple[str, ...] = ()
-    created_unix: float = 0.0
-
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {**self.resources.to_json(), "shared": self.shared}
-        if self.policy:
-            out["policy"] = self.policy
-        if self.physcpubind is not None:
-            out["physcpubind"] = self.physcpubind.format()
-        if self.cpunodebind is not None:
-            out["cpunodebind"] = list(self.cpunodebind)
-        if self.membind is not None:
-            out["membind"] = list(self.membind)
-        if self.pod_budget is not None:
-            out["pod_budget"] = self.pod_budget.to_json()
-        return out
-
-
-@dataclass(frozen=True)
 class Decision:
     state: AgentState
     workload: Workload
@@ -115,76 +72,21 @@ class Decision:
 
 
 # ---------------------------------------------------------------------------
-# derived views of (machine, state)
-
-
-def shared_pool(machine: Machine, state: AgentState) -> CpuSet:
-    """CPUs for everything without exclusive CPUs: usable minus every exclusive
-    booking (and minus the reserved CPUs under strict-cpu-reservation)."""
-    pool = machine.usable_cpus - state.exclusive_cpus()
-    if machine.cpu_options.strict_cpu_reservation:
-        pool = pool - machine.reserved_cpus
-    return pool
-
-
-def allocatable_cpus(machine: Machine, state: AgentState) -> CpuSet:
-    """CPUs that can still become exclusive."""
-    return machine.usable_cpus - machine.reserved_cpus - state.exclusive_cpus()
-
-
-def pod_shared_cpus(state: AgentState, pod: Pod) -> CpuSet:
-    """The part of a pod's CPUs that its non-exclusive members share."""
-    bits = 0
-    for m in state.members_of(pod.name):
-        bits |= m.booking.cpus.bits
-    return pod.booking.cpus - CpuSet.from_bits(bits)
-
-
-def effective_cpus(machine: Machine, state: AgentState, w: Workload) -> CpuSet:
-    """The cpuset a workload runs on right now."""
-    if not w.shared:
-        return w.booking.cpus
-    if w.pod is not None:
-        pod = state.pod(w.pod)
-        return pod_shared_cpus(state, pod) if pod else CpuSet()
-    pool = shared_pool(machine, state)
-    if w.cpunodebind:
-        pool = pool & machine.cpus_of_nodes(w.cpunodebind)
-    return pool
-
-
-def memory_usage(state: AgentState):
-    memo = state.memo
-    if "memory_usage" not in memo:
-        memo["memory_usage"] = usage_from(_as_memory_allocation(b)
-                                          for b in state.top_level_bookings() if b.memory)
-    return memo["memory_usage"]
-
-
-def _as_memory_allocation(b: Booking) -> MemoryAllocation:
-    return MemoryAllocation(NumaMask(b.memory_group or b.memory.keys()),
-                            tuple((n, r, v) for n, per in b.memory.items() for r, v in per.items()))
-
-
-def _memory_by_node(alloc: MemoryAllocation) -> dict[int, dict[str, int]]:
-    out: dict[int, dict[str, int]] = {}
-    for n, r, v in alloc.amounts:
-        out.setdefault(n, {})[r] = v
-    return out
-
-
-# ---------------------------------------------------------------------------
 # admission
 
+Providers = Sequence[HintProvider]
 
-def decide(machine: Machine, state: AgentState, req: Request) -> Decision:
-    """Admit `req` or raise Refusal / InvalidRequest. Never mutates anything."""
+
+def decide(machine: Machine, state: AgentState, req: Request,
+           providers: Providers = PROVIDERS) -> Decision:
+    """Admit `req` or raise Refusal / InvalidRequest. Never mutates anything.
+    `providers` defaults to the registered ones."""
     _check_request(machine, req)
     if state.workload(req.name) is not None:
         raise InvalidRequest(f"a workload named {req.name!r} already exists")
     if req.pod is not None:
-        return _decide_pod_member(machine, state, req)
-    booking, explanation = _book(machine, state, req.resources, req, policy_name=_policy(machine, req))
+        return _decide_pod_member(machine, state, req, providers)
+    booking, explanation = _book(AdmissionView(machine, state), req, _policy(machine, req), providers)
     w = _workload(req, booking)
     return Decision(state=state.with_workload(w), workload=w, pod_created=None,
                     explanation=explanation)
@@ -221,24 +123,40 @@ def _check_request(machine: Machine, req: Request) -> None:
         raise InvalidRequest("--shared and --cpus exclude each other: shared workloads get no exclusive CPUs")
     if req.shared and req.physcpubind is not None:
         raise InvalidRequest("--shared and --physcpubind exclude each other")
-    for key, nodes in (("cpunodebind", req.cpunodebind), ("membind", req.membind)):
-        if nodes is not None:
-            if not nodes:
-                raise InvalidRequest(f"{key}: empty node list")
-            unknown = sorted(set(nodes) - set(machine.node_ids))
-            if unknown:
-                raise InvalidRequest(f"{key}: NUMA node(s) {','.join(map(str, unknown))} do not exist "
-                                     f"or are not usable (usable: {','.join(map(str, machine.node_ids))})")
+    _check_node_lists(machine, req)
     if req.physcpubind is not None:
-        if not req.physcpubind:
-            raise InvalidRequest("physcpubind: empty CPU list")
-        outside = req.physcpubind - machine.usable_cpus
-        if outside:
-            raise InvalidRequest(f"physcpubind: CPUs {outside.format()} are not usable on this machine "
-                                 f"(usable: {machine.usable_cpus.format()})")
-        if r.cpus and r.cpus != len(req.physcpubind):
-            raise InvalidRequest(f"--cpus {r.cpus} disagrees with --physcpubind "
-                                 f"{req.physcpubind.format()} ({len(req.physcpubind)} CPUs)")
+        _check_physcpubind(machine, req.physcpubind, r.cpus)
+    _check_resource_names(machine, r)
+    policy = _policy(machine, req)
+    if policy not in POLICY_NAMES:
+        raise InvalidRequest(f"unknown topology policy {policy!r}")
+
+
+def _check_node_lists(machine: Machine, req: Request) -> None:
+    for key, nodes in (("cpunodebind", req.cpunodebind), ("membind", req.membind)):
+        if nodes is None:
+            continue
+        if not nodes:
+            raise InvalidRequest(f"{key}: empty node list")
+        unknown = sorted(set(nodes) - set(machine.node_ids))
+        if unknown:
+            raise InvalidRequest(f"{key}: NUMA node(s) {','.join(map(str, unknown))} do not exist "
+                                 f"or are not usable (usable: {','.join(map(str, machine.node_ids))})")
+
+
+def _check_physcpubind(machine: Machine, physcpubind: CpuSet, cpus: int) -> None:
+    if not physcpubind:
+        raise InvalidRequest("physcpubind: empty CPU list")
+    outside = physcpubind - machine.usable_cpus
+    if outside:
+        raise InvalidRequest(f"physcpubind: CPUs {outside.format()} are not usable on this machine "
+                             f"(usable: {machine.usable_cpus.format()})")
+    if cpus and cpus != len(physcpubind):
+        raise InvalidRequest(f"--cpus {cpus} disagrees with --physcpubind "
+                             f"{physcpubind.format()} ({len(physcpubind)} CPUs)")
+
+
+def _check_resource_names(machine: Machine, r: Resources) -> None:
     for resource in r.devices:
         if not machine.devices.has(resource):
             known = ", ".join(machine.devices.names) or "none configured"
@@ -246,9 +164,6 @@ def _check_request(machine: Machine, req: Request) -> None:
     for size_kb in r.hugepages:
         if not any(machine.topology.node(n).hugepage(size_kb) for n in machine.node_ids):
             raise InvalidRequest(f"hugepages of {size_kb}kB do not exist on this machine")
-    policy = _policy(machine, req)
-    if policy not in POLICY_NAMES:
-        raise InvalidRequest(f"unknown topology policy {policy!r}")
 
 
 def _workload(req: Request, booking: Booking, shared: bool | None = None) -> Workload:
@@ -260,120 +175,92 @@ def _workload(req: Request, booking: Booking, shared: bool | None = None) -> Wor
         cpunodebind=tuple(req.cpunodebind or ()), request=req.to_json())
 
 
-def _book(machine: Machine, state: AgentState, res: Resources, req: Request,
-          policy_name: str) -> tuple[Booking, dict[str, Any]]:
-    """Book `res` against the machine (a workload outside pods, or a pod budget)."""
-    available = allocatable_cpus(machine, state)
-    if req.cpunodebind is not None:
-        available = available & machine.cpus_of_nodes(req.cpunodebind)
-    free_view = _free_view(machine, state)
+def _book(view: AdmissionView, req: Request, policy_name: str,
+          providers: Providers) -> tuple[Booking, dict[str, Any]]:
+    """Book `req.resources` against the machine (a workload outside pods, or
+    a pod budget): hints from every provider, the merge, then every
+    provider's allocation inside the merged affinity."""
+    machine = view.machine
     explanation: dict[str, Any] = {"policy": policy_name, "scope": machine.policy.topology_scope,
                                    "providers": [], "merged": None, "admit": True,
-                                   "free": free_view}
+                                   "free": view.free}
+    affinity = _merge(view, req, policy_name, providers, explanation)
+    booking = _allocate(view, req, affinity, providers, explanation)
+    explanation["alignment"] = alignment(machine, booking)
+    return booking, explanation
 
-    mem_request = MemoryRequest(memory_bytes=res.memory_bytes, hugepages=dict(res.hugepages))
-    usage = memory_usage(state)
-    in_use = state.devices_in_use()
-    static_memory = machine.policy.memory_policy == "static"
 
-    # --- hints from every provider that has a say --------------------------
-    providers: list[tuple[str, Mapping[str, Any]]] = []
-    cpu_pinned = req.physcpubind is not None or req.cpunodebind is not None
-    want_exclusive = res.cpus > 0 and machine.policy.cpu_policy == "static"
-    if want_exclusive and not cpu_pinned:
-        providers.append(("cpu", {"cpu": cpu_hints(machine.cpu_topology, available, res.cpus,
-                                                   machine.cpu_options)}))
-    wants_memory = static_memory and (res.memory_bytes > 0 or any(res.hugepages.values()))
-    if wants_memory and req.membind is None:
-        providers.append(("memory", memory_hints(machine.memory, usage, mem_request, machine.node_ids)))
-    device_sets = {}
-    for resource, count in sorted(res.devices.items()):
-        if count > 0:
-            device_sets[resource] = device_hints(machine.devices, in_use, resource, count, machine.node_ids)
-    if device_sets:
-        providers.append(("devices", device_sets))
-
-    result = merge_decide([p for _, p in providers], machine.node_ids, policy_name,
+def _merge(view: AdmissionView, req: Request, policy_name: str, providers: Providers,
+           explanation: dict[str, Any]) -> NumaMask | None:
+    """The merged NUMA affinity (None: no restriction), or a topology refusal."""
+    machine = view.machine
+    asked: list[tuple[str, Mapping[str, HintSet]]] = []
+    for provider in providers:
+        hints = provider.hints(req, view)
+        if hints is not None:
+            asked.append((provider.name, hints))
+    result = merge_decide([hints for _, hints in asked], machine.node_ids, policy_name,
                           machine.tm_options, machine.distances)
-    explanation["providers"] = _provider_summaries(providers, result)
+    explanation["providers"] = _provider_summaries(asked, result)
     merged = result.merged
     explanation["merged"] = merged.to_json()
     explanation["admit"] = result.admit
     if not result.admit:
-        reason = _topology_reason(machine, state, res, policy_name, merged, free_view)
+        reason = _topology_reason(view, req, providers, policy_name, result)
         explanation["reason"] = reason
         raise Refusal("topology_affinity_error", reason, explanation)
-    affinity = merged.mask if merged.mask is not None and merged.mask.count() < len(machine.node_ids) else None
-    if policy_name == "none":
-        affinity = None
+    if policy_name == "none" or merged.mask is None or merged.mask.count() >= len(machine.node_ids):
+        return None
+    return merged.mask
 
-    # --- allocation inside the merged affinity -----------------------------
-    cpus = CpuSet()
-    if req.physcpubind is not None:
-        busy = req.physcpubind - available
-        if busy:
-            raise Refusal("cpus_busy",
-                          f"physcpubind: CPUs {busy.format()} are reserved or exclusively allocated; "
-                          f"free for exclusive use: {available.format() or 'none'}", explanation)
-        cpus = req.physcpubind
-    elif want_exclusive:
-        if res.cpus > len(available):
-            raise Refusal("insufficient_cpus",
-                          f"not enough CPUs: requested {res.cpus}, {len(available)} free for exclusive use"
-                          f"{_per_node_cpu_text(machine, available)}", explanation)
-        try:
-            cpus = allocate_cpus(machine.cpu_topology, available, res.cpus,
-                                 NumaMask(req.cpunodebind) if req.cpunodebind else affinity,
-                                 machine.cpu_options)
-        except CpuAllocationError as exc:
-            code = "smt_alignment_error" if "SMTAlignment" in type(exc).__name__ else "insufficient_cpus"
-            raise Refusal(code, str(exc), explanation) from None
-    if cpus and not (shared_pool(machine, state) - cpus):
-        raise Refusal("shared_pool_empty",
-                      f"giving CPUs {cpus.format()} away would leave the shared pool empty; "
-                      f"reserve at least one CPU (cpu_manager.reserved_cpu_count)", explanation)
 
-    memory_alloc = None
-    if wants_memory:
-        mem_affinity = NumaMask(req.membind) if req.membind is not None else affinity
-        try:
-            memory_alloc = allocate_memory(machine.memory, usage, mem_request, mem_affinity)
-        except MemoryAllocationError as exc:
-            raise Refusal("insufficient_memory", str(exc), explanation) from None
+def _allocate(view: AdmissionView, req: Request, affinity: NumaMask | None, providers: Providers,
+              explanation: dict[str, Any]) -> Booking:
+    """Every provider's part, in registration order, combined into one Booking."""
+    try:
+        parts = [provider.allocate(req, view, affinity) for provider in providers]
+    except AllocationError as exc:
+        raise Refusal(exc.reason, str(exc), explanation) from None
+    return _combine(view, req, affinity, parts)
 
-    devices: list[tuple[str, str]] = []
-    for resource, count in sorted(res.devices.items()):
-        if count <= 0:
-            continue
-        try:
-            addrs = allocate_devices(machine.devices, in_use, resource, count, affinity, machine.distances)
-        except DeviceAllocationError as exc:
-            raise Refusal("insufficient_devices", str(exc), explanation) from None
-        devices.extend((resource, a) for a in addrs)
 
-    if memory_alloc is not None:
-        mem_nodes = tuple(sorted({n for n, _, _ in memory_alloc.amounts}))
-        mems = tuple(req.membind) if req.membind is not None else mem_nodes
-    elif req.membind is not None:
-        mems = tuple(req.membind)
-    elif cpus:
-        mems = _memory_nodes_near(machine, machine.nodes_of(cpus))
-    elif req.cpunodebind is not None:
-        mems = _memory_nodes_near(machine, tuple(req.cpunodebind))
-    elif affinity is not None:
-        mems = _memory_nodes_near(machine, affinity.nodes())
-    else:
-        mems = _memory_nodes_near(machine, machine.node_ids)
+def _combine(view: AdmissionView, req: Request, affinity: NumaMask | None,
+             parts: Sequence[Allocation]) -> Booking:
+    cpu_bits, devices, extra_nodes, group = 0, [], set(), set()
+    memory: dict[int, dict[str, int]] = {}
+    mems: tuple[int, ...] | None = None
+    for part in parts:
+        cpu_bits |= part.cpus.bits
+        devices.extend(part.devices)
+        extra_nodes.update(part.numa_nodes)
+        group.update(part.memory_group)
+        for n, r, v in part.memory:
+            per_node = memory.setdefault(n, {})
+            per_node[r] = per_node.get(r, 0) + v
+        if mems is None:
+            mems = part.mems
+    cpus = CpuSet.from_bits(cpu_bits)
+    if view.pod is not None:  # a pod member lives on its pod's nodes
+        pod_booking = view.pod.booking
+        return Booking(cpus=cpus, numa_nodes=pod_booking.numa_nodes, mems=pod_booking.mems,
+                       devices=tuple(sorted(devices)))
+    machine = view.machine
+    if mems is None:
+        mems = _memory_nodes_near(machine, _mems_source(machine, req, cpus, affinity))
+    numa_nodes = tuple(sorted(set(machine.nodes_of(cpus)) | set(mems) | extra_nodes))
+    return Booking(cpus=cpus, numa_nodes=numa_nodes, mems=mems, memory=memory,
+                   memory_group=tuple(sorted(group)), devices=tuple(sorted(devices)))
 
-    numa_nodes = tuple(sorted(set(machine.nodes_of(cpus)) | set(mems)
-                              | {machine.topology.device(a).numa_node for _, a in devices} - {-1}))
-    booking = Booking(
-        cpus=cpus, numa_nodes=numa_nodes, mems=mems,
-        memory={} if memory_alloc is None else _memory_by_node(memory_alloc),
-        memory_group=() if memory_alloc is None else memory_alloc.group.nodes(),
-        devices=tuple(sorted(devices)))
-    explanation["alignment"] = alignment(machine, booking)
-    return booking, explanation
+
+def _mems_source(machine: Machine, req: Request, cpus: CpuSet, affinity: NumaMask | None) -> Sequence[int]:
+    """The nodes whose memory a booking uses when no provider decided its mems."""
+    if cpus:
+        return machine.nodes_of(cpus)
+    if req.cpunodebind is not None:
+        return tuple(req.cpunodebind)
+    if affinity is not None:
+        return affinity.nodes()
+    return machine.node_ids
 
 
 def _memory_nodes_near(machine: Machine, nodes) -> tuple[int, ...]:
@@ -410,7 +297,7 @@ def alignment(machine: Machine, b: Booking) -> dict[str, bool]:
 # pods
 
 
-def _decide_pod_member(machine: Machine, state: AgentState, req: Request) -> Decision:
+def _decide_pod_member(machine: Machine, state: AgentState, req: Request, providers: Providers) -> Decision:
     pod = state.pod(req.pod)
     pod_created = None
     explanation: dict[str, Any] = {}
@@ -418,9 +305,8 @@ def _decide_pod_member(machine: Machine, state: AgentState, req: Request) -> Dec
         if req.pod_budget is None or req.pod_budget.is_empty():
             raise InvalidRequest(f"pod {req.pod!r} does not exist; its first member must give the pod "
                                  f"budget (--pod-cpus, --pod-memory, --pod-hugepages, --pod-device)")
-        budget_req = replace(req, cpunodebind=None, physcpubind=None)
-        booking, explanation = _book(machine, state, req.pod_budget, budget_req,
-                                     policy_name=_policy(machine, req))
+        budget_req = replace(req, resources=req.pod_budget, cpunodebind=None, physcpubind=None)
+        booking, explanation = _book(AdmissionView(machine, state), budget_req, _policy(machine, req), providers)
         pod = Pod(name=req.pod, owner_uid=req.owner_uid, booking=booking, members=(),
                   created_unix=req.created_unix, request=req.pod_budget.to_json())
         pod_created = pod
@@ -437,55 +323,11 @@ def _decide_pod_member(machine: Machine, state: AgentState, req: Request) -> Dec
         raise InvalidRequest("pod members take their CPUs and memory from the pod budget; "
                              "-C/-N/-m cannot be combined with --pod")
 
-    res = req.resources
-    members = state.members_of(pod.name)
-    shared_part = pod_shared_cpus(state, pod)
-    has_shared_members = any(m.shared for m in members)
+    view = AdmissionView(machine, state, pod=pod)
     explanation = {**explanation, "pod": pod.name, "pod_cpus": pod.booking.cpus.format(),
-                   "pod_shared_cpus_before": shared_part.format()}
-
-    cpus = CpuSet()
-    if res.cpus > 0:
-        if res.cpus > len(shared_part):
-            raise Refusal("insufficient_cpus",
-                          f"pod {pod.name!r}: requested {res.cpus} exclusive CPUs, only {len(shared_part)} "
-                          f"of the pod's {len(pod.booking.cpus)} are not taken by other members", explanation)
-        if has_shared_members and res.cpus == len(shared_part):
-            raise Refusal("pod_shared_part_empty",
-                          f"pod {pod.name!r}: {res.cpus} exclusive CPUs would leave nothing for the members "
-                          f"that share the rest ({', '.join(m.name for m in members if m.shared)})",
-                          explanation)
-        try:
-            cpus = allocate_cpus(machine.cpu_topology, shared_part, res.cpus, None, machine.cpu_options)
-        except CpuAllocationError as exc:
-            raise Refusal("insufficient_cpus", f"pod {pod.name!r}: {exc}", explanation) from None
-    elif not shared_part:
-        raise Refusal("pod_shared_part_empty",
-                      f"pod {pod.name!r}: its exclusive members hold all {len(pod.booking.cpus)} CPUs; "
-                      f"nothing is left for a member that shares", explanation)
-
-    # Memory of members is a limit inside the pod's budget, not a new booking.
-    budget_memory = pod.booking.memory_total("memory")
-    if res.memory_bytes and budget_memory:
-        used = sum(int(m.request.get("memory_bytes", 0)) for m in members)
-        if used + res.memory_bytes > budget_memory:
-            raise Refusal("insufficient_memory",
-                          f"pod {pod.name!r}: members would use {used + res.memory_bytes} bytes of memory, "
-                          f"more than the pod budget of {budget_memory}", explanation)
-
-    devices: list[tuple[str, str]] = []
-    taken = {a for m in members for a in m.booking.device_addresses()}
-    for resource, count in sorted(res.devices.items()):
-        pool = [a for r, a in pod.booking.devices if r == resource and a not in taken]
-        if count > len(pool):
-            raise Refusal("insufficient_devices",
-                          f"pod {pod.name!r}: requested {count} {resource}, {len(pool)} left in the pod budget",
-                          explanation)
-        devices.extend((resource, a) for a in pool[:count])
-
-    booking = Booking(cpus=cpus, numa_nodes=pod.booking.numa_nodes, mems=pod.booking.mems,
-                      devices=tuple(sorted(devices)))
-    w = _workload(req, booking, shared=res.cpus == 0)
+                   "pod_shared_cpus_before": view.pod_shared_cpus.format()}
+    booking = _allocate(view, req, None, providers, explanation)
+    w = _workload(req, booking, shared=req.resources.cpus == 0)
     new_state = state.with_workload(w).with_pod(replace(pod, members=tuple(sorted((*pod.members, w.name)))))
     explanation["alignment"] = alignment(machine, pod.booking)
     return Decision(state=new_state, workload=w, pod_created=pod_created, explanation=explanation)
@@ -495,43 +337,18 @@ def _decide_pod_member(machine: Machine, state: AgentState, req: Request) -> Dec
 # explanations
 
 
-def _free_view(machine: Machine, state: AgentState) -> dict[str, dict[str, int]]:
-    available = allocatable_cpus(machine, state)
-    usage = memory_usage(state)
-    out = {}
-    for n in machine.node_ids:
-        out[str(n)] = {"cpus": len(available & machine.cpus_of_nodes((n,))),
-                       "memory_bytes": free_bytes(machine.memory, usage, n, "memory")}
-    return out
-
-
-def _provider_summaries(providers, result) -> list[dict[str, Any]]:
-    names = [name for name, _ in providers]
+def _provider_summaries(asked: Sequence[tuple[str, Any]], result: MergeResult) -> list[dict[str, Any]]:
+    names = [name for name, _ in asked]
     return [{**dict(summary), "provider": names[summary.provider]}
             for summary in result.provider_summaries]
 
 
-def _per_node_cpu_text(machine: Machine, available: CpuSet) -> str:
-    parts = [f"node {n}: {len(available & machine.cpus_of_nodes((n,)))}" for n in machine.node_ids]
-    return " (" + ", ".join(parts) + ")" if len(parts) > 1 else ""
-
-
-def _topology_reason(machine, state, res, policy_name, merged, free_view) -> str:
-    parts = []
-    if res.cpus:
-        per_node = [v["cpus"] for v in free_view.values()]
-        parts.append(f"{res.cpus} CPUs requested; {sum(per_node)} free, but at most "
-                     f"{max(per_node, default=0)} on one NUMA node")
-    if res.memory_bytes:
-        per_node = [v["memory_bytes"] for v in free_view.values()]
-        parts.append(f"{res.memory_bytes} bytes of memory requested; at most {max(per_node, default=0)} "
-                     f"free on one NUMA node")
-    for resource, count in sorted(res.devices.items()):
-        why = device_refusal_reason(machine.devices, state.devices_in_use(), resource, count)
-        if why:
-            parts.append(why)
+def _topology_reason(view: AdmissionView, req: Request, providers: Providers, policy_name: str,
+                     result: MergeResult) -> str:
+    parts = [why for provider in providers if (why := provider.refusal_reason(req, view))]
     what = "; ".join(parts) or "the providers' hints do not agree on a NUMA node set"
     rule = TopologyPolicy(policy_name).rule
+    merged = result.merged
     if merged.mask is None:
         merged_text = "merged hint: none (no NUMA node set satisfies every provider)"
     else:

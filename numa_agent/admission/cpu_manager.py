@@ -7,15 +7,10 @@ the free set as a value and returns a new value.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
-from typing import Mapping
-
-from numa_agent.admission.cpu_take import (
-    CpuAllocationError,
-    take_by_topology,
-    take_by_topology_distributed,
-)
+from numa_agent.admission.cpu_options import CpuManagerOptions, CpuPolicyConfigError
+from numa_agent.admission.cpu_take import take_by_topology, take_by_topology_distributed
 from numa_agent.admission.cpu_topology import CpuTopology
+from numa_agent.admission.errors import CpuAllocationError, SMTAlignmentError
 from numa_agent.core.cpuset import CpuSet
 from numa_agent.core.hints import HintSet, NumaMask
 
@@ -30,115 +25,6 @@ __all__ = [
 ]
 
 EMPTY = CpuSet()
-
-
-class CpuPolicyConfigError(ValueError):
-    """CPU manager options that are unknown, malformed or incompatible."""
-
-
-class SMTAlignmentError(CpuAllocationError):
-    """full-pcpus-only: the request cannot be served with whole physical cores."""
-
-    def __init__(self, requested: int, cpus_per_core: int, available_physical: int | None = None) -> None:
-        self.requested = requested
-        self.cpus_per_core = cpus_per_core
-        self.available_physical = available_physical
-        if available_physical is None:
-            text = (f"SMTAlignmentError: requested {requested} cpus is not a multiple of "
-                    f"cpus per core = {cpus_per_core}")
-        else:
-            text = (f"SMTAlignmentError: not enough free physical cpus: available physical "
-                    f"cpus = {available_physical}, requested cpus = {requested}, "
-                    f"cpus per core = {cpus_per_core}")
-        super().__init__(text)
-
-
-# option name -> field name
-_OPTION_FIELDS = {
-    "full-pcpus-only": "full_pcpus_only",
-    "distribute-cpus-across-numa": "distribute_cpus_across_numa",
-    "align-by-socket": "align_by_socket",
-    "distribute-cpus-across-cores": "distribute_cpus_across_cores",
-    "strict-cpu-reservation": "strict_cpu_reservation",
-    "prefer-align-cpus-by-uncorecache": "prefer_align_cpus_by_uncorecache",
-}
-_FIELD_OPTIONS = {v: k for k, v in _OPTION_FIELDS.items()}
-
-# Pairs the kubelet refuses to combine, in the order it checks them.
-_INCOMPATIBLE = (
-    ("full_pcpus_only", "distribute_cpus_across_cores"),
-    ("distribute_cpus_across_numa", "distribute_cpus_across_cores"),
-    ("prefer_align_cpus_by_uncorecache", "distribute_cpus_across_cores"),
-    ("prefer_align_cpus_by_uncorecache", "distribute_cpus_across_numa"),
-)
-
-# Go's strconv.ParseBool spellings, which is what the kubelet accepts.
-_TRUE = {"1", "t", "T", "TRUE", "true", "True"}
-_FALSE = {"0", "f", "F", "FALSE", "false", "False"}
-
-
-def _parse_bool(name: str, value: object) -> bool:
-    if isinstance(value, bool):
-        return value
-    text = str(value).strip()
-    if text in _TRUE:
-        return True
-    if text in _FALSE:
-        return False
-    raise CpuPolicyConfigError(f"bad value for CPU manager option {name!r}: {value!r} (want true or false)")
-
-
-@dataclass(frozen=True, slots=True)
-class CpuManagerOptions:
-    full_pcpus_only: bool = False
-    distribute_cpus_across_numa: bool = False
-    align_by_socket: bool = False
-    distribute_cpus_across_cores: bool = False
-    strict_cpu_reservation: bool = False
-    prefer_align_cpus_by_uncorecache: bool = False
-
-    @classmethod
-    def from_mapping(cls, mapping: Mapping[str, object] | None) -> "CpuManagerOptions":
-        """From the kubelet's option names ({"full-pcpus-only": "true", ...});
-        unknown names, non-boolean values and incompatible pairs are refused."""
-        values: dict[str, bool] = {}
-        for name in sorted(mapping or {}):
-            field = _OPTION_FIELDS.get(name)
-            if field is None:
-                known = ", ".join(sorted(_OPTION_FIELDS))
-                raise CpuPolicyConfigError(f"unknown CPU manager option {name!r} (known: {known})")
-            values[field] = _parse_bool(name, mapping[name])
-        options = cls(**values)
-        options.check_combinations()
-        return options
-
-    def to_mapping(self) -> dict[str, str]:
-        return {_FIELD_OPTIONS[f.name]: "true" for f in fields(self) if getattr(self, f.name)}
-
-    def check_combinations(self) -> None:
-        for a, b in _INCOMPATIBLE:
-            if getattr(self, a) and getattr(self, b):
-                raise CpuPolicyConfigError(
-                    f"CPU manager options {_FIELD_OPTIONS[a]} and {_FIELD_OPTIONS[b]} "
-                    "cannot be used at the same time"
-                )
-
-    def validate(self, topo: CpuTopology, topology_policy: str | None = None) -> None:
-        """Refuse combinations the kubelet refuses, on this machine and under
-        this topology manager policy (when given)."""
-        self.check_combinations()
-        if self.align_by_socket:
-            if topology_policy == "single-numa-node":
-                raise CpuPolicyConfigError(
-                    "CPU manager option align-by-socket cannot be used with the topology "
-                    "manager policy single-numa-node"
-                )
-            if topo.num_sockets > topo.num_numa_nodes:
-                raise CpuPolicyConfigError(
-                    "CPU manager option align-by-socket needs sockets at least as large as NUMA "
-                    f"nodes; this machine has {topo.num_sockets} sockets and "
-                    f"{topo.num_numa_nodes} NUMA nodes"
-                )
 
 
 def reserved_cpus(topo: CpuTopology, explicit: CpuSet | None, count: int) -> CpuSet:
@@ -190,26 +76,23 @@ def cpu_hints(
         available, reusable = already_allocated, EMPTY
 
     pool = (available | reusable).bits
-    # Per-node counts keyed by the node's single-bit mask: fits() walks only
-    # the set bits of the mask it is asked about.
+    # fits() walks only the nodes of the mask it is asked about.
     counts: dict[int, int] = {}
     reusable_nodes = 0
     for node, cpus in topo.numa_cpus.items():
-        counts[1 << node] = (cpus.bits & pool).bit_count()
+        counts[node] = (cpus.bits & pool).bit_count()
         if cpus.bits & reusable.bits:
             reusable_nodes |= 1 << node
 
     def fits(mask: NumaMask) -> bool:
         bits = mask.bits
-        if reusable_nodes & ~bits:
+        if not NumaMask.is_subset_bits(reusable_nodes, bits):
             return False
         total = 0
-        while bits:
-            low = bits & -bits
-            total += counts.get(low, 0)
+        for node in NumaMask.nodes_of(bits):
+            total += counts.get(node, 0)
             if total >= request:
                 return True
-            bits ^= low
         return False
 
     nodes = topo.numa_mask
@@ -228,19 +111,13 @@ def _socket_aligned(topo: CpuTopology, min_size: int):
     if nodes_per_socket == 0:
         return None
     min_sockets = -(-min_size // nodes_per_socket)
-    socket_bits: dict[int, int] = {}
-    for node, sockets in topo.sockets_of_numa.items():
-        bits = 0
-        for s in sockets:
-            bits |= 1 << s
-        socket_bits[1 << node] = bits
+    # Socket ids are small ints too: a socket set is kept as a bitmask.
+    socket_bits = {node: NumaMask.bits_of(sockets) for node, sockets in topo.sockets_of_numa.items()}
 
     def aligned(mask: NumaMask) -> bool:
-        bits, sockets = mask.bits, 0
-        while bits:
-            low = bits & -bits
-            sockets |= socket_bits.get(low, 0)
-            bits ^= low
+        sockets = 0
+        for node in mask.nodes():
+            sockets |= socket_bits.get(node, 0)
         return sockets.bit_count() == min_sockets
 
     return aligned

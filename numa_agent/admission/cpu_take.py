@@ -22,18 +22,14 @@ from __future__ import annotations
 
 import math
 from itertools import combinations
-from typing import TYPE_CHECKING, Sequence
+from typing import Sequence
 
+from numa_agent.admission.cpu_options import CpuManagerOptions
 from numa_agent.admission.cpu_topology import CpuTopology
+from numa_agent.admission.errors import CpuAllocationError
 from numa_agent.core.cpuset import CpuSet
 
-if TYPE_CHECKING:  # options are read by attribute only; no import cycle at run time
-    from numa_agent.admission.cpu_manager import CpuManagerOptions
-
-
-class CpuAllocationError(Exception):
-    """The request cannot be met from the CPUs offered."""
-
+__all__ = ["CpuAllocationError", "MAX_COMBINATIONS", "take_by_topology", "take_by_topology_distributed"]
 
 # n-choose-k NUMA combinations examined per size before the distributed
 # search settles for the single most promising combination. The kubelet caps
@@ -70,6 +66,10 @@ class _Accumulator:
 
     def free_in(self, bits: int) -> int:
         return (self.free & bits).bit_count()
+
+    def free_of_numa(self, numa: int) -> CpuSet:
+        """The free CPUs of one NUMA node."""
+        return CpuSet.from_bits(self.free & self._numa[numa])
 
     # ---- orderings ----------------------------------------------------------
     def _fullest_first(self, ids: Sequence[int], groups: dict[int, int]) -> list[int]:
@@ -226,7 +226,7 @@ def take_by_topology(
     topo: CpuTopology,
     available: CpuSet,
     count: int,
-    options: "CpuManagerOptions | None" = None,
+    options: CpuManagerOptions | None = None,
 ) -> CpuSet:
     """The packed best fit. Reads `options.distribute_cpus_across_cores`
     (spread threads over cores) and `options.prefer_align_cpus_by_uncorecache`."""
@@ -302,12 +302,93 @@ def _combos(ids: Sequence[int], k: int, weight: dict[int, int]):
     return iter([tuple(sorted(best, key=pos.__getitem__))])
 
 
+def _score_combo(combo: tuple[int, ...], numas: Sequence[int], free_of: dict[int, int], count: int,
+                 group: int) -> tuple[float, tuple[int, ...]] | None:
+    """The balance an even share over `combo` leaves (and the nodes that take
+    the remainder), or None when the combo cannot hold the request."""
+    if sum(free_of[n] for n in combo) < count:
+        return None
+    if sum(free_of[n] // group for n in combo) * group < count:
+        return None
+    share = (count // len(combo) // group) * group
+    if any(free_of[n] < share for n in combo):
+        return None
+    after = dict(free_of)
+    for n in combo:
+        after[n] -= share
+    remainder = count - share * len(combo)
+    if remainder == 0:
+        return _balance([after[n] for n in numas]), ()
+    return _best_remainder(after, combo, numas, remainder, group)
+
+
+def _best_remainder(after: dict[int, int], combo: tuple[int, ...], numas: Sequence[int], remainder: int,
+                    group: int) -> tuple[float, tuple[int, ...]]:
+    """The nodes of `combo` that best take the remainder, largest sets first."""
+    best, best_subset = math.inf, ()
+    candidates = [n for n in combo if after[n] >= group]
+    for size in range(len(candidates), 0, -1):
+        for subset in _combos(candidates, size, after):
+            if sum(after[n] for n in subset) < remainder:
+                continue
+            trial = dict(after)
+            if not _spread_remainder(trial, subset, remainder, group):
+                continue
+            score = _balance([trial[n] for n in numas])
+            if score < best:
+                best, best_subset = score, subset
+    return best, best_subset
+
+
+def _best_combo(numas: Sequence[int], k: int, free_of: dict[int, int], count: int,
+                group: int) -> tuple[tuple[int, ...] | None, tuple[int, ...]]:
+    """The k-node set that leaves free CPUs best balanced, and its remainder nodes."""
+    best_balance = math.inf
+    best_combo: tuple[int, ...] | None = None
+    best_remainder: tuple[int, ...] = ()
+    for combo in _combos(numas, k, free_of):
+        if best_balance == 0:
+            break
+        scored = _score_combo(combo, numas, free_of, count, group)
+        if scored is not None and scored[0] < best_balance:
+            best_balance, best_combo, best_remainder = scored[0], combo, scored[1]
+    return best_combo, best_remainder
+
+
+def _take_combo(acc: _Accumulator, combo: tuple[int, ...], remainder_nodes: tuple[int, ...], count: int,
+                group: int) -> CpuSet:
+    """Take the even share from every node of `combo`, then the remainder
+    group by group from `remainder_nodes`."""
+    topo, spread = acc.topo, acc.spread
+    share = (count // len(combo) // group) * group
+    for n in combo:
+        acc.take(_take_packed(topo, acc.free_of_numa(n), share, spread, False).bits)
+    remainder = count - share * len(combo)
+    progressed = True
+    while remainder > 0 and progressed:
+        progressed = False
+        for n in remainder_nodes:
+            if remainder == 0:
+                break
+            node_free = acc.free_of_numa(n)
+            if len(node_free) < group:
+                continue
+            acc.take(_take_packed(topo, node_free, group, spread, False).bits)
+            remainder -= group
+            progressed = True
+    if acc.needed != 0:
+        raise CpuAllocationError(
+            f"accounting error distributing cpus: requested={count}, left unallocated={acc.needed}"
+        )
+    return CpuSet.from_bits(acc.result)
+
+
 def take_by_topology_distributed(
     topo: CpuTopology,
     available: CpuSet,
     count: int,
     cpu_group_size: int = 1,
-    options: "CpuManagerOptions | None" = None,
+    options: CpuManagerOptions | None = None,
 ) -> CpuSet:
     """Spread `count` CPUs evenly over NUMA nodes in groups of
     `cpu_group_size`; falls back to the packed algorithm when the count is not
@@ -326,7 +407,7 @@ def take_by_topology_distributed(
         raise _not_enough(count, available)
 
     numas = acc.sorted_numas()
-    free_of = {n: acc.free_in(acc._numa[n]) for n in numas}
+    free_of = {n: len(acc.free_of_numa(n)) for n in numas}
 
     # Bounds on how many nodes the request can span.
     total_groups = (len(topo.all_cpus) - 1) // cpu_group_size + 1
@@ -336,66 +417,7 @@ def take_by_topology_distributed(
     max_nodes = min(groups_needed, len(numas))
 
     for k in range(min_nodes, max_nodes + 1):
-        best_balance = math.inf
-        best_combo: tuple[int, ...] | None = None
-        best_remainder: tuple[int, ...] = ()
-        for combo in _combos(numas, k, free_of):
-            if best_balance == 0:
-                break
-            if sum(free_of[n] for n in combo) < count:
-                continue
-            if sum(free_of[n] // cpu_group_size for n in combo) * cpu_group_size < count:
-                continue
-            share = (count // k // cpu_group_size) * cpu_group_size
-            if any(free_of[n] < share for n in combo):
-                continue
-            after = dict(free_of)
-            for n in combo:
-                after[n] -= share
-            remainder = count - share * k
-            local_best = math.inf
-            local_remainder: tuple[int, ...] = ()
-            if remainder == 0:
-                local_best = _balance([after[n] for n in numas])
-            candidates = [n for n in combo if after[n] >= cpu_group_size]
-            for size in range(len(candidates), 0, -1):
-                if remainder == 0:
-                    break
-                for subset in _combos(candidates, size, after):
-                    if sum(after[n] for n in subset) < remainder:
-                        continue
-                    trial = dict(after)
-                    if not _spread_remainder(trial, subset, remainder, cpu_group_size):
-                        continue
-                    score = _balance([trial[n] for n in numas])
-                    if score < local_best:
-                        local_best, local_remainder = score, subset
-            if local_best < best_balance:
-                best_balance, best_combo, best_remainder = local_best, combo, local_remainder
-        if best_combo is None:
-            continue
-
-        share = (count // len(best_combo) // cpu_group_size) * cpu_group_size
-        for n in best_combo:
-            acc.take(_take_packed(topo, CpuSet.from_bits(acc.free & acc._numa[n]), share, spread, False).bits)
-        remainder = count - share * len(best_combo)
-        while remainder > 0:
-            progressed = False
-            for n in best_remainder:
-                if remainder == 0:
-                    break
-                node_free = CpuSet.from_bits(acc.free & acc._numa[n])
-                if len(node_free) < cpu_group_size:
-                    continue
-                acc.take(_take_packed(topo, node_free, cpu_group_size, spread, False).bits)
-                remainder -= cpu_group_size
-                progressed = True
-            if not progressed:
-                break
-        if acc.needed != 0:
-            raise CpuAllocationError(
-                f"accounting error distributing cpus: requested={count}, left unallocated={acc.needed}"
-            )
-        return CpuSet.from_bits(acc.result)
-
+        combo, remainder_nodes = _best_combo(numas, k, free_of, count, cpu_group_size)
+        if combo is not None:
+            return _take_combo(acc, combo, remainder_nodes, count, cpu_group_size)
     return _take_packed(topo, available, count, spread, False)

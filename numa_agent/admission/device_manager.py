@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Mapping
 
+from numa_agent.admission.errors import DeviceAllocationError
 from numa_agent.core.hints import HintSet, NumaMask
 from numa_agent.core.names import RESOURCE_RULE, is_resource_name
 from numa_agent.core.topology import UNKNOWN_NODE, PciDevice, Topology
@@ -32,10 +33,6 @@ Distances = Callable[[int, int], int] | Mapping[int, Mapping[int, int]]
 
 class DeviceConfigError(ValueError):
     """The device resources configuration is invalid for this machine."""
-
-
-class DeviceAllocationError(Exception):
-    """A device request cannot be satisfied."""
 
 
 def _hex(value: str) -> str:
@@ -164,10 +161,6 @@ def resolve_inventory(topo: Topology, resources: Iterable[DeviceResource]) -> De
 # ------------------------------------------------------------------ hints
 
 
-def _bits_of(nodes: NumaMask | Iterable[int]) -> int:
-    return nodes.bits if isinstance(nodes, NumaMask) else NumaMask(nodes).bits
-
-
 def _free(inventory: DeviceInventory, allocated: Mapping[str, frozenset[str]],
           resource: str) -> tuple[InventoryDevice, ...]:
     in_use = allocated.get(resource, frozenset())
@@ -214,7 +207,7 @@ def device_refusal_reason(
         return f"{resource}: requested {count} devices, {len(free)} of {len(devices)} are free"
     if all(d.numa_node < 0 for d in devices):
         return None  # no NUMA preference
-    universe = _bits_of(nodes) if nodes is not None else _all_nodes(devices)
+    universe = NumaMask.bits_of(nodes) if nodes is not None else _all_nodes(devices)
     free_known = sum(_per_node(free, universe).values())
     if count > free_known:
         unknown = sum(1 for d in free if d.numa_node < 0)
@@ -225,11 +218,7 @@ def device_refusal_reason(
 
 
 def _all_nodes(devices: Iterable[InventoryDevice]) -> int:
-    bits = 0
-    for d in devices:
-        if d.numa_node >= 0:
-            bits |= 1 << d.numa_node
-    return bits
+    return NumaMask.bits_of(d.numa_node for d in devices if d.numa_node >= 0)
 
 
 def device_hints(
@@ -245,7 +234,7 @@ def device_hints(
         raise ValueError(f"device count for {resource!r} must be >= 0, got {count}")
     if count == 0:
         return HintSet.no_preference()
-    universe = _bits_of(nodes)
+    universe = NumaMask.bits_of(nodes)
     if device_refusal_reason(inventory, allocated, resource, count, NumaMask.from_bits(universe)):
         return HintSet.impossible()
     devices = inventory.devices(resource)
@@ -257,7 +246,7 @@ def device_hints(
     free_per_node = _per_node(_free(inventory, allocated, resource), universe)
 
     def fits(mask: NumaMask) -> bool:
-        return sum(c for n, c in free_per_node.items() if mask.bits >> n & 1) >= count
+        return sum(c for n, c in free_per_node.items() if n in mask) >= count
 
     # More nodes never hold fewer devices: the merge may prune on that.
     return HintSet.generated(NumaMask.from_bits(universe), fits, min_size, monotone=True)

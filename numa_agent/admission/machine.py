@@ -103,7 +103,7 @@ class Machine:
 
 def build_machine(topology: Topology, policy: PolicyConfig) -> Machine:
     """Validate the policy against the machine and precompute. Raises MachineConfigError."""
-    _check_names(policy)
+    _check_policy_names(policy)
     usable = topology.usable_cpus
     if not usable:
         raise MachineConfigError("no usable CPU: every online CPU is outside the agent's cpuset or in no NUMA node")
@@ -128,6 +128,34 @@ def build_machine(topology: Topology, policy: PolicyConfig) -> Machine:
             f"topology_manager.options.max-allowable-numa-nodes: this machine has {len(node_ids)} "
             f"NUMA nodes, more than the allowed {max_nodes}; raise the option")
 
+    reserved = _reserved_cpus(cpu_topology, policy, usable)
+    try:
+        memory = MemoryCapacity.from_topology(topology, policy.reserved_memory)
+    except ValueError as exc:
+        raise MachineConfigError(f"memory_manager.reserved_memory: {exc}") from None
+    devices = _device_inventory(topology, policy)
+
+    distances = {n.id: dict(n.distances) for n in topology.numa_nodes}
+    return Machine(topology=topology, policy=policy, cpu_topology=cpu_topology,
+                   cpu_options=cpu_options, tm_options=tm_options, reserved_cpus=reserved,
+                   usable_cpus=usable, memory=memory, devices=devices, node_ids=node_ids,
+                   distances=distances)
+
+
+def _check_policy_names(policy: PolicyConfig) -> None:
+    if policy.topology_policy not in TOPOLOGY_POLICIES:
+        raise MachineConfigError(f"topology_manager.policy: {policy.topology_policy!r} is not one of "
+                          f"{', '.join(TOPOLOGY_POLICIES)}")
+    if policy.topology_scope not in TOPOLOGY_SCOPES:
+        raise MachineConfigError(f"topology_manager.scope: {policy.topology_scope!r} is not one of "
+                          f"{', '.join(TOPOLOGY_SCOPES)}")
+    if policy.cpu_policy not in ("static", "none"):
+        raise MachineConfigError(f"cpu_manager.policy: {policy.cpu_policy!r} is not 'static' or 'none'")
+    if policy.memory_policy not in ("static", "none"):
+        raise MachineConfigError(f"memory_manager.policy: {policy.memory_policy!r} is not 'static' or 'none'")
+
+
+def _reserved_cpus(cpu_topology: CpuTopology, policy: PolicyConfig, usable: CpuSet) -> CpuSet:
     explicit = None
     if policy.reserved_cpus:
         try:
@@ -137,20 +165,17 @@ def build_machine(topology: Topology, policy: PolicyConfig) -> Machine:
         outside = explicit - usable
         if outside:
             raise MachineConfigError(f"cpu_manager.reserved_cpus: CPUs {outside.format()} are not usable "
-                                     f"on this machine (usable: {usable.format()})")
+                              f"on this machine (usable: {usable.format()})")
     if policy.reserved_cpu_count < 0 or policy.reserved_cpu_count > len(usable):
         raise MachineConfigError(f"cpu_manager.reserved_cpu_count: {policy.reserved_cpu_count} is not "
-                                 f"between 0 and {len(usable)} usable CPUs")
+                          f"between 0 and {len(usable)} usable CPUs")
     try:
-        reserved = reserved_cpus(cpu_topology, explicit, policy.reserved_cpu_count)
+        return reserved_cpus(cpu_topology, explicit, policy.reserved_cpu_count)
     except ValueError as exc:
         raise MachineConfigError(f"cpu_manager.reserved_cpus: {exc}") from None
 
-    try:
-        memory = MemoryCapacity.from_topology(topology, policy.reserved_memory)
-    except ValueError as exc:
-        raise MachineConfigError(f"memory_manager.reserved_memory: {exc}") from None
 
+def _device_inventory(topology: Topology, policy: PolicyConfig) -> DeviceInventory:
     resources = []
     for name, sel in sorted(policy.devices.items()):
         try:
@@ -158,30 +183,9 @@ def build_machine(topology: Topology, policy: PolicyConfig) -> Machine:
         except (ValueError, TypeError) as exc:
             raise MachineConfigError(f"devices.{name}: {exc}") from None
     try:
-        devices = resolve_inventory(topology, resources)
+        return resolve_inventory(topology, resources)
     except ValueError as exc:
         raise MachineConfigError(f"devices: {exc}") from None
-
-    distances = {n.id: dict(n.distances) for n in topology.numa_nodes}
-    return Machine(topology=topology, policy=policy, cpu_topology=cpu_topology,
-                   cpu_options=cpu_options, tm_options=tm_options, reserved_cpus=reserved,
-                   usable_cpus=usable, memory=memory, devices=devices, node_ids=node_ids,
-                   distances=distances)
-
-
-def _check_names(policy: PolicyConfig) -> None:
-    """The policy names, for a PolicyConfig not read from a file (the file's
-    reader checks them as it decodes)."""
-    if policy.topology_policy not in TOPOLOGY_POLICIES:
-        raise MachineConfigError(f"topology_manager.policy: {policy.topology_policy!r} is not one of "
-                                 f"{', '.join(TOPOLOGY_POLICIES)}")
-    if policy.topology_scope not in TOPOLOGY_SCOPES:
-        raise MachineConfigError(f"topology_manager.scope: {policy.topology_scope!r} is not one of "
-                                 f"{', '.join(TOPOLOGY_SCOPES)}")
-    if policy.cpu_policy not in ("static", "none"):
-        raise MachineConfigError(f"cpu_manager.policy: {policy.cpu_policy!r} is not 'static' or 'none'")
-    if policy.memory_policy not in ("static", "none"):
-        raise MachineConfigError(f"memory_manager.policy: {policy.memory_policy!r} is not 'static' or 'none'")
 
 
 _SELECTOR_KEYS = ("vendor", "device", "class_prefixes", "driver", "addresses")

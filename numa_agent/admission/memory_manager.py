@@ -28,8 +28,10 @@ Everything here is pure and iterates sorted tuples only.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Iterable, Mapping
 
+from numa_agent.admission.errors import MemoryAllocationError
 from numa_agent.core.hints import HintSet, NumaMask
 from numa_agent.core.topology import Topology
 
@@ -41,10 +43,6 @@ class MemoryConfigError(ValueError):
     """The memory configuration (reserved amounts) does not fit the machine."""
 
 
-class MemoryAllocationError(Exception):
-    """A memory request cannot be satisfied, or allocations are inconsistent."""
-
-
 def hugepages_resource(size_kb: int) -> str:
     """Resource name of a hugepage size: 2048 -> "hugepages-2048kB"."""
     return f"{_HUGEPAGES_PREFIX}{int(size_kb)}kB"
@@ -52,16 +50,6 @@ def hugepages_resource(size_kb: int) -> str:
 
 def _fmt_mask(bits: int) -> str:
     return "{" + NumaMask.from_bits(bits).format() + "}"
-
-
-def _bits_of(nodes: NumaMask | Iterable[int]) -> int:
-    if isinstance(nodes, NumaMask):
-        return nodes.bits
-    return NumaMask(nodes).bits
-
-
-def _ids_of(bits: int) -> tuple[int, ...]:
-    return NumaMask.from_bits(bits).nodes()
 
 
 # ---------------------------------------------------------------- capacity
@@ -285,6 +273,16 @@ class MemoryUsage:
     def allocated_bytes(self, node: int, resource: str) -> int:
         return self._alloc_index.get((node, resource), 0)
 
+    @property
+    def allocated_index(self) -> Mapping[tuple[int, str], int]:
+        """(node, resource) -> bytes allocated, read-only."""
+        return MappingProxyType(self._alloc_index)
+
+    @property
+    def group_bits(self) -> Mapping[int, int]:
+        """Node -> bitmask of the group that uses it (used nodes only), read-only."""
+        return MappingProxyType(self._group_of)
+
     def group_of(self, node: int) -> NumaMask | None:
         bits = self._group_of.get(node)
         return None if bits is None else NumaMask.from_bits(bits)
@@ -316,7 +314,7 @@ def usage_with(usage: MemoryUsage, allocation: MemoryAllocation) -> MemoryUsage:
                 f"memory group {{{allocation.group.format()}}} overlaps group "
                 f"{{{g.format()}}} in use on NUMA node {n}"
             )
-    allocated = dict(usage._alloc_index)
+    allocated = dict(usage.allocated_index)
     for n, r, b in allocation.amounts:
         allocated[(n, r)] = allocated.get((n, r), 0) + b
     groups = dict((m.bits, c) for m, c in usage.groups)
@@ -337,7 +335,7 @@ def usage_without(usage: MemoryUsage, allocation: MemoryAllocation) -> MemoryUsa
         raise MemoryAllocationError(
             f"cannot release memory on group {{{allocation.group.format()}}}: no allocation uses it"
         )
-    allocated = dict(usage._alloc_index)
+    allocated = dict(usage.allocated_index)
     for n, r, b in allocation.amounts:
         have = allocated.get((n, r), 0)
         if have < b:
@@ -450,19 +448,15 @@ class _Pool:
         if k == len(self.nodes):
             # Every node, no search: the fallback that always completes.
             totals = [sum(v[c] for _, v in self.nodes) for c in range(self.width)]
-            if all(t >= n for t, n in zip(totals, need)):
+            if all(t >= n for t, n in zip(totals, need, strict=True)):
                 return NumaMask(n for n, _ in self.nodes).bits
             return None
         if self.budget_exceeded:
             return None
 
         def taken_bits(taken: int) -> int:
-            out = 0
-            while taken:
-                low = taken & -taken
-                out |= 1 << self.nodes[low.bit_length() - 1][0]
-                taken ^= low
-            return out
+            # `taken` holds indices into self.nodes, not node ids.
+            return NumaMask.bits_of(self.nodes[i][0] for i in NumaMask.nodes_of(taken))
 
         # Decide nodes from the highest id down, leaving each out whenever the
         # rest can still succeed: that yields the numerically lowest mask.
@@ -490,7 +484,7 @@ class _Pool:
             size = twins.bit_count() + 1
             if size > r:
                 return None
-            found = search(idx, r - size, tuple(n - size * v for n, v in zip(need, vec)), taken | twins)
+            found = search(idx, r - size, tuple(n - size * v for n, v in zip(need, vec, strict=True)), taken | twins)
             return None if found is None else found | (1 << node)
 
         try:
@@ -507,20 +501,19 @@ class _Pool:
         remaining = list(need)
         left = list(self.nodes)
         bits = 0
+        def share(vec: tuple[int, ...], remaining: list[int]) -> float:
+            return sum(min(v, r) / n for v, r, n in zip(vec, remaining, need, strict=True) if r > 0)
+
         while any(n > 0 for n in remaining):
             if not left:
                 return None
-
-            def share(item):
-                _, vec = item
-                return sum(min(v, r) / n for v, r, n in zip(vec, remaining, need) if r > 0)
-
-            best = max(left, key=lambda item: (share(item), -item[0]))
-            if share(best) == 0:
+            shares = {node: share(vec, remaining) for node, vec in left}
+            best = max(left, key=lambda item: (shares[item[0]], -item[0]))
+            if shares[best[0]] == 0:
                 return None
             left.remove(best)
             bits |= 1 << best[0]
-            remaining = [r - v for r, v in zip(remaining, best[1])]
+            remaining = [r - v for r, v in zip(remaining, best[1], strict=True)]
         return bits
 
     def fewest(self, need: tuple[int, ...]) -> int | None:
@@ -547,12 +540,13 @@ class _State:
         self.need = tuple(b for _, b in self.amounts)
         self.universe = universe_bits
         self.mem_bits = capacity.memory_nodes.bits & universe_bits
-        ids = _ids_of(self.mem_bits)
+        ids = NumaMask.nodes_of(self.mem_bits)
         self.free = {n: tuple(free_bytes(capacity, usage, n, r) for r in self.resources) for n in ids}
         self.allocatable = {n: tuple(max(0, capacity.allocatable(n, r)) for r in self.resources)
                             for n in ids}
         self.used_bits = usage.used_nodes.bits & self.mem_bits
-        self.group_of = {n: usage._group_of[n] for n in ids if n in usage._group_of}
+        group_bits = usage.group_bits
+        self.group_of = {n: group_bits[n] for n in ids if n in group_bits}
         self.width = len(self.resources)
 
     def group_ok(self, bits: int) -> bool:
@@ -562,15 +556,14 @@ class _State:
         used = eff & self.used_bits
         if not used:
             return True
-        lowest = (used & -used).bit_length() - 1
-        return self.group_of[lowest] == eff
+        return self.group_of[NumaMask.lowest_node(used)] == eff
 
     def free_covers(self, bits: int) -> bool:
         totals = [0] * self.width
-        for n in _ids_of(bits & self.mem_bits):
+        for n in NumaMask.nodes_of(bits & self.mem_bits):
             for c, v in enumerate(self.free[n]):
                 totals[c] += v
-        return all(t >= n for t, n in zip(totals, self.need))
+        return all(t >= n for t, n in zip(totals, self.need, strict=True))
 
     def fits(self, mask: NumaMask) -> bool:
         bits = mask.bits
@@ -589,7 +582,7 @@ class _State:
         memoryless = self.universe & ~self.mem_bits
         used = bits & self.used_bits
         if used:
-            group = self.group_of[(used & -used).bit_length() - 1]
+            group = self.group_of[NumaMask.lowest_node(used)]
             return bits & self.mem_bits & ~group == 0 and self.free_covers(group)
         if self.fits(NumaMask.from_bits(bits | memoryless | (self.mem_bits & ~self.used_bits))):
             return True
@@ -615,10 +608,10 @@ class _State:
         # Masks made only of unused memory nodes.
         if req_mem & self.used_bits == 0:
             base = list(self.need)
-            for n in _ids_of(req_mem):
-                base = [b - v for b, v in zip(base, self.free[n])]
+            for n in NumaMask.nodes_of(req_mem):
+                base = [b - v for b, v in zip(base, self.free[n], strict=True)]
             unused = self.mem_bits & ~self.used_bits & ~req_mem
-            pool = _Pool(tuple((n, self.free[n]) for n in _ids_of(unused)), self.width)
+            pool = _Pool(tuple((n, self.free[n]) for n in NumaMask.nodes_of(unused)), self.width)
             limit = min((c.bit_count() for c in candidates), default=None)
             for k in range(0, len(pool.nodes) + 1):
                 if limit is not None and k + required_bits.bit_count() > limit:
@@ -639,7 +632,7 @@ class _State:
 
 
 def _universe(nodes: NumaMask | Iterable[int] | None, capacity: MemoryCapacity) -> int:
-    return capacity.memory_nodes.bits if nodes is None else _bits_of(nodes)
+    return capacity.memory_nodes.bits if nodes is None else NumaMask.bits_of(nodes)
 
 
 # ------------------------------------------------------------------ hints
@@ -660,7 +653,7 @@ def memory_hints(
     request. The same masks are offered for every resource, as the kubelet
     does. When no mask could ever hold the request every resource gets
     ``impossible()`` (see ``memory_refusal_reason``)."""
-    state = _State(capacity, usage, request, _bits_of(nodes))
+    state = _State(capacity, usage, request, NumaMask.bits_of(nodes))
     if not state.resources:
         return {}
     min_size = state.min_size()
@@ -678,7 +671,7 @@ def _free_table(state: _State, resource: str) -> str:
 
 
 def _refusal(state: _State, required_bits: int = 0) -> str:
-    for resource, need in zip(state.resources, state.need):
+    for resource, need in zip(state.resources, state.need, strict=True):
         c = state.resources.index(resource)
         if sum(v[c] for v in state.allocatable.values()) < need:
             return (f"{resource}: requested {need} bytes, more than the machine can ever hold "
@@ -686,13 +679,13 @@ def _refusal(state: _State, required_bits: int = 0) -> str:
                     + (", ".join(f"{n}={state.allocatable[n][c]}" for n in sorted(state.allocatable))
                        or "no memory nodes")
                     + f"); free per node: {_free_table(state, resource)}")
-    for resource, need in zip(state.resources, state.need):
+    for resource, need in zip(state.resources, state.need, strict=True):
         c = state.resources.index(resource)
         if sum(v[c] for v in state.free.values()) < need:
             return (f"{resource}: requested {need} bytes, free per node: "
                     f"{_free_table(state, resource)}")
     detail = "; ".join(f"{r}: requested {b} bytes, free per node: {_free_table(state, r)}"
-                       for r, b in zip(state.resources, state.need))
+                       for r, b in zip(state.resources, state.need, strict=True))
     groups = sorted(set(state.group_of.values()))
     where = f" containing {_fmt_mask(required_bits)}" if required_bits else ""
     return (f"no NUMA node set{where} can hold the request under the group rule "
@@ -761,9 +754,9 @@ def allocate_memory(
                 )
     group = chosen & state.mem_bits
     amounts = []
-    for c, (resource, need) in enumerate(zip(state.resources, state.need)):
+    for c, (resource, need) in enumerate(zip(state.resources, state.need, strict=True)):
         remaining = need
-        for n in _ids_of(group):
+        for n in NumaMask.nodes_of(group):
             if not remaining:
                 break
             take = min(remaining, state.free[n][c])

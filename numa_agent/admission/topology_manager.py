@@ -188,19 +188,6 @@ def _resources(providers: Sequence[ProviderInput]) -> list[tuple[int, str, HintS
     return out
 
 
-def _bits_of(nodes: Sequence[int]) -> int:
-    return NumaMask(nodes).bits
-
-
-def _nodes_of(bits: int) -> list[int]:
-    out = []
-    while bits:
-        low = bits & -bits
-        out.append(low.bit_length() - 1)
-        bits ^= low
-    return out
-
-
 class _Order:
     """The kubelet's order on merged masks as sort keys (smaller is better)."""
 
@@ -211,9 +198,9 @@ class _Order:
         if closest:
             if distances is None:
                 raise TopologyConfigError("prefer-closest-numa-nodes needs the NUMA distance matrix")
-            for n in _nodes_of(all_bits):
+            for n in NumaMask.nodes_of(all_bits):
                 row = distances.get(n)
-                if row is None or any(m not in row for m in _nodes_of(all_bits)):
+                if row is None or any(m not in row for m in NumaMask.nodes_of(all_bits)):
                     raise TopologyConfigError(
                         f"prefer-closest-numa-nodes: no distance from NUMA node {n} to every node")
                 self._rows[n] = row
@@ -222,7 +209,7 @@ class _Order:
         # Equal widths share the divisor of the kubelet's average, so sums compare the same.
         cached = self._dist_cache.get(bits)
         if cached is None:
-            nodes = _nodes_of(bits)
+            nodes = NumaMask.nodes_of(bits)
             cached = sum(self._rows[a][b] for a in nodes for b in nodes)
             self._dist_cache[bits] = cached
         return cached
@@ -241,7 +228,7 @@ class _Order:
 
     def subsets(self, universe: int, width: int, budget: "_Budget") -> Iterator[int]:
         """Every `width`-node subset of `universe`, best first for this order."""
-        positions = _nodes_of(universe)
+        positions = NumaMask.nodes_of(universe)
         n = len(positions)
         if width < 1 or width > n:
             return
@@ -252,7 +239,7 @@ class _Order:
             yield from _gosper(positions, width)
 
 
-def _gosper(positions: list[int], width: int) -> Iterator[int]:
+def _gosper(positions: Sequence[int], width: int) -> Iterator[int]:
     """`width`-subsets of `positions` in increasing bitmask order (the
     kubelet's tie order among equally wide masks)."""
     n = len(positions)
@@ -288,12 +275,13 @@ class _Gen:
     """A generated hint set with cached fits() calls."""
 
     def __init__(self, hs: HintSet, budget: _Budget):
+        assert hs.fits is not None, "a generated hint set has fits()"
         self.nodes = hs.nodes.bits if hs.nodes is not None else 0
         self.min_size = hs.min_size
-        self.monotone = bool(getattr(hs, "monotone", False))
+        self.monotone = hs.monotone
         self._fits = hs.fits
-        self._also = getattr(hs, "also_preferred", None)
-        self._contains = getattr(hs, "contains_fit", None)
+        self._also = hs.also_preferred
+        self._contains = hs.contains_fit
         self._cache: dict[int, bool] = {}
         self._budget = budget
 
@@ -309,6 +297,14 @@ class _Gen:
 
     def has_also(self) -> bool:
         return self._also is not None
+
+    def has_contains_fit(self) -> bool:
+        return self._contains is not None
+
+    def contains_fit(self, bits: int) -> bool:
+        """Some fitting mask contains `bits` (needs ``has_contains_fit()``)."""
+        assert self._contains is not None
+        return bool(self._contains(NumaMask.from_bits(bits)))
 
     def prefers(self, bits: int) -> bool:
         if not self.fits(bits):
@@ -334,7 +330,7 @@ def _single_numa_filter(hs: HintSet, gen: _Gen | None) -> Finite:
     """The hints single-numa-node keeps: {any, preferred} and preferred single nodes."""
     if gen is None:
         return tuple(h for h in _finite(hs) if h[1] and (h[0] is None or h[0].bit_count() == 1))
-    return tuple((1 << n, True) for n in _nodes_of(gen.nodes) if gen.prefers(1 << n))
+    return tuple((1 << n, True) for n in NumaMask.nodes_of(gen.nodes) if gen.prefers(1 << n))
 
 
 # --------------------------------------------------------------------------
@@ -389,13 +385,13 @@ def _preferred_phase(finite: list[Finite], gens: list[_Gen], all_bits: int, orde
                      budget: _Budget) -> int | None:
     """The best preferred merged mask, or None when no combination is preferred."""
     nil_ok = [any(raw is None and p for raw, p in hints) for hints in finite]
-    restrictive = [hints for hints, ok in zip(finite, nil_ok) if not ok]
+    restrictive = [hints for hints, ok in zip(finite, nil_ok, strict=True) if not ok]
     pref_sets = [{raw for raw, p in hints if p and raw is not None} for hints in finite]
 
     def everyone_prefers(raw: int) -> bool:
         if not raw & all_bits:
             return False
-        for ok, prefs in zip(nil_ok, pref_sets):
+        for ok, prefs in zip(nil_ok, pref_sets, strict=True):
             if not ok and raw not in prefs:
                 return False
         return all(g.prefers(raw) for g in gens)
@@ -404,7 +400,7 @@ def _preferred_phase(finite: list[Finite], gens: list[_Gen], all_bits: int, orde
         candidates = {all_bits} | {raw & all_bits for prefs in pref_sets for raw in prefs if raw & all_bits}
         return min(candidates, key=order.key)
     if restrictive:
-        smallest = min((s for s, ok in zip(pref_sets, nil_ok) if not ok), key=len)
+        smallest = min((s for s, ok in zip(pref_sets, nil_ok, strict=True) if not ok), key=len)
         hits = [raw & all_bits for raw in smallest if everyone_prefers(raw)]
         return min(hits, key=order.key) if hits else None
 
@@ -432,7 +428,7 @@ def _narrowest_fit(gen: _Gen, budget: _Budget) -> int | None:
     if gen.monotone and not gen.fits(gen.nodes):
         return None
     for width in range(max(gen.min_size, 1), gen.nodes.bit_count() + 1):
-        for bits in _gosper(_nodes_of(gen.nodes), width):
+        for bits in _gosper(NumaMask.nodes_of(gen.nodes), width):
             if gen.fits(bits):
                 return width
     return None
@@ -443,9 +439,9 @@ def _any_superset(gen: _Gen, x: int, budget: _Budget) -> bool:
         return True  # caller checked x <= nodes; the whole node set fits
     if gen.fits(x) or gen.fits(gen.nodes):
         return True
-    if gen._contains is not None:
+    if gen.has_contains_fit():
         budget.spend()
-        return bool(gen._contains(NumaMask.from_bits(x)))
+        return gen.contains_fit(x)
     return any(True for _ in _supersets(gen, x, budget))
 
 
@@ -454,7 +450,7 @@ def _supersets(gen: _Gen, x: int, budget: _Budget) -> Iterator[int]:
     Callers intersect traces and ask whether the rest can be excluded, which
     only gets easier with fewer nodes, so a trace that contains another adds
     nothing and is not tried."""
-    free = _nodes_of(gen.nodes & ~x)
+    free = NumaMask.nodes_of(gen.nodes & ~x)
     found: list[int] = []
     for k in range(len(free) + 1):
         for extra in (_gosper(free, k) if k else iter((0,))):
@@ -477,7 +473,7 @@ def _can_exclude(state: int, monos: list[_Gen], x: int, budget: _Budget) -> bool
         return True
     if not monos:
         return False
-    nodes = _nodes_of(todo)
+    nodes = NumaMask.nodes_of(todo)
     dropped = [0] * len(monos)
 
     def assign(i: int) -> bool:
@@ -573,7 +569,7 @@ def _merge(providers: Sequence[ProviderInput], numa_nodes: Sequence[int], policy
     options = options or TopologyManagerOptions()
     if policy == "none":
         return TopologyHint(None, True), True
-    all_bits = _bits_of(numa_nodes)
+    all_bits = NumaMask.bits_of(numa_nodes)
     if not all_bits:
         raise ValueError("merge needs at least one NUMA node")
     order = _Order(options.prefer_closest_numa_nodes and policy != "single-numa-node", distances, all_bits)
@@ -586,7 +582,7 @@ def _merge(providers: Sequence[ProviderInput], numa_nodes: Sequence[int], policy
             if gen.nodes & ~all_bits:
                 raise ValueError(
                     f"provider {index} resource {name!r}: generated hints span NUMA nodes "
-                    f"{_nodes_of(gen.nodes & ~all_bits)} that are not among the machine's {list(numa_nodes)}")
+                    f"{list(NumaMask.nodes_of(gen.nodes & ~all_bits))} that are not among the machine's {list(numa_nodes)}")
             gens.append(gen)
             if policy == "single-numa-node":
                 finite.append(_single_numa_filter(hs, gen))
@@ -760,6 +756,51 @@ def _reference_better(current: TopologyHint | None, candidate: TopologyHint, bes
     return fitter()
 
 
+def _reference_best_count(lists: Sequence[Sequence[TopologyHint]]) -> int:
+    """The widest of the lists' narrowest masks."""
+    best_count = 0
+    for hints in lists:
+        masks = [h.mask for h in hints if h.mask is not None]
+        if masks:
+            best_count = max(best_count, min(masks, key=NumaMask.sort_key).count())
+    return best_count
+
+
+def _reference_pick(closest: bool, distances: Mapping[int, Mapping[int, int]] | None,
+                    ) -> Callable[[NumaMask, NumaMask], NumaMask]:
+    """The kubelet's choice between two masks (narrower, or closer with
+    prefer-closest-numa-nodes among equally wide ones)."""
+
+    def average(mask: NumaMask) -> float:
+        nodes = mask.nodes()
+        return sum(distances[a][b] for a in nodes for b in nodes) / (len(nodes) ** 2)
+
+    def pick(a: NumaMask, b: NumaMask) -> NumaMask:
+        if closest and a.count() == b.count():
+            da, db = average(a), average(b)
+            if da != db:
+                return a if da < db else b
+            return a if a.bits < b.bits else b
+        return a if a.is_narrower_than(b) else b
+
+    return pick
+
+
+def _reference_combine(combo: Sequence[TopologyHint], all_mask: NumaMask) -> TopologyHint:
+    """One combination merged: the masks' intersection, preferred iff every
+    hint is and every non-nil mask is the same."""
+    mask, preferred, first = all_mask, True, None
+    for hint in combo:
+        if hint.mask is not None:
+            mask = mask & hint.mask
+            first = hint.mask if first is None else first
+            if hint.mask != first:
+                preferred = False
+        if not hint.preferred:
+            preferred = False
+    return TopologyHint(mask, preferred)
+
+
 def reference_merge(providers: Sequence[ProviderInput], numa_nodes: Sequence[int], policy: str,
                     options: TopologyManagerOptions | None = None,
                     distances: Mapping[int, Mapping[int, int]] | None = None) -> TopologyHint:
@@ -774,38 +815,11 @@ def reference_merge(providers: Sequence[ProviderInput], numa_nodes: Sequence[int
     if policy == "single-numa-node":
         lists = [[h for h in hints if h.preferred and (h.mask is None or h.mask.count() == 1)]
                  for hints in lists]
-    best_count = 0
-    for hints in lists:
-        masks = [h.mask for h in hints if h.mask is not None]
-        if masks:
-            best_count = max(best_count, min(masks, key=NumaMask.sort_key).count())
-
-    closest = options.prefer_closest_numa_nodes and policy != "single-numa-node"
-
-    def average(mask: NumaMask) -> float:
-        nodes = mask.nodes()
-        return sum(distances[a][b] for a in nodes for b in nodes) / (len(nodes) ** 2)
-
-    def pick(a: NumaMask, b: NumaMask) -> NumaMask:
-        if closest and a.count() == b.count():
-            da, db = average(a), average(b)
-            if da != db:
-                return a if da < db else b
-            return a if a.bits < b.bits else b
-        return a if a.is_narrower_than(b) else b
-
+    best_count = _reference_best_count(lists)
+    pick = _reference_pick(options.prefer_closest_numa_nodes and policy != "single-numa-node", distances)
     best = None
     for combo in product(*lists):
-        mask, preferred, first = all_mask, True, None
-        for hint in combo:
-            if hint.mask is not None:
-                mask = mask & hint.mask
-                first = hint.mask if first is None else first
-                if hint.mask != first:
-                    preferred = False
-            if not hint.preferred:
-                preferred = False
-        best = _reference_better(best, TopologyHint(mask, preferred), best_count, pick)
+        best = _reference_better(best, _reference_combine(combo, all_mask), best_count, pick)
     if best is None:
         best = TopologyHint(all_mask, False)
     if policy == "single-numa-node" and best.mask == all_mask:

@@ -10,11 +10,28 @@ equally wide masks the numerically smaller bitmask (lower node ids) wins.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from itertools import combinations
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator, Literal
+
+MaskPredicate = Callable[["NumaMask"], bool]
+
+
+@lru_cache(maxsize=1 << 16)
+def _nodes_of_bits(bits: int) -> tuple[int, ...]:
+    out = []
+    while bits:
+        low = bits & -bits
+        out.append(low.bit_length() - 1)
+        bits ^= low
+    return tuple(out)
 
 
 class NumaMask:
+    """The bit helpers (``nodes_of``, ``lowest_node``, ``bits_of``,
+    ``single_bits``, ``is_subset_bits``) work on raw int bitmasks too, for the
+    hot loops of the managers and the topology manager that keep masks as ints."""
+
     __slots__ = ("bits",)
 
     def __init__(self, nodes: Iterable[int] = ()) -> None:
@@ -35,15 +52,40 @@ class NumaMask:
     def __setattr__(self, name, value):  # immutable
         raise AttributeError("NumaMask is immutable")
 
+    # ---- bit helpers on raw bitmasks -------------------------------------
+    @staticmethod
+    def bits_of(nodes: "NumaMask | Iterable[int]") -> int:
+        """The bitmask of a mask or of node ids."""
+        return nodes.bits if isinstance(nodes, NumaMask) else NumaMask(nodes).bits
+
+    @staticmethod
+    def nodes_of(bits: int) -> tuple[int, ...]:
+        """The node ids of a bitmask, ascending (cached: masks recur)."""
+        return _nodes_of_bits(bits)
+
+    @staticmethod
+    def lowest_node(bits: int) -> int:
+        """The lowest node id of a non-empty bitmask."""
+        return (bits & -bits).bit_length() - 1
+
+    @staticmethod
+    def single_bits(bits: int) -> Iterator[int]:
+        """The one-bit masks of a bitmask, lowest first."""
+        while bits:
+            low = bits & -bits
+            yield low
+            bits ^= low
+
+    @staticmethod
+    def is_subset_bits(bits: int, of: int) -> bool:
+        return bits & ~of == 0
+
+    # ---- the mask as a value ----------------------------------------------
     def nodes(self) -> tuple[int, ...]:
-        out = []
-        b, i = self.bits, 0
-        while b:
-            if b & 1:
-                out.append(i)
-            b >>= 1
-            i += 1
-        return tuple(out)
+        return _nodes_of_bits(self.bits)
+
+    def lowest(self) -> int | None:
+        return None if not self.bits else NumaMask.lowest_node(self.bits)
 
     def __iter__(self) -> Iterator[int]:
         return iter(self.nodes())
@@ -72,7 +114,7 @@ class NumaMask:
         return hash(("NumaMask", self.bits))
 
     def issubset(self, other: "NumaMask") -> bool:
-        return self.bits & ~other.bits == 0
+        return NumaMask.is_subset_bits(self.bits, other.bits)
 
     def is_narrower_than(self, other: "NumaMask") -> bool:
         c1, c2 = self.count(), other.count()
@@ -117,6 +159,9 @@ class TopologyHint:
         return f"{m}{' preferred' if self.preferred else ''}"
 
 
+HintKind = Literal["none", "impossible", "generated", "explicit"]
+
+
 @dataclass(frozen=True, slots=True)
 class HintSet:
     """One provider's hints for one resource.
@@ -136,21 +181,21 @@ class HintSet:
     count and meant for small machines, explanations and tests.
     """
 
-    kind: str  # "none" | "impossible" | "generated" | "explicit"
+    kind: HintKind
     nodes: NumaMask | None = None
-    fits: "object | None" = None  # Callable[[NumaMask], bool]
+    fits: MaskPredicate | None = None
     min_size: int = 0
     explicit_hints: tuple[TopologyHint, ...] = ()
     # True when every superset (within `nodes`) of a fitting mask fits too,
     # as for CPUs and devices; lets the topology manager skip enumeration.
     monotone: bool = False
-    # Callable[[NumaMask], bool] | None: masks wider than min_size that are
-    # preferred all the same (the CPU manager's align-by-socket option).
-    also_preferred: "object | None" = None
-    # Callable[[NumaMask], bool] | None: "some fitting mask contains this
-    # one", answered without enumerating supersets (the memory manager's
-    # group rule makes its hints non-monotone, but this question stays cheap).
-    contains_fit: "object | None" = None
+    # Masks wider than min_size that are preferred all the same (the CPU
+    # manager's align-by-socket option).
+    also_preferred: MaskPredicate | None = None
+    # "Some fitting mask contains this one", answered without enumerating
+    # supersets (the memory manager's group rule makes its hints
+    # non-monotone, but this question stays cheap).
+    contains_fit: MaskPredicate | None = None
 
     @classmethod
     def no_preference(cls) -> "HintSet":
@@ -161,8 +206,9 @@ class HintSet:
         return cls("impossible")
 
     @classmethod
-    def generated(cls, nodes: NumaMask, fits, min_size: int, also_preferred=None,
-                  monotone: bool = False, contains_fit=None) -> "HintSet":
+    def generated(cls, nodes: NumaMask, fits: MaskPredicate, min_size: int,
+                  also_preferred: MaskPredicate | None = None, monotone: bool = False,
+                  contains_fit: MaskPredicate | None = None) -> "HintSet":
         return cls("generated", nodes=nodes, fits=fits, min_size=min_size,
                    also_preferred=also_preferred, monotone=monotone, contains_fit=contains_fit)
 
@@ -170,7 +216,7 @@ class HintSet:
         """Preference of a generated hint on `mask` (which must fit)."""
         if mask.count() == self.min_size:
             return True
-        return self.also_preferred is not None and bool(self.also_preferred(mask))
+        return self.also_preferred is not None and self.also_preferred(mask)
 
     @classmethod
     def explicit(cls, hints: Iterable[TopologyHint] | None) -> "HintSet":
@@ -186,6 +232,6 @@ class HintSet:
             return []
         if self.kind == "explicit":
             return list(self.explicit_hints)
-        assert self.nodes is not None and callable(self.fits)
-        return [TopologyHint(m, self.is_preferred(m))
-                for m in masks_of(self.nodes.nodes()) if self.fits(m)]
+        assert self.nodes is not None and self.fits is not None
+        fits = self.fits
+        return [TopologyHint(m, self.is_preferred(m)) for m in masks_of(self.nodes.nodes()) if fits(m)]

@@ -65,23 +65,10 @@ def make_topology(
     nodes, ``offline_cpus`` marks CPUs offline, ``allowed_*`` sets the
     agent's own cpuset (None = unrestricted).
     """
-    if sockets < 1 or nodes_per_socket < 1 or cores_per_node < 1 or threads_per_core < 1:
-        raise ValueError("sockets, nodes_per_socket, cores_per_node and threads_per_core must be >= 1")
-    if numbering not in ("split", "interleaved"):
-        raise ValueError(f"numbering must be 'split' or 'interleaved', got {numbering!r}")
-    if l3_per not in ("node", "socket"):
-        raise ValueError(f"l3_per must be 'node' or 'socket', got {l3_per!r}")
-
+    _check_shape(sockets, nodes_per_socket, cores_per_node, threads_per_core, numbering, l3_per)
     cpu_nodes = sockets * nodes_per_socket
-    if node_ids is None:
-        node_ids = tuple(range(cpu_nodes))
-    node_ids = tuple(int(n) for n in node_ids)
-    if len(node_ids) != cpu_nodes:
-        raise ValueError(f"node_ids names {len(node_ids)} nodes, the shape has {cpu_nodes}")
-    cpuless = tuple(int(n) for n in cpuless_node_ids)
+    node_ids, cpuless = _node_ids(cpu_nodes, node_ids, cpuless_node_ids)
     all_ids = node_ids + cpuless
-    if len(set(all_ids)) != len(all_ids) or min(all_ids) < 0:
-        raise ValueError(f"NUMA node ids must be distinct and >= 0, got {list(all_ids)}")
 
     total_cores = cpu_nodes * cores_per_node
 
@@ -160,6 +147,29 @@ def make_topology(
         allowed_cpus=allowed_cpus,
         allowed_mems=None if allowed_mems is None else frozenset(int(m) for m in allowed_mems),
     )
+
+
+def _check_shape(sockets: int, nodes_per_socket: int, cores_per_node: int, threads_per_core: int,
+                 numbering: str, l3_per: str) -> None:
+    if sockets < 1 or nodes_per_socket < 1 or cores_per_node < 1 or threads_per_core < 1:
+        raise ValueError("sockets, nodes_per_socket, cores_per_node and threads_per_core must be >= 1")
+    if numbering not in ("split", "interleaved"):
+        raise ValueError(f"numbering must be 'split' or 'interleaved', got {numbering!r}")
+    if l3_per not in ("node", "socket"):
+        raise ValueError(f"l3_per must be 'node' or 'socket', got {l3_per!r}")
+
+
+def _node_ids(cpu_nodes: int, node_ids: Sequence[int] | None,
+              cpuless_node_ids: Sequence[int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The CPU nodes' ids and the memory-only nodes' ids, checked."""
+    ids = tuple(range(cpu_nodes)) if node_ids is None else tuple(int(n) for n in node_ids)
+    if len(ids) != cpu_nodes:
+        raise ValueError(f"node_ids names {len(ids)} nodes, the shape has {cpu_nodes}")
+    cpuless = tuple(int(n) for n in cpuless_node_ids)
+    all_ids = ids + cpuless
+    if len(set(all_ids)) != len(all_ids) or min(all_ids) < 0:
+        raise ValueError(f"NUMA node ids must be distinct and >= 0, got {list(all_ids)}")
+    return ids, cpuless
 
 
 def make_numa_machine(numa_nodes: int, cpus_per_node: int, threads_per_core: int = 2) -> Topology:

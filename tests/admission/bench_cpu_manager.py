@@ -3,6 +3,7 @@
 
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -22,6 +23,10 @@ def timed(label, fn, repeat=20):
     return result
 
 
+def _fits_many(hint_set, mask, times):
+    return [hint_set.fits(mask) for _ in range(times)]
+
+
 def main():
     start = time.perf_counter()
     topo = CpuTopology.from_topology(make_topology(sockets=2, nodes_per_socket=32, cores_per_node=8))
@@ -31,15 +36,15 @@ def main():
     free = topo.all_cpus
     packed = CpuManagerOptions()
     for request in (4, 40, 300):
-        hint_set = timed(f"cpu_hints request={request}", lambda: cpu_hints(topo, free, request, packed))
+        hint_set = timed(f"cpu_hints request={request}", partial(cpu_hints, topo, free, request, packed))
         mask = NumaMask(range(hint_set.min_size))
         timed(f"  fits() on a {hint_set.min_size}-node mask x1000",
-              lambda: [hint_set.fits(mask) for _ in range(1000)], repeat=5)
+              partial(_fits_many, hint_set, mask, 1000), repeat=5)
         timed(f"  allocate_cpus packed request={request}",
-              lambda: allocate_cpus(topo, free, request, mask, packed))
+              partial(allocate_cpus, topo, free, request, mask, packed))
         timed(f"  allocate_cpus distributed request={request}",
-              lambda: allocate_cpus(topo, free, request, None,
-                                    CpuManagerOptions(distribute_cpus_across_numa=True, full_pcpus_only=True)),
+              partial(allocate_cpus, topo, free, request, None,
+                      CpuManagerOptions(distribute_cpus_across_numa=True, full_pcpus_only=True)),
               repeat=3)
     # A fragmented machine: every other core busy.
     half = topo.whole_core_cpus(free) - topo.cpus_of_numas(range(0, 64, 2))

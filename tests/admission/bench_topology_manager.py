@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -27,7 +28,7 @@ def scenario(n, kind):
         reqs = [24, 20, 30, 17]
     else:  # gpu prefers 1 node, the others 2: no preferred merge, best non-preferred search
         reqs = [24, 20, 30, 3]
-    return nodes, [{name: cpu_like(free, r, 16)} for name, r in zip(("cpu", "memory", "hugepages", "gpu"), reqs)]
+    return nodes, [{name: cpu_like(free, r, 16)} for name, r in zip(("cpu", "memory", "hugepages", "gpu"), reqs, strict=True)]
 
 
 def timed(fn, repeat):
@@ -44,12 +45,12 @@ def main():
     for n in (4, 6, 8, 16, 32, 64):
         for kind in ("aligned", "non-preferred"):
             nodes, providers = scenario(n, kind)
-            fast_s, (hint, exact) = timed(lambda: _merge(providers, nodes, "best-effort", None, None), 5)
+            fast_s, (hint, exact) = timed(partial(_merge, providers, nodes, "best-effort", None, None), 5)
             combos = 1
             for hints in _kubelet_lists(providers) if n <= 8 else ():
                 combos *= len(hints)
             if n <= 8 and combos <= 6_000_000:
-                ref_s, ref = timed(lambda: reference_merge(providers, nodes, "best-effort"), 1)
+                ref_s, ref = timed(partial(reference_merge, providers, nodes, "best-effort"), 1)
                 ref_text = f"{ref_s * 1000:13.1f}"
                 assert ref == hint, (n, kind, ref, hint)
             else:

@@ -5,7 +5,8 @@ invariants."""
 from dataclasses import replace
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from numa_agent.admission.accounting import node_accounting
 from numa_agent.admission.admit import (

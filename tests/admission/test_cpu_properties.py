@@ -1,6 +1,7 @@
 """Properties of the static policy's allocation over random small machines."""
 
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from numa_agent.admission.cpu_manager import (
     CpuManagerOptions,
@@ -47,7 +48,7 @@ OPTIONS = st.sampled_from([
 
 def subset(draw, cpus: CpuSet) -> CpuSet:
     ids = cpus.ids()
-    return CpuSet(i for i, keep in zip(ids, draw(st.lists(st.booleans(), min_size=len(ids), max_size=len(ids))))
+    return CpuSet(i for i, keep in zip(ids, draw(st.lists(st.booleans(), min_size=len(ids), max_size=len(ids))), strict=True)
                   if keep)
 
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 from itertools import combinations
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from numa_agent.admission.device_manager import (
     DeviceAllocationError,

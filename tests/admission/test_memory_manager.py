@@ -7,7 +7,8 @@ import dataclasses
 from itertools import combinations
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from numa_agent.admission.memory_manager import (
     EMPTY_USAGE,
@@ -390,7 +391,7 @@ pages = st.lists(st.integers(0, 4), min_size=5, max_size=5)
 def scenario(draw):
     mem = draw(node_gib)
     hp = draw(pages)[: len(mem)]
-    hp = [h if m else 0 for h, m in zip(hp, mem)]
+    hp = [h if m else 0 for h, m in zip(hp, mem, strict=True)]
     _, cap = machine(mem, hp2m=hp)
     ops = draw(st.lists(st.tuples(
         st.integers(0, 24).map(lambda half_gib: half_gib * GiB // 2) | st.integers(0, 12 * GiB),

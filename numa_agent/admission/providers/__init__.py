@@ -1,0 +1,1 @@
+"""The concrete providers; ``numa_agent.admission.registry`` lists them."""

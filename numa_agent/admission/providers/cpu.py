@@ -1,0 +1,116 @@
+"""The CPU manager as a provider: exclusive CPUs (static policy), pinned
+CPUs (physcpubind), and a pod member's CPUs from its pod's budget."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+from numa_agent.admission.cpu_manager import allocate_cpus, cpu_hints
+from numa_agent.admission.errors import (
+    CpuAllocationError,
+    CpusBusyError,
+    PodSharedPartEmptyError,
+    SharedPoolEmptyError,
+)
+from numa_agent.admission.machine import Machine
+from numa_agent.admission.provider import NOTHING, Allocation
+from numa_agent.admission.request import Request
+from numa_agent.admission.view import AdmissionView
+from numa_agent.core.cpuset import CpuSet
+from numa_agent.core.hints import HintSet, NumaMask
+
+
+def _wants_exclusive(request: Request, machine: Machine) -> bool:
+    return request.resources.cpus > 0 and machine.policy.cpu_policy == "static"
+
+
+def _available(request: Request, view: AdmissionView) -> CpuSet:
+    available = view.allocatable_cpus
+    if request.cpunodebind is not None:
+        available = available & view.machine.cpus_of_nodes(request.cpunodebind)
+    return available
+
+
+def _per_node_cpu_text(machine: Machine, available: CpuSet) -> str:
+    parts = [f"node {n}: {len(available & machine.cpus_of_nodes((n,)))}" for n in machine.node_ids]
+    return " (" + ", ".join(parts) + ")" if len(parts) > 1 else ""
+
+
+@dataclass(frozen=True)
+class CpuProvider:
+    name: str = "cpu"
+
+    def hints(self, request: Request, view: AdmissionView) -> Mapping[str, HintSet] | None:
+        machine = view.machine
+        pinned = request.physcpubind is not None or request.cpunodebind is not None
+        if view.pod is not None or pinned or not _wants_exclusive(request, machine):
+            return None
+        return {"cpu": cpu_hints(machine.cpu_topology, _available(request, view), request.resources.cpus,
+                                 machine.cpu_options)}
+
+    def allocate(self, request: Request, view: AdmissionView, affinity: NumaMask | None) -> Allocation:
+        if view.pod is not None:
+            return _allocate_in_pod(request, view)
+        cpus = _pick(request, view, affinity)
+        if cpus and not (view.shared_pool - cpus):
+            raise SharedPoolEmptyError(
+                f"giving CPUs {cpus.format()} away would leave the shared pool empty; "
+                f"reserve at least one CPU (cpu_manager.reserved_cpu_count)")
+        return Allocation(cpus=cpus) if cpus else NOTHING
+
+    def refusal_reason(self, request: Request, view: AdmissionView) -> str | None:
+        cpus = request.resources.cpus
+        if not cpus:
+            return None
+        per_node = [v["cpus"] for v in view.free.values()]
+        return (f"{cpus} CPUs requested; {sum(per_node)} free, but at most "
+                f"{max(per_node, default=0)} on one NUMA node")
+
+
+def _pick(request: Request, view: AdmissionView, affinity: NumaMask | None) -> CpuSet:
+    machine = view.machine
+    available = _available(request, view)
+    if request.physcpubind is not None:
+        busy = request.physcpubind - available
+        if busy:
+            raise CpusBusyError(f"physcpubind: CPUs {busy.format()} are reserved or exclusively allocated; "
+                                f"free for exclusive use: {available.format() or 'none'}")
+        return request.physcpubind
+    if not _wants_exclusive(request, machine):
+        return CpuSet()
+    count = request.resources.cpus
+    if count > len(available):
+        raise CpuAllocationError(f"not enough CPUs: requested {count}, {len(available)} free for exclusive use"
+                                 f"{_per_node_cpu_text(machine, available)}")
+    where = NumaMask(request.cpunodebind) if request.cpunodebind else affinity
+    return allocate_cpus(machine.cpu_topology, available, count, where, machine.cpu_options)
+
+
+def _allocate_in_pod(request: Request, view: AdmissionView) -> Allocation:
+    """Exclusive CPUs from the part of the pod no other member holds; a
+    sharing member needs that part not to be empty."""
+    pod, members, shared_part = view.pod, view.pod_members, view.pod_shared_cpus
+    assert pod is not None
+    count = request.resources.cpus
+    if count <= 0:
+        if not shared_part:
+            raise PodSharedPartEmptyError(
+                f"pod {pod.name!r}: its exclusive members hold all {len(pod.booking.cpus)} CPUs; "
+                f"nothing is left for a member that shares")
+        return NOTHING
+    if count > len(shared_part):
+        raise CpuAllocationError(
+            f"pod {pod.name!r}: requested {count} exclusive CPUs, only {len(shared_part)} "
+            f"of the pod's {len(pod.booking.cpus)} are not taken by other members")
+    if any(m.shared for m in members) and count == len(shared_part):
+        raise PodSharedPartEmptyError(
+            f"pod {pod.name!r}: {count} exclusive CPUs would leave nothing for the members "
+            f"that share the rest ({', '.join(m.name for m in members if m.shared)})")
+    machine = view.machine
+    try:
+        cpus = allocate_cpus(machine.cpu_topology, shared_part, count, None, machine.cpu_options)
+    except CpuAllocationError as exc:
+        # Inside a pod every CPU shortfall reads as insufficient_cpus.
+        raise CpuAllocationError(f"pod {pod.name!r}: {exc}") from None
+    return Allocation(cpus=cpus)

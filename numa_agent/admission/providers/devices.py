@@ -1,0 +1,62 @@
+"""The device manager as a provider: PCI devices by resource name, and a pod
+member's devices from its pod's budget."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+from numa_agent.admission.device_manager import allocate_devices, device_hints, device_refusal_reason
+from numa_agent.admission.errors import DeviceAllocationError
+from numa_agent.admission.provider import NOTHING, Allocation
+from numa_agent.admission.request import Request
+from numa_agent.admission.view import AdmissionView
+from numa_agent.core.hints import HintSet, NumaMask
+from numa_agent.core.topology import UNKNOWN_NODE
+
+
+@dataclass(frozen=True)
+class DeviceProvider:
+    name: str = "devices"
+
+    def hints(self, request: Request, view: AdmissionView) -> Mapping[str, HintSet] | None:
+        if view.pod is not None:
+            return None
+        machine, in_use = view.machine, view.devices_in_use
+        sets = {resource: device_hints(machine.devices, in_use, resource, count, machine.node_ids)
+                for resource, count in sorted(request.resources.devices.items()) if count > 0}
+        return sets or None
+
+    def allocate(self, request: Request, view: AdmissionView, affinity: NumaMask | None) -> Allocation:
+        if view.pod is not None:
+            return _allocate_in_pod(request, view)
+        machine, in_use = view.machine, view.devices_in_use
+        devices: list[tuple[str, str]] = []
+        for resource, count in sorted(request.resources.devices.items()):
+            if count > 0:
+                addrs = allocate_devices(machine.devices, in_use, resource, count, affinity, machine.distances)
+                devices.extend((resource, a) for a in addrs)
+        if not devices:
+            return NOTHING
+        nodes = {machine.topology.device(a).numa_node for _, a in devices} - {UNKNOWN_NODE}
+        return Allocation(devices=tuple(sorted(devices)), numa_nodes=tuple(sorted(nodes)))
+
+    def refusal_reason(self, request: Request, view: AdmissionView) -> str | None:
+        machine, in_use = view.machine, view.devices_in_use
+        reasons = [device_refusal_reason(machine.devices, in_use, resource, count)
+                   for resource, count in sorted(request.resources.devices.items())]
+        return "; ".join(r for r in reasons if r) or None
+
+
+def _allocate_in_pod(request: Request, view: AdmissionView) -> Allocation:
+    pod = view.pod
+    assert pod is not None
+    taken = {a for m in view.pod_members for a in m.booking.device_addresses()}
+    devices: list[tuple[str, str]] = []
+    for resource, count in sorted(request.resources.devices.items()):
+        pool = [a for r, a in pod.booking.devices if r == resource and a not in taken]
+        if count > len(pool):
+            raise DeviceAllocationError(
+                f"pod {pod.name!r}: requested {count} {resource}, {len(pool)} left in the pod budget")
+        devices.extend((resource, a) for a in pool[:count])
+    return Allocation(devices=tuple(sorted(devices))) if devices else NOTHING

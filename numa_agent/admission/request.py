@@ -1,0 +1,58 @@
+"""What a workload asks for: the request values admission and the providers read."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from numa_agent.core.cpuset import CpuSet
+
+
+@dataclass(frozen=True)
+class Resources:
+    """What one request asks for."""
+
+    cpus: int = 0
+    memory_bytes: int = 0
+    hugepages: Mapping[int, int] = field(default_factory=dict)  # size kB -> count
+    devices: Mapping[str, int] = field(default_factory=dict)
+
+    def is_empty(self) -> bool:
+        return not (self.cpus or self.memory_bytes or any(self.hugepages.values())
+                    or any(self.devices.values()))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"cpus": self.cpus, "memory_bytes": self.memory_bytes,
+                "hugepages": {str(k): v for k, v in sorted(self.hugepages.items())},
+                "devices": dict(sorted(self.devices.items()))}
+
+
+@dataclass(frozen=True)
+class Request:
+    name: str
+    owner_uid: int
+    resources: Resources = Resources()
+    shared: bool = False
+    pid: int | None = None
+    policy: str | None = None  # overrides the configured topology policy
+    physcpubind: CpuSet | None = None
+    cpunodebind: tuple[int, ...] | None = None
+    membind: tuple[int, ...] | None = None
+    pod: str | None = None
+    pod_budget: Resources | None = None
+    command: tuple[str, ...] = ()
+    created_unix: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {**self.resources.to_json(), "shared": self.shared}
+        if self.policy:
+            out["policy"] = self.policy
+        if self.physcpubind is not None:
+            out["physcpubind"] = self.physcpubind.format()
+        if self.cpunodebind is not None:
+            out["cpunodebind"] = list(self.cpunodebind)
+        if self.membind is not None:
+            out["membind"] = list(self.membind)
+        if self.pod_budget is not None:
+            out["pod_budget"] = self.pod_budget.to_json()
+        return out

@@ -1,0 +1,130 @@
+"""Derived views of (machine, state): what is free, shared and in use. Pure.
+
+``AdmissionView`` is what the providers read during one admission: the
+machine, the state, and (for a pod member) the pod whose budget it takes
+from; every derived value is computed once, on first use.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Generic, TypeVar
+
+from numa_agent.admission.machine import Machine
+from numa_agent.admission.memory_manager import MemoryAllocation, MemoryUsage, free_bytes, usage_from
+from numa_agent.core.cpuset import CpuSet
+from numa_agent.core.hints import NumaMask
+from numa_agent.state.model import AgentState, Booking, Pod, Workload
+
+
+def shared_pool(machine: Machine, state: AgentState) -> CpuSet:
+    """CPUs for everything without exclusive CPUs: usable minus every exclusive
+    booking (and minus the reserved CPUs under strict-cpu-reservation)."""
+    pool = machine.usable_cpus - state.exclusive_cpus()
+    if machine.cpu_options.strict_cpu_reservation:
+        pool = pool - machine.reserved_cpus
+    return pool
+
+
+def allocatable_cpus(machine: Machine, state: AgentState) -> CpuSet:
+    """CPUs that can still become exclusive."""
+    return machine.usable_cpus - machine.reserved_cpus - state.exclusive_cpus()
+
+
+def pod_shared_cpus(state: AgentState, pod: Pod) -> CpuSet:
+    """The part of a pod's CPUs that its non-exclusive members share."""
+    bits = 0
+    for m in state.members_of(pod.name):
+        bits |= m.booking.cpus.bits
+    return pod.booking.cpus - CpuSet.from_bits(bits)
+
+
+def effective_cpus(machine: Machine, state: AgentState, w: Workload) -> CpuSet:
+    """The cpuset a workload runs on right now."""
+    if not w.shared:
+        return w.booking.cpus
+    if w.pod is not None:
+        pod = state.pod(w.pod)
+        return pod_shared_cpus(state, pod) if pod else CpuSet()
+    pool = shared_pool(machine, state)
+    if w.cpunodebind:
+        pool = pool & machine.cpus_of_nodes(w.cpunodebind)
+    return pool
+
+
+def memory_usage(state: AgentState) -> MemoryUsage:
+    memo = state.memo
+    if "memory_usage" not in memo:
+        memo["memory_usage"] = usage_from(_as_memory_allocation(b)
+                                          for b in state.top_level_bookings() if b.memory)
+    return memo["memory_usage"]
+
+
+def _as_memory_allocation(b: Booking) -> MemoryAllocation:
+    return MemoryAllocation(NumaMask(b.memory_group or b.memory.keys()),
+                            tuple((n, r, v) for n, per in b.memory.items() for r, v in per.items()))
+
+
+T = TypeVar("T")
+
+
+class _once(Generic[T]):
+    """A value computed on first read and kept in the instance (like
+    functools.cached_property, without its lock: one view serves one
+    admission, in one thread)."""
+
+    def __init__(self, compute: Callable[[Any], T]) -> None:
+        self.compute = compute
+        self.name = compute.__name__
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, view: Any, owner: type | None = None) -> T:
+        if view is None:
+            return self  # type: ignore[return-value]
+        value = self.compute(view)
+        view.__dict__[self.name] = value  # later reads find it before this descriptor
+        return value
+
+
+@dataclass(frozen=True)
+class AdmissionView:
+    """The machine and state one admission reads. ``pod`` set: the request is
+    a member of that pod and takes its resources from the pod's budget."""
+
+    machine: Machine
+    state: AgentState
+    pod: Pod | None = None
+
+    @_once
+    def allocatable_cpus(self) -> CpuSet:
+        return allocatable_cpus(self.machine, self.state)
+
+    @_once
+    def shared_pool(self) -> CpuSet:
+        return shared_pool(self.machine, self.state)
+
+    @_once
+    def memory_usage(self) -> MemoryUsage:
+        return memory_usage(self.state)
+
+    @_once
+    def devices_in_use(self) -> dict[str, frozenset[str]]:
+        return self.state.devices_in_use()
+
+    @_once
+    def pod_members(self) -> tuple[Workload, ...]:
+        return () if self.pod is None else tuple(self.state.members_of(self.pod.name))
+
+    @_once
+    def pod_shared_cpus(self) -> CpuSet:
+        return CpuSet() if self.pod is None else pod_shared_cpus(self.state, self.pod)
+
+    @_once
+    def free(self) -> dict[str, dict[str, Any]]:
+        """Per node: CPUs that can still become exclusive, free regular memory."""
+        machine, usage = self.machine, self.memory_usage
+        return {str(n): {"cpus": len(self.allocatable_cpus & machine.cpus_of_nodes((n,))),
+                         "memory_bytes": free_bytes(machine.memory, usage, n, "memory")}
+                for n in machine.node_ids}
