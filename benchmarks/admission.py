@@ -32,11 +32,11 @@ from numa_agent.admission.admit import (
 from numa_agent.admission.machine import Machine, PolicyConfig, build_machine
 from numa_agent.admission.registry import PROVIDERS as REGISTERED
 from numa_agent.admission.topology_manager import decide as merge_decide
-from numa_agent.admission.topology_manager import reference_merge
 from numa_agent.admission.view import AdmissionView
 from numa_agent.core.hints import HintSet, NumaMask, TopologyHint
-from numa_agent.core.synthetic import make_topology
 from numa_agent.state.model import AgentState
+from numa_agent.testing.reference_merge import reference_merge
+from numa_agent.testing.synthetic import make_topology
 
 DEFAULT_SIZES = (2, 8, 16, 32, 64)
 POLICIES = ("best-effort", "single-numa-node")

@@ -70,8 +70,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from itertools import product
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 from numa_agent.core.hints import HintSet, NumaMask, TopologyHint
 from numa_agent.core.policy import POLICY_NAMES, SCOPE_NAMES, TopologyPolicy, TopologyScope
@@ -175,7 +174,7 @@ def _as_hintset(value: Any) -> HintSet:
     return HintSet.explicit(list(value))
 
 
-def _resources(providers: Sequence[ProviderInput]) -> list[tuple[int, str, HintSet]]:
+def provider_resources(providers: Sequence[ProviderInput]) -> list[tuple[int, str, HintSet]]:
     """(provider index, resource, hint set) in a fixed order; an absent or
     empty provider is one 'no preference' resource, as for the kubelet."""
     out = []
@@ -576,7 +575,7 @@ def _merge(providers: Sequence[ProviderInput], numa_nodes: Sequence[int], policy
     budget = _Budget(budget_limit)
     finite: list[Finite] = []
     gens: list[_Gen] = []
-    for index, name, hs in _resources(providers):
+    for index, name, hs in provider_resources(providers):
         if hs.kind == "generated":
             gen = _Gen(hs, budget)
             if gen.nodes & ~all_bits:
@@ -710,125 +709,12 @@ def decide(providers: Sequence[ProviderInput], numa_nodes: Sequence[int], policy
            distances: Mapping[int, Mapping[int, int]] | None = None) -> MergeResult:
     """Merge, admit, and summarise every provider's hints for explanations."""
     merged, exact = _merge(providers, numa_nodes, policy, options, distances)
-    summaries = tuple(_summarize(i, name, hs) for i, name, hs in _resources(providers))
+    summaries = tuple(_summarize(i, name, hs) for i, name, hs in provider_resources(providers))
     return MergeResult(merged, admit(policy, merged), policy, summaries, exact)
-
-
-# --------------------------------------------------------------------------
-# Reference: the kubelet's exhaustive cross product, for tests and benchmarks.
-
-def _kubelet_lists(providers: Sequence[ProviderInput]) -> list[list[TopologyHint]]:
-    lists = []
-    for _, _, hs in _resources(providers):
-        hints = hs.hints()
-        lists.append(hints if hints else [TopologyHint(None, False)])
-    return lists
-
-
-def _reference_better(current: TopologyHint | None, candidate: TopologyHint, best_count: int,
-                      pick: Callable[[NumaMask, NumaMask], NumaMask]) -> TopologyHint | None:
-    """One step of the kubelet's pairwise comparison, case by case."""
-    if candidate.mask.count() == 0:
-        return current
-    if current is None:
-        return candidate
-
-    def fitter() -> TopologyHint:
-        if candidate.mask == current.mask:
-            return current
-        return current if pick(current.mask, candidate.mask) == current.mask else candidate
-
-    if current.preferred != candidate.preferred:
-        return candidate if candidate.preferred else current
-    if current.preferred:
-        return fitter()
-    cur, cand = current.mask.count(), candidate.mask.count()
-    if cur > best_count:
-        return fitter()
-    if cur == best_count:
-        return fitter() if cand == best_count else current
-    if cand > best_count:
-        return current
-    if cand == best_count:
-        return candidate
-    if cand != cur:
-        return candidate if cand > cur else current
-    return fitter()
-
-
-def _reference_best_count(lists: Sequence[Sequence[TopologyHint]]) -> int:
-    """The widest of the lists' narrowest masks."""
-    best_count = 0
-    for hints in lists:
-        masks = [h.mask for h in hints if h.mask is not None]
-        if masks:
-            best_count = max(best_count, min(masks, key=NumaMask.sort_key).count())
-    return best_count
-
-
-def _reference_pick(closest: bool, distances: Mapping[int, Mapping[int, int]] | None,
-                    ) -> Callable[[NumaMask, NumaMask], NumaMask]:
-    """The kubelet's choice between two masks (narrower, or closer with
-    prefer-closest-numa-nodes among equally wide ones)."""
-
-    def average(mask: NumaMask) -> float:
-        nodes = mask.nodes()
-        return sum(distances[a][b] for a in nodes for b in nodes) / (len(nodes) ** 2)
-
-    def pick(a: NumaMask, b: NumaMask) -> NumaMask:
-        if closest and a.count() == b.count():
-            da, db = average(a), average(b)
-            if da != db:
-                return a if da < db else b
-            return a if a.bits < b.bits else b
-        return a if a.is_narrower_than(b) else b
-
-    return pick
-
-
-def _reference_combine(combo: Sequence[TopologyHint], all_mask: NumaMask) -> TopologyHint:
-    """One combination merged: the masks' intersection, preferred iff every
-    hint is and every non-nil mask is the same."""
-    mask, preferred, first = all_mask, True, None
-    for hint in combo:
-        if hint.mask is not None:
-            mask = mask & hint.mask
-            first = hint.mask if first is None else first
-            if hint.mask != first:
-                preferred = False
-        if not hint.preferred:
-            preferred = False
-    return TopologyHint(mask, preferred)
-
-
-def reference_merge(providers: Sequence[ProviderInput], numa_nodes: Sequence[int], policy: str,
-                    options: TopologyManagerOptions | None = None,
-                    distances: Mapping[int, Mapping[int, int]] | None = None) -> TopologyHint:
-    """The kubelet's merge done literally: every combination of hints, one per
-    resource, compared pairwise in order. Exponential; small machines only."""
-    check_policy(policy)
-    options = options or TopologyManagerOptions()
-    if policy == "none":
-        return TopologyHint(None, True)
-    all_mask = NumaMask(numa_nodes)
-    lists = _kubelet_lists(providers)
-    if policy == "single-numa-node":
-        lists = [[h for h in hints if h.preferred and (h.mask is None or h.mask.count() == 1)]
-                 for hints in lists]
-    best_count = _reference_best_count(lists)
-    pick = _reference_pick(options.prefer_closest_numa_nodes and policy != "single-numa-node", distances)
-    best = None
-    for combo in product(*lists):
-        best = _reference_better(best, _reference_combine(combo, all_mask), best_count, pick)
-    if best is None:
-        best = TopologyHint(all_mask, False)
-    if policy == "single-numa-node" and best.mask == all_mask:
-        best = TopologyHint(None, best.preferred)
-    return best
 
 
 __all__ = [
     "POLICIES", "SCOPES", "FITS_BUDGET", "TopologyConfigError", "TopologyManagerOptions",
-    "HintSummary", "MergeResult", "merge", "admit", "decide", "reference_merge",
+    "HintSummary", "MergeResult", "merge", "admit", "decide", "provider_resources",
     "check_policy", "check_scope",
 ]

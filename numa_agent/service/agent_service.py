@@ -30,7 +30,6 @@ from numa_agent.admission.admit import (
 from numa_agent.admission.admit import (
     release as release_workload,
 )
-from numa_agent.admission.hotplug import rebase_state
 from numa_agent.admission.machine import Machine
 from numa_agent.api.errors import (
     AdmissionRefused,
@@ -46,6 +45,7 @@ from numa_agent.core.names import NAME_RULE, is_workload_name
 from numa_agent.enforcement.errors import EnforcementError
 from numa_agent.enforcement.plan import desired_layout, workload_relpath
 from numa_agent.enforcement.protocol import Enforcer, Layout
+from numa_agent.hotplug.rebase import rebase_state
 from numa_agent.service.caller import Caller
 from numa_agent.service.counters import Counters
 from numa_agent.state.checkpoint import CheckpointError

@@ -17,11 +17,11 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from numa_agent.admission.hotplug import rebase_state
 from numa_agent.admission.machine import Machine
 from numa_agent.core.cpuset import CpuSet
 from numa_agent.enforcement.plan import POD_PREFIX, SHARED_CGROUP, WORKLOAD_PREFIX, safe_component, workload_relpath
 from numa_agent.enforcement.protocol import Enforcer
+from numa_agent.hotplug.rebase import rebase_state
 from numa_agent.service.config import ConfigError
 from numa_agent.state.checkpoint import CheckpointCorruptError
 from numa_agent.state.model import AgentState, Booking, Pod, Workload, replace

@@ -20,11 +20,11 @@ from numa_agent.admission.admit import (
     release,
     shared_pool,
 )
-from numa_agent.admission.hotplug import rebase_state
 from numa_agent.admission.machine import MachineConfigError, PolicyConfig, build_machine
 from numa_agent.core.cpuset import CpuSet
-from numa_agent.core.synthetic import make_topology
+from numa_agent.hotplug.rebase import rebase_state
 from numa_agent.state.model import AgentState
+from numa_agent.testing.synthetic import make_topology
 
 GPU = ("0x030200", "0x10de", "0x20b0", 1, "nvidia")
 NIC = ("0x020000", "0x8086", "0x1572", 0, "i40e")

@@ -21,8 +21,8 @@ from numa_agent.admission.device_manager import (
     resolve_inventory,
 )
 from numa_agent.core.hints import NumaMask, TopologyHint
-from numa_agent.core.synthetic import make_topology
 from numa_agent.core.topology import PciDevice
+from numa_agent.testing.synthetic import make_topology
 
 GPU = ("0x030200", "0x10de", "0x20b0", None, "nvidia")
 

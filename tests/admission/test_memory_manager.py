@@ -28,8 +28,8 @@ from numa_agent.admission.memory_manager import (
     usage_without,
 )
 from numa_agent.core.hints import NumaMask, TopologyHint
-from numa_agent.core.synthetic import make_topology
 from numa_agent.core.topology import HugePages
+from numa_agent.testing.synthetic import make_topology
 
 GiB = 1 << 30
 MiB = 1 << 20

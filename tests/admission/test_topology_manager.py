@@ -15,9 +15,9 @@ from numa_agent.admission.topology_manager import (
     check_scope,
     decide,
     merge,
-    reference_merge,
 )
 from numa_agent.core.hints import HintSet, NumaMask, TopologyHint
+from numa_agent.testing.reference_merge import reference_merge
 
 
 def H(nodes, preferred=True):

@@ -11,11 +11,10 @@ from hypothesis import strategies as st
 from numa_agent.admission.topology_manager import (
     POLICIES,
     TopologyManagerOptions,
-    _kubelet_lists,
     _merge,
-    reference_merge,
 )
 from numa_agent.core.hints import HintSet, NumaMask, TopologyHint
+from numa_agent.testing.reference_merge import kubelet_lists, reference_merge
 
 
 def _subsets(nodes):
@@ -89,7 +88,7 @@ def provider_lists(draw, nodes, generated_weight=1):
 def _check(data, weight):
     nodes, dist = data.draw(machines())
     providers = data.draw(provider_lists(nodes, weight))
-    assume(math.prod(len(h) for h in _kubelet_lists(providers)) <= 4000)
+    assume(math.prod(len(h) for h in kubelet_lists(providers)) <= 4000)
     policy = data.draw(st.sampled_from(POLICIES))
     options = TopologyManagerOptions(prefer_closest_numa_nodes=data.draw(st.booleans()))
     want = reference_merge(providers, nodes, policy, options, dist)
@@ -133,7 +132,7 @@ def test_fast_merge_equals_cross_product_when_monotone_sets_must_cut_together(da
     # wider fitting masks) are where a shortcut would go wrong.
     nodes = sorted(data.draw(st.sets(st.integers(0, 7), min_size=3, max_size=5)))
     providers = data.draw(monotone_only(nodes))
-    assume(math.prod(len(h) for h in _kubelet_lists(providers)) <= 30000)
+    assume(math.prod(len(h) for h in kubelet_lists(providers)) <= 30000)
     policy = data.draw(st.sampled_from(["best-effort", "restricted"]))
     want = reference_merge(providers, nodes, policy)
     got, exact = _merge(providers, nodes, policy, None, None)

@@ -8,8 +8,8 @@ import os
 import pytest
 
 from numa_agent.core.cpuset import CpuSet
-from numa_agent.core.synthetic import make_topology
 from numa_agent.discovery.sysfs import DiscoveryError, read_topology
+from numa_agent.testing.synthetic import make_topology
 from tests.support.sysfs_writer import write_sysfs
 
 

@@ -14,7 +14,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from numa_agent.core.cpuset import CpuSet
-from numa_agent.core.synthetic import make_topology
+from numa_agent.testing.synthetic import make_topology
 from tests.support.agent_process import AgentProcess, numa_run
 from tests.support.sysfs_writer import write_sysfs
 

@@ -13,7 +13,6 @@ from numa_agent.admission.machine import PolicyConfig, build_machine
 from numa_agent.api.errors import AdmissionRefused, BadRequest, Conflict, Forbidden, NotFound, ServiceUnavailable
 from numa_agent.api.validation import AdmitRequest
 from numa_agent.core.cpuset import CpuSet
-from numa_agent.core.synthetic import make_topology
 from numa_agent.enforcement.cgroup import CgroupV2
 from numa_agent.enforcement.enforcer import CgroupEnforcer
 from numa_agent.enforcement.errors import CgroupNoSpaceError
@@ -23,6 +22,7 @@ from numa_agent.service.caller import Caller
 from numa_agent.service.config import ConfigError
 from numa_agent.service.recovery import restore
 from numa_agent.state.checkpoint import CheckpointStore, CheckpointWriteError
+from numa_agent.testing.synthetic import make_topology
 
 ME = Caller(pid=os.getpid(), uid=1000, gid=1000)
 ROOT = Caller(pid=os.getpid(), uid=0, gid=0)

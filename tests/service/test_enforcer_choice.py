@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 
 from numa_agent.admission.machine import PolicyConfig, build_machine
-from numa_agent.core.synthetic import make_topology
 from numa_agent.enforcement.enforcer import AffinityEnforcer, CgroupEnforcer
 from numa_agent.service import startup
 from numa_agent.service.config import AgentConfig
 from numa_agent.service.startup import EnforcerUnavailable, StartupError, _lazy, choose_enforcer
+from numa_agent.testing.synthetic import make_topology
 
 HERE = __name__
 

@@ -11,12 +11,12 @@ import pytest
 
 from numa_agent.admission.machine import PolicyConfig
 from numa_agent.api.validation import AdmitRequest
-from numa_agent.service.startup import Agent
 from numa_agent.core.cpuset import CpuSet
-from numa_agent.core.synthetic import make_topology
 from numa_agent.hotplug.events import FakeEventSource, HotplugEvent
 from numa_agent.service.caller import Caller
 from numa_agent.service.config import AgentConfig
+from numa_agent.service.startup import Agent
+from numa_agent.testing.synthetic import make_topology
 from tests.support.sysfs_writer import write_sysfs
 
 GPU = ("0x030200", "0x10de", "0x20b0", 1, "nvidia")

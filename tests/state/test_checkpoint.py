@@ -8,7 +8,8 @@ import stat
 from datetime import datetime, timezone
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from numa_agent.state import checkpoint as checkpoint_module
 from numa_agent.state.checkpoint import (

@@ -8,7 +8,6 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from numa_agent.admission.machine import PolicyConfig, build_machine
 from numa_agent.api.validation import AdmitRequest
-from numa_agent.core.synthetic import make_topology
 from numa_agent.enforcement.cgroup import CgroupV2
 from numa_agent.enforcement.enforcer import CgroupEnforcer
 from numa_agent.enforcement.fake_cgroupfs import FakeCgroupfs, make_fake_cgroup_root
@@ -16,6 +15,7 @@ from numa_agent.service.agent_service import AgentService
 from numa_agent.service.caller import Caller
 from numa_agent.service.recovery import restore
 from numa_agent.state.checkpoint import CheckpointStore
+from numa_agent.testing.synthetic import make_topology
 from numa_agent.views.metrics import build_registry
 
 

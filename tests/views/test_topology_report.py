@@ -8,7 +8,7 @@ import pytest
 
 from numa_agent.cli.numa_agent import main
 from numa_agent.core.cpuset import CpuSet
-from numa_agent.core.synthetic import make_topology
+from numa_agent.testing.synthetic import make_topology
 from numa_agent.views.topology_report import render_text, topology_to_json
 
 

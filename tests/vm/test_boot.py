@@ -7,10 +7,9 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from vmharness import boot
 from vmharness.__main__ import main
-from vmharness.boot import GuestBootError, GuestError, job_script, guest_env, run_in_guest
+from vmharness.boot import GuestBootError, GuestError, guest_env, job_script, run_in_guest
 from vmharness.build import GuestImage
 from vmharness.shapes import SHAPES
 

@@ -6,10 +6,8 @@ import stat
 import subprocess
 
 import pytest
-
 from vmharness import build
-from vmharness.build import (CpioEntry, SetupError, build_initramfs, cpio_newc, extract_vmlinux,
-                             parse_show_depends)
+from vmharness.build import CpioEntry, SetupError, build_initramfs, cpio_newc, extract_vmlinux, parse_show_depends
 
 
 def read_newc(data: bytes) -> dict[str, tuple[int, bytes, tuple[int, int]]]:

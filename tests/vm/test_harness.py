@@ -4,7 +4,6 @@ import os
 import re
 
 import pytest
-
 from vmharness import SHAPES, run_in_guest
 
 pytestmark = pytest.mark.skipif(

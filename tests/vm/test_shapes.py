@@ -4,7 +4,6 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-
 from vmharness.shapes import SHAPES, Node, ShapeError, get_shape, qemu_args
 
 

@@ -4,10 +4,10 @@ harness's run_in_guest is replaced by a stand-in that answers as a guest would."
 import json
 
 import pytest
+from vmharness import GuestBootError, GuestError, GuestResult
 
 from tests.vm_e2e import runner, scenarios
 from tests.vm_e2e.plan import PLAN, SCENARIOS, result_line
-from vmharness import GuestBootError, GuestError, GuestResult
 
 
 def guest_answering(stdout="", exit_code=0, timed_out=False, raises=None, report=None):

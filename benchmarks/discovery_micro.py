@@ -1,6 +1,6 @@
 """Print how long discovery takes on each snapshot (a script, not a test).
 
-    /tmp/v/bin/python tests/discovery/bench_discovery.py [REPEATS]
+    .venv/bin/python benchmarks/discovery_micro.py [REPEATS]
 """
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from numa_agent.discovery.sysfs import read_topology  # noqa: E402
 
-ARCHIVES = sorted((Path(__file__).parents[1] / "fixtures" / "sysfs").glob("*.tar.gz"))
+ARCHIVES = sorted((Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "sysfs").glob("*.tar.gz"))
 
 
 def main() -> None:

@@ -1,6 +1,6 @@
 """Benchmark (prints figures, asserts nothing): merge time with 4 CPU-like
 generated providers at 8..64 NUMA nodes, fast merge vs the kubelet's cross
-product where that finishes. Run: python tests/admission/bench_topology_manager.py"""
+product where that finishes. Run: python benchmarks/topology_manager_micro.py"""
 
 from __future__ import annotations
 
@@ -9,10 +9,11 @@ import time
 from functools import partial
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from numa_agent.admission.topology_manager import _kubelet_lists, _merge, reference_merge  # noqa: E402
+from numa_agent.admission.topology_manager import _merge  # noqa: E402
 from numa_agent.core.hints import HintSet, NumaMask  # noqa: E402
+from numa_agent.testing.reference_merge import kubelet_lists, reference_merge  # noqa: E402
 
 
 def cpu_like(free, request, capacity):
@@ -47,7 +48,7 @@ def main():
             nodes, providers = scenario(n, kind)
             fast_s, (hint, exact) = timed(partial(_merge, providers, nodes, "best-effort", None, None), 5)
             combos = 1
-            for hints in _kubelet_lists(providers) if n <= 8 else ():
+            for hints in kubelet_lists(providers) if n <= 8 else ():
                 combos *= len(hints)
             if n <= 8 and combos <= 6_000_000:
                 ref_s, ref = timed(partial(reference_merge, providers, nodes, "best-effort"), 1)

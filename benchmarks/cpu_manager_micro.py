@@ -1,17 +1,17 @@
 """Benchmark (a script, not a test): CPU hints and allocation on a 64-node,
-1024-CPU machine. Run: python tests/admission/bench_cpu_manager.py"""
+1024-CPU machine. Run: python benchmarks/cpu_manager_micro.py"""
 
 import sys
 import time
 from functools import partial
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from numa_agent.admission.cpu_manager import CpuManagerOptions, allocate_cpus, cpu_hints  # noqa: E402
 from numa_agent.admission.cpu_topology import CpuTopology  # noqa: E402
 from numa_agent.core.hints import NumaMask  # noqa: E402
-from numa_agent.core.synthetic import make_topology  # noqa: E402
+from numa_agent.testing.synthetic import make_topology  # noqa: E402
 
 
 def timed(label, fn, repeat=20):

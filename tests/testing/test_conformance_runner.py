@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from numa_agent.conformance.runner import ConformanceFileError, run
+from numa_agent.testing.conformance.runner import ConformanceFileError, run
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 VECTORS = ROOT / "tests" / "fixtures" / "conformance" / "kubelet-vectors.json"
 SCRIPT = ROOT / "scripts" / "kubelet-conformance"
 
