@@ -28,14 +28,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
-    for name, module_name in SUBCOMMANDS.items():
-        try:
-            module = importlib.import_module(f"numa_agent.cli.{module_name}")
-        except ModuleNotFoundError as exc:
-            if exc.name != f"numa_agent.cli.{module_name}":
-                raise
-            continue  # subcommand not built yet
-        module.add_parser(sub)
+    for module_name in SUBCOMMANDS.values():
+        importlib.import_module(f"numa_agent.cli.{module_name}").add_parser(sub)
     return parser
 
 

@@ -41,7 +41,7 @@ def _table(rows: list[list[str]], right_from: int) -> list[str]:
     out = []
     for row in rows:
         cells = [cell.rjust(w) if i >= right_from else cell.ljust(w)
-                 for i, (cell, w) in enumerate(zip(row, widths))]
+                 for i, (cell, w) in enumerate(zip(row, widths, strict=False))]
         out.append("  ".join(cells).rstrip())
     return out
 

@@ -255,7 +255,7 @@ def _with_distances(nodes: tuple[NumaNode, ...], node_dirs: dict[int, str], node
         out.append(NumaNode(
             id=node.id, cpus=node.cpus,
             memory_total_bytes=node.memory_total_bytes, memory_free_bytes=node.memory_free_bytes,
-            hugepages=node.hugepages, distances=dict(zip(order, row)),
+            hugepages=node.hugepages, distances=dict(zip(order, row, strict=False)),
         ))
     return tuple(out)
 
@@ -373,7 +373,7 @@ def _under(root: str, mount_point: str, cg_path: str) -> str:
 
 
 def _read_cpuset_files(directory: str, cpu_names: tuple[str, ...], mem_names: tuple[str, ...]):
-    for cpu_name, mem_name in zip(cpu_names, mem_names):
+    for cpu_name, mem_name in zip(cpu_names, mem_names, strict=True):
         cpus = read_cpulist(os.path.join(directory, cpu_name))
         if cpus is None:
             continue

@@ -110,7 +110,7 @@ class EventSource(Protocol):
 
 
 def _default_monitor():
-    import pyudev  # type: ignore[import-untyped]  # imported lazily: only the daemon needs it
+    import pyudev  # imported lazily: only the daemon needs it
 
     context = pyudev.Context()
     return pyudev.Monitor.from_netlink(context, source="kernel")

@@ -49,7 +49,7 @@ class Counters:
 
     def snapshot(self) -> dict:
         cumulative, running = [], 0
-        for bound, count in zip(DURATION_BUCKETS, self.bucket_counts):
+        for bound, count in zip(DURATION_BUCKETS, self.bucket_counts, strict=True):
             running += count
             cumulative.append([bound, running])
         return {

@@ -62,7 +62,7 @@ class EventLoop:
             if self.watchdog_interval:
                 timeout = max(0.0, next_ping - time.monotonic())
             ready = sel.select(timeout)
-            if self.watchdog_interval and time.monotonic() >= next_ping:
+            if self.watchdog_interval and self.watchdog_ping and time.monotonic() >= next_ping:
                 self.watchdog_ping()
                 next_ping = time.monotonic() + self.watchdog_interval
             kinds = {key.data for key, _ in ready}

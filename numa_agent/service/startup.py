@@ -15,7 +15,14 @@ from typing import TYPE_CHECKING, Any, Callable
 from numa_agent.enforcement.plan import AGENT_CGROUP
 
 if TYPE_CHECKING:
+    from numa_agent.api.server import ApiServer
     from numa_agent.enforcement.protocol import Enforcer
+    from numa_agent.hotplug.events import EventSource
+    from numa_agent.service.agent_service import AgentService
+    from numa_agent.service.config import AgentConfig
+    from numa_agent.service.runtime import EventLoop
+    from numa_agent.state.directory import StateDirClaim
+    from numa_agent.views.metrics import MetricsServer
 
 log = logging.getLogger("numa_agent.startup")
 
@@ -27,12 +34,14 @@ class StartupError(Exception):
 class Agent:
     """Wires the edges around the service; start(), stop()."""
 
-    def __init__(self, cfg, hotplug_source=None) -> None:
+    def __init__(self, cfg: AgentConfig, hotplug_source: EventSource | None = None) -> None:
         self.cfg = cfg
-        self.api = self.metrics = self.loop = None
+        self.api: ApiServer | None = None
+        self.metrics: MetricsServer | None = None
+        self.loop: EventLoop | None = None
         self.hotplug = hotplug_source  # tests inject a fake; else kernel uevents
-        self.service = None
-        self.claim = None
+        self.service: AgentService | None = None
+        self.claim: StateDirClaim | None = None
 
     def start(self) -> "Agent":
         """Start, or raise StartupError having released whatever was taken."""
@@ -40,13 +49,13 @@ class Agent:
 
         try:
             # First of all: one agent per state directory, and only a private one.
-            self.claim = claim_state_dir(self.cfg.state_dir)
+            claim = self.claim = claim_state_dir(self.cfg.state_dir)
         except StateDirError as exc:
             raise StartupError(str(exc)) from None
         try:
             return self._start()
         except BaseException:
-            self.claim.abandon()
+            claim.abandon()
             raise
 
     def _start(self) -> "Agent":
@@ -122,6 +131,7 @@ class Agent:
 
         cfg = self.cfg
         service = self.service
+        assert service is not None, "the edges start after the service"
         try:
             self.api = ApiServer(service, cfg.socket, socket_mode=cfg.socket_mode,
                                  socket_group=cfg.socket_group).start()
@@ -157,16 +167,19 @@ class Agent:
         from numa_agent.admission.machine import build_machine
         from numa_agent.discovery.sysfs import read_topology
 
+        service = self.service
+        if service is None:
+            return  # not started yet: start-up reads the machine anyway
         if events is None:
             log.warning("hotplug events were lost; rescanning sysfs")
         else:
             for event in events:
-                self.service.counters.hotplug(event.kind)
+                service.counters.hotplug(event.kind)
                 log.info("hotplug: %s %s %s", event.kind, event.action, event.id)
             if not events:
                 return
         machine = build_machine(read_topology(self.cfg.sysfs_root), self.cfg.policy)
-        self.service.replace_machine(machine)
+        service.replace_machine(machine)
 
     def stop(self) -> None:
         from numa_agent.service import sdnotify

@@ -243,7 +243,7 @@ def build_initramfs(module_paths: list[Path], busybox: Path) -> bytes:
     entries = [CpioEntry(d, stat.S_IFDIR | 0o755) for d in ("bin", "dev", "lib", "lib/modules")]
     entries.append(CpioEntry("dev/console", stat.S_IFCHR | 0o600, rdev=(5, 1)))
     entries.append(CpioEntry("bin/busybox", stat.S_IFREG | 0o755, busybox.read_bytes()))
-    for path, name in zip(module_paths, names):
+    for path, name in zip(module_paths, names, strict=True):
         data = path.read_bytes()
         if path.name.endswith(".xz"):
             data = lzma.decompress(data)  # busybox insmod loads plain .ko only

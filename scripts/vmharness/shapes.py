@@ -74,10 +74,23 @@ class Shape:
         return tuple(sorted({node for _, node, _ in self.expanders}))
 
     def validate(self) -> None:
+        """Refuse a shape QEMU or the guest could not honour, naming what is wrong."""
+        self._validate_counts()
+        ids = [n.id for n in self.nodes]
+        self._validate_nodes(ids)
+        for cpu in range(self.cpus):
+            self.node_of_cpu(cpu)  # raises for a CPU no node owns
+        self._validate_distances(ids)
+        for bus, node, _ in self.expanders:
+            if node not in ids:
+                raise ShapeError(f"shape {self.name}: expander bridge on bus {bus} names unknown node {node}")
+
+    def _validate_counts(self) -> None:
         for field in ("sockets", "dies", "cores", "threads"):
             if getattr(self, field) < 1:
                 raise ShapeError(f"shape {self.name}: {field} must be at least 1")
-        ids = [n.id for n in self.nodes]
+
+    def _validate_nodes(self, ids: list[int]) -> None:
         if not ids:
             raise ShapeError(f"shape {self.name}: needs at least one NUMA node")
         if len(set(ids)) != len(ids):
@@ -96,8 +109,8 @@ class Shape:
                 if not (0 <= socket < self.sockets and 0 <= die < self.dies):
                     raise ShapeError(f"shape {self.name}: node {node.id} names socket {socket} die {die}, "
                                      "which the machine does not have")
-        for cpu in range(self.cpus):
-            self.node_of_cpu(cpu)  # raises for a CPU no node owns
+
+    def _validate_distances(self, ids: list[int]) -> None:
         given = {}
         for a, b, distance in self.distances:
             if a not in ids or b not in ids or a == b:
@@ -109,9 +122,6 @@ class Shape:
             missing = [(a, b) for i, a in enumerate(ids) for b in ids[i + 1:] if frozenset((a, b)) not in given]
             if missing:
                 raise ShapeError(f"shape {self.name}: QEMU needs a distance for every node pair; missing {missing}")
-        for bus, node, _ in self.expanders:
-            if node not in ids:
-                raise ShapeError(f"shape {self.name}: expander bridge on bus {bus} names unknown node {node}")
 
 
 def qemu_args(shape: Shape, *, kernel: Path, initrd: Path, job_dir: Path,
