@@ -8,6 +8,18 @@ name and serialises as that name in JSON and the checkpoint.
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import TypeVar
+
+_E = TypeVar("_E", bound=StrEnum)
+
+
+def _parse(kind: type[_E], value: str, what: str) -> _E:
+    """The member named `value`; ValueError listing the names otherwise."""
+    try:
+        return kind(value)
+    except ValueError:
+        names = ", ".join(m.value for m in kind)
+        raise ValueError(f"unknown topology manager {what} {value!r}; expected one of {names}") from None
 
 
 class TopologyPolicy(StrEnum):
@@ -18,12 +30,7 @@ class TopologyPolicy(StrEnum):
 
     @classmethod
     def parse(cls, value: str) -> TopologyPolicy:
-        """The policy named `value`; ValueError listing the names otherwise."""
-        try:
-            return cls(value)
-        except ValueError:
-            raise ValueError(f"unknown topology manager policy {value!r}; "
-                             f"expected one of {', '.join(POLICY_NAMES)}") from None
+        return _parse(cls, value, "policy")
 
     @property
     def admits_any(self) -> bool:
@@ -56,11 +63,7 @@ class TopologyScope(StrEnum):
 
     @classmethod
     def parse(cls, value: str) -> TopologyScope:
-        try:
-            return cls(value)
-        except ValueError:
-            raise ValueError(f"unknown topology manager scope {value!r}; "
-                             f"expected one of {', '.join(SCOPE_NAMES)}") from None
+        return _parse(cls, value, "scope")
 
 
 POLICY_NAMES: tuple[str, ...] = tuple(p.value for p in TopologyPolicy)
