@@ -171,7 +171,8 @@ def _workload(req: Request, booking: Booking, shared: bool | None = None) -> Wor
         shared = req.shared or (req.resources.cpus == 0 and req.physcpubind is None)
     return Workload(
         name=req.name, owner_uid=req.owner_uid, booking=booking, shared=shared,
-        pod=req.pod, pid=req.pid, created_unix=req.created_unix, command=req.command,
+        pod=req.pod, pid=req.pid, pid_identity=req.pid_identity, created_unix=req.created_unix,
+        command=req.command,
         cpunodebind=tuple(req.cpunodebind or ()), request=req.to_json())
 
 

@@ -34,6 +34,7 @@ class Request:
     resources: Resources = Resources()
     shared: bool = False
     pid: int | None = None
+    pid_identity: str | None = None  # see Workload.pid_identity
     policy: str | None = None  # overrides the configured topology policy
     physcpubind: CpuSet | None = None
     cpunodebind: tuple[int, ...] | None = None

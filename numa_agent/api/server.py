@@ -43,6 +43,7 @@ from numa_agent.api.errors import (
     ServerBusy,
 )
 from numa_agent.api.validation import MAX_BODY_BYTES, parse_admit_request, validate_name
+from numa_agent.enforcement.processes import process_identity
 from numa_agent.service.caller import Caller
 
 log = logging.getLogger("numa_agent.api")
@@ -180,7 +181,8 @@ def peer_caller(conn: socket.socket) -> Caller:
                 pidfd = os.pidfd_open(pid)
             except OSError:
                 pidfd = None  # already gone; the service sees pidfd=None
-    return Caller(pid=pid, uid=uid, gid=gid, pidfd=pidfd)
+    identity = process_identity(pid) if pidfd is not None else None
+    return Caller(pid=pid, uid=uid, gid=gid, pidfd=pidfd, identity=identity)
 
 
 # ---------------------------------------------------------------- routing

@@ -142,7 +142,7 @@ def to_admission_request(req: AdmitRequest, caller: Caller, *, name: str, create
         except CpuSetParseError as exc:
             raise InvalidRequest(f"physcpubind: {exc}") from None
     return Request(
-        name=name, owner_uid=caller.uid, pid=caller.pid, resources=_resources(req),
+        name=name, owner_uid=caller.uid, pid=caller.pid, pid_identity=caller.identity, resources=_resources(req),
         shared=req.shared, policy=req.policy, physcpubind=physcpubind,
         cpunodebind=_node_ids(req.cpunodebind), membind=_node_ids(req.membind), pod=req.pod,
         pod_budget=_resources(req.pod_budget) if req.pod_budget is not None else None,

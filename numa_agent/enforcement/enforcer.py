@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+import select
 from typing import Collection
 
 from numa_agent.core.cpuset import CpuSet
@@ -30,7 +31,7 @@ from numa_agent.enforcement.plan import (
     CgroupSpec,
     order_changes,
 )
-from numa_agent.enforcement.processes import process_alive
+from numa_agent.enforcement.processes import process_alive, process_identity
 from numa_agent.enforcement.protocol import Grant, Layout
 
 log = logging.getLogger("numa_agent.enforcement")
@@ -226,7 +227,7 @@ class CgroupEnforcer:
         return Grant(cpus, mems, f"cgroup root {self.cgroup.root}")
 
     # ---- liveness: inotify on each workload's cgroup.events ---------------------
-    def track(self, relpath: str, pid: int | None) -> bool:
+    def track(self, relpath: str, pid: int | None, identity: str | None = None) -> bool:
         """The cgroup knows its processes: `pid` is not needed. Its watch is
         set when the layout is applied."""
         return self.populated(relpath)
@@ -271,18 +272,20 @@ class AffinityEnforcer:
         for change in order_changes(old, new):
             if change.kind == "remove":
                 pid = self._pids.get(change.relpath)
+                alive = self._alive(change.relpath)
                 self._forget(change.relpath)
-                if pid is not None and process_alive(pid) and SHARED_CGROUP in new:
+                if pid is not None and alive and SHARED_CGROUP in new:
                     _pin_tree(pid, new[SHARED_CGROUP].cpus)  # back to the shared pool
                 continue
             spec = change.spec
             assert spec is not None
-            pid = spec.pid
             if move is not None and move[0] == spec.relpath:
-                pid = move[1]
-            if spec.workload is None or pid is None:
+                continue  # pinned below, with the pid the caller's pidfd vouches for
+            # Only a process whose pidfd says it is still the same one: its PID
+            # may already be another process's if it exited a moment ago.
+            if spec.workload is None or spec.pid is None or not self._alive(spec.relpath):
                 continue
-            _pin_tree(pid, spec.cpus)
+            _pin_tree(spec.pid, spec.cpus)
         if move is not None:
             relpath, pid = move
             spec = new[relpath]
@@ -293,8 +296,9 @@ class AffinityEnforcer:
         """Nothing to read back: sched_setaffinity either pinned a task or
         raised, and tasks created later inherit the mask."""
 
-    def track(self, relpath: str, pid: int | None) -> bool:
-        """Watch `pid` for exit; False if it is already gone or unknown."""
+    def track(self, relpath: str, pid: int | None, identity: str | None = None) -> bool:
+        """Watch `pid` for exit; False if it is already gone or unknown, or if
+        it is no longer the process that was admitted (a recycled PID)."""
         if relpath in self._pidfds:
             return True
         if pid is None:
@@ -303,11 +307,27 @@ class AffinityEnforcer:
             fd = os.pidfd_open(pid)
         except ProcessLookupError:
             return False
+        # Read after the pidfd pinned the process: a match means this very
+        # process is the one admitted. A workload admitted before identities
+        # were recorded has none and is taken on its PID alone.
+        if identity is not None and process_identity(pid) != identity:
+            os.close(fd)
+            log.warning("%s: pid %d now belongs to another process; not following it", relpath, pid)
+            return False
         self._pidfds[relpath] = fd
         self._by_fd[fd] = relpath
         self._pids[relpath] = pid
         os.write(self._wake_w, b"x")
         return True
+
+    def _alive(self, relpath: str) -> bool:
+        """The followed process has not exited (its pidfd is not readable)."""
+        fd = self._pidfds.get(relpath)
+        if fd is None:
+            return False
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        return not poller.poll(0)
 
     def _forget(self, relpath: str) -> None:
         fd = self._pidfds.pop(relpath, None)

@@ -90,9 +90,10 @@ class Enforcer(Protocol):
         ...
 
     # ---- liveness -------------------------------------------------------------
-    def track(self, relpath: str, pid: int | None) -> bool:
+    def track(self, relpath: str, pid: int | None, identity: str | None = None) -> bool:
         """Start following a restored workload (`pid` as checkpointed, None if
-        unknown); False when its processes are already gone."""
+        unknown; `identity` its process_identity when it was admitted); False
+        when its processes are already gone, or `pid` now names another process."""
         ...
 
     def fds(self) -> list[int]:

@@ -18,6 +18,9 @@ class Caller:
     uid: int
     gid: int
     pidfd: int | None = None
+    # process_identity(pid), read after the pidfd was pinned: what a recycled
+    # PID cannot repeat, kept with the workload.
+    identity: str | None = None
 
     @property
     def is_root(self) -> bool:

@@ -75,7 +75,8 @@ def restore(machine: Machine, store, enforcer: Enforcer, on_policy_change: str =
     for name, what in lost:
         log.warning("workload %s lost %s while the agent was stopped", name, what)
 
-    released = [w.name for w in state.workloads if not enforcer.track(workload_relpath(w), w.pid)]
+    released = [w.name for w in state.workloads
+                if not enforcer.track(workload_relpath(w), w.pid, w.pid_identity)]
     for name in released:
         from numa_agent.admission.admit import release
         state, _, _ = release(state, name)

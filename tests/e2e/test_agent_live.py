@@ -133,3 +133,41 @@ def test_restart_keeps_running_workload(tmp_path):
 
 def _list(agent):
     return agent.call("GET", "/v1/workloads")[1]["workloads"]
+
+
+def test_a_recycled_pid_is_not_taken_for_the_workload_after_a_crash(tmp_path):
+    """Affinity mode: the agent dies, the workload dies, its PID now names an
+    unrelated process. On restart the workload is released, and the unrelated
+    process keeps its affinity (it is neither pinned nor adopted)."""
+    from numa_agent.state.checkpoint import CheckpointStore
+
+    a = AgentProcess(tmp_path / "a", "--cgroup-root", "none").start()
+    workload = subprocess.Popen([sys.executable, "-m", "numa_agent.cli.numa_run", "--socket", a.socket,
+                                 "--name", "victim", "--cpus", "1", "--", "sleep", "60"])
+    stranger = None
+    try:
+        wait_for(lambda: [w for w in workloads(a) if w["name"] == "victim"])
+        (victim,) = [w for w in workloads(a) if w["name"] == "victim"]
+        a.kill()
+        workload.kill()
+        workload.wait()
+        # The kernel recycling the PID, as the checkpoint sees it: the
+        # workload's PID now names another live process.
+        stranger = subprocess.Popen(["sleep", "60"])
+        before = os.sched_getaffinity(stranger.pid)
+        store = CheckpointStore(a.state_dir)
+        data = store.load()
+        (entry,) = [w for w in data["workloads"] if w["name"] == "victim"]
+        assert entry["pid"] == victim["pid"] and entry["pid_identity"]
+        entry["pid"] = stranger.pid
+        store.save(data)
+        a.start()
+        assert [w["name"] for w in workloads(a)] == []
+        assert os.sched_getaffinity(stranger.pid) == before
+        assert "now belongs to another process" in a.log()
+    finally:
+        for p in (workload, stranger):
+            if p is not None:
+                p.kill()
+                p.wait()
+        a.stop()
