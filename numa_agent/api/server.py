@@ -449,6 +449,18 @@ class ApiServer:
             os.unlink(self.socket_path)
 
     # -- lifecycle ------------------------------------------------------
+    def bind(self) -> "ApiServer":
+        """Take the socket path now and listen, serving nothing until start():
+        start-up claims it before anything is written, and clients that
+        connect meanwhile wait in the listen queue."""
+        self._ensure_server()
+        return self
+
+    def attach(self, service: Any) -> None:
+        """The service to serve, when it exists only after bind()."""
+        self.service = service
+        self.router = _Router(service)
+
     def _ensure_server(self) -> _UnixServer:
         if self._server is None:
             server = _UnixServer(self)
@@ -482,7 +494,8 @@ class ApiServer:
         server, self._server = self._server, None
         if server is None:
             return
-        server.shutdown()
+        if self._thread is not None:  # shutdown() waits for a serving loop: only if one runs
+            server.shutdown()
         server.server_close()
         if self._thread is not None:
             self._thread.join(timeout=5)

@@ -55,6 +55,9 @@ class Agent:
         try:
             return self._start()
         except BaseException:
+            if self.api is not None:
+                self.api.stop()  # bound but never served: removes the socket
+                self.api = None
             claim.abandon()
             raise
 
@@ -81,6 +84,8 @@ class Agent:
                  len(topology.pci_devices))
         enforcer = choose_enforcer(cfg, machine)
         machine = self._within_cgroup_root(machine, enforcer)
+        self._claim_endpoints()
+        # Only now is anything written: cgroups, the checkpoint.
         store = CheckpointStore(cfg.state_dir)
         try:
             enforcer.setup()
@@ -100,6 +105,24 @@ class Agent:
                  f", corrupt checkpoint moved to {report.quarantined}" if report.quarantined else "")
         self._start_edges(machine)
         return self
+
+    def _claim_endpoints(self) -> None:
+        """Bind the API socket (served from start_edges on) and check the
+        metrics port, so that a start failing on either writes nothing."""
+        from numa_agent.api.server import ApiServer
+        from numa_agent.views.metrics import check_metrics_address
+
+        cfg = self.cfg
+        try:
+            self.api = ApiServer(None, cfg.socket, socket_mode=cfg.socket_mode,
+                                 socket_group=cfg.socket_group).bind()
+        except Exception as exc:
+            raise StartupError(f"cannot serve the API on {cfg.socket}: {exc}") from None
+        if cfg.metrics_address:
+            try:
+                check_metrics_address(cfg.metrics_address)
+            except (OSError, ValueError) as exc:
+                raise StartupError(f"metrics: {exc}") from None
 
     def _within_cgroup_root(self, machine, enforcer: Enforcer):
         """The agent hands out what the enforcer's root is granted when it
@@ -125,26 +148,21 @@ class Agent:
                                f"grants (cpus {cpus.format()}, mems {mems.format()}): {exc}") from None
 
     def _start_edges(self, machine) -> None:
-        from numa_agent.api.server import ApiServer
         from numa_agent.service import sdnotify
         from numa_agent.service.runtime import EventLoop
 
         cfg = self.cfg
-        service = self.service
-        assert service is not None, "the edges start after the service"
-        try:
-            self.api = ApiServer(service, cfg.socket, socket_mode=cfg.socket_mode,
-                                 socket_group=cfg.socket_group).start()
-        except Exception as exc:
-            raise StartupError(f"cannot serve the API on {cfg.socket}: {exc}") from None
+        service, api = self.service, self.api
+        assert service is not None and api is not None, "the edges start after the service"
+        api.attach(service)
+        api.start()
         if cfg.metrics_address:
             from numa_agent.views.metrics import build_registry, start_metrics_server
 
             try:
                 self.metrics = start_metrics_server(cfg.metrics_address,
                                                     build_registry(service.metrics_snapshot))
-            except (OSError, ValueError) as exc:
-                self.api.stop()
+            except (OSError, ValueError) as exc:  # taken since it was checked
                 raise StartupError(f"metrics: {exc}") from None
         if self.hotplug is None and cfg.hotplug and os.path.abspath(cfg.sysfs_root) == "/":
             from numa_agent.hotplug.events import HotplugUnavailable, UdevEventSource

@@ -241,6 +241,23 @@ class MetricsServer:
         self._thread.join(timeout=5)
 
 
+def check_metrics_address(address: str) -> None:
+    """Fail now, before anything is written, if `address` cannot be listened
+    on (bad form, port taken); OSError or ValueError naming it."""
+    import socket
+
+    host, port = parse_address(address)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    probe = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds
+        probe.bind((host, port))
+    except OSError as exc:
+        raise OSError(exc.errno, f"metrics: cannot listen on {address}: {exc.strerror or exc}") from exc
+    finally:
+        probe.close()
+
+
 def start_metrics_server(address: str, registry: CollectorRegistry) -> MetricsServer:
     """Serve `registry` on `address` ("HOST:PORT"; port 0 picks a free one) in a thread."""
     host, port = parse_address(address)

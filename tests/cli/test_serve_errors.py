@@ -106,3 +106,44 @@ def test_failed_start_leaves_no_state_dir(tmp_path):
     (tmp_path / "fake" / "sys").mkdir(parents=True)
     one_clear_line(serve(tmp_path, "--sysfs-root", str(tmp_path / "fake")), "topology discovery failed")
     assert not (tmp_path / "state").exists()
+
+
+def _damaged_state(tmp_path):
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    (state / "checkpoint.json").write_text('{"version": 1, "checksum": "sha256:00", "data": {}}\n')
+    os.chmod(state / "checkpoint.json", 0o600)
+    return state
+
+
+def test_a_taken_socket_stops_the_start_before_recovery_writes(tmp_path):
+    """Recovery would quarantine this damaged checkpoint; a start that cannot
+    have its socket must not get that far."""
+    first = AgentProcess(tmp_path / "first", "--cgroup-root", "none").start()
+    try:
+        state = _damaged_state(tmp_path)
+        r = subprocess.run([sys.executable, "-m", "numa_agent.cli.numa_agent", "serve",
+                            "--state-dir", str(state), "--socket", first.socket,
+                            "--metrics-address", "", "--no-hotplug", "--cgroup-root", "none"],
+                           capture_output=True, text=True, timeout=60)
+        one_clear_line(r, first.socket)
+        assert sorted(os.listdir(state)) == ["checkpoint.json", "lock"]
+    finally:
+        first.stop()
+
+
+def test_a_taken_metrics_port_stops_the_start_before_recovery_writes(tmp_path):
+    import socket
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen(1)
+    try:
+        state = _damaged_state(tmp_path)
+        port = taken.getsockname()[1]
+        r = serve(tmp_path, "--cgroup-root", "none", "--metrics-address", f"127.0.0.1:{port}")
+        one_clear_line(r, f"127.0.0.1:{port}")
+        assert sorted(os.listdir(state)) == ["checkpoint.json", "lock"]
+        assert not (tmp_path / "s.sock").exists()
+    finally:
+        taken.close()
