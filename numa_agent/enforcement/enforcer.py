@@ -32,7 +32,8 @@ from numa_agent.enforcement.plan import (
     order_changes,
 )
 from numa_agent.enforcement.processes import process_alive, process_identity
-from numa_agent.enforcement.protocol import Grant, Layout
+from numa_agent.enforcement.protocol import NO_LIMITS, Grant, Layout, Limits
+from numa_agent.enforcement.record import RECORD_XATTR
 
 log = logging.getLogger("numa_agent.enforcement")
 
@@ -191,6 +192,45 @@ class CgroupEnforcer:
     def read_cpuset(self, relpath: str) -> tuple[CpuSet, tuple[int, ...]]:
         cpus, mems = self.cgroup.read_effective(relpath)
         return cpus, mems.nodes()
+
+    def read_limits(self, relpath: str) -> Limits:
+        """`memory.max` and every `hugetlb.<size>.max` that holds a limit;
+        a controller that is not enabled there has no limit to read."""
+        cg = self.cgroup
+        try:
+            memory_max = cg.read_memory_max(relpath)
+        except CgroupMissingError:
+            memory_max = None
+        try:
+            sizes = cg.hugetlb_sizes(relpath)
+        except CgroupMissingError:
+            return NO_LIMITS
+        hugetlb = {}
+        for size_kb in sizes:
+            limit = cg.read_hugetlb_max(relpath, size_kb)
+            if limit is not None:
+                hugetlb[size_kb] = limit
+        return Limits(memory_max, hugetlb)
+
+    # ---- the booking record: an extended attribute of the cgroup directory -------
+    def write_record(self, relpath: str, data: bytes) -> None:
+        try:
+            self.cgroup.write_xattr(relpath, RECORD_XATTR, data)
+            return
+        except CgroupError as exc:
+            log.warning("cgroup %s keeps no booking record (%s); should the checkpoint be lost, "
+                        "recovery falls back to its cpuset and limits", self.path_of(relpath), exc)
+        try:
+            self.cgroup.remove_xattr(relpath, RECORD_XATTR)  # an older one would be wrong now
+        except CgroupError:
+            pass
+
+    def read_record(self, relpath: str) -> bytes | None:
+        try:
+            return self.cgroup.read_xattr(relpath, RECORD_XATTR)
+        except CgroupError as exc:
+            log.warning("cannot read the booking record of cgroup %s: %s", self.path_of(relpath), exc)
+            return None
 
     def existing(self) -> list[str]:
         """Every cgroup below the root, parents before children."""
@@ -359,6 +399,15 @@ class AffinityEnforcer:
         except OSError as exc:
             raise EnforcementError(f"cannot read the affinity of pid {pid} ({relpath}): "
                                    f"{exc.strerror}") from None
+
+    def read_limits(self, relpath: str) -> Limits:
+        return NO_LIMITS  # numa-run binds memory nodes; nothing limits amounts
+
+    def write_record(self, relpath: str, data: bytes) -> None:
+        pass  # nothing outlives the agent but the process: no place for a record
+
+    def read_record(self, relpath: str) -> bytes | None:
+        return None
 
     def existing(self) -> list[str]:
         """Only the tracked workloads: nothing of a workload outlives the
