@@ -33,7 +33,7 @@ from numa_agent.enforcement.plan import (
 )
 from numa_agent.enforcement.processes import process_alive, process_identity
 from numa_agent.enforcement.protocol import NO_LIMITS, Grant, Layout, Limits
-from numa_agent.enforcement.record import RECORD_XATTR
+from numa_agent.enforcement.record import RECORD_XATTR, encode_record
 
 log = logging.getLogger("numa_agent.enforcement")
 
@@ -100,6 +100,7 @@ class CgroupEnforcer:
     # ---- apply ---------------------------------------------------------------
     def apply(self, old: Layout, new: Layout, move: tuple[str, int] | None = None) -> None:
         cg = self.cgroup
+        recorded: set[str] = set()
         for change in order_changes(old, new):
             spec = change.spec
             if change.kind == "remove":
@@ -117,6 +118,7 @@ class CgroupEnforcer:
                     cg.enable_controllers(spec.relpath, self.child_controllers)
                 self._write_limits(spec)
                 cg.write_cpuset(spec.relpath, spec.cpus, spec.mems)
+                self._record(spec, None, recorded)
                 if self.partitions != "off" and spec.relpath.startswith(WORKLOAD_PREFIX):
                     self._make_partition(spec.relpath)
                 if spec.workload is not None:
@@ -124,10 +126,21 @@ class CgroupEnforcer:
             else:
                 self._write_limits(spec)
                 cg.write_cpuset(spec.relpath, spec.cpus, spec.mems)
+                self._record(spec, old.get(change.relpath), recorded)
         if move is not None:
             relpath, pid = move
             cg.move_pid(relpath, pid)
         self.verify(new)
+
+    def _record(self, spec: CgroupSpec, before: CgroupSpec | None, recorded: set[str]) -> None:
+        """The booking record of a created cgroup, or of one whose booking
+        changed; in either case before any process is moved in."""
+        if spec.record is None or spec.relpath in recorded:
+            return
+        if before is not None and before.record == spec.record:
+            return
+        recorded.add(spec.relpath)
+        self.write_record(spec.relpath, encode_record(spec.record))
 
     def _make_partition(self, relpath: str) -> None:
         try:

@@ -13,8 +13,9 @@ from numa_agent.enforcement.cgroup import XATTR_SIZE_MAX, CgroupV2, KernelFiles
 from numa_agent.enforcement.enforcer import AffinityEnforcer, CgroupEnforcer
 from numa_agent.enforcement.errors import CgroupInvalidError, CgroupRangeError, CgroupUnsupportedError
 from numa_agent.enforcement.fake_cgroupfs import FakeCgroupfs
+from numa_agent.enforcement.plan import CgroupSpec
 from numa_agent.enforcement.protocol import NO_LIMITS
-from numa_agent.enforcement.record import decode_record, encode_record
+from numa_agent.enforcement.record import RECORD_XATTR, decode_record, encode_record
 from numa_agent.state.model import Booking, Pod, Workload, replace
 
 NAME = "user.numa_agent.test"
@@ -160,6 +161,59 @@ def test_bad_records_are_value_errors(data, message):
 
 
 # ---- the enforcer --------------------------------------------------------------------------
+def _spec(w, cpus="2-3", memory_max=None):
+    return CgroupSpec(f"wl-{w.name}", CpuSet.parse(cpus), (0,), memory_max, workload=w.name, pid=w.pid,
+                      record=w)
+
+
+def test_record_is_written_at_creation_before_the_process_moves_in(cg, fake_root, sleepers, monkeypatch):
+    enforcer = CgroupEnforcer(cg)
+    proc = sleepers()
+    w = _workload(pid=proc.pid)
+    seen = []
+    real_move = cg.move_pid
+
+    def move(relpath, pid):
+        seen.append(cg.read_xattr(relpath, RECORD_XATTR))
+        real_move(relpath, pid)
+
+    monkeypatch.setattr(cg, "move_pid", move)
+    enforcer.apply({}, {"wl-web": _spec(w)}, ("wl-web", proc.pid))
+    assert seen == [encode_record(w)]
+    assert decode_record(enforcer.read_record("wl-web")) == replace(w, command=())
+    enforcer.close()
+
+
+def test_record_is_rewritten_only_when_the_booking_changes(cg, monkeypatch):
+    enforcer = CgroupEnforcer(cg)
+    w = _workload()
+    before = {"wl-web": _spec(w)}
+    enforcer.apply({}, before)
+    writes = []
+    real = cg.write_xattr
+    monkeypatch.setattr(cg, "write_xattr", lambda *a: (writes.append(a[0]), real(*a)))
+    # Same booking, other limit: the cgroup is updated, its record stays.
+    enforcer.apply(before, {"wl-web": _spec(w, memory_max=1 << 30)})
+    assert writes == []
+    # A trim (hotplug took CPU 3): written once, even though it shrinks and grows.
+    trimmed = replace(w, booking=replace(w.booking, cpus=CpuSet.parse("2,4")), lost=("cpu 3",))
+    enforcer.apply(before, {"wl-web": _spec(trimmed, cpus="2,4")})
+    assert writes == ["wl-web"]
+    assert decode_record(enforcer.read_record("wl-web")).lost == ("cpu 3",)
+    enforcer.close()
+
+
+def test_a_record_that_cannot_be_stored_is_logged_and_the_old_one_removed(cg, caplog):
+    enforcer = CgroupEnforcer(cg)
+    w = _workload()
+    enforcer.apply({}, {"wl-web": _spec(w)})
+    huge = replace(w, request={"note": "x" * XATTR_SIZE_MAX})
+    enforcer.apply({"wl-web": _spec(w)}, {"wl-web": _spec(huge)})  # does not raise
+    assert enforcer.read_record("wl-web") is None
+    assert "keeps no booking record" in caplog.text and "E2BIG" in caplog.text
+    enforcer.close()
+
+
 def test_enforcer_record_round_trip(cg, caplog):
     enforcer = CgroupEnforcer(cg)
     cg.create("wl-a")
