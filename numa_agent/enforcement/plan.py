@@ -77,8 +77,11 @@ def _limits(w_request: Mapping, booking_memory: Mapping[int, Mapping[str, int]])
             if resource.startswith("hugepages-") and resource.endswith("kB"):
                 size_kb = int(resource[len("hugepages-"):-2])
                 hugetlb[size_kb] = hugetlb.get(size_kb, 0) + amount
+    # What was asked for, where less is booked (a pod member, whose pages come
+    # out of its pod's budget; a recovery that found part of them taken).
     for size, count in (w_request.get("hugepages") or {}).items():
-        hugetlb.setdefault(int(size), int(count) * int(size) * 1024)
+        asked = int(count) * int(size) * 1024
+        hugetlb[int(size)] = max(hugetlb.get(int(size), 0), asked)
     return memory_max, hugetlb
 
 
