@@ -20,7 +20,10 @@ Kernel rules this driver relies on (Documentation/admin-guide/cgroup-v2.rst):
 - an empty `cpuset.cpus` or `cpuset.mems` means "inherit the parent's", which
   would silently give a workload every CPU: this driver refuses to write one;
 - a partition request the kernel cannot honour is accepted and reads back as
-  "<type> invalid (<reason>)": `set_partition` reads back and raises.
+  "<type> invalid (<reason>)": `set_partition` reads back and raises;
+- cgroup2 directories take `user.*` extended attributes since Linux 5.7
+  (kernfs: at most 128 KiB of them per inode; one value is at most
+  XATTR_SIZE_MAX, 64 KiB, or E2BIG); older kernels answer EOPNOTSUPP.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from numa_agent.enforcement.errors import (
     CgroupError,
     CgroupInvalidError,
     CgroupPathError,
+    CgroupRangeError,
     CgroupUnsupportedError,
     cgroup_error_from_oserror,
 )
@@ -47,8 +51,11 @@ from numa_agent.enforcement.libc import libc
 
 CGROUP2_SUPER_MAGIC = 0x63677270
 PARTITION_TYPES = ("root", "isolated", "member")
+# The largest value one setxattr(2) accepts (include/uapi/linux/limits.h).
+XATTR_SIZE_MAX = 64 * 1024
 
 _COMPONENT = re.compile(r"[A-Za-z0-9_.:@-]+")
+_HUGETLB_MAX = re.compile(r"hugetlb\.(\d+[KMG]B)\.max")
 # A cgroup named like an interface file ("memory.max") would collide with one.
 _INTERFACE_PREFIXES = ("cgroup.", "cpuset.", "cpu.", "io.", "memory.", "hugetlb.",
                        "pids.", "rdma.", "misc.", "perf_event.")
@@ -138,6 +145,18 @@ class CgroupFiles(Protocol):
         """statfs f_type of the filesystem holding `path`, None if unknown."""
         ...
 
+    def setxattr(self, cgroup_dir: Path, name: str, value: bytes) -> None:
+        """Set the extended attribute `name` of a cgroup directory."""
+        ...
+
+    def getxattr(self, cgroup_dir: Path, name: str) -> bytes | None:
+        """The value of `name`, None when the directory has no such attribute."""
+        ...
+
+    def removexattr(self, cgroup_dir: Path, name: str) -> None:
+        """Remove `name`; nothing happens when it is not set."""
+        ...
+
 
 class KernelFiles:
     """The real cgroupfs: plain file I/O; the kernel does the rest."""
@@ -172,6 +191,24 @@ class KernelFiles:
 
     def fs_type(self, path: Path) -> int | None:
         return _statfs_type(path)
+
+    def setxattr(self, cgroup_dir: Path, name: str, value: bytes) -> None:
+        os.setxattr(cgroup_dir, name, value)
+
+    def getxattr(self, cgroup_dir: Path, name: str) -> bytes | None:
+        try:
+            return os.getxattr(cgroup_dir, name)
+        except OSError as exc:
+            if exc.errno == errno.ENODATA:
+                return None
+            raise
+
+    def removexattr(self, cgroup_dir: Path, name: str) -> None:
+        try:
+            os.removexattr(cgroup_dir, name)
+        except OSError as exc:
+            if exc.errno != errno.ENODATA:
+                raise
 
 
 class CgroupV2:
@@ -395,6 +432,58 @@ class CgroupV2:
         file = self._file(relpath, f"hugetlb.{name}.max")
         self._write(file, _limit_text(limit_bytes, file.name))
 
+    def read_memory_max(self, relpath: str) -> int | None:
+        """`memory.max` in bytes; None for "max" (no limit)."""
+        return _limit_value(self._read(self._file(relpath, "memory.max")), "memory.max", relpath)
+
+    def hugetlb_sizes(self, relpath: str) -> tuple[int, ...]:
+        """Huge page sizes (kB) that have a `hugetlb.<size>.max` in `relpath`."""
+        directory = self.path(relpath)
+        try:
+            names = [e.name for e in os.scandir(directory) if e.is_file(follow_symlinks=False)]
+        except OSError as exc:
+            raise cgroup_error_from_oserror(exc, "list", str(directory)) from None
+        return tuple(sorted(_size_kb(m.group(1)) for m in map(_HUGETLB_MAX.fullmatch, names) if m))
+
+    def read_hugetlb_max(self, relpath: str, size: int | str) -> int | None:
+        """`hugetlb.<size>.max` in bytes; None for "max" (no limit)."""
+        file = self._file(relpath, f"hugetlb.{hugetlb_size_name(size)}.max")
+        return _limit_value(self._read(file), file.name, relpath)
+
+    # ---- extended attributes -------------------------------------------------------------
+    def write_xattr(self, relpath: str, name: str, value: bytes) -> None:
+        """Set the `user.*` attribute `name` of a cgroup directory. A value
+        longer than XATTR_SIZE_MAX raises CgroupRangeError (E2BIG) without a
+        call; a kernel before 5.7 raises CgroupUnsupportedError."""
+        directory = self._child(relpath)
+        _check_xattr_name(name, relpath)
+        if len(value) > XATTR_SIZE_MAX:
+            raise CgroupRangeError(
+                f"setxattr {name} of {directory} failed: E2BIG (the value is {len(value)} bytes, "
+                f"more than the {XATTR_SIZE_MAX} one attribute may hold)", path=str(directory),
+                errno=errno.E2BIG)
+        try:
+            self.files.setxattr(directory, name, value)
+        except OSError as exc:
+            raise cgroup_error_from_oserror(exc, f"setxattr {name} of", str(directory)) from None
+
+    def read_xattr(self, relpath: str, name: str) -> bytes | None:
+        """The attribute's value, None when it is not set."""
+        directory = self._child(relpath)
+        _check_xattr_name(name, relpath)
+        try:
+            return self.files.getxattr(directory, name)
+        except OSError as exc:
+            raise cgroup_error_from_oserror(exc, f"getxattr {name} of", str(directory)) from None
+
+    def remove_xattr(self, relpath: str, name: str) -> None:
+        directory = self._child(relpath)
+        _check_xattr_name(name, relpath)
+        try:
+            self.files.removexattr(directory, name)
+        except OSError as exc:
+            raise cgroup_error_from_oserror(exc, f"removexattr {name} of", str(directory)) from None
+
     # ---- processes ---------------------------------------------------------------------
     def move_pid(self, relpath: str, pid: int) -> None:
         if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0:
@@ -415,6 +504,22 @@ class CgroupV2:
             if key == "populated":
                 return value.strip() == "1"
         raise CgroupInvalidError(f"no 'populated' key in {file}", path=str(file))
+
+
+def _limit_value(text: str, what: str, relpath: str) -> int | None:
+    if text == "max":
+        return None
+    if not text.isdigit():
+        raise CgroupInvalidError(f"unexpected content {text!r} in {what} of {relpath!r}",
+                                 path=relpath, value=text)
+    return int(text)
+
+
+def _check_xattr_name(name: str, relpath: str) -> None:
+    # Only the unprivileged namespace: trusted.* and security.* are not the agent's.
+    if not name.startswith("user.") or len(name) == len("user."):
+        raise CgroupInvalidError(f"extended attribute name {name!r} for {relpath!r} must be "
+                                 "user.<something>", path=relpath, value=name)
 
 
 def _limit_text(limit_bytes: int | None, what: str) -> str:

@@ -32,7 +32,8 @@ from numa_agent.enforcement.plan import (
     order_changes,
 )
 from numa_agent.enforcement.processes import process_alive, process_identity
-from numa_agent.enforcement.protocol import Grant, Layout
+from numa_agent.enforcement.protocol import NO_LIMITS, Grant, Layout, Limits
+from numa_agent.enforcement.record import RECORD_XATTR, encode_record
 
 log = logging.getLogger("numa_agent.enforcement")
 
@@ -99,6 +100,7 @@ class CgroupEnforcer:
     # ---- apply ---------------------------------------------------------------
     def apply(self, old: Layout, new: Layout, move: tuple[str, int] | None = None) -> None:
         cg = self.cgroup
+        recorded: set[str] = set()
         for change in order_changes(old, new):
             spec = change.spec
             if change.kind == "remove":
@@ -116,6 +118,7 @@ class CgroupEnforcer:
                     cg.enable_controllers(spec.relpath, self.child_controllers)
                 self._write_limits(spec)
                 cg.write_cpuset(spec.relpath, spec.cpus, spec.mems)
+                self._record(spec, None, recorded)
                 if self.partitions != "off" and spec.relpath.startswith(WORKLOAD_PREFIX):
                     self._make_partition(spec.relpath)
                 if spec.workload is not None:
@@ -123,10 +126,21 @@ class CgroupEnforcer:
             else:
                 self._write_limits(spec)
                 cg.write_cpuset(spec.relpath, spec.cpus, spec.mems)
+                self._record(spec, old.get(change.relpath), recorded)
         if move is not None:
             relpath, pid = move
             cg.move_pid(relpath, pid)
         self.verify(new)
+
+    def _record(self, spec: CgroupSpec, before: CgroupSpec | None, recorded: set[str]) -> None:
+        """The booking record of a created cgroup, or of one whose booking
+        changed; in either case before any process is moved in."""
+        if spec.record is None or spec.relpath in recorded:
+            return
+        if before is not None and before.record == spec.record:
+            return
+        recorded.add(spec.relpath)
+        self.write_record(spec.relpath, encode_record(spec.record))
 
     def _make_partition(self, relpath: str) -> None:
         try:
@@ -191,6 +205,45 @@ class CgroupEnforcer:
     def read_cpuset(self, relpath: str) -> tuple[CpuSet, tuple[int, ...]]:
         cpus, mems = self.cgroup.read_effective(relpath)
         return cpus, mems.nodes()
+
+    def read_limits(self, relpath: str) -> Limits:
+        """`memory.max` and every `hugetlb.<size>.max` that holds a limit;
+        a controller that is not enabled there has no limit to read."""
+        cg = self.cgroup
+        try:
+            memory_max = cg.read_memory_max(relpath)
+        except CgroupMissingError:
+            memory_max = None
+        try:
+            sizes = cg.hugetlb_sizes(relpath)
+        except CgroupMissingError:
+            return NO_LIMITS
+        hugetlb = {}
+        for size_kb in sizes:
+            limit = cg.read_hugetlb_max(relpath, size_kb)
+            if limit is not None:
+                hugetlb[size_kb] = limit
+        return Limits(memory_max, hugetlb)
+
+    # ---- the booking record: an extended attribute of the cgroup directory -------
+    def write_record(self, relpath: str, data: bytes) -> None:
+        try:
+            self.cgroup.write_xattr(relpath, RECORD_XATTR, data)
+            return
+        except CgroupError as exc:
+            log.warning("cgroup %s keeps no booking record (%s); should the checkpoint be lost, "
+                        "recovery falls back to its cpuset and limits", self.path_of(relpath), exc)
+        try:
+            self.cgroup.remove_xattr(relpath, RECORD_XATTR)  # an older one would be wrong now
+        except CgroupError:
+            pass
+
+    def read_record(self, relpath: str) -> bytes | None:
+        try:
+            return self.cgroup.read_xattr(relpath, RECORD_XATTR)
+        except CgroupError as exc:
+            log.warning("cannot read the booking record of cgroup %s: %s", self.path_of(relpath), exc)
+            return None
 
     def existing(self) -> list[str]:
         """Every cgroup below the root, parents before children."""
@@ -359,6 +412,15 @@ class AffinityEnforcer:
         except OSError as exc:
             raise EnforcementError(f"cannot read the affinity of pid {pid} ({relpath}): "
                                    f"{exc.strerror}") from None
+
+    def read_limits(self, relpath: str) -> Limits:
+        return NO_LIMITS  # numa-run binds memory nodes; nothing limits amounts
+
+    def write_record(self, relpath: str, data: bytes) -> None:
+        pass  # nothing outlives the agent but the process: no place for a record
+
+    def read_record(self, relpath: str) -> bytes | None:
+        return None
 
     def existing(self) -> list[str]:
         """Only the tracked workloads: nothing of a workload outlives the

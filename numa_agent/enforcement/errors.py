@@ -83,6 +83,8 @@ _BY_ERRNO: dict[int, type[CgroupError]] = {
     _errno.ENOENT: CgroupMissingError,
     _errno.ESRCH: CgroupNoSuchProcessError,
     _errno.EEXIST: CgroupExistsError,
+    _errno.E2BIG: CgroupRangeError,
+    _errno.EOPNOTSUPP: CgroupUnsupportedError,  # also ENOTSUP on Linux
 }
 
 

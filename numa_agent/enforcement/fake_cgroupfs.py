@@ -29,7 +29,12 @@ The emulation follows the kernel's rules that the agent depends on
   that does not exist is ESRCH; rmdir of a populated cgroup or one with
   children is EBUSY; writing a read-only file is EACCES;
 - `cgroup.events` is rewritten only when `populated` changes, so inotify
-  watchers see IN_MODIFY exactly when the kernel would notify.
+  watchers see IN_MODIFY exactly when the kernel would notify;
+- a directory takes `user.*` extended attributes of at most XATTR_SIZE_MAX
+  bytes (E2BIG), and loses them with rmdir. They are real extended
+  attributes of the directory where the file system holding the tree takes
+  them, else a sidecar file `.xattr.<name>` in the directory (a regular file:
+  never listed as a cgroup, removed by rmdir like the interface files).
 """
 
 from __future__ import annotations
@@ -41,7 +46,7 @@ from pathlib import Path
 from typing import Iterable
 
 from numa_agent.core.cpuset import CpuSet, CpuSetParseError
-from numa_agent.enforcement.cgroup import CGROUP2_SUPER_MAGIC
+from numa_agent.enforcement.cgroup import CGROUP2_SUPER_MAGIC, XATTR_SIZE_MAX
 from numa_agent.enforcement.processes import process_alive
 
 FAKE_MARKER = ".numa-agent-fake-cgroupfs"
@@ -60,6 +65,9 @@ _READ_ONLY = {
     "memory.current", "memory.events", "memory.stat", "cpu.stat",
 }
 _PARTITION_TYPES = ("root", "isolated")
+_SIDECAR_PREFIX = ".xattr."
+# What a file system says when it cannot hold an attribute (or one this size).
+_NO_XATTR_HERE = frozenset({errno.EOPNOTSUPP, errno.ENOSPC, errno.E2BIG, errno.EPERM})
 
 
 def make_fake_cgroup_root(path: str | os.PathLike, cpus: CpuSet, mems: Iterable[int], *,
@@ -170,6 +178,53 @@ class FakeCgroupfs:
             _put(file, _limit(text, page, file))
         else:
             _put(file, text)
+
+    def setxattr(self, cgroup_dir: Path, name: str, value: bytes) -> None:
+        if not cgroup_dir.is_dir():
+            raise _oserror(errno.ENOENT, cgroup_dir)
+        if not name.startswith("user."):
+            raise _oserror(errno.EOPNOTSUPP, cgroup_dir)  # kernfs takes user.* (and trusted.*) only
+        if len(value) > XATTR_SIZE_MAX:
+            raise _oserror(errno.E2BIG, cgroup_dir)
+        sidecar = cgroup_dir / (_SIDECAR_PREFIX + name)
+        try:
+            os.setxattr(cgroup_dir, name, value)
+        except OSError as exc:
+            if exc.errno not in _NO_XATTR_HERE:
+                raise
+        else:
+            sidecar.unlink(missing_ok=True)
+            return
+        temporary = sidecar.with_name(sidecar.name + ".tmp")
+        temporary.write_bytes(value)
+        os.replace(temporary, sidecar)
+        try:
+            os.removexattr(cgroup_dir, name)  # an older value must not shadow the sidecar
+        except OSError:
+            pass
+
+    def getxattr(self, cgroup_dir: Path, name: str) -> bytes | None:
+        if not cgroup_dir.is_dir():
+            raise _oserror(errno.ENOENT, cgroup_dir)
+        try:
+            return os.getxattr(cgroup_dir, name)
+        except OSError as exc:
+            if exc.errno != errno.ENODATA and exc.errno not in _NO_XATTR_HERE:
+                raise
+        try:
+            return (cgroup_dir / (_SIDECAR_PREFIX + name)).read_bytes()
+        except FileNotFoundError:
+            return None
+
+    def removexattr(self, cgroup_dir: Path, name: str) -> None:
+        if not cgroup_dir.is_dir():
+            raise _oserror(errno.ENOENT, cgroup_dir)
+        (cgroup_dir / (_SIDECAR_PREFIX + name)).unlink(missing_ok=True)
+        try:
+            os.removexattr(cgroup_dir, name)
+        except OSError as exc:
+            if exc.errno != errno.ENODATA and exc.errno not in _NO_XATTR_HERE:
+                raise
 
     def process_exited(self, pid: int) -> None:
         """What the kernel does when a process dies: drop it, update events."""

@@ -24,7 +24,8 @@ from numa_agent.admission.admit import effective_cpus, shared_pool
 from numa_agent.admission.machine import Machine
 from numa_agent.core.cpuset import CpuSet
 from numa_agent.core.names import is_workload_name
-from numa_agent.state.model import AgentState, Workload
+from numa_agent.state.model import AgentState, Pod, Workload
+from numa_agent.state.model import replace as replace_value
 
 AGENT_CGROUP = "agent"
 SHARED_CGROUP = "shared"
@@ -46,6 +47,9 @@ class CgroupSpec:
     hugetlb_max: Mapping[int, int] = field(default_factory=dict)  # page size kB -> bytes
     workload: str | None = None  # the workload that lives here, if any
     pid: int | None = None  # its first process (the affinity fallback pins it)
+    # The booking this cgroup carries as its record (record.py), written
+    # before any process moves in and again whenever it changes.
+    record: Workload | Pod | None = None
 
 
 def safe_component(name: str) -> str:
@@ -73,8 +77,11 @@ def _limits(w_request: Mapping, booking_memory: Mapping[int, Mapping[str, int]])
             if resource.startswith("hugepages-") and resource.endswith("kB"):
                 size_kb = int(resource[len("hugepages-"):-2])
                 hugetlb[size_kb] = hugetlb.get(size_kb, 0) + amount
+    # What was asked for, where less is booked (a pod member, whose pages come
+    # out of its pod's budget; a recovery that found part of them taken).
     for size, count in (w_request.get("hugepages") or {}).items():
-        hugetlb.setdefault(int(size), int(count) * int(size) * 1024)
+        asked = int(count) * int(size) * 1024
+        hugetlb[int(size)] = max(hugetlb.get(int(size), 0), asked)
     return memory_max, hugetlb
 
 
@@ -89,7 +96,10 @@ def desired_layout(machine: Machine, state: AgentState) -> dict[str, CgroupSpec]
     for pod in state.pods:
         rel = f"{POD_PREFIX}{safe_component(pod.name)}"
         memory_max, hugetlb = _limits(pod.request, pod.booking.memory)
-        out[rel] = CgroupSpec(rel, pod.booking.cpus, pod.booking.mems or all_mems, memory_max, hugetlb)
+        out[rel] = CgroupSpec(rel, pod.booking.cpus, pod.booking.mems or all_mems, memory_max, hugetlb,
+                              # Members are found below it on recovery; left out, adding
+                              # or releasing one does not rewrite the pod's cgroup.
+                              record=replace_value(pod, members=()))
     for w in state.workloads:
         rel = workload_relpath(w)
         memory_max, hugetlb = _limits(w.request, w.booking.memory)
@@ -97,7 +107,8 @@ def desired_layout(machine: Machine, state: AgentState) -> dict[str, CgroupSpec]
         # parent", so shared workloads get the pool written and rewritten.
         cpus = effective_cpus(machine, state, w)
         mems = w.booking.mems or all_mems
-        out[rel] = CgroupSpec(rel, cpus, mems, memory_max, hugetlb, workload=w.name, pid=w.pid)
+        out[rel] = CgroupSpec(rel, cpus, mems, memory_max, hugetlb, workload=w.name, pid=w.pid,
+                              record=w)
     return out
 
 

@@ -11,6 +11,7 @@ Paths are the relative workload/pod paths of `plan.py` ("wl-web",
 
 from __future__ import annotations
 
+from types import MappingProxyType
 from typing import Collection, Mapping, NamedTuple, Protocol, runtime_checkable
 
 from numa_agent.core.cpuset import CpuSet
@@ -27,6 +28,16 @@ class Grant(NamedTuple):
     cpus: CpuSet
     mems: NumaMask
     source: str  # names the grantor in messages, e.g. "cgroup root /sys/fs/cgroup/numa"
+
+
+class Limits(NamedTuple):
+    """Limits found on a workload or pod, as the kernel holds them."""
+
+    memory_max: int | None  # bytes; None: no limit
+    hugetlb_max: Mapping[int, int]  # page size kB -> bytes, only sizes with a limit
+
+
+NO_LIMITS = Limits(None, MappingProxyType({}))
 
 
 @runtime_checkable
@@ -75,6 +86,23 @@ class Enforcer(Protocol):
         """(CPUs, memory nodes) `relpath` is confined to, as found."""
         ...
 
+    def read_limits(self, relpath: str) -> Limits:
+        """The memory and hugetlb limits `relpath` has now (NO_LIMITS where
+        the mechanism keeps none)."""
+        ...
+
+    # ---- the booking record (record.py) ---------------------------------------
+    def write_record(self, relpath: str, data: bytes) -> None:
+        """Store `data` with the workload or pod at `relpath` so that it
+        outlives the checkpoint. Best effort: a record that cannot be stored
+        is logged and any older one removed; never raises."""
+        ...
+
+    def read_record(self, relpath: str) -> bytes | None:
+        """What `write_record` stored, None when there is nothing (or the
+        mechanism keeps nothing beyond its processes)."""
+        ...
+
     def existing(self) -> list[str]:
         """Every path the mechanism holds, parents before children; start-up
         adopts those the checkpoint does not know."""
@@ -111,4 +139,4 @@ class Enforcer(Protocol):
         ...
 
 
-__all__ = ["Enforcer", "Grant", "Layout"]
+__all__ = ["NO_LIMITS", "Enforcer", "Grant", "Layout", "Limits"]

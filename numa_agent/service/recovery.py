@@ -2,9 +2,17 @@
 
 - A workload whose cgroup is gone or empty (or, in the affinity fallback,
   whose process is gone) is released.
-- A populated workload cgroup the checkpoint does not know is adopted from
-  its cpuset files, unless its CPUs are already booked (then it is adopted
-  as shared and the conflict is logged: never double-book).
+- A populated workload or pod cgroup the checkpoint does not know is adopted
+  from its booking record (the `user.numa_agent.record` attribute the agent
+  writes on the cgroup, see enforcement/record.py) when it has one that
+  agrees with the cgroup (same name, pod and CPUs): memory per node,
+  hugepages, devices, owner, pod and request come back as booked. Without
+  one (a cgroup made by an older agent, or a record that disagrees) it is
+  adopted from its cpuset files, and its `memory.max` and `hugetlb.*.max`
+  are booked on its memory nodes and kept as its limits: recovery never
+  loosens a limit. Either way, CPUs, memory or devices already booked by
+  others are left out and the conflict is logged: never double-book (a
+  workload left without CPUs is adopted as shared).
 - A missing or corrupt checkpoint is moved aside and the state rebuilt from
   the cgroup tree; the node keeps working.
 - A checkpoint written under other policies is refused with the remedy, or
@@ -16,11 +24,16 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import Any, Iterable, NamedTuple
 
+from numa_agent.admission.admit import memory_usage
 from numa_agent.admission.machine import Machine
+from numa_agent.admission.memory_manager import MEMORY, free_bytes, hugepages_resource
 from numa_agent.core.cpuset import CpuSet
+from numa_agent.core.hints import NumaMask
 from numa_agent.enforcement.plan import POD_PREFIX, SHARED_CGROUP, WORKLOAD_PREFIX, safe_component, workload_relpath
-from numa_agent.enforcement.protocol import Enforcer
+from numa_agent.enforcement.protocol import Enforcer, Limits
+from numa_agent.enforcement.record import decode_record
 from numa_agent.hotplug.rebase import rebase_state
 from numa_agent.service.config import ConfigError
 from numa_agent.state.checkpoint import CheckpointCorruptError
@@ -92,58 +105,148 @@ def restore(machine: Machine, store, enforcer: Enforcer, on_policy_change: str =
 
 def _adopt(machine: Machine, state: AgentState, enforcer: Enforcer,
            uid_of) -> tuple[AgentState, list[str]]:
-    """Adopt populated workload cgroups the state does not know."""
+    """Adopt populated workload and pod cgroups the state does not know: from
+    each one's booking record where it has a sound one, else from its cpuset
+    and limits. Parents come before children, so a pod before its members."""
     known = {workload_relpath(w) for w in state.workloads} | {f"{POD_PREFIX}{p.name}" for p in state.pods}
     adopted: list[str] = []
     for rel in enforcer.existing():
         if rel in known or not enforcer.populated(rel):
             continue
-        parts = rel.split("/")
         try:
-            if len(parts) == 1 and parts[0].startswith(WORKLOAD_PREFIX):
-                name, pod, shared = safe_component(parts[0][len(WORKLOAD_PREFIX):]), None, False
-            elif len(parts) == 2 and parts[0] == SHARED_CGROUP:
-                name, pod, shared = safe_component(parts[1]), None, True
-            elif len(parts) == 1 and parts[0].startswith(POD_PREFIX):
-                pod_name = safe_component(parts[0][len(POD_PREFIX):])
-                cpus, mems = enforcer.read_cpuset(rel)
-                cpus = _unbooked(machine, state, cpus, rel)
-                state = state.with_pod(Pod(name=pod_name, owner_uid=0,
-                                           booking=Booking(cpus=cpus, numa_nodes=machine.nodes_of(cpus),
-                                                           mems=mems)))
-                adopted.append(f"pod {pod_name}")
-                continue
-            elif len(parts) == 2 and parts[0].startswith(POD_PREFIX):
-                name, pod, shared = safe_component(parts[1]), parts[0][len(POD_PREFIX):], None
-            else:
-                continue
+            place = _place_of(rel)
         except ValueError:
             log.warning("ignoring cgroup %s: not a name this agent creates", rel)
             continue
-        if state.workload(name) is not None:
+        if place is None:
             continue
-        cpus, mems = enforcer.read_cpuset(rel)
-        pids = enforcer.pids(rel)
+        if place.is_pod:
+            state = state.with_pod(_adopted_pod(machine, state, enforcer, rel, place))
+            adopted.append(f"pod {place.name}")
+            continue
+        if state.workload(place.name) is not None:
+            continue
+        pod = state.pod(place.pod) if place.pod is not None else None
+        if place.pod is not None and pod is None:
+            continue
+        w = _adopted_workload(machine, state, enforcer, rel, place, pod, uid_of)
+        state = state.with_workload(w)
         if pod is not None:
-            p = state.pod(pod)
-            if p is None:
-                continue
-            shared = cpus == p.booking.cpus or len(cpus) == 0
-            booking = Booking(cpus=CpuSet() if shared else cpus & p.booking.cpus,
-                              numa_nodes=p.booking.numa_nodes, mems=mems)
-            state = state.with_pod(replace(p, members=tuple(sorted({*p.members, name}))))
-        elif shared:
-            booking = Booking(numa_nodes=(), mems=mems)
-        else:
-            cpus = _unbooked(machine, state, cpus, rel)
-            shared = not cpus
-            booking = Booking(cpus=cpus, numa_nodes=machine.nodes_of(cpus), mems=mems)
-        owner = uid_of(pids[0]) if uid_of and pids else 0
-        state = state.with_workload(Workload(name=name, owner_uid=owner, booking=booking, shared=shared,
-                                             pod=pod, pid=pids[0] if pids else None,
-                                             request={"adopted": True}))
-        adopted.append(name)
+            state = state.with_pod(replace(pod, members=tuple(sorted({*pod.members, w.name}))))
+        adopted.append(w.name)
     return state, adopted
+
+
+class _Place(NamedTuple):
+    """What a cgroup's path says it holds."""
+
+    name: str
+    pod: str | None = None  # the pod of a member
+    shared: bool | None = None  # None: a pod member, whose path does not say
+    is_pod: bool = False  # the pod's own cgroup (its budget)
+
+
+def _place_of(rel: str) -> _Place | None:
+    """None for paths the agent does not adopt; ValueError for unsafe names."""
+    parts = rel.split("/")
+    if len(parts) == 1 and parts[0].startswith(WORKLOAD_PREFIX):
+        return _Place(safe_component(parts[0][len(WORKLOAD_PREFIX):]), shared=False)
+    if len(parts) == 2 and parts[0] == SHARED_CGROUP:
+        return _Place(safe_component(parts[1]), shared=True)
+    if len(parts) == 1 and parts[0].startswith(POD_PREFIX):
+        return _Place(safe_component(parts[0][len(POD_PREFIX):]), is_pod=True)
+    if len(parts) == 2 and parts[0].startswith(POD_PREFIX):
+        return _Place(safe_component(parts[1]), pod=safe_component(parts[0][len(POD_PREFIX):]))
+    return None
+
+
+def _record_of(enforcer: Enforcer, rel: str, place: _Place, cpus: CpuSet) -> Workload | Pod | None:
+    """The cgroup's booking record, when it has one that agrees with the cgroup."""
+    data = enforcer.read_record(rel)
+    if data is None:
+        return None
+    try:
+        value = decode_record(data)
+    except ValueError as exc:
+        log.warning("cgroup %s: booking record unreadable (%s); adopting it from its cpuset and "
+                    "limits", rel, exc)
+        return None
+    problem = _disagreement(value, place, cpus)
+    if problem:
+        log.warning("cgroup %s: booking record ignored, %s; adopting it from its cpuset and limits",
+                    rel, problem)
+        return None
+    return value
+
+
+def _disagreement(value: Workload | Pod, place: _Place, cpus: CpuSet) -> str | None:
+    kind = "pod" if place.is_pod else "workload"
+    if not isinstance(value, Pod if place.is_pod else Workload):
+        return f"it is not a {kind}'s"
+    if value.name != place.name:
+        return f"it names {kind} {value.name!r}"
+    if isinstance(value, Workload):
+        if value.pod != place.pod:
+            return f"it names pod {value.pod!r}" if value.pod else "it names no pod"
+        if place.shared is not None and value.shared != place.shared:
+            return "it says shared" if value.shared else "it says exclusive"
+        if value.shared:
+            return None  # on the shared pool: its cpuset is the pool's, not a booking
+    if value.booking.cpus and value.booking.cpus != cpus:
+        return (f"it books CPUs {value.booking.cpus.format()} and the cgroup has "
+                f"{cpus.format() or 'none'}")
+    return None
+
+
+def _adopted_pod(machine: Machine, state: AgentState, enforcer: Enforcer, rel: str, place: _Place) -> Pod:
+    cpus, mems = enforcer.read_cpuset(rel)
+    record = _record_of(enforcer, rel, place, cpus)
+    if isinstance(record, Pod):
+        # Members are adopted from their own cgroups, which come next.
+        return replace(record, booking=_claimable(machine, state, rel, record.booking), members=())
+    limits = enforcer.read_limits(rel)
+    cpus = _unbooked(machine, state, cpus, rel)
+    memory, group = _memory_of_limits(machine, state, rel, mems, limits)
+    return Pod(name=place.name, owner_uid=0, request=_limits_request(limits),
+               booking=Booking(cpus=cpus, numa_nodes=machine.nodes_of(cpus), mems=mems,
+                               memory=memory, memory_group=group))
+
+
+def _adopted_workload(machine: Machine, state: AgentState, enforcer: Enforcer, rel: str, place: _Place,
+                      pod: Pod | None, uid_of) -> Workload:
+    cpus, mems = enforcer.read_cpuset(rel)
+    pids = enforcer.pids(rel)
+    record = _record_of(enforcer, rel, place, cpus)
+    if isinstance(record, Workload):
+        if pod is not None:
+            booking = _claimable_in_pod(state, pod, rel, record.booking)
+        else:
+            booking = _claimable(machine, state, rel, record.booking)
+        shared = record.shared or not booking.cpus
+        # The recorded process while it is still there; else whoever is.
+        pid, identity = ((record.pid, record.pid_identity) if record.pid in pids
+                         else (pids[0] if pids else None, None))
+        return replace(record, booking=booking, shared=shared, pid=pid, pid_identity=identity)
+    limits = enforcer.read_limits(rel)
+    if pod is not None:
+        # A member's memory is a limit inside its pod's budget, not a booking.
+        shared = cpus == pod.booking.cpus or len(cpus) == 0
+        booking = Booking(cpus=CpuSet() if shared else cpus & pod.booking.cpus,
+                          numa_nodes=pod.booking.numa_nodes, mems=mems)
+    elif place.shared:
+        shared = True
+        memory, group = _memory_of_limits(machine, state, rel, mems, limits)
+        booking = Booking(numa_nodes=(), mems=mems, memory=memory, memory_group=group)
+    else:
+        cpus = _unbooked(machine, state, cpus, rel)
+        shared = not cpus
+        memory, group = _memory_of_limits(machine, state, rel, mems, limits)
+        booking = Booking(cpus=cpus, numa_nodes=machine.nodes_of(cpus), mems=mems, memory=memory,
+                          memory_group=group)
+    owner = uid_of(pids[0]) if uid_of and pids else 0
+    return Workload(name=place.name, owner_uid=owner, booking=booking, shared=shared, pod=place.pod,
+                    pid=pids[0] if pids else None,
+                    request={"adopted": True, **_limits_request(limits)})
 
 
 def _unbooked(machine: Machine, state: AgentState, cpus: CpuSet, rel: str) -> CpuSet:
@@ -154,3 +257,126 @@ def _unbooked(machine: Machine, state: AgentState, cpus: CpuSet, rel: str) -> Cp
         log.error("cgroup %s claims CPUs %s that are already booked; adopting it without them",
                   rel, clash.format())
     return usable - clash
+
+
+def _claimable(machine: Machine, state: AgentState, rel: str, booking: Booking) -> Booking:
+    """A recorded booking against the machine, without what others hold now."""
+    memory, group = _unbooked_memory(machine, state, rel, booking)
+    return replace(booking, cpus=_unbooked(machine, state, booking.cpus, rel), memory=memory,
+                   memory_group=group, devices=_unbooked_devices(machine, state, rel, booking.devices))
+
+
+def _claimable_in_pod(state: AgentState, pod: Pod, rel: str, booking: Booking) -> Booking:
+    """A recorded member's booking, out of its pod's budget: the pod's CPUs
+    and devices that no other member holds."""
+    members = [m for m in state.members_of(pod.name) if workload_relpath(m) != rel]
+    taken = CpuSet.from_bits(_bits(m.booking.cpus for m in members))
+    cpus = booking.cpus & pod.booking.cpus - taken
+    if cpus != booking.cpus:
+        log.error("cgroup %s claims CPUs %s outside its pod's budget or already booked; adopting it "
+                  "without them", rel, (booking.cpus - cpus).format())
+    held = {d for m in members for d in m.booking.devices}
+    devices = tuple(d for d in booking.devices if d in pod.booking.devices and d not in held)
+    if devices != booking.devices:
+        log.error("cgroup %s claims devices %s outside its pod's budget or already booked; adopting "
+                  "it without them", rel, ", ".join(a for _, a in sorted(set(booking.devices) - set(devices))))
+    return replace(booking, cpus=cpus, devices=devices)
+
+
+def _bits(sets: Iterable[CpuSet]) -> int:
+    bits = 0
+    for s in sets:
+        bits |= s.bits
+    return bits
+
+
+def _unbooked_devices(machine: Machine, state: AgentState, rel: str,
+                      devices: tuple[tuple[str, str], ...]) -> tuple[tuple[str, str], ...]:
+    in_use = state.devices_in_use()
+    kept = []
+    for resource, addr in devices:
+        if addr not in {d.address for d in machine.devices.devices(resource)}:
+            log.error("cgroup %s claims %s device %s, which this machine does not offer; adopting it "
+                      "without it", rel, resource, addr)
+        elif addr in in_use.get(resource, ()):
+            log.error("cgroup %s claims %s device %s that is already booked; adopting it without it",
+                      rel, resource, addr)
+        else:
+            kept.append((resource, addr))
+    return tuple(kept)
+
+
+def _unbooked_memory(machine: Machine, state: AgentState, rel: str,
+                     booking: Booking) -> tuple[dict[int, dict[str, int]], tuple[int, ...]]:
+    """A recorded memory booking, less what is no longer free; nothing when its
+    group would overlap another group in use (the memory manager's rule)."""
+    if not booking.memory:
+        return {}, ()
+    group = NumaMask(booking.memory_group or booking.memory.keys())
+    usage = memory_usage(state)
+    if not _group_fits(usage, group, rel):
+        return {}, ()
+    memory: dict[int, dict[str, int]] = {}
+    for node, per in sorted(booking.memory.items()):
+        for resource, amount in sorted(per.items()):
+            free = free_bytes(machine.memory, usage, node, resource) if node in group else 0
+            take = min(amount, free)
+            if take < amount:
+                log.error("cgroup %s claims %d bytes of %s on NUMA node %d; %d of them are already "
+                          "booked or not there; adopting it with %d", rel, amount, resource, node,
+                          amount - max(take, 0), max(take, 0))
+            if take > 0:
+                memory.setdefault(node, {})[resource] = take
+    return memory, (booking.memory_group if memory else ())
+
+
+def _group_fits(usage, group: NumaMask, rel: str) -> bool:
+    for n in group.nodes():
+        held = usage.group_of(n)
+        if held is not None and held != group:
+            log.error("cgroup %s: its memory on NUMA node(s) %s would overlap the memory group {%s} "
+                      "in use; adopting it without booking memory (its limits stay)", rel,
+                      group.format(), held.format())
+            return False
+    return True
+
+
+def _memory_of_limits(machine: Machine, state: AgentState, rel: str, mems: tuple[int, ...],
+                      limits: Limits) -> tuple[dict[int, dict[str, int]], tuple[int, ...]]:
+    """Book the memory a cgroup without a record may use, as its limits say,
+    on its memory nodes: one node holds it all; several hold it as one group
+    (the memory manager's rule), filled in node order. What is not free any
+    more is left out and logged; the limits stay as they are either way."""
+    wanted = [(hugepages_resource(kb), amount) for kb, amount in sorted(limits.hugetlb_max.items())]
+    if limits.memory_max:
+        wanted.append((MEMORY, limits.memory_max))
+    nodes = tuple(n for n in mems if n in machine.memory.memory_nodes)
+    if machine.policy.memory_policy != "static" or not wanted or not nodes:
+        return {}, ()
+    group = NumaMask(nodes)
+    usage = memory_usage(state)
+    if not _group_fits(usage, group, rel):
+        return {}, ()
+    memory: dict[int, dict[str, int]] = {}
+    for resource, amount in wanted:
+        left = amount
+        for n in nodes:
+            take = min(left, free_bytes(machine.memory, usage, n, resource))
+            if take > 0:
+                memory.setdefault(n, {})[resource] = take
+                left -= take
+        if left:
+            log.error("cgroup %s may use %d bytes of %s on NUMA node(s) %s; %d of them could not be "
+                      "booked (already booked or not there); its limit stays", rel, amount, resource,
+                      group.format(), left)
+    return memory, (group.nodes() if memory else ())
+
+
+def _limits_request(limits: Limits) -> dict[str, Any]:
+    """The request that makes the layout keep the limits found."""
+    out: dict[str, Any] = {}
+    if limits.memory_max is not None:
+        out["memory_bytes"] = limits.memory_max
+    if limits.hugetlb_max:
+        out["hugepages"] = {str(kb): amount // (kb * 1024) for kb, amount in sorted(limits.hugetlb_max.items())}
+    return out

@@ -11,17 +11,19 @@ import pytest
 
 from numa_agent.admission.machine import PolicyConfig, build_machine
 from numa_agent.api.errors import AdmissionRefused, BadRequest, Conflict, Forbidden, NotFound, ServiceUnavailable
-from numa_agent.api.validation import AdmitRequest
+from numa_agent.api.validation import AdmitRequest, PodBudget
 from numa_agent.core.cpuset import CpuSet
 from numa_agent.enforcement.cgroup import CgroupV2
 from numa_agent.enforcement.enforcer import CgroupEnforcer
 from numa_agent.enforcement.errors import CgroupNoSpaceError
 from numa_agent.enforcement.fake_cgroupfs import FakeCgroupfs, make_fake_cgroup_root
+from numa_agent.enforcement.record import RECORD_XATTR, decode_record
 from numa_agent.service.agent_service import AgentService
 from numa_agent.service.caller import Caller
 from numa_agent.service.config import ConfigError
 from numa_agent.service.recovery import restore
 from numa_agent.state.checkpoint import CheckpointStore, CheckpointWriteError
+from numa_agent.state.model import replace
 from numa_agent.testing.synthetic import make_topology
 
 ME = Caller(pid=os.getpid(), uid=1000, gid=1000)
@@ -93,6 +95,25 @@ def test_admission_writes_cgroups_and_checkpoint_and_pool_shrinks(env):
     assert not (root / "wl-web").exists()
     assert CpuSet.parse(cg_file(root, "shared", "cpuset.cpus")) == machine.usable_cpus
     assert CheckpointStore(state_dir).load()["workloads"] == []
+
+
+def record_of(root, rel):
+    data = FakeCgroupfs(root).getxattr(root / rel, RECORD_XATTR)
+    return None if data is None else decode_record(data)
+
+
+def test_admission_writes_the_booking_record_into_the_cgroup(env):
+    machine, state_dir, root = env
+    service, _ = start(machine, state_dir, root)
+    service.admit(AdmitRequest(name="web", cpus=2, memory_bytes=1 << 30, devices={"gpu": 1},
+                               command=["db", "--password=hunter2"]), ME)
+    w = service.state.workload("web")
+    assert w.booking.memory and w.booking.devices
+    assert record_of(root, "wl-web") == replace(w, command=())
+    service.admit(AdmitRequest(name="m", pod="p", cpus=1, pod_budget=PodBudget(cpus=2)), ME)
+    assert record_of(root, "pod-p") == replace(service.state.pod("p"), members=())
+    assert record_of(root, "pod-p/m") == replace(service.state.workload("m"), command=())
+    assert record_of(root, "shared") is None and record_of(root, "agent") is None
 
 
 def test_dry_run_books_nothing(env):

@@ -12,10 +12,13 @@ import pytest
 from numa_agent.admission.machine import PolicyConfig
 from numa_agent.api.validation import AdmitRequest
 from numa_agent.core.cpuset import CpuSet
+from numa_agent.enforcement.fake_cgroupfs import FakeCgroupfs
+from numa_agent.enforcement.record import RECORD_XATTR, decode_record
 from numa_agent.hotplug.events import FakeEventSource, HotplugEvent
 from numa_agent.service.caller import Caller
 from numa_agent.service.config import AgentConfig
 from numa_agent.service.startup import Agent
+from numa_agent.state.model import replace as replace_value
 from numa_agent.testing.synthetic import make_topology
 from tests.support.sysfs_writer import write_sysfs
 
@@ -100,3 +103,19 @@ def test_device_removed_under_a_workload(running):
     # the saved state agrees
     saved = agent.service.store.load()
     assert saved["workloads"][0]["lost"] == ["pci 0000:01:00.0 (gpu)"]
+
+
+def test_a_trim_rewrites_the_booking_record(running):
+    agent, topo, source, change, caller, tmp = running
+    service = agent.service
+    cpus = CpuSet.parse(service.admit(AdmitRequest(name="w", cpus=4), caller)["cpus"])
+    cg = tmp / "state" / "cgroupfs"
+    record = lambda: decode_record(FakeCgroupfs(cg).getxattr(cg / "wl-w", RECORD_XATTR))  # noqa: E731
+    assert record().booking.cpus == cpus and record().lost == ()
+    gone = cpus.max()
+    offline = replace(topo, cpus=tuple(replace(c, online=False) if c.id == gone else c for c in topo.cpus))
+    change(offline)
+    source.push(HotplugEvent("cpu", "offline", f"/devices/system/cpu/cpu{gone}", gone))
+    assert wait_for(lambda: service.state.workload("w").lost)
+    assert record() == replace_value(service.state.workload("w"), command=())
+    assert record().booking.cpus == cpus - CpuSet([gone]) and record().lost
