@@ -35,6 +35,8 @@ from numa_agent.admission.errors import MemoryAllocationError
 from numa_agent.core.hints import HintSet, NumaMask
 from numa_agent.core.topology import Topology
 
+_nodes_of = NumaMask.nodes_of
+
 MEMORY = "memory"
 _HUGEPAGES_PREFIX = "hugepages-"
 
@@ -76,12 +78,18 @@ class MemoryCapacity:
     """
 
     entries: tuple[tuple[int, str, ResourceCapacity], ...]
-    _index: dict = field(init=False, repr=False, compare=False, hash=False)
+    _index: dict[tuple[int, str], ResourceCapacity] = field(init=False, repr=False, compare=False, hash=False)
+    # Derived once: admission reads them on every request.
+    _node_ids: tuple[int, ...] = field(init=False, repr=False, compare=False, hash=False)
+    _memory_nodes: NumaMask = field(init=False, repr=False, compare=False, hash=False)
 
     def __post_init__(self) -> None:
         entries = tuple(sorted(self.entries, key=lambda e: (e[0], e[1])))
         object.__setattr__(self, "entries", entries)
         object.__setattr__(self, "_index", {(n, r): c for n, r, c in entries})
+        node_ids = tuple(sorted({n for n, _, _ in entries}))
+        object.__setattr__(self, "_node_ids", node_ids)
+        object.__setattr__(self, "_memory_nodes", NumaMask(node_ids))
 
     @classmethod
     def from_topology(
@@ -143,11 +151,11 @@ class MemoryCapacity:
 
     @property
     def node_ids(self) -> tuple[int, ...]:
-        return tuple(sorted({n for n, _, _ in self.entries}))
+        return self._node_ids
 
     @property
     def memory_nodes(self) -> NumaMask:
-        return NumaMask(self.node_ids)
+        return self._memory_nodes
 
     @property
     def resources(self) -> tuple[str, ...]:
@@ -556,12 +564,18 @@ class _State:
         used = eff & self.used_bits
         if not used:
             return True
-        return self.group_of[NumaMask.lowest_node(used)] == eff
+        return self.group_of[(used & -used).bit_length() - 1] == eff
 
     def free_covers(self, bits: int) -> bool:
+        free = self.free
+        if self.width == 1:  # the common case, without the vector arithmetic
+            need, total = self.need[0], 0
+            for n in _nodes_of(bits & self.mem_bits):
+                total += free[n][0]
+            return total >= need
         totals = [0] * self.width
-        for n in NumaMask.nodes_of(bits & self.mem_bits):
-            for c, v in enumerate(self.free[n]):
+        for n in _nodes_of(bits & self.mem_bits):
+            for c, v in enumerate(free[n]):
                 totals[c] += v
         return all(t >= n for t, n in zip(totals, self.need, strict=True))
 
@@ -582,7 +596,7 @@ class _State:
         memoryless = self.universe & ~self.mem_bits
         used = bits & self.used_bits
         if used:
-            group = self.group_of[NumaMask.lowest_node(used)]
+            group = self.group_of[(used & -used).bit_length() - 1]
             return bits & self.mem_bits & ~group == 0 and self.free_covers(group)
         if self.fits(NumaMask.from_bits(bits | memoryless | (self.mem_bits & ~self.used_bits))):
             return True

@@ -289,7 +289,10 @@ class _Gen:
             return False
         hit = self._cache.get(bits)
         if hit is None:
-            self._budget.spend()
+            budget = self._budget  # Budget.spend() inline: this is the merge's inner loop
+            budget.left -= 1
+            if budget.left < 0:
+                raise _OverBudget
             hit = bool(self._fits(NumaMask.from_bits(bits)))
             self._cache[bits] = hit
         return hit
