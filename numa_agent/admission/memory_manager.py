@@ -258,8 +258,9 @@ class MemoryUsage:
 
     allocated: tuple[tuple[int, str, int], ...] = ()
     groups: tuple[tuple[NumaMask, int], ...] = ()
-    _alloc_index: dict = field(init=False, repr=False, compare=False, hash=False)
-    _group_of: dict = field(init=False, repr=False, compare=False, hash=False)
+    _alloc_index: dict[tuple[int, str], int] = field(init=False, repr=False, compare=False, hash=False)
+    _group_of: dict[int, int] = field(init=False, repr=False, compare=False, hash=False)
+    _used_bits: int = field(init=False, repr=False, compare=False, hash=False)
 
     def __post_init__(self) -> None:
         allocated = tuple(sorted(a for a in self.allocated if a[2]))
@@ -268,6 +269,7 @@ class MemoryUsage:
         object.__setattr__(self, "groups", groups)
         object.__setattr__(self, "_alloc_index", {(n, r): b for n, r, b in allocated})
         group_of: dict[int, int] = {}
+        used = 0
         for mask, _ in groups:
             for n in mask.nodes():
                 if n in group_of:
@@ -276,7 +278,9 @@ class MemoryUsage:
                         f"and {_fmt_mask(mask.bits)}"
                     )
                 group_of[n] = mask.bits
+            used |= mask.bits
         object.__setattr__(self, "_group_of", group_of)
+        object.__setattr__(self, "_used_bits", used)
 
     def allocated_bytes(self, node: int, resource: str) -> int:
         return self._alloc_index.get((node, resource), 0)
@@ -297,10 +301,7 @@ class MemoryUsage:
 
     @property
     def used_nodes(self) -> NumaMask:
-        bits = 0
-        for mask, _ in self.groups:
-            bits |= mask.bits
-        return NumaMask.from_bits(bits)
+        return NumaMask.from_bits(self._used_bits)
 
     @property
     def multi_node_groups(self) -> tuple[NumaMask, ...]:
@@ -361,21 +362,42 @@ def usage_without(usage: MemoryUsage, allocation: MemoryAllocation) -> MemoryUsa
 def usage_from(allocations: Iterable[MemoryAllocation]) -> MemoryUsage:
     """The usage of a set of live allocations (order does not matter): the
     same as folding usage_with over them, in one pass."""
+    return _fold((a.group, a.amounts) for a in allocations)
+
+
+def usage_from_booked(booked: Iterable[tuple[Iterable[int], Mapping[int, Mapping[str, int]]]]) -> MemoryUsage:
+    """``usage_from`` over allocations in the form bookings keep them:
+    (group nodes, node -> resource -> bytes), without building a
+    MemoryAllocation for each (admission folds every booking of a state).
+    Invalid amounts raise as ``MemoryAllocation`` does."""
+    def checked() -> Iterable[tuple[NumaMask, Iterable[tuple[int, str, int]]]]:
+        for nodes, per_node in booked:
+            group = NumaMask(nodes)
+            bits = group.bits
+            amounts = [(n, r, b) for n, per in per_node.items() for r, b in per.items() if b]
+            for n, _, b in amounts:
+                if b < 0 or n < 0 or not bits >> n & 1:
+                    MemoryAllocation(group, tuple(amounts))  # raises, naming the amount
+            yield group, amounts
+    return _fold(checked())
+
+
+def _fold(allocations: Iterable[tuple[NumaMask, Iterable[tuple[int, str, int]]]]) -> MemoryUsage:
     allocated: dict[tuple[int, str], int] = {}
     groups: dict[int, int] = {}
     group_of: dict[int, int] = {}
-    for allocation in allocations:
-        bits = allocation.group.bits
+    for group, amounts in allocations:
+        bits = group.bits
         if not bits:
             continue
-        for n in allocation.group.nodes():
+        for n in group.nodes():
             held = group_of.setdefault(n, bits)
             if held != bits:
                 raise MemoryAllocationError(
-                    f"memory group {{{allocation.group.format()}}} overlaps group "
+                    f"memory group {{{group.format()}}} overlaps group "
                     f"{_fmt_mask(held)} in use on NUMA node {n}"
                 )
-        for n, r, b in allocation.amounts:
+        for n, r, b in amounts:
             allocated[(n, r)] = allocated.get((n, r), 0) + b
         groups[bits] = groups.get(bits, 0) + 1
     return MemoryUsage(
@@ -544,18 +566,25 @@ class _State:
     def __init__(self, capacity: MemoryCapacity, usage: MemoryUsage, request: MemoryRequest,
                  universe_bits: int) -> None:
         self.amounts = request.amounts()
-        self.resources = tuple(r for r, _ in self.amounts)
+        self.resources = resources = tuple(r for r, _ in self.amounts)
         self.need = tuple(b for _, b in self.amounts)
         self.universe = universe_bits
         self.mem_bits = capacity.memory_nodes.bits & universe_bits
-        ids = NumaMask.nodes_of(self.mem_bits)
-        self.free = {n: tuple(free_bytes(capacity, usage, n, r) for r in self.resources) for n in ids}
-        self.allocatable = {n: tuple(max(0, capacity.allocatable(n, r)) for r in self.resources)
-                            for n in ids}
-        self.used_bits = usage.used_nodes.bits & self.mem_bits
-        group_bits = usage.group_bits
-        self.group_of = {n: group_bits[n] for n in ids if n in group_bits}
-        self.width = len(self.resources)
+        ids = _nodes_of(self.mem_bits)
+        # free_bytes() and ResourceCapacity.allocatable, read straight from
+        # the indexes: this runs for every node on every memory request.
+        cap_of, allocated = capacity._index.get, usage._alloc_index.get
+        self.free: dict[int, tuple[int, ...]] = {}
+        self.allocatable: dict[int, tuple[int, ...]] = {}
+        for n in ids:
+            caps = [cap_of((n, r), _NO_CAPACITY) for r in resources]
+            self.allocatable[n] = tuple([max(0, c.total - c.reserved) for c in caps])
+            self.free[n] = tuple([max(0, c.total - c.reserved - allocated((n, r), 0))
+                                  for c, r in zip(caps, resources, strict=True)])
+        self.used_bits = usage._used_bits & self.mem_bits
+        group_of = usage._group_of
+        self.group_of = {n: group_of[n] for n in ids if n in group_of} if group_of else {}
+        self.width = len(resources)
 
     def group_ok(self, bits: int) -> bool:
         """Every used memory node in the mask belongs to a group equal to the

@@ -24,6 +24,7 @@ from numa_agent.admission.memory_manager import (
     memory_hints,
     memory_refusal_reason,
     usage_from,
+    usage_from_booked,
     usage_with,
     usage_without,
 )
@@ -345,6 +346,23 @@ def test_usage_errors():
     bigger = MemoryAllocation(NumaMask([0, 1]), ((0, MEMORY, 2 * GiB),))
     with pytest.raises(MemoryAllocationError, match="cannot release 2147483648 bytes of memory on NUMA node 0: only 1073741824 are allocated"):
         usage_without(usage_from([g01]), bigger)
+
+
+def test_usage_from_booked_is_usage_from_of_the_bookings_allocations():
+    booked = [((0, 1), {0: {MEMORY: GiB, HP2M: 0}, 1: {HP2M: 2 * MiB}}),
+              ((0, 1), {1: {MEMORY: 3 * GiB}}),
+              ({2: {}}.keys(), {2: {MEMORY: GiB}}),
+              ((3,), {})]
+    allocations = [MemoryAllocation(NumaMask(nodes), tuple((n, r, b) for n, per in mem.items() for r, b in per.items()))
+                   for nodes, mem in booked]
+    assert usage_from_booked(booked) == usage_from(allocations)
+    assert usage_from_booked([]) == EMPTY_USAGE
+    with pytest.raises(ValueError, match=r"allocation takes memory from node 2, outside its group '0,1'"):
+        usage_from_booked([((0, 1), {2: {MEMORY: GiB}})])
+    with pytest.raises(ValueError, match="allocation of memory on node 0 is negative"):
+        usage_from_booked([((0,), {0: {MEMORY: -1}})])
+    with pytest.raises(MemoryAllocationError, match=r"memory group \{1,2\} overlaps group \{0,1\}"):
+        usage_from_booked([((0, 1), {0: {MEMORY: GiB}}), ((1, 2), {1: {MEMORY: GiB}})])
 
 
 def test_allocation_value_checks_and_json_round_trip():
