@@ -197,7 +197,9 @@ class MemoryRequest:
 
     def amounts(self) -> tuple[tuple[str, int], ...]:
         """(resource, bytes) for every resource with a non-zero request, by name."""
-        out = [(hugepages_resource(s), s * 1024 * c) for s, c in self.hugepages]
+        pairs = self.hugepages
+        assert isinstance(pairs, tuple), "__post_init__ keeps (size_kb, count) pairs"
+        out = [(hugepages_resource(s), s * 1024 * c) for s, c in pairs]
         if self.memory_bytes:
             out.append((MEMORY, self.memory_bytes))
         return tuple(sorted(out))
@@ -779,6 +781,7 @@ def allocate_memory(
     if not state.resources:
         return EMPTY_ALLOCATION
     aff_bits = affinity.bits if affinity is not None else 0
+    chosen: int | None
     if aff_bits and state.group_ok(aff_bits) and state.free_covers(aff_bits):
         chosen = aff_bits
     else:
@@ -788,12 +791,12 @@ def allocate_memory(
                     if aff_bits else "no NUMA node set can hold the memory request")
             raise MemoryAllocationError(f"{head}: {_refusal(state, aff_bits)}")
         if aff_bits and require_preferred:
-            min_size = state.min_size()
-            if chosen.bit_count() != min_size:
+            preferred_size = state.min_size()
+            if chosen.bit_count() != preferred_size:
                 raise MemoryAllocationError(
                     f"NUMA affinity {_fmt_mask(aff_bits)} cannot hold the memory request and the "
                     f"narrowest mask containing it, {_fmt_mask(chosen)}, has {chosen.bit_count()} "
-                    f"nodes where a preferred one has {min_size}"
+                    f"nodes where a preferred one has {preferred_size}"
                 )
     group = chosen & state.mem_bits
     amounts = []

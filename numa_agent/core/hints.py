@@ -33,6 +33,7 @@ class NumaMask:
     hot loops of the managers and the topology manager that keep masks as ints."""
 
     __slots__ = ("bits",)
+    bits: int  # the slot, set once at construction
 
     def __init__(self, nodes: Iterable[int] = ()) -> None:
         bits = 0
@@ -134,7 +135,8 @@ class NumaMask:
 
 
 _new_object = object.__new__
-_set_mask_bits = NumaMask.bits.__set__  # type: ignore[attr-defined]  # a slot: mypy sees an int
+# The slot's descriptor (the class attribute itself reads as an int to type checkers).
+_set_mask_bits: Callable[[NumaMask, int], None] = NumaMask.__dict__["bits"].__set__
 
 
 def masks_of(nodes: Iterable[int]) -> Iterator[NumaMask]:
