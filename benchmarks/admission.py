@@ -23,6 +23,7 @@ from typing import Any, Sequence
 
 from benchmarks.stats import fmt, percentile, table
 from numa_agent.admission.admit import (
+    Decision,
     Refusal,
     Request,
     Resources,
@@ -245,18 +246,7 @@ def run_row(numa_nodes: int, policy: str, sequence: Sequence[Resources], seed: i
     usable = len(machine.usable_cpus) - len(machine.reserved_cpus)
     row = Row(numa_nodes, policy, cpus=len(machine.usable_cpus))
     rng = random.Random(seed * 1000 + numa_nodes)
-    state = AgentState()
-    names: list[str] = []
-
-    # Untimed prefill (also warms the interpreter's caches).
-    for i in range(10 * usable):
-        if len(state.exclusive_cpus()) >= PREFILL * usable:
-            break
-        try:
-            state = decide(machine, state, Request(f"pre{i}", 1000, random_resources(rng))).state
-            names.append(f"pre{i}")
-        except Refusal:
-            pass
+    state, names = _prefill(machine, usable, rng)
 
     resources_total = fill_total = 0.0
     baseline_spent = 0.0
@@ -283,16 +273,7 @@ def run_row(numa_nodes: int, policy: str, sequence: Sequence[Resources], seed: i
             else:
                 baseline_spent += baseline[0]
 
-        if profiler is not None:
-            profiler.enable()
-        t0 = time.perf_counter_ns()
-        try:
-            decision = decide(machine, state, req)
-        except Refusal:
-            decision = None
-        elapsed_ms = (time.perf_counter_ns() - t0) / 1e6
-        if profiler is not None:
-            profiler.disable()
+        decision, elapsed_ms = _timed_decide(machine, state, req, profiler)
 
         row.ours_ms.append(elapsed_ms)
         row.merge_ms.append(merge_ms)
@@ -317,6 +298,38 @@ def run_row(numa_nodes: int, policy: str, sequence: Sequence[Resources], seed: i
     elif skipped:
         row.baseline_note = _skip_note(skipped, row.requests, bound_s, baseline_budget_s)
     return row
+
+
+def _prefill(machine: Machine, usable: int, rng: random.Random) -> tuple[AgentState, list[str]]:
+    """The untimed prefill (it also warms the interpreter's caches): admit
+    random requests until PREFILL of the usable CPUs are booked."""
+    state = AgentState()
+    names: list[str] = []
+    for i in range(10 * usable):
+        if len(state.exclusive_cpus()) >= PREFILL * usable:
+            break
+        try:
+            state = decide(machine, state, Request(f"pre{i}", 1000, random_resources(rng))).state
+            names.append(f"pre{i}")
+        except Refusal:
+            pass
+    return state, names
+
+
+def _timed_decide(machine: Machine, state: AgentState, req: Request,
+                  profiler: cProfile.Profile | None) -> tuple[Decision | None, float]:
+    """decide() timed (ms), with the profiler enabled around it only; None for a refusal."""
+    if profiler is not None:
+        profiler.enable()
+    t0 = time.perf_counter_ns()
+    try:
+        decision: Decision | None = decide(machine, state, req)
+    except Refusal:
+        decision = None
+    elapsed_ms = (time.perf_counter_ns() - t0) / 1e6
+    if profiler is not None:
+        profiler.disable()
+    return decision, elapsed_ms
 
 
 BUDGET_SPENT = "the row's baseline time budget was spent"

@@ -85,7 +85,7 @@ def decide(machine: Machine, state: AgentState, req: Request,
     if state.workload(req.name) is not None:
         raise InvalidRequest(f"a workload named {req.name!r} already exists")
     if req.pod is not None:
-        return _decide_pod_member(machine, state, req, providers)
+        return _decide_pod_member(machine, state, req, req.pod, providers)
     booking, explanation = _book(AdmissionView(machine, state), req, _policy(machine, req), providers)
     w = _workload(req, booking)
     return Decision(state=state.with_workload(w), workload=w, pod_created=None,
@@ -227,7 +227,10 @@ def _allocate(view: AdmissionView, req: Request, affinity: NumaMask | None, prov
 
 def _combine(view: AdmissionView, req: Request, affinity: NumaMask | None,
              parts: Sequence[Allocation]) -> Booking:
-    cpu_bits, devices, extra_nodes, group = 0, [], set(), set()
+    cpu_bits = 0
+    devices: list[tuple[str, str]] = []
+    extra_nodes: set[int] = set()
+    group: set[int] = set()
     memory: dict[int, dict[str, int]] = {}
     mems: tuple[int, ...] | None = None
     for part in parts:
@@ -298,8 +301,9 @@ def alignment(machine: Machine, b: Booking) -> dict[str, bool]:
 # pods
 
 
-def _decide_pod_member(machine: Machine, state: AgentState, req: Request, providers: Providers) -> Decision:
-    pod = state.pod(req.pod)
+def _decide_pod_member(machine: Machine, state: AgentState, req: Request, pod_name: str,
+                       providers: Providers) -> Decision:
+    pod = state.pod(pod_name)
     pod_created = None
     explanation: dict[str, Any] = {}
     if pod is None:
@@ -308,7 +312,7 @@ def _decide_pod_member(machine: Machine, state: AgentState, req: Request, provid
                                  f"budget (--pod-cpus, --pod-memory, --pod-hugepages, --pod-device)")
         budget_req = replace(req, resources=req.pod_budget, cpunodebind=None, physcpubind=None)
         booking, explanation = _book(AdmissionView(machine, state), budget_req, _policy(machine, req), providers)
-        pod = Pod(name=req.pod, owner_uid=req.owner_uid, booking=booking, members=(),
+        pod = Pod(name=pod_name, owner_uid=req.owner_uid, booking=booking, members=(),
                   created_unix=req.created_unix, request=req.pod_budget.to_json())
         pod_created = pod
         state = state.with_pod(pod)

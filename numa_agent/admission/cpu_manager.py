@@ -76,23 +76,28 @@ def cpu_hints(
         available, reusable = already_allocated, EMPTY
 
     pool = (available | reusable).bits
-    # fits() walks only the nodes of the mask it is asked about.
+    # Per-node counts keyed by the node's single-bit mask: fits() walks only
+    # the set bits of the mask it is asked about, inline (it is the merge's
+    # inner loop).
     counts: dict[int, int] = {}
     reusable_nodes = 0
     for node, cpus in topo.numa_cpus.items():
-        counts[node] = (cpus.bits & pool).bit_count()
+        counts[1 << node] = (cpus.bits & pool).bit_count()
         if cpus.bits & reusable.bits:
             reusable_nodes |= 1 << node
+    count_of = counts.get
 
     def fits(mask: NumaMask) -> bool:
         bits = mask.bits
-        if not NumaMask.is_subset_bits(reusable_nodes, bits):
+        if reusable_nodes & ~bits:
             return False
         total = 0
-        for node in NumaMask.nodes_of(bits):
-            total += counts.get(node, 0)
+        while bits:
+            low = bits & -bits
+            total += count_of(low, 0)
             if total >= request:
                 return True
+            bits ^= low
         return False
 
     nodes = topo.numa_mask
@@ -112,12 +117,16 @@ def _socket_aligned(topo: CpuTopology, min_size: int):
         return None
     min_sockets = -(-min_size // nodes_per_socket)
     # Socket ids are small ints too: a socket set is kept as a bitmask.
-    socket_bits = {node: NumaMask.bits_of(sockets) for node, sockets in topo.sockets_of_numa.items()}
+    # keyed by the node's single-bit mask, as in cpu_hints' fits().
+    socket_bits = {1 << node: NumaMask.bits_of(sockets) for node, sockets in topo.sockets_of_numa.items()}
+    sockets_of = socket_bits.get
 
     def aligned(mask: NumaMask) -> bool:
-        sockets = 0
-        for node in mask.nodes():
-            sockets |= socket_bits.get(node, 0)
+        bits, sockets = mask.bits, 0
+        while bits:
+            low = bits & -bits
+            sockets |= sockets_of(low, 0)
+            bits ^= low
         return sockets.bit_count() == min_sockets
 
     return aligned

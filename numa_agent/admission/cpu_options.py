@@ -62,7 +62,8 @@ class CpuManagerOptions:
         """From the kubelet's option names ({"full-pcpus-only": "true", ...});
         unknown names, non-boolean values and incompatible pairs are refused."""
         values: dict[str, bool] = {}
-        for name in sorted(mapping or {}):
+        mapping = mapping or {}
+        for name in sorted(mapping):
             field = _OPTION_FIELDS.get(name)
             if field is None:
                 known = ", ".join(sorted(_OPTION_FIELDS))

@@ -85,8 +85,7 @@ class _Accumulator:
     def _dedupe(ids: list[int]) -> list[int]:
         # A group reached through two parents (a socket spanning two NUMA nodes
         # on the NUMA-first path) is visited once, at its first position.
-        seen: set[int] = set()
-        return [i for i in ids if not (i in seen or seen.add(i))]
+        return list(dict.fromkeys(ids))
 
     def sorted_numas(self) -> list[int]:
         topo = self.topo

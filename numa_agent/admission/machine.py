@@ -82,10 +82,28 @@ class Machine:
         return self.topology.cpu(cpu).numa_node
 
     def nodes_of(self, cpus: CpuSet) -> tuple[int, ...]:
-        return tuple(sorted({self.node_of_cpu(c) for c in cpus}))
+        """The NUMA nodes of these CPUs, ascending (UNKNOWN_NODE first, for a
+        CPU in no node). Raises KeyError for a CPU the topology does not have."""
+        bits = cpus.bits
+        known, by_node = self._cpus_by_node
+        if bits & ~known:  # not the machine's: let the lookup name it
+            return tuple(sorted({self.node_of_cpu(c) for c in cpus}))
+        return tuple(n for n, node_bits in by_node if bits & node_bits)
 
     @cached_property
-    def _usable_cpus_by_node(self) -> dict[int, int]:
+    def _cpus_by_node(self) -> tuple[int, tuple[tuple[int, int], ...]]:
+        """(bits of every CPU of the topology, (node, bits of its CPUs) by node id)."""
+        out: dict[int, int] = {}
+        for cpu in self.topology.cpus:
+            out[cpu.numa_node] = out.get(cpu.numa_node, 0) | 1 << cpu.id
+        known = 0
+        for node_bits in out.values():
+            known |= node_bits
+        return known, tuple(sorted(out.items()))
+
+    @cached_property
+    def usable_cpu_bits_by_node(self) -> Mapping[int, int]:
+        """NUMA node -> bitmask of its usable CPUs (nodes with none are absent)."""
         out: dict[int, int] = {}
         for cpu in self.usable_cpus:
             node = self.topology.cpu(cpu).numa_node
@@ -95,7 +113,7 @@ class Machine:
     def cpus_of_nodes(self, nodes) -> CpuSet:
         """Usable CPUs of these NUMA nodes."""
         bits = 0
-        by_node = self._usable_cpus_by_node
+        by_node = self.usable_cpu_bits_by_node
         for n in nodes:
             bits |= by_node.get(n, 0)
         return CpuSet.from_bits(bits)

@@ -35,6 +35,8 @@ from numa_agent.admission.errors import MemoryAllocationError
 from numa_agent.core.hints import HintSet, NumaMask
 from numa_agent.core.topology import Topology
 
+_nodes_of = NumaMask.nodes_of
+
 MEMORY = "memory"
 _HUGEPAGES_PREFIX = "hugepages-"
 
@@ -76,12 +78,18 @@ class MemoryCapacity:
     """
 
     entries: tuple[tuple[int, str, ResourceCapacity], ...]
-    _index: dict = field(init=False, repr=False, compare=False, hash=False)
+    _index: dict[tuple[int, str], ResourceCapacity] = field(init=False, repr=False, compare=False, hash=False)
+    # Derived once: admission reads them on every request.
+    _node_ids: tuple[int, ...] = field(init=False, repr=False, compare=False, hash=False)
+    _memory_nodes: NumaMask = field(init=False, repr=False, compare=False, hash=False)
 
     def __post_init__(self) -> None:
         entries = tuple(sorted(self.entries, key=lambda e: (e[0], e[1])))
         object.__setattr__(self, "entries", entries)
         object.__setattr__(self, "_index", {(n, r): c for n, r, c in entries})
+        node_ids = tuple(sorted({n for n, _, _ in entries}))
+        object.__setattr__(self, "_node_ids", node_ids)
+        object.__setattr__(self, "_memory_nodes", NumaMask(node_ids))
 
     @classmethod
     def from_topology(
@@ -143,11 +151,11 @@ class MemoryCapacity:
 
     @property
     def node_ids(self) -> tuple[int, ...]:
-        return tuple(sorted({n for n, _, _ in self.entries}))
+        return self._node_ids
 
     @property
     def memory_nodes(self) -> NumaMask:
-        return NumaMask(self.node_ids)
+        return self._memory_nodes
 
     @property
     def resources(self) -> tuple[str, ...]:
@@ -189,7 +197,9 @@ class MemoryRequest:
 
     def amounts(self) -> tuple[tuple[str, int], ...]:
         """(resource, bytes) for every resource with a non-zero request, by name."""
-        out = [(hugepages_resource(s), s * 1024 * c) for s, c in self.hugepages]
+        pairs = self.hugepages
+        assert isinstance(pairs, tuple), "__post_init__ keeps (size_kb, count) pairs"
+        out = [(hugepages_resource(s), s * 1024 * c) for s, c in pairs]
         if self.memory_bytes:
             out.append((MEMORY, self.memory_bytes))
         return tuple(sorted(out))
@@ -250,8 +260,9 @@ class MemoryUsage:
 
     allocated: tuple[tuple[int, str, int], ...] = ()
     groups: tuple[tuple[NumaMask, int], ...] = ()
-    _alloc_index: dict = field(init=False, repr=False, compare=False, hash=False)
-    _group_of: dict = field(init=False, repr=False, compare=False, hash=False)
+    _alloc_index: dict[tuple[int, str], int] = field(init=False, repr=False, compare=False, hash=False)
+    _group_of: dict[int, int] = field(init=False, repr=False, compare=False, hash=False)
+    _used_bits: int = field(init=False, repr=False, compare=False, hash=False)
 
     def __post_init__(self) -> None:
         allocated = tuple(sorted(a for a in self.allocated if a[2]))
@@ -260,6 +271,7 @@ class MemoryUsage:
         object.__setattr__(self, "groups", groups)
         object.__setattr__(self, "_alloc_index", {(n, r): b for n, r, b in allocated})
         group_of: dict[int, int] = {}
+        used = 0
         for mask, _ in groups:
             for n in mask.nodes():
                 if n in group_of:
@@ -268,7 +280,9 @@ class MemoryUsage:
                         f"and {_fmt_mask(mask.bits)}"
                     )
                 group_of[n] = mask.bits
+            used |= mask.bits
         object.__setattr__(self, "_group_of", group_of)
+        object.__setattr__(self, "_used_bits", used)
 
     def allocated_bytes(self, node: int, resource: str) -> int:
         return self._alloc_index.get((node, resource), 0)
@@ -289,10 +303,7 @@ class MemoryUsage:
 
     @property
     def used_nodes(self) -> NumaMask:
-        bits = 0
-        for mask, _ in self.groups:
-            bits |= mask.bits
-        return NumaMask.from_bits(bits)
+        return NumaMask.from_bits(self._used_bits)
 
     @property
     def multi_node_groups(self) -> tuple[NumaMask, ...]:
@@ -353,21 +364,42 @@ def usage_without(usage: MemoryUsage, allocation: MemoryAllocation) -> MemoryUsa
 def usage_from(allocations: Iterable[MemoryAllocation]) -> MemoryUsage:
     """The usage of a set of live allocations (order does not matter): the
     same as folding usage_with over them, in one pass."""
+    return _fold((a.group, a.amounts) for a in allocations)
+
+
+def usage_from_booked(booked: Iterable[tuple[Iterable[int], Mapping[int, Mapping[str, int]]]]) -> MemoryUsage:
+    """``usage_from`` over allocations in the form bookings keep them:
+    (group nodes, node -> resource -> bytes), without building a
+    MemoryAllocation for each (admission folds every booking of a state).
+    Invalid amounts raise as ``MemoryAllocation`` does."""
+    def checked() -> Iterable[tuple[NumaMask, Iterable[tuple[int, str, int]]]]:
+        for nodes, per_node in booked:
+            group = NumaMask(nodes)
+            bits = group.bits
+            amounts = [(n, r, b) for n, per in per_node.items() for r, b in per.items() if b]
+            for n, _, b in amounts:
+                if b < 0 or n < 0 or not bits >> n & 1:
+                    MemoryAllocation(group, tuple(amounts))  # raises, naming the amount
+            yield group, amounts
+    return _fold(checked())
+
+
+def _fold(allocations: Iterable[tuple[NumaMask, Iterable[tuple[int, str, int]]]]) -> MemoryUsage:
     allocated: dict[tuple[int, str], int] = {}
     groups: dict[int, int] = {}
     group_of: dict[int, int] = {}
-    for allocation in allocations:
-        bits = allocation.group.bits
+    for group, amounts in allocations:
+        bits = group.bits
         if not bits:
             continue
-        for n in allocation.group.nodes():
+        for n in group.nodes():
             held = group_of.setdefault(n, bits)
             if held != bits:
                 raise MemoryAllocationError(
-                    f"memory group {{{allocation.group.format()}}} overlaps group "
+                    f"memory group {{{group.format()}}} overlaps group "
                     f"{_fmt_mask(held)} in use on NUMA node {n}"
                 )
-        for n, r, b in allocation.amounts:
+        for n, r, b in amounts:
             allocated[(n, r)] = allocated.get((n, r), 0) + b
         groups[bits] = groups.get(bits, 0) + 1
     return MemoryUsage(
@@ -536,18 +568,25 @@ class _State:
     def __init__(self, capacity: MemoryCapacity, usage: MemoryUsage, request: MemoryRequest,
                  universe_bits: int) -> None:
         self.amounts = request.amounts()
-        self.resources = tuple(r for r, _ in self.amounts)
+        self.resources = resources = tuple(r for r, _ in self.amounts)
         self.need = tuple(b for _, b in self.amounts)
         self.universe = universe_bits
         self.mem_bits = capacity.memory_nodes.bits & universe_bits
-        ids = NumaMask.nodes_of(self.mem_bits)
-        self.free = {n: tuple(free_bytes(capacity, usage, n, r) for r in self.resources) for n in ids}
-        self.allocatable = {n: tuple(max(0, capacity.allocatable(n, r)) for r in self.resources)
-                            for n in ids}
-        self.used_bits = usage.used_nodes.bits & self.mem_bits
-        group_bits = usage.group_bits
-        self.group_of = {n: group_bits[n] for n in ids if n in group_bits}
-        self.width = len(self.resources)
+        ids = _nodes_of(self.mem_bits)
+        # free_bytes() and ResourceCapacity.allocatable, read straight from
+        # the indexes: this runs for every node on every memory request.
+        cap_of, allocated = capacity._index.get, usage._alloc_index.get
+        self.free: dict[int, tuple[int, ...]] = {}
+        self.allocatable: dict[int, tuple[int, ...]] = {}
+        for n in ids:
+            caps = [cap_of((n, r), _NO_CAPACITY) for r in resources]
+            self.allocatable[n] = tuple([max(0, c.total - c.reserved) for c in caps])
+            self.free[n] = tuple([max(0, c.total - c.reserved - allocated((n, r), 0))
+                                  for c, r in zip(caps, resources, strict=True)])
+        self.used_bits = usage._used_bits & self.mem_bits
+        group_of = usage._group_of
+        self.group_of = {n: group_of[n] for n in ids if n in group_of} if group_of else {}
+        self.width = len(resources)
 
     def group_ok(self, bits: int) -> bool:
         """Every used memory node in the mask belongs to a group equal to the
@@ -556,12 +595,18 @@ class _State:
         used = eff & self.used_bits
         if not used:
             return True
-        return self.group_of[NumaMask.lowest_node(used)] == eff
+        return self.group_of[(used & -used).bit_length() - 1] == eff
 
     def free_covers(self, bits: int) -> bool:
+        free = self.free
+        if self.width == 1:  # the common case, without the vector arithmetic
+            need, total = self.need[0], 0
+            for n in _nodes_of(bits & self.mem_bits):
+                total += free[n][0]
+            return total >= need
         totals = [0] * self.width
-        for n in NumaMask.nodes_of(bits & self.mem_bits):
-            for c, v in enumerate(self.free[n]):
+        for n in _nodes_of(bits & self.mem_bits):
+            for c, v in enumerate(free[n]):
                 totals[c] += v
         return all(t >= n for t, n in zip(totals, self.need, strict=True))
 
@@ -582,7 +627,7 @@ class _State:
         memoryless = self.universe & ~self.mem_bits
         used = bits & self.used_bits
         if used:
-            group = self.group_of[NumaMask.lowest_node(used)]
+            group = self.group_of[(used & -used).bit_length() - 1]
             return bits & self.mem_bits & ~group == 0 and self.free_covers(group)
         if self.fits(NumaMask.from_bits(bits | memoryless | (self.mem_bits & ~self.used_bits))):
             return True
@@ -736,6 +781,7 @@ def allocate_memory(
     if not state.resources:
         return EMPTY_ALLOCATION
     aff_bits = affinity.bits if affinity is not None else 0
+    chosen: int | None
     if aff_bits and state.group_ok(aff_bits) and state.free_covers(aff_bits):
         chosen = aff_bits
     else:
@@ -745,12 +791,12 @@ def allocate_memory(
                     if aff_bits else "no NUMA node set can hold the memory request")
             raise MemoryAllocationError(f"{head}: {_refusal(state, aff_bits)}")
         if aff_bits and require_preferred:
-            min_size = state.min_size()
-            if chosen.bit_count() != min_size:
+            preferred_size = state.min_size()
+            if chosen.bit_count() != preferred_size:
                 raise MemoryAllocationError(
                     f"NUMA affinity {_fmt_mask(aff_bits)} cannot hold the memory request and the "
                     f"narrowest mask containing it, {_fmt_mask(chosen)}, has {chosen.bit_count()} "
-                    f"nodes where a preferred one has {min_size}"
+                    f"nodes where a preferred one has {preferred_size}"
                 )
     group = chosen & state.mem_bits
     amounts = []

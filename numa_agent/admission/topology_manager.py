@@ -70,7 +70,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 from numa_agent.core.hints import HintSet, NumaMask, TopologyHint
 from numa_agent.core.policy import POLICY_NAMES, SCOPE_NAMES, TopologyPolicy, TopologyScope
@@ -289,7 +289,10 @@ class _Gen:
             return False
         hit = self._cache.get(bits)
         if hit is None:
-            self._budget.spend()
+            budget = self._budget  # Budget.spend() inline: this is the merge's inner loop
+            budget.left -= 1
+            if budget.left < 0:
+                raise _OverBudget
             hit = bool(self._fits(NumaMask.from_bits(bits)))
             self._cache[bits] = hit
         return hit
@@ -360,9 +363,9 @@ def _merge_finite(lists: Sequence[Finite], all_bits: int, order: _Order) -> tupl
         states = nxt
         if not states:
             return all_bits, False
-    preferred = [eff for eff, pref in states if pref != _NOT_PREF]
-    if preferred:
-        return min(preferred, key=order.key), True
+    preferred_masks = [eff for eff, pref in states if pref != _NOT_PREF]
+    if preferred_masks:
+        return min(preferred_masks, key=order.key), True
     best_count = _best_non_preferred_count(lists)
     return min((eff for eff, _ in states), key=lambda b: order.non_preferred_key(b, best_count)), False
 
@@ -410,6 +413,7 @@ def _preferred_phase(finite: list[Finite], gens: list[_Gen], all_bits: int, orde
     if len(strict) > 1:
         return None
     start = max(max(g.min_size for g in gens), 1)
+    widths: Iterable[int]
     if strict:
         widths = [w for w in strict if w >= start]
     else:
@@ -545,10 +549,13 @@ def _non_preferred_phase(finite: list[Finite], gens: list[_Gen], all_bits: int, 
     for g in live:
         universe &= g.nodes
     for hints in finite:
-        if not any(raw is None for raw, _ in hints):
-            spanned = 0
-            for raw, _ in hints:
-                spanned |= raw
+        spanned, nil = 0, False  # a nil hint spans every node
+        for raw, _ in hints:
+            if raw is None:
+                nil = True
+                break
+            spanned |= raw
+        if not nil:
             universe &= spanned
     size = universe.bit_count()
     widths = ([best_count] if 1 <= best_count <= size else []) \
@@ -597,11 +604,11 @@ def _merge(providers: Sequence[ProviderInput], numa_nodes: Sequence[int], policy
         if not gens:
             bits, preferred = _merge_finite(finite, all_bits, order)
             return TopologyHint(NumaMask.from_bits(bits), preferred), True
-        bits = _preferred_phase(finite, gens, all_bits, order, budget)
-        if bits is not None:
-            return TopologyHint(NumaMask.from_bits(bits), True), True
-        bits = _non_preferred_phase(finite, gens, all_bits, order, budget)
-        return TopologyHint(NumaMask.from_bits(all_bits if bits is None else bits), False), True
+        preferred_bits = _preferred_phase(finite, gens, all_bits, order, budget)
+        if preferred_bits is not None:
+            return TopologyHint(NumaMask.from_bits(preferred_bits), True), True
+        other_bits = _non_preferred_phase(finite, gens, all_bits, order, budget)
+        return TopologyHint(NumaMask.from_bits(all_bits if other_bits is None else other_bits), False), True
     except _OverBudget:
         mask = None if policy == "single-numa-node" else NumaMask.from_bits(all_bits)
         return TopologyHint(mask, False), False
@@ -668,22 +675,30 @@ def _summarize(index: int, name: str, hs: HintSet) -> HintSummary:
         return HintSummary(index, label, shown, len(hints) - len(shown))
     nodes = hs.nodes.nodes() if hs.nodes is not None else ()
     if len(nodes) <= FULL_SUMMARY_NODES:
-        hints = sorted(hs.hints(), key=lambda h: (not h.preferred, h.mask.sort_key()))
+        hints = sorted(hs.hints(), key=_generated_hint_key)
         if not hints:
             return HintSummary(index, label, ("none: no NUMA node set fits",), 0)
         shown = tuple(str(h) for h in hints[:SUMMARY_LIMIT])
         return HintSummary(index, label, shown, len(hints) - len(shown))
     # Large machine: a few preferred examples only, never an enumeration.
-    shown, tried = [], 0
+    fits = hs.fits
+    assert fits is not None, "a generated hint set has fits()"
+    examples: list[str] = []
+    tried = 0
     if hs.min_size >= 1:
         for bits in _gosper(list(nodes), hs.min_size):
             tried += 1
-            if tried > 2000 or len(shown) >= SUMMARY_LIMIT:
+            if tried > 2000 or len(examples) >= SUMMARY_LIMIT:
                 break
             mask = NumaMask.from_bits(bits)
-            if hs.fits(mask):
-                shown.append(f"{TopologyHint(mask, True)}")
-    return HintSummary(index, label, tuple(shown) or (f"no {hs.min_size}-node set fits",), -1)
+            if fits(mask):
+                examples.append(f"{TopologyHint(mask, True)}")
+    return HintSummary(index, label, tuple(examples) or (f"no {hs.min_size}-node set fits",), -1)
+
+
+def _generated_hint_key(h: TopologyHint) -> tuple[bool, tuple[int, int]]:
+    # A generated hint always has a mask; (0, 0) only keeps the key total.
+    return (not h.preferred, h.mask.sort_key() if h.mask is not None else (0, 0))
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,10 +11,9 @@ from dataclasses import dataclass
 from typing import Any, Callable, Generic, TypeVar
 
 from numa_agent.admission.machine import Machine
-from numa_agent.admission.memory_manager import MemoryAllocation, MemoryUsage, free_bytes, usage_from
+from numa_agent.admission.memory_manager import MemoryUsage, free_bytes, usage_from_booked
 from numa_agent.core.cpuset import CpuSet
-from numa_agent.core.hints import NumaMask
-from numa_agent.state.model import AgentState, Booking, Pod, Workload
+from numa_agent.state.model import AgentState, Pod, Workload
 
 
 def shared_pool(machine: Machine, state: AgentState) -> CpuSet:
@@ -53,16 +52,14 @@ def effective_cpus(machine: Machine, state: AgentState, w: Workload) -> CpuSet:
 
 
 def memory_usage(state: AgentState) -> MemoryUsage:
+    """The memory manager's usage of every booking in `state` (kept in the
+    state's memo: it depends on the state only)."""
     memo = state.memo
-    if "memory_usage" not in memo:
-        memo["memory_usage"] = usage_from(_as_memory_allocation(b)
-                                          for b in state.top_level_bookings() if b.memory)
-    return memo["memory_usage"]
-
-
-def _as_memory_allocation(b: Booking) -> MemoryAllocation:
-    return MemoryAllocation(NumaMask(b.memory_group or b.memory.keys()),
-                            tuple((n, r, v) for n, per in b.memory.items() for r, v in per.items()))
+    usage = memo.get("memory_usage")
+    if usage is None:
+        usage = memo["memory_usage"] = usage_from_booked(
+            (b.memory_group or b.memory.keys(), b.memory) for b in state.top_level_bookings() if b.memory)
+    return usage
 
 
 T = TypeVar("T")
@@ -97,6 +94,14 @@ class AdmissionView:
     state: AgentState
     pod: Pod | None = None
 
+    def kept(self, key: str, request: object, compute: Callable[[], T]) -> T:
+        """A value a provider derives from `request` in ``hints()`` and needs
+        again in ``allocate()``: computed once per view and request."""
+        slot = self.__dict__.get(key)
+        if slot is None or slot[0] is not request:
+            slot = self.__dict__[key] = (request, compute())
+        return slot[1]
+
     @_once
     def allocatable_cpus(self) -> CpuSet:
         return allocatable_cpus(self.machine, self.state)
@@ -125,6 +130,7 @@ class AdmissionView:
     def free(self) -> dict[str, dict[str, Any]]:
         """Per node: CPUs that can still become exclusive, free regular memory."""
         machine, usage = self.machine, self.memory_usage
-        return {str(n): {"cpus": len(self.allocatable_cpus & machine.cpus_of_nodes((n,))),
+        free_bits, node_bits = self.allocatable_cpus.bits, machine.usable_cpu_bits_by_node
+        return {str(n): {"cpus": (free_bits & node_bits.get(n, 0)).bit_count(),
                          "memory_bytes": free_bytes(machine.memory, usage, n, "memory")}
                 for n in machine.node_ids}

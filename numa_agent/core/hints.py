@@ -33,6 +33,7 @@ class NumaMask:
     hot loops of the managers and the topology manager that keep masks as ints."""
 
     __slots__ = ("bits",)
+    bits: int  # the slot, set once at construction
 
     def __init__(self, nodes: Iterable[int] = ()) -> None:
         bits = 0
@@ -45,8 +46,8 @@ class NumaMask:
 
     @classmethod
     def from_bits(cls, bits: int) -> "NumaMask":
-        m = cls.__new__(cls)
-        object.__setattr__(m, "bits", bits)
+        m = _new_object(cls)
+        _set_mask_bits(m, bits)  # the slot's own setter: cheaper than object.__setattr__
         return m
 
     def __setattr__(self, name, value):  # immutable
@@ -58,10 +59,9 @@ class NumaMask:
         """The bitmask of a mask or of node ids."""
         return nodes.bits if isinstance(nodes, NumaMask) else NumaMask(nodes).bits
 
-    @staticmethod
-    def nodes_of(bits: int) -> tuple[int, ...]:
-        """The node ids of a bitmask, ascending (cached: masks recur)."""
-        return _nodes_of_bits(bits)
+    # The node ids of a bitmask, ascending (cached: masks recur). The cached
+    # function itself, not a wrapper around it: it sits in the inner loops.
+    nodes_of = staticmethod(_nodes_of_bits)
 
     @staticmethod
     def lowest_node(bits: int) -> int:
@@ -85,7 +85,8 @@ class NumaMask:
         return _nodes_of_bits(self.bits)
 
     def lowest(self) -> int | None:
-        return None if not self.bits else NumaMask.lowest_node(self.bits)
+        bits = self.bits
+        return None if not bits else (bits & -bits).bit_length() - 1
 
     def __iter__(self) -> Iterator[int]:
         return iter(self.nodes())
@@ -114,7 +115,7 @@ class NumaMask:
         return hash(("NumaMask", self.bits))
 
     def issubset(self, other: "NumaMask") -> bool:
-        return NumaMask.is_subset_bits(self.bits, other.bits)
+        return self.bits & ~other.bits == 0
 
     def is_narrower_than(self, other: "NumaMask") -> bool:
         c1, c2 = self.count(), other.count()
@@ -131,6 +132,11 @@ class NumaMask:
 
     def format(self) -> str:
         return ",".join(str(n) for n in self.nodes())
+
+
+_new_object = object.__new__
+# The slot's descriptor (the class attribute itself reads as an int to type checkers).
+_set_mask_bits: Callable[[NumaMask, int], None] = NumaMask.__dict__["bits"].__set__
 
 
 def masks_of(nodes: Iterable[int]) -> Iterator[NumaMask]:

@@ -28,22 +28,27 @@ def kubelet_lists(providers: Sequence[ProviderInput]) -> list[list[TopologyHint]
 
 def _reference_better(current: TopologyHint | None, candidate: TopologyHint, best_count: int,
                       pick: Callable[[NumaMask, NumaMask], NumaMask]) -> TopologyHint | None:
-    """One step of the kubelet's pairwise comparison, case by case."""
-    if candidate.mask.count() == 0:
+    """One step of the kubelet's pairwise comparison, case by case. Both
+    hints are combinations (``_reference_combine``): their masks are set."""
+    cand_mask = candidate.mask
+    assert cand_mask is not None, "a combined hint has a mask"
+    if cand_mask.count() == 0:
         return current
     if current is None:
         return candidate
+    cur_mask = current.mask
+    assert cur_mask is not None, "a combined hint has a mask"
 
     def fitter() -> TopologyHint:
-        if candidate.mask == current.mask:
+        if cand_mask == cur_mask:
             return current
-        return current if pick(current.mask, candidate.mask) == current.mask else candidate
+        return current if pick(cur_mask, cand_mask) == cur_mask else candidate
 
     if current.preferred != candidate.preferred:
         return candidate if candidate.preferred else current
     if current.preferred:
         return fitter()
-    cur, cand = current.mask.count(), candidate.mask.count()
+    cur, cand = cur_mask.count(), cand_mask.count()
     if cur > best_count:
         return fitter()
     if cur == best_count:
@@ -73,6 +78,7 @@ def _reference_pick(closest: bool, distances: Mapping[int, Mapping[int, int]] | 
     prefer-closest-numa-nodes among equally wide ones)."""
 
     def average(mask: NumaMask) -> float:
+        assert distances is not None, "prefer-closest-numa-nodes needs the distance matrix"
         nodes = mask.nodes()
         return sum(distances[a][b] for a in nodes for b in nodes) / (len(nodes) ** 2)
 

@@ -272,3 +272,17 @@ def _check_invariants(m, state):
             assert c["allocated"] + c["free"] + c["reserved"] == c["capacity"]
             assert min(c.values()) >= 0
     assert shared_pool(m, state)
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.sets(st.integers(min_value=0, max_value=15)))
+def test_machine_nodes_of_is_the_per_cpu_lookup(ids):
+    m = machine()
+    cpus = CpuSet(ids)
+    assert m.nodes_of(cpus) == tuple(sorted({m.node_of_cpu(c) for c in cpus}))
+    assert m.cpus_of_nodes(m.nodes_of(cpus)).issuperset(cpus & m.usable_cpus)
+
+
+def test_machine_nodes_of_a_cpu_the_topology_lacks_raises():
+    with pytest.raises(KeyError):
+        machine().nodes_of(CpuSet([999]))

@@ -24,6 +24,7 @@ from numa_agent.admission.memory_manager import (
     memory_hints,
     memory_refusal_reason,
     usage_from,
+    usage_from_booked,
     usage_with,
     usage_without,
 )
@@ -347,6 +348,23 @@ def test_usage_errors():
         usage_without(usage_from([g01]), bigger)
 
 
+def test_usage_from_booked_is_usage_from_of_the_bookings_allocations():
+    booked = [((0, 1), {0: {MEMORY: GiB, HP2M: 0}, 1: {HP2M: 2 * MiB}}),
+              ((0, 1), {1: {MEMORY: 3 * GiB}}),
+              ({2: {}}.keys(), {2: {MEMORY: GiB}}),
+              ((3,), {})]
+    allocations = [MemoryAllocation(NumaMask(nodes), tuple((n, r, b) for n, per in mem.items() for r, b in per.items()))
+                   for nodes, mem in booked]
+    assert usage_from_booked(booked) == usage_from(allocations)
+    assert usage_from_booked([]) == EMPTY_USAGE
+    with pytest.raises(ValueError, match=r"allocation takes memory from node 2, outside its group '0,1'"):
+        usage_from_booked([((0, 1), {2: {MEMORY: GiB}})])
+    with pytest.raises(ValueError, match="allocation of memory on node 0 is negative"):
+        usage_from_booked([((0,), {0: {MEMORY: -1}})])
+    with pytest.raises(MemoryAllocationError, match=r"memory group \{1,2\} overlaps group \{0,1\}"):
+        usage_from_booked([((0, 1), {0: {MEMORY: GiB}}), ((1, 2), {1: {MEMORY: GiB}})])
+
+
 def test_allocation_value_checks_and_json_round_trip():
     a = MemoryAllocation(NumaMask([0, 1]), ((1, MEMORY, GiB), (0, HP2M, 2 * MiB), (1, HP2M, 0)))
     assert a.amounts == ((0, HP2M, 2 * MiB), (1, MEMORY, GiB))
@@ -401,6 +419,48 @@ def scenario(draw):
     return mem, cap, ops
 
 
+def _release_oldest(usage, live):
+    """Release the oldest live allocation; the fold and its inverse agree."""
+    victim = live.pop(0)
+    before = usage
+    usage = usage_without(usage, victim)
+    assert usage == usage_from(live)
+    assert usage_with(usage, victim) == before
+    return usage
+
+
+def _check_hints_against_reference(hints, expected, nodes):
+    for resource, hs in hints.items():
+        assert hs.hints() == expected, resource
+        if hs.contains_fit is not None:  # the merge's shortcut agrees with enumeration
+            for k in range(1, len(nodes) + 1):
+                for combo in combinations(nodes, k):
+                    x = NumaMask(combo)
+                    assert hs.contains_fit(x) == any(x.issubset(h.mask) for h in expected), x
+
+
+def _kubelet_choice(expected, mask):
+    """The kubelet's group: the affinity if it is a hint, else the narrowest
+    hint containing it (no affinity: containing nothing); None if none does."""
+    around = mask or NumaMask()
+    fitting = sorted((h.mask for h in expected if around.issubset(h.mask)), key=NumaMask.sort_key)
+    return (mask if mask in fitting else fitting[0]) if fitting else None
+
+
+def _check_allocation(cap, usage, req, mask, alloc, expected, want):
+    if req:
+        assert alloc.group == want & cap.memory_nodes
+    if mask is None and req:
+        assert memory_refusal_reason(cap, usage, req) is None
+        # Without affinity the group is the narrowest hint.
+        best = min((h.mask for h in expected), key=NumaMask.sort_key)
+        assert alloc.group == NumaMask(n for n in best.nodes() if n in cap.memory_nodes)
+    for resource, need in req.amounts():
+        assert alloc.total(resource) == need
+    for n, r, b in alloc.amounts:
+        assert b <= free_bytes(cap, usage, n, r)  # never more than free
+
+
 @settings(max_examples=60, deadline=None)
 @given(scenario())
 def test_property_hints_match_reference_and_allocations_stay_within_free(case):
@@ -410,28 +470,13 @@ def test_property_hints_match_reference_and_allocations_stay_within_free(case):
     usage = EMPTY_USAGE
     for mem_bytes, hp_count, affinity, release_first in ops:
         if release_first and live:
-            victim = live.pop(0)
-            before = usage
-            usage = usage_without(usage, victim)
-            assert usage == usage_from(live)
-            assert usage_with(usage, victim) == before
+            usage = _release_oldest(usage, live)
         req = MemoryRequest(mem_bytes, {2048: hp_count})
         hints = memory_hints(cap, usage, req, nodes)
         expected = reference_hints(cap, usage, req, nodes) if req else None
-        for resource, hs in hints.items():
-            assert hs.hints() == expected, resource
-            if hs.contains_fit is not None:  # the merge's shortcut agrees with enumeration
-                for k in range(1, len(nodes) + 1):
-                    for combo in combinations(nodes, k):
-                        x = NumaMask(combo)
-                        assert hs.contains_fit(x) == any(x.issubset(h.mask) for h in expected), x
+        _check_hints_against_reference(hints, expected, nodes)
         mask = None if affinity is None else NumaMask(affinity)
-        if req:
-            # The kubelet's choice: the affinity if it is a hint, else the narrowest hint
-            # containing it (no affinity: containing nothing).
-            around = mask or NumaMask()
-            fitting = sorted((h.mask for h in expected if around.issubset(h.mask)), key=NumaMask.sort_key)
-            want = (mask if mask in fitting else fitting[0]) if fitting else None
+        want = _kubelet_choice(expected, mask) if req else None
         try:
             alloc = allocate_memory(cap, usage, req, mask)
         except MemoryAllocationError:
@@ -439,17 +484,7 @@ def test_property_hints_match_reference_and_allocations_stay_within_free(case):
             if mask is None:
                 assert memory_refusal_reason(cap, usage, req) is not None
             continue
-        if req:
-            assert alloc.group == want & cap.memory_nodes
-        if mask is None and req:
-            assert memory_refusal_reason(cap, usage, req) is None
-            # Without affinity the group is the narrowest hint.
-            best = min((h.mask for h in expected), key=NumaMask.sort_key)
-            assert alloc.group == NumaMask(n for n in best.nodes() if n in cap.memory_nodes)
-        for resource, need in req.amounts():
-            assert alloc.total(resource) == need
-        for n, r, b in alloc.amounts:
-            assert b <= free_bytes(cap, usage, n, r)  # never more than free
+        _check_allocation(cap, usage, req, mask, alloc, expected, want)
         usage = usage_with(usage, alloc)
         live.append(alloc)
         for n in cap.node_ids:

@@ -14,9 +14,11 @@ from numa_agent.admission.view import AdmissionView
 from numa_agent.core.hints import HintSet, NumaMask
 
 
-def _memory_request(request: Request) -> MemoryRequest:
+def _memory_request(request: Request, view: AdmissionView) -> MemoryRequest:
+    """The request's memory part, checked; built once for hints() and allocate()."""
     res = request.resources
-    return MemoryRequest(memory_bytes=res.memory_bytes, hugepages=dict(res.hugepages))
+    return view.kept("memory.request", request,
+                     lambda: MemoryRequest(memory_bytes=res.memory_bytes, hugepages=dict(res.hugepages)))
 
 
 def _wants_memory(request: Request, view: AdmissionView) -> bool:
@@ -31,7 +33,7 @@ class MemoryProvider:
     def hints(self, request: Request, view: AdmissionView) -> Mapping[str, HintSet] | None:
         if view.pod is not None:
             return None
-        mem_request = _memory_request(request)  # checks the amounts, asked for or not
+        mem_request = _memory_request(request, view)  # checks the amounts, asked for or not
         if request.membind is not None or not _wants_memory(request, view):
             return None
         machine = view.machine
@@ -45,7 +47,7 @@ class MemoryProvider:
         if not _wants_memory(request, view):
             return NOTHING if membind is None else Allocation(mems=membind)
         where = NumaMask(membind) if membind is not None else affinity
-        alloc = allocate_memory(view.machine.memory, view.memory_usage, _memory_request(request), where)
+        alloc = allocate_memory(view.machine.memory, view.memory_usage, _memory_request(request, view), where)
         mems = membind if membind is not None else tuple(sorted({n for n, _, _ in alloc.amounts}))
         return Allocation(memory=alloc.amounts, memory_group=alloc.group.nodes(), mems=mems)
 
