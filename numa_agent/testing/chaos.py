@@ -34,6 +34,7 @@ from pathlib import Path
 
 from numa_agent.api.client import ClientError, request
 from numa_agent.core.cpuset import CpuSet
+from numa_agent.enforcement.processes import process_alive
 
 MAX_CLIENTS = 6
 DAMAGES = ("truncate", "bitflip", "empty", "delete", "none", "none")
@@ -138,7 +139,7 @@ class Storm:
                 out.check(name in listed, f"round {round_no}: running {name} (pid {proc.pid}) is not listed")
         for name, w in listed.items():
             if name.startswith("chaos-") and w.get("pid"):
-                out.check(_alive(w["pid"]), f"round {round_no}: {name} is listed but pid {w['pid']} is gone")
+                out.check(process_alive(w["pid"]), f"round {round_no}: {name} is listed but pid {w['pid']} is gone")
         # Exclusive: a CPU a listed workload holds exclusively is allowed to
         # no other client's process (the kernel's Cpus_allowed_list, which
         # both the cpuset and the affinity fallback bound).
@@ -191,16 +192,6 @@ class Storm:
 
 def _agent_cgroup_root() -> str:
     return os.environ.get("NUMA_AGENT_CHAOS_CGROUP_ROOT", "/sys/fs/cgroup/numa-agent")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _allowed_cpus(pid: int) -> CpuSet:

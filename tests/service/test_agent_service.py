@@ -4,7 +4,6 @@ concurrency."""
 
 import json
 import os
-import subprocess
 import threading
 
 import pytest
@@ -14,17 +13,15 @@ from numa_agent.api.errors import AdmissionRefused, BadRequest, Conflict, Forbid
 from numa_agent.api.validation import AdmitRequest, PodBudget
 from numa_agent.core.cpuset import CpuSet
 from numa_agent.enforcement.cgroup import CgroupV2
-from numa_agent.enforcement.enforcer import CgroupEnforcer
 from numa_agent.enforcement.errors import CgroupNoSpaceError
 from numa_agent.enforcement.fake_cgroupfs import FakeCgroupfs, make_fake_cgroup_root
 from numa_agent.enforcement.record import RECORD_XATTR, decode_record
-from numa_agent.service.agent_service import AgentService
 from numa_agent.service.caller import Caller
 from numa_agent.service.config import ConfigError
-from numa_agent.service.recovery import restore
 from numa_agent.state.checkpoint import CheckpointStore, CheckpointWriteError
 from numa_agent.state.model import replace
 from numa_agent.testing.synthetic import make_topology
+from tests.support.simulated_service import cg_file, start
 
 ME = Caller(pid=os.getpid(), uid=1000, gid=1000)
 ROOT = Caller(pid=os.getpid(), uid=0, gid=0)
@@ -45,35 +42,6 @@ def env(tmp_path):
     return machine, tmp_path / "state", cg_root
 
 
-@pytest.fixture
-def sleepers():
-    """Callers that are real, separate processes (a workload's cgroup is
-    populated by its own process)."""
-    procs = []
-
-    def spawn(uid=1000):
-        p = subprocess.Popen(["sleep", "60"])
-        procs.append(p)
-        return Caller(pid=p.pid, uid=uid, gid=uid)
-
-    yield spawn
-    for p in procs:
-        p.kill()
-        p.wait()
-
-
-def start(machine, state_dir, cg_root, partitions="off", **kw):
-    enforcer = CgroupEnforcer(CgroupV2(cg_root, FakeCgroupfs(cg_root)), partitions=partitions)
-    store = CheckpointStore(state_dir)
-    enforcer.setup()
-    state, report = restore(machine, store, enforcer, **kw)
-    service = AgentService(machine, store, enforcer)
-    service.install(state)
-    return service, report
-
-
-def cg_file(root, rel, name):
-    return (root / rel / name).read_text().strip()
 
 
 def test_admission_writes_cgroups_and_checkpoint_and_pool_shrinks(env):

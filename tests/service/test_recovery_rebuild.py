@@ -5,7 +5,6 @@ from its cpuset and limits. Nothing is double-booked and no limit is loosened.""
 from __future__ import annotations
 
 import json
-import subprocess
 
 import pytest
 
@@ -13,16 +12,12 @@ from numa_agent.admission.machine import PolicyConfig, build_machine
 from numa_agent.api.errors import AdmissionRefused
 from numa_agent.api.validation import AdmitRequest, PodBudget
 from numa_agent.core.cpuset import CpuSet
-from numa_agent.enforcement.cgroup import CgroupV2
-from numa_agent.enforcement.enforcer import CgroupEnforcer
 from numa_agent.enforcement.fake_cgroupfs import FakeCgroupfs, make_fake_cgroup_root
 from numa_agent.enforcement.record import RECORD_XATTR, decode_record, encode_record
-from numa_agent.service.agent_service import AgentService
-from numa_agent.service.caller import Caller
-from numa_agent.service.recovery import restore
 from numa_agent.state.checkpoint import CheckpointStore
 from numa_agent.state.model import replace
 from numa_agent.testing.synthetic import make_topology
+from tests.support.simulated_service import cg_file, start
 
 GPU = ("0x030200", "0x10de", "0x20b0", 1, "nvidia")
 MIB = 1 << 20
@@ -44,30 +39,6 @@ def env(tmp_path):
     return machine, tmp_path / "state", cg_root
 
 
-@pytest.fixture
-def sleepers():
-    procs = []
-
-    def spawn(uid=1000):
-        p = subprocess.Popen(["sleep", "60"])
-        procs.append(p)
-        return Caller(pid=p.pid, uid=uid, gid=uid)
-
-    yield spawn
-    for p in procs:
-        p.kill()
-        p.wait()
-
-
-def start(machine, state_dir, cg_root):
-    """The agent starting (again): restore, then make the tree match."""
-    enforcer = CgroupEnforcer(CgroupV2(cg_root, FakeCgroupfs(cg_root)))
-    store = CheckpointStore(state_dir)
-    enforcer.setup()
-    state, report = restore(machine, store, enforcer)
-    service = AgentService(machine, store, enforcer)
-    service.install(state)
-    return service, report
 
 
 def lose_checkpoint(state_dir, how):
@@ -85,10 +56,6 @@ def drop_records(root):
     fake = FakeCgroupfs(root)
     for directory in fake._all_cgroups()[1:]:
         fake.removexattr(directory, RECORD_XATTR)
-
-
-def cg_file(root, rel, name):
-    return (root / rel / name).read_text().strip()
 
 
 def write_record(root, rel, value):

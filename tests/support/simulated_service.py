@@ -1,0 +1,25 @@
+"""The service on a simulated cgroup tree, started the way the agent starts
+it: restore the checkpoint, then make the tree match."""
+
+from __future__ import annotations
+
+from numa_agent.enforcement.cgroup import CgroupV2
+from numa_agent.enforcement.enforcer import CgroupEnforcer
+from numa_agent.enforcement.fake_cgroupfs import FakeCgroupfs
+from numa_agent.service.agent_service import AgentService
+from numa_agent.service.recovery import restore
+from numa_agent.state.checkpoint import CheckpointStore
+
+
+def start(machine, state_dir, cg_root, partitions="off", **kw):
+    enforcer = CgroupEnforcer(CgroupV2(cg_root, FakeCgroupfs(cg_root)), partitions=partitions)
+    store = CheckpointStore(state_dir)
+    enforcer.setup()
+    state, report = restore(machine, store, enforcer, **kw)
+    service = AgentService(machine, store, enforcer)
+    service.install(state)
+    return service, report
+
+
+def cg_file(root, rel, name):
+    return (root / rel / name).read_text().strip()
