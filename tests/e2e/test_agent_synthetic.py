@@ -167,11 +167,11 @@ def test_status_command_json_and_table(agent, launch):
     launch("--cpus", "2", "--name", "tbl")
     out = subprocess.run([sys.executable, "-m", "numa_agent.cli.numa_agent", "status", "--socket", agent.socket,
                           "--json"], capture_output=True, text=True)
-    assert out.returncode == 0 and json.loads(out.stdout)["workloads"][0]["name"] == "tbl"
+    assert out.returncode == 0 and "tbl" in [w["name"] for w in json.loads(out.stdout)["workloads"]]
     out = subprocess.run([sys.executable, "-m", "numa_agent.cli.numa_agent", "status", "--socket", agent.socket],
                          capture_output=True, text=True)
     assert out.returncode == 0 and "tbl" in out.stdout and "ALLOCATED" in out.stdout
     out = subprocess.run([sys.executable, "-m", "numa_agent.cli.numa_agent", "release", "tbl", "--socket",
                           agent.socket], capture_output=True, text=True)
     assert out.returncode == 0
-    assert status(agent)["workloads"] == []
+    assert "tbl" not in [w["name"] for w in status(agent)["workloads"]]
