@@ -16,6 +16,7 @@ SCENARIOS = (
     "9-metrics",
     "10-hotplug",
     "11-partitions",
+    "12-recovery",
 )
 
 # Shapes not named here run nothing (every scenario is a SKIP).

@@ -834,6 +834,78 @@ def s11_partitions(g: Guest) -> str | None:
     return f"agent root partition {given.format()}; {w.name} isolated on {cpus.format()}"
 
 
+def s12_recovery(g: Guest) -> str | None:
+    """The checkpoint lost under a workload with a memory limit: rebuilt from the
+    cgroup tree with its memory booking, owner and memory.max intact. Then, in the
+    affinity fallback, the workload's PID recycled while the agent was down: the
+    stranger is neither pinned nor taken for the workload."""
+    node0 = next(n for n in g.status()["nodes"] if n["id"] == g.kernel.cpu_nodes[0])
+    size = (node0["memory_bytes"]["free"] * 6 // 10) // MIB * MIB
+    w = g.launch("rec-mem", "--shared", "--memory", str(size), "-N", str(node0["id"]), "-m", str(node0["id"]))
+    limit = cg_read(w.rel, "memory.max")
+    check(limit == str(size), f"{w.rel}/memory.max is {limit}, expected {size}")
+    g.agent.kill()
+    for name in ("checkpoint.json", "checkpoint.json.prev"):
+        (g.agent.state_dir / name).unlink(missing_ok=True)
+    g.start_agent()
+    listed = g.listed("rec-mem")
+    check(listed is not None, f"rec-mem was not rebuilt: listed {[x['name'] for x in g.workloads()]}")
+    check(listed["memory_bytes"] == {str(node0["id"]): size},
+          f"rebuilt rec-mem books {listed['memory_bytes']}, expected {size} bytes on node {node0['id']}")
+    check(listed["owner_uid"] == w.record["owner_uid"], f"owner {listed['owner_uid']}, was {w.record['owner_uid']}")
+    check(cg_read(w.rel, "memory.max") == limit, f"memory.max became {cg_read(w.rel, 'memory.max')} (was {limit})")
+    again = g.numa_run("--shared", "--memory", str(size), "-N", str(node0["id"]), "-m", str(node0["id"]),
+                       command=("true",))
+    check(again.returncode == 125, f"a second {size // MIB} MiB on node {node0['id']} was not refused: "
+                                   f"exit {again.returncode}")
+    w.stop()
+    return f"memory.max {limit} and {size // MIB} MiB on node {node0['id']} kept after the checkpoint was lost; " \
+           f"{_recycled_pid(g)}"
+
+
+def _recycled_pid(g: Guest) -> str:
+    """A second agent in the affinity fallback; its workload's PID recycled while it was down."""
+    b = AgentProcess(g.work / "agent-affinity", "--cgroup-root", "none", "--metrics-address", "")
+    b.start(timeout=AGENT_START_TIMEOUT)
+    stranger = None
+    try:
+        victim = subprocess.Popen([*g.numa_run_argv, "--socket", b.socket, "--name", "victim", "--cpus", "1",
+                                   "--", *SLEEP], stdin=subprocess.DEVNULL)
+        g.launched.append(victim)
+        check(wait_for(lambda: any(x["name"] == "victim" for x in b.call("GET", "/v1/workloads")[1]["workloads"]),
+                       timeout=ADMIT_TIMEOUT, interval=0.1), "victim was not admitted by the affinity agent")
+        pid = victim.pid
+        b.kill()
+        victim.kill()
+        victim.wait()
+        stranger = _process_with_pid(pid)
+        check(stranger is not None, f"could not get PID {pid} recycled (ns_last_pid)")
+        before = os.sched_getaffinity(stranger.pid)
+        b.start(timeout=AGENT_START_TIMEOUT)
+        names = [x["name"] for x in b.call("GET", "/v1/workloads")[1]["workloads"]]
+        check("victim" not in names, f"after PID {pid} was recycled the agent still lists victim: {names}")
+        check(os.sched_getaffinity(stranger.pid) == before,
+              f"the process now holding PID {pid} was re-pinned to {sorted(os.sched_getaffinity(stranger.pid))}")
+        return f"PID {pid} recycled: the new process kept CPUs {CpuSet(before).format()}, victim released"
+    finally:
+        if stranger is not None:
+            stranger.kill()
+            stranger.wait()
+        b.stop()
+
+
+def _process_with_pid(pid: int, attempts: int = 20) -> subprocess.Popen | None:
+    """Start `sleep` so that the kernel gives it `pid` (root writes ns_last_pid)."""
+    for _ in range(attempts):
+        Path("/proc/sys/kernel/ns_last_pid").write_text(str(pid - 1))
+        proc = subprocess.Popen(SLEEP, stdin=subprocess.DEVNULL)
+        if proc.pid == pid:
+            return proc
+        proc.kill()
+        proc.wait()
+    return None
+
+
 RUNNERS = {
     "1-pin-core": s1_pin_core,
     "2-exclusive": s2_exclusive,
@@ -846,6 +918,7 @@ RUNNERS = {
     "9-metrics": s9_metrics,
     "10-hotplug": s10_hotplug,
     "11-partitions": s11_partitions,
+    "12-recovery": s12_recovery,
 }
 assert tuple(RUNNERS) == SCENARIOS
 
