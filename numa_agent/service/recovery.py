@@ -5,8 +5,10 @@
 - A populated workload cgroup the checkpoint does not know is adopted from
   its cpuset files, unless its CPUs are already booked (then it is adopted
   as shared and the conflict is logged: never double-book).
-- A missing or corrupt checkpoint is moved aside and the state rebuilt from
-  the cgroup tree; the node keeps working.
+- A corrupt checkpoint is moved aside; the previous generation
+  (`checkpoint.json.prev`) is used when it is good, else the state starts
+  empty; what it lacks is adopted from the cgroup tree. The node keeps
+  working.
 - A checkpoint written under other policies is refused with the remedy, or
   reconciled (bookings kept, new admissions follow the new policies) when
   the configuration says `on_policy_change = "reconcile"`.
@@ -23,7 +25,7 @@ from numa_agent.enforcement.plan import POD_PREFIX, SHARED_CGROUP, WORKLOAD_PREF
 from numa_agent.enforcement.protocol import Enforcer
 from numa_agent.hotplug.rebase import rebase_state
 from numa_agent.service.config import ConfigError
-from numa_agent.state.checkpoint import CheckpointCorruptError
+from numa_agent.state.checkpoint import CheckpointCorruptError, Loaded
 from numa_agent.state.model import AgentState, Booking, Pod, Workload, replace
 
 log = logging.getLogger("numa_agent.recovery")
@@ -36,20 +38,23 @@ class RecoveryReport:
     adopted: tuple[str, ...]
     quarantined: str | None
     policy_reconciled: bool
+    generation: str | None = None  # the checkpoint file the state came from
 
 
 def restore(machine: Machine, store, enforcer: Enforcer, on_policy_change: str = "refuse",
             uid_of=None) -> tuple[AgentState, RecoveryReport]:
     fingerprint = machine.policy.fingerprint()
-    quarantined = None
+    source = "the cgroup tree"
+    quarantined = generation = None
     try:
-        payload = store.load()
-        state = AgentState.from_json(payload) if payload is not None else None
+        loaded = store.load_generation()
+        quarantined, generation = _set_aside(store, loaded, source)
+        state = AgentState.from_json(loaded.data) if loaded.data is not None else None
     except (CheckpointCorruptError, ValueError, KeyError, TypeError) as exc:
-        moved = store.quarantine()
-        quarantined = str(moved) if moved else None
-        log.error("checkpoint unusable (%s); moved aside to %s; rebuilding from the cgroup tree",
-                  exc, quarantined)
+        moved = store.quarantine(path=store.directory / generation if generation else None)
+        quarantined, generation = (quarantined or (str(moved) if moved else None)), None
+        log.error("checkpoint unusable (%s); moved aside to %s; rebuilding from %s",
+                  exc, moved, source)
         state = None
     if state is None:
         state = AgentState(policy_fingerprint=fingerprint)
@@ -83,11 +88,29 @@ def restore(machine: Machine, store, enforcer: Enforcer, on_policy_change: str =
     state, adopted = _adopt(machine, state, enforcer, uid_of)
     report = RecoveryReport(restored=len(state.workloads), released=tuple(released),
                             adopted=tuple(adopted), quarantined=quarantined,
-                            policy_reconciled=reconciled)
+                            policy_reconciled=reconciled, generation=generation)
     if released or adopted or quarantined:
         log.warning("recovery: released %s; adopted %s", ", ".join(released) or "none",
                     ", ".join(adopted) or "none")
     return state, report
+
+
+def _set_aside(store, loaded: Loaded, source: str) -> tuple[str | None, str | None]:
+    """Move the damaged generations aside and say which one is used; returns
+    (where the current checkpoint was moved, the file name of the one used)."""
+    moved_current = None
+    for damage in loaded.damaged:
+        moved = store.quarantine(path=damage.path)
+        if damage.path == store.path:
+            moved_current = str(moved) if moved else None
+        log.error("checkpoint %s unusable (%s); moved aside to %s", damage.path, damage.reason, moved)
+    if loaded.fallback:
+        log.error("checkpoint %s is %s; using the previous generation %s; what it lacks is "
+                  "rebuilt from %s", store.path, "damaged" if loaded.damaged else "missing",
+                  loaded.path, source)
+    elif loaded.damaged:
+        log.error("no good checkpoint generation; starting empty, rebuilding from %s", source)
+    return moved_current, loaded.path.name if loaded.path is not None else None
 
 
 def _adopt(machine: Machine, state: AgentState, enforcer: Enforcer,
