@@ -7,8 +7,10 @@
   as shared and the conflict is logged: never double-book).
 - A corrupt checkpoint is moved aside; the previous generation
   (`checkpoint.json.prev`) is used when it is good, else the state starts
-  empty; what it lacks is adopted from the cgroup tree. The node keeps
-  working.
+  empty. Either way what it lacks is rebuilt: from the cgroup tree (adopted,
+  below), or in the affinity fallback from the processes numa-run marked
+  (`rebuild.py`, where what cannot be attributed is held for an operator).
+  The node keeps working.
 - A checkpoint written under other policies is refused with the remedy, or
   reconciled (bookings kept, new admissions follow the new policies) when
   the configuration says `on_policy_change = "reconcile"`.
@@ -25,6 +27,7 @@ from numa_agent.enforcement.plan import POD_PREFIX, SHARED_CGROUP, WORKLOAD_PREF
 from numa_agent.enforcement.protocol import Enforcer
 from numa_agent.hotplug.rebase import rebase_state
 from numa_agent.service.config import ConfigError
+from numa_agent.service.rebuild import rebuild_from_live, source_text
 from numa_agent.state.checkpoint import CheckpointCorruptError, Loaded
 from numa_agent.state.model import AgentState, Booking, Pod, Workload, replace
 
@@ -39,22 +42,24 @@ class RecoveryReport:
     quarantined: str | None
     policy_reconciled: bool
     generation: str | None = None  # the checkpoint file the state came from
+    rebuilt: tuple[str, ...] = ()  # from live processes (affinity fallback)
+    held: tuple[str, ...] = ()  # quarantined: CPUs held until an operator releases them
 
 
 def restore(machine: Machine, store, enforcer: Enforcer, on_policy_change: str = "refuse",
             uid_of=None) -> tuple[AgentState, RecoveryReport]:
     fingerprint = machine.policy.fingerprint()
-    source = "the cgroup tree"
+    marked = enforcer.live_marked()
     quarantined = generation = None
     try:
         loaded = store.load_generation()
-        quarantined, generation = _set_aside(store, loaded, source)
+        quarantined, generation = _set_aside(store, loaded, source_text(marked))
         state = AgentState.from_json(loaded.data) if loaded.data is not None else None
     except (CheckpointCorruptError, ValueError, KeyError, TypeError) as exc:
         moved = store.quarantine(path=store.directory / generation if generation else None)
         quarantined, generation = (quarantined or (str(moved) if moved else None)), None
         log.error("checkpoint unusable (%s); moved aside to %s; rebuilding from %s",
-                  exc, moved, source)
+                  exc, moved, source_text(marked))
         state = None
     if state is None:
         state = AgentState(policy_fingerprint=fingerprint)
@@ -86,12 +91,16 @@ def restore(machine: Machine, store, enforcer: Enforcer, on_policy_change: str =
         from numa_agent.admission.admit import release
         state, _, _ = release(state, name)
     state, adopted = _adopt(machine, state, enforcer, uid_of)
+    live = rebuild_from_live(machine, state, enforcer, marked)
+    state = live.state
     report = RecoveryReport(restored=len(state.workloads), released=tuple(released),
                             adopted=tuple(adopted), quarantined=quarantined,
-                            policy_reconciled=reconciled, generation=generation)
-    if released or adopted or quarantined:
-        log.warning("recovery: released %s; adopted %s", ", ".join(released) or "none",
-                    ", ".join(adopted) or "none")
+                            policy_reconciled=reconciled, generation=generation,
+                            rebuilt=live.rebuilt, held=live.held)
+    if released or adopted or quarantined or live.rebuilt or live.held:
+        log.warning("recovery: released %s; adopted %s; rebuilt from processes %s; held %s",
+                    ", ".join(released) or "none", ", ".join(adopted) or "none",
+                    ", ".join(live.rebuilt) or "none", ", ".join(live.held) or "none")
     return state, report
 
 
