@@ -115,6 +115,10 @@ class AgentService:
             w = self.state.workload(name)
             if w is None:
                 raise NotFound(f"no workload named {name!r}")
+            if caller is None and is_quarantined(w):
+                # Not the exit of a followed process: the hold stays until an operator asks.
+                raise Conflict(f"{name} holds CPUs {w.booking.cpus.format() or '(none)'} for an "
+                               f"operator; only `numa-agent release {name}` as root frees them")
             if caller is not None and not caller.is_root and caller.uid != w.owner_uid:
                 raise Forbidden(f"workload {name!r} belongs to uid {w.owner_uid}; only its owner "
                                 f"or root may release it")

@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from numa_agent.api.errors import AdmissionRefused, Forbidden
+from numa_agent.api.errors import AdmissionRefused, Conflict, Forbidden
 from numa_agent.api.validation import AdmitRequest
 from numa_agent.core.cpuset import CpuSet
 from numa_agent.enforcement.enforcer import AffinityEnforcer
@@ -24,6 +24,17 @@ from tests.service.test_rebuild import ROOT, USER, machine_of, make_proc, write_
 @pytest.fixture
 def proc(tmp_path):
     return make_proc(tmp_path)
+
+
+def only(tmp_path, *pids):
+    """A /proc that shows only `pids` (the real entries), so that marked
+    processes of anything else running on this machine stay out of the test."""
+    root = tmp_path / f"proc-view-{'-'.join(map(str, pids)) or 'empty'}"
+    root.mkdir()
+    (root / "sys").symlink_to("/proc/sys")
+    for pid in pids:
+        (root / str(pid)).symlink_to(f"/proc/{pid}")
+    return str(root)
 
 # ---- held entries through restore, status, health and release --------------------------
 
@@ -53,7 +64,10 @@ def test_held_cpus_are_reported_and_kept_until_an_operator_releases_them(proc, t
         assert service.admit(AdmitRequest(name="new", cpus=1), USER, dry_run=True)["cpus"] == "1"
         with pytest.raises(AdmissionRefused):
             service.admit(AdmitRequest(name="new", cpus=2), USER, dry_run=True)
-        # only root releases them
+        # only root releases them; the event loop's release of workloads without a
+        # live process does not
+        with pytest.raises(Conflict, match="only `numa-agent release batch` as root"):
+            service.release("batch", None, reason="exited")
         with pytest.raises(Forbidden):
             service.release("batch", USER)
         service.release("batch", ROOT)
@@ -88,7 +102,7 @@ def test_a_lost_checkpoint_is_rebuilt_from_the_running_process(tmp_path, damage,
     from tests.state.test_checkpoint_generations import DAMAGE
     m = machine_of(cpus=2, reserved=1)  # CPU 0 reserved, CPU 1 to hand out
     store = CheckpointStore(tmp_path / "state")
-    enforcer = AffinityEnforcer("test")
+    enforcer = AffinityEnforcer("test", proc_root=only(tmp_path))
     service = AgentService(m, store, enforcer)
     state, _ = restore(m, store, enforcer)
     service.install(state)
@@ -103,7 +117,7 @@ def test_a_lost_checkpoint_is_rebuilt_from_the_running_process(tmp_path, damage,
         enforcer.close()  # the agent dies
         DAMAGE[damage](store.path)
         store.previous_path.unlink()
-        enforcer2 = AffinityEnforcer("test")
+        enforcer2 = AffinityEnforcer("test", proc_root=only(tmp_path, sleeper_proc.pid, other.pid))
         with caplog.at_level(logging.WARNING, logger="numa_agent.recovery"):
             state2, report = restore(m, store, enforcer2)
         service2 = AgentService(m, store, enforcer2)
