@@ -105,4 +105,13 @@ def format_status(status: dict[str, Any], now: float) -> list[str]:
         lines.append(f"pod {pod.get('name')}: cpus {pod.get('cpus') or '-'} nodes "
                      f"{','.join(str(n) for n in pod.get('numa_nodes') or []) or '-'} members "
                      f"{','.join(pod.get('members') or []) or '-'}")
+    rebuilt = [wl for wl in workloads if wl.get("rebuilt")]
+    if rebuilt:
+        lines.append("")
+        lines += [f"rebuilt from its process after the checkpoint was lost: {wl.get('name')} "
+                  f"(not known: {', '.join(wl.get('unknown') or []) or '-'})" for wl in rebuilt]
+    for q in status.get("quarantined") or []:
+        lines.append(f"HELD {q.get('name')}: CPUs {q.get('cpus') or 'none'} not handed out: pid "
+                     f"{q.get('pid')} ({q.get('marked')}, affinity {q.get('affinity')}): "
+                     f"{q.get('reason')}; {q.get('remedy')}")
     return lines

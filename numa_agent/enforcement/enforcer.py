@@ -22,6 +22,7 @@ from typing import Collection
 from numa_agent.core.cpuset import CpuSet
 from numa_agent.enforcement.cgroup import CgroupV2, EventWatcher
 from numa_agent.enforcement.errors import CgroupError, CgroupMissingError, EnforcementError
+from numa_agent.enforcement.marked import MarkedProcess, scan_marked
 from numa_agent.enforcement.plan import (
     AGENT_CGROUP,
     POD_PREFIX,
@@ -279,6 +280,9 @@ class CgroupEnforcer:
         cpus, mems = self.cgroup.read_effective("")
         return Grant(cpus, mems, f"cgroup root {self.cgroup.root}")
 
+    def live_marked(self) -> list[MarkedProcess] | None:
+        return None  # the cgroup tree is the record; start-up adopts from it
+
     # ---- liveness: inotify on each workload's cgroup.events ---------------------
     def track(self, relpath: str, pid: int | None, identity: str | None = None) -> bool:
         """The cgroup knows its processes: `pid` is not needed. Its watch is
@@ -307,8 +311,9 @@ class AffinityEnforcer:
 
     mode = "affinity"
 
-    def __init__(self, reason: str) -> None:
+    def __init__(self, reason: str, proc_root: str = "/proc") -> None:
         self.reason: str | None = reason
+        self.proc_root = proc_root
         self._pidfds: dict[str, int] = {}  # relpath -> pidfd
         self._by_fd: dict[int, str] = {}
         self._pids: dict[str, int] = {}
@@ -433,6 +438,11 @@ class AffinityEnforcer:
     def granted(self) -> Grant | None:
         return None  # the agent hands out what its own process may use
 
+    def live_marked(self) -> list[MarkedProcess] | None:
+        """Processes carrying NUMA_AGENT_WORKLOAD (numa_agent.enforcement.marked):
+        the only trace of a workload the checkpoint lost."""
+        return scan_marked(self.proc_root, exclude=(os.getpid(),))
+
     def fds(self) -> list[int]:
         """The wake pipe (readable when the set of pidfds changed) and one
         pidfd per workload (readable when its process exited)."""
@@ -456,7 +466,12 @@ class AffinityEnforcer:
 
 def _pin_tree(pid: int, cpus: CpuSet) -> None:
     """Pin every thread of `pid` and of its descendants (threads each carry
-    their own affinity mask)."""
+    their own affinity mask). An empty set cannot be pinned to (the shared
+    pool is empty only while CPUs are held for an operator): tasks stay where
+    they are."""
+    if not cpus:
+        log.error("no CPU to pin pid %d to (the shared pool is empty); it keeps its affinity", pid)
+        return
     import psutil  # only the daemon pays for this import
 
     try:

@@ -16,6 +16,7 @@ from typing import Collection, Mapping, NamedTuple, Protocol, runtime_checkable
 
 from numa_agent.core.cpuset import CpuSet
 from numa_agent.core.hints import NumaMask
+from numa_agent.enforcement.marked import MarkedProcess
 from numa_agent.enforcement.plan import CgroupSpec
 
 Layout = Mapping[str, CgroupSpec]
@@ -110,6 +111,13 @@ class Enforcer(Protocol):
 
     def prune(self, layout: Layout) -> list[str]:
         """Remove empty leftovers that `layout` does not name; returns them."""
+        ...
+
+    def live_marked(self) -> list[MarkedProcess] | None:
+        """The live processes numa-run marked with their workload's name, for
+        start-up to rebuild the workloads a lost checkpoint no longer names;
+        None when the mechanism keeps its own record of the workloads (the
+        cgroup tree, which start-up adopts from instead)."""
         ...
 
     def granted(self) -> Grant | None:

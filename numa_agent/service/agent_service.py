@@ -48,6 +48,7 @@ from numa_agent.enforcement.protocol import Enforcer, Layout
 from numa_agent.hotplug.rebase import rebase_state
 from numa_agent.service.caller import Caller
 from numa_agent.service.counters import Counters
+from numa_agent.service.rebuild import REBUILT, is_quarantined
 from numa_agent.state.checkpoint import CheckpointError
 from numa_agent.state.model import AgentState, Workload
 
@@ -114,12 +115,19 @@ class AgentService:
             w = self.state.workload(name)
             if w is None:
                 raise NotFound(f"no workload named {name!r}")
+            if caller is None and is_quarantined(w):
+                # Not the exit of a followed process: the hold stays until an operator asks.
+                raise Conflict(f"{name} holds CPUs {w.booking.cpus.format() or '(none)'} for an "
+                               f"operator; only `numa-agent release {name}` as root frees them")
             if caller is not None and not caller.is_root and caller.uid != w.owner_uid:
                 raise Forbidden(f"workload {name!r} belongs to uid {w.owner_uid}; only its owner "
                                 f"or root may release it")
             new_state, released, pod = release_workload(self.state, name)
             self._commit(new_state, move=None, caller=None)
             self.counters.releases_total += 1
+            if is_quarantined(w):
+                log.warning("released the held CPUs %s of %s (pid %s at start-up) on an operator's "
+                            "request", w.booking.cpus.format() or "(none)", name, w.request.get("pid"))
             log.info("released %s (%s)%s", name, reason, f"; pod {pod.name} budget freed" if pod else "")
             return {"name": name, "released": True, "reason": reason,
                     "pod_released": pod.name if pod else None}
@@ -233,11 +241,26 @@ class AgentService:
             "command": list(w.command) if _may_see_command(viewer_uid, w.owner_uid) else None,
             "aligned": alignment(self.machine, w.booking),
             "lost": list(w.lost),
+            # "partial" when rebuilt from its process after the checkpoint lost it
+            "rebuilt": w.request.get(REBUILT),
+            "unknown": list(w.request.get("unknown") or []),
         }
 
     def list_workloads(self, viewer_uid: int | None = None) -> list[dict]:
         state = self.state
-        return [self._workload_view(state, w, viewer_uid) for w in state.workloads]
+        return [self._workload_view(state, w, viewer_uid) for w in state.workloads
+                if not is_quarantined(w)]
+
+    @staticmethod
+    def _quarantined_views(state: AgentState) -> list[dict]:
+        """CPUs held at start-up for processes that could not be attributed;
+        only an operator's release hands them out."""
+        return [{"name": w.name, "cpus": w.booking.cpus.format(), "pid": w.request.get("pid"),
+                 "uid": w.request.get("uid"), "affinity": w.request.get("affinity"),
+                 "marked": w.request.get("marked"), "reason": w.request.get("reason"),
+                 "remedy": f"stop or re-pin pid {w.request.get('pid')}, then "
+                           f"`numa-agent release {w.name}` as root"}
+                for w in state.workloads if is_quarantined(w)]
 
     def status(self, viewer_uid: int | None = None) -> dict:
         state = self.state  # one immutable snapshot for the whole view
@@ -248,7 +271,9 @@ class AgentService:
             "reserved_cpus": self.machine.reserved_cpus.format(),
             "shared_pool": shared_pool(self.machine, state).format(),
             "nodes": node_accounting(self.machine, state),
-            "workloads": [self._workload_view(state, w, viewer_uid) for w in state.workloads],
+            "workloads": [self._workload_view(state, w, viewer_uid) for w in state.workloads
+                          if not is_quarantined(w)],
+            "quarantined": self._quarantined_views(state),
             "pods": [{"name": p.name, "owner_uid": p.owner_uid, "cpus": p.booking.cpus.format(),
                       "numa_nodes": list(p.booking.numa_nodes), "mems": list(p.booking.mems),
                       "members": list(p.members), "shared_cpus": pod_shared_cpus(state, p).format(),
@@ -263,9 +288,18 @@ class AgentService:
         return topology_to_json(self.machine.topology)
 
     def health(self) -> dict:
-        return {"status": "ok", "enforcement": self.enforcer.mode, "reason": self.enforcer.reason,
-                "uptime_seconds": round(self.clock() - self.started, 3), "version": VERSION,
-                "workloads": len(self.state.workloads)}
+        state = self.state
+        held = self._quarantined_views(state)
+        out = {"status": "ok", "enforcement": self.enforcer.mode, "reason": self.enforcer.reason,
+               "uptime_seconds": round(self.clock() - self.started, 3), "version": VERSION,
+               "workloads": len(state.workloads) - len(held),
+               "quarantined": [{"name": q["name"], "cpus": q["cpus"], "pid": q["pid"]} for q in held]}
+        if held:
+            out["attention"] = ("CPUs held for processes that could not be attributed at start-up: "
+                                + "; ".join(f"{q['name']} (pid {q['pid']}, CPUs {q['cpus'] or 'none'})"
+                                            for q in held)
+                                + "; see `numa-agent status`, then `numa-agent release NAME` as root")
+        return out
 
     def metrics_snapshot(self) -> dict:
         with self._lock:

@@ -13,8 +13,12 @@
   loosens a limit. Either way, CPUs, memory or devices already booked by
   others are left out and the conflict is logged: never double-book (a
   workload left without CPUs is adopted as shared).
-- A missing or corrupt checkpoint is moved aside and the state rebuilt from
-  the cgroup tree; the node keeps working.
+- A corrupt checkpoint is moved aside; the previous generation
+  (`checkpoint.json.prev`) is used when it is good, else the state starts
+  empty. Either way what it lacks is rebuilt: from the cgroup tree (adopted,
+  below), or in the affinity fallback from the processes numa-run marked
+  (`rebuild.py`, where what cannot be attributed is held for an operator).
+  The node keeps working.
 - A checkpoint written under other policies is refused with the remedy, or
   reconciled (bookings kept, new admissions follow the new policies) when
   the configuration says `on_policy_change = "reconcile"`.
@@ -36,7 +40,8 @@ from numa_agent.enforcement.protocol import Enforcer, Limits
 from numa_agent.enforcement.record import decode_record
 from numa_agent.hotplug.rebase import rebase_state
 from numa_agent.service.config import ConfigError
-from numa_agent.state.checkpoint import CheckpointCorruptError
+from numa_agent.service.rebuild import rebuild_from_live, source_text
+from numa_agent.state.checkpoint import CheckpointCorruptError, Loaded
 from numa_agent.state.model import AgentState, Booking, Pod, Workload, replace
 
 log = logging.getLogger("numa_agent.recovery")
@@ -49,20 +54,25 @@ class RecoveryReport:
     adopted: tuple[str, ...]
     quarantined: str | None
     policy_reconciled: bool
+    generation: str | None = None  # the checkpoint file the state came from
+    rebuilt: tuple[str, ...] = ()  # from live processes (affinity fallback)
+    held: tuple[str, ...] = ()  # quarantined: CPUs held until an operator releases them
 
 
 def restore(machine: Machine, store, enforcer: Enforcer, on_policy_change: str = "refuse",
             uid_of=None) -> tuple[AgentState, RecoveryReport]:
     fingerprint = machine.policy.fingerprint()
-    quarantined = None
+    marked = enforcer.live_marked()
+    quarantined = generation = None
     try:
-        payload = store.load()
-        state = AgentState.from_json(payload) if payload is not None else None
+        loaded = store.load_generation()
+        quarantined, generation = _set_aside(store, loaded, source_text(marked))
+        state = AgentState.from_json(loaded.data) if loaded.data is not None else None
     except (CheckpointCorruptError, ValueError, KeyError, TypeError) as exc:
-        moved = store.quarantine()
-        quarantined = str(moved) if moved else None
-        log.error("checkpoint unusable (%s); moved aside to %s; rebuilding from the cgroup tree",
-                  exc, quarantined)
+        moved = store.quarantine(path=store.directory / generation if generation else None)
+        quarantined, generation = (quarantined or (str(moved) if moved else None)), None
+        log.error("checkpoint unusable (%s); moved aside to %s; rebuilding from %s",
+                  exc, moved, source_text(marked))
         state = None
     if state is None:
         state = AgentState(policy_fingerprint=fingerprint)
@@ -94,13 +104,35 @@ def restore(machine: Machine, store, enforcer: Enforcer, on_policy_change: str =
         from numa_agent.admission.admit import release
         state, _, _ = release(state, name)
     state, adopted = _adopt(machine, state, enforcer, uid_of)
+    live = rebuild_from_live(machine, state, enforcer, marked)
+    state = live.state
     report = RecoveryReport(restored=len(state.workloads), released=tuple(released),
                             adopted=tuple(adopted), quarantined=quarantined,
-                            policy_reconciled=reconciled)
-    if released or adopted or quarantined:
-        log.warning("recovery: released %s; adopted %s", ", ".join(released) or "none",
-                    ", ".join(adopted) or "none")
+                            policy_reconciled=reconciled, generation=generation,
+                            rebuilt=live.rebuilt, held=live.held)
+    if released or adopted or quarantined or live.rebuilt or live.held:
+        log.warning("recovery: released %s; adopted %s; rebuilt from processes %s; held %s",
+                    ", ".join(released) or "none", ", ".join(adopted) or "none",
+                    ", ".join(live.rebuilt) or "none", ", ".join(live.held) or "none")
     return state, report
+
+
+def _set_aside(store, loaded: Loaded, source: str) -> tuple[str | None, str | None]:
+    """Move the damaged generations aside and say which one is used; returns
+    (where the current checkpoint was moved, the file name of the one used)."""
+    moved_current = None
+    for damage in loaded.damaged:
+        moved = store.quarantine(path=damage.path)
+        if damage.path == store.path:
+            moved_current = str(moved) if moved else None
+        log.error("checkpoint %s unusable (%s); moved aside to %s", damage.path, damage.reason, moved)
+    if loaded.fallback:
+        log.error("checkpoint %s is %s; using the previous generation %s; what it lacks is "
+                  "rebuilt from %s", store.path, "damaged" if loaded.damaged else "missing",
+                  loaded.path, source)
+    elif loaded.damaged:
+        log.error("no good checkpoint generation; starting empty, rebuilding from %s", source)
+    return moved_current, loaded.path.name if loaded.path is not None else None
 
 
 def _adopt(machine: Machine, state: AgentState, enforcer: Enforcer,

@@ -324,7 +324,8 @@ def test_missing_checkpoint_is_rebuilt_from_the_cgroup_tree(env, sleepers):
     service, _ = start(machine, state_dir, root)
     a = CpuSet.parse(service.admit(AdmitRequest(name="a", cpus=2), sleepers())["cpus"])
     side = service.admit(AdmitRequest(name="side", shared=True), sleepers())
-    (state_dir / "checkpoint.json").unlink()  # lost with the disk it was on
+    (state_dir / "checkpoint.json").unlink()  # lost with the disk it was on,
+    (state_dir / "checkpoint.json.prev").unlink()  # both generations of it
     service2, report = start(machine, state_dir, root)
     assert sorted(report.adopted) == ["a", "side"]
     assert service2.state.workload("a").booking.cpus == a

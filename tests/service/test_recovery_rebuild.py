@@ -42,6 +42,8 @@ def env(tmp_path):
 
 
 def lose_checkpoint(state_dir, how):
+    """No good generation left: the tree is the only source (.prev is gone too)."""
+    (state_dir / "checkpoint.json.prev").unlink(missing_ok=True)
     path = state_dir / "checkpoint.json"
     if how == "lost":
         path.unlink()

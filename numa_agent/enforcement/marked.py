@@ -1,0 +1,104 @@
+"""Processes that numa-run started, found from /proc.
+
+numa-run execs the workload's command with `NUMA_AGENT_WORKLOAD=<name>` (and
+`NUMA_AGENT_CPUS`, `NUMA_AGENT_MEMS`, `NUMA_AGENT_DEVICES`) in its
+environment; every process it forks inherits them. In the affinity fallback
+nothing else of a workload outlives the agent, so when the checkpoint is lost
+these marks are what the workloads can be rebuilt from
+(`numa_agent.service.rebuild`).
+
+`scan_marked` is the edge: it reads `/proc/PID/environ`, `stat` and `status`
+of every process (root may read them all; another user only its own) and
+returns plain values. Processes that exit during the scan are skipped.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from numa_agent.core.cpuset import CpuSet, CpuSetParseError
+from numa_agent.enforcement.processes import process_identity
+
+MARK = "NUMA_AGENT_WORKLOAD"
+_ENV_KEYS = (MARK, "NUMA_AGENT_CPUS", "NUMA_AGENT_MEMS", "NUMA_AGENT_DEVICES")
+
+
+@dataclass(frozen=True)
+class MarkedProcess:
+    pid: int
+    ppid: int
+    name: str  # NUMA_AGENT_WORKLOAD
+    uid: int  # effective uid (/proc/PID/status Uid), as the API's peer credentials give it
+    start_time: int  # clock ticks after boot (/proc/PID/stat field 22): orders admissions
+    identity: str | None  # process_identity, for the pidfd check when it is followed
+    affinity: CpuSet  # Cpus_allowed_list: what sched_getaffinity(pid) returns
+    env_cpus: str | None = None  # NUMA_AGENT_CPUS as numa-run set it, if present
+    env_mems: str | None = None
+    env_devices: str | None = None
+
+    def describe(self) -> str:
+        return f"pid {self.pid} ({MARK}={self.name}, CPUs {self.affinity.format() or 'none'})"
+
+
+def scan_marked(proc_root: str = "/proc", exclude: tuple[int, ...] = ()) -> list[MarkedProcess]:
+    """Every process under `proc_root` whose environment carries `MARK`,
+    sorted by start time (oldest first), except the PIDs in `exclude`."""
+    found = []
+    try:
+        entries = os.listdir(proc_root)
+    except OSError:
+        return []
+    for entry in entries:
+        if not entry.isdigit() or int(entry) in exclude:
+            continue
+        process = read_marked(int(entry), proc_root)
+        if process is not None:
+            found.append(process)
+    return sorted(found, key=lambda p: (p.start_time, p.pid))
+
+
+def read_marked(pid: int, proc_root: str = "/proc") -> MarkedProcess | None:
+    """`pid` as a MarkedProcess; None if it carries no mark, has exited or
+    cannot be read."""
+    base = f"{proc_root}/{pid}"
+    try:
+        with open(f"{base}/environ", "rb") as f:
+            environ = f.read()
+        if f"{MARK}=".encode() not in environ:
+            return None
+        with open(f"{base}/stat", "rb") as f:
+            stat = f.read().decode("ascii", "replace")
+        with open(f"{base}/status", "rb") as f:
+            status = f.read().decode("ascii", "replace")
+    except OSError:  # exited, a kernel thread, or not ours to read
+        return None
+    env = _environment(environ)
+    name = env.get(MARK)
+    fields = stat[stat.rfind(")") + 2:].split()
+    lines = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+    try:
+        ppid, start_time = int(fields[1]), int(fields[19])
+        uid = int(lines["Uid"].split()[1])
+        affinity = CpuSet.parse(lines["Cpus_allowed_list"].strip())
+    except (IndexError, KeyError, ValueError, CpuSetParseError):
+        return None
+    if not name:
+        return None
+    return MarkedProcess(pid=pid, ppid=ppid, name=name, uid=uid, start_time=start_time,
+                         identity=process_identity(pid, proc_root), affinity=affinity,
+                         env_cpus=env.get("NUMA_AGENT_CPUS"), env_mems=env.get("NUMA_AGENT_MEMS"),
+                         env_devices=env.get("NUMA_AGENT_DEVICES"))
+
+
+def _environment(raw: bytes) -> dict[str, str]:
+    out = {}
+    for item in raw.split(b"\0"):
+        key, sep, value = item.partition(b"=")
+        text = key.decode("ascii", "replace")
+        if sep and text in _ENV_KEYS:
+            out[text] = value.decode("utf-8", "replace")
+    return out
+
+
+__all__ = ["MARK", "MarkedProcess", "read_marked", "scan_marked"]

@@ -1,0 +1,262 @@
+"""Rebuilding workloads from their live processes (the affinity fallback).
+
+Without cgroups nothing of a workload outlives the agent but its processes,
+which numa-run marked with `NUMA_AGENT_WORKLOAD=<name>` (see
+`numa_agent.enforcement.marked`). When the checkpoint (both generations of
+it) lost a workload, its CPUs are still in use; handing them out again would
+double-book them at kernel level. So after loading whatever generation is
+good, start-up reconciles the state with the marked processes:
+
+- A workload of the state whose process is alive was already followed
+  (`Enforcer.track`); processes carrying its name are its own.
+- Of the processes carrying a name the state does not know, the oldest one
+  is the workload (numa-run's exec'd command); younger ones of that name are
+  its children, which inherited the environment.
+- That process is rebuilt as the workload: its name, its owner (effective
+  uid), its PID and identity, and its CPUs from its affinity within the
+  usable CPUs: exclusive, minus any CPU another workload already holds (the
+  holder keeps it; the conflict is logged as an error). Memory nodes and
+  devices are booked as its environment names them; memory and hugepage
+  amounts cannot be read back, so the workload is marked
+  `request["rebuilt"] = "partial"` with what is unknown.
+- Its affinity tells exclusive from shared only in some cases: a reserved CPU
+  in it means the shared pool (reserved CPUs are never booked exclusively,
+  and the shared pool has them unless the reservation is strict). An
+  affinity that is the whole shared pool it could be on, or that differs
+  from the CPUs it was given (`NUMA_AGENT_CPUS`, so it moved since), cannot
+  be told apart. Such a process, or one whose CPUs all belong to others or
+  whose name is not a workload name, is *held*: its CPUs are booked to a
+  quarantined entry (`request["rebuilt"] = "quarantined"`, owner root, no
+  process followed) that status and health report and that only an operator
+  releases (`numa-agent release NAME`, as root).
+
+`reconcile` is the rule, a pure function; `rebuild_from_live` is the glue
+restore calls with what the enforcer's `live_marked()` returned.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Sequence
+
+from numa_agent.admission.machine import Machine
+from numa_agent.core.cpuset import CpuSet, CpuSetParseError
+from numa_agent.core.names import is_workload_name
+from numa_agent.enforcement.marked import MARK, MarkedProcess
+from numa_agent.enforcement.plan import workload_relpath
+from numa_agent.enforcement.protocol import Enforcer
+from numa_agent.state.model import AgentState, Booking, Workload
+
+log = logging.getLogger("numa_agent.recovery")
+
+REBUILT = "rebuilt"  # the request key saying how a workload was rebuilt
+PARTIAL = "partial"
+QUARANTINED = "quarantined"
+UNKNOWN_ALWAYS = ("memory", "hugepages")  # never visible from outside a process
+
+
+@dataclass(frozen=True)
+class Rebuild:
+    state: AgentState
+    rebuilt: tuple[str, ...] = ()  # workloads rebuilt from a process (to be followed)
+    held: tuple[str, ...] = ()  # quarantined entries
+    messages: tuple[tuple[int, str], ...] = field(default=())  # (logging level, text)
+
+
+def is_quarantined(w: Workload) -> bool:
+    return w.request.get(REBUILT) == QUARANTINED
+
+
+def source_text(marked: Sequence[MarkedProcess] | None) -> str:
+    """What the state is rebuilt from, for the log."""
+    if marked is None:
+        return "the workload cgroups below the cgroup root"
+    return (f"the live processes marked {MARK} in /proc ({len(marked)} found); "
+            "workloads without one are gone")
+
+
+def reconcile(machine: Machine, state: AgentState, processes: Iterable[MarkedProcess]) -> Rebuild:
+    """`state` with a workload rebuilt, or an entry held, for every marked
+    process whose workload it does not know; see the module doc."""
+    known = {w.name for w in state.workloads}
+    followed = {w.pid for w in state.workloads if w.pid is not None}
+    leaders: dict[str, MarkedProcess] = {}
+    for p in sorted(processes, key=lambda p: (p.start_time, p.pid)):
+        if p.name not in known and p.pid not in followed:
+            leaders.setdefault(p.name, p)  # the oldest: younger ones are its children
+    candidates = list(leaders.values())
+    seen = {p.pid: p.affinity & machine.usable_cpus for p in candidates}
+    rebuilt: list[str] = []
+    held: list[str] = []
+    messages: list[tuple[int, str]] = []
+    for p in candidates:
+        others = [cpus for pid, cpus in seen.items() if pid != p.pid]
+        kind, why = _classify(machine, state, p, seen[p.pid], others)
+        if kind == "hold":
+            state, name = _hold(machine, state, p, seen[p.pid], why)
+            held.append(name)
+            messages.append((logging.ERROR, _held_text(p, name, state, why)))
+            continue
+        state, made, notes = _rebuild(machine, state, p, seen[p.pid], shared=kind == "shared")
+        if made is None:  # every CPU it runs on belongs to another workload
+            why = f"all of its CPUs are booked to {_holders(state, seen[p.pid])}"
+            state, name = _hold(machine, state, p, CpuSet(), why)
+            held.append(name)
+            messages.append((logging.ERROR, _held_text(p, name, state, why)))
+            continue
+        rebuilt.append(made)
+        messages.extend(notes)
+    return Rebuild(state, tuple(rebuilt), tuple(held), tuple(messages))
+
+
+def _classify(machine: Machine, state: AgentState, p: MarkedProcess, cpus: CpuSet,
+              others: list[CpuSet]) -> tuple[str, str]:
+    """("exclusive" | "shared" | "hold", why)."""
+    if not is_workload_name(p.name):
+        return "hold", f"its {MARK} is not a workload name"
+    reserved = machine.reserved_cpus
+    strict = machine.cpu_options.strict_cpu_reservation
+    if not cpus - reserved:
+        return "hold", "its affinity has no CPU this agent hands out"
+    if cpus & reserved and not strict:
+        return "shared", f"its affinity includes reserved CPUs {(cpus & reserved).format()}"
+    given = _parse_cpus(p.env_cpus)
+    if given is not None and given & machine.usable_cpus != cpus:
+        return "hold", (f"its affinity differs from the CPUs it was given (NUMA_AGENT_CPUS="
+                        f"{p.env_cpus}): it moved since, so it may be on the shared pool")
+    # The shared pool it would be on, if the other marked processes apart from
+    # it held theirs exclusively. An exclusive booking never takes the whole pool.
+    pool = machine.usable_cpus - state.exclusive_cpus()
+    for o in others:
+        if o.isdisjoint(cpus):
+            pool = pool - o
+    if strict:
+        pool = pool - reserved
+    if pool and cpus.issuperset(pool):
+        return "hold", "its affinity is the whole shared pool and nothing says it is exclusive"
+    return "exclusive", ""
+
+
+def _rebuild(machine: Machine, state: AgentState, p: MarkedProcess, cpus: CpuSet,
+             shared: bool) -> tuple[AgentState, str | None, list[tuple[int, str]]]:
+    notes: list[tuple[int, str]] = []
+    unknown = list(UNKNOWN_ALWAYS)
+    exclusive = CpuSet()
+    if not shared:
+        wanted = cpus - machine.reserved_cpus
+        clash = wanted & state.exclusive_cpus()
+        exclusive = wanted - clash
+        if not exclusive:
+            return state, None, notes
+        if clash:
+            notes.append((logging.ERROR, f"{p.describe()}: CPUs {clash.format()} are already booked to "
+                                         f"{_holders(state, clash)} and stay with them; {p.name} is "
+                                         f"rebuilt with CPUs {exclusive.format()} only, but still "
+                                         "runs on the others: double-booked until one of them is stopped"))
+    else:
+        unknown.append("cpunodebind")
+    mems = tuple(n for n in _parse_nodes(p.env_mems) if n in machine.node_ids)
+    if p.env_mems is None:
+        unknown.append("mems")
+    devices, device_notes = _devices(machine, state, p)
+    notes.extend(device_notes)
+    if device_notes or p.env_devices is None:
+        unknown.append("devices")
+    request: dict[str, Any] = {REBUILT: PARTIAL, "rebuilt_from": f"pid {p.pid}", "unknown": unknown}
+    w = Workload(name=p.name, owner_uid=p.uid, shared=shared, pid=p.pid, pid_identity=p.identity,
+                 booking=Booking(cpus=exclusive, numa_nodes=machine.nodes_of(exclusive) if exclusive else (),
+                                 mems=mems, devices=devices),
+                 request=request)
+    notes.append((logging.WARNING,
+                  f"rebuilt workload {p.name} from {p.describe()}: "
+                  + (f"exclusive CPUs {exclusive.format()}" if not shared else "on the shared pool")
+                  + f", owner uid {p.uid}; not known: {', '.join(unknown)}"))
+    return state.with_workload(w), p.name, notes
+
+
+def _devices(machine: Machine, state: AgentState,
+             p: MarkedProcess) -> tuple[tuple[tuple[str, str], ...], list[tuple[int, str]]]:
+    addresses = [a for a in (p.env_devices or "").split(",") if a]
+    owner = {d.address: name for name, devs in machine.devices.resources for d in devs}
+    in_use = {a for addrs in state.devices_in_use().values() for a in addrs}
+    out, notes = [], []
+    for address in addresses:
+        if address not in owner:
+            notes.append((logging.WARNING, f"{p.describe()}: device {address} is not one this agent "
+                                           "hands out; not booked"))
+        elif address in in_use:
+            notes.append((logging.ERROR, f"{p.describe()}: device {address} is already booked to "
+                                         "another workload and stays with it"))
+        else:
+            out.append((owner[address], address))
+    return tuple(sorted(out)), notes
+
+
+def _hold(machine: Machine, state: AgentState, p: MarkedProcess, cpus: CpuSet,
+          why: str) -> tuple[AgentState, str]:
+    """Book what nobody else holds of `cpus` to a quarantined entry."""
+    held = cpus - machine.reserved_cpus - state.exclusive_cpus()
+    name = p.name if is_workload_name(p.name) else f"quarantined-{p.pid}"
+    n = 1
+    while state.workload(name) is not None:
+        n += 1
+        name = f"quarantined-{p.pid}-{n}"
+    request = {REBUILT: QUARANTINED, "reason": why, "pid": p.pid, "uid": p.uid,
+               "affinity": p.affinity.format(), "marked": p.name}
+    w = Workload(name=name, owner_uid=0, booking=Booking(cpus=held, numa_nodes=machine.nodes_of(held) if held else ()),
+                 request=request)
+    return state.with_workload(w), name
+
+
+def _held_text(p: MarkedProcess, name: str, state: AgentState, why: str) -> str:
+    w = state.workload(name)
+    cpus = w.booking.cpus.format() if w is not None else ""
+    return (f"cannot rebuild the workload of {p.describe()}: {why}. CPUs {cpus or 'none'} are held as "
+            f"{name!r} and not handed out; stop or re-pin the process, then release them with "
+            f"`numa-agent release {name}` as root")
+
+
+def _holders(state: AgentState, cpus: CpuSet) -> str:
+    names = [f"pod {p.name}" for p in state.pods if p.booking.cpus & cpus]
+    names += [w.name for w in state.workloads if w.pod is None and w.booking.cpus & cpus]
+    return ", ".join(names) or "reserved CPUs"
+
+
+def _parse_cpus(text: str | None) -> CpuSet | None:
+    if text is None:
+        return None
+    try:
+        return CpuSet.parse(text)
+    except (CpuSetParseError, ValueError):
+        return None
+
+
+def _parse_nodes(text: str | None) -> tuple[int, ...]:
+    cpus = _parse_cpus(text)  # the same list syntax
+    return cpus.ids() if cpus is not None else ()
+
+
+def rebuild_from_live(machine: Machine, state: AgentState, enforcer: Enforcer,
+                      marked: Sequence[MarkedProcess] | None) -> Rebuild:
+    """Reconcile `state` with the marked processes (None: the enforcer keeps
+    its own record, nothing to do), log what was done, and follow each
+    rebuilt workload's process; one that exited meanwhile is dropped."""
+    if marked is None:
+        return Rebuild(state)
+    result = reconcile(machine, state, marked)
+    for level, text in result.messages:
+        log.log(level, "%s", text)
+    state, rebuilt = result.state, []
+    for name in result.rebuilt:
+        w = state.workload(name)
+        assert w is not None
+        if enforcer.track(workload_relpath(w), w.pid, w.pid_identity):
+            rebuilt.append(name)
+        else:
+            log.warning("rebuilt workload %s: pid %s exited meanwhile; released", name, w.pid)
+            state = state.without_workload(name)
+    return Rebuild(state, tuple(rebuilt), result.held, result.messages)
+
+
+__all__ = ["Rebuild", "is_quarantined", "rebuild_from_live", "reconcile", "source_text"]

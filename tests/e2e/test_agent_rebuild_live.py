@@ -1,0 +1,107 @@
+"""End to end in the affinity fallback: the agent is killed, its checkpoint is
+damaged and the previous generation removed; on restart the running workload
+is rebuilt from its process, and its CPU is not handed out again."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from numa_agent.core.cpuset import CpuSet
+from tests.state.test_checkpoint_generations import DAMAGE
+from tests.support.agent_process import AgentProcess, numa_run, wait_for
+
+pytestmark = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2,
+                                reason="needs 2 CPUs: one reserved, one to hand out")
+
+
+def workloads(agent, pid=None):
+    """The agent's workloads (`pid`: only that process's). On restart the agent
+    takes in every marked process of the machine, so another agent's test
+    running at the same time could show up too."""
+    status, body = agent.call("GET", "/v1/workloads")
+    assert status == 200
+    return [w for w in body["workloads"] if pid is None or w["pid"] == pid]
+
+
+def allowed_cpus(pid):
+    with open(f"/proc/{pid}/status") as f:
+        line = next(line for line in f if line.startswith("Cpus_allowed_list"))
+    return CpuSet.parse(line.split()[1])
+
+
+@pytest.mark.parametrize("damage", sorted(DAMAGE))
+def test_a_lost_checkpoint_is_rebuilt_from_the_running_workload(tmp_path, damage):
+    agent = AgentProcess(tmp_path / "agent", "--cgroup-root", "none").start()
+    proc = subprocess.Popen([sys.executable, "-m", "numa_agent.cli.numa_run", "--socket", agent.socket,
+                             "--cpus", "1", "--", "sleep", "60"])
+    try:
+        (before,) = wait_for(lambda: workloads(agent, proc.pid), timeout=10)
+        cpus = CpuSet.parse(before["cpus"])
+        assert before["pid"] == proc.pid and allowed_cpus(proc.pid) == cpus
+        # a second generation of the checkpoint, so that there is a .prev to remove
+        assert numa_run(agent.socket, "--shared", "--", "true").returncode == 0
+        agent.kill()  # kill -9
+        checkpoint = agent.state_dir / "checkpoint.json"
+        DAMAGE[damage](checkpoint)
+        (agent.state_dir / "checkpoint.json.prev").unlink()
+
+        agent.start()
+        (after,) = workloads(agent, proc.pid)
+        assert (after["name"], after["pid"], after["cpus"]) == (before["name"], proc.pid, before["cpus"])
+        assert after["exclusive"] and after["rebuilt"] == "partial"
+        assert after["owner_uid"] == before["owner_uid"]
+        log = agent.log()
+        assert "rebuilding from the cgroup tree" not in log
+        assert f"rebuilt workload {before['name']} from pid {proc.pid}" in log
+        status, body = agent.call("GET", "/v1/status")
+        assert status == 200 and not [q for q in body["quarantined"] if q["pid"] == proc.pid]
+
+        # The next exclusive request gets another CPU or is refused; never the same one.
+        probe = ("import os,sys;sys.stdout.write(','.join(map(str, sorted(os.sched_getaffinity(0)))))")
+        r = numa_run(agent.socket, "--cpus", "1", "--", sys.executable, "-c", probe)
+        if r.returncode == 0:
+            assert CpuSet.parse(r.stdout).isdisjoint(cpus), r.stdout
+        else:
+            assert r.returncode == 125 and "requested 1" in r.stderr, r.stderr
+        assert allowed_cpus(proc.pid) == cpus
+
+        # still followed: its exit releases it
+        proc.kill()
+        proc.wait()
+        assert wait_for(lambda: workloads(agent, proc.pid) == [], timeout=2)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        agent.stop()
+
+
+def test_a_process_that_cannot_be_attributed_is_held_until_root_releases_it(tmp_path):
+    """Its affinity (CPU 1) is not what it was given (0-1): exclusive or shared
+    cannot be told, so CPU 1 is held, reported, and freed only by release."""
+    stray = subprocess.Popen(["sleep", "60"], preexec_fn=lambda: os.sched_setaffinity(0, {1}),
+                             env={**os.environ, "NUMA_AGENT_WORKLOAD": "stray", "NUMA_AGENT_CPUS": "0-1"})
+    agent = AgentProcess(tmp_path / "agent", "--cgroup-root", "none")
+    try:
+        agent.start()
+        status, body = agent.call("GET", "/v1/status")
+        assert [(q["name"], q["cpus"]) for q in body["quarantined"] if q["pid"] == stray.pid] == [("stray", "1")]
+        assert workloads(agent, stray.pid) == []
+        health = agent.call("GET", "/v1/health")[1]
+        assert {"name": "stray", "cpus": "1", "pid": stray.pid} in health["quarantined"]
+        assert f"pid {stray.pid} (NUMA_AGENT_WORKLOAD=stray, CPUs 1)" in agent.log()
+        r = numa_run(agent.socket, "--cpus", "1", "--", "true")
+        assert r.returncode == 125 and "requested 1" in r.stderr
+        env = {**os.environ, "PYTHONPATH": str(os.getcwd())}
+        r = subprocess.run([sys.executable, "-m", "numa_agent.cli.numa_agent", "release", "stray",
+                            "--socket", agent.socket], capture_output=True, text=True, env=env)
+        assert r.returncode == 0, r.stderr
+        assert not [q for q in agent.call("GET", "/v1/status")[1]["quarantined"] if q["name"] == "stray"]
+        r = numa_run(agent.socket, "--cpus", "1", "--", "true")
+        assert r.returncode == 0, r.stderr
+    finally:
+        stray.kill()
+        stray.wait()
+        agent.stop()
