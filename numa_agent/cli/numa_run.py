@@ -106,6 +106,9 @@ def workload_env(record: dict[str, Any]) -> dict[str, str]:
         "NUMA_AGENT_CPUS": str(record.get("cpus") or ""),
         "NUMA_AGENT_MEMS": ",".join(str(n) for n in record.get("mems") or []),
         "NUMA_AGENT_DEVICES": ",".join(d.get("address", "") for d in devices),
+        # Whether the CPUs are the workload's own: a rebuild after a lost
+        # checkpoint tells exclusive from shared by it.
+        "NUMA_AGENT_EXCLUSIVE": "1" if record.get("exclusive") else "0",
     }
     gpus = [d for d in devices if str(d.get("vendor", "")).lower() == NVIDIA_VENDOR]
     if gpus:

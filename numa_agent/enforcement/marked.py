@@ -21,7 +21,7 @@ from numa_agent.core.cpuset import CpuSet, CpuSetParseError
 from numa_agent.enforcement.processes import process_identity
 
 MARK = "NUMA_AGENT_WORKLOAD"
-_ENV_KEYS = (MARK, "NUMA_AGENT_CPUS", "NUMA_AGENT_MEMS", "NUMA_AGENT_DEVICES")
+_ENV_KEYS = (MARK, "NUMA_AGENT_CPUS", "NUMA_AGENT_MEMS", "NUMA_AGENT_DEVICES", "NUMA_AGENT_EXCLUSIVE")
 
 
 @dataclass(frozen=True)
@@ -36,6 +36,7 @@ class MarkedProcess:
     env_cpus: str | None = None  # NUMA_AGENT_CPUS as numa-run set it, if present
     env_mems: str | None = None
     env_devices: str | None = None
+    env_exclusive: bool | None = None  # NUMA_AGENT_EXCLUSIVE; None from a numa-run that did not set it
 
     def describe(self) -> str:
         return f"pid {self.pid} ({MARK}={self.name}, CPUs {self.affinity.format() or 'none'})"
@@ -88,7 +89,8 @@ def read_marked(pid: int, proc_root: str = "/proc") -> MarkedProcess | None:
     return MarkedProcess(pid=pid, ppid=ppid, name=name, uid=uid, start_time=start_time,
                          identity=process_identity(pid, proc_root), affinity=affinity,
                          env_cpus=env.get("NUMA_AGENT_CPUS"), env_mems=env.get("NUMA_AGENT_MEMS"),
-                         env_devices=env.get("NUMA_AGENT_DEVICES"))
+                         env_devices=env.get("NUMA_AGENT_DEVICES"),
+                         env_exclusive=_flag(env.get("NUMA_AGENT_EXCLUSIVE")))
 
 
 def _environment(raw: bytes) -> dict[str, str]:
@@ -102,3 +104,7 @@ def _environment(raw: bytes) -> dict[str, str]:
 
 
 __all__ = ["MARK", "MarkedProcess", "read_marked", "scan_marked"]
+
+
+def _flag(value: str | None) -> bool | None:
+    return {"1": True, "0": False}.get(value.strip()) if value is not None else None

@@ -19,7 +19,8 @@ good, start-up reconciles the state with the marked processes:
   devices are booked as its environment names them; memory and hugepage
   amounts cannot be read back, so the workload is marked
   `request["rebuilt"] = "partial"` with what is unknown.
-- Its affinity tells exclusive from shared only in some cases: a reserved CPU
+- `NUMA_AGENT_EXCLUSIVE` (0 or 1, set by numa-run) says whether it is shared;
+  without it (an older numa-run) its affinity tells only in some cases: a reserved CPU
   in it means the shared pool (reserved CPUs are never booked exclusively,
   and the shared pool has them unless the reservation is strict). An
   affinity that is the whole shared pool it could be on, or that differs
@@ -121,6 +122,8 @@ def _classify(machine: Machine, state: AgentState, p: MarkedProcess, cpus: CpuSe
         return "hold", "its affinity has no CPU this agent hands out"
     if cpus & reserved and not strict:
         return "shared", f"its affinity includes reserved CPUs {(cpus & reserved).format()}"
+    if p.env_exclusive is False:  # numa-run said so: it follows the pool wherever it moved
+        return "shared", "its NUMA_AGENT_EXCLUSIVE=0 says it runs on the shared pool"
     given = _parse_cpus(p.env_cpus)
     if given is not None and given & machine.usable_cpus != cpus:
         return "hold", (f"its affinity differs from the CPUs it was given (NUMA_AGENT_CPUS="
@@ -133,7 +136,7 @@ def _classify(machine: Machine, state: AgentState, p: MarkedProcess, cpus: CpuSe
             pool = pool - o
     if strict:
         pool = pool - reserved
-    if pool and cpus.issuperset(pool):
+    if pool and cpus.issuperset(pool) and p.env_exclusive is not True:
         return "hold", "its affinity is the whole shared pool and nothing says it is exclusive"
     return "exclusive", ""
 

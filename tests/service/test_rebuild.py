@@ -30,12 +30,13 @@ def machine_of(cpus=8, reserved=1, **policy):
     return build_machine(topo, PolicyConfig(reserved_cpu_count=reserved, **policy))
 
 
-def marked(pid, name, cpus, env_cpus="same", start=None, uid=1000, ppid=1, mems="0", devices=""):
+def marked(pid, name, cpus, env_cpus="same", start=None, uid=1000, ppid=1, mems="0", devices="",
+           env_exclusive=None):
     affinity = CpuSet.parse(cpus)
     return MarkedProcess(pid=pid, ppid=ppid, name=name, uid=uid,
                          start_time=pid if start is None else start, identity=f"{BOOT}:{pid}",
                          affinity=affinity, env_cpus=cpus if env_cpus == "same" else env_cpus,
-                         env_mems=mems, env_devices=devices)
+                         env_mems=mems, env_devices=devices, env_exclusive=env_exclusive)
 
 
 # ---- the rule -------------------------------------------------------------------------
@@ -172,3 +173,28 @@ def test_only_the_affinity_enforcer_has_marked_processes(tmp_path):
     finally:
         cgroup.close()
         affinity.close()
+
+
+def test_numa_run_saying_shared_or_exclusive_settles_what_the_affinity_cannot():
+    m = machine_of(reserved=0)
+    shared = reconcile(m, AgentState(), [marked(100, "side", "0-7", env_exclusive=False)])
+    assert shared.rebuilt == ("side",) and shared.held == () and shared.state.workload("side").shared
+    assert shared.state.exclusive_cpus() == CpuSet()  # nothing held: the pool stays the pool
+    moved = reconcile(machine_of(), AgentState(), [marked(100, "side", "2-5", env_cpus="2-7", env_exclusive=False)])
+    assert moved.rebuilt == ("side",) and moved.state.workload("side").shared
+    whole = reconcile(m, AgentState(), [marked(100, "big", "0-7", env_cpus="0-7", env_exclusive=True)])
+    assert whole.rebuilt == ("big",) and whole.state.workload("big").booking.cpus == CpuSet.parse("0-7")
+
+
+def test_numa_run_marks_exclusive_and_shared_workloads():
+    from numa_agent.cli.numa_run import workload_env
+
+    assert workload_env({"name": "a", "cpus": "2", "exclusive": True})["NUMA_AGENT_EXCLUSIVE"] == "1"
+    assert workload_env({"name": "b", "cpus": "0-7", "exclusive": False})["NUMA_AGENT_EXCLUSIVE"] == "0"
+
+
+def test_scan_reads_the_exclusive_flag(proc):
+    write_proc(proc, 300, {"NUMA_AGENT_WORKLOAD": "a", "NUMA_AGENT_EXCLUSIVE": "1"}, cpus="2")
+    write_proc(proc, 301, {"NUMA_AGENT_WORKLOAD": "b", "NUMA_AGENT_EXCLUSIVE": "0"})
+    write_proc(proc, 302, {"NUMA_AGENT_WORKLOAD": "c"})
+    assert {p.name: p.env_exclusive for p in scan_marked(str(proc))} == {"a": True, "b": False, "c": None}
