@@ -842,8 +842,9 @@ def s12_recovery(g: Guest) -> str | None:
     node0 = next(n for n in g.status()["nodes"] if n["id"] == g.kernel.cpu_nodes[0])
     size = (node0["memory_bytes"]["free"] * 6 // 10) // MIB * MIB
     w = g.launch("rec-mem", "--shared", "--memory", str(size), "-N", str(node0["id"]), "-m", str(node0["id"]))
-    limit = cg_read(w.rel, "memory.max")
-    check(limit == str(size), f"{w.rel}/memory.max is {limit}, expected {size}")
+    rel = "shared/rec-mem"  # a workload without exclusive CPUs lives below the shared pool
+    limit = cg_read(rel, "memory.max")
+    check(limit == str(size), f"{rel}/memory.max is {limit}, expected {size}")
     g.agent.kill()
     for name in ("checkpoint.json", "checkpoint.json.prev"):
         (g.agent.state_dir / name).unlink(missing_ok=True)
@@ -853,7 +854,7 @@ def s12_recovery(g: Guest) -> str | None:
     check(listed["memory_bytes"] == {str(node0["id"]): size},
           f"rebuilt rec-mem books {listed['memory_bytes']}, expected {size} bytes on node {node0['id']}")
     check(listed["owner_uid"] == w.record["owner_uid"], f"owner {listed['owner_uid']}, was {w.record['owner_uid']}")
-    check(cg_read(w.rel, "memory.max") == limit, f"memory.max became {cg_read(w.rel, 'memory.max')} (was {limit})")
+    check(cg_read(rel, "memory.max") == limit, f"memory.max became {cg_read(rel, 'memory.max')} (was {limit})")
     again = g.numa_run("--shared", "--memory", str(size), "-N", str(node0["id"]), "-m", str(node0["id"]),
                        command=("true",))
     check(again.returncode == 125, f"a second {size // MIB} MiB on node {node0['id']} was not refused: "
