@@ -116,14 +116,14 @@ def _classify(machine: Machine, state: AgentState, p: MarkedProcess, cpus: CpuSe
     """("exclusive" | "shared" | "hold", why)."""
     if not is_workload_name(p.name):
         return "hold", f"its {MARK} is not a workload name"
-    reserved = machine.reserved_cpus
-    strict = machine.cpu_options.strict_cpu_reservation
-    if not cpus - reserved:
-        return "hold", "its affinity has no CPU this agent hands out"
-    if cpus & reserved and not strict:
-        return "shared", f"its affinity includes reserved CPUs {(cpus & reserved).format()}"
     if p.env_exclusive is False:  # numa-run said so: it follows the pool wherever it moved
         return "shared", "its NUMA_AGENT_EXCLUSIVE=0 says it runs on the shared pool"
+    reserved = machine.reserved_cpus
+    strict = machine.cpu_options.strict_cpu_reservation
+    if cpus & reserved and not strict:
+        return "shared", f"its affinity includes reserved CPUs {(cpus & reserved).format()}"
+    if not cpus - reserved:
+        return "hold", "its affinity has no CPU this agent hands out"
     given = _parse_cpus(p.env_cpus)
     if given is not None and given & machine.usable_cpus != cpus:
         return "hold", (f"its affinity differs from the CPUs it was given (NUMA_AGENT_CPUS="

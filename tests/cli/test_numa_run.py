@@ -126,12 +126,12 @@ def test_help_exits_0_and_shows_examples(capsys):
 
 
 def test_workload_env_with_nvidia_gpu():
-    record = {"name": "w", "cpus": "2-3", "mems": [0, 1],
+    record = {"name": "w", "cpus": "2-3", "mems": [0, 1], "exclusive": True,
               "devices": [{"address": "0000:3b:00.0", "vendor": "0x10de"},
                           {"address": "0000:5e:00.0", "vendor": "0x8086"}]}
     env = workload_env(record)
     assert env == {"NUMA_AGENT_WORKLOAD": "w", "NUMA_AGENT_CPUS": "2-3", "NUMA_AGENT_MEMS": "0,1",
-                   "NUMA_AGENT_DEVICES": "0000:3b:00.0,0000:5e:00.0",
+                   "NUMA_AGENT_DEVICES": "0000:3b:00.0,0000:5e:00.0", "NUMA_AGENT_EXCLUSIVE": "1",
                    "CUDA_VISIBLE_DEVICES": "0000:3b:00.0"}
 
 

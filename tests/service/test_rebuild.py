@@ -198,3 +198,13 @@ def test_scan_reads_the_exclusive_flag(proc):
     write_proc(proc, 301, {"NUMA_AGENT_WORKLOAD": "b", "NUMA_AGENT_EXCLUSIVE": "0"})
     write_proc(proc, 302, {"NUMA_AGENT_WORKLOAD": "c"})
     assert {p.name: p.env_exclusive for p in scan_marked(str(proc))} == {"a": True, "b": False, "c": None}
+
+
+def test_a_shared_workload_squeezed_onto_the_reserved_cpus_is_rebuilt_shared():
+    """Every unreserved CPU exclusive to others: the shared pool is the reserved
+    CPUs alone, and a shared workload there is still a shared workload."""
+    m = machine_of()
+    reserved = m.reserved_cpus.format()
+    for flag in (False, None):
+        out = reconcile(m, AgentState(), [marked(100, "side", reserved, env_exclusive=flag)])
+        assert out.rebuilt == ("side",) and out.held == () and out.state.workload("side").shared
