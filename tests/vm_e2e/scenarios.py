@@ -887,12 +887,45 @@ def _recycled_pid(g: Guest) -> str:
         check("victim" not in names, f"after PID {pid} was recycled the agent still lists victim: {names}")
         check(os.sched_getaffinity(stranger.pid) == before,
               f"the process now holding PID {pid} was re-pinned to {sorted(os.sched_getaffinity(stranger.pid))}")
-        return f"PID {pid} recycled: the new process kept CPUs {CpuSet(before).format()}, victim released"
+        return (f"PID {pid} recycled: the new process kept CPUs {CpuSet(before).format()}, victim released; "
+                f"{_rebuilt_from_process(g, b)}")
     finally:
         if stranger is not None:
             stranger.kill()
             stranger.wait()
         b.stop()
+
+
+def _rebuilt_from_process(g: Guest, b: AgentProcess) -> str:
+    """The affinity agent's checkpoint truncated and its previous generation gone
+    under a running workload: rebuilt from the process, its CPU never handed out again."""
+    keeper = subprocess.Popen([*g.numa_run_argv, "--socket", b.socket, "--name", "keeper", "--cpus", "1",
+                               "--", *SLEEP], stdin=subprocess.DEVNULL)
+    g.launched.append(keeper)
+
+    def listed(name: str) -> dict | None:
+        return next((x for x in b.call("GET", "/v1/workloads")[1]["workloads"] if x["name"] == name), None)
+
+    check(wait_for(lambda: listed("keeper") and "NUMA_AGENT_WORKLOAD" in proc_env(keeper.pid),
+                   timeout=ADMIT_TIMEOUT, interval=0.1), "keeper was not admitted and exec'd by the affinity agent")
+    cpus = CpuSet.parse(listed("keeper")["cpus"])
+    b.kill()
+    checkpoint = b.state_dir / "checkpoint.json"
+    checkpoint.write_bytes(checkpoint.read_bytes()[:40])
+    (b.state_dir / "checkpoint.json.prev").unlink(missing_ok=True)
+    b.start(timeout=AGENT_START_TIMEOUT)
+    again = listed("keeper")
+    check(again is not None and CpuSet.parse(again["cpus"]) == cpus and again["pid"] == keeper.pid,
+          f"keeper was not rebuilt from its process with CPUs {cpus.format()}: {again}")
+    other = subprocess.run([*g.numa_run_argv, "--socket", b.socket, "--cpus", "1", "--", "sh", "-c",
+                            "grep Cpus_allowed_list /proc/self/status"],
+                           capture_output=True, text=True, timeout=ADMIT_TIMEOUT)
+    got = CpuSet.parse(other.stdout.split(":", 1)[1].strip()) if other.returncode == 0 else CpuSet()
+    check(other.returncode in (0, 125) and not got & cpus,
+          f"after the rebuild a new --cpus 1 got {got.format()} (exit {other.returncode}), keeper holds {cpus.format()}")
+    keeper.kill()
+    keeper.wait()
+    return f"keeper rebuilt from its process on CPUs {cpus.format()} after a truncated checkpoint"
 
 
 def _process_with_pid(pid: int, attempts: int = 20) -> subprocess.Popen | None:
