@@ -1,16 +1,30 @@
 #!/usr/bin/env bash
-# Sourced by scripts/agent and scripts/test: make .venv with the project and
-# its test extra installed, reinstalling only when pyproject.toml changed.
-set -euo pipefail
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-VENV="$ROOT/.venv"
-STAMP="$VENV/.installed-from"
-want="$(sha256sum "$ROOT/pyproject.toml" | cut -d' ' -f1)"
-if [ ! -x "$VENV/bin/python" ] || [ "$(cat "$STAMP" 2>/dev/null)" != "$want" ]; then
-    echo "numa-agent: setting up $VENV (first run or pyproject.toml changed)..." >&2
-    python3 -m venv "$VENV"
-    "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade pip >&2
-    "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -e "$ROOT[test]" >&2
-    echo "$want" > "$STAMP"
-fi
-export PATH="$VENV/bin:$PATH"
+# Make .venv with the project and its test extra installed (reinstalling only
+# when pyproject.toml changed) and put .venv/bin on PATH. Sourced by
+# scripts/agent and scripts/test, and by people: `source scripts/bootstrap.sh`
+# in an interactive shell. So it changes no shell option of its caller (no
+# `set -e` that would close the terminal on the next failing command) and
+# returns non-zero instead of exiting when the set-up fails.
+_numa_agent_bootstrap() {
+    local want
+    ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)" || return 1
+    VENV="$ROOT/.venv"
+    local stamp="$VENV/.installed-from"
+    want="$(sha256sum "$ROOT/pyproject.toml" | cut -d' ' -f1)" || return 1
+    if [ ! -x "$VENV/bin/python" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+        echo "numa-agent: setting up $VENV (first run or pyproject.toml changed)..." >&2
+        python3 -m venv "$VENV" || return 1
+        "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade pip >&2 || return 1
+        "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -e "$ROOT[test]" >&2 || return 1
+        echo "$want" > "$stamp"
+    fi
+    case ":$PATH:" in
+        *":$VENV/bin:"*) ;;
+        *) export PATH="$VENV/bin:$PATH" ;;
+    esac
+}
+_numa_agent_bootstrap
+_numa_agent_status=$?
+unset -f _numa_agent_bootstrap
+# shellcheck disable=SC2317  # `return` when sourced, `exit` when run
+return "$_numa_agent_status" 2>/dev/null || exit "$_numa_agent_status"
