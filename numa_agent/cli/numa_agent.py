@@ -11,6 +11,8 @@ import argparse
 import importlib
 import sys
 
+from numa_agent import __version__
+
 # subcommand name -> module under numa_agent.cli
 SUBCOMMANDS = {
     "serve": "serve_cmd",
@@ -26,6 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="numa-agent",
         description="NUMA-aware node agent: discovers the machine, admits and pins workloads.",
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for module_name in SUBCOMMANDS.values():

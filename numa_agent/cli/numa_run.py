@@ -14,6 +14,7 @@ import os
 import sys
 from typing import Any, NoReturn
 
+from numa_agent import __version__
 from numa_agent.cli import common
 
 PROG = "numa-run"
@@ -66,6 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
                           "stderr before exec)")
     out.add_argument("-v", "--verbose", action="store_true",
                      help="print the binding to stderr before running the command")
+    out.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     parser.add_argument("command", nargs=argparse.REMAINDER, metavar="COMMAND",
                         help=argparse.SUPPRESS)
     return parser

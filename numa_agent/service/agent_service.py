@@ -16,6 +16,7 @@ import threading
 import time
 from typing import Any, Callable, Mapping
 
+from numa_agent import __version__
 from numa_agent.admission.accounting import node_accounting
 from numa_agent.admission.admit import (
     InvalidRequest,
@@ -54,7 +55,7 @@ from numa_agent.state.model import AgentState, Workload
 
 log = logging.getLogger("numa_agent.service")
 
-VERSION = "0.1.0"
+VERSION = __version__
 
 
 class AgentService:

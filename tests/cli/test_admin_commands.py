@@ -3,6 +3,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -134,3 +136,11 @@ def test_env_socket_is_used(server, monkeypatch, capsys):
     monkeypatch.setenv("NUMA_AGENT_SOCKET", server.socket_path)
     assert run(status_cmd, ["status", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["enforcement"] == "cgroup"
+
+
+def test_both_commands_print_the_package_version():
+    import numa_agent
+
+    for module in ("numa_agent.cli.numa_agent", "numa_agent.cli.numa_run"):
+        out = subprocess.run([sys.executable, "-m", module, "--version"], capture_output=True, text=True)
+        assert out.returncode == 0 and out.stdout.split()[-1] == numa_agent.__version__, out.stderr
