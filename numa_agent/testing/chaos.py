@@ -55,7 +55,8 @@ class Outcome:
 
 
 class Storm:
-    def __init__(self, workdir: Path, cgroup_root: str, rng: random.Random) -> None:
+    def __init__(self, workdir: Path, cgroup_root: str, rng: random.Random,
+                 lifetime: tuple[float, float] = (1.0, 15.0)) -> None:
         self.workdir = workdir
         self.state_dir = workdir / "state"
         self.socket = str(workdir / "agent.sock")
@@ -65,6 +66,7 @@ class Storm:
         self.clients: dict[str, subprocess.Popen] = {}
         self.limits: dict[str, str] = {}  # cgroup mode: memory.max seen before a kill
         self.count = 0
+        self.lifetime = lifetime  # how long a client's command runs: many must outlive a restart
 
     # ---- the agent ------------------------------------------------------------------
     def start_agent(self) -> None:
@@ -112,7 +114,7 @@ class Storm:
         self.count += 1
         name = f"chaos-{self.count}"
         shape = self.rng.choice((["--cpus", "1"], ["--shared"], ["--cpus", "1", "--memory", "16Mi"]))
-        seconds = f"{self.rng.uniform(1, 15):.2f}"  # many outlive a restart
+        seconds = f"{self.rng.uniform(*self.lifetime):.2f}"
         self.clients[name] = subprocess.Popen(
             [sys.executable, "-m", "numa_agent.cli.numa_run", "--socket", self.socket, "--name", name, *shape,
              "--", "sleep", seconds], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -212,9 +214,10 @@ def _comm(pid: int) -> str:
         return ""
 
 
-def run(seconds: float, kills: int, cgroup_root: str, seed: int, workdir: Path) -> Outcome:
+def run(seconds: float, kills: int, cgroup_root: str, seed: int, workdir: Path,
+        lifetime: tuple[float, float] = (1.0, 15.0)) -> Outcome:
     rng = random.Random(seed)
-    storm = Storm(workdir, cgroup_root, rng)
+    storm = Storm(workdir, cgroup_root, rng, lifetime)
     out = Outcome()
     deadline = time.monotonic() + seconds
     interval = seconds / max(1, kills)
@@ -248,13 +251,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cgroup-root", default="none", help="the agent's --cgroup-root (default none: affinity)")
     p.add_argument("--seed", type=int, default=None, help="random seed (default: time)")
     p.add_argument("--workdir", help="where the agent's state and log go (default: a temporary directory)")
+    p.add_argument("--client-seconds", default="1,15", metavar="MIN,MAX",
+                   help="how long each client's command runs (default 1,15; slower machines want more)")
     args = p.parse_args(argv)
+    try:
+        low, high = (float(x) for x in args.client_seconds.split(","))
+    except ValueError:
+        p.error(f"--client-seconds wants MIN,MAX in seconds, got {args.client_seconds!r}")
     seed = args.seed if args.seed is not None else int(time.time())
     workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="numa-agent-chaos-"))
     workdir.mkdir(parents=True, exist_ok=True)
     print(f"chaos: seed {seed}, {args.seconds:g} s, up to {args.kills} kills, cgroup root {args.cgroup_root}, "
           f"work in {workdir}", flush=True)
-    out = run(args.seconds, args.kills, args.cgroup_root, seed, workdir)
+    out = run(args.seconds, args.kills, args.cgroup_root, seed, workdir, (low, high))
+    if not out.passed and not out.failures:
+        # A storm that checked nothing proves nothing: clients all gone before a check.
+        print("chaos: no check ran (every client had exited before the agent was back); "
+              "give it more --seconds or longer --client-seconds")
+        out.failures.append("no check ran")
     print(f"{out.passed} passed, {len(out.failures)} failed")
     if not out.failures and not args.workdir:
         shutil.rmtree(workdir, ignore_errors=True)
