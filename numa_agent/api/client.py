@@ -65,10 +65,43 @@ def check_peer(sock: socket.socket, socket_path: str, trusted: frozenset[int]) -
             f"agent user (uids {allowed}); if the agent runs as a dedicated user, set {AGENT_USER_ENV}")
 
 
+# How long a client waits out "busy" answers (the agent at its connection
+# limit refuses before reading the request, so a retry cannot book twice).
+BUSY_RETRY_SECONDS = 30.0
+_BUSY_NOTICE_AFTER = 1.0
+
+
 def request(socket_path: str, method: str, path: str, body: dict | None = None,
-            timeout: float = 30, trusted: frozenset[int] | None = None) -> tuple[int, dict]:
+            timeout: float = 30, trusted: frozenset[int] | None = None,
+            busy_retry: float = BUSY_RETRY_SECONDS) -> tuple[int, dict]:
     """Send one request; return (HTTP status, decoded JSON body). The server
-    must run as one of `trusted` (default: trusted_uids())."""
+    must run as one of `trusted` (default: trusted_uids()). A "busy" answer is
+    retried with backoff for up to `busy_retry` seconds, saying so on stderr
+    after the first second."""
+    deadline = time.monotonic() + busy_retry
+    started = time.monotonic()
+    delay, noticed = 0.01, False
+    while True:
+        status, answer = _request_once(socket_path, method, path, body, timeout, trusted)
+        if not _is_busy(status, answer) or time.monotonic() + delay > deadline:
+            return status, answer
+        if not noticed and time.monotonic() - started >= _BUSY_NOTICE_AFTER:
+            import sys
+
+            print(f"waiting: the agent at {socket_path} is busy; retrying for up to {busy_retry:g} s",
+                  file=sys.stderr)
+            noticed = True
+        time.sleep(delay)
+        delay = min(delay * 2, 0.5)
+
+
+def _is_busy(status: int, answer: dict) -> bool:
+    error = answer.get("error")
+    return status == 503 and isinstance(error, dict) and error.get("code") == "busy"
+
+
+def _request_once(socket_path: str, method: str, path: str, body: dict | None,
+                  timeout: float, trusted: frozenset[int] | None) -> tuple[int, dict]:
     payload = b"" if body is None else json.dumps(body).encode("utf-8")
     head = (f"{method} {path} HTTP/1.1\r\nHost: numa-agent\r\nConnection: close\r\n"
             f"Accept: application/json\r\n")

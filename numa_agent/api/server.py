@@ -333,6 +333,8 @@ class _UnixServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
     def __init__(self, api: "ApiServer") -> None:
         self.api = api
         self._slots = threading.BoundedSemaphore(api.max_connections)
+        self._busy_unlogged = 0  # busy refusals since the last log line (at most one a second)
+        self._busy_logged_at = 0.0
         super().__init__(api.socket_path, _Handler, bind_and_activate=False)
 
     def server_bind(self) -> None:
@@ -341,6 +343,7 @@ class _UnixServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
     def process_request(self, request: Any, client_address: Any) -> None:
         # Cap concurrent connections so a flood cannot exhaust threads.
         if not self._slots.acquire(blocking=False):
+            self._log_busy()
             try:
                 request.sendall(_json_body(503, ServerBusy(
                     "too many concurrent connections; retry").to_dict()))
@@ -349,6 +352,14 @@ class _UnixServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
             self.shutdown_request(request)
             return
         super().process_request(request, client_address)
+
+    def _log_busy(self) -> None:
+        self._busy_unlogged += 1
+        now = time.monotonic()
+        if now - self._busy_logged_at >= 1.0:
+            log.warning("at the limit of %d concurrent connections: %d client(s) told to retry",
+                        self.api.max_connections, self._busy_unlogged)
+            self._busy_unlogged, self._busy_logged_at = 0, now
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
         try:

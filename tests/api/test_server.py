@@ -296,14 +296,32 @@ def test_slow_client_times_out_with_408(server, fake):
     assert fake.calls == []
 
 
-def test_connection_cap_answers_503(fake, sock_dir):
+def test_connection_cap_answers_503_and_is_logged(fake, sock_dir, caplog):
     srv = ApiServer(fake, f"{sock_dir}/agent.sock", max_connections=1).start()
     try:
         holder = socket.socket(socket.AF_UNIX)
         holder.connect(srv.socket_path)
         holder.sendall(b"GET")  # occupies the only slot
-        status, body = request(srv.socket_path, "GET", "/v1/health")
+        with caplog.at_level("WARNING", logger="numa_agent.api"):
+            status, body = request(srv.socket_path, "GET", "/v1/health", busy_retry=0)
         assert status == 503 and body["error"]["code"] == "busy"
+        assert "1 client(s) told to retry" in caplog.text
+        holder.close()
+    finally:
+        srv.stop()
+
+
+def test_a_client_waits_out_a_busy_agent(fake, sock_dir, capsys):
+    """The only slot is taken by a client that never finishes its request; the
+    next client retries until the server's deadline frees the slot."""
+    srv = ApiServer(fake, f"{sock_dir}/agent.sock", max_connections=1, request_deadline=1.5).start()
+    try:
+        holder = socket.socket(socket.AF_UNIX)
+        holder.connect(srv.socket_path)
+        holder.sendall(b"GET")
+        status, body = request(srv.socket_path, "GET", "/v1/health")
+        assert status == 200 and body["status"] == "ok"
+        assert "is busy; retrying" in capsys.readouterr().err
         holder.close()
     finally:
         srv.stop()
