@@ -12,7 +12,16 @@ from typing import Any
 from numa_agent.admission.admit import memory_usage
 from numa_agent.admission.machine import Machine
 from numa_agent.admission.memory_manager import MEMORY, free_bytes
+from numa_agent.core.cpuset import CpuSet
 from numa_agent.state.model import AgentState
+
+
+def unclaimed_cpus(machine: Machine, state: AgentState, cpus: CpuSet) -> tuple[CpuSet, CpuSet]:
+    """Of `cpus`, (what may still be booked exclusively, what others hold):
+    recovery claims a found workload's CPUs by this rule, so nothing is held twice."""
+    wanted = cpus & machine.usable_cpus - machine.reserved_cpus
+    clash = wanted & state.exclusive_cpus()
+    return wanted - clash, clash
 
 
 def node_accounting(machine: Machine, state: AgentState) -> list[dict[str, Any]]:

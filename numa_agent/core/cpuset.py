@@ -49,6 +49,14 @@ class CpuSet:
         return obj
 
     @classmethod
+    def union_of(cls, sets: Iterable["CpuSet"]) -> "CpuSet":
+        """Every CPU of any of `sets`."""
+        bits = 0
+        for s in sets:
+            bits |= s._bits
+        return cls.from_bits(bits)
+
+    @classmethod
     def parse(cls, text: str | bytes) -> "CpuSet":
         """Parse the kernel list syntax: "0-3,8-11", "", "5", with stray
         whitespace and NULs tolerated. Strides ("0-15:2") are accepted too."""

@@ -41,6 +41,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
+from numa_agent.admission.accounting import unclaimed_cpus
 from numa_agent.admission.machine import Machine
 from numa_agent.core.cpuset import CpuSet, CpuSetParseError
 from numa_agent.core.names import is_workload_name
@@ -147,9 +148,7 @@ def _rebuild(machine: Machine, state: AgentState, p: MarkedProcess, cpus: CpuSet
     unknown = list(UNKNOWN_ALWAYS)
     exclusive = CpuSet()
     if not shared:
-        wanted = cpus - machine.reserved_cpus
-        clash = wanted & state.exclusive_cpus()
-        exclusive = wanted - clash
+        exclusive, clash = unclaimed_cpus(machine, state, cpus)
         if not exclusive:
             return state, None, notes
         if clash:
@@ -199,7 +198,7 @@ def _devices(machine: Machine, state: AgentState,
 def _hold(machine: Machine, state: AgentState, p: MarkedProcess, cpus: CpuSet,
           why: str) -> tuple[AgentState, str]:
     """Book what nobody else holds of `cpus` to a quarantined entry."""
-    held = cpus - machine.reserved_cpus - state.exclusive_cpus()
+    held, _ = unclaimed_cpus(machine, state, cpus)
     name = p.name if is_workload_name(p.name) else f"quarantined-{p.pid}"
     n = 1
     while state.workload(name) is not None:

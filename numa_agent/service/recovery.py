@@ -28,8 +28,9 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any, Iterable, NamedTuple
+from typing import Any, NamedTuple
 
+from numa_agent.admission.accounting import unclaimed_cpus
 from numa_agent.admission.admit import memory_usage
 from numa_agent.admission.machine import Machine
 from numa_agent.admission.memory_manager import MEMORY, free_bytes, hugepages_resource
@@ -283,12 +284,11 @@ def _adopted_workload(machine: Machine, state: AgentState, enforcer: Enforcer, r
 
 def _unbooked(machine: Machine, state: AgentState, cpus: CpuSet, rel: str) -> CpuSet:
     """The part of an adopted cgroup's CPUs that nobody else holds."""
-    usable = cpus & machine.usable_cpus - machine.reserved_cpus
-    clash = usable & state.exclusive_cpus()
+    free, clash = unclaimed_cpus(machine, state, cpus)
     if clash:
         log.error("cgroup %s claims CPUs %s that are already booked; adopting it without them",
                   rel, clash.format())
-    return usable - clash
+    return free
 
 
 def _claimable(machine: Machine, state: AgentState, rel: str, booking: Booking) -> Booking:
@@ -302,7 +302,7 @@ def _claimable_in_pod(state: AgentState, pod: Pod, rel: str, booking: Booking) -
     """A recorded member's booking, out of its pod's budget: the pod's CPUs
     and devices that no other member holds."""
     members = [m for m in state.members_of(pod.name) if workload_relpath(m) != rel]
-    taken = CpuSet.from_bits(_bits(m.booking.cpus for m in members))
+    taken = CpuSet.union_of(m.booking.cpus for m in members)
     cpus = booking.cpus & pod.booking.cpus - taken
     if cpus != booking.cpus:
         log.error("cgroup %s claims CPUs %s outside its pod's budget or already booked; adopting it "
@@ -313,13 +313,6 @@ def _claimable_in_pod(state: AgentState, pod: Pod, rel: str, booking: Booking) -
         log.error("cgroup %s claims devices %s outside its pod's budget or already booked; adopting "
                   "it without them", rel, ", ".join(a for _, a in sorted(set(booking.devices) - set(devices))))
     return replace(booking, cpus=cpus, devices=devices)
-
-
-def _bits(sets: Iterable[CpuSet]) -> int:
-    bits = 0
-    for s in sets:
-        bits |= s.bits
-    return bits
 
 
 def _unbooked_devices(machine: Machine, state: AgentState, rel: str,

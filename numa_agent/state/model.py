@@ -151,10 +151,7 @@ class AgentState(_Value, frozen=True, dict=True):  # dict=True: room for the cac
 
     @cached_property
     def _exclusive_cpus(self) -> CpuSet:
-        bits = 0
-        for b in self.top_level_bookings():
-            bits |= b.cpus.bits
-        return CpuSet.from_bits(bits)
+        return CpuSet.union_of(b.cpus for b in self.top_level_bookings())
 
     def exclusive_cpus(self) -> CpuSet:
         return self._exclusive_cpus
