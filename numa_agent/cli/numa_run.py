@@ -16,6 +16,7 @@ from typing import Any, NoReturn
 
 from numa_agent import __version__
 from numa_agent.cli import common
+from numa_agent.core import names
 
 PROG = "numa-run"
 EXIT_FAILURE = 125       # numa-run's own failure (unreachable, refused, bad option)
@@ -104,13 +105,13 @@ def workload_env(record: dict[str, Any]) -> dict[str, str]:
     """The variables the workload sees, from the admission record."""
     devices = record.get("devices") or []
     env = {
-        "NUMA_AGENT_WORKLOAD": str(record.get("name", "")),
-        "NUMA_AGENT_CPUS": str(record.get("cpus") or ""),
-        "NUMA_AGENT_MEMS": ",".join(str(n) for n in record.get("mems") or []),
-        "NUMA_AGENT_DEVICES": ",".join(d.get("address", "") for d in devices),
+        names.ENV_WORKLOAD: str(record.get("name", "")),
+        names.ENV_CPUS: str(record.get("cpus") or ""),
+        names.ENV_MEMS: ",".join(str(n) for n in record.get("mems") or []),
+        names.ENV_DEVICES: ",".join(d.get("address", "") for d in devices),
         # Whether the CPUs are the workload's own: a rebuild after a lost
         # checkpoint tells exclusive from shared by it.
-        "NUMA_AGENT_EXCLUSIVE": "1" if record.get("exclusive") else "0",
+        names.ENV_EXCLUSIVE: "1" if record.get("exclusive") else "0",
     }
     gpus = [d for d in devices if str(d.get("vendor", "")).lower() == NVIDIA_VENDOR]
     if gpus:

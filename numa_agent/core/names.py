@@ -13,6 +13,14 @@ import re
 # Where the agent listens unless told otherwise (numa-run, numa-agent, config).
 DEFAULT_SOCKET = "/run/numa-agent/agent.sock"
 
+# The environment numa-run gives a workload's command; recovery in the
+# affinity fallback reads it back from /proc/PID/environ.
+ENV_WORKLOAD = "NUMA_AGENT_WORKLOAD"
+ENV_CPUS = "NUMA_AGENT_CPUS"
+ENV_MEMS = "NUMA_AGENT_MEMS"
+ENV_DEVICES = "NUMA_AGENT_DEVICES"
+ENV_EXCLUSIVE = "NUMA_AGENT_EXCLUSIVE"
+
 NAME_MAX = 63
 NAME_RULE = (f"1-{NAME_MAX} characters: lowercase letters, digits, '-', '_', '.'; "
              "starting and ending with a letter or digit")

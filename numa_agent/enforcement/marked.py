@@ -18,10 +18,11 @@ import os
 from dataclasses import dataclass
 
 from numa_agent.core.cpuset import CpuSet, CpuSetParseError
-from numa_agent.enforcement.processes import process_identity
+from numa_agent.core.names import ENV_CPUS, ENV_DEVICES, ENV_EXCLUSIVE, ENV_MEMS, ENV_WORKLOAD
+from numa_agent.enforcement.processes import identity_of, stat_fields
 
-MARK = "NUMA_AGENT_WORKLOAD"
-_ENV_KEYS = (MARK, "NUMA_AGENT_CPUS", "NUMA_AGENT_MEMS", "NUMA_AGENT_DEVICES", "NUMA_AGENT_EXCLUSIVE")
+MARK = ENV_WORKLOAD
+_ENV_KEYS = (MARK, ENV_CPUS, ENV_MEMS, ENV_DEVICES, ENV_EXCLUSIVE)
 
 
 @dataclass(frozen=True)
@@ -76,7 +77,7 @@ def read_marked(pid: int, proc_root: str = "/proc") -> MarkedProcess | None:
         return None
     env = _environment(environ)
     name = env.get(MARK)
-    fields = stat[stat.rfind(")") + 2:].split()
+    fields = stat_fields(stat)
     lines = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
     try:
         ppid, start_time = int(fields[1]), int(fields[19])
@@ -87,10 +88,9 @@ def read_marked(pid: int, proc_root: str = "/proc") -> MarkedProcess | None:
     if not name:
         return None
     return MarkedProcess(pid=pid, ppid=ppid, name=name, uid=uid, start_time=start_time,
-                         identity=process_identity(pid, proc_root), affinity=affinity,
-                         env_cpus=env.get("NUMA_AGENT_CPUS"), env_mems=env.get("NUMA_AGENT_MEMS"),
-                         env_devices=env.get("NUMA_AGENT_DEVICES"),
-                         env_exclusive=_flag(env.get("NUMA_AGENT_EXCLUSIVE")))
+                         identity=identity_of(start_time, proc_root), affinity=affinity,
+                         env_cpus=env.get(ENV_CPUS), env_mems=env.get(ENV_MEMS),
+                         env_devices=env.get(ENV_DEVICES), env_exclusive=_flag(env.get(ENV_EXCLUSIVE)))
 
 
 def _environment(raw: bytes) -> dict[str, str]:
@@ -103,8 +103,8 @@ def _environment(raw: bytes) -> dict[str, str]:
     return out
 
 
-__all__ = ["MARK", "MarkedProcess", "read_marked", "scan_marked"]
-
-
 def _flag(value: str | None) -> bool | None:
     return {"1": True, "0": False}.get(value.strip()) if value is not None else None
+
+
+__all__ = ["MARK", "MarkedProcess", "read_marked", "scan_marked"]
