@@ -83,6 +83,9 @@ def checksum_of(data: object) -> str:
 class CheckpointStore:
     def __init__(self, directory: str | os.PathLike) -> None:
         self.directory = Path(directory)
+        # (device, inode, size, mtime) of the checkpoint this store last wrote:
+        # while the file still matches, it is known good without reading it.
+        self._written: tuple[int, int, int, int] | None = None
         self.path = self.directory / FILE_NAME
         self.previous_path = self.directory / PREVIOUS_NAME
 
@@ -121,11 +124,28 @@ class CheckpointStore:
             raise CheckpointWriteError(f"saving checkpoint {self.path} failed: {_describe(exc)}; "
                                        "the previous checkpoint is unchanged") from None
         try:
+            self._written = _signature(os.stat(self.path))
+        except OSError:
+            self._written = None  # the next save reads it back instead
+        try:
             _fsync_directory(self.directory)
         except OSError as exc:
             raise CheckpointWriteError(
                 f"checkpoint {self.path} was replaced but fsync of {self.directory} failed: "
                 f"{_describe(exc)}; the new checkpoint may not survive a power loss") from None
+
+    def _current_is_good(self) -> bool:
+        """The checkpoint in place verifies: the one this store wrote and nobody
+        touched since (one stat per save), else read and checked."""
+        try:
+            if self._written is not None and _signature(os.stat(self.path)) == self._written:
+                return True
+        except OSError:
+            return False
+        try:
+            return self._read(self.path) is not None
+        except (CheckpointCorruptError, CheckpointReadError):
+            return False
 
     def _ensure_directory(self) -> None:
         try:
@@ -138,10 +158,7 @@ class CheckpointStore:
         """Make the current checkpoint the previous generation, if it is a good
         one (a damaged one never replaces a good `.prev`). The same file is
         linked, not copied: it was fsynced when it was written."""
-        try:
-            if self._read(self.path) is None:
-                return
-        except (CheckpointCorruptError, CheckpointReadError):
+        if not self._current_is_good():
             return
         staged = self.directory / _PREVIOUS_TEMP
         _unlink_quietly(str(staged))
@@ -290,3 +307,7 @@ def _describe(exc: OSError) -> str:
     if code is None:
         return str(exc)
     return f"{errno.errorcode.get(code, 'E?')} ({os.strerror(code)})"
+
+
+def _signature(st: os.stat_result) -> tuple[int, int, int, int]:
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns

@@ -230,3 +230,20 @@ def test_the_directory_guard_checks_the_previous_generation(tmp_path):
     os.chmod(state / "checkpoint.json.prev", 0o666)
     with pytest.raises(StateDirError, match=r"checkpoint.json.prev is writable"):
         claim_state_dir(state)
+
+
+def test_a_save_reads_back_only_a_checkpoint_it_did_not_just_write(tmp_path, monkeypatch):
+    """A save must not cost a read and hash of the whole previous checkpoint:
+    the one this store wrote is known good while the file is untouched. One
+    changed behind its back (a bit flipped in place, same size) is read, and
+    not kept as the previous generation."""
+    store = two_generations(tmp_path)
+    reads = []
+    real_read = CheckpointStore._read
+    monkeypatch.setattr(CheckpointStore, "_read", lambda self, path: reads.append(path) or real_read(self, path))
+    store.save({"n": 3})
+    assert reads == [] and json.loads(store.previous_path.read_text())["data"] == {"n": 2}
+    flip_a_bit(store.path)
+    store.save({"n": 4})
+    assert reads == [store.path]
+    assert json.loads(store.previous_path.read_text())["data"] == {"n": 2}
