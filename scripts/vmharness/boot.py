@@ -18,11 +18,21 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .build import GuestImage, default_cache_dir, ensure_guest_image, progress
+from .build import (
+    CHROOT_JOB_DIR,
+    CHROOT_OUT_DIR,
+    SYSTEMD_OUT_DIR,
+    GuestImage,
+    default_cache_dir,
+    ensure_guest_image,
+    progress,
+)
 from .shapes import Shape, get_shape, qemu_args
 
-GUEST_JOB_DIR = "/run/vmharness/job"   # where the job share is mounted inside the guest
-GUEST_OUT_DIR = "/run/vmharness/out"   # where the optional out share is mounted
+# Where the job share and the optional out share are mounted inside the guest.
+GUEST_JOB_DIR, GUEST_OUT_DIR = CHROOT_JOB_DIR, CHROOT_OUT_DIR
+# systemd's own start adds minutes under emulation before the job unit runs.
+SYSTEMD_BOOT_SECONDS = 300
 TIMED_OUT_STATUS = 124                 # as coreutils timeout(1)
 CONSOLE_TAIL_LINES = 30
 # After the guest's own watchdog kills the command it still has to power off; past this
@@ -80,7 +90,7 @@ def guest_env(host_env: dict[str, str], shape: Shape, cwd: str, with_out: bool) 
     env["NUMA_AGENT_IN_VM"] = "1"
     env["NUMA_AGENT_VM_SHAPE"] = shape.name
     if with_out:
-        env["NUMA_AGENT_VM_OUT"] = GUEST_OUT_DIR
+        env["NUMA_AGENT_VM_OUT"] = SYSTEMD_OUT_DIR if shape.boots_systemd else GUEST_OUT_DIR
     else:
         env.pop("NUMA_AGENT_VM_OUT", None)
     return env
@@ -236,6 +246,9 @@ def run_in_guest(shape: str | Shape, argv: list[str] | tuple[str, ...], timeout:
     (job_dir / "job.sh").write_text(script)
     (job_dir / "timeout").write_text(f"{int(max(1, round(timeout)))}\n")
     (job_dir / "shares").write_text("out\n" if out_dir is not None else "")
+    (job_dir / "init").write_text(f"{shape.init}\n")
+    if shape.boots_systemd:
+        boot_timeout = max(boot_timeout, SYSTEMD_BOOT_SECONDS)
     args = qemu_args(shape, kernel=image.vmlinux, initrd=image.initrd, job_dir=job_dir,
                      out_dir=out_dir, qemu=qemu)
     t0 = time.monotonic()

@@ -184,12 +184,59 @@ def cpio_newc(entries: list[CpioEntry]) -> bytes:
 
 INIT_TEMPLATE = r"""#!/bin/busybox sh
 # PID 1 of the test guest: build a writable copy of the host root, enable every
-# cgroup v2 controller, run the job from the job share, record its result, power off.
+# cgroup v2 controller, run the job from the job share, record its result, power off;
+# or, when the job asks for it (its `init` file reads "systemd"), boot the host's
+# systemd on that root and let a unit run the job.
 /bin/busybox mkdir -p /bin /sbin /proc /sys /dev /host /rw /newroot
 /bin/busybox --install -s /bin
 export PATH=/bin
 say() { echo "vmharness: $*" > /dev/console; }
 fail() { say "FAILED: $*"; poweroff -f; }
+# PID 1 handed to the host's systemd: the job runs as a unit of the booted system.
+# Its shares live outside /run and /tmp, which systemd mounts afresh; cgroup2 is
+# left to systemd, which mounts it and enables the controllers itself.
+boot_systemd() {
+    J=@SYSTEMD_JOB@
+    mkdir -p $R$J || fail "job mount point"
+    mount --move /job $R$J || fail "move job share"
+    if grep -q '^out$' $R$J/shares 2>/dev/null; then
+        mkdir -p $R@SYSTEMD_OUT@
+        mount -t 9p -o trans=virtio,version=9p2000.L,msize=512000 out $R@SYSTEMD_OUT@ || fail "mount out share"
+    fi
+    mkdir -p $R/etc/systemd/system/multi-user.target.wants $R/etc/tmpfiles.d
+    # tmp.conf empties /tmp at boot: through the overlay that walks the host's /tmp
+    # over 9p for minutes, for a guest that throws its root away anyway.
+    ln -sf /dev/null $R/etc/tmpfiles.d/tmp.conf
+    cat > $R/etc/systemd/system/vmharness-job.service <<UNIT
+[Unit]
+Description=vmharness job
+After=basic.target
+
+[Service]
+Type=simple
+ExecStart=/bin/sh $J/run-job.sh
+StandardOutput=journal+console
+StandardError=journal+console
+UNIT
+    ln -sf ../vmharness-job.service $R/etc/systemd/system/multi-user.target.wants/vmharness-job.service
+    cat > $R$J/run-job.sh <<'RUN'
+J=@SYSTEMD_JOB@
+cut -d' ' -f1 /proc/uptime > $J/started
+echo "vmharness: running job under systemd (timeout $(cat $J/timeout)s)" > /dev/console
+timeout -k 5 "$(cat $J/timeout)" /bin/sh $J/job.sh < /dev/null > $J/stdout 2> $J/stderr
+rc=$?
+[ $rc -eq 124 ] && echo timeout > $J/timed_out
+echo $rc > $J/exit_code.tmp && mv $J/exit_code.tmp $J/exit_code
+cut -d' ' -f1 /proc/uptime > $J/finished
+echo "vmharness: job exited $rc" > /dev/console
+sync
+systemctl poweroff -ff
+RUN
+    umount $R/dev/shm $R/dev/pts $R/dev $R/run $R/sys $R/proc
+    say "handing PID 1 to systemd"
+    exec switch_root $R /lib/systemd/systemd --unit=multi-user.target
+    fail "switch_root"
+}
 mount -t proc proc /proc
 mount -t sysfs sysfs /sys
 mount -t devtmpfs devtmpfs /dev
@@ -207,17 +254,20 @@ mkdir -p $R/dev/pts $R/dev/shm
 mount -t devpts -o newinstance,ptmxmode=0666 devpts $R/dev/pts || fail "devpts"
 mount -t tmpfs -o mode=1777 tmpfs $R/dev/shm || fail "/dev/shm"
 mount -t tmpfs -o mode=0755 tmpfs $R/run || fail "/run"
+mkdir -p /job
+mount -t 9p -o trans=virtio,version=9p2000.L,msize=512000 job /job || fail "mount job share"
+if [ "$(cat /job/init 2>/dev/null)" = systemd ]; then boot_systemd; fi
 mount -t cgroup2 -o nsdelegate cgroup2 $R/sys/fs/cgroup || fail "cgroup2"
 # As a systemd host does: every controller available to children of the root.
 for c in $(cat $R/sys/fs/cgroup/cgroup.controllers); do
     echo "+$c" > $R/sys/fs/cgroup/cgroup.subtree_control || say "cannot enable controller $c"
 done
-J=/run/vmharness/job
+J=@CHROOT_JOB@
 mkdir -p $R$J
-mount -t 9p -o trans=virtio,version=9p2000.L,msize=512000 job $R$J || fail "mount job share"
+mount --move /job $R$J || fail "move job share"
 if grep -q '^out$' $R$J/shares 2>/dev/null; then
-    mkdir -p $R/run/vmharness/out
-    mount -t 9p -o trans=virtio,version=9p2000.L,msize=512000 out $R/run/vmharness/out || fail "mount out share"
+    mkdir -p $R@CHROOT_OUT@
+    mount -t 9p -o trans=virtio,version=9p2000.L,msize=512000 out $R@CHROOT_OUT@ || fail "mount out share"
 fi
 timeout=$(cat $R$J/timeout)
 cut -d' ' -f1 /proc/uptime > $R$J/started
@@ -237,9 +287,21 @@ poweroff -f
 """
 
 
+# Where the job and out shares are inside the guest: under /run for the chroot
+# guest; outside /run and /tmp under systemd, which mounts both afresh.
+CHROOT_JOB_DIR, CHROOT_OUT_DIR = "/run/vmharness/job", "/run/vmharness/out"
+SYSTEMD_JOB_DIR, SYSTEMD_OUT_DIR = "/vmharness/job", "/vmharness/out"
+
+
+def render_init(module_names: list[str]) -> str:
+    return (INIT_TEMPLATE.replace("@MODULES@", " ".join(module_names))
+            .replace("@CHROOT_JOB@", CHROOT_JOB_DIR).replace("@CHROOT_OUT@", CHROOT_OUT_DIR)
+            .replace("@SYSTEMD_JOB@", SYSTEMD_JOB_DIR).replace("@SYSTEMD_OUT@", SYSTEMD_OUT_DIR))
+
+
 def build_initramfs(module_paths: list[Path], busybox: Path) -> bytes:
     names = [p.name[:-3] if p.name.endswith(".xz") else p.name for p in module_paths]
-    init = INIT_TEMPLATE.replace("@MODULES@", " ".join(names))
+    init = render_init(names)
     entries = [CpioEntry(d, stat.S_IFDIR | 0o755) for d in ("bin", "dev", "lib", "lib/modules")]
     entries.append(CpioEntry("dev/console", stat.S_IFCHR | 0o600, rdev=(5, 1)))
     entries.append(CpioEntry("bin/busybox", stat.S_IFREG | 0o755, busybox.read_bytes()))
@@ -324,7 +386,7 @@ def ensure_guest_image(cache: Path | None = None, *, refresh: bool = False) -> G
             _write_atomic(vmlinux, extract_vmlinux((tree / "boot" / f"vmlinuz-{version}").read_bytes()))
         modules = _modules_for(tree, version)
         # The initramfs name carries a digest of its inputs: editing /init rebuilds it.
-        digest = hashlib.sha256(INIT_TEMPLATE.encode() + BUSYBOX.read_bytes()
+        digest = hashlib.sha256(render_init([m.name for m in modules]).encode() + BUSYBOX.read_bytes()
                                 + "\n".join(map(str, modules)).encode()).hexdigest()[:12]
         initrd = cache / f"initramfs-{version}-{digest}.cpio.gz"
         if not initrd.exists():

@@ -37,6 +37,9 @@ class Shape:
     # PCIe expander bridges: (bus number, NUMA node, devices behind it as QEMU
     # -device values without bus=, one root port each)
     expanders: tuple[tuple[int, int, tuple[str, ...]], ...] = ()
+    # PID 1 of the guest: "chroot" (the harness's own init runs the command in a
+    # chroot) or "systemd" (the host's systemd boots and a unit runs it).
+    init: str = "chroot"
 
     @property
     def cpus(self) -> int:
@@ -85,7 +88,13 @@ class Shape:
             if node not in ids:
                 raise ShapeError(f"shape {self.name}: expander bridge on bus {bus} names unknown node {node}")
 
+    @property
+    def boots_systemd(self) -> bool:
+        return self.init == "systemd"
+
     def _validate_counts(self) -> None:
+        if self.init not in ("chroot", "systemd"):
+            raise ShapeError(f"shape {self.name}: init must be chroot or systemd, not {self.init!r}")
         for field in ("sockets", "dies", "cores", "threads"):
             if getattr(self, field) < 1:
                 raise ShapeError(f"shape {self.name}: {field} must be at least 1")
@@ -189,6 +198,15 @@ SHAPES: dict[str, Shape] = {
             nodes=(Node(0, 1024, (0,)), Node(1, 1024, (1,))),
             distances=((0, 1, 21),),
             expanders=((128, 1, ("nvme", "e1000e,id=nic1")),),
+        ),
+        Shape(
+            name="systemd",
+            description="the 2node machine booted by the host's systemd as PID 1; the command runs as a unit",
+            sockets=2, dies=1, cores=2, threads=2,
+            nodes=(Node(0, 1024, (0,)), Node(1, 1024, (1,))),
+            distances=((0, 1, 21),),
+            expanders=((128, 1, ("nvme", "e1000e,id=nic1")),),
+            init="systemd",
         ),
         Shape(
             name="4node",

@@ -28,7 +28,8 @@ def main(args):
     boots = int((job / "fake_boots").read_text()) if (job / "fake_boots").exists() else 0
     (job / "fake_boots").write_text(str(boots + 1))
     mode = os.environ["FAKE_QEMU_MODES"].split(",")[boots]
-    console.write_text(f"fake kernel boot {boots + 1}\nfake: mode {mode}\n")
+    init = (job / "init").read_text().strip() if (job / "init").exists() else "none"
+    console.write_text(f"fake kernel boot {boots + 1}\nfake: mode {mode}\nfake: init {init}\n")
     if mode == "exit":
         print("qemu-system-x86_64: -device nvme: fake refusal", file=sys.stderr)
         return 1

@@ -63,7 +63,7 @@ def test_two_hung_boots_raise_a_boot_error_that_keeps_the_logs(fake, tmp_path):
     with pytest.raises(GuestBootError, match=r"2node: the guest never started the command in 2 boot\(s\): "
                                              r"the guest did not start the command within 2 s; ") as info:
         run_in_guest("2node", ["true"], timeout=30, boot_timeout=2, quiet=True)
-    assert info.value.console_tail == ("fake kernel boot 2", "fake: mode hang")
+    assert info.value.console_tail == ("fake kernel boot 2", "fake: mode hang", "fake: init chroot")
     assert (info.value.job_dir / "job.sh").exists()
 
 
@@ -154,3 +154,17 @@ def test_a_missing_qemu_binary_is_a_guest_error(fake, monkeypatch, tmp_path):
     with pytest.raises(GuestError, match="cannot start /nonexistent/qemu-system-x86_64: "):
         run_in_guest("2node", ["true"], timeout=30, quiet=True)
     assert jobs_left(tmp_path) == []
+
+
+def test_the_systemd_shape_asks_the_guest_for_systemd_and_names_its_out_share(fake, tmp_path):
+    fake("ok")
+    out = tmp_path / "out"
+    out.mkdir()
+    result = run_in_guest("systemd", ["sh", "-c", 'echo "$NUMA_AGENT_VM_OUT"'], timeout=30,
+                          cwd=tmp_path, out_dir=out, quiet=True)
+    assert result.ok
+    assert "fake: init systemd" in result.console_tail
+    # systemd mounts /run afresh, so the share cannot live below it
+    assert result.stdout.decode().strip() == "/vmharness/out"
+    chroot = run_in_guest("2node", ["true"], timeout=30, cwd=tmp_path, quiet=True)
+    assert "fake: init chroot" in chroot.console_tail

@@ -7,7 +7,15 @@ import subprocess
 
 import pytest
 from vmharness import build
-from vmharness.build import CpioEntry, SetupError, build_initramfs, cpio_newc, extract_vmlinux, parse_show_depends
+from vmharness.build import (
+    CpioEntry,
+    SetupError,
+    build_initramfs,
+    cpio_newc,
+    extract_vmlinux,
+    parse_show_depends,
+    render_init,
+)
 
 
 def read_newc(data: bytes) -> dict[str, tuple[int, bytes, tuple[int, int]]]:
@@ -99,6 +107,18 @@ def test_initramfs_holds_busybox_modules_in_order_console_and_init(tmp_path):
     assert "for m in virtio.ko 9p.ko; do" in init
     for needed in ("mount -t cgroup2 -o nsdelegate", "cgroup.subtree_control", "version=9p2000.L",
                    "lowerdir=/host", "poweroff -f", "/started", "exit_code"):
+        assert needed in init
+
+
+def test_init_boots_systemd_only_when_the_job_asks_and_fills_every_placeholder():
+    init = render_init(["virtio.ko"])
+    assert "@" not in init.replace("$@", "")  # every @NAME@ replaced
+    branch = init.index('= systemd ]; then boot_systemd; fi')
+    # the chroot path's own cgroup2 mount comes after the branch: systemd mounts its own
+    assert init.index("mount -t cgroup2") > branch
+    for needed in ("exec switch_root $R /lib/systemd/systemd", "systemctl poweroff -ff",
+                   "multi-user.target.wants/vmharness-job.service", "/etc/tmpfiles.d/tmp.conf",
+                   "J=/vmharness/job", "J=/run/vmharness/job"):
         assert needed in init
 
 
