@@ -23,6 +23,7 @@ import msgspec
 from msgspec import UNSET, UnsetType
 
 from numa_agent.admission.machine import PolicyConfig
+from numa_agent.core.cpuset import CpuSet, CpuSetParseError
 from numa_agent.core.names import DEFAULT_SOCKET
 from numa_agent.core.policy import TopologyPolicy, TopologyScope
 from numa_agent.core.units import parse_size
@@ -170,6 +171,12 @@ def _policy(parsed: ConfigFile) -> PolicyConfig:
             fields[key] = _options(fields[key], where)
     if "reserved_memory" in fields:
         fields["reserved_memory"] = _reserved_memory(fields["reserved_memory"])
+    if "reserved_cpus" in fields and "reserved_cpu_count" not in fields:
+        # As the kubelet's reservedSystemCPUs: the list alone sets how many are reserved.
+        try:
+            fields["reserved_cpu_count"] = len(CpuSet.parse(fields["reserved_cpus"]))
+        except CpuSetParseError as exc:
+            raise ConfigError(f"cpu_manager.reserved_cpus: {exc}") from None
     if parsed.devices:
         fields["devices"] = {name: _convert(sel, DeviceSelectorSection, f"devices.{name}").given()
                              for name, sel in parsed.devices.items()}

@@ -81,3 +81,12 @@ def test_socket_mode_and_option_values(tmp_path):
     cfg = load_config(path, required=True)
     assert cfg.socket_mode == 0o600 and cfg.metrics_address is None
     assert cfg.policy.cpu_options == {"full-pcpus-only": "true", "n": "3"}
+
+
+def test_a_reserved_cpu_list_alone_sets_the_count_as_the_kubelets_reserved_system_cpus(tmp_path):
+    path = tmp_path / "config.toml"
+    path.write_text('[cpu_manager]\nreserved_cpus = "0-1,8"\n')
+    assert load_config(path, required=True).policy.reserved_cpu_count == 3
+    path.write_text('[cpu_manager]\nreserved_cpus = "0-1"\nreserved_cpu_count = 1\n')
+    assert load_config(path, required=True).policy.reserved_cpu_count == 1  # both given: checked later
+    assert _error(tmp_path, '[cpu_manager]\nreserved_cpus = "zero"\n').startswith("cpu_manager.reserved_cpus: ")
