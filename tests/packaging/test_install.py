@@ -114,3 +114,25 @@ def test_old_python_is_reported(src, tmp_path):
     assert out.returncode != 0
     assert "needs Python 3.11 or newer" in out.stderr and "Python 3.9.18" in out.stderr
     assert not (tmp_path / "r/opt").exists()  # nothing was installed
+
+
+def test_a_wheelhouse_that_is_missing_or_holds_no_wheels_is_refused_before_anything_is_installed(src, tmp_path):
+    missing = run_install(src, "--root", str(tmp_path / "r"), "--wheelhouse", str(tmp_path / "none"))
+    assert missing.returncode != 0 and "is not a directory" in missing.stderr
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    out = run_install(src, "--root", str(tmp_path / "r"), "--wheelhouse", str(empty))
+    assert out.returncode != 0 and "holds no wheels" in out.stderr
+    assert not (tmp_path / "r/opt").exists()
+
+
+def test_an_interpreter_below_a_home_directory_is_refused(src, tmp_path):
+    # ProtectHome=yes in the unit hides /root and /home: such a venv could never start.
+    fake = tmp_path / "python3"
+    fake.write_text('#!/bin/sh\ncase "$*" in *realpath*) echo /root/.pyenv/versions/3.11.7/bin/python3.11; '
+                    'echo /root/.pyenv/versions/3.11.7 ;; esac\nexit 0\n')
+    fake.chmod(0o755)
+    out = run_install(src, "--root", str(tmp_path / "r"), "--python", str(fake))
+    assert out.returncode != 0
+    assert "below a home directory" in out.stderr and "ProtectHome=yes" in out.stderr
+    assert not (tmp_path / "r/opt").exists()
