@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from tests.vm_e2e.plan import DEFAULT_SHAPES, SCENARIOS, planned, result_line, skip_reason
+from tests.vm_e2e.plan import DEFAULT_SHAPES, guest_module, planned, result_line, scenarios_of, skip_reason
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_TIMEOUT = 600.0
@@ -26,7 +26,7 @@ def parse_results(stdout: str, shape: str) -> dict[str, tuple[str, str]]:
     found = {}
     for line in stdout.splitlines():
         m = _RESULT.match(line.strip())
-        if m and m.group(3) == shape and m.group(2) in SCENARIOS:
+        if m and m.group(3) == shape and m.group(2) in scenarios_of(shape):
             found[m.group(2)] = (m.group(1), m.group(4) or "")
     return found
 
@@ -36,14 +36,14 @@ def shape_results(shape: str, stdout: str, why_missing: str) -> tuple[list[tuple
     print itself: a planned scenario with no result line failed for `why_missing`."""
     got = parse_results(stdout, shape)
     results, extra_lines = [], []
-    for scenario in SCENARIOS:
+    for scenario in scenarios_of(shape):
         if scenario in got:
             status, reason = got[scenario]
         elif scenario in planned(shape):
             status, reason = "FAIL", why_missing
             extra_lines.append(result_line(status, scenario, shape, reason))
         else:
-            status, reason = "SKIP", skip_reason(shape)
+            status, reason = "SKIP", skip_reason(shape, scenario)
             extra_lines.append(result_line(status, scenario, shape, reason))
         results.append((scenario, status, reason))
     return results, extra_lines
@@ -58,11 +58,40 @@ def ensure_venv() -> str | None:
     return None
 
 
+WHEELHOUSE = REPO / ".cache" / "vm" / "wheelhouse"
+
+
+def ensure_wheelhouse(directory: Path = WHEELHOUSE) -> str | None:
+    """The wheels `scripts/install --wheelhouse` needs in a guest without network: the
+    project's dependencies and build tools, fetched here (once per pyproject.toml)."""
+    import hashlib
+    import tomllib
+
+    pyproject = (REPO / "pyproject.toml").read_bytes()
+    stamp = directory / ".made-from"
+    want = hashlib.sha256(pyproject).hexdigest()
+    if stamp.exists() and stamp.read_text().strip() == want and any(directory.glob("*.whl")):
+        return None
+    project = tomllib.loads(pyproject.decode())
+    wanted = [*project["build-system"]["requires"], "wheel", *project["project"]["dependencies"]]
+    print(f"vm-e2e: fetching wheels for an offline install into {directory}", file=sys.stderr, flush=True)
+    shutil.rmtree(directory, ignore_errors=True)
+    directory.mkdir(parents=True)
+    done = subprocess.run([str(REPO / ".venv" / "bin" / "python"), "-m", "pip", "download", "--quiet",
+                           "--disable-pip-version-check", "--only-binary=:all:", "-d", str(directory), *wanted],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        return f"cannot fetch the wheels for the systemd guest: {' | '.join(done.stderr.strip().splitlines()[-3:])}"
+    stamp.write_text(want + "\n")
+    return None
+
+
 def closing_line(passed: int, failed: int, skipped: int) -> str:
     return f"{passed} passed, {failed} failed" + (f", {skipped} skipped" if skipped else "")
 
 
-def main(argv: list[str] | None = None, *, run_in_guest=None, venv_check=ensure_venv) -> int:
+def main(argv: list[str] | None = None, *, run_in_guest=None, venv_check=ensure_venv,
+         wheelhouse_check=ensure_wheelhouse) -> int:
     parser = argparse.ArgumentParser(
         prog="scripts/vm-e2e",
         description="Boot each machine shape once in QEMU and run the end-to-end scenarios inside: the real "
@@ -90,7 +119,7 @@ def main(argv: list[str] | None = None, *, run_in_guest=None, venv_check=ensure_
             parser.error(str(exc))
     if args.timeout <= 0:
         parser.error(f"--timeout must be positive, got {args.timeout:g}")
-    problem = venv_check()
+    problem = venv_check() or (wheelhouse_check() if any(get_shape(s).boots_systemd for s in shapes) else None)
     if problem:
         print(f"vm-e2e: {problem}", file=sys.stderr)
         return 2
@@ -103,7 +132,7 @@ def main(argv: list[str] | None = None, *, run_in_guest=None, venv_check=ensure_
         out_dir = out_root / shape
         shutil.rmtree(out_dir, ignore_errors=True)
         out_dir.mkdir(parents=True)
-        argv_guest = [str(REPO / ".venv" / "bin" / "python"), "-m", "tests.vm_e2e.scenarios", "--shape", shape]
+        argv_guest = [str(REPO / ".venv" / "bin" / "python"), "-m", guest_module(shape), "--shape", shape]
         t0 = time.monotonic()
         try:
             result = run_in_guest(shape, argv_guest, args.timeout, cwd=str(REPO), out_dir=str(out_dir),

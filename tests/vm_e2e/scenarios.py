@@ -958,7 +958,11 @@ assert tuple(RUNNERS) == SCENARIOS
 
 
 # ---------------------------------------------------------------- driver
-def run_all(shape: str, out_dir: Path | None, only: list[str]) -> int:
+def run_all(shape: str, out_dir: Path | None, only: list[str], runners=None, make_guest=None) -> int:
+    """Run `runners` (scenario name -> function of the guest; default this module's) in
+    order, on the guest `make_guest(shape, work)` sets up once."""
+    runners = RUNNERS if runners is None else runners
+    make_guest = _standard_guest if make_guest is None else make_guest
     report = {"shape": shape, "results": []}
     report_path = out_dir / f"report-{shape}.json" if out_dir else None
 
@@ -975,17 +979,16 @@ def run_all(shape: str, out_dir: Path | None, only: list[str]) -> int:
     guest = None
     started = time.monotonic()
     try:
-        bring_loopback_up()
-        guest = Guest(shape, work, Kernel.read())
+        guest = make_guest(shape, work)
         guest.start_agent()
         setup_error = ""
     except Exception as exc:  # every planned scenario fails with the reason
         setup_error = f"set-up: {exc}"
     report["setup_seconds"] = round(time.monotonic() - started, 2)
     failed = 0
-    for scenario in SCENARIOS:
+    for scenario in runners:
         if scenario not in planned(shape) or (only and scenario not in only):
-            record(scenario, "SKIP", skip_reason(shape) if scenario not in planned(shape) else "not selected")
+            record(scenario, "SKIP", skip_reason(shape, scenario) if scenario not in planned(shape) else "not selected")
             continue
         if setup_error:
             record(scenario, "FAIL", setup_error)
@@ -995,7 +998,7 @@ def run_all(shape: str, out_dir: Path | None, only: list[str]) -> int:
         status, reason, note = "PASS", "", ""
         try:
             guest.ensure_agent()
-            note = RUNNERS[scenario](guest) or ""
+            note = runners[scenario](guest) or ""
         except ScenarioSkipped as exc:
             status, reason = "SKIP", str(exc)
         except ScenarioFailed as exc:
@@ -1021,9 +1024,18 @@ def run_all(shape: str, out_dir: Path | None, only: list[str]) -> int:
     return 1 if failed else 0
 
 
+def _standard_guest(shape: str, work: Path) -> Guest:
+    bring_loopback_up()
+    return Guest(shape, work, Kernel.read())
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tests.vm_e2e.scenarios",
-                                     description="End-to-end scenarios; run inside the QEMU guest only.")
+    return guest_main(argv, RUNNERS, _standard_guest, prog="python -m tests.vm_e2e.scenarios")
+
+
+def guest_main(argv: list[str] | None, runners, make_guest, *, prog: str) -> int:
+    """The command line of a scenario module: refuses to run outside the guest or as non-root."""
+    parser = argparse.ArgumentParser(prog=prog, description="End-to-end scenarios; run inside the QEMU guest only.")
     parser.add_argument("--shape", required=True, help="the guest's shape (decides which scenarios run)")
     parser.add_argument("--only", default="", help="comma-separated scenario names (default: the shape's plan)")
     args = parser.parse_args(argv)
@@ -1035,13 +1047,13 @@ def main(argv: list[str] | None = None) -> int:
         print("vm-e2e scenarios: must run as root in the guest", file=sys.stderr)
         return 2
     only = [s for s in args.only.split(",") if s]
-    unknown = sorted(set(only) - set(SCENARIOS))
+    unknown = sorted(set(only) - set(runners))
     if unknown:
-        print(f"vm-e2e scenarios: unknown scenario(s) {', '.join(unknown)}; known: {', '.join(SCENARIOS)}",
+        print(f"vm-e2e scenarios: unknown scenario(s) {', '.join(unknown)}; known: {', '.join(runners)}",
               file=sys.stderr)
         return 2
     out = os.environ.get("NUMA_AGENT_VM_OUT")
-    return run_all(args.shape, Path(out) if out else None, only)
+    return run_all(args.shape, Path(out) if out else None, only, runners, make_guest)
 
 
 if __name__ == "__main__":

@@ -123,3 +123,23 @@ def test_the_guest_script_refuses_unknown_scenarios_and_non_root(monkeypatch, ca
     monkeypatch.setattr(scenarios.os, "geteuid", lambda: 1000)
     assert scenarios.main(["--shape", "2node"]) == 2
     assert "must run as root in the guest" in capsys.readouterr().err
+
+
+def test_the_systemd_shape_runs_its_own_scenarios_after_the_wheelhouse_is_ready(tmp_path, capsys):
+    from tests.vm_e2e.plan import SYSTEMD_SCENARIOS
+    fake = guest_answering(lambda shape: "\n".join(result_line("PASS", s, shape) for s in SYSTEMD_SCENARIOS))
+    checked = []
+    code = runner.main(["--shape", "systemd", "--out-dir", str(tmp_path)], run_in_guest=fake,
+                       venv_check=lambda: None, wheelhouse_check=lambda: checked.append(1))
+    out, _ = capsys.readouterr()
+    assert code == 0 and checked == [1]
+    assert fake.calls[0][1][-4:] == ["-m", "tests.vm_e2e.systemd_scenarios", "--shape", "systemd"]
+    assert out.splitlines()[-1] == f"{len(SYSTEMD_SCENARIOS)} passed, 0 failed"
+
+
+def test_a_missing_wheelhouse_stops_before_booting(tmp_path, capsys):
+    fake = guest_answering("")
+    code = runner.main(["--shape", "systemd", "--out-dir", str(tmp_path)], run_in_guest=fake,
+                       venv_check=lambda: None, wheelhouse_check=lambda: "cannot fetch the wheels")
+    assert code == 2 and fake.calls == []
+    assert "cannot fetch the wheels" in capsys.readouterr().err
