@@ -104,7 +104,7 @@ _DELTA_KEYS = frozenset({"workloads", "removed_workloads", "pods", "removed_pods
 
 
 def _by_name(values: Any, kind: str) -> dict[str, dict[str, Any]]:
-    if not isinstance(values, list):
+    if not isinstance(values, (list, tuple)):
         raise ValueError(f"{kind}s is not a list")
     out: dict[str, dict[str, Any]] = {}
     for value in values:
