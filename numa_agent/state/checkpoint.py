@@ -184,7 +184,8 @@ class CheckpointStore:
         self._journal_sig = (dev, ino, self._journal_size)
 
     def _open_journal(self) -> None:
-        fd = os.open(self.journal_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fd = os.open(self.journal_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o600)
         try:
             st = os.fstat(fd)
             if st.st_size != self._journal_size:
@@ -290,7 +291,7 @@ class CheckpointStore:
         self._seq = self._journal_size = 0
         self._journal_sig = None
         try:
-            fd = os.open(self.journal_path, os.O_WRONLY | os.O_CLOEXEC)
+            fd = os.open(self.journal_path, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
         except FileNotFoundError:
             return
         except OSError as exc:
