@@ -321,7 +321,7 @@ class AgentService:
     def health(self) -> dict:
         state = self.state
         held = self._quarantined_views(state)
-        out = {"status": "ok", "enforcement": self.enforcer.mode, "reason": self.enforcer.reason,
+        out: dict[str, Any] = {"status": "ok", "enforcement": self.enforcer.mode, "reason": self.enforcer.reason,
                "uptime_seconds": round(self.clock() - self.started, 3), "version": VERSION,
                "workloads": len(state.workloads) - len(held),
                "quarantined": [{"name": q["name"], "cpus": q["cpus"], "pid": q["pid"]} for q in held]}

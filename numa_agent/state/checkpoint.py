@@ -291,7 +291,7 @@ class CheckpointStore:
         self._seq = self._journal_size = 0
         self._journal_sig = None
         try:
-            fd = os.open(self.journal_path, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            fd = os.open(self.journal_path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC)
         except FileNotFoundError:
             return
         except OSError as exc:

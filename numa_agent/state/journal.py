@@ -33,7 +33,7 @@ _Named = TypeVar("_Named", Workload, Pod)
 def state_delta(old: AgentState, new: AgentState) -> Delta | None:
     """What turns `old` into `new`; None when nothing changed. A new state
     shares its unchanged Workload and Pod objects with the old one, so the
-    values are compared by identity first (C-level set operations) and only
+    values are compared by identity first (set operations on ids) and only
     the few that differ are looked at."""
     delta: Delta = {}
     upserted, removed = _changed(old.workloads, new.workloads)
@@ -56,8 +56,8 @@ def _changed(old: Sequence[_Named], new: Sequence[_Named]) -> tuple[list[_Named]
     that `new` lacks, sorted)."""
     if old is new:
         return [], []
-    old_by_id = dict(zip(map(id, old), old))
-    new_by_id = dict(zip(map(id, new), new))
+    old_by_id = {id(v): v for v in old}
+    new_by_id = {id(v): v for v in new}
     fresh = new_by_id.keys() - old_by_id.keys()
     gone = old_by_id.keys() - new_by_id.keys()
     before = {old_by_id[i].name: old_by_id[i] for i in gone}
