@@ -120,6 +120,12 @@ def main(argv: list[str] | None = None) -> int:
     except BenchError as exc:
         print(f"bench-checkpoint: {exc}", file=sys.stderr)
         return 2
+    if args.dir:
+        try:
+            Path(args.dir).mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            print(f"bench-checkpoint: cannot use --dir {args.dir}: {exc.strerror}", file=sys.stderr)
+            return 2
     with tempfile.TemporaryDirectory(prefix="bench-checkpoint-", dir=args.dir) as tmp:
         rows = [run_size(size, args.commits, Path(tmp)) for size in sizes]
     if args.json:

@@ -175,7 +175,8 @@ def _set_aside(store, loaded: Loaded, source: str) -> tuple[str | None, str | No
                  loaded.journal_entries)
     if loaded.fallback:
         log.error("checkpoint %s is %s; using the previous generation %s; what it lacks is "
-                  "rebuilt from %s", store.path, "damaged" if loaded.damaged else "missing",
+                  "rebuilt from %s", store.path,
+                  "damaged" if any(d.path == store.path for d in loaded.damaged) else "missing",
                   loaded.path, source)
     elif loaded.path is None and loaded.damaged:
         log.error("no good checkpoint generation; starting empty, rebuilding from %s", source)

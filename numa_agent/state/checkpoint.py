@@ -14,8 +14,9 @@ Between snapshots, `commit(state)` appends only what changed to
 `checkpoint.journal` (state/journal.py: one checksummed line per change,
 naming the snapshot it follows by its checksum and a sequence number) and
 fdatasyncs it: O(change) per admission or release. Every `COMPACT_EVERY`
-entries, or when the journal would outgrow the snapshot, the commit writes a
-whole snapshot instead, which empties the journal. A journal is emptied
+entries, or when the journal would outgrow the snapshot (and
+`COMPACT_MIN_BYTES`), the commit writes a whole snapshot instead, which
+empties the journal. A journal is emptied
 *before* a snapshot is renamed in place when some entry names that
 snapshot's checksum (replaying it onto the new snapshot would be wrong; the
 old snapshot alone already holds the new content), else after the rename (a
@@ -51,6 +52,10 @@ FILE_NAME = "checkpoint.json"
 PREVIOUS_NAME = f"{FILE_NAME}.prev"  # the generation before the current one
 JOURNAL_NAME = "checkpoint.journal"  # changes since the current snapshot
 COMPACT_EVERY = 1000  # journal entries between two snapshots, at most
+# The journal may grow to the snapshot's size, or to this much when the
+# snapshot is smaller: a small state must not pay a snapshot every few changes
+# (that would be the p99 of a commit); replaying this much takes milliseconds.
+COMPACT_MIN_BYTES = 256 * 1024
 _TEMP_PREFIX = f".{FILE_NAME}."
 _TEMP_SUFFIX = ".tmp"
 _PREVIOUS_TEMP = f"{_TEMP_PREFIX}prev{_TEMP_SUFFIX}"
@@ -143,7 +148,8 @@ class CheckpointStore:
             self._last = state
             return None
         line = journal.encode_entry(self._base, self._seq + 1, delta)
-        if self._seq + 1 > self.compact_every or self._journal_size + len(line) > self._snapshot_size:
+        if self._seq + 1 > self.compact_every or \
+                self._journal_size + len(line) > max(self._snapshot_size, COMPACT_MIN_BYTES):
             return self._snapshot(state)
         self._append(line)
         self._last = state

@@ -143,11 +143,27 @@ def test_a_snapshot_every_n_entries_empties_the_journal(tmp_path):
     assert [e.seq for e in entries] == list(range(1, len(entries) + 1))
 
 
-def test_a_snapshot_when_the_journal_would_outgrow_it(tmp_path):
-    store, history = committed(tmp_path, 60)
-    size = store.path.stat().st_size
-    assert store.journal_path.stat().st_size <= size
+def test_a_snapshot_when_the_journal_would_outgrow_it(tmp_path, monkeypatch):
+    monkeypatch.setattr(checkpoint_module, "COMPACT_MIN_BYTES", 0)
+    store, history = CheckpointStore(tmp_path), states(60)
+    kinds = []
+    for state in history:
+        kinds.append(store.commit(state))
+        journal = store.journal_path.stat().st_size if store.journal_path.exists() else 0
+        assert journal <= store.path.stat().st_size
+    assert 1 < kinds.count("snapshot") < kinds.count("journal")
     assert store.load() == as_read(history[-1].to_json())
+
+
+def test_a_small_state_journals_up_to_the_floor_instead_of_snapshotting_every_few_changes(tmp_path):
+    store, history = committed(tmp_path, 3)
+    state, kinds = history[-1], []
+    for i in range(100):  # a few workloads coming and going
+        state = state.with_workload(workload(f"x{i}", 10)).without_workload(f"x{i - 1}")
+        kinds.append(store.commit(state))
+    assert kinds.count("journal") == 100
+    assert store.journal_path.stat().st_size > store.path.stat().st_size
+    assert store.load() == as_read(state.to_json())
 
 
 def test_torn_tail_is_ignored_and_goes_with_the_next_snapshot(tmp_path):
@@ -228,7 +244,8 @@ def test_a_snapshot_equal_to_the_journals_base_empties_the_journal_first(tmp_pat
     at the rename must not leave A's entry to be replayed onto X."""
     store, history = committed(tmp_path, 30)
     x = history[-1]
-    store.commit(x.with_workload(workload("a", 60)))
+    store.commit(x, snapshot=True)
+    assert store.commit(x.with_workload(workload("a", 60))) == "journal"
     assert store.journal_path.stat().st_size > 0
 
     def crash(*args):
