@@ -128,7 +128,6 @@ class CheckpointStore:
         self._seq = 0
         self._journal_size = 0
         self._snapshot_size = 0
-        self._journal_fd = -1
         self._journal_sig: tuple[int, int, int] | None = None  # (device, inode, size)
 
     # ---- commit -------------------------------------------------------------
@@ -175,53 +174,46 @@ class CheckpointStore:
         return (st.st_dev, st.st_ino, st.st_size) == self._journal_sig
 
     def _append(self, line: bytes) -> None:
+        # Opened per append, not held: one more syscall beside an fdatasync,
+        # and nothing to leak or to go stale when the file is moved aside.
+        fd = -1
         try:
-            if self._journal_fd < 0:
-                self._open_journal()
-            _write_all(self._journal_fd, line)
-            os.fdatasync(self._journal_fd)
+            fd = self._open_journal()
+            _write_all(fd, line)
+            os.fdatasync(fd)
         except OSError as exc:
-            self._undo_append()
+            # Part of the entry may be there: cut it off so no later entry
+            # follows it; whatever happens, the next commit is a snapshot.
+            self._base = None
+            if fd >= 0:
+                try:
+                    os.ftruncate(fd, self._journal_size)
+                except OSError:
+                    pass
             raise CheckpointWriteError(f"appending to {self.journal_path} failed: {_describe(exc)}; "
                                        "the checkpoint still holds the previous state") from None
+        finally:
+            if fd >= 0:
+                os.close(fd)
         self._seq += 1
         self._journal_size += len(line)
         dev, ino, _ = self._journal_sig or (0, 0, 0)
         self._journal_sig = (dev, ino, self._journal_size)
 
-    def _open_journal(self) -> None:
+    def _open_journal(self) -> int:
         fd = os.open(self.journal_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
                      0o600)
         try:
             st = os.fstat(fd)
             if st.st_size != self._journal_size:
                 os.ftruncate(fd, self._journal_size)
-            _fsync_directory(self.directory)  # the journal's name is on disk before an entry counts
+            if self._journal_sig is None:
+                _fsync_directory(self.directory)  # a new journal's name is on disk before an entry counts
         except OSError:
             os.close(fd)
             raise
-        self._journal_fd = fd
         self._journal_sig = (st.st_dev, st.st_ino, self._journal_size)
-
-    def _undo_append(self) -> None:
-        """An append that failed may have left part of an entry: cut it off
-        so no later entry follows it; whatever happens, the next commit writes
-        a whole snapshot (which empties the journal)."""
-        self._base = None
-        if self._journal_fd >= 0:
-            try:
-                os.ftruncate(self._journal_fd, self._journal_size)
-            except OSError:
-                pass
-            self._close_journal()
-
-    def _close_journal(self) -> None:
-        if self._journal_fd >= 0:
-            try:
-                os.close(self._journal_fd)
-            except OSError:
-                pass
-        self._journal_fd = -1
+        return fd
 
     # ---- save ---------------------------------------------------------------
     def save(self, payload: dict) -> None:
@@ -281,7 +273,7 @@ class CheckpointStore:
     def _journal_names(self, checksum: str) -> bool:
         """Some journal entry that a load would replay follows a snapshot with
         this checksum (so the journal must go before such a snapshot is put in place)."""
-        if self._base is not None and self._journal_fd >= 0:
+        if self._base is not None and self._files_as_left():
             return self._seq > 0 and self._base == checksum
         try:
             raw = self.journal_path.read_bytes()
@@ -293,11 +285,10 @@ class CheckpointStore:
 
     def _empty_journal(self) -> None:
         """Truncate the journal to nothing, durably (it stays, empty, for the next append)."""
-        self._close_journal()
         self._seq = self._journal_size = 0
         self._journal_sig = None
         try:
-            fd = os.open(self.journal_path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC)
+            fd = os.open(self.journal_path, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
         except FileNotFoundError:
             return
         except OSError as exc:
@@ -310,11 +301,11 @@ class CheckpointStore:
                 os.ftruncate(fd, 0)
                 os.fsync(fd)
         except OSError as exc:
-            os.close(fd)
             self._base = None
             raise CheckpointWriteError(f"cannot empty the journal {self.journal_path}: "
                                        f"{_describe(exc)}") from None
-        self._journal_fd = fd
+        finally:
+            os.close(fd)
         self._journal_sig = (st.st_dev, st.st_ino, 0)
 
     def _current_is_good(self) -> bool:
@@ -393,6 +384,13 @@ class CheckpointStore:
             if not replay:
                 return Loaded(data, path, tuple(damaged))
             return self._replayed(data, checksum, path, damaged)
+        try:
+            orphan = self.journal_path.stat().st_size > 0
+        except OSError:
+            orphan = False
+        if orphan:
+            # Changes after a snapshot that is gone: moved aside, never emptied.
+            damaged.append(CheckpointCorruptError(self.journal_path, "follows no checkpoint that is present"))
         return Loaded(None, None, tuple(damaged))
 
     def _replayed(self, data: dict, checksum: str, path: Path,
@@ -470,7 +468,6 @@ class CheckpointStore:
         if not source.exists():
             return None
         if source == self.journal_path:
-            self._close_journal()
             self._base = None  # the next commit starts over with a snapshot
         stamp = (now or datetime.now(timezone.utc)).astimezone(timezone.utc)
         base = f"{source.name}.corrupt-{stamp.strftime('%Y%m%dT%H%M%SZ')}"
@@ -486,9 +483,6 @@ class CheckpointStore:
             raise CheckpointWriteError(f"cannot move {source} aside to {target}: "
                                        f"{_describe(exc)}") from None
         return target
-
-    def close(self) -> None:
-        self._close_journal()
 
 
 def _write_all(fd: int, content: bytes) -> None:

@@ -290,3 +290,12 @@ def test_a_whole_save_of_a_payload_still_works_and_empties_the_journal(tmp_path)
     store.save(history[3].to_json())
     assert store.journal_path.stat().st_size == 0 and store.load() == as_read(history[3].to_json())
     assert store.commit(history[4]) == "snapshot"  # a payload is not a state to diff against
+
+
+def test_a_journal_without_any_checkpoint_is_reported_to_be_moved_aside(tmp_path):
+    store, history = committed(tmp_path, 30)
+    store.commit(history[-1].without_workload("w0"))
+    store.path.unlink()
+    store.previous_path.unlink(missing_ok=True)
+    loaded = CheckpointStore(tmp_path).load_generation()
+    assert loaded.data is None and [d.path for d in loaded.damaged] == [store.journal_path]
