@@ -207,6 +207,11 @@ class EventLoop:
         self._muted.clear()
         self._retry_at = None
         for rel, name in list(self.pending.items()):
+            if self.service.enforcer.populated(rel):
+                # Not empty any more (a process moved into the cgroup): not an
+                # exit to release. A stuck pidfd reports it again if it was one.
+                self._done(rel)
+                continue
             self._release(rel, name)
         if self.pending:
             self._backoff = min(self._backoff * 2, RETRY_CAP)

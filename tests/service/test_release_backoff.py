@@ -59,6 +59,7 @@ class FakeEnforcer:
     def __init__(self, stuck: bool) -> None:
         self.stuck = stuck
         self.pipes: dict[str, tuple[int, int]] = {}
+        self.exited: set[str] = set()
 
     def apply(self, old, new, move=None):
         for rel in new:
@@ -75,9 +76,10 @@ class FakeEnforcer:
         return None
 
     def populated(self, rel):
-        return rel in self.pipes
+        return rel in self.pipes and rel not in self.exited
 
     def exit(self, rel):
+        self.exited.add(rel)
         os.write(self.pipes[rel][1], b"x")
 
     def fds(self):
@@ -264,3 +266,19 @@ def test_a_workload_is_found_from_its_path_without_a_map_of_all():
     assert _workload_at(state, "wl-web") is None  # web is shared: not its path
     assert _workload_at(state, "shared/db") is None and _workload_at(state, "pod-q/m") is None
     assert _workload_at(state, "nobody") is None and _workload_at(state, "wl-zz") is None
+
+
+def test_a_pending_workload_that_is_populated_again_is_not_released(rig):
+    clock, enforcer, store, service, loop = rig
+    store.read_only = True
+    enforcer.exit("wl-a")
+    run_for(loop, clock, 1.0)
+    assert "wl-a" in loop.pending
+    enforcer.populated = lambda rel: True  # a process moved into its cgroup meanwhile
+    store.read_only = False
+    run_for(loop, clock, RETRY_CAP + 0.1)
+    assert "wl-a" not in loop.pending
+    if enforcer.stuck:  # its pidfd still says it exited: released once it is asked again
+        assert service.state.workload("a") is None
+    else:
+        assert service.state.workload("a") is not None
