@@ -154,22 +154,52 @@ class AgentService:
             raise ServiceUnavailable(f"enforcement failed, nothing was booked: {msg}") from None
         self.state, self._layout = new_state, new_layout
 
+    # Set by _save while the checkpoint cannot be written: (what failed, since
+    # when, on the service clock); health and metrics report it. A class-level
+    # default so that nothing else need know of it.
+    _checkpoint_trouble: tuple[str, float] | None = None
+
     def _save(self, state: AgentState) -> None:
+        """Make `state` durable: only its change from the last one checkpointed
+        (the store's journal), or a whole snapshot when the store says so."""
         try:
-            self.store.save(state.to_json())
-            self.counters.checkpoint_writes_total += 1
+            kind = self.store.commit(state)
         except CheckpointError as exc:
             self.counters.checkpoint_failures_total += 1
-            log.error("checkpoint write failed: %s", exc)
+            self.counters.checkpoint_healthy = False
+            if self._checkpoint_trouble is None:
+                # Once per outage: a release retried every few seconds must not fill the log.
+                log.error("checkpoint write failed: %s; admissions and releases are refused "
+                          "until it can be written", exc)
+                self._checkpoint_trouble = (str(exc), self.clock())
+            else:
+                log.debug("checkpoint write still failing: %s", exc)
+                self._checkpoint_trouble = (str(exc), self._checkpoint_trouble[1])
             raise ServiceUnavailable(f"cannot write the checkpoint, nothing was booked: {exc}") from None
+        self.counters.checkpoint_healthy = True
+        if kind is not None:
+            self.counters.checkpoint_writes_total += 1
+        if kind == "snapshot":
+            self.counters.checkpoint_snapshots_total += 1
+        if self._checkpoint_trouble is not None:
+            log.warning("checkpoint in %s written again after %.1f s of failures",
+                        self.store.directory, self.clock() - self._checkpoint_trouble[1])
+            self._checkpoint_trouble = None
 
     # ---- lifecycle -------------------------------------------------------------------
     def install(self, state: AgentState) -> None:
-        """Adopt a restored state: checkpoint it, then make the kernel match
-        (cgroups re-written, leftovers of released workloads removed)."""
+        """Adopt a restored state: checkpoint it as a whole snapshot (which
+        also empties the journal it was restored from), then make the kernel
+        match (cgroups re-written, leftovers of released workloads removed)."""
         with self._lock:
             layout = desired_layout(self.machine, state)
-            self._save(state)
+            try:
+                self.store.commit(state, snapshot=True)
+            except CheckpointError as exc:
+                self.counters.checkpoint_failures_total += 1
+                raise ServiceUnavailable(f"cannot write the checkpoint: {exc}") from None
+            self.counters.checkpoint_writes_total += 1
+            self.counters.checkpoint_snapshots_total += 1
             self.enforcer.apply({}, layout, None)
             self.enforcer.prune(layout)
             self.state, self._layout = state, layout
@@ -291,10 +321,23 @@ class AgentService:
     def health(self) -> dict:
         state = self.state
         held = self._quarantined_views(state)
-        out = {"status": "ok", "enforcement": self.enforcer.mode, "reason": self.enforcer.reason,
+        out: dict[str, Any] = {"status": "ok", "enforcement": self.enforcer.mode, "reason": self.enforcer.reason,
                "uptime_seconds": round(self.clock() - self.started, 3), "version": VERSION,
                "workloads": len(state.workloads) - len(held),
                "quarantined": [{"name": q["name"], "cpus": q["cpus"], "pid": q["pid"]} for q in held]}
+        trouble = self._checkpoint_trouble
+        out["checkpoint"] = {"healthy": trouble is None, "state_dir": str(self.store.directory),
+                             "error": trouble[0] if trouble else None,
+                             "failing_seconds": round(self.clock() - trouble[1], 3) if trouble else 0.0,
+                             "pending_releases": self.counters.pending_releases}
+        if trouble is not None:
+            pending = self.counters.pending_releases
+            out["status"] = "degraded"
+            out["degraded_reason"] = (
+                f"the checkpoint in state directory {self.store.directory} cannot be written "
+                f"(for {self.clock() - trouble[1]:.0f} s): {trouble[0]}; admissions and releases are "
+                f"refused until it can" + (f"; {pending} release(s) of exited workloads are retried"
+                                           if pending else ""))
         if held:
             out["attention"] = ("CPUs held for processes that could not be attributed at start-up: "
                                 + "; ".join(f"{q['name']} (pid {q['pid']}, CPUs {q['cpus'] or 'none'})"

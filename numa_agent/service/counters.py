@@ -17,6 +17,10 @@ class Counters:
     duration_count: int = 0
     checkpoint_writes_total: int = 0
     checkpoint_failures_total: int = 0
+    checkpoint_snapshots_total: int = 0  # whole snapshots among the writes (the rest: journal entries)
+    # Releases of exited workloads waiting for the checkpoint (set by the event loop).
+    pending_releases: int = 0
+    checkpoint_healthy: bool = True  # the last checkpoint write succeeded
     hotplug_events: dict[str, int] = field(default_factory=lambda: {"cpu": 0, "memory": 0, "node": 0, "pci": 0})
     aligned: dict[str, int] = field(default_factory=lambda: {"numa_node": 0, "physical_core": 0, "l3": 0})
     releases_total: int = 0
@@ -59,6 +63,9 @@ class Counters:
                                            "count": self.duration_count},
             "checkpoint_writes_total": self.checkpoint_writes_total,
             "checkpoint_failures_total": self.checkpoint_failures_total,
+            "checkpoint_snapshots_total": self.checkpoint_snapshots_total,
+            "pending_releases": self.pending_releases,
+            "checkpoint_healthy": self.checkpoint_healthy,
             "hotplug_events_total": dict(self.hotplug_events),
             "aligned_allocations_total": dict(self.aligned),
             "releases_total": self.releases_total,

@@ -68,9 +68,10 @@ def restore(machine: Machine, store, enforcer: Enforcer, on_policy_change: str =
     try:
         loaded = store.load_generation()
         quarantined, generation = _set_aside(store, loaded, source_text(marked))
-        state = AgentState.from_json(loaded.data) if loaded.data is not None else None
+        state = _decoded(store, loaded)
     except (CheckpointCorruptError, ValueError, KeyError, TypeError) as exc:
         moved = store.quarantine(path=store.directory / generation if generation else None)
+        _set_aside_journal(store)
         quarantined, generation = (quarantined or (str(moved) if moved else None)), None
         log.error("checkpoint unusable (%s); moved aside to %s; rebuilding from %s",
                   exc, moved, source_text(marked))
@@ -118,6 +119,40 @@ def restore(machine: Machine, store, enforcer: Enforcer, on_policy_change: str =
     return state, report
 
 
+def _decoded(store, loaded: Loaded) -> AgentState | None:
+    """The state of what was loaded. When it does not decode only with the
+    journal's entries replayed, the journal is moved aside and the snapshot
+    alone used (what the entries held is rebuilt like any other loss)."""
+    if loaded.data is None:
+        return None
+    try:
+        return AgentState.from_json(loaded.data)
+    except (ValueError, KeyError, TypeError) as exc:
+        if not loaded.journal_entries:
+            raise
+        alone = store.load_generation(replay=False)
+        if alone.path != loaded.path or alone.data is None:
+            raise
+        state = AgentState.from_json(alone.data)
+        moved = store.quarantine(path=store.journal_path)
+        log.error("checkpoint journal %s does not apply to %s (%s); moved aside to %s; using the "
+                  "snapshot alone", store.journal_path, loaded.path, exc, moved)
+        return state
+
+
+def _set_aside_journal(store) -> None:
+    """The snapshot was moved aside: the journal that follows it goes with it
+    (kept for inspection, never emptied by the next snapshot)."""
+    journal = getattr(store, "journal_path", None)
+    try:
+        if journal is None or not journal.stat().st_size:
+            return
+    except OSError:
+        return
+    log.error("checkpoint journal %s moved aside to %s with its checkpoint", journal,
+              store.quarantine(path=journal))
+
+
 def _set_aside(store, loaded: Loaded, source: str) -> tuple[str | None, str | None]:
     """Move the damaged generations aside and say which one is used; returns
     (where the current checkpoint was moved, the file name of the one used)."""
@@ -127,11 +162,23 @@ def _set_aside(store, loaded: Loaded, source: str) -> tuple[str | None, str | No
         if damage.path == store.path:
             moved_current = str(moved) if moved else None
         log.error("checkpoint %s unusable (%s); moved aside to %s", damage.path, damage.reason, moved)
+    journal = getattr(store, "journal_path", None)
+    if loaded.torn_bytes:
+        log.warning("checkpoint journal %s ends in a torn entry (%d bytes, an interrupted write that "
+                    "was never acknowledged); ignored", journal, loaded.torn_bytes)
+    if any(d.path == journal for d in loaded.damaged):
+        log.error("checkpoint journal %s is damaged; using %s with the %d journal entries before the "
+                  "damage; what the rest held is rebuilt from %s", journal, loaded.path,
+                  loaded.journal_entries, source)
+    elif loaded.journal_entries:
+        log.info("checkpoint %s and %d journal entries after it restored", loaded.path,
+                 loaded.journal_entries)
     if loaded.fallback:
         log.error("checkpoint %s is %s; using the previous generation %s; what it lacks is "
-                  "rebuilt from %s", store.path, "damaged" if loaded.damaged else "missing",
+                  "rebuilt from %s", store.path,
+                  "damaged" if any(d.path == store.path for d in loaded.damaged) else "missing",
                   loaded.path, source)
-    elif loaded.damaged:
+    elif loaded.path is None and loaded.damaged:
         log.error("no good checkpoint generation; starting empty, rebuilding from %s", source)
     return moved_current, loaded.path.name if loaded.path is not None else None
 

@@ -6,36 +6,64 @@ It waits (selectors, no polling loop) on:
   mode) or the workload processes' pidfds (affinity mode);
 - the hotplug event source (kernel uevents);
 - a stop pipe;
-and wakes on a timer only to ping the systemd watchdog when one is set.
+and wakes on a timer only to ping the systemd watchdog when one is set, and
+to retry releases that failed.
+
+A release that fails (the checkpoint cannot be written: a read-only or full
+state filesystem) is kept as pending and retried with exponential backoff
+(RETRY_FIRST doubling up to RETRY_CAP seconds), never in a tight loop: in
+affinity mode the exited process's pidfd stays readable, so its descriptor
+is set aside until the retry; in cgroup mode the inotify event was consumed,
+so without the pending set the release would be forgotten. One log line when
+releases start failing, one when they are all done.
 """
 
 from __future__ import annotations
 
+import bisect
 import logging
 import os
 import selectors
 import threading
 import time
-from typing import Callable
+from typing import Callable, Iterable
 
-from numa_agent.enforcement.plan import workload_relpath
+from numa_agent.api.errors import Conflict, NotFound
+from numa_agent.enforcement.plan import WORKLOAD_PREFIX, workload_relpath
 from numa_agent.hotplug.events import EventsLost
+from numa_agent.state.model import AgentState, Workload
 
 log = logging.getLogger("numa_agent.runtime")
+
+RETRY_FIRST = 0.25  # seconds before the first retry of a failed release
+RETRY_CAP = 4.0  # the longest wait between retries: recovery within seconds
 
 
 class EventLoop:
     def __init__(self, service, *, hotplug_source=None,
                  on_hotplug: Callable[[list], None] | None = None,
                  watchdog_interval: float | None = None,
-                 watchdog_ping: Callable[[], object] | None = None) -> None:
+                 watchdog_ping: Callable[[], object] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.service = service
         self.hotplug_source = hotplug_source
         self.on_hotplug = on_hotplug
         self.watchdog_interval = watchdog_interval
         self.watchdog_ping = watchdog_ping
+        self.clock = clock
         self._stop_r, self._stop_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._thread: threading.Thread | None = None
+        self._sel: selectors.BaseSelector | None = None
+        self._registered: set[int] = set()
+        self._next_ping = 0.0
+        # Releases that failed, retried with backoff: relpath -> workload name.
+        self.pending: dict[str, str] = {}
+        # Enforcer descriptors set aside until the next retry: they report only
+        # pending releases again and again (an exited process's pidfd).
+        self._muted: set[int] = set()
+        self._retry_at: float | None = None
+        self._backoff = RETRY_FIRST
+        self._failing_since: float | None = None
 
     def start(self) -> "EventLoop":
         self._thread = threading.Thread(target=self.run, name="numa-agent-events", daemon=True)
@@ -48,70 +76,190 @@ class EventLoop:
             self._thread.join(timeout=5)
 
     def run(self) -> None:
-        enforcer = self.service.enforcer
-        sel = selectors.DefaultSelector()
+        self.open()
+        try:
+            while self.step():
+                pass
+        finally:
+            self.close()
+
+    def open(self) -> None:
+        """Register the descriptors and release workloads whose processes
+        died while nobody was watching; then `step` until it returns False."""
+        # poll(2), not epoll: see _sync_fds.
+        sel = self._sel = selectors.PollSelector()
         sel.register(self._stop_r, selectors.EVENT_READ, "stop")
         if self.hotplug_source is not None:
             sel.register(self.hotplug_source.fileno(), selectors.EVENT_READ, "hotplug")
-        registered = _sync_fds(sel, set(), enforcer.fds())
-        # Workloads whose process died while we were not yet watching.
+        self._registered = _sync_fds(sel, set(), self.service.enforcer.fds())
         self._release_empty()
-        next_ping = time.monotonic()
-        while True:
-            timeout = None
-            if self.watchdog_interval:
-                timeout = max(0.0, next_ping - time.monotonic())
-            ready = sel.select(timeout)
-            if self.watchdog_interval and self.watchdog_ping and time.monotonic() >= next_ping:
-                self.watchdog_ping()
-                next_ping = time.monotonic() + self.watchdog_interval
-            kinds = {key.data for key, _ in ready}
-            if "stop" in kinds:
-                break
-            try:
-                ready_fds = {key.fd for key, _ in ready if key.data == "enforcer"}
-                if ready_fds:
-                    try:
-                        self._release_paths(enforcer.released(ready_fds), check=False)
-                    finally:
-                        registered = _sync_fds(sel, registered, enforcer.fds())
-                if "hotplug" in kinds and self.on_hotplug is not None:
-                    try:
-                        events = self.hotplug_source.read_events()
-                    except EventsLost:
-                        events = None  # the handler rescans sysfs
-                    self.on_hotplug(events)
-            except Exception:  # the loop must survive any one bad event
-                log.exception("error while handling kernel events")
-        sel.close()
+        self._next_ping = time.monotonic()
 
-    def _release_paths(self, relpaths: list[str], check: bool) -> None:
-        by_path = {workload_relpath(w): w.name for w in self.service.state.workloads}
+    def close(self) -> None:
+        if self._sel is not None:
+            self._sel.close()
+            self._sel = None
+
+    def step(self, max_wait: float | None = None) -> bool:
+        """Wait for one batch of events (at most `max_wait` seconds, if given)
+        and handle it; False once asked to stop."""
+        sel = self._sel
+        assert sel is not None, "open() first"
+        ready = sel.select(self._timeout(max_wait))
+        if self.watchdog_interval and self.watchdog_ping and time.monotonic() >= self._next_ping:
+            self.watchdog_ping()
+            self._next_ping = time.monotonic() + self.watchdog_interval
+        kinds = {key.data for key, _ in ready}
+        if "stop" in kinds:
+            return False
+        enforcer = self.service.enforcer
+        try:
+            try:
+                self._handle_ready({key.fd for key, _ in ready if key.data == "enforcer"})
+                if self._retry_at is not None and self.clock() >= self._retry_at:
+                    self._retry()
+            finally:
+                self._registered = _sync_fds(sel, self._registered, enforcer.fds(), self._muted)
+            if "hotplug" in kinds and self.on_hotplug is not None:
+                try:
+                    events = self.hotplug_source.read_events()
+                except EventsLost:
+                    events = None  # the handler rescans sysfs
+                self.on_hotplug(events)
+        except Exception:  # the loop must survive any one bad event
+            log.exception("error while handling kernel events")
+        return True
+
+    def _timeout(self, max_wait: float | None) -> float | None:
+        waits = [] if max_wait is None else [max_wait]
+        if self.watchdog_interval:
+            waits.append(self._next_ping - time.monotonic())
+        if self._retry_at is not None:
+            waits.append(self._retry_at - self.clock())
+        return max(0.0, min(waits)) if waits else None
+
+    # ---- releases ------------------------------------------------------------------
+    def _handle_ready(self, ready_fds: set[int]) -> None:
+        enforcer = self.service.enforcer
+        for fd in sorted(ready_fds):
+            relpaths = enforcer.released({fd})
+            if relpaths and all(rel in self.pending for rel in relpaths):
+                self._mute(fd)  # readable for what already waits for the retry
+                continue
+            self._release_paths([rel for rel in relpaths if rel not in self.pending], check=False)
+
+    def _mute(self, fd: int) -> None:
+        assert self._sel is not None
+        try:
+            self._sel.unregister(fd)
+        except (KeyError, ValueError, OSError):
+            pass
+        self._registered.discard(fd)
+        self._muted.add(fd)
+
+    def _release_paths(self, relpaths: Iterable[str], check: bool) -> None:
+        state = self.service.state
         for rel in relpaths:
-            name = by_path.get(rel)
-            if name is None:
+            w = _workload_at(state, rel)
+            if w is None:
                 continue
             if check and self.service.enforcer.populated(rel):
                 continue
-            try:
-                self.service.release(name, None, reason="exited")
-            except Exception as exc:  # already released by its owner, or enforcement trouble
-                log.info("release of %s after exit: %s", name, exc)
+            self._release(rel, w.name)
+
+    def _release(self, rel: str, name: str) -> None:
+        try:
+            self.service.release(name, None, reason="exited")
+        except (NotFound, Conflict) as exc:  # already released by its owner, or held for an operator
+            log.info("release of %s after exit: %s", name, exc)
+            self._done(rel)
+        except Exception as exc:  # the checkpoint or enforcement failed: retried
+            self._failed(rel, name, exc)
+        else:
+            self._done(rel)
+
+    def _failed(self, rel: str, name: str, exc: Exception) -> None:
+        now = self.clock()
+        self.pending[rel] = name
+        self.service.counters.pending_releases = len(self.pending)
+        if self._failing_since is None:
+            self._failing_since = now
+            log.warning("release of %s after exit failed: %s; retrying it (and any other that fails) "
+                        "with backoff, at most every %g s, until it succeeds", name, exc, RETRY_CAP)
+        else:
+            log.debug("release of %s after exit failed again: %s", name, exc)
+        if self._retry_at is None:
+            self._retry_at = now + self._backoff
+
+    def _done(self, rel: str) -> None:
+        if self.pending.pop(rel, None) is None:
+            return
+        self.service.counters.pending_releases = len(self.pending)
+        if not self.pending and self._failing_since is not None:
+            log.warning("pending releases done after %.1f s of failures", self.clock() - self._failing_since)
+            self._failing_since = None
+            self._retry_at = None
+            self._backoff = RETRY_FIRST
+
+    def _retry(self) -> None:
+        # Set-aside descriptors come back: whatever they report beyond the
+        # pending releases is handled by the next step.
+        self._muted.clear()
+        self._retry_at = None
+        for rel, name in list(self.pending.items()):
+            if self.service.enforcer.populated(rel):
+                # Not empty any more (a process moved into the cgroup): not an
+                # exit to release. A stuck pidfd reports it again if it was one.
+                self._done(rel)
+                continue
+            self._release(rel, name)
+        if self.pending:
+            self._backoff = min(self._backoff * 2, RETRY_CAP)
+            self._retry_at = self.clock() + self._backoff
 
     def _release_empty(self) -> None:
+        """Workloads whose process died while we were not yet watching."""
         paths = [workload_relpath(w) for w in self.service.state.workloads]
         self._release_paths(paths, check=True)
 
 
-def _sync_fds(sel, registered: set[int], wanted: list[int]) -> set[int]:
-    # A closed descriptor's number can be reused by a new one at once (a
-    # pidfd), so start over rather than diff: unregistering a stale number is
-    # harmless.
-    for fd in registered:
+def _workload_at(state: AgentState, rel: str) -> Workload | None:
+    """The workload whose path is `rel`: its name is the path's last part
+    (`wl-NAME`, `shared/NAME`, `pod-POD/NAME`), found by bisection in the
+    workloads (sorted by name), so an event costs O(log N), not a map of all."""
+    head, _, name = rel.rpartition("/")
+    if not head:
+        if not name.startswith(WORKLOAD_PREFIX):
+            return None
+        name = name[len(WORKLOAD_PREFIX):]
+    workloads = state.workloads
+    i = bisect.bisect_left(workloads, name, key=lambda w: w.name)
+    if i < len(workloads) and workloads[i].name == name and workload_relpath(workloads[i]) == rel:
+        return workloads[i]
+    return None
+
+
+def _sync_fds(sel: selectors.BaseSelector, registered: set[int], wanted: Iterable[int],
+              muted: set[int] | None = None) -> set[int]:
+    """Register what is wanted and not yet registered, unregister what is no
+    longer wanted: O(change) selector calls. This is correct although a closed
+    descriptor's number can be reused at once by a new one (a pidfd) because
+    the selector is poll(2), which is handed the numbers afresh on every call
+    and so watches whatever file a number names now. (epoll would have
+    dropped the closed file's registration with it and never see the new
+    file behind the same number; that is why this is not the DefaultSelector.)
+    A muted number that the enforcer no longer lists is forgotten, so that a
+    new descriptor given that number later is watched (one reused between two
+    steps waits for the next retry, RETRY_CAP at most)."""
+    want = set(wanted)
+    if muted:
+        muted.intersection_update(want)
+        want -= muted
+    for fd in registered - want:
         try:
             sel.unregister(fd)
         except (KeyError, ValueError, OSError):
             pass
-    for fd in sorted(set(wanted)):
+    for fd in sorted(want - registered):
         sel.register(fd, selectors.EVENT_READ, "enforcer")
-    return set(wanted)
+    return want

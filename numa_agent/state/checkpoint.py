@@ -10,9 +10,26 @@ directory fsynced again. A crash at any point leaves `checkpoint.json`
 either old or new, never a mix, and `.prev` a good generation whenever the
 current one was good when it was set aside.
 
+Between snapshots, `commit(state)` appends only what changed to
+`checkpoint.journal` (state/journal.py: one checksummed line per change,
+naming the snapshot it follows by its checksum and a sequence number) and
+fdatasyncs it: O(change) per admission or release. Every `COMPACT_EVERY`
+entries, or when the journal would outgrow the snapshot (and
+`COMPACT_MIN_BYTES`), the commit writes a whole snapshot instead, which
+empties the journal. A journal is emptied
+*before* a snapshot is renamed in place when some entry names that
+snapshot's checksum (replaying it onto the new snapshot would be wrong; the
+old snapshot alone already holds the new content), else after the rename (a
+crash between them leaves entries that name another snapshot: stale,
+never replayed).
+
 `load` uses `checkpoint.json`, or `checkpoint.json.prev` when the current one
-is missing or damaged; `load_generation` also says which one and what was
-wrong with the other.
+is missing or damaged, with the journal entries that follow it replayed;
+`load_generation` also says which one, how many entries, and what was wrong
+with the rest. A torn last entry (an interrupted append) is ignored and goes
+with the next snapshot; damage in the middle of the journal is reported like
+a damaged checkpoint (the entries before it are used, the file is moved aside
+by recovery).
 """
 
 from __future__ import annotations
@@ -27,9 +44,18 @@ from pathlib import Path
 
 import msgspec
 
+from numa_agent.state import journal
+from numa_agent.state.model import AgentState
+
 VERSION = 1
 FILE_NAME = "checkpoint.json"
 PREVIOUS_NAME = f"{FILE_NAME}.prev"  # the generation before the current one
+JOURNAL_NAME = "checkpoint.journal"  # changes since the current snapshot
+COMPACT_EVERY = 1000  # journal entries between two snapshots, at most
+# The journal may grow to the snapshot's size, or to this much when the
+# snapshot is smaller: a small state must not pay a snapshot every few changes
+# (that would be the p99 of a commit); replaying this much takes milliseconds.
+COMPACT_MIN_BYTES = 256 * 1024
 _TEMP_PREFIX = f".{FILE_NAME}."
 _TEMP_SUFFIX = ".tmp"
 _PREVIOUS_TEMP = f"{_TEMP_PREFIX}prev{_TEMP_SUFFIX}"
@@ -65,6 +91,8 @@ class Loaded:
     data: dict | None
     path: Path | None
     damaged: tuple[CheckpointCorruptError, ...] = ()
+    journal_entries: int = 0  # replayed onto the snapshot
+    torn_bytes: int = 0  # of an interrupted last append, ignored
 
     @property
     def fallback(self) -> bool:
@@ -81,16 +109,115 @@ def checksum_of(data: object) -> str:
 
 
 class CheckpointStore:
-    def __init__(self, directory: str | os.PathLike) -> None:
+    def __init__(self, directory: str | os.PathLike, compact_every: int = COMPACT_EVERY) -> None:
         self.directory = Path(directory)
         # (device, inode, size, mtime) of the checkpoint this store last wrote:
         # while the file still matches, it is known good without reading it.
         self._written: tuple[int, int, int, int] | None = None
         self.path = self.directory / FILE_NAME
         self.previous_path = self.directory / PREVIOUS_NAME
+        self.journal_path = self.directory / JOURNAL_NAME
+        self.compact_every = compact_every
+        # What this store wrote last, so that a commit appends only the change:
+        # the state (immutable, kept by reference), the checksum of the
+        # snapshot the journal follows, how many entries and bytes follow it,
+        # and the size of that snapshot. None: unknown, the next commit writes
+        # a whole snapshot.
+        self._last: AgentState | None = None
+        self._base: str | None = None
+        self._seq = 0
+        self._journal_size = 0
+        self._snapshot_size = 0
+        self._journal_sig: tuple[int, int, int] | None = None  # (device, inode, size)
+
+    # ---- commit -------------------------------------------------------------
+    def commit(self, state: AgentState, *, snapshot: bool = False) -> str | None:
+        """Make `state` durable: the change from the state this store last
+        committed, appended to the journal and fdatasynced, or a whole
+        snapshot (the first commit, `snapshot=True`, every `compact_every`
+        entries, when the journal would outgrow the snapshot, or when the
+        files are not as this store left them). Returns "journal",
+        "snapshot", or None when nothing changed. CheckpointWriteError when
+        it is not durable; the state last committed then still stands."""
+        last = self._last
+        if snapshot or last is None or self._base is None or not self._files_as_left():
+            return self._snapshot(state)
+        delta = journal.state_delta(last, state)
+        if delta is None:
+            self._last = state
+            return None
+        line = journal.encode_entry(self._base, self._seq + 1, delta)
+        if self._seq + 1 > self.compact_every or \
+                self._journal_size + len(line) > max(self._snapshot_size, COMPACT_MIN_BYTES):
+            return self._snapshot(state)
+        self._append(line)
+        self._last = state
+        return "journal"
+
+    def _snapshot(self, state: AgentState) -> str:
+        self._last = None
+        self.save(state.to_json())
+        self._last = state
+        return "snapshot"
+
+    def _files_as_left(self) -> bool:
+        """The snapshot and the journal are the files this store wrote last
+        (one stat each): nobody replaced, truncated or appended to them."""
+        try:
+            if self._written is None or _signature(os.stat(self.path)) != self._written:
+                return False
+            if self._journal_sig is None:
+                return not os.path.lexists(self.journal_path)
+            st = os.stat(self.journal_path)
+        except OSError:
+            return False
+        return (st.st_dev, st.st_ino, st.st_size) == self._journal_sig
+
+    def _append(self, line: bytes) -> None:
+        # Opened per append, not held: one more syscall beside an fdatasync,
+        # and nothing to leak or to go stale when the file is moved aside.
+        fd = -1
+        try:
+            fd = self._open_journal()
+            _write_all(fd, line)
+            os.fdatasync(fd)
+        except OSError as exc:
+            # Part of the entry may be there: cut it off so no later entry
+            # follows it; whatever happens, the next commit is a snapshot.
+            self._base = None
+            if fd >= 0:
+                try:
+                    os.ftruncate(fd, self._journal_size)
+                except OSError:
+                    pass
+            raise CheckpointWriteError(f"appending to {self.journal_path} failed: {_describe(exc)}; "
+                                       "the checkpoint still holds the previous state") from None
+        finally:
+            if fd >= 0:
+                os.close(fd)
+        self._seq += 1
+        self._journal_size += len(line)
+        dev, ino, _ = self._journal_sig or (0, 0, 0)
+        self._journal_sig = (dev, ino, self._journal_size)
+
+    def _open_journal(self) -> int:
+        fd = os.open(self.journal_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o600)
+        try:
+            st = os.fstat(fd)
+            if st.st_size != self._journal_size:
+                os.ftruncate(fd, self._journal_size)
+            if self._journal_sig is None:
+                _fsync_directory(self.directory)  # a new journal's name is on disk before an entry counts
+        except OSError:
+            os.close(fd)
+            raise
+        self._journal_sig = (st.st_dev, st.st_ino, self._journal_size)
+        return fd
 
     # ---- save ---------------------------------------------------------------
     def save(self, payload: dict) -> None:
+        """Write `payload` as the whole checkpoint (a snapshot) and empty the journal."""
         if not isinstance(payload, dict):
             raise TypeError(f"checkpoint payload must be a dict, got {type(payload).__name__}")
         try:
@@ -99,11 +226,16 @@ class CheckpointStore:
             data = msgspec.json.decode(msgspec.json.encode(payload))
         except (TypeError, msgspec.EncodeError, msgspec.DecodeError) as exc:
             raise ValueError(f"checkpoint payload is not JSON-encodable: {exc}") from None
-        document = {"version": VERSION, "checksum": checksum_of(data), "data": data}
+        checksum = checksum_of(data)
+        document = {"version": VERSION, "checksum": checksum, "data": data}
         content = msgspec.json.format(canonical_json(document), indent=1) + b"\n"
 
+        self._last = None  # a payload, not a state: the next commit is a snapshot
         self._ensure_directory()
         self._remove_stale_temps()
+        empty_first = self._journal_names(checksum)
+        if empty_first:
+            self._empty_journal()
         fd = -1
         temp = ""
         try:
@@ -123,6 +255,7 @@ class CheckpointStore:
                 _unlink_quietly(temp)
             raise CheckpointWriteError(f"saving checkpoint {self.path} failed: {_describe(exc)}; "
                                        "the previous checkpoint is unchanged") from None
+        self._base = None  # until the journal is known to follow this snapshot
         try:
             self._written = _signature(os.stat(self.path))
         except OSError:
@@ -133,6 +266,47 @@ class CheckpointStore:
             raise CheckpointWriteError(
                 f"checkpoint {self.path} was replaced but fsync of {self.directory} failed: "
                 f"{_describe(exc)}; the new checkpoint may not survive a power loss") from None
+        if not empty_first:
+            self._empty_journal()
+        self._base, self._seq, self._snapshot_size = checksum, 0, len(content)
+
+    def _journal_names(self, checksum: str) -> bool:
+        """Some journal entry that a load would replay follows a snapshot with
+        this checksum (so the journal must go before such a snapshot is put in place)."""
+        if self._base is not None and self._files_as_left():
+            return self._seq > 0 and self._base == checksum
+        try:
+            raw = self.journal_path.read_bytes()
+        except FileNotFoundError:
+            return False
+        except OSError:
+            return True  # unreadable: empty it first, to be safe
+        return any(e.base == checksum for e in journal.parse_journal(raw).entries)
+
+    def _empty_journal(self) -> None:
+        """Truncate the journal to nothing, durably (it stays, empty, for the next append)."""
+        self._seq = self._journal_size = 0
+        self._journal_sig = None
+        try:
+            fd = os.open(self.journal_path, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            self._base = None
+            raise CheckpointWriteError(f"cannot empty the journal {self.journal_path}: "
+                                       f"{_describe(exc)}") from None
+        try:
+            st = os.fstat(fd)
+            if st.st_size:
+                os.ftruncate(fd, 0)
+                os.fsync(fd)
+        except OSError as exc:
+            self._base = None
+            raise CheckpointWriteError(f"cannot empty the journal {self.journal_path}: "
+                                       f"{_describe(exc)}") from None
+        finally:
+            os.close(fd)
+        self._journal_sig = (st.st_dev, st.st_ino, 0)
 
     def _current_is_good(self) -> bool:
         """The checkpoint in place verifies: the one this store wrote and nobody
@@ -182,31 +356,75 @@ class CheckpointStore:
 
     # ---- load -----------------------------------------------------------------
     def load(self) -> dict | None:
-        """The newest good payload: the current checkpoint's, else the previous
-        generation's. None when there is neither; CheckpointCorruptError (the
-        current one's) when what there is cannot be trusted."""
+        """The newest good payload: the current checkpoint's (with the journal
+        replayed), else the previous generation's. None when there is
+        neither; CheckpointCorruptError (the current one's) when what there is
+        cannot be trusted."""
         loaded = self.load_generation()
         if loaded.data is None and loaded.damaged:
             raise loaded.damaged[0]
         return loaded.data
 
-    def load_generation(self) -> Loaded:
-        """The newest good generation, which file it is, and the damaged ones
-        tried before it. A checkpoint that cannot be read at all (permissions,
-        I/O) raises CheckpointReadError rather than fall back."""
+    def load_generation(self, replay: bool = True) -> Loaded:
+        """The newest good generation with the journal entries that follow it
+        replayed (unless `replay` is False), which file it is, and the damaged
+        files met on the way (generations tried before it, then the journal).
+        A checkpoint that cannot be read at all (permissions, I/O) raises
+        CheckpointReadError rather than fall back."""
         damaged: list[CheckpointCorruptError] = []
         for path in (self.path, self.previous_path):
             try:
-                data = self._read(path)
+                found = self._read_document(path)
             except CheckpointCorruptError as exc:
                 damaged.append(exc)
                 continue
-            if data is not None:
+            if found is None:
+                continue
+            data, checksum = found
+            if not replay:
                 return Loaded(data, path, tuple(damaged))
+            return self._replayed(data, checksum, path, damaged)
+        try:
+            orphan = self.journal_path.stat().st_size > 0
+        except OSError:
+            orphan = False
+        if orphan:
+            # Changes after a snapshot that is gone: moved aside, never emptied.
+            damaged.append(CheckpointCorruptError(self.journal_path, "follows no checkpoint that is present"))
         return Loaded(None, None, tuple(damaged))
+
+    def _replayed(self, data: dict, checksum: str, path: Path,
+                  damaged: list[CheckpointCorruptError]) -> Loaded:
+        try:
+            raw = self.journal_path.read_bytes()
+        except FileNotFoundError:
+            return Loaded(data, path, tuple(damaged))
+        except OSError as exc:
+            raise CheckpointReadError(f"cannot read the journal {self.journal_path}: "
+                                      f"{_describe(exc)}") from None
+        read = journal.parse_journal(raw)
+        entries, inconsistency = journal.replayable(read, checksum)
+        problem = read.damage or inconsistency
+        if not entries and read.entries and path == self.previous_path and not problem:
+            # It follows the current checkpoint, which is damaged or gone:
+            # unusable, but it is what that one lacked; moved aside, never emptied.
+            problem = f"follows {FILE_NAME}, which is damaged or missing, not {PREVIOUS_NAME}"
+        if problem:
+            damaged.append(CheckpointCorruptError(self.journal_path, problem))
+        try:
+            data = journal.replay(data, (e.delta for e in entries))
+        except ValueError as exc:
+            damaged.append(CheckpointCorruptError(self.journal_path, f"an entry does not apply: {exc}"))
+            return Loaded(data, path, tuple(damaged))
+        return Loaded(data, path, tuple(damaged), journal_entries=len(entries), torn_bytes=read.torn_bytes)
 
     def _read(self, path: Path) -> dict | None:
         """The verified payload of one generation; None if the file is absent."""
+        found = self._read_document(path)
+        return None if found is None else found[0]
+
+    def _read_document(self, path: Path) -> tuple[dict, str] | None:
+        """(verified payload, its checksum) of one generation; None if absent."""
         try:
             raw = path.read_bytes()
         except FileNotFoundError:
@@ -239,16 +457,18 @@ class CheckpointStore:
         if stated != actual:
             raise CheckpointCorruptError(path, f"checksum mismatch: file says {stated}, "
                                                f"data hashes to {actual}")
-        return data
+        return data, actual
 
     # ---- quarantine --------------------------------------------------------------
     def quarantine(self, now: datetime | None = None, path: Path | None = None) -> Path | None:
-        """Move a checkpoint (the current one unless `path` names the previous)
-        aside as `<its name>.corrupt-<UTC time>`, never deleting it, and return
-        the new path; None if there is none."""
+        """Move a checkpoint file (the current one unless `path` names the
+        previous one or the journal) aside as `<its name>.corrupt-<UTC time>`,
+        never deleting it, and return the new path; None if there is none."""
         source = self.path if path is None else path
         if not source.exists():
             return None
+        if source == self.journal_path:
+            self._base = None  # the next commit starts over with a snapshot
         stamp = (now or datetime.now(timezone.utc)).astimezone(timezone.utc)
         base = f"{source.name}.corrupt-{stamp.strftime('%Y%m%dT%H%M%SZ')}"
         target = self.directory / base

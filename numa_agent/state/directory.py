@@ -21,7 +21,7 @@ from pathlib import Path
 
 LOCK_NAME = "lock"
 # Files in the directory the agent reads back; each must be as private as the directory.
-GUARDED_FILES = ("checkpoint.json", "checkpoint.json.prev", LOCK_NAME)
+GUARDED_FILES = ("checkpoint.json", "checkpoint.json.prev", "checkpoint.journal", LOCK_NAME)
 
 
 class StateDirError(Exception):

@@ -1,5 +1,6 @@
 """A bounded storm against the real agent: `numa-run` clients arrive and exit
-while the agent is killed with SIGKILL and its checkpoint damaged at random;
+while the agent is killed with SIGKILL and its checkpoint or its journal
+damaged at random (the journal: a torn last entry, a flipped byte);
 after every restart the kernel is asked whether the one promise still holds.
 
     python -m numa_agent.testing.chaos [--seconds 30] [--kills 8] [--cgroup-root none|auto] [--seed N]
@@ -37,7 +38,8 @@ from numa_agent.core.cpuset import CpuSet
 from numa_agent.enforcement.processes import process_alive
 
 MAX_CLIENTS = 6
-DAMAGES = ("truncate", "bitflip", "empty", "delete", "none", "none")
+DAMAGES = ("truncate", "bitflip", "empty", "delete", "none", "none",
+           "journal-torn", "journal-bitflip", "journal-torn")
 SETTLE_SECONDS = 3.0  # for the agent to see exits after a restart
 
 
@@ -94,6 +96,11 @@ class Storm:
 
     def damage(self) -> str:
         kind = self.rng.choice(DAMAGES)
+        journal = self.state_dir / "checkpoint.journal"
+        if kind.startswith("journal-"):
+            if journal.exists() and journal.stat().st_size:
+                return self.damage_journal(kind)
+            kind = self.rng.choice([k for k in DAMAGES if not k.startswith("journal-")])  # nothing to damage
         path = self.state_dir / "checkpoint.json"
         if not path.exists() or kind == "none":
             return "none"
@@ -107,6 +114,20 @@ class Storm:
             path.write_bytes(b"")
         elif kind == "delete":
             path.unlink()
+        return kind
+
+    def damage_journal(self, kind: str) -> str:
+        """A torn last entry (part of a line, as an interrupted append leaves
+        it) or one flipped byte somewhere in the journal."""
+        path = self.state_dir / "checkpoint.journal"
+        data = path.read_bytes()
+        if kind == "journal-torn":
+            lines = data.splitlines(keepends=True)
+            line = self.rng.choice(lines)
+            path.write_bytes(data + line[: self.rng.randrange(1, max(2, len(line) - 1))])
+        else:
+            i = self.rng.randrange(len(data))
+            path.write_bytes(data[:i] + bytes([data[i] ^ 0x10]) + data[i + 1:])
         return kind
 
     # ---- the clients ----------------------------------------------------------------

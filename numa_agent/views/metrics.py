@@ -120,6 +120,18 @@ class AgentCollector:
             PREFIX + "checkpoint_failures", "Checkpoint writes that failed.",
             value=float(counters.get("checkpoint_failures_total", 0))))
 
+        families.append(CounterMetricFamily(
+            PREFIX + "checkpoint_snapshots", "Checkpoint writes that were whole snapshots "
+            "(the others appended one change to the journal).",
+            value=float(counters.get("checkpoint_snapshots_total", 0))))
+        families.append(GaugeMetricFamily(
+            PREFIX + "checkpoint_healthy", "1 while the last checkpoint write succeeded, 0 while "
+            "writes fail (admissions and releases are refused meanwhile).",
+            value=1.0 if counters.get("checkpoint_healthy", True) else 0.0))
+        families.append(GaugeMetricFamily(
+            PREFIX + "pending_releases", "Releases of exited workloads waiting to be checkpointed "
+            "(retried with backoff).", value=float(counters.get("pending_releases", 0))))
+
         hotplug = CounterMetricFamily(
             PREFIX + "hotplug_events", "Hotplug events handled, by kind.", labels=["kind"])
         for kind, value in _labelled_counts(counters.get("hotplug_events_total"), HOTPLUG_KINDS):

@@ -77,15 +77,19 @@ def test_second_agent_on_the_same_state_dir_is_refused_before_any_write(tmp_path
                              "--name", "kept", "--shared", "--", "sleep", "60"])
     try:
         wait_for(lambda: any(w["name"] == "kept" for w in first.call("GET", "/v1/workloads")[1]["workloads"]))
-        checkpoint = first.state_dir / "checkpoint.json"
-        assert b'"kept"' in checkpoint.read_bytes()
-        before = checkpoint.read_bytes()
+        files = [first.state_dir / "checkpoint.json", first.state_dir / "checkpoint.journal"]
+
+        def state_bytes():
+            return b"".join(f.read_bytes() for f in files if f.exists())
+
+        assert b'"kept"' in state_bytes()  # in the snapshot or in the journal after it
+        before = state_bytes()
         r = subprocess.run([sys.executable, "-m", "numa_agent.cli.numa_agent", "serve",
                             "--state-dir", str(first.state_dir), "--socket", str(tmp_path / "other.sock"),
                             "--metrics-address", "", "--no-hotplug", "--cgroup-root", "none"],
                            capture_output=True, text=True, timeout=60)
         one_clear_line(r, "in use by another numa-agent", f"PID {first.proc.pid}")
-        assert checkpoint.read_bytes() == before
+        assert state_bytes() == before
         assert not (tmp_path / "other.sock").exists()
         assert first.call("GET", "/v1/health")[0] == 200
     finally:

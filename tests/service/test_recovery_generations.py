@@ -25,6 +25,7 @@ from tests.support.simulated_service import start
 def test_restore_uses_the_previous_generation(env, sleepers, how, caplog):  # noqa: F811
     machine, state_dir, root = env
     service, _ = start(machine, state_dir, root)
+    service.store.compact_every = 0  # every commit a snapshot: one generation per change
     a = service.admit(AdmitRequest(name="a", cpus=2), sleepers())["cpus"]
     service.admit(AdmitRequest(name="b", cpus=2), sleepers())
     service.release("b", None)

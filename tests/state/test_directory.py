@@ -63,3 +63,17 @@ def test_directory_of_another_user_is_refused(tmp_path):
     other = os.geteuid() + 1
     with pytest.raises(StateDirError, match=f"owned by uid {os.geteuid()}, not by the agent's uid {other}"):
         claim_state_dir(state, uid=other)
+
+
+def test_a_writable_or_symlinked_journal_is_refused(tmp_path):
+    """The journal is replayed like the checkpoint: as guarded as it."""
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    (state / "checkpoint.journal").write_text("")
+    os.chmod(state / "checkpoint.journal", 0o622)
+    with pytest.raises(StateDirError, match="checkpoint.journal is writable"):
+        claim_state_dir(state)
+    os.unlink(state / "checkpoint.journal")
+    os.symlink(tmp_path / "elsewhere", state / "checkpoint.journal")
+    with pytest.raises(StateDirError, match="not a regular file"):
+        claim_state_dir(state)
