@@ -839,7 +839,15 @@ class ApiServer:
             self._close(conn)
             return
         if not chunk:
-            self._fail(conn, BadRequest("connection closed before the request was complete"))
+            # Gone (or half-closed) before a whole request: not worth a warning
+            # each, a flood of them would flood the log.
+            log.debug("pid %s uid %s closed its connection after %d bytes, before a whole request",
+                      conn.caller.pid, conn.caller.uid, len(conn.buf))
+            if conn.buf:
+                self._fail(conn, BadRequest("connection closed before the request was complete"),
+                           quiet=True)
+            else:
+                self._close(conn)
             return
         buf = conn.buf
         buf += chunk
