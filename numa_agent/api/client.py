@@ -66,8 +66,8 @@ def check_peer(sock: socket.socket, socket_path: str, trusted: frozenset[int]) -
             f"agent user (uids {allowed}); if the agent runs as a dedicated user, set {AGENT_USER_ENV}")
 
 
-# How long a client waits out a busy or restarting agent: "busy" is answered
-# before the request is read, a refused or missing socket took nothing, and
+# How long a client waits out a busy or restarting agent: "busy" and "request
+# timeout" are answered before the request reaches the service, a refused or missing socket took nothing, and
 # a connection closed before the answer is retried only for a request that
 # is safe to repeat (not a POST, or one carrying a request id the agent
 # deduplicates). Overridden by $NUMA_AGENT_RETRY_SECONDS (0: no retry).
@@ -121,9 +121,10 @@ def request(socket_path: str, method: str, path: str, body: dict | None = None,
             why, final = exc.why, exc.final
             status, answer = 0, {}
         else:
-            if not _is_busy(status, answer):
+            why = _retry_reason(status, answer)
+            if why is None:
                 return status, answer
-            why, final = "is busy", None
+            final = None
         if time.monotonic() + delay > deadline:
             if final is not None:
                 raise final
@@ -138,9 +139,17 @@ def request(socket_path: str, method: str, path: str, body: dict | None = None,
         delay = min(delay * 2, 0.5)
 
 
-def _is_busy(status: int, answer: dict) -> bool:
+def _retry_reason(status: int, answer: dict) -> str | None:
+    """Why an answer is worth another try, or None. Both are answered before
+    the request reaches the service, so repeating it cannot book twice."""
     error = answer.get("error")
-    return status == 503 and isinstance(error, dict) and error.get("code") == "busy"
+    code = error.get("code") if isinstance(error, dict) else None
+    if status == 503 and code == "busy":
+        return "is busy"
+    if status == 408 and code == "request_timeout":
+        # Our own request came too slowly (this machine overloaded): send it again.
+        return "did not receive our request in time"
+    return None
 
 
 def _request_once(socket_path: str, method: str, path: str, body: dict | None,

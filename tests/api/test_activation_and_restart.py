@@ -127,9 +127,12 @@ def test_real_fd_3_activation_in_a_child(sock_dir):
         srv.stop()
     """)
     fd = systemd_side.fileno()
-    child = subprocess.Popen(
-        ["sh", "-c", f'exec 3<&{fd}; LISTEN_PID=$$ LISTEN_FDS=1 exec "$0" -c "$1"', sys.executable, script],
-        pass_fds=(fd,), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=REPO)
+    # What systemd does between fork and exec: the socket to fd 3, LISTEN_PID its own pid.
+    launcher = (f"import os, sys; os.dup2({fd}, 3); os.close({fd}); "
+                "os.environ.update(LISTEN_PID=str(os.getpid()), LISTEN_FDS='1'); "
+                "os.execv(sys.executable, [sys.executable, '-c', sys.argv[1]])")
+    child = subprocess.Popen([sys.executable, "-c", launcher, script], pass_fds=(fd,),
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=REPO)
     try:
         assert child.stdout is not None and child.stdin is not None
         assert child.stdout.readline().split() == ["True", "False"]
@@ -246,3 +249,30 @@ def test_no_retry_budget_fails_at_once(sock_dir, monkeypatch):
     with pytest.raises(AgentUnreachable, match="is the agent running"):
         request(f"{sock_dir}/none.sock", "GET", "/v1/health")
     print(f"\nfailed after {time.monotonic() - started:.3f} s")
+
+
+def test_a_request_timed_out_by_the_agent_is_sent_again(fake, sock_dir):
+    """On an overloaded machine a client may be descheduled past the agent's
+    deadline; the 408 comes before the service saw anything, so it retries."""
+    path = f"{sock_dir}/agent.sock"
+    slow_side = listening_socket(path)
+
+    def answer_408():
+        conn, _ = slow_side.accept()
+        conn.sendall(b'HTTP/1.1 408 Request Timeout\r\nContent-Type: application/json\r\n'
+                     b'Connection: close\r\n\r\n{"error": {"code": "request_timeout", '
+                     b'"message": "request not received within 2 s", "details": {}}}')
+        conn.close()
+        slow_side.close()
+        os.unlink(path)
+        out["server"] = ApiServer(fake, path, poll_interval=0.05).start()
+
+    out: dict = {}
+    t = threading.Thread(target=answer_408)
+    t.start()
+    try:
+        status, body = request(path, "POST", "/v1/workloads", {"cpus": 1}, busy_retry=20)
+    finally:
+        t.join(10)
+        out["server"].stop()
+    assert status == 201 and len(fake.workloads) == 1
