@@ -17,12 +17,13 @@ SCENARIOS = (
     "10-hotplug",
     "11-partitions",
     "12-recovery",
+    "13-restart-inflight",
 )
 
 # Shapes not named here run nothing (every scenario is a SKIP).
 PLAN: dict[str, tuple[str, ...]] = {
     "2node": SCENARIOS,
-    "4node": ("1-pin-core", "2-exclusive", "3-single-numa", "6-release"),
+    "4node": ("1-pin-core", "2-exclusive", "3-single-numa", "6-release", "13-restart-inflight"),
     "cpuless": ("1-pin-core", "5-memory"),
     "snc": ("1-pin-core", "2-exclusive", "3-single-numa", "6-release"),
 }

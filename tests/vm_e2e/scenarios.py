@@ -940,6 +940,70 @@ def _process_with_pid(pid: int, attempts: int = 20) -> subprocess.Popen | None:
     return None
 
 
+INFLIGHT_CLIENTS = 40
+# The guest runs under TCG, where an agent start can take longer than numa-run's
+# default 30 s retry budget; the budget is the one thing this scenario stretches.
+INFLIGHT_RETRY_SECONDS = "150"
+AGENT_TROUBLE = ("cannot reach the agent", "incomplete HTTP response", "not an HTTP response",
+                 "did not answer in time", "is busy", "internal error", "Traceback")
+
+
+def s13_restart_inflight(g: Guest) -> str | None:
+    """40 numa-runs start while the agent is stopped and started again: each ends admitted
+    (running, listed, pinned) or refused for capacity, none with an agent or connection
+    error, and no CPU is booked twice."""
+    n = one_core(g) if one_core(g) > 1 else 2
+    env = {**os.environ, "NUMA_AGENT_RETRY_SECONDS": INFLIGHT_RETRY_SECONDS}
+    procs: dict[str, tuple[subprocess.Popen, object]] = {}
+    for i in range(INFLIGHT_CLIENTS):
+        name = f"inflight-{i}"
+        err = open(g.work / f"{name}.err", "w+")
+        proc = subprocess.Popen([*g.numa_run_argv, "--socket", g.agent.socket, "--name", name,
+                                 "--cpus", str(n), "--", *SLEEP], stdout=subprocess.DEVNULL, stderr=err,
+                                stdin=subprocess.DEVNULL, env=env)
+        g.launched.append(proc)
+        procs[name] = (proc, err)
+    time.sleep(1.0)  # some have asked by now, most are still starting
+    g.agent.stop()
+    g.start_agent()
+
+    def settled() -> bool:
+        listed = {w["name"] for w in g.workloads()}
+        return all(p.poll() is not None or name in listed for name, (p, _) in procs.items())
+    check(wait_for(settled, timeout=ADMIT_TIMEOUT * 2, interval=0.2),
+          "numa-runs neither admitted nor finished long after the restart")
+    listed = {w["name"]: w for w in g.workloads()}
+    admitted, refused, trouble = [], [], []
+    for name, (proc, err) in procs.items():
+        err.seek(0)
+        text = err.read()
+        if proc.poll() is None:
+            admitted.append(name)
+        elif proc.returncode == 125 and ("refused" in text or "TopologyAffinityError" in text):
+            refused.append(name)
+        else:
+            trouble.append(f"{name} exited {proc.returncode}: {last_lines(text, 2)}")
+        trouble += [f"{name}: {t!r} in its stderr" for t in AGENT_TROUBLE if t in text]
+    check(not trouble, f"{len(trouble)} numa-run(s) met agent trouble: {'; '.join(trouble[:4])}")
+    check(admitted, "no numa-run was admitted")
+    inflight = {name for name in listed if name.startswith("inflight-")}
+    check(inflight == set(admitted), f"listed {sorted(inflight)}, running {sorted(admitted)}")
+    seen = CpuSet()
+    for name in admitted:
+        record = listed[name]
+        check(record["pid"] == procs[name][0].pid, f"{name} listed with pid {record['pid']}")
+        cpus = CpuSet.parse(record["cpus"])
+        check(len(cpus) == n and not cpus & seen, f"{name}: CPUs {cpus.format()} (already booked: "
+                                                   f"{(cpus & seen).format() or '-'})")
+        seen = seen | cpus
+        running = Running(g, name, procs[name][0], record, None, procs[name][1])
+        g.check_pinned(running)
+        g.check_exclusive(name, running.rel, cpus)
+    waited = sum(1 for _, (p, err) in procs.items() if "retrying" in (err.seek(0) or err.read()))
+    return (f"{len(admitted)} admitted, {len(refused)} refused for capacity, none failed; "
+            f"{waited} waited for the restarted agent")
+
+
 RUNNERS = {
     "1-pin-core": s1_pin_core,
     "2-exclusive": s2_exclusive,
@@ -953,6 +1017,7 @@ RUNNERS = {
     "10-hotplug": s10_hotplug,
     "11-partitions": s11_partitions,
     "12-recovery": s12_recovery,
+    "13-restart-inflight": s13_restart_inflight,
 }
 assert tuple(RUNNERS) == SCENARIOS
 
