@@ -315,14 +315,15 @@ class ActivationError(RuntimeError):
 def activated_socket(environ: MutableMapping[str, str], pid: int, *,
                      start: int = SD_LISTEN_FDS_START, name: str = LISTEN_FD_NAME) -> socket.socket | None:
     """The listening Unix socket systemd passed us, or None when not socket
-    activated. LISTEN_* are removed from `environ` once taken, so children
+    activated. LISTEN_* are removed from `environ` once read, so children
     do not take them for theirs."""
-    if environ.get("LISTEN_PID", "") != str(pid):
-        return None  # absent, or meant for the process that execed us
+    listen_pid = environ.get("LISTEN_PID", "")
     raw_count = environ.get("LISTEN_FDS", "")
-    names = [n for n in environ.get("LISTEN_FDNAMES", "").split(":")]
+    names = environ.get("LISTEN_FDNAMES", "").split(":")
     for key in ("LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES"):
-        environ.pop(key, None)
+        environ.pop(key, None)  # as sd_listen_fds(1): whether or not they were for us
+    if listen_pid != str(pid):
+        return None  # absent, or meant for the process that execed us
     if not raw_count.isdigit() or int(raw_count) < 1:
         return None
     count = int(raw_count)

@@ -82,9 +82,10 @@ def test_second_fd_is_chosen_by_name(sock_dir):
 
 def test_not_for_us_or_absent_is_ignored(fake, sock_dir):
     assert activated_socket({}, os.getpid()) is None
-    env = {"LISTEN_PID": "1", "LISTEN_FDS": "1"}  # meant for another process
+    env = {"LISTEN_PID": "1", "LISTEN_FDS": "1", "OTHER": "kept"}  # meant for another process
     assert activated_socket(env, os.getpid()) is None
-    assert env == {"LISTEN_PID": "1", "LISTEN_FDS": "1"}
+    assert env == {"OTHER": "kept"}  # unset all the same, as sd_listen_fds(1) does
+    env = {"LISTEN_PID": "1", "LISTEN_FDS": "1"}
     srv = ApiServer(fake, f"{sock_dir}/agent.sock", environ=env).start()  # binds as usual
     try:
         assert not srv.activated and request(srv.socket_path, "GET", "/v1/health")[0] == 200
