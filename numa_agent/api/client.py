@@ -113,6 +113,7 @@ def request(socket_path: str, method: str, path: str, body: dict | None = None,
     deadline = started + budget
     delay, noticed = 0.01, False
     final: ClientError | None
+    why: str | None
     while True:
         try:
             status, answer = _request_once(socket_path, method, path, body, timeout, trusted,
