@@ -220,7 +220,7 @@ def slow_and_idle(agent: Agent, slow: int, idle: int, requests: int) -> dict[str
             "p50_ms": percentile(latencies, 50), "p99_ms": percentile(latencies, 99)}
 
 
-def measure(checkout: Path, clients: int, requests: int) -> dict[str, Any]:
+def measure(checkout: Path, clients: int, requests: int, slow: int = 64, idle: int = 1000) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="bench-api-storm-") as tmp:
         os.chmod(tmp, 0o755)  # the attacker (nobody) reaches the socket
         workdir = Path(tmp)
@@ -230,7 +230,7 @@ def measure(checkout: Path, clients: int, requests: int) -> dict[str, Any]:
                                  capture_output=True, text=True).stdout.strip()[:60]
             return {"checkout": str(checkout), "revision": rev,
                     "burst": burst(agent, clients),
-                    "slow_and_idle": slow_and_idle(agent, 64, 1000, requests)}
+                    "slow_and_idle": slow_and_idle(agent, slow, idle, requests)}
         finally:
             agent.stop()
 
@@ -265,10 +265,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="checkout whose agent and numa-run to measure (repeatable; default: this one)")
     p.add_argument("--clients", type=int, default=200)
     p.add_argument("--requests", type=int, default=100)
+    p.add_argument("--slowloris", type=int, default=64)
+    p.add_argument("--idle", type=int, default=1000)
     p.add_argument("--json", action="store_true")
     args = p.parse_args(sys.argv[1:] if argv is None else argv)
     try:
-        reports = [measure(c.resolve(), args.clients, args.requests) for c in (args.checkout or [ROOT])]
+        if min(args.clients, args.requests) < 1 or min(args.slowloris, args.idle) < 0:
+            raise BenchError("--clients and --requests must be at least 1, --slowloris and --idle at least 0")
+        reports = [measure(c.resolve(), args.clients, args.requests, args.slowloris, args.idle)
+                   for c in (args.checkout or [ROOT])]
     except BenchError as exc:
         print(f"bench-api-storm: {exc}", file=sys.stderr)
         return 2
