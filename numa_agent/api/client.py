@@ -29,6 +29,10 @@ class BadResponse(ClientError):
     """The agent answered something that is not an HTTP/JSON response."""
 
 
+class NoAnswerInTime(BadResponse):
+    """The agent took the request but did not answer within the timeout."""
+
+
 class UntrustedAgent(ClientError):
     """Whatever listens on the socket runs as a user the caller does not trust."""
 
@@ -68,7 +72,7 @@ def check_peer(sock: socket.socket, socket_path: str, trusted: frozenset[int]) -
 
 # How long a client waits out a busy or restarting agent: "busy" and "request
 # timeout" are answered before the request reaches the service, a refused or missing socket took nothing, and
-# a connection closed before the answer is retried only for a request that
+# a connection closed (or an answer not come in time) is retried only for a request that
 # is safe to repeat (not a POST, or one carrying a request id the agent
 # deduplicates). Overridden by $NUMA_AGENT_RETRY_SECONDS (0: no retry).
 RETRY_SECONDS = 30.0
@@ -182,7 +186,13 @@ def _request_once(socket_path: str, method: str, path: str, body: dict | None,
             pass  # the server may answer (e.g. 413) before reading everything
         except socket.timeout:
             raise BadResponse(f"timed out sending to the agent at {socket_path}") from None
-        raw = _read_all(sock, socket_path)
+        try:
+            raw = _read_all(sock, socket_path)
+        except NoAnswerInTime as exc:
+            if not repeatable:
+                raise  # it may still be booking: asking again could book twice
+            # A saturated machine; a repeat is safe (a request id is answered once).
+            raise _Retry("did not answer in time", exc) from None
     finally:
         sock.close()
     if repeatable and b"\r\n\r\n" not in raw:
@@ -217,7 +227,7 @@ def _read_all(sock: socket.socket, socket_path: str) -> bytes:
         try:
             chunk = sock.recv(65536)
         except socket.timeout:
-            raise BadResponse(f"the agent at {socket_path} did not answer in time") from None
+            raise NoAnswerInTime(f"the agent at {socket_path} did not answer in time") from None
         except ConnectionResetError:
             break
         if not chunk:

@@ -277,3 +277,34 @@ def test_a_request_timed_out_by_the_agent_is_sent_again(fake, sock_dir):
         t.join(10)
         out["server"].stop()
     assert status == 201 and len(fake.workloads) == 1
+
+
+def test_an_answer_not_in_time_is_asked_again_only_when_safe(fake, sock_dir):
+    """A stalled agent (a saturated machine) takes the request and answers
+    late: a request with a request id asks again, one without fails."""
+    path = f"{sock_dir}/agent.sock"
+    stalled = listening_socket(path)
+    held = []
+
+    def take(n):
+        for _ in range(n):
+            conn, _ = stalled.accept()
+            held.append(conn)  # read nothing, answer nothing
+    taker = threading.Thread(target=take, args=(2,))
+    taker.start()
+    with pytest.raises(BadResponse, match="did not answer in time"):
+        request(path, "POST", "/v1/workloads", {"cpus": 1}, timeout=0.5, busy_retry=20)
+    t, out = _in_thread(lambda: request(path, "POST", "/v1/workloads",
+                                        {"cpus": 1, "request_id": new_request_id()}, timeout=0.5, busy_retry=20))
+    taker.join(10)
+    time.sleep(0.7)  # the second attempt timed out too
+    stalled.close()
+    os.unlink(path)
+    srv = ApiServer(fake, path, poll_interval=0.05).start()
+    try:
+        t.join(20)
+    finally:
+        srv.stop()
+        for conn in held:
+            conn.close()
+    assert out["value"][0] == 201 and len(fake.workloads) == 1

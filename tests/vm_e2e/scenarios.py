@@ -991,7 +991,9 @@ def s13_restart_inflight(g: Guest) -> str | None:
             refused.append(name)
         else:
             trouble.append(f"{name} exited {proc.returncode}: {last_lines(text, 2)}")
-        trouble += [f"{name}: {t!r} in its stderr" for t in AGENT_TROUBLE if t in text]
+        # "waiting: ..." lines are the client riding out the restart; errors are what count.
+        errors = "\n".join(line for line in text.splitlines() if "error:" in line or "Traceback" in line)
+        trouble += [f"{name}: {t!r} in its stderr" for t in AGENT_TROUBLE if t in errors]
     check(not trouble, f"{len(trouble)} numa-run(s) met agent trouble: {'; '.join(trouble[:4])}")
     check(admitted, "no numa-run was admitted")
     inflight = {name for name in listed if name.startswith("inflight-")}
