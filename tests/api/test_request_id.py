@@ -21,10 +21,21 @@ from numa_agent.service.caller import Caller
 from numa_agent.state.checkpoint import CheckpointStore
 from numa_agent.testing.synthetic import make_topology
 from tests.support.agent_process import AgentProcess
-from tests.support.simulated_service import start
+from tests.support import simulated_service
 
 REPO = Path(__file__).resolve().parents[2]
 ME = Caller(pid=os.getpid(), uid=1000, gid=1000)
+
+
+_started: list = []
+
+
+def start(*args, **kw):
+    """simulated_service.start, remembered so the enforcer's inotify instance
+    is closed after the test (the kernel allows 128 per user)."""
+    service, report = simulated_service.start(*args, **kw)
+    _started.append(service)
+    return service, report
 
 
 @pytest.fixture
@@ -32,7 +43,9 @@ def env(tmp_path):
     topo = make_topology(sockets=2, cores_per_node=4, threads_per_core=2, memory_per_node_bytes=8 << 30)
     machine = build_machine(topo, PolicyConfig(topology_policy="best-effort"))
     cg_root = make_fake_cgroup_root(tmp_path / "cg", machine.usable_cpus, [0, 1])
-    return machine, tmp_path / "state", cg_root
+    yield machine, tmp_path / "state", cg_root
+    while _started:
+        _started.pop().enforcer.close()
 
 
 @pytest.mark.parametrize("bad", ["", "abc", "A" * 32, "g" * 32, "a" * 65, "a" * 31])
