@@ -1,12 +1,13 @@
 """Minimal client of the agent's local API.
 
-Imports only `socket`, `json` and `os` so that `numa-run` starts fast: it
+Imports only the standard library's `socket`, `json`, `os` (and such) so that `numa-run` starts fast: it
 runs before every latency-sensitive program. One request per connection,
 matching the server.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import socket
@@ -26,6 +27,10 @@ class AgentUnreachable(ClientError):
 
 class BadResponse(ClientError):
     """The agent answered something that is not an HTTP/JSON response."""
+
+
+class NoAnswerInTime(BadResponse):
+    """The agent took the request but did not answer within the timeout."""
 
 
 class UntrustedAgent(ClientError):
@@ -65,43 +70,96 @@ def check_peer(sock: socket.socket, socket_path: str, trusted: frozenset[int]) -
             f"agent user (uids {allowed}); if the agent runs as a dedicated user, set {AGENT_USER_ENV}")
 
 
-# How long a client waits out "busy" answers (the agent at its connection
-# limit refuses before reading the request, so a retry cannot book twice).
-BUSY_RETRY_SECONDS = 30.0
-_BUSY_NOTICE_AFTER = 1.0
+# How long a client waits out a busy or restarting agent: "busy" and "request
+# timeout" are answered before the request reaches the service, a refused or missing socket took nothing, and
+# a connection closed (or an answer not come in time) is retried only for a request that
+# is safe to repeat (not a POST, or one carrying a request id the agent
+# deduplicates). Overridden by $NUMA_AGENT_RETRY_SECONDS (0: no retry).
+RETRY_SECONDS = 30.0
+BUSY_RETRY_SECONDS = RETRY_SECONDS
+RETRY_ENV = "NUMA_AGENT_RETRY_SECONDS"
+_NOTICE_AFTER = 1.0
+
+
+class _Retry(Exception):
+    """A failure worth another try; `final` is what to raise once out of time."""
+
+    def __init__(self, why: str, final: ClientError) -> None:
+        super().__init__(why)
+        self.why = why
+        self.final = final
+
+
+def retry_budget(environ=os.environ) -> float:
+    raw = environ.get(RETRY_ENV, "").strip()
+    try:
+        value = float(raw) if raw else RETRY_SECONDS
+    except ValueError:
+        value = RETRY_SECONDS
+    return max(0.0, min(value, 3600.0))
+
+
+def new_request_id() -> str:
+    """A random 128-bit id (hex) that makes retrying an admission safe."""
+    return os.urandom(16).hex()
 
 
 def request(socket_path: str, method: str, path: str, body: dict | None = None,
             timeout: float = 30, trusted: frozenset[int] | None = None,
-            busy_retry: float = BUSY_RETRY_SECONDS) -> tuple[int, dict]:
+            busy_retry: float | None = None) -> tuple[int, dict]:
     """Send one request; return (HTTP status, decoded JSON body). The server
-    must run as one of `trusted` (default: trusted_uids()). A "busy" answer is
-    retried with backoff for up to `busy_retry` seconds, saying so on stderr
-    after the first second."""
-    deadline = time.monotonic() + busy_retry
+    must run as one of `trusted` (default: trusted_uids()). A busy or
+    restarting agent is retried with backoff for up to `busy_retry` seconds
+    (default retry_budget()), saying so on stderr after the first second."""
+    budget = retry_budget() if busy_retry is None else busy_retry
+    repeatable = method != "POST" or "dry_run=1" in path or bool(body and body.get("request_id"))
     started = time.monotonic()
+    deadline = started + budget
     delay, noticed = 0.01, False
+    final: ClientError | None
+    why: str | None
     while True:
-        status, answer = _request_once(socket_path, method, path, body, timeout, trusted)
-        if not _is_busy(status, answer) or time.monotonic() + delay > deadline:
+        try:
+            status, answer = _request_once(socket_path, method, path, body, timeout, trusted,
+                                           repeatable)
+        except _Retry as exc:
+            why, final = exc.why, exc.final
+            status, answer = 0, {}
+        else:
+            why = _retry_reason(status, answer)
+            if why is None:
+                return status, answer
+            final = None
+        if time.monotonic() + delay > deadline:
+            if final is not None:
+                raise final
             return status, answer
-        if not noticed and time.monotonic() - started >= _BUSY_NOTICE_AFTER:
+        if not noticed and time.monotonic() - started >= _NOTICE_AFTER:
             import sys
 
-            print(f"waiting: the agent at {socket_path} is busy; retrying for up to {busy_retry:g} s",
+            print(f"waiting: the agent at {socket_path} {why}; retrying for up to {budget:g} s",
                   file=sys.stderr)
             noticed = True
         time.sleep(delay)
         delay = min(delay * 2, 0.5)
 
 
-def _is_busy(status: int, answer: dict) -> bool:
+def _retry_reason(status: int, answer: dict) -> str | None:
+    """Why an answer is worth another try, or None. Both are answered before
+    the request reaches the service, so repeating it cannot book twice."""
     error = answer.get("error")
-    return status == 503 and isinstance(error, dict) and error.get("code") == "busy"
+    code = error.get("code") if isinstance(error, dict) else None
+    if status == 503 and code == "busy":
+        return "is busy"
+    if status == 408 and code == "request_timeout":
+        # Our own request came too slowly (this machine overloaded): send it again.
+        return "did not receive our request in time"
+    return None
 
 
 def _request_once(socket_path: str, method: str, path: str, body: dict | None,
-                  timeout: float, trusted: frozenset[int] | None) -> tuple[int, dict]:
+                  timeout: float, trusted: frozenset[int] | None,
+                  repeatable: bool = False) -> tuple[int, dict]:
     payload = b"" if body is None else json.dumps(body).encode("utf-8")
     head = (f"{method} {path} HTTP/1.1\r\nHost: numa-agent\r\nConnection: close\r\n"
             f"Accept: application/json\r\n")
@@ -114,9 +172,13 @@ def _request_once(socket_path: str, method: str, path: str, body: dict | None,
             _connect(sock, socket_path, timeout)
         except OSError as exc:
             reason = exc.strerror or str(exc)
-            raise AgentUnreachable(
+            unreachable = AgentUnreachable(
                 f"cannot reach the agent at {socket_path}: {reason}; is the agent running? "
-                "start it with `numa-agent serve` or scripts/agent") from None
+                "start it with `numa-agent serve` or scripts/agent")
+            if exc.errno in (errno.ECONNREFUSED, errno.ENOENT, errno.EAGAIN):
+                # Nothing was sent: an agent restarting (socket closed or not yet there).
+                raise _Retry(f"does not answer ({reason.lower()})", unreachable) from None
+            raise unreachable from None
         check_peer(sock, socket_path, trusted_uids() if trusted is None else trusted)
         try:
             sock.sendall(head.encode("ascii") + b"\r\n" + payload)
@@ -124,9 +186,21 @@ def _request_once(socket_path: str, method: str, path: str, body: dict | None,
             pass  # the server may answer (e.g. 413) before reading everything
         except socket.timeout:
             raise BadResponse(f"timed out sending to the agent at {socket_path}") from None
-        raw = _read_all(sock, socket_path)
+        try:
+            raw = _read_all(sock, socket_path)
+        except NoAnswerInTime as exc:
+            if not repeatable:
+                raise  # it may still be booking: asking again could book twice
+            # A saturated machine; a repeat is safe (a request id is answered once).
+            raise _Retry("did not answer in time", exc) from None
     finally:
         sock.close()
+    if repeatable and b"\r\n\r\n" not in raw:
+        # Closed before answering: the agent stopped (restart) with our request unanswered.
+        try:
+            _parse_response(raw, socket_path)
+        except BadResponse as exc:
+            raise _Retry("closed the connection before answering", exc) from None
     return _parse_response(raw, socket_path)
 
 
@@ -153,7 +227,7 @@ def _read_all(sock: socket.socket, socket_path: str) -> bytes:
         try:
             chunk = sock.recv(65536)
         except socket.timeout:
-            raise BadResponse(f"the agent at {socket_path} did not answer in time") from None
+            raise NoAnswerInTime(f"the agent at {socket_path} did not answer in time") from None
         except ConnectionResetError:
             break
         if not chunk:

@@ -112,3 +112,10 @@ class MethodNotAllowed(ApiError):
 class RequestTimeout(ApiError):
     status = 408
     code = "request_timeout"
+
+
+class RequestIdInUse(ApiError):
+    """The admission's request id was already used by another user or process."""
+
+    status = 409
+    code = "request_id_in_use"

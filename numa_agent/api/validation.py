@@ -61,6 +61,11 @@ class PodBudget(msgspec.Struct, forbid_unknown_fields=True):
     devices: Devices = {}
 
 
+# A client's random id for one admission (128 bits or more, lower-case hex),
+# so that a retry after a lost answer returns the admission instead of booking twice.
+RequestId = Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{32,64}$")]
+
+
 class AdmitRequest(msgspec.Struct, forbid_unknown_fields=True):
     name: ShortStr | None = None
     pod: ShortStr | None = None
@@ -75,6 +80,7 @@ class AdmitRequest(msgspec.Struct, forbid_unknown_fields=True):
     membind: NodeList | None = None
     pod_budget: PodBudget | None = None
     command: Command = []
+    request_id: RequestId | None = None
 
 
 def validate_name(name: str, what: str = "name") -> str:

@@ -15,6 +15,7 @@ import sys
 from typing import Any, NoReturn
 
 from numa_agent import __version__
+from numa_agent.api.client import new_request_id
 from numa_agent.cli import common
 from numa_agent.core import names
 
@@ -181,6 +182,10 @@ def run(args: argparse.Namespace) -> int:
             return unusable
     try:
         body = common.build_request(args, command)
+        if not args.dry_run:
+            # Makes the admission safe to retry across an agent restart: the
+            # agent answers a repeated id with the booking it already made.
+            body["request_id"] = new_request_id()
         path = "/v1/workloads?dry_run=1" if args.dry_run else "/v1/workloads"
         _, record = common.call(args, "POST", path, body)
     except common.AgentError as exc:

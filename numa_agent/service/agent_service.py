@@ -16,6 +16,8 @@ import threading
 import time
 from typing import Any, Callable, Mapping
 
+import msgspec
+
 from numa_agent import __version__
 from numa_agent.admission.accounting import node_accounting
 from numa_agent.admission.admit import (
@@ -38,6 +40,7 @@ from numa_agent.api.errors import (
     Conflict,
     Forbidden,
     NotFound,
+    RequestIdInUse,
     ServiceUnavailable,
     TopologyAffinityError,
 )
@@ -77,6 +80,11 @@ class AgentService:
     def admit(self, request: AdmitRequest, caller: Caller, dry_run: bool = False) -> dict:
         started = time.perf_counter()
         with self._lock:
+            request_id = None if dry_run else request.request_id
+            if request_id is not None:
+                replayed = self._replay(request_id, caller)
+                if replayed is not None:
+                    return replayed
             try:
                 req = self._request_from(request, caller)
                 decision = decide(self.machine, self.state, req)
@@ -103,7 +111,15 @@ class AgentService:
                 return self._admission_view(decision.state, w, decision.explanation, dry_run=True)
 
             new_state = decision.state
+            if request_id is not None:
+                # Checkpointed with the workload, so a retry after a restart finds it.
+                w = msgspec.structs.replace(w, request={**w.request, "request_id": request_id})
+                new_state = new_state.with_workload(w)
+            index = self._request_index()
             self._commit(new_state, move=(workload_relpath(w), caller.pid), caller=caller)
+            if request_id is not None:
+                index[request_id] = w.name
+            self._request_index_state = self.state
             self.counters.admitted(time.perf_counter() - started, decision.explanation.get("alignment", {}))
             log.info("admitted %s for uid %d pid %d: cpus %s mems %s devices %s | hints: %s | merged: %s",
                      w.name, caller.uid, caller.pid, effective_cpus(self.machine, new_state, w).format(),
@@ -124,7 +140,10 @@ class AgentService:
                 raise Forbidden(f"workload {name!r} belongs to uid {w.owner_uid}; only its owner "
                                 f"or root may release it")
             new_state, released, pod = release_workload(self.state, name)
+            index = self._request_index()
             self._commit(new_state, move=None, caller=None)
+            index.pop(str(w.request.get("request_id")), None)
+            self._request_index_state = self.state
             self.counters.releases_total += 1
             if is_quarantined(w):
                 log.warning("released the held CPUs %s of %s (pid %s at start-up) on an operator's "
@@ -216,6 +235,43 @@ class AgentService:
             return lost
 
     # ---- requests ----------------------------------------------------------------
+    # request_id -> workload name, for `_request_index_state` (the state it was
+    # built from); admit and release keep it in step, anything else that
+    # replaces the state (install, hotplug, recovery) makes the next use rebuild it.
+    _request_index_state: AgentState | None = None
+    _request_ids: dict[str, str]
+
+    def _request_index(self) -> dict[str, str]:
+        state = self.state
+        if self._request_index_state is not state:
+            self._request_ids = {str(w.request["request_id"]): w.name for w in state.workloads
+                                 if w.request.get("request_id")}
+            self._request_index_state = state
+        return self._request_ids
+
+    def _replay(self, request_id: str, caller: Caller) -> dict | None:
+        """The admission already made under `request_id` (its answer was lost:
+        the client retried after a restart or a dropped connection), or None."""
+        name = self._request_index().get(request_id)
+        w = self.state.workload(name) if name is not None else None
+        if w is None or w.request.get("request_id") != request_id:
+            return None
+        if w.owner_uid != caller.uid or (w.pid is not None and w.pid != caller.pid):
+            raise RequestIdInUse(f"request id {request_id} belongs to another admission "
+                                 "(another user or process); send a new random one")
+        try:
+            # The agent may have stopped between the checkpoint and the move.
+            _check_alive(caller)
+            self.enforcer.apply(self._layout, self._layout, (workload_relpath(w), caller.pid))
+        except (EnforcementError, OSError, ProcessLookupError) as exc:
+            raise ServiceUnavailable(f"workload {w.name} is booked but the process could not be "
+                                     f"moved into it: {exc}") from None
+        log.info("replayed the admission of %s for uid %d pid %d (request id %s)",
+                 w.name, caller.uid, caller.pid, request_id)
+        view = self._admission_view(self.state, w, {}, dry_run=False)
+        view["replayed"] = True
+        return view
+
     def _request_from(self, body: AdmitRequest, caller: Caller) -> Request:
         name = body.name or self._generate_name(body, caller)
         for key, value in (("name", name), ("pod", body.pod)):

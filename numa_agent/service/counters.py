@@ -24,6 +24,11 @@ class Counters:
     hotplug_events: dict[str, int] = field(default_factory=lambda: {"cpu": 0, "memory": 0, "node": 0, "pci": 0})
     aligned: dict[str, int] = field(default_factory=lambda: {"numa_node": 0, "physical_core": 0, "l3": 0})
     releases_total: int = 0
+    # API connections turned away, by reason; counted by the API's I/O thread
+    # (the only writer; every key exists from the start, so a snapshot copy
+    # never sees the dict change size).
+    api_refused_connections: dict[str, int] = field(
+        default_factory=lambda: {"busy": 0, "timeout": 0, "per_uid_limit": 0})
 
     def _observe(self, seconds: float) -> None:
         self.duration_sum += seconds
@@ -51,6 +56,10 @@ class Counters:
     def hotplug(self, kind: str) -> None:
         self.hotplug_events[kind] = self.hotplug_events.get(kind, 0) + 1
 
+    def api_refused(self, reason: str) -> None:
+        if reason in self.api_refused_connections:
+            self.api_refused_connections[reason] += 1
+
     def snapshot(self) -> dict:
         cumulative, running = [], 0
         for bound, count in zip(DURATION_BUCKETS, self.bucket_counts, strict=True):
@@ -69,4 +78,5 @@ class Counters:
             "hotplug_events_total": dict(self.hotplug_events),
             "aligned_allocations_total": dict(self.aligned),
             "releases_total": self.releases_total,
+            "api_refused_connections_total": dict(self.api_refused_connections),
         }

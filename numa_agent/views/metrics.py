@@ -42,6 +42,7 @@ RESOURCE_STATES = ("capacity", "reserved", "allocated", "free")
 ADMISSION_RESULTS = ("admitted", "refused", "dry_run")
 ALIGNMENT_LEVELS = ("numa_node", "physical_core", "l3")
 HOTPLUG_KINDS = ("cpu", "memory", "node", "pci")
+API_REFUSAL_REASONS = ("busy", "timeout", "per_uid_limit")
 
 Snapshot = Mapping[str, Any]
 
@@ -137,6 +138,16 @@ class AgentCollector:
         for kind, value in _labelled_counts(counters.get("hotplug_events_total"), HOTPLUG_KINDS):
             hotplug.add_metric([kind], value)
         families.append(hotplug)
+
+        refused = CounterMetricFamily(
+            PREFIX + "api_refused_connections",
+            "API connections turned away: busy (connection cap), timeout (request not sent or "
+            "response not read in time), per_uid_limit (a user's unfinished connections).",
+            labels=["reason"])
+        for reason, value in _labelled_counts(counters.get("api_refused_connections_total"),
+                                              API_REFUSAL_REASONS):
+            refused.add_metric([reason], value)
+        families.append(refused)
 
         # The snapshot's own "info" (when the service supplies it) wins over our defaults.
         info_doc = snapshot.get("info") or {}

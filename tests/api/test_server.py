@@ -380,7 +380,7 @@ def test_non_socket_file_is_not_replaced(fake, sock_dir):
 def test_client_unreachable_names_path_and_remedy(sock_dir):
     path = f"{sock_dir}/missing.sock"
     with pytest.raises(AgentUnreachable) as info:
-        request(path, "GET", "/v1/health")
+        request(path, "GET", "/v1/health", busy_retry=0)
     message = str(info.value)
     assert path in message and "No such file" in message and "numa-agent serve" in message
 

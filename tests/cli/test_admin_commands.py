@@ -127,6 +127,7 @@ def test_explain_json(server, capsys):
                                          (explain_cmd, ["explain", "--cpus", "1"])])
 def test_unreachable_is_one_line_exit_1(module, argv, sock_dir, monkeypatch, capsys):
     monkeypatch.setenv("NUMA_AGENT_SOCKET", f"{sock_dir}/absent.sock")
+    monkeypatch.setenv("NUMA_AGENT_RETRY_SECONDS", "0")  # else it waits 30 s for a restart
     assert run(module, argv) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"{sock_dir}/absent.sock" in err and "numa-agent serve" in err

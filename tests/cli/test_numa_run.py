@@ -207,7 +207,8 @@ def test_exec_failure_releases_the_workload(server, fake, sock_dir):
 
 def test_unreachable_agent_is_125(sock_dir, server):
     out = run_numa_run(server, "--cpus", "1", "true",
-                       env={"NUMA_AGENT_SOCKET": f"{sock_dir}/absent.sock"})
+                       env={"NUMA_AGENT_SOCKET": f"{sock_dir}/absent.sock",
+                            "NUMA_AGENT_RETRY_SECONDS": "0"})  # else it waits 30 s for a restart
     assert out.returncode == 125
     assert f"{sock_dir}/absent.sock" in out.stderr and "numa-agent serve" in out.stderr
     assert "Traceback" not in out.stderr

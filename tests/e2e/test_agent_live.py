@@ -93,7 +93,8 @@ def test_command_not_found_and_not_executable_book_nothing(agent, tmp_path):
 
 
 def test_agent_unreachable_is_125(tmp_path):
-    r = numa_run(str(tmp_path / "nothing.sock"), "--", "true")
+    # No retry budget: without it numa-run waits 30 s for an agent that may be restarting.
+    r = numa_run(str(tmp_path / "nothing.sock"), "--", "true", env={"NUMA_AGENT_RETRY_SECONDS": "0"})
     assert r.returncode == 125 and "nothing.sock" in r.stderr
 
 

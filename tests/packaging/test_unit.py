@@ -12,6 +12,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 UNIT = REPO / "systemd" / "numa-agent.service"
 SLICE = REPO / "systemd" / "numa-agent.slice"
+SOCKET = REPO / "systemd" / "numa-agent.socket"
 ANALYZE = shutil.which("systemd-analyze")
 needs_analyze = pytest.mark.skipif(
     ANALYZE is None, reason="systemd-analyze not installed (Debian package: systemd)"
@@ -38,6 +39,7 @@ def root(tmp_path):
     etc.mkdir(parents=True)
     shutil.copy(UNIT, etc)
     shutil.copy(SLICE, etc)
+    shutil.copy(SOCKET, etc)
     binary = tmp_path / "usr/local/bin/numa-agent"
     binary.parent.mkdir(parents=True)
     binary.write_text("#!/bin/sh\nexit 0\n")
@@ -139,3 +141,26 @@ def test_service_settings_the_agent_relies_on():
                       "ProtectClock", "DevicePolicy", "DeviceAllow", "AllowedCPUs", "MemoryMax"):
         assert f"Service.{forbidden}" not in s, forbidden
     assert one("Install.WantedBy") == "multi-user.target"
+
+
+@needs_analyze
+def test_socket_verifies_cleanly(root):
+    rc, lines = verify(root, "numa-agent.socket")
+    assert rc == 0, lines
+    assert _unexpected(lines) == []
+
+
+def test_socket_unit_matches_what_the_agent_serves():
+    from numa_agent.api.server import LISTEN_FD_NAME
+    from numa_agent.service.config import DEFAULT_SOCKET, AgentConfig
+
+    s = _settings(SOCKET)
+    defaults = AgentConfig()
+    assert s["Socket.ListenStream"] == [DEFAULT_SOCKET]
+    assert int(s["Socket.SocketMode"][-1], 8) == defaults.socket_mode
+    assert s["Socket.SocketGroup"][-1] == (defaults.socket_group or "root")
+    assert s["Socket.FileDescriptorName"][-1] == LISTEN_FD_NAME
+    assert s["Socket.RemoveOnStop"][-1] == "yes"
+    assert s["Install.WantedBy"][-1] == "sockets.target"
+    # The socket's directory must survive the service stopping while the socket unit holds it.
+    assert _settings(UNIT)["Service.RuntimeDirectoryPreserve"][-1] == "yes"

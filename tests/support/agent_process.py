@@ -43,7 +43,8 @@ class AgentProcess:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"agent exited with {self.proc.returncode}:\n{self.log()}")
             try:
-                status, _ = request(self.socket, "GET", "/v1/health", timeout=2)
+                # No client retry: this loop does the waiting and watches the process meanwhile.
+                status, _ = request(self.socket, "GET", "/v1/health", timeout=2, busy_retry=0)
                 if status == 200:
                     return self
             except Exception:

@@ -17,6 +17,7 @@ SCENARIOS = (
     "10-hotplug",
     "11-partitions",
     "12-recovery",
+    "13-restart-inflight",
 )
 
 # The guest booted by systemd runs the agent as an installed service instead
@@ -34,7 +35,7 @@ SYSTEMD_SCENARIOS = (
 # Shapes not named here run nothing (every scenario is a SKIP).
 PLAN: dict[str, tuple[str, ...]] = {
     "2node": SCENARIOS,
-    "4node": ("1-pin-core", "2-exclusive", "3-single-numa", "6-release"),
+    "4node": ("1-pin-core", "2-exclusive", "3-single-numa", "6-release", "13-restart-inflight"),
     "cpuless": ("1-pin-core", "5-memory"),
     "snc": ("1-pin-core", "2-exclusive", "3-single-numa", "6-release"),
     "systemd": tuple(s for s in SYSTEMD_SCENARIOS if s not in ("systemd-restart", "systemd-kill",

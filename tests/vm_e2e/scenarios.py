@@ -940,6 +940,80 @@ def _process_with_pid(pid: int, attempts: int = 20) -> subprocess.Popen | None:
     return None
 
 
+INFLIGHT_CLIENTS = 40
+# Under TCG 40 numa-runs starting together saturate the guest: the restarted agent took
+# 3.5 min to start in a first run. numa-run's retry budget (30 s by default) is the one
+# thing this scenario stretches, with the waits around it.
+INFLIGHT_RETRY_SECONDS = "900"
+INFLIGHT_WAIT = 900.0
+INFLIGHT_SLEEP = ("sleep", "3600")
+AGENT_TROUBLE = ("cannot reach the agent", "incomplete HTTP response", "not an HTTP response",
+                 "did not answer in time", "is busy", "internal error", "Traceback")
+
+
+def s13_restart_inflight(g: Guest) -> str | None:
+    """40 numa-runs start while the agent is stopped and started again: each ends admitted
+    (running, listed, pinned) or refused for capacity, none with an agent or connection
+    error, and no CPU is booked twice."""
+    n = one_core(g) if one_core(g) > 1 else 2
+    env = {**os.environ, "NUMA_AGENT_RETRY_SECONDS": INFLIGHT_RETRY_SECONDS}
+    procs: dict[str, tuple[subprocess.Popen, object]] = {}
+    for i in range(INFLIGHT_CLIENTS):
+        name = f"inflight-{i}"
+        err = open(g.work / f"{name}.err", "w+")
+        proc = subprocess.Popen([*g.numa_run_argv, "--socket", g.agent.socket, "--name", name,
+                                 "--cpus", str(n), "--", *INFLIGHT_SLEEP], stdout=subprocess.DEVNULL, stderr=err,
+                                stdin=subprocess.DEVNULL, env=env)
+        g.launched.append(proc)
+        procs[name] = (proc, err)
+    # Restart once the first is admitted: the others are asking, queued or still starting.
+    check(wait_for(lambda: any(w["name"].startswith("inflight-") for w in g.workloads()),
+                   timeout=INFLIGHT_WAIT, interval=0.2), "no numa-run was admitted before the restart")
+    g.agent.stop()
+    try:
+        g.agent.start(timeout=INFLIGHT_WAIT)
+    except RuntimeError as exc:
+        raise ScenarioFailed(f"agent did not start again: {last_lines(str(exc), 8)}") from None
+
+    def settled() -> bool:
+        listed = {w["name"] for w in g.workloads()}
+        return all(p.poll() is not None or name in listed for name, (p, _) in procs.items())
+    check(wait_for(settled, timeout=INFLIGHT_WAIT, interval=0.5),
+          "numa-runs neither admitted nor finished long after the restart")
+    listed = {w["name"]: w for w in g.workloads()}
+    admitted, refused, trouble = [], [], []
+    for name, (proc, err) in procs.items():
+        err.seek(0)
+        text = err.read()
+        if proc.poll() is None:
+            admitted.append(name)
+        elif proc.returncode == 125 and ("refused" in text or "TopologyAffinityError" in text):
+            refused.append(name)
+        else:
+            trouble.append(f"{name} exited {proc.returncode}: {last_lines(text, 2)}")
+        # "waiting: ..." lines are the client riding out the restart; errors are what count.
+        errors = "\n".join(line for line in text.splitlines() if "error:" in line or "Traceback" in line)
+        trouble += [f"{name}: {t!r} in its stderr" for t in AGENT_TROUBLE if t in errors]
+    check(not trouble, f"{len(trouble)} numa-run(s) met agent trouble: {'; '.join(trouble[:4])}")
+    check(admitted, "no numa-run was admitted")
+    inflight = {name for name in listed if name.startswith("inflight-")}
+    check(inflight == set(admitted), f"listed {sorted(inflight)}, running {sorted(admitted)}")
+    seen = CpuSet()
+    for name in admitted:
+        record = listed[name]
+        check(record["pid"] == procs[name][0].pid, f"{name} listed with pid {record['pid']}")
+        cpus = CpuSet.parse(record["cpus"])
+        check(len(cpus) == n and not cpus & seen, f"{name}: CPUs {cpus.format()} (already booked: "
+                                                   f"{(cpus & seen).format() or '-'})")
+        seen = seen | cpus
+        running = Running(g, name, procs[name][0], record, None, procs[name][1])
+        g.check_pinned(running)
+        g.check_exclusive(name, running.rel, cpus)
+    waited = sum(1 for _, (p, err) in procs.items() if "retrying" in (err.seek(0) or err.read()))
+    return (f"{len(admitted)} admitted, {len(refused)} refused for capacity, none failed; "
+            f"{waited} waited for the restarted agent")
+
+
 RUNNERS = {
     "1-pin-core": s1_pin_core,
     "2-exclusive": s2_exclusive,
@@ -953,6 +1027,7 @@ RUNNERS = {
     "10-hotplug": s10_hotplug,
     "11-partitions": s11_partitions,
     "12-recovery": s12_recovery,
+    "13-restart-inflight": s13_restart_inflight,
 }
 assert tuple(RUNNERS) == SCENARIOS
 
