@@ -47,6 +47,7 @@ SETTLE_TIMEOUT = 120.0
 SLEEP = ("sleep", "600")
 # The housekeeping CPUs: the agent's reserved ones, where the README confines systemd's slices.
 HOUSEKEEPING = "0-1"
+HOUSEKEEPING_UNITS = ("system.slice", "user.slice", "init.scope", UNIT)
 GUEST_CONFIG = f"""\
 [agent]
 log_level = "info"
@@ -306,13 +307,13 @@ def s_journal(g: SystemdGuest) -> None:
 
 
 def s_allowed_cpus(g: SystemdGuest) -> str:
-    """The README's advice applied: system.slice, user.slice and init.scope on the
-    housekeeping CPUs; then no process outside the agent's workloads may run on an
-    exclusive CPU."""
-    for unit in ("system.slice", "user.slice", "init.scope"):
+    """The README's advice applied: system.slice, user.slice, init.scope and the agent's
+    own unit on the housekeeping CPUs; then no process outside the agent's workloads may
+    run on an exclusive CPU."""
+    for unit in HOUSEKEEPING_UNITS:
         run("systemctl", "set-property", "--runtime", unit, f"AllowedCPUs={HOUSEKEEPING}")
     g.after_cleanup.append(lambda: [run("systemctl", "set-property", "--runtime", u, "AllowedCPUs=")
-                                    for u in ("system.slice", "user.slice", "init.scope")])
+                                    for u in HOUSEKEEPING_UNITS])
     proc = g.launch("alone", "--cpus", "2")
     record = pinned_in_agent_subtree(g, "alone", proc)
     exclusive = CpuSet.parse(record["cpus"])
