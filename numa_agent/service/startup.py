@@ -10,7 +10,7 @@ import os
 import signal
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from numa_agent.enforcement.plan import AGENT_CGROUP
 
@@ -318,23 +318,31 @@ _ENFORCERS: tuple[EnforcerFactory, ...] = (
 )
 
 
-def _auto_cgroup_root() -> tuple[str | None, str]:
-    """The agent's own cgroup when systemd delegated it (Delegate=yes), else
-    a `numa-agent` cgroup below the hierarchy's root."""
-    mount = "/sys/fs/cgroup"
+CGROUP_MOUNT = "/sys/fs/cgroup"
+
+
+def _auto_cgroup_root(mount: str = CGROUP_MOUNT, environ: Mapping[str, str] = os.environ,
+                      own_cgroup: Callable[[], str | None] | None = None) -> tuple[str | None, str]:
+    """Under systemd: the workloads unit's cgroup when the unit names one
+    (NUMA_AGENT_WORKLOADS_UNIT), else the agent's own delegated cgroup.
+    Elsewhere a `numa-agent` cgroup below the hierarchy's root."""
+    own_cgroup = own_cgroup or _own_cgroup
     if not os.path.isfile(os.path.join(mount, "cgroup.controllers")):
         return None, f"no cgroup v2 hierarchy mounted at {mount}"
     try:
-        own = _own_cgroup()
+        own = own_cgroup()
     except OSError as exc:
         return None, f"cannot read /proc/self/cgroup: {exc.strerror}"
     if own is None:
         return None, "this process is in no cgroup v2 hierarchy"
-    if own not in ("/", "") and os.environ.get("INVOCATION_ID"):
+    if own not in ("/", "") and environ.get("INVOCATION_ID"):
         # Under systemd with Delegate=yes: the service's cgroup is ours. With
         # DelegateSubgroup=agent (systemd >= 254) we start one level down.
         if os.path.basename(own) == AGENT_CGROUP:
             own = os.path.dirname(own)
+        unit = environ.get(WORKLOADS_UNIT_ENV, "").strip()
+        if unit:
+            return _workloads_unit_cgroup(mount, own, unit)
         return os.path.join(mount, own.lstrip("/")), ""
     path = os.path.join(mount, "numa-agent")
     try:
@@ -344,29 +352,62 @@ def _auto_cgroup_root() -> tuple[str | None, str]:
     return path, ""
 
 
+# Set by the shipped unit: the delegated unit beside the agent's own that holds the
+# workloads (systemd/numa-agent-workloads.service).
+WORKLOADS_UNIT_ENV = "NUMA_AGENT_WORKLOADS_UNIT"
+
+
+def _workloads_unit_cgroup(mount: str, own: str, unit: str) -> tuple[str | None, str]:
+    """The cgroup of `unit`, a sibling of the agent's own service in the same slice.
+
+    Why a unit of its own: systemd starts a service's new main process in the
+    service's cgroup, and the kernel refuses that while any child of it holds
+    processes (219/CGROUP). With the workloads below the agent's own service, a
+    restart, crash or watchdog kill on systemd < 254 (no DelegateSubgroup=)
+    would leave the agent down for as long as any workload runs. The workloads
+    unit is started once and never restarted with the agent."""
+    if "/" in unit or not unit.endswith(".service"):
+        raise StartupError(f"{WORKLOADS_UNIT_ENV}={unit!r} is not a service unit name")
+    path = os.path.join(mount, os.path.dirname(own).lstrip("/"), unit)
+    if not os.path.isfile(os.path.join(path, "cgroup.controllers")):
+        raise StartupError(f"the workloads unit {unit} has no cgroup at {path}: is it running? "
+                           f"(`systemctl start {unit}`; the agent's unit requires it)")
+    return path, ""
+
+
 def _own_cgroup() -> str | None:
     """This process's cgroup v2 path ("0::" line of /proc/self/cgroup), or None."""
     with open("/proc/self/cgroup") as f:
         return next((line.split("::", 1)[1].strip() for line in f if line.startswith("0::")), None)
 
 
-def _may_use_domain_controllers(root: str) -> bool:
+def _may_use_domain_controllers(root: str, environ: Mapping[str, str] = os.environ,
+                                own_cgroup: Callable[[], str | None] | None = None,
+                                mount: str = CGROUP_MOUNT) -> bool:
     """memory and hugetlb are domain controllers: once the service's cgroup
     enables them for its children it may hold no process, and systemd older
     than 254 (no DelegateSubgroup=) starts the restarted agent right there
-    and fails (219/CGROUP). Without DelegateSubgroup, keep to the threaded
-    controllers (cpuset, cpu, pids) so `systemctl restart` keeps working."""
-    if not os.environ.get("INVOCATION_ID"):
+    and fails (219/CGROUP). When the agent runs in the root it manages and was
+    not started one level down, keep to the threaded controllers (cpuset, cpu,
+    pids): then a restart works while no workload runs (with one running the
+    kernel refuses it all the same). The shipped units avoid the question: the
+    workloads live in a unit of their own (see _workloads_unit_cgroup)."""
+    if not environ.get("INVOCATION_ID"):
         return True
     try:
-        own = _own_cgroup() or ""
+        own = (own_cgroup or _own_cgroup)() or ""
     except OSError:
         return True
     if os.path.basename(own) == AGENT_CGROUP:
         return True
-    log.warning("systemd started the agent without DelegateSubgroup= (systemd < 254): memory and "
-                "hugetlb limits are not enforced so that restarts keep working; CPU and memory-node "
-                "pinning is unaffected")
+    inside = mount.rstrip("/") + own.rstrip("/")
+    if not (os.path.abspath(root) + "/").startswith(inside + "/") and \
+            not (inside + "/").startswith(os.path.abspath(root) + "/"):
+        return True  # the agent's own cgroup is outside the tree it manages
+    log.warning("the agent runs inside the cgroup tree it manages and systemd started it without "
+                "DelegateSubgroup= (systemd < 254): memory and hugetlb limits are not enforced, and "
+                "systemd cannot start the agent again while a workload runs (219/CGROUP); the shipped "
+                "units keep the workloads in numa-agent-workloads.service instead")
     return False
 
 

@@ -66,6 +66,8 @@ def test_links_units_and_config(installed):
     units = root / "etc/systemd/system"
     assert (units / "numa-agent.service").read_text() == (src / "systemd/numa-agent.service").read_text()
     assert (units / "numa-agent.slice").read_text() == (src / "systemd/numa-agent.slice").read_text()
+    assert (units / "numa-agent-workloads.service").read_text() == \
+        (src / "systemd/numa-agent-workloads.service").read_text()
     assert (root / "etc/numa-agent/config.toml").read_text() == (src / "systemd/config.example.toml").read_text()
 
 

@@ -13,6 +13,7 @@ REPO = Path(__file__).resolve().parents[2]
 UNIT = REPO / "systemd" / "numa-agent.service"
 SLICE = REPO / "systemd" / "numa-agent.slice"
 SOCKET = REPO / "systemd" / "numa-agent.socket"
+WORKLOADS = REPO / "systemd" / "numa-agent-workloads.service"
 ANALYZE = shutil.which("systemd-analyze")
 needs_analyze = pytest.mark.skipif(
     ANALYZE is None, reason="systemd-analyze not installed (Debian package: systemd)"
@@ -40,10 +41,12 @@ def root(tmp_path):
     shutil.copy(UNIT, etc)
     shutil.copy(SLICE, etc)
     shutil.copy(SOCKET, etc)
-    binary = tmp_path / "usr/local/bin/numa-agent"
-    binary.parent.mkdir(parents=True)
-    binary.write_text("#!/bin/sh\nexit 0\n")
-    binary.chmod(0o755)
+    shutil.copy(WORKLOADS, etc)
+    for path in ("usr/local/bin/numa-agent", "bin/sleep"):
+        binary = tmp_path / path
+        binary.parent.mkdir(parents=True, exist_ok=True)
+        binary.write_text("#!/bin/sh\nexit 0\n")
+        binary.chmod(0o755)
     return tmp_path
 
 
@@ -75,6 +78,13 @@ def test_service_verifies_cleanly(root):
 @needs_analyze
 def test_slice_verifies_cleanly(root):
     rc, lines = verify(root, "numa-agent.slice")
+    assert rc == 0, lines
+    assert _unexpected(lines) == []
+
+
+@needs_analyze
+def test_workloads_unit_verifies_cleanly(root):
+    rc, lines = verify(root, "numa-agent-workloads.service")
     assert rc == 0, lines
     assert _unexpected(lines) == []
 
@@ -119,11 +129,13 @@ def test_service_settings_the_agent_relies_on():
     assert one("Service.Type") == "notify"
     assert one("Service.NotifyAccess") == "main"
     assert one("Service.ExecStart") == "/usr/local/bin/numa-agent serve --config /etc/numa-agent/config.toml"
-    assert one("Service.Delegate") == "yes"
     assert one("Service.KillMode") == "process"
-    assert one("Service.OOMPolicy") == "continue"
-    assert one("Service.TasksMax") == "infinity"
     assert one("Service.Restart") == "on-failure"
+    # The workloads live in a unit of their own, which the agent cannot run without.
+    assert one("Service.Environment") == "NUMA_AGENT_WORKLOADS_UNIT=numa-agent-workloads.service"
+    assert "numa-agent-workloads.service" in one("Unit.Requires").split()
+    assert "numa-agent-workloads.service" in one("Unit.After").split()
+    assert "Service.Delegate" not in s  # the agent's own cgroup has no children
     assert one("Service.WatchdogSec") == "30s"
     assert one("Service.RuntimeDirectory") == "numa-agent"
     assert one("Service.StateDirectory") == "numa-agent"
@@ -164,3 +176,17 @@ def test_socket_unit_matches_what_the_agent_serves():
     assert s["Install.WantedBy"][-1] == "sockets.target"
     # The socket's directory must survive the service stopping while the socket unit holds it.
     assert _settings(UNIT)["Service.RuntimeDirectoryPreserve"][-1] == "yes"
+
+
+def test_workloads_unit_settings():
+    s = _settings(WORKLOADS)
+    one = lambda key: s[key][-1]  # noqa: E731
+    assert one("Service.Delegate") == "yes"
+    assert one("Service.Slice") == "numa-agent.slice"
+    # Never restarted with the agent, never kills a workload, no limit over all of them.
+    assert one("Service.KillMode") == "process"
+    assert one("Unit.RefuseManualStop") == "yes"
+    assert one("Service.OOMPolicy") == "continue"
+    assert one("Service.TasksMax") == "infinity"
+    for forbidden in ("AllowedCPUs", "MemoryMax", "DevicePolicy", "DeviceAllow", "CPUQuota"):
+        assert f"Service.{forbidden}" not in s, forbidden

@@ -30,6 +30,7 @@ SYSTEMD_SCENARIOS = (
     "systemd-watchdog",
     "systemd-journal",
     "systemd-allowedcpus",
+    "systemd-memory",
 )
 
 # Shapes not named here run nothing (every scenario is a SKIP).
@@ -38,17 +39,11 @@ PLAN: dict[str, tuple[str, ...]] = {
     "4node": ("1-pin-core", "2-exclusive", "3-single-numa", "6-release", "13-restart-inflight"),
     "cpuless": ("1-pin-core", "5-memory"),
     "snc": ("1-pin-core", "2-exclusive", "3-single-numa", "6-release"),
-    "systemd": tuple(s for s in SYSTEMD_SCENARIOS if s not in ("systemd-restart", "systemd-kill",
-                                                               "systemd-watchdog")),
+    "systemd": SYSTEMD_SCENARIOS,
 }
 
 # Scenarios written and run, that fail for a defect not fixed yet: skipped with the reason.
-KNOWN_FAILING: dict[tuple[str, str], str] = {
-    ("systemd", scenario): "systemd 252 cannot start the agent again while workloads run below its "
-                           "service cgroup (219/CGROUP: a populated child cgroup forbids the new "
-                           "process there); fixed when the workloads leave the service's cgroup"
-    for scenario in ("systemd-restart", "systemd-kill", "systemd-watchdog")
-}
+KNOWN_FAILING: dict[tuple[str, str], str] = {}
 
 DEFAULT_SHAPES = ("2node", "4node", "cpuless", "systemd")
 

@@ -34,6 +34,9 @@ REPO = Path(__file__).resolve().parents[2]
 UNIT = "numa-agent.service"
 # systemd nests slices by the dashes in their names: numa-agent.slice is below numa.slice.
 SERVICE_CGROUP = "/numa.slice/numa-agent.slice/numa-agent.service"
+# The workloads live in a delegated unit of their own beside the agent's.
+WORKLOADS_UNIT = "numa-agent-workloads.service"
+WORKLOADS_CGROUP = f"/numa.slice/numa-agent.slice/{WORKLOADS_UNIT}"
 SOCKET = "/run/numa-agent/agent.sock"
 CONFIG = Path("/etc/numa-agent/config.toml")
 DROP_IN_DIR = Path("/etc/systemd/system/numa-agent.service.d")
@@ -44,6 +47,7 @@ SETTLE_TIMEOUT = 120.0
 SLEEP = ("sleep", "600")
 # The housekeeping CPUs: the agent's reserved ones, where the README confines systemd's slices.
 HOUSEKEEPING = "0-1"
+HOUSEKEEPING_UNITS = ("system.slice", "user.slice", "init.scope", UNIT)
 GUEST_CONFIG = f"""\
 [agent]
 log_level = "info"
@@ -188,7 +192,7 @@ def pinned_in_agent_subtree(g: SystemdGuest, name: str, proc: subprocess.Popen) 
     record = g.listed(name)
     check(record is not None, f"{name} is not listed")
     pid = record["pid"]
-    want = f"{SERVICE_CGROUP}/wl-{name}" if record["exclusive"] else f"{SERVICE_CGROUP}/shared/{name}"
+    want = f"{WORKLOADS_CGROUP}/wl-{name}" if record["exclusive"] else f"{WORKLOADS_CGROUP}/shared/{name}"
     check(wait_for(lambda: proc_cgroup(pid) == want, timeout=30, interval=0.2),
           f"{name}: /proc/{pid}/cgroup is {proc_cgroup(pid)!r}, expected {want}")
     cpus, _ = proc_allowed(pid)
@@ -200,7 +204,7 @@ def pinned_in_agent_subtree(g: SystemdGuest, name: str, proc: subprocess.Popen) 
 # ---------------------------------------------------------------- scenarios
 def s_service(g: SystemdGuest) -> str:
     """Installed and started by systemd: active (running) through READY=1, STATUS shown,
-    the daemon in its delegated subtree."""
+    the daemon alone in its service's cgroup, the workloads unit running beside it."""
     check(show("Type") == "notify", f"{UNIT} has Type={show('Type')}, expected notify")
     check((show("ActiveState"), show("SubState")) == ("active", "running"),
           f"{UNIT} is {show('ActiveState')}/{show('SubState')}, expected active/running")
@@ -210,8 +214,10 @@ def s_service(g: SystemdGuest) -> str:
           f"{UNIT} runs in {show('ControlGroup')!r}, expected {SERVICE_CGROUP}")
     pid = main_pid()
     where = proc_cgroup(pid)
-    check(where == f"{SERVICE_CGROUP}/agent", f"the agent (pid {pid}) is in {where!r}, "
-                                              f"expected {SERVICE_CGROUP}/agent")
+    check(where == SERVICE_CGROUP, f"the agent (pid {pid}) is in {where!r}, expected {SERVICE_CGROUP}")
+    check(show("ActiveState", WORKLOADS_UNIT) == "active", f"{WORKLOADS_UNIT} is {show('ActiveState', WORKLOADS_UNIT)}")
+    check(show("ControlGroup", WORKLOADS_UNIT) == WORKLOADS_CGROUP,
+          f"{WORKLOADS_UNIT} runs in {show('ControlGroup', WORKLOADS_UNIT)!r}, expected {WORKLOADS_CGROUP}")
     shown = run("systemctl", "status", "--no-pager", UNIT, check_rc=False).stdout
     check(status_text in shown, f"`systemctl status` does not show the STATUS line {status_text!r}")
     return f"status: {status_text}"
@@ -301,13 +307,13 @@ def s_journal(g: SystemdGuest) -> None:
 
 
 def s_allowed_cpus(g: SystemdGuest) -> str:
-    """The README's advice applied: system.slice, user.slice and init.scope on the
-    housekeeping CPUs; then no process outside the agent's workloads may run on an
-    exclusive CPU."""
-    for unit in ("system.slice", "user.slice", "init.scope"):
+    """The README's advice applied: system.slice, user.slice, init.scope and the agent's
+    own unit on the housekeeping CPUs; then no process outside the agent's workloads may
+    run on an exclusive CPU."""
+    for unit in HOUSEKEEPING_UNITS:
         run("systemctl", "set-property", "--runtime", unit, f"AllowedCPUs={HOUSEKEEPING}")
     g.after_cleanup.append(lambda: [run("systemctl", "set-property", "--runtime", u, "AllowedCPUs=")
-                                    for u in ("system.slice", "user.slice", "init.scope")])
+                                    for u in HOUSEKEEPING_UNITS])
     proc = g.launch("alone", "--cpus", "2")
     record = pinned_in_agent_subtree(g, "alone", proc)
     exclusive = CpuSet.parse(record["cpus"])
@@ -326,7 +332,7 @@ def s_allowed_cpus(g: SystemdGuest) -> str:
             comm = (entry / "comm").read_text().strip()
         except (OSError, ScenarioFailed):
             continue  # exited meanwhile
-        if where.startswith(f"{SERVICE_CGROUP}/wl-alone"):
+        if where.startswith(f"{WORKLOADS_CGROUP}/wl-alone"):
             continue
         if cpus & exclusive:
             intruders.append(f"{pid} ({comm}, {where}, CPUs {cpus.format()})")
@@ -342,6 +348,29 @@ def _is_kernel_thread(pid: int) -> bool:
     return bool(flags & 0x00200000)
 
 
+def s_memory(g: SystemdGuest) -> str:
+    """memory.max enforced on systemd 252: a workload that touches more than it booked is
+    OOM-killed inside its own cgroup, and the agent keeps running."""
+    limit = 64 * 1024 * 1024
+    old = main_pid()
+    hog = ("python3", "-c", "import time; b = bytearray(256 << 20); time.sleep(600)")
+    done = subprocess.run(g.numa_run_argv("hog", "--memory", "64Mi", command=hog), capture_output=True,
+                          text=True, timeout=SETTLE_TIMEOUT)
+    check(done.returncode != 0, "a workload touching 256 MiB with a 64 MiB booking was not killed")
+    # The cgroup is gone once the workload is released; the kernel's own count of the kill
+    # is in the parent's memory.events (hierarchical).
+    events = dict(line.split() for line in
+                  Path(f"/sys/fs/cgroup{WORKLOADS_CGROUP}/memory.events").read_text().splitlines())
+    check(int(events.get("oom_kill", 0)) >= 1, f"no oom_kill in {WORKLOADS_CGROUP}/memory.events: {events}")
+    check(main_pid() == old and show("ActiveState") == "active",
+          f"the agent did not survive the workload's OOM kill: {show('ActiveState')}, pid {main_pid()}")
+    proc = g.launch("limited", "--memory", "64Mi")
+    pinned_in_agent_subtree(g, "limited", proc)
+    written = Path(f"/sys/fs/cgroup{WORKLOADS_CGROUP}/shared/limited/memory.max").read_text().strip()
+    check(written == str(limit), f"shared/limited/memory.max reads {written}, expected {limit}")
+    return f"oom_kill counted {events['oom_kill']}; memory.max {written}"
+
+
 RUNNERS = {
     "systemd-service": s_service,
     "systemd-session": s_session,
@@ -350,6 +379,7 @@ RUNNERS = {
     "systemd-watchdog": s_watchdog,
     "systemd-journal": s_journal,
     "systemd-allowedcpus": s_allowed_cpus,
+    "systemd-memory": s_memory,
 }
 
 
