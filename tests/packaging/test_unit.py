@@ -134,7 +134,7 @@ def test_service_settings_the_agent_relies_on():
     # The workloads live in a unit of their own, which the agent cannot run without.
     assert one("Service.Environment") == "NUMA_AGENT_WORKLOADS_UNIT=numa-agent-workloads.service"
     assert "numa-agent-workloads.service" in one("Unit.Requires").split()
-    assert "numa-agent-workloads.service" in one("Unit.After").split()
+    assert "numa-agent-workloads.service" in " ".join(s["Unit.After"]).split()
     assert "Service.Delegate" not in s  # the agent's own cgroup has no children
     assert one("Service.WatchdogSec") == "30s"
     assert one("Service.RuntimeDirectory") == "numa-agent"
