@@ -99,10 +99,14 @@ class CgroupEnforcer:
         return str(self.cgroup.path(relpath))
 
     # ---- apply ---------------------------------------------------------------
-    def apply(self, old: Layout, new: Layout, move: tuple[str, int] | None = None) -> None:
+    def apply(self, old: Layout, new: Layout, move: tuple[str, int] | None = None,
+              changed: Collection[str] | None = None) -> None:
+        """Apply the changes from `old` to `new` (only at `changed`, when
+        given), move the process in, then read back what was written."""
         cg = self.cgroup
         recorded: set[str] = set()
-        for change in order_changes(old, new):
+        written: set[str] = set()
+        for change in order_changes(old, new, changed):
             spec = change.spec
             if change.kind == "remove":
                 self.watcher.unwatch(change.relpath)
@@ -118,20 +122,39 @@ class CgroupEnforcer:
                     # Parents of workload cgroups: they never hold processes.
                     cg.enable_controllers(spec.relpath, self.child_controllers)
                 self._write_limits(spec)
-                cg.write_cpuset(spec.relpath, spec.cpus, spec.mems)
+                self._write_cpuset(spec, None)
+                written.add(spec.relpath)
                 self._record(spec, None, recorded)
                 if self.partitions != "off" and spec.relpath.startswith(WORKLOAD_PREFIX):
                     self._make_partition(spec.relpath)
                 if spec.workload is not None:
                     self.watcher.watch(spec.relpath)
             else:
-                self._write_limits(spec)
-                cg.write_cpuset(spec.relpath, spec.cpus, spec.mems)
-                self._record(spec, old.get(change.relpath), recorded)
+                before = old.get(change.relpath)
+                if before is None or (before.memory_max, before.hugetlb_max) != (spec.memory_max,
+                                                                                 spec.hugetlb_max):
+                    self._write_limits(spec)
+                if self._write_cpuset(spec, before):
+                    written.add(spec.relpath)
+                self._record(spec, before, recorded)
         if move is not None:
             relpath, pid = move
             cg.move_pid(relpath, pid)
-        self.verify(new)
+        # Everything after a full apply; after a change, what was written (a
+        # cgroup that inherits the pool follows shared/, which is read back
+        # whenever it changed).
+        self.verify(new, None if changed is None else written)
+
+    def _write_cpuset(self, spec: CgroupSpec, before: CgroupSpec | None) -> bool:
+        """Write the cpuset of `spec`; False when there was nothing to write
+        (a cgroup that inherits the pool's CPUs, whose memory nodes stay)."""
+        if spec.inherit:
+            if before is not None and before.inherit and before.mems == spec.mems:
+                return False
+            self.cgroup.write_cpuset_inherited(spec.relpath, spec.mems)
+            return True
+        self.cgroup.write_cpuset(spec.relpath, spec.cpus, spec.mems)
+        return True
 
     def _record(self, spec: CgroupSpec, before: CgroupSpec | None, recorded: set[str]) -> None:
         """The booking record of a created cgroup, or of one whose booking
@@ -177,10 +200,13 @@ class CgroupEnforcer:
             for size_kb, limit in sorted(spec.hugetlb_max.items()):
                 self.cgroup.write_hugetlb_max(spec.relpath, size_kb, limit)
 
-    def verify(self, layout: Layout) -> None:
-        """Read the kernel's effective cpusets back: a difference means the
-        kernel did not honour what we wrote (e.g. a parent narrowed it)."""
-        for rel, spec in layout.items():
+    def verify(self, layout: Layout, relpaths: Collection[str] | None = None) -> None:
+        """Read the kernel's effective cpusets back (of every cgroup of the
+        layout, or of `relpaths`): a difference means the kernel did not
+        honour what we wrote (e.g. a parent narrowed it)."""
+        specs = layout.values() if relpaths is None else [layout[rel] for rel in sorted(relpaths) if rel in layout]
+        for spec in specs:
+            rel = spec.relpath
             cpus, mems = self.cgroup.read_effective(rel)
             if cpus != spec.cpus:
                 raise EnforcementError(
@@ -326,8 +352,12 @@ class AffinityEnforcer:
     def path_of(self, relpath: str) -> str | None:
         return None
 
-    def apply(self, old: Layout, new: Layout, move: tuple[str, int] | None = None) -> None:
-        for change in order_changes(old, new):
+    def apply(self, old: Layout, new: Layout, move: tuple[str, int] | None = None,
+              changed: Collection[str] | None = None) -> None:
+        # A shared admission leaves the pool as it is: only the new workload
+        # is pinned. When the pool changes every workload on it is re-pinned
+        # (no inheritance here), which update_layout names in `changed`.
+        for change in order_changes(old, new, changed):
             if change.kind == "remove":
                 pid = self._pids.get(change.relpath)
                 alive = self._alive(change.relpath)
@@ -347,10 +377,13 @@ class AffinityEnforcer:
         if move is not None:
             relpath, pid = move
             spec = new[relpath]
-            _pin_tree(pid, spec.cpus)
+            # The caller's own threads, as writing cgroup.procs moves a
+            # process: no scan for descendants on the admission path (what it
+            # forks from now on inherits the mask; a re-pin takes the tree).
+            _pin_tree(pid, spec.cpus, descendants=False)
             self.track(relpath, pid)
 
-    def verify(self, layout: Layout) -> None:
+    def verify(self, layout: Layout, relpaths: Collection[str] | None = None) -> None:
         """Nothing to read back: sched_setaffinity either pinned a task or
         raised, and tasks created later inherit the mask."""
 
@@ -464,34 +497,80 @@ class AffinityEnforcer:
         os.close(self._wake_w)
 
 
-def _pin_tree(pid: int, cpus: CpuSet) -> None:
-    """Pin every thread of `pid` and of its descendants (threads each carry
-    their own affinity mask). An empty set cannot be pinned to (the shared
-    pool is empty only while CPUs are held for an operator): tasks stay where
-    they are."""
+def _pin_tree(pid: int, cpus: CpuSet, descendants: bool = True) -> None:
+    """Pin every thread of `pid` and (unless not `descendants`) of its
+    descendants (threads each carry their own affinity mask). An empty set
+    cannot be pinned to (the shared pool is empty only while CPUs are held for
+    an operator): tasks stay where they are."""
     if not cpus:
         log.error("no CPU to pin pid %d to (the shared pool is empty); it keeps its affinity", pid)
         return
+    ids = cpus.ids()
+    for tid in (_tree_tasks(pid) if descendants else _threads(pid)):
+        try:
+            os.sched_setaffinity(tid, ids)
+        except ProcessLookupError:
+            continue
+        except OSError as exc:
+            raise EnforcementError(f"cannot pin task {tid} of pid {pid} to CPUs "
+                                   f"{cpus.format()}: {exc.strerror}") from None
+
+
+def _threads(pid: int, proc: str = "/proc") -> list[int]:
+    try:
+        return [int(t) for t in os.listdir(f"{proc}/{pid}/task")]
+    except (FileNotFoundError, ProcessLookupError):
+        return []  # exited meanwhile
+    except OSError:
+        return [pid]
+
+
+def _tree_tasks(pid: int, proc: str = "/proc") -> list[int]:
+    """The threads of `pid` and of its descendants, found through
+    /proc/PID/task/TID/children: what the tree holds, not a scan of every
+    process on the machine (a node runs thousands). Kernels without that file
+    (CONFIG_PROC_CHILDREN) get the scan."""
+    tasks: list[int] = []
+    todo, seen = [pid], set()
+    while todo:
+        p = todo.pop()
+        if p in seen:
+            continue
+        seen.add(p)
+        try:
+            tids = [int(t) for t in os.listdir(f"{proc}/{p}/task")]
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # exited meanwhile
+        except OSError:
+            tids = [p]
+        tasks.extend(tids)
+        for tid in tids:
+            try:
+                with open(f"{proc}/{p}/task/{tid}/children", "rb") as f:
+                    todo.extend(int(c) for c in f.read().split())
+            except FileNotFoundError:
+                if os.path.exists(f"{proc}/{p}/task/{tid}"):
+                    return _tree_tasks_scanned(pid)  # no children file on this kernel
+            except (ProcessLookupError, OSError):
+                continue
+    return tasks
+
+
+def _tree_tasks_scanned(pid: int) -> list[int]:
     import psutil  # only the daemon pays for this import
 
     try:
         procs = [psutil.Process(pid)]
         procs += procs[0].children(recursive=True)
     except psutil.NoSuchProcess:
-        return
-    for proc in procs:
+        return []
+    tasks: list[int] = []
+    for p in procs:
         try:
-            tids = [t.id for t in proc.threads()]
+            tasks.extend(t.id for t in p.threads())
         except (psutil.NoSuchProcess, psutil.AccessDenied):
-            tids = [proc.pid]
-        for tid in tids:
-            try:
-                os.sched_setaffinity(tid, cpus.ids())
-            except ProcessLookupError:
-                continue
-            except OSError as exc:
-                raise EnforcementError(f"cannot pin task {tid} of pid {pid} to CPUs "
-                                       f"{cpus.format()}: {exc.strerror}") from None
+            tasks.append(p.pid)
+    return tasks
 
 
 __all__ = ["CgroupEnforcer", "AffinityEnforcer", "CgroupError", "EnforcementError"]
