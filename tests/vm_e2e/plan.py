@@ -17,6 +17,7 @@ SCENARIOS = (
     "10-hotplug",
     "11-partitions",
     "12-recovery",
+    "14-scale",
 )
 
 # Shapes not named here run nothing (every scenario is a SKIP).

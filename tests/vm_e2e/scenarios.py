@@ -940,6 +940,78 @@ def _process_with_pid(pid: int, attempts: int = 20) -> subprocess.Popen | None:
     return None
 
 
+# ---------------------------------------------------------------- 14-scale
+SCALE_COUNTS = (10, 200)
+SCALE_NUMA_RUNS = 6  # timed `numa-run --shared -- true` per count (each ~2 s under emulation)
+SCALE_API_PROBES = 15  # timed admissions + releases through the API client per count
+
+
+def _scale_holders_follow_pool(names: list[str], context: str) -> CpuSet:
+    """Every holder's cgroup runs on exactly the shared pool (it inherits it)."""
+    pool = cg_cpus("shared")
+    for name in names:
+        rel = f"shared/{name}"
+        effective = cg_cpus(rel)
+        check(effective == pool, f"{context}: {rel}/cpuset.cpus.effective is {effective.format()}, "
+                                 f"the shared pool is {pool.format()}")
+    return pool
+
+
+def s14_scale(g: Guest) -> str | None:
+    """Admission p50/p99 through numa-run (and through the API) at 10 and 200 live shared
+    workloads held by sleeping processes; figures only, no timing is asserted. Checks
+    that every holder's cgroup follows the shared pool, also while an exclusive workload
+    takes CPUs from it, and that releasing them all leaves nothing behind."""
+    from benchmarks.scale import holder_body, run_probes, spawn_holder, stop_holders
+    from benchmarks.stats import percentile
+
+    sleep = shutil.which("sleep")
+    check(sleep is not None, "no sleep program in the guest")
+    holders: list[int] = []
+    names: list[str] = []
+    figures = []
+    try:
+        for count in SCALE_COUNTS:
+            while len(holders) < count:
+                body = holder_body(len(holders), exclusive=False)
+                holders.append(spawn_holder(g.agent.socket, body, sleep))
+                names.append(body["name"])
+            check(len(g.workloads()) == count, f"{len(g.workloads())} workloads listed, expected {count}")
+            _scale_holders_follow_pool(names, f"{count} holders")
+            for name, pid in zip(names, holders, strict=True):
+                check(str(pid) in cg_read(f"shared/{name}", "cgroup.procs").split(),
+                      f"holder {name} (pid {pid}) is not in shared/{name}/cgroup.procs")
+            wall = []
+            for _ in range(SCALE_NUMA_RUNS + 1):  # the first is a warm-up
+                t0 = time.perf_counter()
+                r = g.numa_run("--shared", command=("true",))
+                wall.append((time.perf_counter() - t0) * 1000)
+                check(r.returncode == 0, f"numa-run --shared -- true exited {r.returncode}: "
+                                         f"{last_lines(r.stderr, 4)}")
+            wall = wall[1:]
+            admit_ms, release_ms = run_probes(g.agent.socket, "shared", SCALE_API_PROBES, f"vm-{count}")
+            figures.append(f"{count} live: numa-run p50 {percentile(wall, 50):.0f} ms p99 "
+                           f"{percentile(wall, 99):.0f} ms; API admit p50 {percentile(admit_ms, 50):.1f} ms "
+                           f"p99 {percentile(admit_ms, 99):.1f} ms, release p50 "
+                           f"{percentile(release_ms, 50):.1f} ms")
+        # An exclusive workload shrinks the pool: the holders follow by inheritance.
+        before = cg_cpus("shared")
+        x = g.launch("scale-x", "--cpus", "1")
+        after = _scale_holders_follow_pool(names, "with an exclusive workload")
+        check(after == before - x.cpus and not after & x.cpus,
+              f"the pool is {after.format()} beside {x.cpus.format()}, it was {before.format()}")
+        x.stop()
+        check(wait_for(lambda: cg_cpus("shared") == before, timeout=30, interval=0.05),
+              f"the pool is {cg_cpus('shared').format()} after scale-x exited, expected {before.format()}")
+        _scale_holders_follow_pool(names, "after the exclusive workload left")
+    finally:
+        stop_holders(holders)
+    check(g.wait_released(names, timeout=120), "holders still listed 120 s after they were killed")
+    left = [rel for rel in agent_cgroups() if rel.startswith("shared/hold-")]
+    check(not left, f"cgroups left behind by released holders: {left[:5]}")
+    return "; ".join(figures)
+
+
 RUNNERS = {
     "1-pin-core": s1_pin_core,
     "2-exclusive": s2_exclusive,
@@ -953,6 +1025,7 @@ RUNNERS = {
     "10-hotplug": s10_hotplug,
     "11-partitions": s11_partitions,
     "12-recovery": s12_recovery,
+    "14-scale": s14_scale,
 }
 assert tuple(RUNNERS) == SCENARIOS
 
