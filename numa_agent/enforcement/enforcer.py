@@ -357,13 +357,14 @@ class AffinityEnforcer:
         # A shared admission leaves the pool as it is: only the new workload
         # is pinned. When the pool changes every workload on it is re-pinned
         # (no inheritance here), which update_layout names in `changed`.
+        tasks = _Tasks()
         for change in order_changes(old, new, changed):
             if change.kind == "remove":
                 pid = self._pids.get(change.relpath)
                 alive = self._alive(change.relpath)
                 self._forget(change.relpath)
                 if pid is not None and alive and SHARED_CGROUP in new:
-                    _pin_tree(pid, new[SHARED_CGROUP].cpus)  # back to the shared pool
+                    _pin_tree(pid, new[SHARED_CGROUP].cpus, tasks=tasks)  # back to the shared pool
                 continue
             spec = change.spec
             assert spec is not None
@@ -373,7 +374,7 @@ class AffinityEnforcer:
             # may already be another process's if it exited a moment ago.
             if spec.workload is None or spec.pid is None or not self._alive(spec.relpath):
                 continue
-            _pin_tree(spec.pid, spec.cpus)
+            _pin_tree(spec.pid, spec.cpus, tasks=tasks)
         if move is not None:
             relpath, pid = move
             spec = new[relpath]
@@ -497,16 +498,18 @@ class AffinityEnforcer:
         os.close(self._wake_w)
 
 
-def _pin_tree(pid: int, cpus: CpuSet, descendants: bool = True) -> None:
+def _pin_tree(pid: int, cpus: CpuSet, descendants: bool = True, tasks: "_Tasks | None" = None) -> None:
     """Pin every thread of `pid` and (unless not `descendants`) of its
     descendants (threads each carry their own affinity mask). An empty set
     cannot be pinned to (the shared pool is empty only while CPUs are held for
-    an operator): tasks stay where they are."""
+    an operator): tasks stay where they are. `tasks`: the finder one apply
+    shares between its pins."""
     if not cpus:
         log.error("no CPU to pin pid %d to (the shared pool is empty); it keeps its affinity", pid)
         return
     ids = cpus.ids()
-    for tid in (_tree_tasks(pid) if descendants else _threads(pid)):
+    finder = tasks or _Tasks()
+    for tid in (finder.of_tree(pid) if descendants else _threads(pid)):
         try:
             os.sched_setaffinity(tid, ids)
         except ProcessLookupError:
@@ -525,52 +528,68 @@ def _threads(pid: int, proc: str = "/proc") -> list[int]:
         return [pid]
 
 
-def _tree_tasks(pid: int, proc: str = "/proc") -> list[int]:
-    """The threads of `pid` and of its descendants, found through
-    /proc/PID/task/TID/children: what the tree holds, not a scan of every
-    process on the machine (a node runs thousands). Kernels without that file
-    (CONFIG_PROC_CHILDREN) get the scan."""
-    tasks: list[int] = []
-    todo, seen = [pid], set()
-    while todo:
-        p = todo.pop()
-        if p in seen:
-            continue
-        seen.add(p)
-        try:
-            tids = [int(t) for t in os.listdir(f"{proc}/{p}/task")]
-        except (FileNotFoundError, ProcessLookupError):
-            continue  # exited meanwhile
-        except OSError:
-            tids = [p]
-        tasks.extend(tids)
+class _Tasks:
+    """Finds the threads of a process tree through /proc/PID/task/TID/children:
+    what the tree holds, not a scan of every process on the machine (a node
+    runs thousands). A kernel without that file (CONFIG_PROC_CHILDREN) gets
+    one scan of /proc for the parent of every process, shared by every tree
+    looked up through this finder (one apply re-pins a whole shared pool)."""
+
+    def __init__(self, proc: str = "/proc") -> None:
+        self.proc = proc
+        self._by_parent: dict[int, list[int]] | None = None  # after a scan
+
+    def of_tree(self, pid: int) -> list[int]:
+        tasks: list[int] = []
+        todo, seen = [pid], set()
+        while todo:
+            p = todo.pop()
+            if p in seen:
+                continue
+            seen.add(p)
+            tids = _threads(p, self.proc)
+            tasks.extend(tids)
+            todo.extend(self._children(p, tids))
+        return tasks
+
+    def _children(self, pid: int, tids: list[int]) -> list[int]:
+        if self._by_parent is not None:
+            return self._by_parent.get(pid, [])
+        out: list[int] = []
         for tid in tids:
             try:
-                with open(f"{proc}/{p}/task/{tid}/children", "rb") as f:
-                    todo.extend(int(c) for c in f.read().split())
+                with open(f"{self.proc}/{pid}/task/{tid}/children", "rb") as f:
+                    out.extend(int(c) for c in f.read().split())
             except FileNotFoundError:
-                if os.path.exists(f"{proc}/{p}/task/{tid}"):
-                    return _tree_tasks_scanned(pid)  # no children file on this kernel
-            except (ProcessLookupError, OSError):
+                if os.path.exists(f"{self.proc}/{pid}/task/{tid}"):  # alive: no such file here
+                    self._by_parent = _scan_parents(self.proc)
+                    return self._by_parent.get(pid, [])
+            except OSError:
                 continue
-    return tasks
+        return out
 
 
-def _tree_tasks_scanned(pid: int) -> list[int]:
-    import psutil  # only the daemon pays for this import
-
-    try:
-        procs = [psutil.Process(pid)]
-        procs += procs[0].children(recursive=True)
-    except psutil.NoSuchProcess:
-        return []
-    tasks: list[int] = []
-    for p in procs:
+def _scan_parents(proc: str = "/proc") -> dict[int, list[int]]:
+    """Parent PID -> child PIDs, from /proc/*/stat (the field after the
+    command name, which may itself hold spaces and parentheses)."""
+    out: dict[int, list[int]] = {}
+    for entry in os.listdir(proc):
+        if not entry.isdigit():
+            continue
         try:
-            tasks.extend(t.id for t in p.threads())
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            tasks.append(p.pid)
-    return tasks
+            with open(f"{proc}/{entry}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue  # exited meanwhile
+        fields = stat[stat.rfind(b")") + 2:].split()
+        if len(fields) > 1:
+            out.setdefault(int(fields[1]), []).append(int(entry))
+    return out
+
+
+def _tree_tasks(pid: int, proc: str = "/proc") -> list[int]:
+    """The threads of `pid` and of its descendants."""
+    return _Tasks(proc).of_tree(pid)
 
 
 __all__ = ["CgroupEnforcer", "AffinityEnforcer", "CgroupError", "EnforcementError"]

@@ -139,9 +139,9 @@ def test_a_shared_admission_pins_nobody_else_in_the_affinity_fallback(tmp_path, 
     pinned: list[tuple[int, bool]] = []
     real_pin = enforcer_module._pin_tree
 
-    def pin(pid, cpus, descendants=True):
+    def pin(pid, cpus, descendants=True, tasks=None):
         pinned.append((pid, descendants))
-        real_pin(pid, cpus, descendants)
+        real_pin(pid, cpus, descendants, tasks)
 
     monkeypatch.setattr(enforcer_module, "_pin_tree", pin)
     callers = [sleepers() for _ in range(5)]
@@ -171,8 +171,9 @@ def test_the_tree_of_a_process_is_found_without_scanning_every_process(sleepers)
         deadline = time.monotonic() + 5
         while len(enforcer_module._tree_tasks(proc.pid)) < 3 and time.monotonic() < deadline:
             time.sleep(0.02)
-        assert sorted(enforcer_module._tree_tasks(proc.pid)) == sorted(
-            enforcer_module._tree_tasks_scanned(proc.pid))
+        scanned = enforcer_module._Tasks()
+        scanned._by_parent = enforcer_module._scan_parents()  # as on a kernel without children files
+        assert sorted(enforcer_module._tree_tasks(proc.pid)) == sorted(scanned.of_tree(proc.pid))
         found = enforcer_module._tree_tasks(proc.pid)
         assert len(found) == 3
         assert enforcer_module._threads(proc.pid) == [proc.pid]
@@ -183,3 +184,19 @@ def test_the_tree_of_a_process_is_found_without_scanning_every_process(sleepers)
             except ProcessLookupError:
                 pass
         proc.wait()
+
+
+def test_without_children_files_one_scan_serves_every_tree_of_an_apply(tmp_path, monkeypatch):
+    # A /proc of a kernel without CONFIG_PROC_CHILDREN: 10 -> 11 -> 13, and 12 on its own.
+    proc = tmp_path / "proc"
+    for pid, ppid, threads in ((10, 1, (10,)), (11, 10, (11, 14)), (12, 1, (12,)), (13, 11, (13,))):
+        for tid in threads:
+            (proc / str(pid) / "task" / str(tid)).mkdir(parents=True)
+        (proc / str(pid) / "stat").write_text(f"{pid} (a (b) c) S {ppid} {pid} {pid} 0 -1\n")
+    scans = []
+    real_scan = enforcer_module._scan_parents
+    monkeypatch.setattr(enforcer_module, "_scan_parents", lambda p: scans.append(p) or real_scan(p))
+    finder = enforcer_module._Tasks(str(proc))
+    assert sorted(finder.of_tree(10)) == [10, 11, 13, 14]
+    assert finder.of_tree(12) == [12]
+    assert len(scans) == 1
