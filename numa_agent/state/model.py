@@ -241,6 +241,10 @@ class AgentState(_Value, frozen=True, dict=True, weakref=True):
         for key in ("_workload_index", "_pod_index"):
             if key in mine:
                 theirs[key] = mine[key] if key != index[0] else _with_entry(mine[key], index[1], index[2])
+        if "_json_cache" in mine:
+            cache = theirs["_json_cache"] = mine["_json_cache"]
+            if index[0] == "_workload_index" and index[2] is None:
+                cache.pop(index[1], None)  # released: not kept for ever
         # Each of the last few ancestors (held weakly: the intermediate states
         # of one decision are garbage at once) with what changed since it.
         changed_w, changed_p = frozenset(workloads), frozenset(pods)
@@ -264,9 +268,27 @@ class AgentState(_Value, frozen=True, dict=True, weakref=True):
 
     # ---- serialization -------------------------------------------------------
     def to_json(self) -> dict[str, Any]:
-        out = _to_json(self)
-        out["workloads"] = [_without_unknown_identity(w) for w in out.get("workloads", [])]
-        return {"schema": STATE_SCHEMA, **out}
+        """The checkpoint payload. Each workload's part is converted once and
+        kept (for this state and the states derived from it) while the
+        workload is unchanged: a checkpoint per admission must not convert a
+        thousand unchanged workloads again. So the workload entries of the
+        result are shared between calls: read them, never change them."""
+        cache = self._json_cache
+        workloads = []
+        for w in self.workloads:
+            entry = cache.get(w.name)
+            if entry is None or entry[0] is not w:
+                entry = cache[w.name] = (w, _without_unknown_identity(_to_json(w)))
+            workloads.append(entry[1])
+        return {"schema": STATE_SCHEMA, "workloads": workloads,
+                # Converted as the state's own field (a tuple stays a tuple, as before).
+                "pods": _to_json_value(self.pods), "policy_fingerprint": self.policy_fingerprint}
+
+    @cached_property
+    def _json_cache(self) -> dict[str, tuple[Workload, dict[str, Any]]]:
+        # name -> (the workload, its JSON): shared along a line of derived
+        # states; an entry counts only for the very workload value it names.
+        return {}
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> "AgentState":
@@ -305,6 +327,10 @@ def _without_unknown_identity(workload: dict[str, Any]) -> dict[str, Any]:
 
 def _to_json(value: _Value) -> dict[str, Any]:
     """JSON-ready builtins: CPU sets as list text, tuples as lists, node ids as strings."""
+    return msgspec.to_builtins(value, enc_hook=_enc_hook, str_keys=True)
+
+
+def _to_json_value(value: Any) -> Any:
     return msgspec.to_builtins(value, enc_hook=_enc_hook, str_keys=True)
 
 

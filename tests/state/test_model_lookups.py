@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import random
 
+import msgspec
 import pytest
 
-from numa_agent.state.model import AgentState, Pod, Workload, replace
+from numa_agent.core.cpuset import CpuSet
+from numa_agent.state.model import STATE_SCHEMA, AgentState, Booking, Pod, Workload, replace
 
 
 def scan(values, name):
@@ -61,3 +63,33 @@ def test_json_is_unchanged_by_the_index():
     assert AgentState.from_json(state.to_json()).to_json() == state.to_json()
     assert [w["name"] for w in state.to_json()["workloads"]] == ["a", "b"]
     assert set(state.to_json()) == {"schema", "workloads", "pods", "policy_fingerprint"}
+
+
+def reference_json(state):
+    """The payload as one conversion of the whole state (what to_json did before it kept
+    each workload's part)."""
+    out = msgspec.to_builtins(state, enc_hook=lambda v: v.format(), str_keys=True)
+    out["workloads"] = list(out["workloads"])
+    for w in out["workloads"]:
+        if w.get("pid_identity") is None:
+            w.pop("pid_identity", None)
+    return {"schema": STATE_SCHEMA, **out}
+
+
+def test_the_payload_equals_one_conversion_of_the_whole_state_along_any_updates():
+    rng = random.Random(7)
+    state = AgentState(policy_fingerprint="f")
+    for step in range(150):
+        name = f"w{rng.randint(0, 20)}"
+        if rng.random() < 0.6:
+            state = state.with_workload(Workload(name=name, owner_uid=step, booking=Booking(cpus=CpuSet([step % 8])),
+                                                 pid_identity=rng.choice([None, "b:1"]), request={"n": step}))
+        else:
+            state = state.without_workload(name)
+        if step % 3 == 0:
+            payload = state.to_json()
+            assert payload == reference_json(state)
+            assert list(payload) == ["schema", "workloads", "pods", "policy_fingerprint"]
+            assert msgspec.json.encode(payload) == msgspec.json.encode(reference_json(state))
+    # Released workloads are not kept in the shared cache for ever.
+    assert set(state._json_cache) <= {w.name for w in state.workloads}
