@@ -377,6 +377,17 @@ class CgroupV2:
         self._write(self._file(relpath, "cpuset.mems"), mem_set.format())
         self._write(self._file(relpath, "cpuset.cpus"), cpus.format())
 
+    def write_cpuset_inherited(self, relpath: str, mems: Iterable[int]) -> None:
+        """Write `cpuset.mems`, then clear `cpuset.cpus`: the cgroup then runs
+        on its parent's effective CPUs and follows them as they change."""
+        mem_set = CpuSet(mems)
+        if not mem_set:
+            raise CgroupInvalidError(
+                f"refusing to write an empty cpuset.mems for {relpath!r}: cgroup v2 treats it "
+                "as 'inherit every node of the parent'", path=relpath, value="")
+        self._write(self._file(relpath, "cpuset.mems"), mem_set.format())
+        self._write(self._file(relpath, "cpuset.cpus"), "\n")
+
     def write_cpus_exclusive(self, relpath: str, cpus: CpuSet) -> None:
         """`cpuset.cpus.exclusive` (Linux 6.7+): CPUs handed down for a
         partition below a cgroup that is not itself a partition root."""

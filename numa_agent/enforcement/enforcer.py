@@ -99,10 +99,14 @@ class CgroupEnforcer:
         return str(self.cgroup.path(relpath))
 
     # ---- apply ---------------------------------------------------------------
-    def apply(self, old: Layout, new: Layout, move: tuple[str, int] | None = None) -> None:
+    def apply(self, old: Layout, new: Layout, move: tuple[str, int] | None = None,
+              changed: Collection[str] | None = None) -> None:
+        """Apply the changes from `old` to `new` (only at `changed`, when
+        given), move the process in, then read back what was written."""
         cg = self.cgroup
         recorded: set[str] = set()
-        for change in order_changes(old, new):
+        written: set[str] = set()
+        for change in order_changes(old, new, changed):
             spec = change.spec
             if change.kind == "remove":
                 self.watcher.unwatch(change.relpath)
@@ -118,20 +122,39 @@ class CgroupEnforcer:
                     # Parents of workload cgroups: they never hold processes.
                     cg.enable_controllers(spec.relpath, self.child_controllers)
                 self._write_limits(spec)
-                cg.write_cpuset(spec.relpath, spec.cpus, spec.mems)
+                self._write_cpuset(spec, None)
+                written.add(spec.relpath)
                 self._record(spec, None, recorded)
                 if self.partitions != "off" and spec.relpath.startswith(WORKLOAD_PREFIX):
                     self._make_partition(spec.relpath)
                 if spec.workload is not None:
                     self.watcher.watch(spec.relpath)
             else:
-                self._write_limits(spec)
-                cg.write_cpuset(spec.relpath, spec.cpus, spec.mems)
-                self._record(spec, old.get(change.relpath), recorded)
+                before = old.get(change.relpath)
+                if before is None or (before.memory_max, before.hugetlb_max) != (spec.memory_max,
+                                                                                 spec.hugetlb_max):
+                    self._write_limits(spec)
+                if self._write_cpuset(spec, before):
+                    written.add(spec.relpath)
+                self._record(spec, before, recorded)
         if move is not None:
             relpath, pid = move
             cg.move_pid(relpath, pid)
-        self.verify(new)
+        # Everything after a full apply; after a change, what was written (a
+        # cgroup that inherits the pool follows shared/, which is read back
+        # whenever it changed).
+        self.verify(new, None if changed is None else written)
+
+    def _write_cpuset(self, spec: CgroupSpec, before: CgroupSpec | None) -> bool:
+        """Write the cpuset of `spec`; False when there was nothing to write
+        (a cgroup that inherits the pool's CPUs, whose memory nodes stay)."""
+        if spec.inherit:
+            if before is not None and before.inherit and before.mems == spec.mems:
+                return False
+            self.cgroup.write_cpuset_inherited(spec.relpath, spec.mems)
+            return True
+        self.cgroup.write_cpuset(spec.relpath, spec.cpus, spec.mems)
+        return True
 
     def _record(self, spec: CgroupSpec, before: CgroupSpec | None, recorded: set[str]) -> None:
         """The booking record of a created cgroup, or of one whose booking
@@ -177,10 +200,13 @@ class CgroupEnforcer:
             for size_kb, limit in sorted(spec.hugetlb_max.items()):
                 self.cgroup.write_hugetlb_max(spec.relpath, size_kb, limit)
 
-    def verify(self, layout: Layout) -> None:
-        """Read the kernel's effective cpusets back: a difference means the
-        kernel did not honour what we wrote (e.g. a parent narrowed it)."""
-        for rel, spec in layout.items():
+    def verify(self, layout: Layout, relpaths: Collection[str] | None = None) -> None:
+        """Read the kernel's effective cpusets back (of every cgroup of the
+        layout, or of `relpaths`): a difference means the kernel did not
+        honour what we wrote (e.g. a parent narrowed it)."""
+        specs = layout.values() if relpaths is None else [layout[rel] for rel in sorted(relpaths) if rel in layout]
+        for spec in specs:
+            rel = spec.relpath
             cpus, mems = self.cgroup.read_effective(rel)
             if cpus != spec.cpus:
                 raise EnforcementError(
@@ -326,14 +352,19 @@ class AffinityEnforcer:
     def path_of(self, relpath: str) -> str | None:
         return None
 
-    def apply(self, old: Layout, new: Layout, move: tuple[str, int] | None = None) -> None:
-        for change in order_changes(old, new):
+    def apply(self, old: Layout, new: Layout, move: tuple[str, int] | None = None,
+              changed: Collection[str] | None = None) -> None:
+        # A shared admission leaves the pool as it is: only the new workload
+        # is pinned. When the pool changes every workload on it is re-pinned
+        # (no inheritance here), which update_layout names in `changed`.
+        tasks = _Tasks()
+        for change in order_changes(old, new, changed):
             if change.kind == "remove":
                 pid = self._pids.get(change.relpath)
                 alive = self._alive(change.relpath)
                 self._forget(change.relpath)
                 if pid is not None and alive and SHARED_CGROUP in new:
-                    _pin_tree(pid, new[SHARED_CGROUP].cpus)  # back to the shared pool
+                    _pin_tree(pid, new[SHARED_CGROUP].cpus, tasks=tasks)  # back to the shared pool
                 continue
             spec = change.spec
             assert spec is not None
@@ -343,14 +374,17 @@ class AffinityEnforcer:
             # may already be another process's if it exited a moment ago.
             if spec.workload is None or spec.pid is None or not self._alive(spec.relpath):
                 continue
-            _pin_tree(spec.pid, spec.cpus)
+            _pin_tree(spec.pid, spec.cpus, tasks=tasks)
         if move is not None:
             relpath, pid = move
             spec = new[relpath]
-            _pin_tree(pid, spec.cpus)
+            # The caller's own threads, as writing cgroup.procs moves a
+            # process: no scan for descendants on the admission path (what it
+            # forks from now on inherits the mask; a re-pin takes the tree).
+            _pin_tree(pid, spec.cpus, descendants=False)
             self.track(relpath, pid)
 
-    def verify(self, layout: Layout) -> None:
+    def verify(self, layout: Layout, relpaths: Collection[str] | None = None) -> None:
         """Nothing to read back: sched_setaffinity either pinned a task or
         raised, and tasks created later inherit the mask."""
 
@@ -464,34 +498,98 @@ class AffinityEnforcer:
         os.close(self._wake_w)
 
 
-def _pin_tree(pid: int, cpus: CpuSet) -> None:
-    """Pin every thread of `pid` and of its descendants (threads each carry
-    their own affinity mask). An empty set cannot be pinned to (the shared
-    pool is empty only while CPUs are held for an operator): tasks stay where
-    they are."""
+def _pin_tree(pid: int, cpus: CpuSet, descendants: bool = True, tasks: "_Tasks | None" = None) -> None:
+    """Pin every thread of `pid` and (unless not `descendants`) of its
+    descendants (threads each carry their own affinity mask). An empty set
+    cannot be pinned to (the shared pool is empty only while CPUs are held for
+    an operator): tasks stay where they are. `tasks`: the finder one apply
+    shares between its pins."""
     if not cpus:
         log.error("no CPU to pin pid %d to (the shared pool is empty); it keeps its affinity", pid)
         return
-    import psutil  # only the daemon pays for this import
-
-    try:
-        procs = [psutil.Process(pid)]
-        procs += procs[0].children(recursive=True)
-    except psutil.NoSuchProcess:
-        return
-    for proc in procs:
+    ids = cpus.ids()
+    finder = tasks or _Tasks()
+    for tid in (finder.of_tree(pid) if descendants else _threads(pid)):
         try:
-            tids = [t.id for t in proc.threads()]
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            tids = [proc.pid]
+            os.sched_setaffinity(tid, ids)
+        except ProcessLookupError:
+            continue
+        except OSError as exc:
+            raise EnforcementError(f"cannot pin task {tid} of pid {pid} to CPUs "
+                                   f"{cpus.format()}: {exc.strerror}") from None
+
+
+def _threads(pid: int, proc: str = "/proc") -> list[int]:
+    try:
+        return [int(t) for t in os.listdir(f"{proc}/{pid}/task")]
+    except (FileNotFoundError, ProcessLookupError):
+        return []  # exited meanwhile
+    except OSError:
+        return [pid]
+
+
+class _Tasks:
+    """Finds the threads of a process tree through /proc/PID/task/TID/children:
+    what the tree holds, not a scan of every process on the machine (a node
+    runs thousands). A kernel without that file (CONFIG_PROC_CHILDREN) gets
+    one scan of /proc for the parent of every process, shared by every tree
+    looked up through this finder (one apply re-pins a whole shared pool)."""
+
+    def __init__(self, proc: str = "/proc") -> None:
+        self.proc = proc
+        self._by_parent: dict[int, list[int]] | None = None  # after a scan
+
+    def of_tree(self, pid: int) -> list[int]:
+        tasks: list[int] = []
+        todo, seen = [pid], set()
+        while todo:
+            p = todo.pop()
+            if p in seen:
+                continue
+            seen.add(p)
+            tids = _threads(p, self.proc)
+            tasks.extend(tids)
+            todo.extend(self._children(p, tids))
+        return tasks
+
+    def _children(self, pid: int, tids: list[int]) -> list[int]:
+        if self._by_parent is not None:
+            return self._by_parent.get(pid, [])
+        out: list[int] = []
         for tid in tids:
             try:
-                os.sched_setaffinity(tid, cpus.ids())
-            except ProcessLookupError:
+                with open(f"{self.proc}/{pid}/task/{tid}/children", "rb") as f:
+                    out.extend(int(c) for c in f.read().split())
+            except FileNotFoundError:
+                if os.path.exists(f"{self.proc}/{pid}/task/{tid}"):  # alive: no such file here
+                    self._by_parent = _scan_parents(self.proc)
+                    return self._by_parent.get(pid, [])
+            except OSError:
                 continue
-            except OSError as exc:
-                raise EnforcementError(f"cannot pin task {tid} of pid {pid} to CPUs "
-                                       f"{cpus.format()}: {exc.strerror}") from None
+        return out
+
+
+def _scan_parents(proc: str = "/proc") -> dict[int, list[int]]:
+    """Parent PID -> child PIDs, from /proc/*/stat (the field after the
+    command name, which may itself hold spaces and parentheses)."""
+    out: dict[int, list[int]] = {}
+    for entry in os.listdir(proc):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"{proc}/{entry}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue  # exited meanwhile
+        fields = stat[stat.rfind(b")") + 2:].split()
+        if len(fields) > 1:
+            out.setdefault(int(fields[1]), []).append(int(entry))
+    return out
+
+
+def _tree_tasks(pid: int, proc: str = "/proc") -> list[int]:
+    """The threads of `pid` and of its descendants."""
+    return _Tasks(proc).of_tree(pid)
 
 
 __all__ = ["CgroupEnforcer", "AffinityEnforcer", "CgroupError", "EnforcementError"]

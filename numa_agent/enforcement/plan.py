@@ -13,12 +13,19 @@ Below the agent's cgroup root:
 Enforcement compares two layouts and applies the difference in a safe order
 (see order_changes): CPUs leave their old holder before a new holder gets
 them, and limits are written before any process moves in.
+
+An admission or release changes one workload (and perhaps its pod and the
+pool): `update_layout` derives the next layout from the previous one by
+recomputing only what depends on those, and names the paths that may differ,
+so the cost of a change does not grow with the number of workloads (except
+when the shared pool itself changes, which every plain shared workload
+follows). It equals `desired_layout` of the new state.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Mapping
+from typing import Collection, Iterable, Mapping
 
 from numa_agent.admission.admit import effective_cpus, shared_pool
 from numa_agent.admission.machine import Machine
@@ -50,6 +57,11 @@ class CgroupSpec:
     # The booking this cgroup carries as its record (record.py), written
     # before any process moves in and again whenever it changes.
     record: Workload | Pod | None = None
+    # cpuset.cpus is left empty: cgroup v2 then gives the cgroup its parent's
+    # effective CPUs, so a plain shared workload follows the pool without a
+    # write of its own when the pool changes. `cpus` is still what its
+    # effective set must be (and what the affinity fallback pins).
+    inherit: bool = False
 
 
 def safe_component(name: str) -> str:
@@ -85,31 +97,109 @@ def _limits(w_request: Mapping, booking_memory: Mapping[int, Mapping[str, int]])
     return memory_max, hugetlb
 
 
-def desired_layout(machine: Machine, state: AgentState) -> dict[str, CgroupSpec]:
+def _all_mems(machine: Machine) -> tuple[int, ...]:
+    return machine.memory.memory_nodes.nodes() or machine.node_ids
+
+
+def _pool_specs(machine: Machine, state: AgentState) -> dict[str, CgroupSpec]:
     pool = shared_pool(machine, state)
-    all_mems = machine.memory.memory_nodes.nodes() or machine.node_ids
-    out: dict[str, CgroupSpec] = {
-        AGENT_CGROUP: CgroupSpec(AGENT_CGROUP, pool, all_mems),
-        SHARED_CGROUP: CgroupSpec(SHARED_CGROUP, pool, all_mems),
-        RELEASED_CGROUP: CgroupSpec(RELEASED_CGROUP, pool, all_mems),
-    }
+    all_mems = _all_mems(machine)
+    return {rel: CgroupSpec(rel, pool, all_mems) for rel in (AGENT_CGROUP, SHARED_CGROUP, RELEASED_CGROUP)}
+
+
+def pod_relpath(pod: Pod) -> str:
+    return f"{POD_PREFIX}{safe_component(pod.name)}"
+
+
+def _pod_spec(machine: Machine, pod: Pod) -> CgroupSpec:
+    rel = pod_relpath(pod)
+    memory_max, hugetlb = _limits(pod.request, pod.booking.memory)
+    return CgroupSpec(rel, pod.booking.cpus, pod.booking.mems or _all_mems(machine), memory_max, hugetlb,
+                      # Members are found below it on recovery; left out, adding
+                      # or releasing one does not rewrite the pod's cgroup.
+                      record=replace_value(pod, members=()))
+
+
+def _follows_pool(w: Workload) -> bool:
+    """Runs on the whole shared pool: its cgroup inherits the pool's CPUs."""
+    return w.shared and w.pod is None and not w.cpunodebind
+
+
+def _workload_spec(machine: Machine, state: AgentState, w: Workload) -> CgroupSpec:
+    rel = workload_relpath(w)
+    memory_max, hugetlb = _limits(w.request, w.booking.memory)
+    # A plain shared workload leaves cpuset.cpus empty and inherits shared/'s
+    # CPUs (the pool). The others are explicit: a pod member's shared part
+    # and a --cpunodebind restriction are narrower than their parent's set,
+    # and an exclusive workload's set is its own.
+    cpus = effective_cpus(machine, state, w)
+    mems = w.booking.mems or _all_mems(machine)
+    return CgroupSpec(rel, cpus, mems, memory_max, hugetlb, workload=w.name, pid=w.pid,
+                      record=w, inherit=_follows_pool(w))
+
+
+def desired_layout(machine: Machine, state: AgentState) -> dict[str, CgroupSpec]:
+    out = _pool_specs(machine, state)
     for pod in state.pods:
-        rel = f"{POD_PREFIX}{safe_component(pod.name)}"
-        memory_max, hugetlb = _limits(pod.request, pod.booking.memory)
-        out[rel] = CgroupSpec(rel, pod.booking.cpus, pod.booking.mems or all_mems, memory_max, hugetlb,
-                              # Members are found below it on recovery; left out, adding
-                              # or releasing one does not rewrite the pod's cgroup.
-                              record=replace_value(pod, members=()))
+        spec = _pod_spec(machine, pod)
+        out[spec.relpath] = spec
     for w in state.workloads:
-        rel = workload_relpath(w)
-        memory_max, hugetlb = _limits(w.request, w.booking.memory)
-        # Always explicit: an empty cpuset.cpus would mean "every CPU of the
-        # parent", so shared workloads get the pool written and rewritten.
-        cpus = effective_cpus(machine, state, w)
-        mems = w.booking.mems or all_mems
-        out[rel] = CgroupSpec(rel, cpus, mems, memory_max, hugetlb, workload=w.name, pid=w.pid,
-                              record=w)
+        spec = _workload_spec(machine, state, w)
+        out[spec.relpath] = spec
     return out
+
+
+def update_layout(machine: Machine, old_layout: Mapping[str, CgroupSpec], old_state: AgentState,
+                  new_state: AgentState, workloads: Iterable[str], pods: Iterable[str] = (),
+                  ) -> tuple[dict[str, CgroupSpec], frozenset[str]]:
+    """The layout of `new_state`, from `old_layout` (the layout of `old_state`
+    on the same machine) and the names of the workloads and pods that differ
+    between the two states; and the paths whose specs may differ.
+
+    What depends on what: the pool-level cgroups on the pool; a pod's cgroup
+    on the pod; an exclusive workload on itself; a pod's shared members on
+    the pod's exclusive members; a plain shared workload on the pool (and a
+    --cpunodebind one on the pool too)."""
+    dirty_pods = set(pods)
+    dirty = set(workloads)
+    for name in list(dirty):
+        for state in (old_state, new_state):
+            w = state.workload(name)
+            if w is not None and w.pod is not None:
+                dirty_pods.add(w.pod)
+    for pod_name in dirty_pods:
+        for state in (old_state, new_state):
+            pod = state.pod(pod_name)
+            if pod is not None:
+                dirty.update(pod.members)
+    out = dict(old_layout)
+    touched: set[str] = set()
+    pool_specs = _pool_specs(machine, new_state)
+    if pool_specs[SHARED_CGROUP].cpus != shared_pool(machine, old_state):
+        # Every workload on the pool follows it (in the cgroup tree by
+        # inheritance; the affinity fallback re-pins each one).
+        dirty.update(w.name for w in new_state.workloads if w.shared and w.pod is None)
+    for rel, spec in pool_specs.items():
+        out[rel] = spec
+        touched.add(rel)
+    for pod_name in dirty_pods:
+        _replace_entry(out, touched, old_state.pod(pod_name), new_state.pod(pod_name),
+                       pod_relpath, lambda p: _pod_spec(machine, p))
+    for name in dirty:
+        _replace_entry(out, touched, old_state.workload(name), new_state.workload(name),
+                       workload_relpath, lambda w: _workload_spec(machine, new_state, w))
+    return out, frozenset(touched)
+
+
+def _replace_entry(out: dict[str, CgroupSpec], touched: set[str], before, after, relpath, spec_of) -> None:
+    if before is not None:
+        rel = relpath(before)
+        out.pop(rel, None)
+        touched.add(rel)
+    if after is not None:
+        spec = spec_of(after)
+        out[spec.relpath] = spec
+        touched.add(spec.relpath)
 
 
 @dataclass(frozen=True)
@@ -119,18 +209,26 @@ class Change:
     relpath: str
 
 
-def order_changes(old: Mapping[str, CgroupSpec], new: Mapping[str, CgroupSpec]) -> list[Change]:
+def order_changes(old: Mapping[str, CgroupSpec], new: Mapping[str, CgroupSpec],
+                  only: Collection[str] | None = None) -> list[Change]:
     """The steps from `old` to `new`, in an order that never lets two cgroups
     hold the same exclusive CPU: shrink existing cpusets first, remove gone
     cgroups (deepest first), create new ones (parents first, limits before
-    cpus), then grow existing cpusets."""
+    cpus), then grow existing cpusets. `only`: the paths that may differ
+    (from update_layout); the others are taken as equal and not compared."""
     shrinks, grows, updates, creates, removes = [], [], [], [], []
-    for rel, spec in new.items():
+    if only is None:
+        pairs: Iterable[tuple[str, CgroupSpec]] = new.items()
+        gone: Iterable[str] = old
+    else:
+        pairs = [(rel, new[rel]) for rel in only if rel in new]
+        gone = [rel for rel in only if rel in old]
+    for rel, spec in pairs:
         before = old.get(rel)
         if before is None:
             creates.append(Change("create", spec, rel))
             continue
-        if before == spec:
+        if before is spec or before == spec:
             continue
         if spec.cpus != before.cpus:
             if spec.cpus.issubset(before.cpus):
@@ -143,7 +241,7 @@ def order_changes(old: Mapping[str, CgroupSpec], new: Mapping[str, CgroupSpec]) 
                 grows.append(Change("grow", spec, rel))
         else:
             updates.append(Change("update", spec, rel))
-    for rel in old:
+    for rel in gone:
         if rel not in new:
             removes.append(Change("remove", None, rel))
     depth = lambda c: c.relpath.count("/")  # noqa: E731

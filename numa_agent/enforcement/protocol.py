@@ -58,13 +58,17 @@ class Enforcer(Protocol):
         """Prepare the mechanism once, before anything is restored or applied."""
         ...
 
-    def apply(self, old: Layout, new: Layout, move: tuple[str, int] | None = None) -> None:
+    def apply(self, old: Layout, new: Layout, move: tuple[str, int] | None = None,
+              changed: Collection[str] | None = None) -> None:
         """Change the machine from layout `old` to `new`; `move` is (path,
-        pid) of a process to put into its workload. Raises EnforcementError."""
+        pid) of a process to put into its workload; `changed`, when given,
+        the only paths whose specs may differ (plan.update_layout). Raises
+        EnforcementError."""
         ...
 
-    def verify(self, layout: Layout) -> None:
-        """Raise EnforcementError where the machine does not match `layout`."""
+    def verify(self, layout: Layout, relpaths: Collection[str] | None = None) -> None:
+        """Raise EnforcementError where the machine does not match `layout`
+        (only at `relpaths`, when given)."""
         ...
 
     def path_of(self, relpath: str) -> str | None:

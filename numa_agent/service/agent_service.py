@@ -47,7 +47,7 @@ from numa_agent.api.errors import (
 from numa_agent.api.validation import AdmitRequest, to_admission_request
 from numa_agent.core.names import NAME_RULE, is_workload_name
 from numa_agent.enforcement.errors import EnforcementError
-from numa_agent.enforcement.plan import desired_layout, workload_relpath
+from numa_agent.enforcement.plan import desired_layout, update_layout, workload_relpath
 from numa_agent.enforcement.protocol import Enforcer, Layout
 from numa_agent.hotplug.rebase import rebase_state
 from numa_agent.service.caller import Caller
@@ -153,25 +153,39 @@ class AgentService:
                     "pod_released": pod.name if pod else None}
 
     def _commit(self, new_state: AgentState, move, caller: Caller | None) -> None:
-        """Checkpoint, then enforce; undo both if enforcement fails."""
+        """Checkpoint, then enforce; undo both if enforcement fails.
+
+        The new layout is derived from the current one for what changed
+        (the workloads and pods `new_state` names as changed since the
+        current state), so an admission does not cost more on a node with a
+        thousand workloads; anything else (hotplug, a new machine, a state
+        not derived from the current one) is laid out in full."""
         old_state, old_layout = self.state, self._layout
-        new_layout = desired_layout(self.machine, new_state)
+        changes = new_state.changes_since(old_state) \
+            if getattr(self, "_layout_machine", None) is self.machine else None
+        touched: frozenset[str] | None = None
+        if changes is None:
+            new_layout = desired_layout(self.machine, new_state)
+        else:
+            new_layout, touched = update_layout(self.machine, old_layout, old_state, new_state, *changes)
         self._save(new_state)
         try:
             if move is not None and caller is not None:
                 _check_alive(caller)
-            self.enforcer.apply(old_layout, new_layout, move)
+            self.enforcer.apply(old_layout, new_layout, move, changed=touched)
         except (EnforcementError, OSError, ProcessLookupError) as exc:
             log.error("enforcement failed, rolling back: %s", exc)
             try:
-                self.enforcer.apply(new_layout, old_layout, None)
+                self.enforcer.apply(new_layout, old_layout, None, changed=touched)
             except (EnforcementError, OSError) as undo_exc:
                 log.error("rollback of the cgroup tree failed too: %s", undo_exc)
             self._save(old_state)
             msg = str(exc) if not isinstance(exc, ProcessLookupError) else \
                 "the requesting process exited before it could be moved into its workload"
             raise ServiceUnavailable(f"enforcement failed, nothing was booked: {msg}") from None
-        self.state, self._layout = new_state, new_layout
+        # The layout is the full layout of this state on this machine: the
+        # next commit may start from it.
+        self.state, self._layout, self._layout_machine = new_state, new_layout, self.machine
 
     # Set by _save while the checkpoint cannot be written: (what failed, since
     # when, on the service clock); health and metrics report it. A class-level

@@ -15,6 +15,8 @@ declaration. `replace` makes an updated copy of any of them.
 from __future__ import annotations
 
 import dataclasses
+import weakref
+from bisect import bisect_left
 from functools import cached_property
 from typing import Any, Iterable, Mapping, TypeVar, cast
 
@@ -23,6 +25,9 @@ import msgspec
 from numa_agent.core.cpuset import CpuSet, CpuSetParseError
 
 STATE_SCHEMA = 1
+# How many updates back a state can still name what changed (changes_since):
+# one admission or release makes at most three.
+_ANCESTORS = 6
 
 _T = TypeVar("_T")
 
@@ -109,7 +114,9 @@ class Pod(_Value, frozen=True):
         return _with_booking(p, _sorted_devices(p.booking))
 
 
-class AgentState(_Value, frozen=True, dict=True):  # dict=True: room for the cached properties
+class AgentState(_Value, frozen=True, dict=True, weakref=True):
+    # dict=True: room for the cached properties; weakref=True: a derived state
+    # names the state it came from without keeping it alive (changes_since).
     workloads: tuple[Workload, ...] = ()  # sorted by name
     pods: tuple[Pod, ...] = ()  # sorted by name
     # The configuration the bookings were made under; a restart with another
@@ -117,20 +124,41 @@ class AgentState(_Value, frozen=True, dict=True):  # dict=True: room for the cac
     policy_fingerprint: str = ""
 
     # ---- lookups ---------------------------------------------------------
+    # By name through an index made once per state (and handed on to the
+    # states derived by the updates below), not a scan per lookup: a node
+    # holds a thousand workloads and every admission looks several up.
     def workload(self, name: str) -> Workload | None:
-        for w in self.workloads:
-            if w.name == name:
-                return w
-        return None
+        return self._workload_index.get(name)
 
     def pod(self, name: str) -> Pod | None:
-        for p in self.pods:
-            if p.name == name:
-                return p
-        return None
+        return self._pod_index.get(name)
 
     def members_of(self, pod: str) -> tuple[Workload, ...]:
-        return tuple(w for w in self.workloads if w.pod == pod)
+        return self._members.get(pod, ())
+
+    @cached_property
+    def _workload_index(self) -> dict[str, Workload]:
+        return _index(self.workloads)
+
+    @cached_property
+    def _pod_index(self) -> dict[str, Pod]:
+        return _index(self.pods)
+
+    @cached_property
+    def _members(self) -> dict[str, tuple[Workload, ...]]:
+        out: dict[str, list[Workload]] = {}
+        for w in self.workloads:
+            if w.pod is not None:
+                out.setdefault(w.pod, []).append(w)
+        return {pod: tuple(ws) for pod, ws in out.items()}
+
+    @cached_property
+    def _workloads_sorted(self) -> bool:
+        return _strictly_sorted(self.workloads)
+
+    @cached_property
+    def _pods_sorted(self) -> bool:
+        return _strictly_sorted(self.pods)
 
     # ---- derived accounting --------------------------------------------
     @cached_property
@@ -169,24 +197,98 @@ class AgentState(_Value, frozen=True, dict=True):  # dict=True: room for the cac
 
     # ---- updates -----------------------------------------------------------
     def with_workload(self, w: Workload) -> "AgentState":
-        rest = [x for x in self.workloads if x.name != w.name]
-        return replace(self, workloads=tuple(sorted([*rest, w], key=lambda x: x.name)))
+        if self._workloads_sorted:
+            workloads = _put_sorted(self.workloads, w)
+        else:
+            rest = [x for x in self.workloads if x.name != w.name]
+            workloads = tuple(sorted([*rest, w], key=lambda x: x.name))
+        new = replace(self, workloads=workloads)
+        return self._derive(new, workloads=(w.name,), index=("_workload_index", w.name, w))
 
     def without_workload(self, name: str) -> "AgentState":
-        return replace(self, workloads=tuple(x for x in self.workloads if x.name != name))
+        if self._workloads_sorted:
+            workloads = _drop_sorted(self.workloads, name)
+        else:
+            workloads = tuple(x for x in self.workloads if x.name != name)
+        new = replace(self, workloads=workloads)
+        return self._derive(new, workloads=(name,), index=("_workload_index", name, None))
 
     def with_pod(self, p: Pod) -> "AgentState":
-        rest = [x for x in self.pods if x.name != p.name]
-        return replace(self, pods=tuple(sorted([*rest, p], key=lambda x: x.name)))
+        if self._pods_sorted:
+            pods = _put_sorted(self.pods, p)
+        else:
+            rest = [x for x in self.pods if x.name != p.name]
+            pods = tuple(sorted([*rest, p], key=lambda x: x.name))
+        new = replace(self, pods=pods)
+        return self._derive(new, pods=(p.name,), index=("_pod_index", p.name, p))
 
     def without_pod(self, name: str) -> "AgentState":
-        return replace(self, pods=tuple(x for x in self.pods if x.name != name))
+        if self._pods_sorted:
+            pods = _drop_sorted(self.pods, name)
+        else:
+            pods = tuple(x for x in self.pods if x.name != name)
+        new = replace(self, pods=pods)
+        return self._derive(new, pods=(name,), index=("_pod_index", name, None))
+
+    def _derive(self, new: "AgentState", *, workloads: tuple[str, ...] = (), pods: tuple[str, ...] = (),
+                index: tuple[str, str, Any]) -> "AgentState":
+        """Hand on what this state knows that still holds for `new`, which
+        differs from it only in the named workloads or pods."""
+        mine, theirs = self.__dict__, new.__dict__
+        for key in ("_workloads_sorted", "_pods_sorted"):
+            if mine.get(key) is True:
+                theirs[key] = True  # one entry replaced or dropped keeps the order
+        for key in ("_workload_index", "_pod_index"):
+            if key in mine:
+                theirs[key] = mine[key] if key != index[0] else _with_entry(mine[key], index[1], index[2])
+        if "_json_cache" in mine:
+            cache = theirs["_json_cache"] = mine["_json_cache"]
+            if index[0] == "_workload_index" and index[2] is None:
+                cache.pop(index[1], None)  # released: not kept for ever
+        # Each of the last few ancestors (held weakly: the intermediate states
+        # of one decision are garbage at once) with what changed since it.
+        changed_w, changed_p = frozenset(workloads), frozenset(pods)
+        ancestors = [(weakref.ref(self), changed_w, changed_p)]
+        for ref, w_names, p_names in self.memo.get("derived", ())[:_ANCESTORS - 1]:
+            ancestors.append((ref, w_names | changed_w, p_names | changed_p))
+        new.memo["derived"] = tuple(ancestors)
+        return new
+
+    def changes_since(self, base: "AgentState") -> tuple[frozenset[str], frozenset[str]] | None:
+        """The names of the workloads and of the pods that may differ between
+        `base` and this state, when this state was made from `base` by a few
+        of the updates above; None when it was not (or that can no longer be
+        told), and a caller must compare everything."""
+        if base is self:
+            return frozenset(), frozenset()
+        for ref, workloads, pods in self.memo.get("derived", ()):
+            if ref() is base:
+                return workloads, pods
+        return None
 
     # ---- serialization -------------------------------------------------------
     def to_json(self) -> dict[str, Any]:
-        out = _to_json(self)
-        out["workloads"] = [_without_unknown_identity(w) for w in out.get("workloads", [])]
-        return {"schema": STATE_SCHEMA, **out}
+        """The checkpoint payload. Each workload's part is converted once and
+        kept (for this state and the states derived from it) while the
+        workload is unchanged: a checkpoint per admission must not convert a
+        thousand unchanged workloads again. So the workload entries of the
+        result are shared between calls: read them, never change them."""
+        cache = self._json_cache
+        workloads = []
+        for w in self.workloads:
+            entry = cache.get(w.name)
+            if entry is None or entry[0] is not w:
+                entry = cache[w.name] = (w, _without_unknown_identity(_to_json(w)))
+            workloads.append(entry[1])
+        return {"schema": STATE_SCHEMA, "workloads": workloads,
+                # Converted as the state's own field (a tuple stays a tuple, as before).
+                "pods": _to_json_value(self.pods), "policy_fingerprint": self.policy_fingerprint}
+
+    @cached_property
+    def _json_cache(self) -> dict[str, tuple[Workload, dict[str, Any]]]:
+        # name -> (the workload, its JSON): shared along a line of derived
+        # states; an entry counts only for the very workload value it names.
+        return {}
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> "AgentState":
@@ -228,6 +330,10 @@ def _to_json(value: _Value) -> dict[str, Any]:
     return msgspec.to_builtins(value, enc_hook=_enc_hook, str_keys=True)
 
 
+def _to_json_value(value: Any) -> Any:
+    return msgspec.to_builtins(value, enc_hook=_enc_hook, str_keys=True)
+
+
 _V = TypeVar("_V", bound=_Value)
 
 
@@ -238,6 +344,49 @@ def _from_json(d: Mapping[str, Any], cls: type[_V]) -> _V:
         return msgspec.convert(d, cls, dec_hook=_dec_hook, str_keys=True)
     except msgspec.ValidationError as exc:
         raise ValueError(f"{cls.__name__}: {exc}") from None
+
+
+_Named = TypeVar("_Named", Workload, Pod)
+
+
+def _index(values: tuple[_Named, ...]) -> dict[str, _Named]:
+    """Name -> value; the first of equal names wins, as a scan would find it."""
+    out: dict[str, _Named] = {}
+    for v in values:
+        out.setdefault(v.name, v)
+    return out
+
+
+def _with_entry(index: dict[str, Any], name: str, value: Any) -> dict[str, Any]:
+    out = dict(index)
+    if value is None:
+        out.pop(name, None)
+    else:
+        out[name] = value
+    return out
+
+
+def _strictly_sorted(values: tuple[_Named, ...]) -> bool:
+    return all(values[i].name < values[i + 1].name for i in range(len(values) - 1))
+
+
+def _name(value: Workload | Pod) -> str:
+    return value.name
+
+
+def _put_sorted(values: tuple[_Named, ...], value: _Named) -> tuple[_Named, ...]:
+    """`value` in its place in a tuple strictly sorted by name, replacing the
+    one of that name."""
+    i: int = bisect_left(values, value.name, key=_name)
+    end: int = i + 1 if i < len(values) and values[i].name == value.name else i
+    return values[:i] + (value,) + values[end:]
+
+
+def _drop_sorted(values: tuple[_Named, ...], name: str) -> tuple[_Named, ...]:
+    i = bisect_left(values, name, key=_name)
+    if i < len(values) and values[i].name == name:
+        return values[:i] + values[i + 1:]
+    return values
 
 
 def _sorted_devices(b: Booking) -> Booking:

@@ -18,6 +18,7 @@ SCENARIOS = (
     "11-partitions",
     "12-recovery",
     "13-restart-inflight",
+    "14-scale",
 )
 
 # The guest booted by systemd runs the agent as an installed service instead

@@ -1014,6 +1014,104 @@ def s13_restart_inflight(g: Guest) -> str | None:
             f"{waited} waited for the restarted agent")
 
 
+# ---------------------------------------------------------------- 14-scale
+SCALE_COUNTS = (10, 200)
+SCALE_NUMA_RUNS = 6  # timed `numa-run --shared -- true` per count (each ~2 s under emulation)
+SCALE_API_PROBES = 15  # timed admissions + releases through the API client per count
+SCALE_KILL_BATCH = 25  # holders killed at once at the end
+
+
+def _scale_holders_follow_pool(names: list[str], context: str) -> CpuSet:
+    """Every holder's cgroup runs on exactly the shared pool (it inherits it)."""
+    pool = cg_cpus("shared")
+    for name in names:
+        rel = f"shared/{name}"
+        effective = cg_cpus(rel)
+        check(effective == pool, f"{context}: {rel}/cpuset.cpus.effective is {effective.format()}, "
+                                 f"the shared pool is {pool.format()}")
+    return pool
+
+
+def s14_scale(g: Guest) -> str | None:
+    """Admission p50/p99 through numa-run (and through the API) at 10 and 200 live shared
+    workloads held by sleeping processes; figures only, no timing is asserted. Checks
+    that every holder's cgroup follows the shared pool, also while an exclusive workload
+    takes CPUs from it, and that releasing them all leaves nothing behind."""
+    from benchmarks.scale import holder_body, run_probes, spawn_holder, stop_holders
+    from benchmarks.stats import percentile
+
+    sleep = shutil.which("sleep")
+    check(sleep is not None, "no sleep program in the guest")
+    holders: list[int] = []
+    names: list[str] = []
+    figures = []
+    try:
+        for count in SCALE_COUNTS:
+            while len(holders) < count:
+                body = holder_body(len(holders), exclusive=False)
+                holders.append(spawn_holder(g.agent.socket, body, sleep))
+                names.append(body["name"])
+            check(len(g.workloads()) == count, f"{len(g.workloads())} workloads listed, expected {count}")
+            _scale_holders_follow_pool(names, f"{count} holders")
+            for name, pid in zip(names, holders, strict=True):
+                check(str(pid) in cg_read(f"shared/{name}", "cgroup.procs").split(),
+                      f"holder {name} (pid {pid}) is not in shared/{name}/cgroup.procs")
+            wall = []
+            for _ in range(SCALE_NUMA_RUNS + 1):  # the first is a warm-up
+                t0 = time.perf_counter()
+                r = g.numa_run("--shared", command=("true",))
+                wall.append((time.perf_counter() - t0) * 1000)
+                check(r.returncode == 0, f"numa-run --shared -- true exited {r.returncode}: "
+                                         f"{last_lines(r.stderr, 4)}")
+            wall = wall[1:]
+            admit_ms, release_ms = run_probes(g.agent.socket, "shared", SCALE_API_PROBES, f"vm-{count}")
+            figures.append(f"{count} live: numa-run p50 {percentile(wall, 50):.0f} ms p99 "
+                           f"{percentile(wall, 99):.0f} ms; API admit p50 {percentile(admit_ms, 50):.1f} ms "
+                           f"p99 {percentile(admit_ms, 99):.1f} ms, release p50 "
+                           f"{percentile(release_ms, 50):.1f} ms")
+            print(f"14-scale: {figures[-1]}", flush=True)  # kept even if a later check fails
+        # An exclusive workload shrinks the pool: the holders follow by inheritance.
+        before = cg_cpus("shared")
+        x = g.launch("scale-x", "--cpus", "1")
+        after = _scale_holders_follow_pool(names, "with an exclusive workload")
+        check(after == before - x.cpus and not after & x.cpus,
+              f"the pool is {after.format()} beside {x.cpus.format()}, it was {before.format()}")
+        x.stop()
+        check(wait_for(lambda: cg_cpus("shared") == before, timeout=30, interval=0.05),
+              f"the pool is {cg_cpus('shared').format()} after scale-x exited, expected {before.format()}")
+        _scale_holders_follow_pool(names, "after the exclusive workload left")
+        # Released as their processes exit, a batch at a time.
+        slowest = 0.0
+        while holders:
+            batch, batch_names = holders[-SCALE_KILL_BATCH:], names[-SCALE_KILL_BATCH:]
+            del holders[-SCALE_KILL_BATCH:], names[-SCALE_KILL_BATCH:]
+            t0 = time.monotonic()
+            stop_holders(batch)
+            check(_scale_wait_released(g, batch_names, 120), f"holders {batch_names[0]}.. still listed "
+                                                              "120 s after they were killed")
+            slowest = max(slowest, time.monotonic() - t0)
+        figures.append(f"slowest release of {SCALE_KILL_BATCH} killed holders {slowest:.1f} s")
+    finally:
+        stop_holders(holders)
+    left = [rel for rel in agent_cgroups() if rel.startswith("shared/hold-")]
+    check(not left, f"cgroups left behind by released holders: {left[:5]}")
+    return "; ".join(figures)
+
+
+def _scale_wait_released(g: Guest, names: list[str], timeout: float) -> bool:
+    """Until the agent lists none of `names`; a request that times out is asked again."""
+    from numa_agent.api.client import ClientError
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if g.wait_released(names, timeout=max(0.0, deadline - time.monotonic())):
+                return True
+        except ClientError as exc:
+            print(f"14-scale: waiting for releases: {exc}", flush=True)
+    return False
+
+
 RUNNERS = {
     "1-pin-core": s1_pin_core,
     "2-exclusive": s2_exclusive,
@@ -1028,6 +1126,7 @@ RUNNERS = {
     "11-partitions": s11_partitions,
     "12-recovery": s12_recovery,
     "13-restart-inflight": s13_restart_inflight,
+    "14-scale": s14_scale,
 }
 assert tuple(RUNNERS) == SCENARIOS
 

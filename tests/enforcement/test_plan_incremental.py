@@ -1,0 +1,134 @@
+"""The incremental layout (plan.update_layout) equals the full one
+(plan.desired_layout) after any sequence of admissions, releases and pods,
+and names every path whose spec changed; plain shared workloads inherit the
+pool's CPUs. Seeded random sequences on synthetic machines."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from numa_agent.admission.admit import Refusal, Request, Resources, decide, release
+from numa_agent.admission.machine import PolicyConfig, build_machine
+from numa_agent.enforcement.plan import (
+    SHARED_CGROUP,
+    desired_layout,
+    order_changes,
+    update_layout,
+    workload_relpath,
+)
+from numa_agent.state.model import AgentState
+from numa_agent.testing.synthetic import make_topology
+
+MIB = 1 << 20
+
+
+def machine_of(shape: int):
+    topo = [make_topology(sockets=2, cores_per_node=4, threads_per_core=2, memory_per_node_bytes=8 << 30),
+            make_topology(sockets=2, nodes_per_socket=2, cores_per_node=3, threads_per_core=2,
+                          memory_per_node_bytes=4 << 30, hugepages_2m_per_node=64)][shape]
+    return build_machine(topo, PolicyConfig(topology_policy="best-effort", reserved_cpu_count=1))
+
+
+def random_request(rng: random.Random, machine, state: AgentState, n: int) -> Request:
+    name = f"w{n}"
+    kind = rng.choice(["shared", "shared", "bound", "exclusive", "pod", "pod", "memory"])
+    if kind == "shared":
+        return Request(name=name, owner_uid=0, shared=True, pid=1000 + n)
+    if kind == "bound":
+        return Request(name=name, owner_uid=0, shared=True, pid=1000 + n,
+                       cpunodebind=(rng.choice(machine.node_ids),))
+    if kind == "exclusive":
+        return Request(name=name, owner_uid=0, resources=Resources(cpus=rng.randint(1, 3)), pid=1000 + n)
+    if kind == "memory":
+        return Request(name=name, owner_uid=0, shared=True, pid=1000 + n,
+                       resources=Resources(memory_bytes=rng.randint(1, 64) * MIB))
+    pod = f"p{rng.randint(0, 3)}"
+    cpus = rng.choice([0, 0, 1])
+    budget = None if state.pod(pod) is not None else Resources(cpus=4, memory_bytes=256 * MIB)
+    return Request(name=name, owner_uid=0, pod=pod, pod_budget=budget, pid=1000 + n,
+                   resources=Resources(cpus=cpus))
+
+
+def step(rng: random.Random, machine, state: AgentState, n: int) -> AgentState:
+    if state.workloads and rng.random() < 0.4:
+        return release(state, rng.choice(state.workloads).name)[0]
+    try:
+        return decide(machine, state, random_request(rng, machine, state, n)).state
+    except Refusal:
+        return state
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_incremental_layout_equals_the_full_layout(seed):
+    rng = random.Random(seed)
+    machine = machine_of(seed % 2)
+    state = AgentState()
+    layout = desired_layout(machine, state)
+    for n in range(80):
+        new_state = step(rng, machine, state, n)
+        changes = new_state.changes_since(state)
+        assert changes is not None  # every decision and release names what it changed
+        new_layout, touched = update_layout(machine, layout, state, new_state, *changes)
+        full = desired_layout(machine, new_state)
+        assert new_layout == full
+        # Only the touched paths are compared: the same steps as a full diff.
+        assert order_changes(layout, new_layout, touched) == order_changes(layout, full)
+        assert order_changes(new_layout, layout, touched) == order_changes(full, layout)
+        state, layout = new_state, new_layout
+
+
+def test_a_shared_admission_touches_its_own_cgroup_and_the_pool_level_only():
+    machine = machine_of(0)
+    state = AgentState()
+    for i in range(50):
+        state = decide(machine, state, Request(name=f"s{i}", owner_uid=0, shared=True)).state
+    layout = desired_layout(machine, state)
+    new_state = decide(machine, state, Request(name="new", owner_uid=0, shared=True)).state
+    new_layout, touched = update_layout(machine, layout, state, new_state,
+                                        *new_state.changes_since(state))
+    assert touched == {"agent", "shared", "shared/_released", "shared/new"}
+    assert [c.relpath for c in order_changes(layout, new_layout, touched)] == ["shared/new"]
+
+
+def test_an_exclusive_admission_shrinks_the_pool_once_and_its_followers_write_nothing():
+    machine = machine_of(0)
+    state = AgentState()
+    for i in range(5):
+        state = decide(machine, state, Request(name=f"s{i}", owner_uid=0, shared=True)).state
+    layout = desired_layout(machine, state)
+    new_state = decide(machine, state, Request(name="x", owner_uid=0, resources=Resources(cpus=2))).state
+    new_layout, touched = update_layout(machine, layout, state, new_state,
+                                        *new_state.changes_since(state))
+    changes = order_changes(layout, new_layout, touched)
+    # The pool shrinks before the new holder is created; the shared
+    # workloads' specs follow it (their expected effective CPUs) but inherit.
+    kinds = [(c.kind, c.relpath) for c in changes]
+    assert kinds.index(("shrink", "shared")) < kinds.index(("create", "wl-x"))
+    followers = [c.spec for c in changes if c.relpath.startswith("shared/s")]
+    assert len(followers) == 5
+    assert all(s.inherit and s.cpus == new_layout[SHARED_CGROUP].cpus for s in followers)
+
+
+def test_only_plain_shared_workloads_inherit_the_pool():
+    machine = machine_of(1)
+    state = AgentState()
+    for req in (Request(name="plain", owner_uid=0, shared=True),
+                Request(name="bound", owner_uid=0, shared=True, cpunodebind=(machine.node_ids[-1],)),
+                Request(name="excl", owner_uid=0, resources=Resources(cpus=1)),
+                Request(name="m1", owner_uid=0, pod="p", pod_budget=Resources(cpus=4)),
+                Request(name="m2", owner_uid=0, pod="p", resources=Resources(cpus=1))):
+        state = decide(machine, state, req).state
+    layout = desired_layout(machine, state)
+    inherit = {w.name: layout[workload_relpath(w)].inherit for w in state.workloads}
+    assert inherit == {"plain": True, "bound": False, "excl": False, "m1": False, "m2": False}
+    assert layout["shared/plain"].cpus == layout[SHARED_CGROUP].cpus
+
+
+def test_a_state_not_derived_from_the_base_names_no_changes():
+    machine = machine_of(0)
+    base = decide(machine, AgentState(), Request(name="a", owner_uid=0, shared=True)).state
+    other = AgentState.from_json(base.to_json())
+    assert other.changes_since(base) is None
+    assert base.changes_since(base) == (frozenset(), frozenset())

@@ -1,0 +1,202 @@
+"""What an admission costs must depend on what changes, not on how many
+workloads exist: with many live workloads, a shared admission writes and
+reads back only its own cgroup, an exclusive one the pool and its own; a
+plain shared workload inherits the pool (empty cpuset.cpus) and follows it."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from numa_agent.admission.machine import PolicyConfig, build_machine
+from numa_agent.api.validation import AdmitRequest
+from numa_agent.core.cpuset import CpuSet
+from numa_agent.enforcement import enforcer as enforcer_module
+from numa_agent.enforcement.cgroup import CgroupV2
+from numa_agent.enforcement.enforcer import AffinityEnforcer, CgroupEnforcer
+from numa_agent.enforcement.fake_cgroupfs import FakeCgroupfs, make_fake_cgroup_root
+from numa_agent.enforcement.plan import desired_layout
+from numa_agent.service.agent_service import AgentService
+from numa_agent.service.caller import Caller
+from numa_agent.service.recovery import restore
+from numa_agent.state.checkpoint import CheckpointStore
+from numa_agent.testing.synthetic import make_topology
+from tests.support.simulated_service import cg_file
+
+ME = Caller(pid=os.getpid(), uid=1000, gid=1000)
+LIVE = 30
+
+
+class CountingFiles(FakeCgroupfs):
+    """The simulated tree, counting which cgroups' files are written and read."""
+
+    def __init__(self, root) -> None:
+        super().__init__(root)
+        self.writes: list[tuple[str, str]] = []
+        self.reads: list[tuple[str, str]] = []
+
+    def _rel(self, file) -> str:
+        return os.path.relpath(file.parent, self.root)
+
+    def write(self, file, value):
+        self.writes.append((self._rel(file), file.name))
+        return super().write(file, value)
+
+    def read(self, file):
+        self.reads.append((self._rel(file), file.name))
+        return super().read(file)
+
+    def reset(self) -> None:
+        self.writes.clear()
+        self.reads.clear()
+
+
+def make_machine():
+    topo = make_topology(sockets=2, cores_per_node=4, threads_per_core=2, memory_per_node_bytes=8 << 30)
+    return build_machine(topo, PolicyConfig())
+
+
+@pytest.fixture
+def cgroup_service(tmp_path):
+    machine = make_machine()
+    root = make_fake_cgroup_root(tmp_path / "cg", machine.usable_cpus, [0, 1])
+    files = CountingFiles(root)
+    enforcer = CgroupEnforcer(CgroupV2(root, files))
+    store = CheckpointStore(tmp_path / "state")
+    enforcer.setup()
+    state, _ = restore(machine, store, enforcer)
+    service = AgentService(machine, store, enforcer)
+    service.install(state)
+    yield service, files, root
+    enforcer.close()
+
+
+def fill(service, count):
+    for i in range(count):
+        service.admit(AdmitRequest(name=f"s{i:03d}", shared=True), ME)
+
+
+def test_a_plain_shared_workload_inherits_the_pool(cgroup_service):
+    service, files, root = cgroup_service
+    service.admit(AdmitRequest(name="plain", shared=True), ME)
+    service.admit(AdmitRequest(name="bound", shared=True, cpunodebind=[1]), ME)
+    pool = CpuSet.parse(cg_file(root, "shared", "cpuset.cpus"))
+    assert cg_file(root, "shared/plain", "cpuset.cpus") == ""
+    assert CpuSet.parse(cg_file(root, "shared/plain", "cpuset.cpus.effective")) == pool
+    # Narrower than its parent: written explicitly.
+    bound = CpuSet.parse(cg_file(root, "shared/bound", "cpuset.cpus"))
+    assert bound == pool & service.machine.cpus_of_nodes((1,))
+    # The pool shrinks: the inheriting workload follows without a write.
+    files.reset()
+    out = service.admit(AdmitRequest(name="x", cpus=2), ME)
+    taken = CpuSet.parse(out["cpus"])
+    assert ("shared/plain", "cpuset.cpus") not in files.writes
+    assert CpuSet.parse(cg_file(root, "shared/plain", "cpuset.cpus.effective")) == pool - taken
+    assert CpuSet.parse(cg_file(root, "shared/bound", "cpuset.cpus")) == bound - taken
+    service.release("x", ME)
+    assert CpuSet.parse(cg_file(root, "shared/plain", "cpuset.cpus.effective")) == pool
+
+
+def test_a_shared_admission_writes_and_reads_back_only_its_own_cgroup(cgroup_service):
+    service, files, root = cgroup_service
+    fill(service, LIVE)
+    files.reset()
+    service.admit(AdmitRequest(name="new", shared=True), ME)
+    written = {rel for rel, _ in files.writes if rel != "."}
+    assert written == {"shared/new"}
+    effective_reads = {rel for rel, name in files.reads if name == "cpuset.cpus.effective"}
+    assert effective_reads == {"shared/new"}
+    files.reset()
+    service.release("new", ME)
+    # The test's own process is still in it: it moves to shared/_released.
+    assert {rel for rel, _ in files.writes if rel not in (".", "shared/new")} <= {"shared/_released"}
+    assert not (root / "shared" / "new").exists()
+    assert service._layout == desired_layout(service.machine, service.state)
+
+
+def test_an_exclusive_admission_writes_the_pool_and_its_own_cgroup_only(cgroup_service):
+    service, files, root = cgroup_service
+    fill(service, LIVE)
+    files.reset()
+    service.admit(AdmitRequest(name="x", cpus=1), ME)
+    written = {rel for rel, _ in files.writes if rel != "."}
+    assert written <= {"agent", "shared", "shared/_released", "wl-x"} and "wl-x" in written
+    effective_reads = {rel for rel, name in files.reads if name == "cpuset.cpus.effective"}
+    assert not any(rel.startswith("shared/s") for rel in effective_reads)
+    assert service._layout == desired_layout(service.machine, service.state)
+
+
+def test_a_shared_admission_pins_nobody_else_in_the_affinity_fallback(tmp_path, monkeypatch, sleepers):
+    from numa_agent.discovery.sysfs import read_topology
+
+    machine = build_machine(read_topology("/"), PolicyConfig())  # affinity pins on this machine's CPUs
+    if len(machine.usable_cpus) < 2:
+        pytest.skip("needs two usable CPUs")
+    enforcer = AffinityEnforcer("test")
+    service = AgentService(machine, CheckpointStore(tmp_path / "state"), enforcer)
+    service.install(service.state)
+    pinned: list[tuple[int, bool]] = []
+    real_pin = enforcer_module._pin_tree
+
+    def pin(pid, cpus, descendants=True, tasks=None):
+        pinned.append((pid, descendants))
+        real_pin(pid, cpus, descendants, tasks)
+
+    monkeypatch.setattr(enforcer_module, "_pin_tree", pin)
+    callers = [sleepers() for _ in range(5)]
+    for i, caller in enumerate(callers):
+        service.admit(AdmitRequest(name=f"s{i}", shared=True), caller)
+    pinned.clear()
+    newcomer = sleepers()
+    service.admit(AdmitRequest(name="new", shared=True), newcomer)
+    # Only the caller's own process; no scan of the machine for descendants.
+    assert pinned == [(newcomer.pid, False)]
+    # An exclusive admission shrinks the pool: each shared workload is re-pinned.
+    pinned.clear()
+    service.admit(AdmitRequest(name="x", cpus=1), sleepers())
+    assert {pid for pid, _ in pinned} >= {c.pid for c in callers} | {newcomer.pid}
+    pool = service.status()["shared_pool"]
+    assert all(CpuSet(os.sched_getaffinity(c.pid)) == CpuSet.parse(pool) for c in callers)
+    enforcer.close()
+
+
+def test_the_tree_of_a_process_is_found_without_scanning_every_process(sleepers):
+    import subprocess
+    import time
+
+    proc = subprocess.Popen(["sh", "-c", "sleep 30 & sleep 30 & wait"])
+    found: list[int] = []
+    try:
+        deadline = time.monotonic() + 5
+        while len(enforcer_module._tree_tasks(proc.pid)) < 3 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        scanned = enforcer_module._Tasks()
+        scanned._by_parent = enforcer_module._scan_parents()  # as on a kernel without children files
+        assert sorted(enforcer_module._tree_tasks(proc.pid)) == sorted(scanned.of_tree(proc.pid))
+        found = enforcer_module._tree_tasks(proc.pid)
+        assert len(found) == 3
+        assert enforcer_module._threads(proc.pid) == [proc.pid]
+    finally:
+        for pid in found or [proc.pid]:  # the shell and the two sleeps it started
+            try:
+                os.kill(pid, 9)
+            except ProcessLookupError:
+                pass
+        proc.wait()
+
+
+def test_without_children_files_one_scan_serves_every_tree_of_an_apply(tmp_path, monkeypatch):
+    # A /proc of a kernel without CONFIG_PROC_CHILDREN: 10 -> 11 -> 13, and 12 on its own.
+    proc = tmp_path / "proc"
+    for pid, ppid, threads in ((10, 1, (10,)), (11, 10, (11, 14)), (12, 1, (12,)), (13, 11, (13,))):
+        for tid in threads:
+            (proc / str(pid) / "task" / str(tid)).mkdir(parents=True)
+        (proc / str(pid) / "stat").write_text(f"{pid} (a (b) c) S {ppid} {pid} {pid} 0 -1\n")
+    scans = []
+    real_scan = enforcer_module._scan_parents
+    monkeypatch.setattr(enforcer_module, "_scan_parents", lambda p: scans.append(p) or real_scan(p))
+    finder = enforcer_module._Tasks(str(proc))
+    assert sorted(finder.of_tree(10)) == [10, 11, 13, 14]
+    assert finder.of_tree(12) == [12]
+    assert len(scans) == 1
