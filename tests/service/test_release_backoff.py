@@ -61,7 +61,7 @@ class FakeEnforcer:
         self.pipes: dict[str, tuple[int, int]] = {}
         self.exited: set[str] = set()
 
-    def apply(self, old, new, move=None):
+    def apply(self, old, new, move=None, changed=None):
         for rel in new:
             if rel.startswith("wl-") and rel not in self.pipes:
                 self.pipes[rel] = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
