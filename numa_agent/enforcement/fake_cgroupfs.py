@@ -570,11 +570,13 @@ class FakeCgroupfs:
     def _settle_below(self, cgroup_dir: Path, before: _Sets | None, after: _Sets) -> None:
         """The available sets of `cgroup_dir` became `after`: its effective
         files, then its children."""
-        parts = _partitions(cgroup_dir)
+        kids = _child_dirs(cgroup_dir)
+        parts = _partitions(cgroup_dir, kids)
         carved_after = _carved(after, parts)
-        _put_effective(cgroup_dir, after, carved_after)
         carved_before = _carved(before, parts) if before is not None else CpuSet()
-        for kid in _child_dirs(cgroup_dir):
+        _put_effective(cgroup_dir, after, carved_after,
+                       (before[0] - carved_before, before[1]) if before is not None else None)
+        for kid in kids:
             old = _handed(before, carved_before, parts, kid) if before is not None else None
             self._settle(kid, old, _handed(after, carved_after, parts, kid))
 
@@ -671,7 +673,17 @@ def _get(file: Path) -> str:
 
 
 def _put(file: Path, value: str) -> None:
-    file.write_text(value + "\n" if value else "")
+    # Overwrite in place, then cut to length: never open with O_TRUNC, on
+    # which ext4 (auto_da_alloc) flushes the file at close, a millisecond a
+    # write. In place also keeps the inode that inotify watches.
+    data = (value + "\n").encode() if value else b""
+    fd = os.open(file, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o666)
+    try:
+        if data:
+            os.pwrite(fd, data, 0)
+        os.ftruncate(fd, len(data))
+    finally:
+        os.close(fd)
 
 
 def _words(text: str) -> tuple[str, ...]:
@@ -711,7 +723,7 @@ def _put_events(cgroup_dir: Path, populated: bool) -> None:
 
 
 def _child_dirs(cgroup_dir: Path) -> list[Path]:
-    return sorted(p for p in cgroup_dir.iterdir() if p.is_dir())
+    return sorted(_iter_child_dirs(cgroup_dir))
 
 
 def _iter_child_dirs(cgroup_dir: Path) -> Iterator[Path]:
@@ -752,9 +764,10 @@ def _narrow(requested: _Sets, given: _Sets) -> _Sets:
     return (requested[0] & given[0]) or given[0], (requested[1] & given[1]) or given[1]
 
 
-def _partitions(cgroup_dir: Path) -> dict[Path, CpuSet]:
+def _partitions(cgroup_dir: Path, kids: list[Path] | None = None) -> dict[Path, CpuSet]:
     """The valid partition children and their CPUs."""
-    return {kid: _partition_cpus(kid) for kid in _child_dirs(cgroup_dir) if _is_partition(kid)}
+    kids = _child_dirs(cgroup_dir) if kids is None else kids
+    return {kid: _partition_cpus(kid) for kid in kids if _is_partition(kid)}
 
 
 def _carved(available: _Sets | None, parts: dict[Path, CpuSet]) -> CpuSet:
@@ -770,9 +783,15 @@ def _handed(available: _Sets, carved: CpuSet, parts: dict[Path, CpuSet], kid: Pa
     return available[0] - carved, available[1]
 
 
-def _put_effective(cgroup_dir: Path, available: _Sets, carved: CpuSet) -> None:
-    _put(cgroup_dir / "cpuset.cpus.effective", (available[0] - carved).format())
-    _put(cgroup_dir / "cpuset.mems.effective", available[1].format())
+def _put_effective(cgroup_dir: Path, available: _Sets, carved: CpuSet,
+                   before: tuple[CpuSet, CpuSet] | None = None) -> None:
+    """Write the effective files; only those that change when `before`
+    (the effective cpus and mems as they were) is known."""
+    cpus = available[0] - carved
+    if before is None or cpus != before[0]:
+        _put(cgroup_dir / "cpuset.cpus.effective", cpus.format())
+    if before is None or available[1] != before[1]:
+        _put(cgroup_dir / "cpuset.mems.effective", available[1].format())
 
 
 def _is_partition(cgroup_dir: Path) -> bool:
