@@ -531,9 +531,10 @@ class FakeCgroupfs:
             # A partition's CPUs are carved out of its parent: all its siblings may change.
             self._recarve(cgroup_dir.parent, mutate, changed=cgroup_dir)
             return
-        before = self._available(cgroup_dir)
+        given = self._given(cgroup_dir)  # its own request does not change what it is handed
+        before = _narrow(_requested(cgroup_dir), given)
         mutate()
-        after = self._available(cgroup_dir)
+        after = _narrow(_requested(cgroup_dir), given)
         if after != before:
             self._settle_below(cgroup_dir, before, after)
 
