@@ -51,6 +51,7 @@ instance (which reads where every process is) and `recompute`.
 from __future__ import annotations
 
 import errno
+import functools
 import json
 import logging
 import os
@@ -571,7 +572,9 @@ class FakeCgroupfs:
     def _settle_below(self, cgroup_dir: Path, before: _Sets | None, after: _Sets) -> None:
         """The available sets of `cgroup_dir` became `after`: its effective
         files, then its children."""
-        kids = _child_dirs(cgroup_dir)
+        # Children have cpuset files only when this cgroup enables cpuset for them.
+        kids = _child_dirs(cgroup_dir) if "cpuset" in _words(
+            _get(cgroup_dir / "cgroup.subtree_control")) else []
         parts = _partitions(cgroup_dir, kids)
         carved_after = _carved(after, parts)
         carved_before = _carved(before, parts) if before is not None else CpuSet()
@@ -790,9 +793,15 @@ def _put_effective(cgroup_dir: Path, available: _Sets, carved: CpuSet,
     (the effective cpus and mems as they were) is known."""
     cpus = available[0] - carved
     if before is None or cpus != before[0]:
-        _put(cgroup_dir / "cpuset.cpus.effective", cpus.format())
+        _put(cgroup_dir / "cpuset.cpus.effective", _format(cpus.bits))
     if before is None or available[1] != before[1]:
-        _put(cgroup_dir / "cpuset.mems.effective", available[1].format())
+        _put(cgroup_dir / "cpuset.mems.effective", _format(available[1].bits))
+
+
+@functools.lru_cache(maxsize=256)
+def _format(bits: int) -> str:
+    # The children that inherit a pool all get the same list: format it once.
+    return CpuSet.from_bits(bits).format()
 
 
 def _is_partition(cgroup_dir: Path) -> bool:
