@@ -23,9 +23,12 @@ def add_parser(sub) -> None:
         epilog="examples:\n"
                "  numa-agent serve --config /etc/numa-agent/config.toml\n"
                "  numa-agent serve --state-dir .run/state --socket .run/agent.sock   (developer box)\n"
-               "  numa-agent serve --sysfs-root snapshot/ --state-dir /tmp/s --socket /tmp/s.sock\n")
+               "  numa-agent serve --sysfs-root machine.tar.gz --state-dir /tmp/s --socket /tmp/s.sock\n"
+               "      (another machine's snapshot, a directory or an archive: enforced into a simulated\n"
+               "       cgroup tree under the state directory; nothing is pinned for real)\n")
     p.add_argument("--config", help="TOML config file (default /etc/numa-agent/config.toml if present)")
-    p.add_argument("--sysfs-root", help="directory holding sys/ and proc/ (default /)")
+    p.add_argument("--sysfs-root", help="directory holding sys/ and proc/ (default /), or a snapshot "
+                                        "archive of one (.tar.gz, .tgz, .tar)")
     p.add_argument("--cgroup-root",
                    help="the agent's cgroup v2 directory; 'auto' (default) finds it, 'none' forces the "
                         "CPU-affinity fallback")

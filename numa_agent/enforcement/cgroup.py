@@ -35,7 +35,7 @@ import re
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Protocol, runtime_checkable
+from typing import Collection, Iterable, Protocol, runtime_checkable
 
 from numa_agent.core.cpuset import CpuSet, CpuSetParseError
 from numa_agent.core.hints import NumaMask
@@ -157,6 +157,21 @@ class CgroupFiles(Protocol):
         """Remove `name`; nothing happens when it is not set."""
         ...
 
+    def fds(self) -> list[int]:
+        """Descriptors the agent's event loop must wait on for this backend
+        to notice process exits (none on the kernel's tree, which notices
+        them itself)."""
+        ...
+
+    def ready(self, fds: Collection[int]) -> None:
+        """Some of `fds()` are readable: bring the tree up to date (its
+        `cgroup.events` change as the kernel's would)."""
+        ...
+
+    def close(self) -> None:
+        """Release the descriptors of `fds()`."""
+        ...
+
 
 class KernelFiles:
     """The real cgroupfs: plain file I/O; the kernel does the rest."""
@@ -209,6 +224,15 @@ class KernelFiles:
         except OSError as exc:
             if exc.errno != errno.ENODATA:
                 raise
+
+    def fds(self) -> list[int]:
+        return []  # the kernel drops exited processes and rewrites cgroup.events itself
+
+    def ready(self, fds: Collection[int]) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
 
 
 class CgroupV2:

@@ -43,11 +43,11 @@ DOMAIN_CONTROLLERS = ("memory", "hugetlb")
 
 
 class CgroupEnforcer:
-    mode = "cgroup"
-
     def __init__(self, cgroup: CgroupV2, domain_controllers: bool = True,
                  partitions: str = "off") -> None:
         self.cgroup = cgroup
+        # What reports call it: a simulated tree pins nothing for real.
+        self.mode = "simulated" if cgroup.files.simulated else "cgroup"
         # "isolated" or "root": exclusive workloads become cpuset partitions,
         # when the agent's root is itself a partition root (see setup).
         self.partitions = partitions
@@ -316,17 +316,25 @@ class CgroupEnforcer:
         return self.populated(relpath)
 
     def fds(self) -> list[int]:
-        return [self.watcher.fileno()]
+        """The inotify watcher, and whatever the files backend needs to notice
+        exits (a simulated tree's pidfds; nothing on the kernel's)."""
+        return [self.watcher.fileno(), *self.cgroup.files.fds()]
 
     def released(self, ready_fds: Collection[int]) -> list[str]:
         """Watched cgroups whose `cgroup.events` changed and that are empty now
         (the change may as well have been a process moving in)."""
-        if self.watcher.fileno() not in ready_fds:
+        backend = set(self.cgroup.files.fds()) & set(ready_fds)
+        if backend:
+            # The simulated tree drops the exited processes now; inotify
+            # queues the resulting cgroup.events changes at once.
+            self.cgroup.files.ready(backend)
+        elif self.watcher.fileno() not in ready_fds:
             return []
         return [rel for rel in self.watcher.read_events() if not self.populated(rel)]
 
     def close(self) -> None:
         self.watcher.close()
+        self.cgroup.files.close()
 
 
 class AffinityEnforcer:

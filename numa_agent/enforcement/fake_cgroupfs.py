@@ -30,24 +30,41 @@ The emulation follows the kernel's rules that the agent depends on
   children is EBUSY; writing a read-only file is EACCES;
 - `cgroup.events` is rewritten only when `populated` changes, so inotify
   watchers see IN_MODIFY exactly when the kernel would notify;
+- a process leaves the tree when it exits: the fake holds a pidfd of every
+  process moved in and exposes them as one descriptor (`fds`, an epoll set)
+  for the agent's event loop, which hands it back to `ready` when readable; a
+  process already exiting when it is written to `cgroup.procs` is not moved
+  (the kernel skips exiting tasks);
 - a directory takes `user.*` extended attributes of at most XATTR_SIZE_MAX
   bytes (E2BIG), and loses them with rmdir. They are real extended
   attributes of the directory where the file system holding the tree takes
   them, else a sidecar file `.xattr.<name>` in the directory (a regular file:
   never listed as a cgroup, removed by rmdir like the interface files).
+
+Like the kernel, a write costs what it changes: effective cpusets are
+recomputed below the written cgroup only, down to where they come out
+unchanged, and `populated` from the moved process's cgroups up to where it
+stays as it was; nothing walks the whole tree but the first use of an
+instance (which reads where every process is) and `recompute`.
 """
 
 from __future__ import annotations
 
 import errno
+import functools
 import json
+import logging
 import os
+import select
+import threading
 from pathlib import Path
-from typing import Iterable
+from typing import Callable, Collection, Iterable, Iterator
 
 from numa_agent.core.cpuset import CpuSet, CpuSetParseError
 from numa_agent.enforcement.cgroup import CGROUP2_SUPER_MAGIC, XATTR_SIZE_MAX
 from numa_agent.enforcement.processes import process_alive
+
+log = logging.getLogger("numa_agent.enforcement")
 
 FAKE_MARKER = ".numa-agent-fake-cgroupfs"
 
@@ -106,7 +123,12 @@ def make_fake_cgroup_root(path: str | os.PathLike, cpus: CpuSet, mems: Iterable[
 
 class FakeCgroupfs:
     """Kernel-like side effects for one fake tree (see module docstring): the
-    simulated `CgroupFiles` backend of the driver."""
+    simulated `CgroupFiles` backend of the driver.
+
+    One instance drives a tree at a time, as one kernel does: it learns where
+    every process is from the tree on first use and keeps that index (and a
+    pidfd per process) from then on. Every method takes one lock, so the
+    event loop and the API threads see each write whole."""
 
     simulated = True
 
@@ -116,10 +138,17 @@ class FakeCgroupfs:
         self.machine_cpus = CpuSet.parse(marker["machine_cpus"])
         self.machine_mems = CpuSet.parse(marker["machine_mems"])
         self.hugepage_sizes = tuple(marker["hugepage_sizes"])
+        self._lock = threading.RLock()
+        # Built on first need (a throwaway instance reading an xattr opens nothing).
+        self._where: dict[int, Path] | None = None  # pid -> its cgroup
+        self._pidfds: dict[int, int] = {}            # pid -> pidfd
+        self._by_fd: dict[int, int] = {}             # pidfd -> pid
+        self._unfollowed: set[int] = set()           # listed, but no pidfd could be had
+        self._epoll: select.epoll | None = None      # readable when a followed process exited
 
     # ---- entry points used by the driver (CgroupFiles) ---------------------
     def read(self, file: Path) -> bytes:
-        with open(file, "rb") as f:
+        with self._lock, open(file, "rb") as f:
             return f.read()
 
     def fs_type(self, path: Path) -> int | None:
@@ -127,25 +156,38 @@ class FakeCgroupfs:
         return CGROUP2_SUPER_MAGIC
 
     def mkdir(self, cgroup_dir: Path) -> None:
-        os.mkdir(cgroup_dir)
-        enabled = _words(_get(cgroup_dir.parent / "cgroup.subtree_control"))
-        self._write_core_files(cgroup_dir, enabled)
-        self._write_controller_files(cgroup_dir, enabled)
-        self.recompute()
+        with self._lock:
+            os.mkdir(cgroup_dir)
+            enabled = _words(_get(cgroup_dir.parent / "cgroup.subtree_control"))
+            self._write_core_files(cgroup_dir, enabled)
+            self._write_controller_files(cgroup_dir, enabled)
+            # A new cgroup asks for nothing: it gets what its parent hands down.
+            self._settle(cgroup_dir, None, self._given(cgroup_dir))
 
     def rmdir(self, cgroup_dir: Path) -> None:
-        if not cgroup_dir.is_dir():
-            raise _oserror(errno.ENOENT, cgroup_dir)
-        self.reap()
-        if _child_dirs(cgroup_dir) or _procs(cgroup_dir):
-            raise _oserror(errno.EBUSY, cgroup_dir)
-        for entry in cgroup_dir.iterdir():
-            entry.unlink()
-        os.rmdir(cgroup_dir)
-        # A removed partition hands its CPUs back to its parent.
-        self.recompute()
+        with self._lock:
+            if not cgroup_dir.is_dir():
+                raise _oserror(errno.ENOENT, cgroup_dir)
+            self.reap()
+            if _has_child_dirs(cgroup_dir) or _procs(cgroup_dir):
+                raise _oserror(errno.EBUSY, cgroup_dir)
+
+            def remove() -> None:
+                for entry in cgroup_dir.iterdir():
+                    entry.unlink()
+                os.rmdir(cgroup_dir)
+
+            if cgroup_dir != self.root and _is_partition(cgroup_dir):
+                # A removed partition hands its CPUs back to its parent.
+                self._recarve(cgroup_dir.parent, remove)
+            else:
+                remove()
 
     def write(self, file: Path, value: str) -> None:
+        with self._lock:
+            self._write(file, value)
+
+    def _write(self, file: Path, value: str) -> None:
         name = file.name
         cgroup_dir = file.parent
         if not file.is_file():
@@ -161,14 +203,13 @@ class FakeCgroupfs:
             cpus = _parse_or_einval(text, file)
             if not cpus.issubset(self.machine_cpus):
                 raise _oserror(errno.EINVAL, file)
-            _put(file, cpus.format())
-            self.recompute()
+            self._write_request(cgroup_dir, lambda: _put(file, cpus.format()),
+                                carving=cgroup_dir != self.root and _is_partition(cgroup_dir))
         elif name == "cpuset.mems":
             mems = _parse_or_einval(text, file)
             if not mems.issubset(self.machine_mems):
                 raise _oserror(errno.EINVAL, file)
-            _put(file, mems.format())
-            self.recompute()
+            self._write_request(cgroup_dir, lambda: _put(file, mems.format()), carving=False)
         elif name == "cpuset.cpus.partition":
             self._write_partition(cgroup_dir, text)
         elif name in ("memory.max", "memory.high", "memory.low", "memory.min", "memory.swap.max"):
@@ -226,28 +267,128 @@ class FakeCgroupfs:
             if exc.errno != errno.ENODATA and exc.errno not in _NO_XATTR_HERE:
                 raise
 
-    def process_exited(self, pid: int) -> None:
-        """What the kernel does when a process dies: drop it, update events."""
-        for cgroup_dir in self._all_cgroups():
-            pids = _procs(cgroup_dir)
-            if pid in pids:
-                pids.remove(pid)
-                _put(cgroup_dir / "cgroup.procs", "".join(f"{p}\n" for p in pids))
-        self._refresh_events()
+    # ---- process exits ---------------------------------------------------------
+    def fds(self) -> list[int]:
+        """One descriptor, readable when a process in the tree has exited
+        (an epoll set of their pidfds): hand it to `ready` then."""
+        with self._lock:
+            self._index()
+            assert self._epoll is not None
+            return [self._epoll.fileno()]
+
+    def ready(self, fds: Collection[int]) -> None:
+        """Drop the processes that exited, as the kernel does at exit: their
+        cgroups' `cgroup.procs` and `cgroup.events` change (inotify sees it)."""
+        with self._lock:
+            if self._epoll is not None and self._epoll.fileno() in fds:
+                self._drop_exited()
 
     def reap(self) -> None:
-        """Drop processes that no longer exist, as the kernel does at exit
-        (a fake tree learns of exits only when someone looks)."""
-        for cgroup_dir in self._all_cgroups():
-            for pid in _procs(cgroup_dir):
+        """Bring membership up to date before it is read: the exits the
+        pidfds report, and those of processes no pidfd could be had for."""
+        with self._lock:
+            self._index()
+            self._drop_exited()
+            for pid in sorted(self._unfollowed):
                 if not process_alive(pid):
                     self.process_exited(pid)
+
+    def process_exited(self, pid: int) -> None:
+        """What the kernel does when a process dies: drop it, update events."""
+        with self._lock:
+            where = self._index()
+            self._unfollow(pid)
+            cgroup_dir = where.pop(pid, None)
+            if cgroup_dir is not None and pid in _procs(cgroup_dir):
+                _remove_pid(cgroup_dir, pid)
+                self._populated_changed(cgroup_dir)
+                return
+            # Not where this instance put it (the tree was changed behind its back).
+            for directory in self._all_cgroups():
+                if pid in _procs(directory):
+                    _remove_pid(directory, pid)
+                    self._populated_changed(directory)
+
+    def close(self) -> None:
+        """Close every pidfd; the next use builds the index again."""
+        with self._lock:
+            for fd in self._by_fd:
+                os.close(fd)
+            self._by_fd.clear()
+            self._pidfds.clear()
+            self._unfollowed.clear()
+            if self._epoll is not None:
+                self._epoll.close()
+                self._epoll = None
+            self._where = None
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown: nothing left to tidy
+            pass
+
+    def _index(self) -> dict[int, Path]:
+        """pid -> cgroup, read from the tree once; processes that are gone
+        are dropped, as the kernel would have."""
+        if self._where is not None:
+            return self._where
+        self._where = {}
+        self._epoll = select.epoll()
+        for cgroup_dir in self._all_cgroups():
+            listed = _procs(cgroup_dir)
+            kept = [pid for pid in listed if pid not in self._where and self._follow(pid)]
+            for pid in kept:
+                self._where[pid] = cgroup_dir
+            if kept != listed:
+                _put_procs(cgroup_dir, kept)
+        self.refresh_populated()
+        return self._where
+
+    def _follow(self, pid: int) -> bool:
+        """Follow `pid` to its exit; False if it has no live process."""
+        try:
+            fd = _open_pidfd(pid)
+        except OSError:
+            return False
+        if fd is None:
+            self._unfollowed.add(pid)
+        elif _exited(fd):
+            os.close(fd)
+            return False
+        else:
+            self._adopt_fd(pid, fd)
+        return True
+
+    def _adopt_fd(self, pid: int, fd: int) -> None:
+        assert self._epoll is not None
+        self._pidfds[pid] = fd
+        self._by_fd[fd] = pid
+        self._epoll.register(fd, select.EPOLLIN)
+
+    def _unfollow(self, pid: int) -> None:
+        self._unfollowed.discard(pid)
+        fd = self._pidfds.pop(pid, None)
+        if fd is not None:
+            self._by_fd.pop(fd, None)
+            if self._epoll is not None:
+                self._epoll.unregister(fd)
+            os.close(fd)
+
+    def _drop_exited(self) -> None:
+        if self._epoll is None:
+            return
+        for fd, _ in self._epoll.poll(0):
+            pid = self._by_fd.get(fd)
+            if pid is not None:
+                self.process_exited(pid)
 
     # ---- emulated writes -------------------------------------------------
     def _write_subtree_control(self, cgroup_dir: Path, text: str) -> None:
         file = cgroup_dir / "cgroup.subtree_control"
         available = set(_words(_get(cgroup_dir / "cgroup.controllers")))
-        enabled = set(_words(_get(file)))
+        before = set(_words(_get(file)))
+        enabled = set(before)
         for token in text.split():
             sign, name = token[:1], token[1:]
             if sign not in "+-" or not name:
@@ -256,54 +397,85 @@ class FakeCgroupfs:
                 if name not in available:
                     raise _oserror(errno.ENOENT, file)
                 if name not in enabled and _procs(cgroup_dir) and (
-                        name not in _THREADED or not _can_be_thread_root(cgroup_dir)):
+                        name not in _THREADED or not self._can_be_thread_root(cgroup_dir)):
                     raise _oserror(errno.EBUSY, file)
                 enabled.add(name)
-            else:
+            elif name in enabled:
                 for child in _child_dirs(cgroup_dir):
                     if name in _words(_get(child / "cgroup.subtree_control")):
                         raise _oserror(errno.EBUSY, file)
                 enabled.discard(name)
+        if enabled == before:
+            return  # nothing changes for the children
         ordered = _ordered(enabled)
         _put(file, " ".join(ordered))
         for child in _child_dirs(cgroup_dir):
+            had_cpuset = _has_cpuset(child)
             self._write_controller_files(child, ordered)
-        self.recompute()
+            if _has_cpuset(child) and not had_cpuset:
+                self._settle(child, None, self._given(child))
 
     def _move_pid(self, target: Path, text: str) -> None:
         file = target / "cgroup.procs"
-        if not text.isdigit():
+        if not text.isdigit() or int(text) == 0:
             raise _oserror(errno.EINVAL, file)
         pid = int(text)
-        if not Path(f"/proc/{pid}").exists():
-            raise _oserror(errno.ESRCH, file)
-        # The fake root stands for a non-root cgroup, so the rule applies to it too.
-        if _words(_get(target / "cgroup.subtree_control")) and not _can_be_thread_root(target):
-            raise _oserror(errno.EBUSY, file)
-        effective = target / "cpuset.cpus.effective"
-        if effective.is_file() and not CpuSet.parse(_get(effective)):
-            raise _oserror(errno.ENOSPC, file)
-        for cgroup_dir in self._all_cgroups():
-            pids = _procs(cgroup_dir)
-            if pid in pids and cgroup_dir != target:
-                pids.remove(pid)
-                _put(cgroup_dir / "cgroup.procs", "".join(f"{p}\n" for p in pids))
-        pids = _procs(target)
-        if pid not in pids:
-            pids.append(pid)
-            _put(file, "".join(f"{p}\n" for p in pids))
-        self._refresh_events()
+        where = self._index()
+        known = pid in where
+        fd = None
+        if not known:
+            try:
+                fd = _open_pidfd(pid)
+            except OSError:
+                raise _oserror(errno.ESRCH, file) from None
+        try:
+            # The fake root stands for a non-root cgroup, so the rule applies to it too.
+            if _words(_get(target / "cgroup.subtree_control")) and not self._can_be_thread_root(target):
+                raise _oserror(errno.EBUSY, file)
+            effective = target / "cpuset.cpus.effective"
+            if effective.is_file() and not CpuSet.parse(_get(effective)):
+                raise _oserror(errno.ENOSPC, file)
+        except OSError:
+            if fd is not None:
+                os.close(fd)
+            raise
+        if not known:
+            if fd is not None and _exited(fd):
+                # The kernel skips an exiting task: the write succeeds, nothing moves.
+                os.close(fd)
+                return
+            if fd is None:
+                self._unfollowed.add(pid)
+            else:
+                self._adopt_fd(pid, fd)
+        source = where.get(pid)
+        if source == target:
+            return
+        where[pid] = target
+        if source is not None:
+            _remove_pid(source, pid)
+        _put_procs(target, [*_procs(target), pid])
+        # Target first: a common ancestor then never flips to empty and back.
+        self._populated_changed(target)
+        if source is not None and source.is_dir():
+            self._populated_changed(source)
 
     def _write_partition(self, cgroup_dir: Path, text: str) -> None:
         file = cgroup_dir / "cpuset.cpus.partition"
         if text not in ("root", "isolated", "member"):
             raise _oserror(errno.EINVAL, file)
         if text == "member":
-            _put(file, "member")
+            value = "member"
         else:
             reason = self._partition_problem(cgroup_dir)
-            _put(file, f"{text} invalid ({reason})" if reason else text)
-        self.recompute()
+            value = f"{text} invalid ({reason})" if reason else text
+        if cgroup_dir == self.root:
+            _put(file, value)  # what the root is given does not depend on it
+            return
+        if _is_partition(cgroup_dir) or value in _PARTITION_TYPES:
+            self._recarve(cgroup_dir.parent, lambda: _put(file, value))
+        else:
+            _put(file, value)
 
     def _partition_problem(self, cgroup_dir: Path) -> str:
         cpus = CpuSet.parse(_get(cgroup_dir / "cpuset.cpus"))
@@ -329,37 +501,126 @@ class FakeCgroupfs:
                 return "Cpu list in cpuset.cpus not exclusive"
         return ""
 
-    # ---- derived state -----------------------------------------------------
+    # ---- derived state: effective cpusets -----------------------------------
+    # A cgroup's "available" sets are its request narrowed to what its parent
+    # hands it (the whole request if that is empty or disjoint: the parent's).
+    # Its cpuset.*.effective is that less the CPUs of its valid partition
+    # children. A non-partition child is handed its parent's effective sets; a
+    # partition child its own partition CPUs within the parent's available.
+    # A write recomputes only below the cgroup it changed, and stops wherever
+    # a child's available sets come out as they were.
     def recompute(self) -> None:
         """Recompute every effective cpuset from the requested ones."""
-        self._recompute(self.root, self.machine_cpus, self.machine_mems)
+        with self._lock:
+            self._settle(self.root, None, self._given(self.root))
 
-    def _recompute(self, cgroup_dir: Path, given_cpus: CpuSet, given_mems: CpuSet) -> None:
-        if not (cgroup_dir / "cpuset.cpus.effective").is_file():
+    def _given(self, cgroup_dir: Path) -> _Sets:
+        """What the parent hands `cgroup_dir` now, from its ancestors only."""
+        if cgroup_dir == self.root:
+            return self.machine_cpus, self.machine_mems
+        parent = cgroup_dir.parent
+        if _is_partition(cgroup_dir):
+            return _partition_cpus(cgroup_dir) & self._available(parent)[0], _effective(parent)[1]
+        return _effective(parent)
+
+    def _available(self, cgroup_dir: Path) -> _Sets:
+        return _narrow(_requested(cgroup_dir), self._given(cgroup_dir))
+
+    def _write_request(self, cgroup_dir: Path, mutate: Callable[[], None], carving: bool) -> None:
+        """Write one of the cgroup's requests and recompute what it changes."""
+        if carving:
+            # A partition's CPUs are carved out of its parent: all its siblings may change.
+            self._recarve(cgroup_dir.parent, mutate, changed=cgroup_dir)
             return
-        eff_cpus = _narrow(CpuSet.parse(_get(cgroup_dir / "cpuset.cpus")), given_cpus)
-        eff_mems = _narrow(CpuSet.parse(_get(cgroup_dir / "cpuset.mems")), given_mems)
-        kids = _child_dirs(cgroup_dir)
-        carved = CpuSet()
-        for kid in kids:
-            if _is_partition(kid):
-                carved |= _partition_cpus(kid) & eff_cpus
-        _put(cgroup_dir / "cpuset.cpus.effective", (eff_cpus - carved).format())
-        _put(cgroup_dir / "cpuset.mems.effective", eff_mems.format())
-        for kid in kids:
-            if _is_partition(kid):
-                self._recompute(kid, _partition_cpus(kid) & eff_cpus, eff_mems)
-            else:
-                self._recompute(kid, eff_cpus - carved, eff_mems)
+        given = self._given(cgroup_dir)  # its own request does not change what it is handed
+        before = _narrow(_requested(cgroup_dir), given)
+        mutate()
+        after = _narrow(_requested(cgroup_dir), given)
+        if after != before:
+            self._settle_below(cgroup_dir, before, after)
 
-    def _refresh_events(self) -> None:
-        for cgroup_dir in self._all_cgroups():
-            populated = any(_procs(d) for d in _subtree(cgroup_dir))
-            events = cgroup_dir / "cgroup.events"
-            old = _get(events)
-            new = f"populated {int(populated)}\nfrozen 0"
-            if old != new:
-                _put(events, new)
+    def _recarve(self, parent: Path, mutate: Callable[[], None], changed: Path | None = None) -> None:
+        """`mutate` changes which CPUs the children of `parent` carve out of it
+        (and possibly the request of the child `changed`)."""
+        available = self._available(parent)
+        old_parts = _partitions(parent)
+        old_changed = self._available(changed) if changed is not None else None
+        mutate()
+        new_parts = _partitions(parent)
+        old_carved, new_carved = _carved(available, old_parts), _carved(available, new_parts)
+        _put_effective(parent, available, new_carved)
+        for kid in _child_dirs(parent):
+            new = _handed(available, new_carved, new_parts, kid)
+            if kid == changed:
+                after = _narrow(_requested(kid), new)
+                if after != old_changed:
+                    self._settle_below(kid, old_changed, after)
+            else:
+                self._settle(kid, _handed(available, old_carved, old_parts, kid), new)
+
+    def _settle(self, cgroup_dir: Path, old_given: _Sets | None, new_given: _Sets) -> None:
+        """`cgroup_dir` is handed `new_given` instead of `old_given` (None:
+        unknown, recompute)."""
+        if old_given == new_given or not _has_cpuset(cgroup_dir):
+            return
+        requested = _requested(cgroup_dir)
+        before = _narrow(requested, old_given) if old_given is not None else None
+        after = _narrow(requested, new_given)
+        if before != after:
+            self._settle_below(cgroup_dir, before, after)
+
+    def _settle_below(self, cgroup_dir: Path, before: _Sets | None, after: _Sets) -> None:
+        """The available sets of `cgroup_dir` became `after`: its effective
+        files, then its children."""
+        # Children have cpuset files only when this cgroup enables cpuset for them.
+        kids = _child_dirs(cgroup_dir) if "cpuset" in _words(
+            _get(cgroup_dir / "cgroup.subtree_control")) else []
+        parts = _partitions(cgroup_dir, kids)
+        carved_after = _carved(after, parts)
+        carved_before = _carved(before, parts) if before is not None else CpuSet()
+        _put_effective(cgroup_dir, after, carved_after,
+                       (before[0] - carved_before, before[1]) if before is not None else None)
+        for kid in kids:
+            old = _handed(before, carved_before, parts, kid) if before is not None else None
+            self._settle(kid, old, _handed(after, carved_after, parts, kid))
+
+    # ---- derived state: populated ---------------------------------------------
+    def _populated_changed(self, start: Path) -> None:
+        """The processes of `start` changed: rewrite `cgroup.events` of it and
+        of each ancestor whose populated flag flips, and no further (an
+        unchanged flag leaves every ancestor's as it was)."""
+        cgroup_dir = start
+        child_now: bool | None = None
+        while True:
+            # A child that became populated makes its parent so without a look.
+            now = True if child_now else (bool(_procs(cgroup_dir)) or any(
+                _is_populated(kid) for kid in _iter_child_dirs(cgroup_dir)))
+            if now == _is_populated(cgroup_dir):
+                return
+            _put_events(cgroup_dir, now)
+            if cgroup_dir == self.root:
+                return
+            cgroup_dir, child_now = cgroup_dir.parent, now
+
+    def refresh_populated(self) -> None:
+        """Every `cgroup.events` from the processes listed (a tree written
+        behind the fake's back): the whole tree, once."""
+        with self._lock:
+            self._refresh_populated(self.root)
+
+    def _refresh_populated(self, cgroup_dir: Path) -> bool:
+        kids = [self._refresh_populated(kid) for kid in _child_dirs(cgroup_dir)]
+        now = bool(_procs(cgroup_dir)) or any(kids)
+        if now != _is_populated(cgroup_dir):
+            _put_events(cgroup_dir, now)
+        return now
+
+    def _can_be_thread_root(self, cgroup_dir: Path) -> bool:
+        # The kernel's test: only threaded controllers enabled for the children
+        # and no child domain holding processes.
+        if set(_words(_get(cgroup_dir / "cgroup.subtree_control"))) - _THREADED:
+            return False
+        return not any(_is_populated(kid) for kid in _iter_child_dirs(cgroup_dir))
 
     def _all_cgroups(self) -> list[Path]:
         return _subtree(self.root)
@@ -408,12 +669,25 @@ class FakeCgroupfs:
 
 
 # ---- small file helpers (fake tree only) ----------------------------------------
+_Sets = tuple[CpuSet, CpuSet]  # (cpus, memory nodes)
+
+
 def _get(file: Path) -> str:
     return file.read_text().strip()
 
 
 def _put(file: Path, value: str) -> None:
-    file.write_text(value + "\n" if value else "")
+    # Overwrite in place, then cut to length: never open with O_TRUNC, on
+    # which ext4 (auto_da_alloc) flushes the file at close, a millisecond a
+    # write. In place also keeps the inode that inotify watches.
+    data = (value + "\n").encode() if value else b""
+    fd = os.open(file, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o666)
+    try:
+        if data:
+            os.pwrite(fd, data, 0)
+        os.ftruncate(fd, len(data))
+    finally:
+        os.close(fd)
 
 
 def _words(text: str) -> tuple[str, ...]:
@@ -430,16 +704,41 @@ def _procs(cgroup_dir: Path) -> list[int]:
     return [int(line) for line in _get(cgroup_dir / "cgroup.procs").split()]
 
 
-def _can_be_thread_root(cgroup_dir: Path) -> bool:
-    # The kernel's test: only threaded controllers enabled for the children
-    # and no child domain holding processes.
-    if set(_words(_get(cgroup_dir / "cgroup.subtree_control"))) - _THREADED:
+def _put_procs(cgroup_dir: Path, pids: Iterable[int]) -> None:
+    _put(cgroup_dir / "cgroup.procs", "".join(f"{p}\n" for p in pids).strip())
+
+
+def _remove_pid(cgroup_dir: Path, pid: int) -> None:
+    pids = _procs(cgroup_dir)
+    if pid in pids:
+        _put_procs(cgroup_dir, (p for p in pids if p != pid))
+
+
+def _is_populated(cgroup_dir: Path) -> bool:
+    try:
+        return "populated 1" in _get(cgroup_dir / "cgroup.events").splitlines()
+    except FileNotFoundError:
         return False
-    return not any(_procs(d) for child in _child_dirs(cgroup_dir) for d in _subtree(child))
+
+
+def _put_events(cgroup_dir: Path, populated: bool) -> None:
+    # Rewritten in place, never replaced: inotify watches this very inode.
+    _put(cgroup_dir / "cgroup.events", f"populated {int(populated)}\nfrozen 0")
 
 
 def _child_dirs(cgroup_dir: Path) -> list[Path]:
-    return sorted(p for p in cgroup_dir.iterdir() if p.is_dir())
+    return sorted(_iter_child_dirs(cgroup_dir))
+
+
+def _iter_child_dirs(cgroup_dir: Path) -> Iterator[Path]:
+    with os.scandir(cgroup_dir) as entries:
+        for entry in entries:
+            if entry.is_dir(follow_symlinks=False):
+                yield Path(entry.path)
+
+
+def _has_child_dirs(cgroup_dir: Path) -> bool:
+    return any(True for _ in _iter_child_dirs(cgroup_dir))
 
 
 def _subtree(cgroup_dir: Path) -> list[Path]:
@@ -449,9 +748,60 @@ def _subtree(cgroup_dir: Path) -> list[Path]:
     return out
 
 
-def _narrow(requested: CpuSet, given: CpuSet) -> CpuSet:
-    # cgroup v2: an empty or disjoint request falls back to the parent's set.
-    return (requested & given) or given
+def _has_cpuset(cgroup_dir: Path) -> bool:
+    return (cgroup_dir / "cpuset.cpus.effective").is_file()
+
+
+def _requested(cgroup_dir: Path) -> _Sets:
+    return (CpuSet.parse(_get(cgroup_dir / "cpuset.cpus")),
+            CpuSet.parse(_get(cgroup_dir / "cpuset.mems")))
+
+
+def _effective(cgroup_dir: Path) -> _Sets:
+    return (CpuSet.parse(_get(cgroup_dir / "cpuset.cpus.effective")),
+            CpuSet.parse(_get(cgroup_dir / "cpuset.mems.effective")))
+
+
+def _narrow(requested: _Sets, given: _Sets) -> _Sets:
+    # cgroup v2: an empty request means the parent's sets, and so does one
+    # disjoint from them.
+    return (requested[0] & given[0]) or given[0], (requested[1] & given[1]) or given[1]
+
+
+def _partitions(cgroup_dir: Path, kids: list[Path] | None = None) -> dict[Path, CpuSet]:
+    """The valid partition children and their CPUs."""
+    kids = _child_dirs(cgroup_dir) if kids is None else kids
+    return {kid: _partition_cpus(kid) for kid in kids if _is_partition(kid)}
+
+
+def _carved(available: _Sets | None, parts: dict[Path, CpuSet]) -> CpuSet:
+    if available is None:
+        return CpuSet()
+    return CpuSet.union_of(cpus & available[0] for cpus in parts.values())
+
+
+def _handed(available: _Sets, carved: CpuSet, parts: dict[Path, CpuSet], kid: Path) -> _Sets:
+    """What a cgroup with these available sets hands its child `kid`."""
+    if kid in parts:
+        return parts[kid] & available[0], available[1]
+    return available[0] - carved, available[1]
+
+
+def _put_effective(cgroup_dir: Path, available: _Sets, carved: CpuSet,
+                   before: tuple[CpuSet, CpuSet] | None = None) -> None:
+    """Write the effective files; only those that change when `before`
+    (the effective cpus and mems as they were) is known."""
+    cpus = available[0] - carved
+    if before is None or cpus != before[0]:
+        _put(cgroup_dir / "cpuset.cpus.effective", _format(cpus.bits))
+    if before is None or available[1] != before[1]:
+        _put(cgroup_dir / "cpuset.mems.effective", _format(available[1].bits))
+
+
+@functools.lru_cache(maxsize=256)
+def _format(bits: int) -> str:
+    # The children that inherit a pool all get the same list: format it once.
+    return CpuSet.from_bits(bits).format()
 
 
 def _is_partition(cgroup_dir: Path) -> bool:
@@ -465,6 +815,34 @@ def _partition_cpus(cgroup_dir: Path) -> CpuSet:
     if exclusive.is_file() and _get(exclusive):
         return CpuSet.parse(_get(exclusive))
     return CpuSet.parse(_get(cgroup_dir / "cpuset.cpus"))
+
+
+def _open_pidfd(pid: int) -> int | None:
+    """A pidfd of `pid`; None when the process exists but no pidfd can be had
+    (descriptor limit, a kernel before 5.3). OSError ESRCH when it does not."""
+    try:
+        return os.pidfd_open(pid)
+    except ProcessLookupError:
+        raise OSError(errno.ESRCH, os.strerror(errno.ESRCH)) from None
+    except OSError as exc:
+        if not process_alive(pid):
+            raise OSError(errno.ESRCH, os.strerror(errno.ESRCH)) from None
+        global _warned_no_pidfd
+        if not _warned_no_pidfd:
+            _warned_no_pidfd = True
+            log.warning("simulated cgroup tree: no pidfd for pid %d (%s); exits of such "
+                        "processes are noticed only when the tree is read", pid, exc.strerror)
+        return None
+
+
+_warned_no_pidfd = False
+
+
+def _exited(pidfd: int) -> bool:
+    """The process has exited (a pidfd is readable from then on, zombie or not)."""
+    poller = select.poll()
+    poller.register(pidfd, select.POLLIN)
+    return bool(poller.poll(0))
 
 
 def _parse_or_einval(text: str, file: Path) -> CpuSet:

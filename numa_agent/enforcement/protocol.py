@@ -45,7 +45,7 @@ NO_LIMITS = Limits(None, MappingProxyType({}))
 class Enforcer(Protocol):
     @property
     def mode(self) -> str:
-        """Short name of the mechanism ("cgroup", "affinity"), for reports."""
+        """Short name of the mechanism ("cgroup", "simulated", "affinity"), for reports."""
         ...
 
     @property

@@ -42,6 +42,7 @@ class Agent:
         self.hotplug = hotplug_source  # tests inject a fake; else kernel uevents
         self.service: AgentService | None = None
         self.claim: StateDirClaim | None = None
+        self.snapshot_dir: Path | None = None  # an extracted --sysfs-root archive
 
     def start(self) -> "Agent":
         """Start, or raise StartupError having released whatever was taken."""
@@ -53,13 +54,37 @@ class Agent:
         except StateDirError as exc:
             raise StartupError(str(exc)) from None
         try:
+            self._open_snapshot()
             return self._start()
         except BaseException:
             if self.api is not None:
                 self.api.stop()  # bound but never served: removes the socket
                 self.api = None
+            self._remove_snapshot()
             claim.abandon()
             raise
+
+    def _open_snapshot(self) -> None:
+        """`--sysfs-root` naming an archive: discovery reads its extracted tree."""
+        from dataclasses import replace
+
+        from numa_agent.service.snapshot import SnapshotError, extract_snapshot, is_archive
+
+        if not is_archive(self.cfg.sysfs_root):
+            return
+        try:
+            self.snapshot_dir, root = extract_snapshot(self.cfg.sysfs_root)
+        except SnapshotError as exc:
+            raise StartupError(str(exc)) from None
+        log.info("sysfs snapshot %s extracted to %s", self.cfg.sysfs_root, root)
+        self.cfg = replace(self.cfg, sysfs_root=str(root))
+
+    def _remove_snapshot(self) -> None:
+        from numa_agent.service.snapshot import remove_snapshot
+
+        if self.snapshot_dir is not None:
+            remove_snapshot(self.snapshot_dir)
+            self.snapshot_dir = None
 
     def _start(self) -> "Agent":
         from numa_agent.admission.machine import MachineConfigError, build_machine
@@ -210,6 +235,7 @@ class Agent:
             self.hotplug.close()
         if self.claim is not None:
             self.claim.release()
+        self._remove_snapshot()
         log.info("stopped; workloads keep running and keep their CPUs")
 
     def run_until_signal(self) -> int:
@@ -268,11 +294,26 @@ def _simulated_cgroup(cfg, machine, why_not: str) -> Enforcer:
     from numa_agent.enforcement.fake_cgroupfs import FakeCgroupfs, make_fake_cgroup_root
 
     fake = Path(cfg.state_dir) / "cgroupfs"
+    _allow_many_descriptors()  # the simulated tree holds a pidfd per process in it
     make_fake_cgroup_root(fake, machine.usable_cpus, machine.memory.memory_nodes.nodes()
                           or machine.node_ids)
     log.warning("sysfs root %s is not this machine: enforcing into a simulated cgroup tree at %s",
                 cfg.sysfs_root, fake)
     return CgroupEnforcer(CgroupV2(fake, FakeCgroupfs(fake)))
+
+
+def _allow_many_descriptors() -> None:
+    """Raise the soft limit on open files to the hard one (a thousand
+    workloads are a thousand pidfds, more than the usual soft 1024)."""
+    import resource
+
+    try:
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if hard == resource.RLIM_INFINITY or hard > soft:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard if hard != resource.RLIM_INFINITY
+                                                        else max(soft, 1 << 16), hard))
+    except (ValueError, OSError) as exc:
+        log.warning("cannot raise the open-files limit: %s", exc)
 
 
 def _kernel_cgroup(cfg, machine, why_not: str) -> Enforcer:
@@ -287,6 +328,7 @@ def _kernel_cgroup(cfg, machine, why_not: str) -> Enforcer:
         root, why = _auto_cgroup_root()
         if root is None:
             raise EnforcerUnavailable(why)
+    _refuse_foreign_cpus(cfg, machine, f"--cgroup-root {root}")
     cg = CgroupV2(root, KernelFiles())
     caps = cg.probe()
     if not caps.usable:
@@ -302,10 +344,30 @@ def _affinity(cfg, machine, why_not: str) -> Enforcer:
     """The last resort: pinning with CPU affinity; never declines."""
     from numa_agent.enforcement.enforcer import AffinityEnforcer
 
+    _refuse_foreign_cpus(cfg, machine, "--cgroup-root none")
+
     log.warning("no usable cgroup v2 cpuset (%s): enforcing with CPU affinity instead; "
                 "bookkeeping is identical, but child processes forked before admission "
                 "and memory placement of other processes are not controlled", why_not)
     return AffinityEnforcer(why_not)
+
+
+def _refuse_foreign_cpus(cfg, machine, option: str) -> None:
+    """Real enforcement (real cgroups, CPU affinity) of a snapshot of
+    another machine would pin real processes to CPUs this one may not have:
+    every admission would then fail. Say so at start instead."""
+    from numa_agent.core.cpuset import CpuSet
+
+    if os.path.abspath(cfg.sysfs_root) == "/":
+        return
+    here = CpuSet(os.sched_getaffinity(0))
+    foreign = machine.usable_cpus - here
+    if foreign:
+        raise StartupError(
+            f"the --sysfs-root snapshot is not this machine: its CPUs {foreign.format()} are not "
+            f"among the CPUs this process may use ({here.format()}), and {option} would pin real "
+            f"processes to them. Drop {option}: with --sysfs-root the agent enforces into a "
+            "simulated cgroup tree by default")
 
 
 # Every enforcer the agent can run with, most capable first; the last one

@@ -154,7 +154,7 @@ class AgentCollector:
         version = str(info_doc.get("version") or self._version)
         enforcement = str(info_doc.get("enforcement") or status.get("enforcement") or "unknown")
         info = GaugeMetricFamily(
-            PREFIX + "info", "Agent version and enforcement mode (cgroup or affinity).",
+            PREFIX + "info", "Agent version and enforcement mode (cgroup, simulated or affinity).",
             labels=["version", "enforcement"])
         info.add_metric([version, enforcement], 1)
         families.append(info)

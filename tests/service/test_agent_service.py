@@ -49,7 +49,7 @@ def test_admission_writes_cgroups_and_checkpoint_and_pool_shrinks(env):
     service, _ = start(machine, state_dir, root)
     out = service.admit(AdmitRequest(name="web", cpus=2, memory_bytes=1 << 30), ME)
     cpus = CpuSet.parse(out["cpus"])
-    assert len(cpus) == 2 and out["exclusive"] and out["enforcement"] == "cgroup"
+    assert len(cpus) == 2 and out["exclusive"] and out["enforcement"] == "simulated"
     assert CpuSet.parse(cg_file(root, "wl-web", "cpuset.cpus")) == cpus
     assert cg_file(root, "wl-web", "memory.max") == str(1 << 30)
     assert cg_file(root, "wl-web", "cpuset.mems") == ",".join(map(str, out["mems"]))

@@ -40,7 +40,7 @@ def test_a_sysfs_snapshot_enforces_into_a_simulated_tree(machine, tmp_path, clos
     cfg = AgentConfig(sysfs_root=str(tmp_path / "snapshot"), state_dir=str(tmp_path / "state"))
     enforcer = choose_enforcer(cfg, machine)
     close_after(enforcer)
-    assert isinstance(enforcer, CgroupEnforcer) and enforcer.mode == "cgroup"
+    assert isinstance(enforcer, CgroupEnforcer) and enforcer.mode == "simulated"
     assert enforcer.cgroup.files.simulated and enforcer.granted() is None
     assert enforcer.cgroup.root == tmp_path / "state" / "cgroupfs"
 

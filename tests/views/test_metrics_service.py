@@ -49,4 +49,4 @@ def test_scrape_of_a_real_service_after_one_admission(tmp_path):
     assert values[("numa_agent_admission_duration_seconds_count", ())] == 1
     assert values[("numa_agent_workloads", ())] == 1
     info = [labels for (name, labels) in values if name == "numa_agent_info"]
-    assert info and dict(info[0])["enforcement"] == "cgroup"
+    assert info and dict(info[0])["enforcement"] == "simulated"
