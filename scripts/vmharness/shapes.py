@@ -8,7 +8,7 @@ the expected guest view (CPUs per node) can be computed without booting.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 
@@ -200,15 +200,6 @@ SHAPES: dict[str, Shape] = {
             expanders=((128, 1, ("nvme", "e1000e,id=nic1")),),
         ),
         Shape(
-            name="systemd",
-            description="the 2node machine booted by the host's systemd as PID 1; the command runs as a unit",
-            sockets=2, dies=1, cores=2, threads=2,
-            nodes=(Node(0, 1024, (0,)), Node(1, 1024, (1,))),
-            distances=((0, 1, 21),),
-            expanders=((128, 1, ("nvme", "e1000e,id=nic1")),),
-            init="systemd",
-        ),
-        Shape(
             name="4node",
             description="4 sockets x 2 cores, one node per socket; NVMe on node 3",
             sockets=4, dies=1, cores=2, threads=1,
@@ -236,6 +227,12 @@ SHAPES: dict[str, Shape] = {
         ),
     )
 }
+
+
+# The 2node machine again, booted by the host's systemd as PID 1.
+SHAPES["systemd"] = replace(SHAPES["2node"], name="systemd", init="systemd",
+                            description="the 2node machine booted by the host's systemd as PID 1; "
+                                        "the command runs as a unit")
 
 
 def get_shape(name: str) -> Shape:

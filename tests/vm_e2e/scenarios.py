@@ -189,6 +189,30 @@ def workload_cgroup(name: str, pod: str | None = None) -> str:
     return f"pod-{pod}/{name}" if pod else f"wl-{name}"
 
 
+# ---------------------------------------------------------------- shared by every guest
+def stop_all(launched: list[subprocess.Popen]) -> None:
+    """Kill what a scenario started and reap it; the list is emptied."""
+    for proc in launched:
+        if proc.poll() is None:
+            proc.kill()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            pass
+    launched.clear()
+
+
+def undo_all(steps: list) -> str:
+    """Run the undo steps a scenario registered (last first). Returns a problem, if any."""
+    problems = []
+    while steps:
+        try:
+            steps.pop()()
+        except Exception as exc:
+            problems.append(f"undoing the scenario's set-up: {exc}")
+    return "; ".join(problems)
+
+
 # ---------------------------------------------------------------- the agent and numa-run
 class Guest:
     """The agent under test, the workloads this scenario started, and the checks they share."""
@@ -300,14 +324,7 @@ class Guest:
 
     def cleanup(self) -> str:
         """Stop what the scenario started; release what the agent still lists. Returns a problem, if any."""
-        for proc in self.launched:
-            if proc.poll() is None:
-                proc.kill()
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                pass
-        self.launched.clear()
+        stop_all(self.launched)
         if self.agent.proc is None or self.agent.proc.poll() is not None:
             return ""
         if not wait_for(lambda: not self.workloads(), timeout=20, interval=0.1):
@@ -320,15 +337,7 @@ class Guest:
         return ""
 
     def undo_scenario_setup(self) -> str:
-        """Run the undo steps the scenario registered (last first). Returns a problem, if any."""
-        problems = []
-        while self.after_cleanup:
-            step = self.after_cleanup.pop()
-            try:
-                step()
-            except Exception as exc:
-                problems.append(f"undoing the scenario's set-up: {exc}")
-        return "; ".join(problems)
+        return undo_all(self.after_cleanup)
 
     # -- checks shared by several scenarios
     def check_pinned(self, running: "Running", *, expect_mems: CpuSet | None = None) -> tuple[CpuSet, CpuSet]:

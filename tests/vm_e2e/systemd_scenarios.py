@@ -28,6 +28,8 @@ from tests.vm_e2e.scenarios import (
     last_lines,
     proc_allowed,
     proc_cgroup,
+    stop_all,
+    undo_all,
 )
 
 REPO = Path(__file__).resolve().parents[2]
@@ -159,14 +161,7 @@ class SystemdGuest:
         return proc
 
     def cleanup(self) -> str:
-        for proc in self.launched:
-            if proc.poll() is None:
-                proc.kill()
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                pass
-        self.launched.clear()
+        stop_all(self.launched)
         if show("ActiveState") != "active":
             return ""
         if not wait_for(lambda: not self.workloads(), timeout=30, interval=0.2):
@@ -177,13 +172,7 @@ class SystemdGuest:
         return ""
 
     def undo_scenario_setup(self) -> str:
-        problems = []
-        while self.after_cleanup:
-            try:
-                self.after_cleanup.pop()()
-            except Exception as exc:
-                problems.append(f"undoing the scenario's set-up: {exc}")
-        return "; ".join(problems)
+        return undo_all(self.after_cleanup)
 
 
 def pinned_in_agent_subtree(g: SystemdGuest, name: str, proc: subprocess.Popen) -> dict:
