@@ -184,11 +184,17 @@ def _notes(report: Path) -> list[str]:
     return [f"{r['scenario']}: {r['note']}" for r in data.get("results", []) if r.get("note")]
 
 
+def _short(scenario: str) -> str:
+    """`12-recovery` -> `12`; `systemd-restart` -> `restart`."""
+    head, _, tail = scenario.partition("-")
+    return head if head.isdigit() else tail or head
+
+
 def _scenario_times(report: Path) -> str:
     try:
         data = json.loads(report.read_text())
     except (OSError, ValueError):
         return ""
-    parts = [f"{r['scenario'].split('-', 1)[0]}={r['seconds']:.1f}" for r in data.get("results", [])
+    parts = [f"{_short(r['scenario'])}={r['seconds']:.1f}" for r in data.get("results", [])
              if r.get("status") != "SKIP"]
     return f"; agent start {data.get('setup_seconds', 0):.1f}, per scenario {' '.join(parts)}" if parts else ""
