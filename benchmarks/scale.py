@@ -118,21 +118,21 @@ out_dir, flag = sys.argv[1], sys.argv[2]
 del sys.argv[1:3]
 from numa_agent.api import server
 profiles, lock = {}, threading.Lock()
-handle = server._Handler.handle
-def profiled(self):
+handle = server.ApiServer._handle
+def profiled(self, *args):
     try:
         with open(flag) as f:
             label = f.read().strip()
     except OSError:
-        return handle(self)
+        return handle(self, *args)
     with lock:  # requests are serialised by the service anyway
         prof = profiles.setdefault(label, cProfile.Profile())
         prof.enable()
         try:
-            return handle(self)
+            return handle(self, *args)
         finally:
             prof.disable()
-server._Handler.handle = profiled
+server.ApiServer._handle = profiled
 from numa_agent.cli.numa_agent import main
 try:
     code = main()
