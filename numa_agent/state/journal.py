@@ -18,7 +18,7 @@ never replayed onto this one.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence, TypeVar
+from typing import Any, Callable, Iterable, Sequence, TypeVar
 
 import msgspec
 
@@ -36,12 +36,17 @@ def state_delta(old: AgentState, new: AgentState) -> Delta | None:
     values are compared by identity first (set operations on ids) and only
     the few that differ are looked at."""
     delta: Delta = {}
-    upserted, removed = _changed(old.workloads, new.workloads)
+    names = new.changes_since(old)
+    if names is not None:  # made from `old` by a few updates: look at those names only
+        upserted, removed = _changed_names(names[0], old.workload, new.workload)
+        upserted_pods, removed_pods = _changed_names(names[1], old.pod, new.pod)
+    else:
+        upserted, removed = _changed(old.workloads, new.workloads)
+        upserted_pods, removed_pods = _changed(old.pods, new.pods)
     if upserted:
         delta["workloads"] = [w.to_json() for w in upserted]
     if removed:
         delta["removed_workloads"] = removed
-    upserted_pods, removed_pods = _changed(old.pods, new.pods)
     if upserted_pods:
         delta["pods"] = [p.to_json() for p in upserted_pods]
     if removed_pods:
@@ -49,6 +54,20 @@ def state_delta(old: AgentState, new: AgentState) -> Delta | None:
     if old.policy_fingerprint != new.policy_fingerprint:
         delta["policy_fingerprint"] = new.policy_fingerprint
     return delta or None
+
+
+def _changed_names(names: Iterable[str], old: Callable[[str], _Named | None],
+                   new: Callable[[str], _Named | None]) -> tuple[list[_Named], list[str]]:
+    """As _changed, for the named values only (the others are known to be the same)."""
+    upserted, removed = [], []
+    for name in sorted(names):
+        before, after = old(name), new(name)
+        if after is None:
+            if before is not None:
+                removed.append(name)
+        elif after is not before and after != before:
+            upserted.append(after)
+    return upserted, removed
 
 
 def _changed(old: Sequence[_Named], new: Sequence[_Named]) -> tuple[list[_Named], list[str]]:

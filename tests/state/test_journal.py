@@ -299,3 +299,19 @@ def test_a_journal_without_any_checkpoint_is_reported_to_be_moved_aside(tmp_path
     store.previous_path.unlink(missing_ok=True)
     loaded = CheckpointStore(tmp_path).load_generation()
     assert loaded.data is None and [d.path for d in loaded.damaged] == [store.journal_path]
+
+
+def test_a_state_made_from_the_old_one_is_compared_by_the_names_it_changed_only(monkeypatch):
+    from numa_agent.state import journal
+
+    history = states(200)
+    old = history[-1]
+    new = old.with_workload(replace(old.workload("w7"), pid=5)).without_workload("w3")
+    # The identity comparison over every workload is not needed here: make it fail loudly.
+    monkeypatch.setattr(journal, "_changed", lambda *a: (_ for _ in ()).throw(AssertionError("full scan")))
+    delta = state_delta(old, new)
+    assert [w["name"] for w in delta["workloads"]] == ["w7"] and delta["removed_workloads"] == ["w3"]
+    monkeypatch.undo()
+    assert state_delta(old, new) == delta
+    unrelated = AgentState.from_json(new.to_json())  # no line of derivation: the full comparison
+    assert state_delta(old, unrelated) == delta
