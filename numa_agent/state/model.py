@@ -178,8 +178,19 @@ class AgentState(_Value, frozen=True, dict=True, weakref=True):
                 yield w.booking
 
     @cached_property
+    def _cpu_holders(self) -> dict[int, int]:
+        """CPU -> how many top-level bookings hold it (more than one only in a
+        state that is not consistent): counted, so that a state derived by a
+        few updates gets its exclusive CPUs exactly from this one's (_derive)."""
+        out: dict[int, int] = {}
+        for b in self.top_level_bookings():
+            for cpu in b.cpus.ids():
+                out[cpu] = out.get(cpu, 0) + 1
+        return out
+
+    @cached_property
     def _exclusive_cpus(self) -> CpuSet:
-        return CpuSet.union_of(b.cpus for b in self.top_level_bookings())
+        return CpuSet(self._cpu_holders)
 
     def exclusive_cpus(self) -> CpuSet:
         return self._exclusive_cpus
@@ -241,6 +252,9 @@ class AgentState(_Value, frozen=True, dict=True, weakref=True):
         for key in ("_workload_index", "_pod_index"):
             if key in mine:
                 theirs[key] = mine[key] if key != index[0] else _with_entry(mine[key], index[1], index[2])
+        if "_cpu_holders" in mine and self._workloads_sorted and self._pods_sorted:
+            # (sorted: one value per name, so the named ones are all that changed)
+            theirs["_cpu_holders"] = _holders_after(mine["_cpu_holders"], self, new, workloads, pods)
         if "_json_cache" in mine:
             cache = theirs["_json_cache"] = mine["_json_cache"]
             if index[0] == "_workload_index" and index[2] is None:
@@ -354,6 +368,25 @@ def _index(values: tuple[_Named, ...]) -> dict[str, _Named]:
     out: dict[str, _Named] = {}
     for v in values:
         out.setdefault(v.name, v)
+    return out
+
+
+def _holders_after(counts: dict[int, int], old: AgentState, new: AgentState,
+                   workloads: tuple[str, ...], pods: tuple[str, ...]) -> dict[int, int]:
+    """`counts` (old's CPU holders) with the named workloads' and pods'
+    top-level bookings taken out as they were in `old` and put in as they are
+    in `new`: the cost of the change, not of the state."""
+    out = dict(counts)
+    for state, step in ((old, -1), (new, 1)):
+        held = [w.booking for w in map(state.workload, workloads) if w is not None and w.pod is None]
+        held += [p.booking for p in map(state.pod, pods) if p is not None]
+        for booking in held:
+            for cpu in booking.cpus.ids():
+                n = out.get(cpu, 0) + step
+                if n:
+                    out[cpu] = n
+                else:
+                    out.pop(cpu, None)
     return out
 
 

@@ -93,3 +93,24 @@ def test_the_payload_equals_one_conversion_of_the_whole_state_along_any_updates(
             assert msgspec.json.encode(payload) == msgspec.json.encode(reference_json(state))
     # Released workloads are not kept in the shared cache for ever.
     assert set(state._json_cache) <= {w.name for w in state.workloads}
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_exclusive_cpus_handed_on_along_updates_equal_a_count_from_scratch(seed):
+    # Overlapping bookings too (a state that is not consistent): the count stays exact.
+    rng = random.Random(seed)
+    state = AgentState()
+    for step in range(150):
+        assert state.exclusive_cpus() == CpuSet.union_of(b.cpus for b in state.top_level_bookings())
+        op, name = rng.random(), f"w{rng.randrange(12)}"
+        cpus = CpuSet(rng.sample(range(16), rng.randrange(0, 3)))
+        if op < 0.5:
+            state = state.with_workload(Workload(name=name, owner_uid=step, booking=Booking(cpus=cpus),
+                                                 pod=rng.choice([None, None, "p0"])))
+        elif op < 0.75:
+            state = state.without_workload(name)
+        elif op < 0.9:
+            state = state.with_pod(Pod(name=f"p{rng.randrange(2)}", owner_uid=0, booking=Booking(cpus=cpus)))
+        else:
+            state = state.without_pod(f"p{rng.randrange(2)}")
+    assert "_cpu_holders" in state.__dict__  # handed on, not counted afresh each time
