@@ -43,9 +43,6 @@ PLAN: dict[str, tuple[str, ...]] = {
     "systemd": SYSTEMD_SCENARIOS,
 }
 
-# Scenarios written and run, that fail for a defect not fixed yet: skipped with the reason.
-KNOWN_FAILING: dict[tuple[str, str], str] = {}
-
 DEFAULT_SHAPES = ("2node", "4node", "cpuless", "systemd")
 
 
@@ -63,9 +60,7 @@ def planned(shape: str) -> tuple[str, ...]:
     return PLAN.get(shape, ())
 
 
-def skip_reason(shape: str, scenario: str | None = None) -> str:
-    if (shape, scenario) in KNOWN_FAILING:
-        return f"known to fail: {KNOWN_FAILING[(shape, scenario)]}"
+def skip_reason(shape: str) -> str:
     runs = planned(shape)
     if not runs:
         return f"no scenarios are planned for the {shape} shape"

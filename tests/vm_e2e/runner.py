@@ -43,7 +43,7 @@ def shape_results(shape: str, stdout: str, why_missing: str) -> tuple[list[tuple
             status, reason = "FAIL", why_missing
             extra_lines.append(result_line(status, scenario, shape, reason))
         else:
-            status, reason = "SKIP", skip_reason(shape, scenario)
+            status, reason = "SKIP", skip_reason(shape)
             extra_lines.append(result_line(status, scenario, shape, reason))
         results.append((scenario, status, reason))
     return results, extra_lines

@@ -29,6 +29,7 @@ import traceback
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from numa_agent.core.cpuset import CpuSet
 from tests.support.agent_process import AgentProcess, wait_for
@@ -213,8 +214,22 @@ def undo_all(steps: list) -> str:
     return "; ".join(problems)
 
 
+class AgentQueries:
+    """What every guest asks its agent (through `self.agent.call`), whoever runs it."""
+
+    agent: Any
+
+    def workloads(self) -> list[dict]:
+        status, body = self.agent.call("GET", "/v1/workloads")
+        check(status == 200, f"GET /v1/workloads answered {status}: {body}")
+        return body["workloads"]
+
+    def listed(self, name: str) -> dict | None:
+        return next((w for w in self.workloads() if w["name"] == name), None)
+
+
 # ---------------------------------------------------------------- the agent and numa-run
-class Guest:
+class Guest(AgentQueries):
     """The agent under test, the workloads this scenario started, and the checks they share."""
 
     def __init__(self, shape: str, work: Path, kernel: Kernel) -> None:
@@ -282,14 +297,6 @@ class Guest:
     def scrape(self) -> str:
         with urllib.request.urlopen(f"http://{METRICS_ADDRESS}/metrics", timeout=30) as response:
             return response.read().decode()
-
-    def workloads(self) -> list[dict]:
-        status, body = self.agent.call("GET", "/v1/workloads")
-        check(status == 200, f"GET /v1/workloads answered {status}: {body}")
-        return body["workloads"]
-
-    def listed(self, name: str) -> dict | None:
-        return next((w for w in self.workloads() if w["name"] == name), None)
 
     # -- numa-run
     def numa_run(self, *args: str, command=SLEEP, timeout: float = ADMIT_TIMEOUT) -> subprocess.CompletedProcess:
@@ -1171,7 +1178,7 @@ def run_all(shape: str, out_dir: Path | None, only: list[str], runners=None, mak
     failed = 0
     for scenario in runners:
         if scenario not in planned(shape) or (only and scenario not in only):
-            record(scenario, "SKIP", skip_reason(shape, scenario) if scenario not in planned(shape) else "not selected")
+            record(scenario, "SKIP", skip_reason(shape) if scenario not in planned(shape) else "not selected")
             continue
         if setup_error:
             record(scenario, "FAIL", setup_error)

@@ -22,6 +22,7 @@ from numa_agent.api.client import request
 from numa_agent.core.cpuset import CpuSet
 from tests.support.agent_process import wait_for
 from tests.vm_e2e.scenarios import (
+    AgentQueries,
     ScenarioFailed,
     check,
     guest_main,
@@ -89,7 +90,7 @@ class ServiceAgent:
         return request(SOCKET, method, path, body)
 
 
-class SystemdGuest:
+class SystemdGuest(AgentQueries):
     def __init__(self, shape: str, work: Path) -> None:
         self.shape = shape
         self.work = work
@@ -133,14 +134,6 @@ class SystemdGuest:
         check(pid, f"{UNIT} not active and answering within {SETTLE_TIMEOUT:g} s: "
                    f"{show('ActiveState')}/{show('SubState')}, {last_lines(self.agent.log(), 6)}")
         return pid
-
-    def workloads(self) -> list[dict]:
-        status, body = self.agent.call("GET", "/v1/workloads")
-        check(status == 200, f"GET /v1/workloads answered {status}: {body}")
-        return body["workloads"]
-
-    def listed(self, name: str) -> dict | None:
-        return next((w for w in self.workloads() if w["name"] == name), None)
 
     # -- numa-run from a login-like session: a transient scope of its own
     def numa_run_argv(self, name: str | None, *args: str, command=SLEEP) -> list[str]:
