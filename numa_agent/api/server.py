@@ -530,7 +530,12 @@ class ApiServer:
     def _bind(self, sock: socket.socket) -> None:
         self._check_existing()
         parent = os.path.dirname(self.socket_path)
-        os.makedirs(parent, mode=0o755, exist_ok=True)
+        # Clients must reach the socket whatever the umask (the unit's is 0077).
+        old_umask = os.umask(0o022)
+        try:
+            os.makedirs(parent, mode=0o755, exist_ok=True)
+        finally:
+            os.umask(old_umask)
         gid = -1
         if self.socket_group is not None:
             try:

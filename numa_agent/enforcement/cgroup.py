@@ -51,6 +51,8 @@ from numa_agent.enforcement.libc import libc
 
 CGROUP2_SUPER_MAGIC = 0x63677270
 PARTITION_TYPES = ("root", "isolated", "member")
+# The mode of the cgroup directories the agent makes, as systemd makes its own.
+CGROUP_DIR_MODE = 0o755
 # The largest value one setxattr(2) accepts (include/uapi/linux/limits.h).
 XATTR_SIZE_MAX = 64 * 1024
 
@@ -197,6 +199,9 @@ class KernelFiles:
 
     def mkdir(self, cgroup_dir: Path) -> None:
         os.mkdir(cgroup_dir)
+        # 0755 whatever the umask (the unit's is 0077): a workload's own processes
+        # and monitoring read their cgroup's files (memory.max, cpu.max, ...).
+        os.chmod(cgroup_dir, CGROUP_DIR_MODE)
 
     def rmdir(self, cgroup_dir: Path) -> None:
         os.rmdir(cgroup_dir)

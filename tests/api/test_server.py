@@ -390,3 +390,18 @@ def test_status_and_listing_are_asked_on_behalf_of_the_caller(server, fake):
     request(server.socket_path, "GET", "/v1/workloads")
     assert [name for name, _ in fake.calls[-2:]] == ["status", "list_workloads"]
     assert fake.viewers[-2:] == [os.getuid(), os.getuid()]
+
+
+def test_socket_and_its_new_directory_keep_their_modes_under_a_private_umask(fake, tmp_path):
+    # The unit runs the agent with UMask=0077: clients must still reach the socket.
+    old = os.umask(0o077)
+    try:
+        srv = ApiServer(fake, f"{tmp_path}/new/dir/agent.sock", socket_mode=0o660).start()
+    finally:
+        os.umask(old)
+    try:
+        assert stat.S_IMODE(os.stat(tmp_path / "new").st_mode) == 0o755
+        assert stat.S_IMODE(os.stat(tmp_path / "new/dir").st_mode) == 0o755
+        assert stat.S_IMODE(os.stat(srv.socket_path).st_mode) == 0o660
+    finally:
+        srv.stop()

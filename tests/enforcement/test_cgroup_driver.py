@@ -564,3 +564,14 @@ def test_kernel_backend_never_creates_or_reads_the_marker(tmp_path, monkeypatch,
     assert touched and not [p for p in touched if FAKE_MARKER in p]
     assert marker.exists() == marker_present
     assert (tmp_path / "cgroup.subtree_control").read_text() == "+cpuset"
+
+
+def test_kernel_files_make_cgroup_directories_readable_whatever_the_umask(tmp_path):
+    # The unit's UMask=0077 must not hide a workload's memory.max or cpu.max from its
+    # own processes (runtimes size themselves from them) or from monitoring.
+    old = os.umask(0o077)
+    try:
+        KernelFiles().mkdir(tmp_path / "wl-x")
+    finally:
+        os.umask(old)
+    assert (tmp_path / "wl-x").stat().st_mode & 0o777 == 0o755
