@@ -3,6 +3,25 @@
 from __future__ import annotations
 
 import os
+import signal
+from collections.abc import Iterable
+
+# Linux capabilities by bit number (include/uapi/linux/capability.h).
+CAPABILITIES = (
+    "CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_DAC_READ_SEARCH", "CAP_FOWNER", "CAP_FSETID",
+    "CAP_KILL", "CAP_SETGID", "CAP_SETUID", "CAP_SETPCAP", "CAP_LINUX_IMMUTABLE",
+    "CAP_NET_BIND_SERVICE", "CAP_NET_BROADCAST", "CAP_NET_ADMIN", "CAP_NET_RAW",
+    "CAP_IPC_LOCK", "CAP_IPC_OWNER", "CAP_SYS_MODULE", "CAP_SYS_RAWIO", "CAP_SYS_CHROOT",
+    "CAP_SYS_PTRACE", "CAP_SYS_PACCT", "CAP_SYS_ADMIN", "CAP_SYS_BOOT", "CAP_SYS_NICE",
+    "CAP_SYS_RESOURCE", "CAP_SYS_TIME", "CAP_SYS_TTY_CONFIG", "CAP_MKNOD", "CAP_LEASE",
+    "CAP_AUDIT_WRITE", "CAP_AUDIT_CONTROL", "CAP_SETFCAP", "CAP_MAC_OVERRIDE",
+    "CAP_MAC_ADMIN", "CAP_SYSLOG", "CAP_WAKE_ALARM", "CAP_BLOCK_SUSPEND", "CAP_AUDIT_READ",
+    "CAP_PERFMON", "CAP_BPF", "CAP_CHECKPOINT_RESTORE",
+)
+# What the affinity fallback needs to act on other users' processes: pin them, and read
+# their /proc/PID/environ (mode 0400, behind the ptrace access check) to rebuild
+# workloads after a restart.
+AFFINITY_CAPABILITIES = ("CAP_DAC_READ_SEARCH", "CAP_SYS_PTRACE", "CAP_SYS_NICE")
 
 
 def process_alive(pid: int) -> bool:
@@ -14,6 +33,39 @@ def process_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def pidfd_alive(pidfd: int) -> bool:
+    """True until the process behind `pidfd` has exited. Signal 0 only checks;
+    EPERM (another user's process, and no CAP_KILL, which the unit does not
+    grant) still means the process exists."""
+    try:
+        signal.pidfd_send_signal(pidfd, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def capability_set(status: str, field: str = "CapEff") -> frozenset[str] | None:
+    """The capabilities named by one mask line (CapEff, CapBnd, ...) of a
+    /proc/PID/status text; None when the line is absent. A bit newer than
+    CAPABILITIES is named by its number (cap_41)."""
+    for line in status.splitlines():
+        key, _, value = line.partition(":")
+        if key == field:
+            mask = int(value.strip(), 16)
+            return frozenset(CAPABILITIES[bit] if bit < len(CAPABILITIES) else f"cap_{bit}"
+                             for bit in range(mask.bit_length()) if mask >> bit & 1)
+    return None
+
+
+def missing_capabilities(status: str, wanted: Iterable[str]) -> list[str]:
+    """The capabilities of `wanted` not in the effective set of a /proc/PID/status
+    text (all of them when it has no CapEff line)."""
+    have = capability_set(status) or frozenset()
+    return [name for name in wanted if name not in have]
 
 
 def process_identity(pid: int, proc_root: str = "/proc") -> str | None:

@@ -48,6 +48,7 @@ from numa_agent.api.validation import AdmitRequest, to_admission_request
 from numa_agent.core.names import NAME_RULE, is_workload_name
 from numa_agent.enforcement.errors import EnforcementError
 from numa_agent.enforcement.plan import desired_layout, update_layout, workload_relpath
+from numa_agent.enforcement.processes import pidfd_alive
 from numa_agent.enforcement.protocol import Enforcer, Layout
 from numa_agent.hotplug.rebase import rebase_state
 from numa_agent.service.caller import Caller
@@ -432,9 +433,8 @@ class _NameTaken(InvalidRequest):
 def _check_alive(caller: Caller) -> None:
     """The pidfd, opened when the caller connected, still names a live
     process: so caller.pid was not recycled for somebody else."""
-    if caller.pidfd is not None:
-        import signal
-        signal.pidfd_send_signal(caller.pidfd, 0)
+    if caller.pidfd is not None and not pidfd_alive(caller.pidfd):
+        raise ProcessLookupError(f"pid {caller.pid} exited")
 
 
 def _hints_text(explanation: Mapping[str, Any]) -> str:

@@ -349,7 +349,28 @@ def _affinity(cfg, machine, why_not: str) -> Enforcer:
     log.warning("no usable cgroup v2 cpuset (%s): enforcing with CPU affinity instead; "
                 "bookkeeping is identical, but child processes forked before admission "
                 "and memory placement of other processes are not controlled", why_not)
+    _warn_missing_affinity_capabilities()
     return AffinityEnforcer(why_not)
+
+
+def _warn_missing_affinity_capabilities(status_path: str = "/proc/self/status") -> None:
+    """A root agent whose unit took away what the fallback needs for other users'
+    processes says so, with the remedy, rather than failing each admission with EPERM."""
+    from numa_agent.enforcement.processes import AFFINITY_CAPABILITIES, missing_capabilities
+
+    if os.geteuid() != 0:
+        return  # an agent of one user serves that user's own processes only
+    try:
+        with open(status_path) as f:
+            missing = missing_capabilities(f.read(), AFFINITY_CAPABILITIES)
+    except OSError:
+        return
+    if missing:
+        log.warning("the affinity fallback lacks %s: other users' processes can be neither "
+                    "pinned nor rebuilt after a restart; under systemd copy "
+                    "affinity-fallback.conf (in the install prefix, /opt/numa-agent by default) to "
+                    "/etc/systemd/system/numa-agent.service.d/ and restart the agent",
+                    ", ".join(missing))
 
 
 def _refuse_foreign_cpus(cfg, machine, option: str) -> None:

@@ -77,3 +77,20 @@ def test_when_every_enforcer_declines_the_start_stops(machine, monkeypatch):
     with pytest.raises(StartupError, match="no enforcer can run here: declined after declined "
                                            "after nobody"):
         choose_enforcer(AgentConfig(), machine)
+
+
+def test_root_agent_in_the_affinity_fallback_names_the_capabilities_its_unit_took(tmp_path, monkeypatch, caplog):
+    # Without them another user's numa-run would fail with EPERM and no remedy in sight.
+    status = tmp_path / "status"
+    status.write_text("CapEff:\t0000000000000001\n")  # CAP_CHOWN only, as the hardened unit
+    monkeypatch.setattr(startup.os, "geteuid", lambda: 0)
+    with caplog.at_level("WARNING", logger=startup.log.name):
+        startup._warn_missing_affinity_capabilities(str(status))
+    assert "CAP_DAC_READ_SEARCH, CAP_SYS_PTRACE, CAP_SYS_NICE" in caplog.text
+    assert "affinity-fallback.conf" in caplog.text
+
+    caplog.clear()
+    status.write_text("CapEff:\t000001ffffffffff\n")
+    with caplog.at_level("WARNING", logger=startup.log.name):
+        startup._warn_missing_affinity_capabilities(str(status))
+    assert caplog.text == ""
