@@ -148,9 +148,18 @@ def test_service_settings_the_agent_relies_on():
                 "MemoryDenyWriteExecute", "RestrictRealtime"):
         assert one(f"Service.{key}") == "yes", key
     assert one("Service.SystemCallArchitectures") == "native"
-    # These would block cgroup writes or put a device filter over every workload.
-    for forbidden in ("ProtectKernelTunables", "ProtectControlGroups", "PrivateDevices",
-                      "ProtectClock", "DevicePolicy", "DeviceAllow", "AllowedCPUs", "MemoryMax"):
+    # Files made without an explicit mode are private; the agent sets the socket's,
+    # its directory's and the cgroup directories' modes itself.
+    assert one("Service.UMask") == "0077"
+    # The agent opens no device node; its cgroup holds no workload, so the device
+    # filter these install confines the agent alone.
+    for key in ("PrivateMounts", "PrivateDevices", "ProtectClock"):
+        assert one(f"Service.{key}") == "yes", key
+    # Metrics on loopback by default (a drop-in opens another address).
+    assert one("Service.IPAddressDeny") == "any"
+    assert one("Service.IPAddressAllow") == "localhost"
+    # These would block cgroup writes, or limit the administrator's housekeeping CPUs.
+    for forbidden in ("ProtectKernelTunables", "ProtectControlGroups", "AllowedCPUs", "MemoryMax"):
         assert f"Service.{forbidden}" not in s, forbidden
     assert one("Install.WantedBy") == "multi-user.target"
 
@@ -190,3 +199,76 @@ def test_workloads_unit_settings():
     assert one("Service.TasksMax") == "infinity"
     for forbidden in ("AllowedCPUs", "MemoryMax", "DevicePolicy", "DeviceAllow", "CPUQuota"):
         assert f"Service.{forbidden}" not in s, forbidden
+
+
+# ---- hardening ----------------------------------------------------------------------
+EXPOSURE_TARGET = 2.5
+DROP_IN = REPO / "systemd" / "affinity-fallback.conf"
+_CAPABILITY = re.compile(r"CAP_[A-Z_]+")
+
+
+def security(root: Path) -> tuple[float, list[str]]:
+    """`systemd-analyze security --offline=yes` of the installed unit: the overall
+    exposure and the names of the checks it fails (the lines marked ✗)."""
+    if _systemd_version() < 250:
+        pytest.skip("systemd-analyze security --offline= needs systemd 250 or newer")
+    proc = subprocess.run(
+        [ANALYZE, "security", "--offline=yes", f"--root={root}", "--no-pager", "numa-agent.service"],
+        capture_output=True, text=True, timeout=120,
+    )
+    out = proc.stdout + proc.stderr
+    m = re.search(r"Overall exposure level for numa-agent\.service: (\d+\.\d+)", out)
+    assert m, out
+    failed = [line.split()[1] for line in out.splitlines() if line.startswith("✗")]
+    return float(m.group(1)), failed
+
+
+@needs_analyze
+def test_security_exposure_is_at_most_the_target(root):
+    exposure, failed = security(root)
+    assert exposure <= EXPOSURE_TARGET, (exposure, failed)
+
+
+@needs_analyze
+def test_security_check_catches_a_weaker_unit(root):
+    # The measurement itself must be able to fail: the unit without its capability list.
+    unit = root / "etc/systemd/system/numa-agent.service"
+    unit.write_text("\n".join(line for line in unit.read_text().splitlines()
+                              if not line.startswith("CapabilityBoundingSet=")) + "\n")
+    exposure, _ = security(root)
+    assert exposure > EXPOSURE_TARGET
+
+
+@needs_analyze
+def test_every_directive_left_out_has_its_reason_in_the_unit(root):
+    _, failed = security(root)
+    assert failed, "systemd-analyze found nothing to report: the parser is broken"
+    text = UNIT.read_text()
+    for check in failed:
+        for directive in re.findall(r"([A-Za-z]+)=", check):
+            assert re.search(rf"^#.*\b{directive}=", text, re.M) or \
+                re.search(rf"^{directive}=", text, re.M), f"{check}: {directive} neither set nor explained"
+
+
+@pytest.mark.parametrize("path", [UNIT, DROP_IN], ids=lambda p: p.name)
+def test_every_capability_kept_has_its_reason_above_it(path):
+    lines = path.read_text().splitlines()
+    kept = [(i, line) for i, line in enumerate(lines) if line.startswith("CapabilityBoundingSet=")]
+    assert kept, f"{path.name} keeps no capability"
+    for i, line in kept:
+        caps = _CAPABILITY.findall(line.partition("=")[2])
+        assert len(caps) == 1, f"one capability per line, each with its reason: {line}"
+        block = []  # the comment lines right above it
+        while i - len(block) - 1 >= 0 and lines[i - len(block) - 1].startswith("#"):
+            block.append(lines[i - len(block) - 1])
+        reasons = [c for c in block if re.match(r"# CAP_[A-Z_]+: ", c)]
+        assert reasons and reasons[0].startswith(f"# {caps[0]}: "), f"{caps[0]} has no reason above it"
+
+
+def test_capabilities_as_the_guest_reads_them_from_the_unit_and_the_drop_in():
+    # tests/vm_e2e/systemd_scenarios.py compares this with the running agent's CapBnd.
+    from numa_agent.enforcement.processes import AFFINITY_CAPABILITIES
+    from tests.vm_e2e.systemd_scenarios import declared_capabilities
+
+    assert declared_capabilities(UNIT.read_text()) == {"CAP_CHOWN"}
+    assert declared_capabilities(DROP_IN.read_text()) == set(AFFINITY_CAPABILITIES)

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from numa_agent.api.client import request
 from numa_agent.core.cpuset import CpuSet
+from numa_agent.enforcement.processes import capability_set
 from tests.support.agent_process import wait_for
 from tests.vm_e2e.scenarios import (
     AgentQueries,
@@ -43,6 +44,7 @@ WORKLOADS_CGROUP = f"/numa.slice/numa-agent.slice/{WORKLOADS_UNIT}"
 SOCKET = "/run/numa-agent/agent.sock"
 CONFIG = Path("/etc/numa-agent/config.toml")
 DROP_IN_DIR = Path("/etc/systemd/system/numa-agent.service.d")
+INSTALLED_UNIT = Path("/etc/systemd/system") / UNIT
 WHEELHOUSE_ENV = "NUMA_AGENT_VM_WHEELHOUSE"
 NUMA_RUN = "/usr/local/bin/numa-run"
 # Everything is ~30x slower under emulation.
@@ -202,7 +204,23 @@ def s_service(g: SystemdGuest) -> str:
           f"{WORKLOADS_UNIT} runs in {show('ControlGroup', WORKLOADS_UNIT)!r}, expected {WORKLOADS_CGROUP}")
     shown = run("systemctl", "status", "--no-pager", UNIT, check_rc=False).stdout
     check(status_text in shown, f"`systemctl status` does not show the STATUS line {status_text!r}")
-    return f"status: {status_text}"
+    # The kernel's bounding set of the running agent is what the installed unit declares:
+    # the hardened unit started, and every scenario after this one runs within it.
+    declared = declared_capabilities(INSTALLED_UNIT.read_text())
+    bounding = capability_set(Path(f"/proc/{pid}/status").read_text(), "CapBnd")
+    check(bounding == declared, f"the agent's CapBnd is {sorted(bounding or ())}, the unit declares {sorted(declared)}")
+    return f"status: {status_text}; CapBnd {','.join(sorted(bounding))}"
+
+
+def declared_capabilities(unit_text: str) -> frozenset[str]:
+    """The union of a unit's CapabilityBoundingSet= lines (allow-list form only)."""
+    names: set[str] = set()
+    for line in unit_text.splitlines():
+        key, _, value = line.partition("=")
+        if key.strip() == "CapabilityBoundingSet":
+            check(not value.strip().startswith("~"), f"deny-list form not handled: {line}")
+            names.update(value.split())
+    return frozenset(names)
 
 
 def s_session(g: SystemdGuest) -> None:
