@@ -2,6 +2,7 @@
 project and fetches or reuses its dependency wheels), then checks on the result."""
 
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -19,6 +20,7 @@ def _copy_sources(dest: Path) -> Path:
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
     shutil.copytree(REPO / "numa_agent", dest / "numa_agent", ignore=ignore)
     shutil.copytree(REPO / "systemd", dest / "systemd", ignore=ignore)
+    shutil.copytree(REPO / "docs" / "man", dest / "docs" / "man", ignore=ignore)
     (dest / "scripts").mkdir()
     shutil.copy2(REPO / "scripts" / "install", dest / "scripts" / "install")
     return dest
@@ -69,6 +71,17 @@ def test_links_units_and_config(installed):
     assert (units / "numa-agent-workloads.service").read_text() == \
         (src / "systemd/numa-agent-workloads.service").read_text()
     assert (root / "etc/numa-agent/config.toml").read_text() == (src / "systemd/config.example.toml").read_text()
+    assert (root / "opt/numa-agent/affinity-fallback.conf").read_text() == \
+        (src / "systemd/affinity-fallback.conf").read_text()
+
+
+def test_the_man_pages_the_unit_names_are_installed(installed):
+    src, root, _ = installed
+    pages = re.findall(r"man:([\w-]+)\((\d)\)", (src / "systemd/numa-agent.service").read_text())
+    assert sorted(pages) == [("numa-agent", "8"), ("numa-run", "1")]
+    for name, section in pages:
+        page = root / f"usr/local/share/man/man{section}/{name}.{section}"
+        assert page.read_text() == (src / f"docs/man/{name}.{section}").read_text()
 
 
 def test_second_run_is_quick_and_keeps_the_config(installed):
