@@ -32,6 +32,7 @@ SYSTEMD_SCENARIOS = (
     "systemd-journal",
     "systemd-allowedcpus",
     "systemd-memory",
+    "systemd-otheruser",
 )
 
 # Shapes not named here run nothing (every scenario is a SKIP).

@@ -227,6 +227,11 @@ class AgentQueries:
     def listed(self, name: str) -> dict | None:
         return next((w for w in self.workloads() if w["name"] == name), None)
 
+    def scrape(self) -> str:
+        """The metrics endpoint, at the default address in both guests."""
+        with urllib.request.urlopen(f"http://{METRICS_ADDRESS}/metrics", timeout=30) as response:
+            return response.read().decode()
+
 
 # ---------------------------------------------------------------- the agent and numa-run
 class Guest(AgentQueries):
@@ -293,10 +298,6 @@ class Guest(AgentQueries):
                             "--socket", self.agent.socket], capture_output=True, text=True, timeout=ADMIT_TIMEOUT)
         check(r.returncode == 0, f"numa-agent status --json exited {r.returncode}: {last_lines(r.stderr, 4)}")
         return json.loads(r.stdout)
-
-    def scrape(self) -> str:
-        with urllib.request.urlopen(f"http://{METRICS_ADDRESS}/metrics", timeout=30) as response:
-            return response.read().decode()
 
     # -- numa-run
     def numa_run(self, *args: str, command=SLEEP, timeout: float = ADMIT_TIMEOUT) -> subprocess.CompletedProcess:

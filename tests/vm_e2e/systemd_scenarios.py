@@ -11,8 +11,11 @@ systemd itself (`systemctl show`, `journalctl`).
 
 from __future__ import annotations
 
+import grp
 import os
+import pwd
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -138,14 +141,16 @@ class SystemdGuest(AgentQueries):
         return pid
 
     # -- numa-run from a login-like session: a transient scope of its own
-    def numa_run_argv(self, name: str | None, *args: str, command=SLEEP) -> list[str]:
+    def numa_run_argv(self, name: str | None, *args: str, command=SLEEP,
+                      as_user: tuple[str, str] | None = None) -> list[str]:
         named = ["--name", name] if name else []
-        return ["systemd-run", "--scope", "--quiet", "--collect", NUMA_RUN, *named, *args, "--", *command]
+        who = [f"--uid={as_user[0]}", f"--gid={as_user[1]}"] if as_user else []
+        return ["systemd-run", "--scope", "--quiet", "--collect", *who, NUMA_RUN, *named, *args, "--", *command]
 
-    def launch(self, name: str, *args: str) -> subprocess.Popen:
+    def launch(self, name: str, *args: str, as_user: tuple[str, str] | None = None) -> subprocess.Popen:
         out = open(self.work / f"{name}.log", "w+")
-        proc = subprocess.Popen(self.numa_run_argv(name, *args), stdout=out, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL)
+        proc = subprocess.Popen(self.numa_run_argv(name, *args, as_user=as_user), stdout=out,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         self.launched.append(proc)
         record = wait_for(lambda: proc.poll() is not None or self.listed(name), timeout=SETTLE_TIMEOUT,
                           interval=0.2)
@@ -209,7 +214,9 @@ def s_service(g: SystemdGuest) -> str:
     declared = declared_capabilities(INSTALLED_UNIT.read_text())
     bounding = capability_set(Path(f"/proc/{pid}/status").read_text(), "CapBnd")
     check(bounding == declared, f"the agent's CapBnd is {sorted(bounding or ())}, the unit declares {sorted(declared)}")
-    return f"status: {status_text}; CapBnd {','.join(sorted(bounding))}"
+    # IPAddressDeny=any with IPAddressAllow=localhost leaves the loopback scrape open.
+    check("numa_agent_info" in g.scrape(), "no numa_agent_info in the metrics from 127.0.0.1:9464")
+    return f"status: {status_text}; CapBnd {','.join(sorted(bounding))}; metrics on loopback"
 
 
 def declared_capabilities(unit_text: str) -> frozenset[str]:
@@ -371,6 +378,31 @@ def s_memory(g: SystemdGuest) -> str:
     return f"oom_kill counted {events['oom_kill']}; memory.max {written}"
 
 
+def s_other_user(g: SystemdGuest) -> str:
+    """Another user's numa-run under the hardened unit (bounding set CAP_CHOWN alone): the
+    socket chowned to `socket_group`, the caller's pidfd probed without CAP_KILL, its
+    process moved into the workloads unit's tree without CAP_DAC_OVERRIDE, pinned."""
+    user, group = "nobody", "nogroup"
+    uid, gid = pwd.getpwnam(user).pw_uid, grp.getgrnam(group).gr_gid
+    CONFIG.write_text(GUEST_CONFIG.replace("[agent]\n", f'[agent]\nsocket_group = "{group}"\n'))
+
+    def undo():
+        CONFIG.write_text(GUEST_CONFIG)
+        run("systemctl", "restart", UNIT)
+    g.after_cleanup.append(undo)
+    old = main_pid()
+    run("systemctl", "restart", UNIT)
+    g.wait_ready(other_than=old)
+    st = os.stat(SOCKET)
+    check((st.st_gid, stat.S_IMODE(st.st_mode)) == (gid, 0o660),
+          f"{SOCKET} has gid {st.st_gid}, mode {stat.S_IMODE(st.st_mode):o}; expected {gid} ({group}), 660")
+    proc = g.launch("other", "--cpus", "1", as_user=(user, group))
+    record = pinned_in_agent_subtree(g, "other", proc)
+    owner = Path(f"/proc/{record['pid']}/status").read_text().split("\nUid:")[1].split()[1]
+    check(int(owner) == uid, f"the workload's process runs as uid {owner}, expected {uid} ({user})")
+    return f"{user}'s workload pinned to CPUs {record['cpus']}; socket {group} 0660"
+
+
 RUNNERS = {
     "systemd-service": s_service,
     "systemd-session": s_session,
@@ -380,6 +412,7 @@ RUNNERS = {
     "systemd-journal": s_journal,
     "systemd-allowedcpus": s_allowed_cpus,
     "systemd-memory": s_memory,
+    "systemd-otheruser": s_other_user,
 }
 
 
