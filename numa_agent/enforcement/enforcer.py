@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import os
 import select
+import threading
 from typing import Collection
 
 from numa_agent.core.cpuset import CpuSet
@@ -351,6 +352,8 @@ class AffinityEnforcer:
         self._pidfds: dict[str, int] = {}  # relpath -> pidfd
         self._by_fd: dict[int, str] = {}
         self._pids: dict[str, int] = {}
+        # The event loop's thread reads these while the API's changes them.
+        self._fds_lock = threading.Lock()
         # A pipe that wakes the event loop when the set of pidfds changes.
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
 
@@ -414,27 +417,26 @@ class AffinityEnforcer:
             os.close(fd)
             log.warning("%s: pid %d now belongs to another process; not following it", relpath, pid)
             return False
-        self._pidfds[relpath] = fd
-        self._by_fd[fd] = relpath
-        self._pids[relpath] = pid
+        with self._fds_lock:
+            self._pidfds[relpath] = fd
+            self._by_fd[fd] = relpath
+            self._pids[relpath] = pid
         os.write(self._wake_w, b"x")
         return True
 
     def _alive(self, relpath: str) -> bool:
         """The followed process has not exited (its pidfd is not readable)."""
         fd = self._pidfds.get(relpath)
-        if fd is None:
-            return False
-        poller = select.poll()
-        poller.register(fd, select.POLLIN)
-        return not poller.poll(0)
+        return fd is not None and not _exited(fd)
 
     def _forget(self, relpath: str) -> None:
-        fd = self._pidfds.pop(relpath, None)
-        self._pids.pop(relpath, None)
+        with self._fds_lock:  # a number closed here may be reused at once (see released)
+            fd = self._pidfds.pop(relpath, None)
+            self._pids.pop(relpath, None)
+            if fd is not None:
+                self._by_fd.pop(fd, None)
+                os.close(fd)
         if fd is not None:
-            self._by_fd.pop(fd, None)
-            os.close(fd)
             os.write(self._wake_w, b"x")
 
     def exists(self, relpath: str) -> bool:
@@ -488,7 +490,8 @@ class AffinityEnforcer:
     def fds(self) -> list[int]:
         """The wake pipe (readable when the set of pidfds changed) and one
         pidfd per workload (readable when its process exited)."""
-        return [self._wake_r, *sorted(self._by_fd)]
+        with self._fds_lock:
+            return [self._wake_r, *sorted(self._by_fd)]
 
     def released(self, ready_fds: Collection[int]) -> list[str]:
         """Workload paths whose process exited, from readable pidfds."""
@@ -497,13 +500,24 @@ class AffinityEnforcer:
                 os.read(self._wake_r, 4096)
             except BlockingIOError:
                 pass
-        return [self._by_fd[fd] for fd in sorted(ready_fds) if fd in self._by_fd]
+        # Only a pidfd that reports the exit now: poll(2) also reports a number
+        # closed while it waited (POLLNVAL), which a release and an admission
+        # on the API's thread may meanwhile have given to a live process's pidfd.
+        with self._fds_lock:
+            return [self._by_fd[fd] for fd in sorted(ready_fds) if fd in self._by_fd and _exited(fd)]
 
     def close(self) -> None:
         for rel in list(self._pidfds):
             self._forget(rel)
         os.close(self._wake_r)
         os.close(self._wake_w)
+
+
+def _exited(pidfd: int) -> bool:
+    """The process of `pidfd` has exited (the pidfd is readable)."""
+    poller = select.poll()
+    poller.register(pidfd, select.POLLIN)
+    return any(events & select.POLLIN for _, events in poller.poll(0))
 
 
 def _pin_tree(pid: int, cpus: CpuSet, descendants: bool = True, tasks: "_Tasks | None" = None) -> None:

@@ -74,6 +74,26 @@ def test_affinity_tracks_the_pid_and_releases_on_exit(sleepers):
         enforcer.close()
 
 
+def test_affinity_releases_nothing_for_a_number_reported_ready_while_its_process_lives(sleepers):
+    # poll(2) reports a descriptor closed while it waited (POLLNVAL) as ready;
+    # meanwhile a release and an admission may have given its number to the
+    # pidfd of a live workload, which must not be released for it.
+    enforcer = AffinityEnforcer("test")
+    try:
+        first, second = sleepers(), sleepers()
+        assert enforcer.track("wl-a", first.pid)
+        (stale,) = set(enforcer.fds()) - {enforcer.fds()[0]}
+        enforcer._forget("wl-a")
+        assert enforcer.track("wl-b", second.pid)
+        assert stale in enforcer.fds()  # the lowest free number, reused
+        assert enforcer.released({stale}) == []
+        second.kill()
+        second.wait()
+        assert enforcer.released({stale}) == ["wl-b"]
+    finally:
+        enforcer.close()
+
+
 def test_only_a_real_cgroup_root_grants(enforcer):
     # A simulated tree was made from the machine's own view: nothing to learn.
     assert enforcer.granted() is None
