@@ -114,3 +114,34 @@ def test_exclusive_cpus_handed_on_along_updates_equal_a_count_from_scratch(seed)
         else:
             state = state.without_pod(f"p{rng.randrange(2)}")
     assert "_cpu_holders" in state.__dict__  # handed on, not counted afresh each time
+
+
+def devices_from_scratch(state):
+    out: dict[str, set[str]] = {}
+    for b in state.top_level_bookings():
+        for resource, addr in b.devices:
+            out.setdefault(resource, set()).add(addr)
+    return {r: frozenset(a) for r, a in sorted(out.items())}
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_devices_in_use_handed_on_along_updates_equal_a_count_from_scratch(seed):
+    # Two bookings holding one device (a state that is not consistent) too:
+    # releasing one of them leaves the device in use.
+    rng = random.Random(seed)
+    addresses = [("gpu", f"0000:3b:00.{i}") for i in range(4)] + [("nic", "0000:5e:00.0")]
+    state = AgentState()
+    for step in range(150):
+        assert state.devices_in_use() == devices_from_scratch(state)
+        op, name = rng.random(), f"w{rng.randrange(12)}"
+        devices = tuple(sorted(rng.sample(addresses, rng.randrange(0, 3))))
+        if op < 0.5:
+            state = state.with_workload(Workload(name=name, owner_uid=step, booking=Booking(devices=devices),
+                                                 pod=rng.choice([None, None, "p0"])))
+        elif op < 0.75:
+            state = state.without_workload(name)
+        elif op < 0.9:
+            state = state.with_pod(Pod(name=f"p{rng.randrange(2)}", owner_uid=0, booking=Booking(devices=devices)))
+        else:
+            state = state.without_pod(f"p{rng.randrange(2)}")
+    assert "_device_holders" in state.__dict__  # handed on, not counted afresh each time
