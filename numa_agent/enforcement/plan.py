@@ -175,10 +175,16 @@ def update_layout(machine: Machine, old_layout: Mapping[str, CgroupSpec], old_st
     out = dict(old_layout)
     touched: set[str] = set()
     pool_specs = _pool_specs(machine, new_state)
-    if pool_specs[SHARED_CGROUP].cpus != shared_pool(machine, old_state):
+    pool = pool_specs[SHARED_CGROUP].cpus
+    if pool != shared_pool(machine, old_state):
         # Every workload on the pool follows it (in the cgroup tree by
-        # inheritance; the affinity fallback re-pins each one).
-        dirty.update(w.name for w in new_state.workloads if w.shared and w.pod is None)
+        # inheritance; the affinity fallback re-pins each one). One that
+        # inherits it all differs in nothing else: its spec with the new pool.
+        for rel, spec in old_layout.items():
+            if spec.inherit:
+                out[rel] = _with_cpus(spec, pool)
+                touched.add(rel)
+        dirty.update(w.name for w in new_state.workloads if w.shared and w.pod is None and w.cpunodebind)
     for rel, spec in pool_specs.items():
         out[rel] = spec
         touched.add(rel)
@@ -189,6 +195,15 @@ def update_layout(machine: Machine, old_layout: Mapping[str, CgroupSpec], old_st
         _replace_entry(out, touched, old_state.workload(name), new_state.workload(name),
                        workload_relpath, lambda w: _workload_spec(machine, new_state, w))
     return out, frozenset(touched)
+
+
+def _with_cpus(spec: CgroupSpec, cpus: CpuSet) -> CgroupSpec:
+    # A thousand of these per change of the pool: its fields copied as they
+    # are (dataclasses.replace runs __init__ again, copy.copy goes through
+    # __reduce_ex__; either costs several times this).
+    out = object.__new__(CgroupSpec)
+    out.__dict__.update(spec.__dict__, cpus=cpus)
+    return out
 
 
 def _replace_entry(out: dict[str, CgroupSpec], touched: set[str], before, after, relpath, spec_of) -> None:
@@ -228,9 +243,9 @@ def order_changes(old: Mapping[str, CgroupSpec], new: Mapping[str, CgroupSpec],
         if before is None:
             creates.append(Change("create", spec, rel))
             continue
-        if before is spec or before == spec:
+        if before is spec:
             continue
-        if spec.cpus != before.cpus:
+        if spec.cpus != before.cpus:  # (compared first: cheaper than the whole spec)
             if spec.cpus.issubset(before.cpus):
                 shrinks.append(Change("shrink", spec, rel))
             else:
@@ -239,7 +254,7 @@ def order_changes(old: Mapping[str, CgroupSpec], new: Mapping[str, CgroupSpec],
                 if kept != before.cpus and kept:
                     shrinks.append(Change("shrink", replace(spec, cpus=kept), rel))
                 grows.append(Change("grow", spec, rel))
-        else:
+        elif before != spec:
             updates.append(Change("update", spec, rel))
     for rel in gone:
         if rel not in new:
