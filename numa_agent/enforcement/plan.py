@@ -30,6 +30,7 @@ from typing import Collection, Iterable, Mapping
 from numa_agent.admission.admit import effective_cpus, shared_pool
 from numa_agent.admission.machine import Machine
 from numa_agent.core.cpuset import CpuSet
+from numa_agent.core.layered import Layered
 from numa_agent.core.names import is_workload_name
 from numa_agent.state.model import AgentState, Pod, Workload
 from numa_agent.state.model import replace as replace_value
@@ -151,7 +152,7 @@ def desired_layout(machine: Machine, state: AgentState) -> dict[str, CgroupSpec]
 
 def update_layout(machine: Machine, old_layout: Mapping[str, CgroupSpec], old_state: AgentState,
                   new_state: AgentState, workloads: Iterable[str], pods: Iterable[str] = (),
-                  ) -> tuple[dict[str, CgroupSpec], frozenset[str]]:
+                  ) -> tuple[Mapping[str, CgroupSpec], frozenset[str]]:
     """The layout of `new_state`, from `old_layout` (the layout of `old_state`
     on the same machine) and the names of the workloads and pods that differ
     between the two states; and the paths whose specs may differ.
@@ -172,8 +173,8 @@ def update_layout(machine: Machine, old_layout: Mapping[str, CgroupSpec], old_st
             pod = state.pod(pod_name)
             if pod is not None:
                 dirty.update(pod.members)
-    out = dict(old_layout)
-    touched: set[str] = set()
+    # Path -> its new spec, or None: gone. Laid on the old layout, not a copy of it.
+    edits: dict[str, CgroupSpec | None] = {}
     pool_specs = _pool_specs(machine, new_state)
     pool = pool_specs[SHARED_CGROUP].cpus
     if pool != shared_pool(machine, old_state):
@@ -182,19 +183,19 @@ def update_layout(machine: Machine, old_layout: Mapping[str, CgroupSpec], old_st
         # inherits it all differs in nothing else: its spec with the new pool.
         for rel, spec in old_layout.items():
             if spec.inherit:
-                out[rel] = _with_cpus(spec, pool)
-                touched.add(rel)
+                edits[rel] = _with_cpus(spec, pool)
         dirty.update(w.name for w in new_state.workloads if w.shared and w.pod is None and w.cpunodebind)
-    for rel, spec in pool_specs.items():
-        out[rel] = spec
-        touched.add(rel)
+    edits.update(pool_specs)
     for pod_name in dirty_pods:
-        _replace_entry(out, touched, old_state.pod(pod_name), new_state.pod(pod_name),
+        _replace_entry(edits, old_state.pod(pod_name), new_state.pod(pod_name),
                        pod_relpath, lambda p: _pod_spec(machine, p))
     for name in dirty:
-        _replace_entry(out, touched, old_state.workload(name), new_state.workload(name),
+        _replace_entry(edits, old_state.workload(name), new_state.workload(name),
                        workload_relpath, lambda w: _workload_spec(machine, new_state, w))
-    return out, frozenset(touched)
+    base = old_layout if isinstance(old_layout, Layered) else Layered(old_layout)
+    out = base.updated({rel: spec for rel, spec in edits.items() if spec is not None},
+                       [rel for rel, spec in edits.items() if spec is None])
+    return out, frozenset(edits)
 
 
 def _with_cpus(spec: CgroupSpec, cpus: CpuSet) -> CgroupSpec:
@@ -206,15 +207,12 @@ def _with_cpus(spec: CgroupSpec, cpus: CpuSet) -> CgroupSpec:
     return out
 
 
-def _replace_entry(out: dict[str, CgroupSpec], touched: set[str], before, after, relpath, spec_of) -> None:
+def _replace_entry(edits: dict[str, CgroupSpec | None], before, after, relpath, spec_of) -> None:
     if before is not None:
-        rel = relpath(before)
-        out.pop(rel, None)
-        touched.add(rel)
+        edits[relpath(before)] = None
     if after is not None:
         spec = spec_of(after)
-        out[spec.relpath] = spec
-        touched.add(spec.relpath)
+        edits[spec.relpath] = spec
 
 
 @dataclass(frozen=True)

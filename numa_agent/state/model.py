@@ -23,6 +23,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence, TypeVar, cast
 import msgspec
 
 from numa_agent.core.cpuset import CpuSet, CpuSetParseError
+from numa_agent.core.layered import Layered
 
 STATE_SCHEMA = 1
 # How many updates back a state can still name what changed (changes_since):
@@ -148,12 +149,12 @@ class AgentState(_Value, frozen=True, dict=True, weakref=True):
         return self._members.get(pod, ())
 
     @cached_property
-    def _workload_index(self) -> dict[str, Workload]:
-        return _index(self.workloads)
+    def _workload_index(self) -> Layered[str, Workload]:
+        return Layered(_index(self.workloads))
 
     @cached_property
-    def _pod_index(self) -> dict[str, Pod]:
-        return _index(self.pods)
+    def _pod_index(self) -> Layered[str, Pod]:
+        return Layered(_index(self.pods))
 
     @cached_property
     def _members(self) -> dict[str, tuple[Workload, ...]]:
@@ -431,13 +432,8 @@ def _holders_after(counts: dict[_K, int], removed: Iterable[Booking], added: Ite
     return out
 
 
-def _with_entry(index: dict[str, Any], name: str, value: Any) -> dict[str, Any]:
-    out = dict(index)
-    if value is None:
-        out.pop(name, None)
-    else:
-        out[name] = value
-    return out
+def _with_entry(index: Layered[str, Any], name: str, value: Any) -> Layered[str, Any]:
+    return index.updated(removed=(name,)) if value is None else index.updated({name: value})
 
 
 def _strictly_sorted(values: tuple[_Named, ...]) -> bool:
