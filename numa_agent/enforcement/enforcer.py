@@ -33,7 +33,7 @@ from numa_agent.enforcement.plan import (
     CgroupSpec,
     order_changes,
 )
-from numa_agent.enforcement.processes import process_alive, process_identity
+from numa_agent.enforcement.processes import process_identity
 from numa_agent.enforcement.protocol import NO_LIMITS, Grant, Layout, Limits
 from numa_agent.enforcement.record import RECORD_XATTR, encode_record
 
@@ -342,7 +342,10 @@ class AffinityEnforcer:
     """Pins processes with sched_setaffinity where cgroups cannot be used.
 
     Release is detected through a pidfd of the workload's process: it becomes
-    readable when the process exits (no polling)."""
+    readable when the process exits (no polling). The pidfds are watched
+    through one epoll instance, the only descriptor the event loop waits on:
+    following a workload or forgetting one costs the loop nothing, where a
+    list of every pidfd had to be handed to poll(2) again after each change."""
 
     mode = "affinity"
 
@@ -354,8 +357,10 @@ class AffinityEnforcer:
         self._pids: dict[str, int] = {}
         # The event loop's thread reads these while the API's changes them.
         self._fds_lock = threading.Lock()
-        # A pipe that wakes the event loop when the set of pidfds changes.
-        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        # Readable while a watched pidfd is; one added meanwhile wakes a poll
+        # of it too. A pidfd leaves it when its exit is reported (once, as an
+        # inotify event is: the event loop retries a release that failed).
+        self._epoll = select.epoll()
 
     def setup(self) -> None:
         pass
@@ -422,7 +427,7 @@ class AffinityEnforcer:
             self._pidfds[relpath] = fd
             self._by_fd[fd] = relpath
             self._pids[relpath] = pid
-        os.write(self._wake_w, b"x")
+            self._epoll.register(fd, select.EPOLLIN)
         return True
 
     def _alive(self, relpath: str) -> bool:
@@ -436,20 +441,20 @@ class AffinityEnforcer:
             self._pids.pop(relpath, None)
             if fd is not None:
                 self._by_fd.pop(fd, None)
+                _unwatch(self._epoll, fd)
                 os.close(fd)
-        if fd is not None:
-            os.write(self._wake_w, b"x")
 
     def exists(self, relpath: str) -> bool:
         return relpath in self._pidfds
 
     def populated(self, relpath: str) -> bool:
-        pid = self._pids.get(relpath)
-        return pid is not None and process_alive(pid)
+        """Its process has not exited: asked of its pidfd (a signal of 0 would
+        still reach an exited process its parent has not reaped)."""
+        return self._alive(relpath)
 
     def pids(self, relpath: str) -> list[int]:
         pid = self._pids.get(relpath)
-        return [pid] if pid is not None and process_alive(pid) else []
+        return [pid] if pid is not None and self._alive(relpath) else []
 
     def read_cpuset(self, relpath: str) -> tuple[CpuSet, tuple[int, ...]]:
         """The tracked process's CPU affinity; its memory policy cannot be
@@ -489,29 +494,34 @@ class AffinityEnforcer:
         return scan_marked(self.proc_root, exclude=(os.getpid(),))
 
     def fds(self) -> list[int]:
-        """The wake pipe (readable when the set of pidfds changed) and one
-        pidfd per workload (readable when its process exited)."""
-        with self._fds_lock:
-            return [self._wake_r, *sorted(self._by_fd)]
+        """The epoll instance: readable when a followed process exited."""
+        return [self._epoll.fileno()]
 
     def released(self, ready_fds: Collection[int]) -> list[str]:
-        """Workload paths whose process exited, from readable pidfds."""
-        if self._wake_r in ready_fds:
-            try:
-                os.read(self._wake_r, 4096)
-            except BlockingIOError:
-                pass
-        # Only a pidfd that reports the exit now: poll(2) also reports a number
-        # closed while it waited (POLLNVAL), which a release and an admission
-        # on the API's thread may meanwhile have given to a live process's pidfd.
+        """Workload paths whose process exited, each reported once."""
+        if self._epoll.fileno() not in ready_fds:
+            return []
+        out = []
         with self._fds_lock:
-            return [self._by_fd[fd] for fd in sorted(ready_fds) if fd in self._by_fd and _exited(fd)]
+            for fd, _ in self._epoll.poll(0):
+                rel = self._by_fd.get(fd)
+                # Only a pidfd that reports the exit now, still of a followed workload.
+                if rel is not None and _exited(fd):
+                    out.append(rel)
+                    _unwatch(self._epoll, fd)
+        return sorted(out)
 
     def close(self) -> None:
         for rel in list(self._pidfds):
             self._forget(rel)
-        os.close(self._wake_r)
-        os.close(self._wake_w)
+        self._epoll.close()
+
+
+def _unwatch(epoll: select.epoll, fd: int) -> None:
+    try:
+        epoll.unregister(fd)
+    except (FileNotFoundError, OSError):
+        pass  # no longer watched: its exit was reported
 
 
 def _exited(pidfd: int) -> bool:
