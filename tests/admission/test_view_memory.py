@@ -11,7 +11,8 @@ import pytest
 from numa_agent.admission.errors import MemoryAllocationError
 from numa_agent.admission.memory_manager import MEMORY, hugepages_resource, usage_from_booked
 from numa_agent.admission.view import memory_usage
-from numa_agent.state.model import AgentState, Booking, Pod, Workload
+from numa_agent.state.model import AgentState, Booking
+from tests.support.state_updates import random_update
 
 GiB = 1 << 30
 HP2M = hugepages_resource(2048)
@@ -58,15 +59,6 @@ def test_memory_usage_handed_on_along_updates_equals_a_fold_from_scratch(seed):
     for step in range(200):
         handed_on += "memory_usage" in state.memo
         assert followed(state) == from_scratch(state)
-        op, name = rng.random(), f"w{rng.randrange(10)}"
-        if op < 0.5:
-            state = state.with_workload(Workload(name=name, owner_uid=step, booking=random_booking(rng),
-                                                 pod=rng.choice([None, None, "p0"])))
-        elif op < 0.75:
-            state = state.without_workload(name)
-        elif op < 0.9:
-            state = state.with_pod(Pod(name=f"p{rng.randrange(2)}", owner_uid=0, booking=random_booking(rng)))
-        else:
-            state = state.without_pod(f"p{rng.randrange(2)}")
+        state = random_update(state, rng, step, lambda: random_booking(rng))
     # Most states took the usage on from the one before instead of folding every booking.
     assert handed_on > 100
