@@ -11,7 +11,7 @@ one copy of the base. Neither dict is changed after the mapping is made.
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Iterator, Mapping, TypeVar
+from typing import Any, ItemsView, Iterable, Iterator, Mapping, TypeVar
 
 K = TypeVar("K")
 V = TypeVar("V")
@@ -54,6 +54,18 @@ class Layered(Mapping[K, V]):
             if value is not _GONE:
                 yield key
 
+    def items(self) -> ItemsView[K, V]:
+        return _Items(self)
+
+    def _items(self) -> Iterator[tuple[K, V]]:
+        top = self._top
+        for key, value in self._base.items():
+            if key not in top:
+                yield key, value
+        for key, item in top.items():
+            if item is not _GONE:
+                yield key, item  # type: ignore[misc]
+
     def __len__(self) -> int:
         return self._len
 
@@ -80,6 +92,15 @@ class Layered(Mapping[K, V]):
             base, top = folded, {}  # type: ignore[assignment]
         out._base, out._top = base, top
         return out
+
+
+class _Items(ItemsView[K, V]):
+    # Mapping's own would look every key up again: a layout is walked whole
+    # when the pool changes.
+    _mapping: Layered[K, V]
+
+    def __iter__(self) -> Iterator[tuple[K, V]]:
+        return self._mapping._items()
 
 
 def _has(base: Mapping[Any, Any], top: Mapping[Any, object], key: object) -> bool:

@@ -26,6 +26,8 @@ def test_a_run_of_changes_matches_copied_dicts(seed):
         history.append((layered, dict(ref)))
     for mapping, expected in history:  # the earlier mappings are unchanged by the later ones
         assert dict(mapping) == expected and mapping == expected and len(mapping) == len(expected)
+        items = mapping.items()
+        assert dict(items) == expected and sorted(items) == sorted(expected.items()) and len(items) == len(expected)
         for key in keys:
             assert (key in mapping) == (key in expected)
             assert mapping.get(key) == expected.get(key)
