@@ -25,7 +25,7 @@ follows). It equals `desired_layout` of the new state.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Collection, Iterable, Mapping
+from typing import Collection, Iterable, Mapping, NamedTuple
 
 from numa_agent.admission.admit import effective_cpus, shared_pool
 from numa_agent.admission.machine import Machine
@@ -215,8 +215,7 @@ def _replace_entry(edits: dict[str, CgroupSpec | None], before, after, relpath, 
         edits[spec.relpath] = spec
 
 
-@dataclass(frozen=True)
-class Change:
+class Change(NamedTuple):  # (a thousand per change of the pool: made cheaply)
     kind: str  # "shrink" | "remove" | "create" | "update" | "grow"
     spec: CgroupSpec | None
     relpath: str
@@ -231,12 +230,14 @@ def order_changes(old: Mapping[str, CgroupSpec], new: Mapping[str, CgroupSpec],
     (from update_layout); the others are taken as equal and not compared."""
     shrinks, grows, updates, creates, removes = [], [], [], [], []
     if only is None:
-        pairs: Iterable[tuple[str, CgroupSpec]] = new.items()
-        gone: Iterable[str] = old
+        pairs: Iterable[tuple[str, CgroupSpec | None]] = new.items()
+        gone: Iterable[str] = (rel for rel in old if rel not in new)
     else:
-        pairs = [(rel, new[rel]) for rel in only if rel in new]
-        gone = [rel for rel in only if rel in old]
+        pairs = [(rel, new.get(rel)) for rel in only]  # (one lookup each: a thousand when the pool changes)
+        gone = [rel for rel, spec in pairs if spec is None and rel in old]
     for rel, spec in pairs:
+        if spec is None:
+            continue
         before = old.get(rel)
         if before is None:
             creates.append(Change("create", spec, rel))
@@ -254,9 +255,7 @@ def order_changes(old: Mapping[str, CgroupSpec], new: Mapping[str, CgroupSpec],
                 grows.append(Change("grow", spec, rel))
         elif before != spec:
             updates.append(Change("update", spec, rel))
-    for rel in gone:
-        if rel not in new:
-            removes.append(Change("remove", None, rel))
+    removes = [Change("remove", None, rel) for rel in gone]
     depth = lambda c: c.relpath.count("/")  # noqa: E731
     removes.sort(key=lambda c: (-depth(c), c.relpath))
     creates.sort(key=lambda c: (depth(c), c.relpath))
