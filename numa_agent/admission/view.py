@@ -8,12 +8,21 @@ from; every derived value is computed once, on first use.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Generic, TypeVar
+from typing import Any, Callable, Generic, Iterable, Mapping, Sequence, TypeVar
 
+from numa_agent.admission.errors import AllocationError
 from numa_agent.admission.machine import Machine
-from numa_agent.admission.memory_manager import MemoryUsage, free_bytes, usage_from_booked
+from numa_agent.admission.memory_manager import (
+    MemoryAllocation,
+    MemoryUsage,
+    free_bytes,
+    usage_from_booked,
+    usage_with,
+    usage_without,
+)
 from numa_agent.core.cpuset import CpuSet
-from numa_agent.state.model import AgentState, Pod, Workload
+from numa_agent.core.hints import NumaMask
+from numa_agent.state.model import AgentState, Booking, FollowsChanges, Pod, Workload
 
 
 def shared_pool(machine: Machine, state: AgentState) -> CpuSet:
@@ -53,13 +62,42 @@ def effective_cpus(machine: Machine, state: AgentState, w: Workload) -> CpuSet:
 
 def memory_usage(state: AgentState) -> MemoryUsage:
     """The memory manager's usage of every booking in `state` (kept in the
-    state's memo: it depends on the state only)."""
+    state's memo: it depends on the state only; the states derived from it
+    by a few updates take it on with only the changed bookings folded)."""
     memo = state.memo
-    usage = memo.get("memory_usage")
-    if usage is None:
-        usage = memo["memory_usage"] = usage_from_booked(
-            (b.memory_group or b.memory.keys(), b.memory) for b in state.top_level_bookings() if b.memory)
-    return usage
+    kept = memo.get("memory_usage")
+    if kept is None:
+        kept = memo["memory_usage"] = _KeptUsage(usage_from_booked(
+            _booked(b) for b in state.top_level_bookings() if b.memory))
+    return kept.usage
+
+
+def _booked(b: Booking) -> tuple[Iterable[int], Mapping[int, Mapping[str, int]]]:
+    """A booking's memory as usage_from_booked takes it: (group nodes, amounts)."""
+    return b.memory_group or b.memory.keys(), b.memory
+
+
+@dataclass(frozen=True)
+class _KeptUsage(FollowsChanges):
+    usage: MemoryUsage
+
+    def after(self, removed: Sequence[Booking], added: Sequence[Booking]) -> "_KeptUsage | None":
+        usage = self.usage
+        try:
+            for b in removed:
+                if b.memory:
+                    usage = usage_without(usage, _allocation(b))
+            for b in added:
+                if b.memory:
+                    usage = usage_with(usage, _allocation(b))
+        except (ValueError, AllocationError):
+            return None  # folded afresh when asked, which raises what is wrong
+        return _KeptUsage(usage)
+
+
+def _allocation(b: Booking) -> MemoryAllocation:
+    group, amounts = _booked(b)
+    return MemoryAllocation(NumaMask(group), tuple((n, r, v) for n, per in amounts.items() for r, v in per.items()))
 
 
 T = TypeVar("T")

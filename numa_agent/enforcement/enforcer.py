@@ -17,7 +17,8 @@ from __future__ import annotations
 import logging
 import os
 import select
-from typing import Collection
+import threading
+from typing import Callable, Collection, Iterable
 
 from numa_agent.core.cpuset import CpuSet
 from numa_agent.enforcement.cgroup import CgroupV2, EventWatcher
@@ -32,7 +33,7 @@ from numa_agent.enforcement.plan import (
     CgroupSpec,
     order_changes,
 )
-from numa_agent.enforcement.processes import process_alive, process_identity
+from numa_agent.enforcement.processes import process_identity
 from numa_agent.enforcement.protocol import NO_LIMITS, Grant, Layout, Limits
 from numa_agent.enforcement.record import RECORD_XATTR, encode_record
 
@@ -341,7 +342,10 @@ class AffinityEnforcer:
     """Pins processes with sched_setaffinity where cgroups cannot be used.
 
     Release is detected through a pidfd of the workload's process: it becomes
-    readable when the process exits (no polling)."""
+    readable when the process exits (no polling). The pidfds are watched
+    through one epoll instance, the only descriptor the event loop waits on:
+    following a workload or forgetting one costs the loop nothing, where a
+    list of every pidfd had to be handed to poll(2) again after each change."""
 
     mode = "affinity"
 
@@ -351,8 +355,12 @@ class AffinityEnforcer:
         self._pidfds: dict[str, int] = {}  # relpath -> pidfd
         self._by_fd: dict[int, str] = {}
         self._pids: dict[str, int] = {}
-        # A pipe that wakes the event loop when the set of pidfds changes.
-        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        # The event loop's thread reads these while the API's changes them.
+        self._fds_lock = threading.Lock()
+        # Readable while a watched pidfd is; one added meanwhile wakes a poll
+        # of it too. A pidfd leaves it when its exit is reported (once, as an
+        # inotify event is: the event loop retries a release that failed).
+        self._epoll = select.epoll()
 
     def setup(self) -> None:
         pass
@@ -365,14 +373,14 @@ class AffinityEnforcer:
         # A shared admission leaves the pool as it is: only the new workload
         # is pinned. When the pool changes every workload on it is re-pinned
         # (no inheritance here), which update_layout names in `changed`.
-        tasks = _Tasks()
+        pins = _Pins()
         for change in order_changes(old, new, changed):
             if change.kind == "remove":
                 pid = self._pids.get(change.relpath)
                 alive = self._alive(change.relpath)
                 self._forget(change.relpath)
                 if pid is not None and alive and SHARED_CGROUP in new:
-                    _pin_tree(pid, new[SHARED_CGROUP].cpus, tasks=tasks)  # back to the shared pool
+                    pins.add(pid, new[SHARED_CGROUP].cpus)  # back to the shared pool
                 continue
             spec = change.spec
             assert spec is not None
@@ -382,14 +390,15 @@ class AffinityEnforcer:
             # may already be another process's if it exited a moment ago.
             if spec.workload is None or spec.pid is None or not self._alive(spec.relpath):
                 continue
-            _pin_tree(spec.pid, spec.cpus, tasks=tasks)
+            pins.add(spec.pid, spec.cpus)
+        pins.flush()
         if move is not None:
             relpath, pid = move
             spec = new[relpath]
             # The caller's own threads, as writing cgroup.procs moves a
-            # process: no scan for descendants on the admission path (what it
-            # forks from now on inherits the mask; a re-pin takes the tree).
-            _pin_tree(pid, spec.cpus, descendants=False)
+            # process: no search for descendants on the admission path (what
+            # it forks from now on inherits the mask; a re-pin takes the tree).
+            _pin_trees((pid,), spec.cpus, descendants=False)
             self.track(relpath, pid)
 
     def verify(self, layout: Layout, relpaths: Collection[str] | None = None) -> None:
@@ -414,39 +423,38 @@ class AffinityEnforcer:
             os.close(fd)
             log.warning("%s: pid %d now belongs to another process; not following it", relpath, pid)
             return False
-        self._pidfds[relpath] = fd
-        self._by_fd[fd] = relpath
-        self._pids[relpath] = pid
-        os.write(self._wake_w, b"x")
+        with self._fds_lock:
+            self._pidfds[relpath] = fd
+            self._by_fd[fd] = relpath
+            self._pids[relpath] = pid
+            self._epoll.register(fd, select.EPOLLIN)
         return True
 
     def _alive(self, relpath: str) -> bool:
         """The followed process has not exited (its pidfd is not readable)."""
         fd = self._pidfds.get(relpath)
-        if fd is None:
-            return False
-        poller = select.poll()
-        poller.register(fd, select.POLLIN)
-        return not poller.poll(0)
+        return fd is not None and not _exited(fd)
 
     def _forget(self, relpath: str) -> None:
-        fd = self._pidfds.pop(relpath, None)
-        self._pids.pop(relpath, None)
-        if fd is not None:
-            self._by_fd.pop(fd, None)
-            os.close(fd)
-            os.write(self._wake_w, b"x")
+        with self._fds_lock:  # a number closed here may be reused at once (see released)
+            fd = self._pidfds.pop(relpath, None)
+            self._pids.pop(relpath, None)
+            if fd is not None:
+                self._by_fd.pop(fd, None)
+                _unwatch(self._epoll, fd)
+                os.close(fd)
 
     def exists(self, relpath: str) -> bool:
         return relpath in self._pidfds
 
     def populated(self, relpath: str) -> bool:
-        pid = self._pids.get(relpath)
-        return pid is not None and process_alive(pid)
+        """Its process has not exited: asked of its pidfd (a signal of 0 would
+        still reach an exited process its parent has not reaped)."""
+        return self._alive(relpath)
 
     def pids(self, relpath: str) -> list[int]:
         pid = self._pids.get(relpath)
-        return [pid] if pid is not None and process_alive(pid) else []
+        return [pid] if pid is not None and self._alive(relpath) else []
 
     def read_cpuset(self, relpath: str) -> tuple[CpuSet, tuple[int, ...]]:
         """The tracked process's CPU affinity; its memory policy cannot be
@@ -486,95 +494,154 @@ class AffinityEnforcer:
         return scan_marked(self.proc_root, exclude=(os.getpid(),))
 
     def fds(self) -> list[int]:
-        """The wake pipe (readable when the set of pidfds changed) and one
-        pidfd per workload (readable when its process exited)."""
-        return [self._wake_r, *sorted(self._by_fd)]
+        """The epoll instance: readable when a followed process exited."""
+        return [self._epoll.fileno()]
 
     def released(self, ready_fds: Collection[int]) -> list[str]:
-        """Workload paths whose process exited, from readable pidfds."""
-        if self._wake_r in ready_fds:
-            try:
-                os.read(self._wake_r, 4096)
-            except BlockingIOError:
-                pass
-        return [self._by_fd[fd] for fd in sorted(ready_fds) if fd in self._by_fd]
+        """Workload paths whose process exited, each reported once."""
+        if self._epoll.fileno() not in ready_fds:
+            return []
+        out = []
+        with self._fds_lock:
+            for fd, _ in self._epoll.poll(0):
+                rel = self._by_fd.get(fd)
+                # Only a pidfd that reports the exit now, still of a followed workload.
+                if rel is not None and _exited(fd):
+                    out.append(rel)
+                    _unwatch(self._epoll, fd)
+        return sorted(out)
 
     def close(self) -> None:
         for rel in list(self._pidfds):
             self._forget(rel)
-        os.close(self._wake_r)
-        os.close(self._wake_w)
+        self._epoll.close()
 
 
-def _pin_tree(pid: int, cpus: CpuSet, descendants: bool = True, tasks: "_Tasks | None" = None) -> None:
-    """Pin every thread of `pid` and (unless not `descendants`) of its
-    descendants (threads each carry their own affinity mask). An empty set
-    cannot be pinned to (the shared pool is empty only while CPUs are held for
-    an operator): tasks stay where they are. `tasks`: the finder one apply
-    shares between its pins."""
-    if not cpus:
-        log.error("no CPU to pin pid %d to (the shared pool is empty); it keeps its affinity", pid)
-        return
-    ids = cpus.ids()
-    finder = tasks or _Tasks()
-    for tid in (finder.of_tree(pid) if descendants else _threads(pid)):
-        try:
-            os.sched_setaffinity(tid, ids)
-        except ProcessLookupError:
-            continue
-        except OSError as exc:
-            raise EnforcementError(f"cannot pin task {tid} of pid {pid} to CPUs "
-                                   f"{cpus.format()}: {exc.strerror}") from None
-
-
-def _threads(pid: int, proc: str = "/proc") -> list[int]:
+def _unwatch(epoll: select.epoll, fd: int) -> None:
     try:
-        return [int(t) for t in os.listdir(f"{proc}/{pid}/task")]
-    except (FileNotFoundError, ProcessLookupError):
-        return []  # exited meanwhile
-    except OSError:
-        return [pid]
+        epoll.unregister(fd)
+    except (FileNotFoundError, OSError):
+        pass  # no longer watched: its exit was reported
+
+
+def _exited(pidfd: int) -> bool:
+    """The process of `pidfd` has exited (the pidfd is readable)."""
+    poller = select.poll()
+    poller.register(pidfd, select.POLLIN)
+    return any(events & select.POLLIN for _, events in poller.poll(0))
+
+
+def _pin_trees(pids: Iterable[int], cpus: CpuSet, descendants: bool = True,
+               finder: "_Tasks | None" = None,
+               setaffinity: Callable[[int, Iterable[int]], None] = os.sched_setaffinity) -> int:
+    """Pin every thread of each of `pids` and (unless not `descendants`) of
+    their descendants (threads each carry their own affinity mask); returns
+    how many threads were pinned. An empty set cannot be pinned to (the shared
+    pool is empty only while CPUs are held for an operator): tasks stay where
+    they are.
+
+    Whole against a process that makes threads or children meanwhile (what
+    a thread makes after its pin inherits the new mask): a process's main
+    thread is pinned before its threads are listed, a thread before its
+    children are read, and the threads are listed again only while a listing
+    finds some not yet pinned (made before their maker's pin). A process of
+    one thread and no children costs one pin, one listing, one read."""
+    if not cpus:
+        log.error("no CPU to pin pid(s) %s to (the shared pool is empty); they keep their affinity",
+                  ",".join(map(str, pids)))
+        return 0
+    ids = cpus.ids()
+    finder = finder or _Tasks()
+    pinned: set[int] = set()
+    todo, seen = list(pids), set()
+    while todo:
+        pid = todo.pop()
+        if pid in seen:
+            continue
+        seen.add(pid)
+        new = [pid]
+        while new:
+            for tid in new:
+                pinned.add(tid)
+                try:
+                    setaffinity(tid, ids)
+                except ProcessLookupError:
+                    continue  # exited meanwhile (its threads may live on: listed below)
+                except OSError as exc:
+                    raise EnforcementError(f"cannot pin task {tid} of pid {pid} to CPUs "
+                                           f"{cpus.format()}: {exc.strerror}") from None
+                if descendants:
+                    todo.extend(finder.children(pid, tid))
+            new = [tid for tid in finder.threads(pid) if tid not in pinned]
+    return len(pinned)
+
+
+class _Pins:
+    """The pins of one apply, in its order: consecutive processes bound for
+    the same CPUs (the shared pool's workloads when it changes) pinned as one
+    batch, sharing one finder."""
+
+    def __init__(self) -> None:
+        self.finder = _Tasks()
+        self.pids: list[int] = []
+        self.cpus: CpuSet | None = None
+
+    def add(self, pid: int, cpus: CpuSet) -> None:
+        if self.cpus is not None and cpus is not self.cpus and cpus != self.cpus:
+            self.flush()
+        self.cpus = cpus
+        self.pids.append(pid)
+
+    def flush(self) -> None:
+        if self.cpus is not None and self.pids:
+            _pin_trees(self.pids, self.cpus, finder=self.finder)
+        self.pids, self.cpus = [], None
+
+
+def _read_proc(path: str) -> bytes:
+    """A small /proc file in a few system calls (no buffered file object)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        chunks = []
+        while chunk := os.read(fd, 65536):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
 
 
 class _Tasks:
-    """Finds the threads of a process tree through /proc/PID/task/TID/children:
-    what the tree holds, not a scan of every process on the machine (a node
-    runs thousands). A kernel without that file (CONFIG_PROC_CHILDREN) gets
-    one scan of /proc for the parent of every process, shared by every tree
-    looked up through this finder (one apply re-pins a whole shared pool)."""
+    """Finds threads (/proc/PID/task) and children (/proc/PID/task/TID/children):
+    what a tree holds, not a scan of every process on the machine (a node
+    runs thousands). A kernel without the children files (CONFIG_PROC_CHILDREN)
+    gets one scan of /proc for the parent of every process, shared by every
+    tree looked up through this finder (one apply re-pins a whole shared pool)."""
 
     def __init__(self, proc: str = "/proc") -> None:
         self.proc = proc
         self._by_parent: dict[int, list[int]] | None = None  # after a scan
 
-    def of_tree(self, pid: int) -> list[int]:
-        tasks: list[int] = []
-        todo, seen = [pid], set()
-        while todo:
-            p = todo.pop()
-            if p in seen:
-                continue
-            seen.add(p)
-            tids = _threads(p, self.proc)
-            tasks.extend(tids)
-            todo.extend(self._children(p, tids))
-        return tasks
+    def threads(self, pid: int) -> list[int]:
+        try:
+            return [int(t) for t in os.listdir(f"{self.proc}/{pid}/task")]
+        except (FileNotFoundError, ProcessLookupError):
+            return []  # exited meanwhile
+        except OSError:
+            return [pid]
 
-    def _children(self, pid: int, tids: list[int]) -> list[int]:
+    def children(self, pid: int, tid: int) -> list[int]:
+        """Children of thread `tid` of `pid` (of the whole process after a scan)."""
         if self._by_parent is not None:
-            return self._by_parent.get(pid, [])
-        out: list[int] = []
-        for tid in tids:
-            try:
-                with open(f"{self.proc}/{pid}/task/{tid}/children", "rb") as f:
-                    out.extend(int(c) for c in f.read().split())
-            except FileNotFoundError:
-                if os.path.exists(f"{self.proc}/{pid}/task/{tid}"):  # alive: no such file here
-                    self._by_parent = _scan_parents(self.proc)
-                    return self._by_parent.get(pid, [])
-            except OSError:
-                continue
-        return out
+            return self._by_parent.pop(pid, [])  # the process's, once: not again for each thread
+        try:
+            return [int(c) for c in _read_proc(f"{self.proc}/{pid}/task/{tid}/children").split()]
+        except FileNotFoundError:
+            if os.path.exists(f"{self.proc}/{pid}/task/{tid}"):  # alive: no such file here
+                self._by_parent = _scan_parents(self.proc)
+                return self._by_parent.pop(pid, [])
+        except OSError:
+            pass
+        return []
 
 
 def _scan_parents(proc: str = "/proc") -> dict[int, list[int]]:
@@ -585,19 +652,13 @@ def _scan_parents(proc: str = "/proc") -> dict[int, list[int]]:
         if not entry.isdigit():
             continue
         try:
-            with open(f"{proc}/{entry}/stat", "rb") as f:
-                stat = f.read()
+            stat = _read_proc(f"{proc}/{entry}/stat")
         except OSError:
             continue  # exited meanwhile
         fields = stat[stat.rfind(b")") + 2:].split()
         if len(fields) > 1:
             out.setdefault(int(fields[1]), []).append(int(entry))
     return out
-
-
-def _tree_tasks(pid: int, proc: str = "/proc") -> list[int]:
-    """The threads of `pid` and of its descendants."""
-    return _Tasks(proc).of_tree(pid)
 
 
 __all__ = ["CgroupEnforcer", "AffinityEnforcer", "CgroupError", "EnforcementError"]

@@ -25,11 +25,12 @@ follows). It equals `desired_layout` of the new state.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Collection, Iterable, Mapping
+from typing import Collection, Iterable, Mapping, NamedTuple
 
 from numa_agent.admission.admit import effective_cpus, shared_pool
 from numa_agent.admission.machine import Machine
 from numa_agent.core.cpuset import CpuSet
+from numa_agent.core.layered import Layered
 from numa_agent.core.names import is_workload_name
 from numa_agent.state.model import AgentState, Pod, Workload
 from numa_agent.state.model import replace as replace_value
@@ -151,7 +152,7 @@ def desired_layout(machine: Machine, state: AgentState) -> dict[str, CgroupSpec]
 
 def update_layout(machine: Machine, old_layout: Mapping[str, CgroupSpec], old_state: AgentState,
                   new_state: AgentState, workloads: Iterable[str], pods: Iterable[str] = (),
-                  ) -> tuple[dict[str, CgroupSpec], frozenset[str]]:
+                  ) -> tuple[Mapping[str, CgroupSpec], frozenset[str]]:
     """The layout of `new_state`, from `old_layout` (the layout of `old_state`
     on the same machine) and the names of the workloads and pods that differ
     between the two states; and the paths whose specs may differ.
@@ -172,38 +173,49 @@ def update_layout(machine: Machine, old_layout: Mapping[str, CgroupSpec], old_st
             pod = state.pod(pod_name)
             if pod is not None:
                 dirty.update(pod.members)
-    out = dict(old_layout)
-    touched: set[str] = set()
+    # Path -> its new spec, or None: gone. Laid on the old layout, not a copy of it.
+    edits: dict[str, CgroupSpec | None] = {}
     pool_specs = _pool_specs(machine, new_state)
-    if pool_specs[SHARED_CGROUP].cpus != shared_pool(machine, old_state):
+    pool = pool_specs[SHARED_CGROUP].cpus
+    if pool != shared_pool(machine, old_state):
         # Every workload on the pool follows it (in the cgroup tree by
-        # inheritance; the affinity fallback re-pins each one).
-        dirty.update(w.name for w in new_state.workloads if w.shared and w.pod is None)
-    for rel, spec in pool_specs.items():
-        out[rel] = spec
-        touched.add(rel)
+        # inheritance; the affinity fallback re-pins each one). One that
+        # inherits it all differs in nothing else: its spec with the new pool.
+        for rel, spec in old_layout.items():
+            if spec.inherit:
+                edits[rel] = _with_cpus(spec, pool)
+        dirty.update(w.name for w in new_state.workloads if w.shared and w.pod is None and w.cpunodebind)
+    edits.update(pool_specs)
     for pod_name in dirty_pods:
-        _replace_entry(out, touched, old_state.pod(pod_name), new_state.pod(pod_name),
+        _replace_entry(edits, old_state.pod(pod_name), new_state.pod(pod_name),
                        pod_relpath, lambda p: _pod_spec(machine, p))
     for name in dirty:
-        _replace_entry(out, touched, old_state.workload(name), new_state.workload(name),
+        _replace_entry(edits, old_state.workload(name), new_state.workload(name),
                        workload_relpath, lambda w: _workload_spec(machine, new_state, w))
-    return out, frozenset(touched)
+    base = old_layout if isinstance(old_layout, Layered) else Layered(old_layout)
+    out = base.updated({rel: spec for rel, spec in edits.items() if spec is not None},
+                       [rel for rel, spec in edits.items() if spec is None])
+    return out, frozenset(edits)
 
 
-def _replace_entry(out: dict[str, CgroupSpec], touched: set[str], before, after, relpath, spec_of) -> None:
+def _with_cpus(spec: CgroupSpec, cpus: CpuSet) -> CgroupSpec:
+    # A thousand of these per change of the pool: its fields copied as they
+    # are (dataclasses.replace runs __init__ again, copy.copy goes through
+    # __reduce_ex__; either costs several times this).
+    out = object.__new__(CgroupSpec)
+    out.__dict__.update(spec.__dict__, cpus=cpus)
+    return out
+
+
+def _replace_entry(edits: dict[str, CgroupSpec | None], before, after, relpath, spec_of) -> None:
     if before is not None:
-        rel = relpath(before)
-        out.pop(rel, None)
-        touched.add(rel)
+        edits[relpath(before)] = None
     if after is not None:
         spec = spec_of(after)
-        out[spec.relpath] = spec
-        touched.add(spec.relpath)
+        edits[spec.relpath] = spec
 
 
-@dataclass(frozen=True)
-class Change:
+class Change(NamedTuple):  # (a thousand per change of the pool: made cheaply)
     kind: str  # "shrink" | "remove" | "create" | "update" | "grow"
     spec: CgroupSpec | None
     relpath: str
@@ -218,19 +230,21 @@ def order_changes(old: Mapping[str, CgroupSpec], new: Mapping[str, CgroupSpec],
     (from update_layout); the others are taken as equal and not compared."""
     shrinks, grows, updates, creates, removes = [], [], [], [], []
     if only is None:
-        pairs: Iterable[tuple[str, CgroupSpec]] = new.items()
-        gone: Iterable[str] = old
+        pairs: Iterable[tuple[str, CgroupSpec | None]] = new.items()
+        gone: Iterable[str] = (rel for rel in old if rel not in new)
     else:
-        pairs = [(rel, new[rel]) for rel in only if rel in new]
-        gone = [rel for rel in only if rel in old]
+        pairs = [(rel, new.get(rel)) for rel in only]  # (one lookup each: a thousand when the pool changes)
+        gone = [rel for rel, spec in pairs if spec is None and rel in old]
     for rel, spec in pairs:
+        if spec is None:
+            continue
         before = old.get(rel)
         if before is None:
             creates.append(Change("create", spec, rel))
             continue
-        if before is spec or before == spec:
+        if before is spec:
             continue
-        if spec.cpus != before.cpus:
+        if spec.cpus != before.cpus:  # (compared first: cheaper than the whole spec)
             if spec.cpus.issubset(before.cpus):
                 shrinks.append(Change("shrink", spec, rel))
             else:
@@ -239,11 +253,9 @@ def order_changes(old: Mapping[str, CgroupSpec], new: Mapping[str, CgroupSpec],
                 if kept != before.cpus and kept:
                     shrinks.append(Change("shrink", replace(spec, cpus=kept), rel))
                 grows.append(Change("grow", spec, rel))
-        else:
+        elif before != spec:
             updates.append(Change("update", spec, rel))
-    for rel in gone:
-        if rel not in new:
-            removes.append(Change("remove", None, rel))
+    removes = [Change("remove", None, rel) for rel in gone]
     depth = lambda c: c.relpath.count("/")  # noqa: E731
     removes.sort(key=lambda c: (-depth(c), c.relpath))
     creates.sort(key=lambda c: (depth(c), c.relpath))

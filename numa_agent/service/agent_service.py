@@ -165,6 +165,7 @@ class AgentService:
         changes = new_state.changes_since(old_state) \
             if getattr(self, "_layout_machine", None) is self.machine else None
         touched: frozenset[str] | None = None
+        new_layout: Layout
         if changes is None:
             new_layout = desired_layout(self.machine, new_state)
         else:

@@ -3,7 +3,8 @@
 It waits (selectors, no polling loop) on:
 - the enforcer's descriptors (`Enforcer.fds`), which tell when a workload's
   processes are gone: inotify on each workload's `cgroup.events` (cgroup
-  mode) or the workload processes' pidfds (affinity mode);
+  mode) or an epoll instance of the workload processes' pidfds (affinity
+  mode);
 - the hotplug event source (kernel uevents);
 - a stop pipe;
 and wakes on a timer only to ping the systemd watchdog when one is set, and
@@ -11,10 +12,11 @@ to retry releases that failed.
 
 A release that fails (the checkpoint cannot be written: a read-only or full
 state filesystem) is kept as pending and retried with exponential backoff
-(RETRY_FIRST doubling up to RETRY_CAP seconds), never in a tight loop: in
-affinity mode the exited process's pidfd stays readable, so its descriptor
-is set aside until the retry; in cgroup mode the inotify event was consumed,
-so without the pending set the release would be forgotten. One log line when
+(RETRY_FIRST doubling up to RETRY_CAP seconds), never in a tight loop: an
+enforcer whose descriptor stays readable for an exit (the simulated tree's
+pidfds) has it set aside until the retry; one that reports an exit once
+(inotify in cgroup mode, the affinity fallback's epoll) would forget the
+release without the pending set. One log line when
 releases start failing, one when they are all done.
 """
 

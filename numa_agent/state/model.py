@@ -18,11 +18,12 @@ import dataclasses
 import weakref
 from bisect import bisect_left
 from functools import cached_property
-from typing import Any, Iterable, Mapping, TypeVar, cast
+from typing import Any, Callable, Iterable, Mapping, Sequence, TypeVar, cast
 
 import msgspec
 
 from numa_agent.core.cpuset import CpuSet, CpuSetParseError
+from numa_agent.core.layered import Layered
 
 STATE_SCHEMA = 1
 # How many updates back a state can still name what changed (changes_since):
@@ -114,6 +115,17 @@ class Pod(_Value, frozen=True):
         return _with_booking(p, _sorted_devices(p.booking))
 
 
+class FollowsChanges:
+    """A value kept in a state's memo that a state derived from it by a few
+    updates takes on, told the top-level bookings that left and came
+    (AgentState._derive): what depends on every booking then costs the
+    change, not the state. `after` returns None when it cannot follow; the
+    derived state then computes the value afresh."""
+
+    def after(self, removed: Sequence[Booking], added: Sequence[Booking]) -> "FollowsChanges | None":
+        raise NotImplementedError
+
+
 class AgentState(_Value, frozen=True, dict=True, weakref=True):
     # dict=True: room for the cached properties; weakref=True: a derived state
     # names the state it came from without keeping it alive (changes_since).
@@ -137,12 +149,12 @@ class AgentState(_Value, frozen=True, dict=True, weakref=True):
         return self._members.get(pod, ())
 
     @cached_property
-    def _workload_index(self) -> dict[str, Workload]:
-        return _index(self.workloads)
+    def _workload_index(self) -> Layered[str, Workload]:
+        return Layered(_index(self.workloads))
 
     @cached_property
-    def _pod_index(self) -> dict[str, Pod]:
-        return _index(self.pods)
+    def _pod_index(self) -> Layered[str, Pod]:
+        return Layered(_index(self.pods))
 
     @cached_property
     def _members(self) -> dict[str, tuple[Workload, ...]]:
@@ -165,7 +177,8 @@ class AgentState(_Value, frozen=True, dict=True, weakref=True):
     def memo(self) -> dict[str, Any]:
         """Values derived from this (immutable) state, computed once by the
         functions that need them. Not copied by `replace`: a new state starts
-        with an empty memo."""
+        with an empty memo; a state derived by the updates below starts with
+        the values that FollowsChanges, followed."""
         return {}
 
     def top_level_bookings(self) -> Iterable[Booking]:
@@ -182,11 +195,7 @@ class AgentState(_Value, frozen=True, dict=True, weakref=True):
         """CPU -> how many top-level bookings hold it (more than one only in a
         state that is not consistent): counted, so that a state derived by a
         few updates gets its exclusive CPUs exactly from this one's (_derive)."""
-        out: dict[int, int] = {}
-        for b in self.top_level_bookings():
-            for cpu in b.cpus.ids():
-                out[cpu] = out.get(cpu, 0) + 1
-        return out
+        return _holders_after({}, (), self.top_level_bookings(), _cpus_of)
 
     @cached_property
     def _exclusive_cpus(self) -> CpuSet:
@@ -196,11 +205,16 @@ class AgentState(_Value, frozen=True, dict=True, weakref=True):
         return self._exclusive_cpus
 
     @cached_property
+    def _device_holders(self) -> dict[tuple[str, str], int]:
+        """(resource, PCI address) -> how many top-level bookings hold it:
+        counted and handed on like _cpu_holders."""
+        return _holders_after({}, (), self.top_level_bookings(), _devices_of)
+
+    @cached_property
     def _devices_in_use(self) -> dict[str, frozenset[str]]:
         out: dict[str, set[str]] = {}
-        for b in self.top_level_bookings():
-            for resource, addr in b.devices:
-                out.setdefault(resource, set()).add(addr)
+        for resource, addr in self._device_holders:
+            out.setdefault(resource, set()).add(addr)
         return {r: frozenset(a) for r, a in sorted(out.items())}
 
     def devices_in_use(self) -> dict[str, frozenset[str]]:
@@ -246,15 +260,24 @@ class AgentState(_Value, frozen=True, dict=True, weakref=True):
         """Hand on what this state knows that still holds for `new`, which
         differs from it only in the named workloads or pods."""
         mine, theirs = self.__dict__, new.__dict__
-        for key in ("_workloads_sorted", "_pods_sorted"):
-            if mine.get(key) is True:
-                theirs[key] = True  # one entry replaced or dropped keeps the order
         for key in ("_workload_index", "_pod_index"):
             if key in mine:
                 theirs[key] = mine[key] if key != index[0] else _with_entry(mine[key], index[1], index[2])
-        if "_cpu_holders" in mine and self._workloads_sorted and self._pods_sorted:
+        counted = [(key, held) for key, held in _COUNTED if key in mine]
+        followers = [(key, value) for key, value in self.memo.items() if isinstance(value, FollowsChanges)]
+        if (counted or followers) and self._workloads_sorted and self._pods_sorted:
             # (sorted: one value per name, so the named ones are all that changed)
-            theirs["_cpu_holders"] = _holders_after(mine["_cpu_holders"], self, new, workloads, pods)
+            removed, added = _top_level_bookings_of(self, workloads, pods), \
+                _top_level_bookings_of(new, workloads, pods)
+            for key, held in counted:
+                theirs[key] = _holders_after(mine[key], removed, added, held)
+            for key, value in followers:
+                followed = value.after(removed, added)
+                if followed is not None:
+                    new.memo[key] = followed
+        for key in ("_workloads_sorted", "_pods_sorted"):
+            if mine.get(key) is True:
+                theirs[key] = True  # one entry replaced or dropped keeps the order
         if "_json_cache" in mine:
             cache = theirs["_json_cache"] = mine["_json_cache"]
             if index[0] == "_workload_index" and index[2] is None:
@@ -371,32 +394,46 @@ def _index(values: tuple[_Named, ...]) -> dict[str, _Named]:
     return out
 
 
-def _holders_after(counts: dict[int, int], old: AgentState, new: AgentState,
-                   workloads: tuple[str, ...], pods: tuple[str, ...]) -> dict[int, int]:
-    """`counts` (old's CPU holders) with the named workloads' and pods'
-    top-level bookings taken out as they were in `old` and put in as they are
-    in `new`: the cost of the change, not of the state."""
+def _top_level_bookings_of(state: AgentState, workloads: tuple[str, ...], pods: tuple[str, ...]) -> list[Booking]:
+    """The top-level bookings (see top_level_bookings) of the named workloads and pods."""
+    held = [w.booking for w in map(state.workload, workloads) if w is not None and w.pod is None]
+    return held + [p.booking for p in map(state.pod, pods) if p is not None]
+
+
+def _cpus_of(booking: Booking) -> Iterable[int]:
+    return booking.cpus.ids()
+
+
+def _devices_of(booking: Booking) -> Iterable[tuple[str, str]]:
+    return booking.devices
+
+
+# What a state counts over its top-level bookings and hands on to the states
+# derived from it: the cached property, and what one booking holds.
+_COUNTED = (("_cpu_holders", _cpus_of), ("_device_holders", _devices_of))
+
+_K = TypeVar("_K")
+
+
+def _holders_after(counts: dict[_K, int], removed: Iterable[Booking], added: Iterable[Booking],
+                   held: Callable[[Booking], Iterable[_K]]) -> dict[_K, int]:
+    """`counts` (how many bookings hold each thing) with the `removed`
+    bookings' things taken out and the `added` ones' put in: the cost of the
+    change, not of the state."""
     out = dict(counts)
-    for state, step in ((old, -1), (new, 1)):
-        held = [w.booking for w in map(state.workload, workloads) if w is not None and w.pod is None]
-        held += [p.booking for p in map(state.pod, pods) if p is not None]
-        for booking in held:
-            for cpu in booking.cpus.ids():
-                n = out.get(cpu, 0) + step
+    for bookings, step in ((removed, -1), (added, 1)):
+        for booking in bookings:
+            for thing in held(booking):
+                n = out.get(thing, 0) + step
                 if n:
-                    out[cpu] = n
+                    out[thing] = n
                 else:
-                    out.pop(cpu, None)
+                    out.pop(thing, None)
     return out
 
 
-def _with_entry(index: dict[str, Any], name: str, value: Any) -> dict[str, Any]:
-    out = dict(index)
-    if value is None:
-        out.pop(name, None)
-    else:
-        out[name] = value
-    return out
+def _with_entry(index: Layered[str, Any], name: str, value: Any) -> Layered[str, Any]:
+    return index.updated(removed=(name,)) if value is None else index.updated({name: value})
 
 
 def _strictly_sorted(values: tuple[_Named, ...]) -> bool:

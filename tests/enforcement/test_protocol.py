@@ -4,6 +4,9 @@ so the service never needs to ask which one it holds."""
 from __future__ import annotations
 
 import inspect
+import os
+import select
+import signal
 
 import pytest
 
@@ -65,11 +68,62 @@ def test_affinity_tracks_the_pid_and_releases_on_exit(sleepers):
         proc = sleepers()
         assert enforcer.track("wl-a", proc.pid)
         assert enforcer.populated("wl-a") and enforcer.pids("wl-a") == [proc.pid]
-        assert enforcer.existing() == ["wl-a"] and len(enforcer.fds()) == 2
+        assert enforcer.existing() == ["wl-a"] and len(enforcer.fds()) == 1
         proc.kill()
         proc.wait()
         assert enforcer.released(set(enforcer.fds())) == ["wl-a"]
         assert not enforcer.populated("wl-a")
+    finally:
+        enforcer.close()
+
+
+def test_affinity_releases_nothing_for_a_number_reused_by_a_live_process(sleepers):
+    # A release and an admission on the API's thread give a closed pidfd's
+    # number to the pidfd of a live workload: it must not be released for it.
+    enforcer = AffinityEnforcer("test")
+    try:
+        first, second = sleepers(), sleepers()
+        assert enforcer.track("wl-a", first.pid)
+        (stale,) = enforcer._by_fd
+        enforcer._forget("wl-a")
+        assert enforcer.track("wl-b", second.pid)
+        assert stale in enforcer._by_fd  # the lowest free number, reused
+        assert enforcer.released(set(enforcer.fds())) == []
+        second.kill()
+        second.wait()
+        assert enforcer.released(set(enforcer.fds())) == ["wl-b"]
+    finally:
+        enforcer.close()
+
+
+def test_affinity_waits_on_one_descriptor_and_reports_each_exit_once(sleepers):
+    enforcer = AffinityEnforcer("test")
+    try:
+        procs = [sleepers() for _ in range(3)]
+        for i, proc in enumerate(procs):
+            assert enforcer.track(f"wl-{i}", proc.pid)
+        assert len(enforcer.fds()) == 1  # however many workloads it follows
+        for proc in procs[:2]:
+            proc.kill()
+            proc.wait()
+        assert enforcer.released(set(enforcer.fds())) == ["wl-0", "wl-1"]
+        # Reported: not again (a release that fails is retried by the event loop),
+        # and known as exited to that retry.
+        assert enforcer.released(set(enforcer.fds())) == []
+        assert not enforcer.populated("wl-0") and enforcer.populated("wl-2")
+    finally:
+        enforcer.close()
+
+
+def test_affinity_counts_an_exited_unreaped_process_as_gone(sleepers):
+    enforcer = AffinityEnforcer("test")
+    try:
+        proc = sleepers()
+        assert enforcer.track("wl-a", proc.pid)
+        os.kill(proc.pid, signal.SIGKILL)
+        select.select([enforcer.fds()[0]], [], [], 10)
+        # Not reaped yet (a zombie, which a signal of 0 still reaches): gone all the same.
+        assert not enforcer.populated("wl-a") and enforcer.pids("wl-a") == []
     finally:
         enforcer.close()
 

@@ -137,13 +137,13 @@ def test_a_shared_admission_pins_nobody_else_in_the_affinity_fallback(tmp_path, 
     service = AgentService(machine, CheckpointStore(tmp_path / "state"), enforcer)
     service.install(service.state)
     pinned: list[tuple[int, bool]] = []
-    real_pin = enforcer_module._pin_tree
+    real_pin = enforcer_module._pin_trees
 
-    def pin(pid, cpus, descendants=True, tasks=None):
-        pinned.append((pid, descendants))
-        real_pin(pid, cpus, descendants, tasks)
+    def pin(pids, cpus, descendants=True, finder=None):
+        pinned.extend((pid, descendants) for pid in pids)
+        return real_pin(pids, cpus, descendants, finder)
 
-    monkeypatch.setattr(enforcer_module, "_pin_tree", pin)
+    monkeypatch.setattr(enforcer_module, "_pin_trees", pin)
     callers = [sleepers() for _ in range(5)]
     for i, caller in enumerate(callers):
         service.admit(AdmitRequest(name=f"s{i}", shared=True), caller)
@@ -161,24 +161,105 @@ def test_a_shared_admission_pins_nobody_else_in_the_affinity_fallback(tmp_path, 
     enforcer.close()
 
 
-def test_the_tree_of_a_process_is_found_without_scanning_every_process(sleepers):
+class FakeProc:
+    """A process table that changes while it is being pinned: `later` maps a
+    task to what appears once that task is pinned (threads made, children
+    forked, by it just before), as a program would that makes threads while
+    it is re-pinned. Records each pin; `gone` tasks exit before theirs."""
+
+    def __init__(self, threads, children=None, later=None, gone=()):
+        self.threads_of = {pid: list(tids) for pid, tids in threads.items()}
+        self.children_of = dict(children or {})
+        self.later = dict(later or {})
+        self.gone = set(gone)
+        self.pins: list[int] = []
+        self.listings = 0
+
+    def setaffinity(self, tid, ids):
+        if tid in self.gone:
+            raise ProcessLookupError(tid)
+        self.pins.append(tid)
+        for pid, new_threads, new_children in self.later.pop(tid, ()):
+            self.threads_of.setdefault(pid, []).extend(new_threads)
+            self.children_of.setdefault(tid, []).extend(new_children)
+
+    def threads(self, pid):
+        self.listings += 1
+        return list(self.threads_of.get(pid, []))
+
+    def children(self, pid, tid):
+        return list(self.children_of.get(tid, []))
+
+
+def pin_fake(proc, pids, descendants=True):
+    return enforcer_module._pin_trees(pids, CpuSet([0]), descendants, finder=proc,
+                                      setaffinity=proc.setaffinity)
+
+
+def test_a_process_of_one_thread_costs_one_pin_and_one_listing():
+    proc = FakeProc({10: [10], 11: [11]})
+    assert pin_fake(proc, [10, 11]) == 2
+    assert sorted(proc.pins) == [10, 11] and proc.listings == 2
+
+
+def test_threads_and_children_made_while_the_pool_is_re_pinned_are_pinned_too():
+    # 10 has threads 10 and 11; 11, before its pin, makes thread 12, which
+    # before its own makes 13 and forks 20; 10 forked 30 (threads 30, 31).
+    proc = FakeProc({10: [10, 11], 30: [30, 31]}, children={10: [30]},
+                    later={11: [(10, [12], [])], 12: [(10, [13], [20])], 20: [(20, [21], [])]})
+    proc.threads_of[20] = [20]
+    pin_fake(proc, [10])
+    assert sorted(proc.pins) == [10, 11, 12, 13, 20, 21, 30, 31]
+    assert len(proc.pins) == len(set(proc.pins))  # each once
+
+
+def test_a_task_that_exits_mid_repin_is_skipped_and_the_rest_pinned():
+    proc = FakeProc({10: [10, 11, 12], 20: [20]}, children={12: [20]}, gone={11, 99})
+    pin_fake(proc, [10, 99])  # 99: exited before the apply reached it
+    assert sorted(proc.pins) == [10, 12, 20]
+
+
+def test_the_caller_alone_is_pinned_without_its_descendants():
+    proc = FakeProc({10: [10, 11]}, children={10: [20]})
+    proc.threads_of[20] = [20]
+    pin_fake(proc, [10], descendants=False)
+    assert sorted(proc.pins) == [10, 11]
+
+
+def test_a_real_tree_making_threads_while_re_pinned_ends_on_the_new_cpus():
     import subprocess
+    import sys
     import time
 
-    proc = subprocess.Popen(["sh", "-c", "sleep 30 & sleep 30 & wait"])
-    found: list[int] = []
+    allowed = sorted(os.sched_getaffinity(0))
+    if len(allowed) < 2:
+        pytest.skip("needs two CPUs to move between")
+    # A process that keeps starting short-lived threads, and a child that does the same.
+    churn = ("import threading, time, subprocess, sys\n"
+             "if sys.argv[1] == 'parent': subprocess.Popen([sys.executable, '-c', sys.argv[2], 'child', ''])\n"
+             "while True:\n"
+             "    [threading.Thread(target=time.sleep, args=(0.05,)).start() for _ in range(4)]\n"
+             "    time.sleep(0.005)\n")
+    proc = subprocess.Popen([sys.executable, "-c", churn, "parent", churn])
     try:
-        deadline = time.monotonic() + 5
-        while len(enforcer_module._tree_tasks(proc.pid)) < 3 and time.monotonic() < deadline:
+        deadline = time.monotonic() + 10
+        finder = enforcer_module._Tasks()
+        while not finder.children(proc.pid, proc.pid) and time.monotonic() < deadline:
             time.sleep(0.02)
-        scanned = enforcer_module._Tasks()
-        scanned._by_parent = enforcer_module._scan_parents()  # as on a kernel without children files
-        assert sorted(enforcer_module._tree_tasks(proc.pid)) == sorted(scanned.of_tree(proc.pid))
-        found = enforcer_module._tree_tasks(proc.pid)
-        assert len(found) == 3
-        assert enforcer_module._threads(proc.pid) == [proc.pid]
+        target = CpuSet([allowed[-1]])
+        for _ in range(5):
+            enforcer_module._pin_trees([proc.pid], target)
+            tasks = []
+            for pid in (proc.pid, *finder.children(proc.pid, proc.pid)):
+                tasks += finder.threads(pid)
+            for tid in tasks:
+                try:
+                    assert CpuSet(os.sched_getaffinity(tid)) == target, tid
+                except ProcessLookupError:
+                    pass  # a short-lived thread that ended
+            target = CpuSet([allowed[0]]) if target == CpuSet([allowed[-1]]) else CpuSet([allowed[-1]])
     finally:
-        for pid in found or [proc.pid]:  # the shell and the two sleeps it started
+        for pid in [*enforcer_module._Tasks().children(proc.pid, proc.pid), proc.pid]:
             try:
                 os.kill(pid, 9)
             except ProcessLookupError:
@@ -197,6 +278,8 @@ def test_without_children_files_one_scan_serves_every_tree_of_an_apply(tmp_path,
     real_scan = enforcer_module._scan_parents
     monkeypatch.setattr(enforcer_module, "_scan_parents", lambda p: scans.append(p) or real_scan(p))
     finder = enforcer_module._Tasks(str(proc))
-    assert sorted(finder.of_tree(10)) == [10, 11, 13, 14]
-    assert finder.of_tree(12) == [12]
+    pinned: list[int] = []
+    enforcer_module._pin_trees([10, 12], CpuSet([0]), finder=finder,
+                               setaffinity=lambda tid, ids: pinned.append(tid))
+    assert sorted(pinned) == [10, 11, 12, 13, 14]
     assert len(scans) == 1

@@ -1,0 +1,90 @@
+"""Benchmark (a script, not a test): one admission and its release through
+AgentService (decide, layout, journal commit) with N live shared workloads,
+in this process, with an enforcer that does nothing and the journal's fsyncs
+skipped: what the pure core and the service add per live workload, without
+the disk, the kernel or the other programs of a busy machine that make
+`scripts/bench-scale` noisy.
+
+Prints p50 and min per N (ms per admission and release) and the ratio of the
+largest N to the smallest, for shared probes (the pool stays) and exclusive
+ones (the pool changes: every shared workload's layout entry follows it).
+
+Run: python benchmarks/service_scale_micro.py [COUNTS...]   (default 10 100 1000)
+"""
+
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.stats import table  # noqa: E402
+from numa_agent.admission.machine import PolicyConfig, build_machine  # noqa: E402
+from numa_agent.api.validation import AdmitRequest  # noqa: E402
+from numa_agent.service.agent_service import AgentService  # noqa: E402
+from numa_agent.service.caller import Caller  # noqa: E402
+from numa_agent.state.checkpoint import CheckpointStore  # noqa: E402
+from numa_agent.state.model import AgentState  # noqa: E402
+from numa_agent.testing.synthetic import make_topology  # noqa: E402
+
+PROBES = 200
+
+
+class NoEnforcer:
+    mode = "none"
+    reason = None
+
+    def apply(self, old, new, move=None, changed=None):
+        pass
+
+    def prune(self, layout):
+        return []
+
+    def path_of(self, relpath):
+        return None
+
+    def close(self):
+        pass
+
+
+def main(argv: list[str]) -> int:
+    counts = sorted(int(a) for a in argv) or [10, 100, 1000]
+    os.fdatasync = os.fsync = lambda fd: None  # the disk is not what is measured here
+    me = Caller(pid=os.getpid(), uid=1000, gid=1000)
+    machine = build_machine(make_topology(sockets=2, cores_per_node=4, threads_per_core=2,
+                                          memory_per_node_bytes=8 << 30), PolicyConfig())
+    rows, figures = [], {}
+    with tempfile.TemporaryDirectory(prefix="service-scale-") as tmp:
+        service = AgentService(machine, CheckpointStore(Path(tmp) / "state"), NoEnforcer())
+        service.install(AgentState(policy_fingerprint=machine.policy.fingerprint()))
+        live = 0
+        for count in counts:
+            while live < count:
+                service.admit(AdmitRequest(name=f"hold-{live:05d}", shared=True), me)
+                live += 1
+            for kind in ("shared", "exclusive"):
+                times = []
+                for i in range(PROBES):
+                    name = f"probe-{kind}-{count}-{i}"
+                    body = AdmitRequest(name=name, shared=True) if kind == "shared" else AdmitRequest(name=name, cpus=1)
+                    t0 = time.perf_counter()
+                    service.admit(body, me)
+                    service.release(name, me)
+                    times.append((time.perf_counter() - t0) * 1e3)
+                figures[kind, count] = (statistics.median(times), min(times))
+                rows.append([kind, str(count), f"{figures[kind, count][0]:.3f}", f"{figures[kind, count][1]:.3f}"])
+    print(f"admission + release through AgentService, no enforcement, no fsync; {PROBES} probes, ms")
+    print(table(["kind", "live", "p50", "min"], rows))
+    if len(counts) > 1:
+        print(table(["kind", "live", "p50 ratio", "min ratio"],
+                    [[kind, f"{counts[-1]}/{counts[0]}",
+                      *(f"{figures[kind, counts[-1]][i] / figures[kind, counts[0]][i]:.2f}x" for i in (0, 1))]
+                     for kind in ("shared", "exclusive")]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
