@@ -75,6 +75,9 @@ class AgentService:
         self.started = clock()
         self._lock = threading.RLock()
         self._layout: Layout = {}
+        # Intruders and memory locality (numa_agent.observe), set at start-up;
+        # None: status shows neither.
+        self.observer: Any = None
 
     # ---- admission ---------------------------------------------------------
     def admit(self, request: AdmitRequest, caller: Caller, dry_run: bool = False) -> dict:
@@ -363,9 +366,11 @@ class AgentService:
                            f"`numa-agent release {w.name}` as root"}
                 for w in state.workloads if is_quarantined(w)]
 
-    def status(self, viewer_uid: int | None = None) -> dict:
+    def status(self, viewer_uid: int | None = None, memory: bool = False) -> dict:
+        """`memory`: also read the memory per node of workloads without a
+        cgroup (/proc/PID/numa_maps, costly)."""
         state = self.state  # one immutable snapshot for the whole view
-        return {
+        out = {
             "enforcement": self.enforcer.mode,
             "enforcement_reason": self.enforcer.reason,
             "policy": self.machine.policy.describe(),
@@ -381,6 +386,9 @@ class AgentService:
                       "budget": dict(p.request), "created_unix": p.created_unix}
                      for p in state.pods],
         }
+        if self.observer is not None:
+            self.observer.annotate(state, out, memory=memory)
+        return out
 
     def topology(self) -> dict:
         if self._topology_json is not None:
