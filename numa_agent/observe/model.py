@@ -60,13 +60,14 @@ def last_cpu(text: str) -> int | None:
 
 def parse_allowed(status_text: str) -> CpuSet | None:
     """Cpus_allowed_list of /proc/PID/task/TID/status."""
-    for line in status_text.splitlines():
-        if line.startswith("Cpus_allowed_list:"):
-            try:
-                return CpuSet.parse(line.split(":", 1)[1].strip())
-            except CpuSetParseError:
-                return None
-    return None
+    at = status_text.find("Cpus_allowed_list:")
+    if at < 0:
+        return None
+    end = status_text.find("\n", at)
+    try:
+        return CpuSet.parse(status_text[at + len("Cpus_allowed_list:"):end if end >= 0 else None].strip())
+    except CpuSetParseError:
+        return None
 
 
 def parse_cgroup(text: str) -> str | None:

@@ -67,6 +67,13 @@ class ProcReader:
                     yield int(pid), int(tid), raw.decode("utf-8", "replace")
 
     def allowed(self, pid: int, tid: int) -> CpuSet | None:
+        if self.root == "/proc":
+            # The system call, not status: the kernel formats all of status
+            # (memory figures included) for one line of it.
+            try:
+                return CpuSet(os.sched_getaffinity(tid))
+            except OSError:
+                return None
         raw = _read(f"{self.root}/{pid}/task/{tid}/status")
         return parse_allowed(raw.decode("utf-8", "replace")) if raw else None
 

@@ -5,6 +5,7 @@ exclusive CPUs (nothing at all)."""
 from __future__ import annotations
 
 import logging
+import os
 
 from numa_agent.core.cpuset import CpuSet
 from numa_agent.observe.model import Guarded, cpu_owners
@@ -87,6 +88,12 @@ def test_the_timer_thread_stops_when_asked(tmp_path):
     watcher = IntruderWatcher(lambda: [], ProcReader(str(tmp_path)), 3600.0).start()
     watcher.stop()
     assert watcher._thread is not None and not watcher._thread.is_alive()
+
+
+def test_on_this_machine_allowed_cpus_come_from_the_system_call():
+    me = os.getpid()
+    assert ProcReader("/proc").allowed(me, me) == CpuSet(os.sched_getaffinity(0))
+    assert ProcReader("/proc").allowed(me, 0x3FFFFFFF) is None  # no such task
 
 
 def test_cgroup_names_as_proc_shows_them():
