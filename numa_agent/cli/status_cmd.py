@@ -107,7 +107,11 @@ def observation_lines(workloads: list[dict[str, Any]]) -> list[str]:
     for wl in workloads:
         for i in wl.get("intruders") or []:
             lines.append(f"INTRUDER on {wl.get('name')}'s CPU {i.get('cpu')}: pid {i.get('pid')} tid "
-                         f"{i.get('tid')} ({i.get('command')})" + (" kernel thread" if i.get("kernel") else ""))
+                         f"{i.get('tid')} ({i.get('command')})")
+        kernel = wl.get("kernel_threads") or []
+        if kernel:
+            lines.append(f"kernel threads on {wl.get('name')}'s CPUs: " + ", ".join(
+                f"{k.get('command')} (pid {k.get('pid')}, CPU {k.get('cpu')})" for k in kernel))
     return [""] + lines if lines else []
 
 

@@ -4,8 +4,11 @@ judging it. No file is opened here (see procfs.py for the reading edge).
 An intruder is a task outside a workload that is allowed on, and last ran on
 (field 39 of /proc/PID/task/TID/stat), one of that workload's exclusive CPUs.
 Per-CPU kernel threads bound to exactly that CPU (ksoftirqd/N, kworker/N:M,
-migration/N, cpuhp/N) are not intruders: nobody can move them. Other kernel
-threads (unbound kworkers, allowed everywhere) are, flagged `kernel`.
+migration/N, cpuhp/N) are left out: they are part of the CPU, nobody can move
+them. Other kernel threads found there (unbound kworkers, kswapd) are flagged
+`kernel` and reported apart from the intruders: nearly every machine has some,
+and counted with the user tasks they would keep the intruder gauge from ever
+reading 0.
 """
 
 from __future__ import annotations
@@ -119,8 +122,7 @@ class Intruder(NamedTuple):
         return (self.pid, self.tid, self.start_time)
 
     def to_json(self) -> dict:
-        return {"pid": self.pid, "tid": self.tid, "command": self.command, "cpu": self.cpu,
-                "kernel": self.kernel}
+        return {"pid": self.pid, "tid": self.tid, "command": self.command, "cpu": self.cpu}
 
 
 def judge(task: TaskStat, allowed: CpuSet | None, owner: Guarded) -> Intruder | None:

@@ -38,7 +38,7 @@ class Observer:
         return None
 
     def annotate(self, state: AgentState, status: dict[str, Any], *, memory: bool = False) -> None:
-        """Add `intruders` and `memory_numa` to each workload of `status`,
+        """Add `intruders`, `kernel_threads` and `memory_numa` to each workload of `status`,
         and the scan's own figures as `observe`."""
         watcher = self.watcher
         found = watcher.by_workload() if watcher is not None else {}
@@ -46,7 +46,8 @@ class Observer:
             w = state.workload(view["name"])
             if w is None:
                 continue
-            view["intruders"] = [i.to_json() for i in found.get(w.name, ())]
+            view["intruders"] = [i.to_json() for i in found.get(w.name, ()) if not i.kernel]
+            view["kernel_threads"] = [i.to_json() for i in found.get(w.name, ()) if i.kernel]
             view["memory_numa"] = self.memory(w, memory)
         last = watcher.last if watcher is not None else None
         status["observe"] = {

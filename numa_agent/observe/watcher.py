@@ -7,7 +7,8 @@ the workload's own tasks apart, then its status to confirm it is allowed there.
 
 `IntruderWatcher` runs it on its own timer thread (never on the API's or the
 admission path), does nothing while no workload holds exclusive CPUs, logs
-each intruder once (pid, tid and start time: a reused pid is a new one) and
+each user-space intruder once (pid, tid and start time: a reused pid is a new
+one; kernel threads at debug level only) and
 keeps the last result as an immutable value for status and metrics.
 """
 
@@ -106,7 +107,7 @@ class IntruderWatcher:
     interval: float  # seconds between scans ([observe] intruder_scan_seconds)
     clock: Callable[[], float] = time.time
     last: Scan = field(default_factory=Scan)
-    seen_total: int = 0  # distinct intruders logged since start
+    seen_total: int = 0  # distinct user-space intruders logged since start
     # Intruders already logged (workload, pid, tid, start time), oldest first;
     # bounded, so a storm of short-lived intruders cannot grow it for ever.
     _logged: dict[tuple[str, int, int, int], None] = field(default_factory=dict)
@@ -128,9 +129,13 @@ class IntruderWatcher:
             self._logged[key] = None
             if len(self._logged) > LOGGED_CAP:
                 del self._logged[next(iter(self._logged))]
+            if i.kernel:
+                log.debug("kernel thread on workload %s's exclusive CPU %d: pid %d (%s)",
+                          i.workload, i.cpu, i.pid, i.command)
+                continue
             self.seen_total += 1
-            log.warning("intruder on workload %s's exclusive CPU %d: pid %d tid %d (%s)%s",
-                        i.workload, i.cpu, i.pid, i.tid, i.command, " [kernel thread]" if i.kernel else "")
+            log.warning("intruder on workload %s's exclusive CPU %d: pid %d tid %d (%s)",
+                        i.workload, i.cpu, i.pid, i.tid, i.command)
         self.last = Scan(tuple(found), tasks, elapsed, self.clock())
         return self.last
 

@@ -370,7 +370,16 @@ class AgentService:
         """`memory`: also read the memory per node of workloads without a
         cgroup (/proc/PID/numa_maps, costly)."""
         state = self.state  # one immutable snapshot for the whole view
-        out = {
+        return self._observed(state, self._status(state, viewer_uid), memory)
+
+    def _observed(self, state: AgentState, status: dict, memory: bool = False) -> dict:
+        """Intruders and memory per node added (files read: never under the lock)."""
+        if self.observer is not None:
+            self.observer.annotate(state, status, memory=memory)
+        return status
+
+    def _status(self, state: AgentState, viewer_uid: int | None) -> dict:
+        return {
             "enforcement": self.enforcer.mode,
             "enforcement_reason": self.enforcer.reason,
             "policy": self.machine.policy.describe(),
@@ -386,9 +395,6 @@ class AgentService:
                       "budget": dict(p.request), "created_unix": p.created_unix}
                      for p in state.pods],
         }
-        if self.observer is not None:
-            self.observer.annotate(state, out, memory=memory)
-        return out
 
     def topology(self) -> dict:
         if self._topology_json is not None:
@@ -425,8 +431,10 @@ class AgentService:
 
     def metrics_snapshot(self) -> dict:
         with self._lock:
-            return {"status": self.status(), "counters": self.counters.snapshot(),
-                    "info": {"version": VERSION, "enforcement": self.enforcer.mode}}
+            state = self.state
+            status, counters = self._status(state, None), self.counters.snapshot()
+        return {"status": self._observed(state, status), "counters": counters,
+                "info": {"version": VERSION, "enforcement": self.enforcer.mode}}
 
 
 def _may_see_command(viewer_uid: int | None, owner_uid: int) -> bool:

@@ -188,6 +188,10 @@ class AgentCollector:
         intruders = GaugeMetricFamily(
             PREFIX + "exclusive_cpu_intruders", "Tasks outside the workload allowed on and last run on "
             "one of its exclusive CPUs, at the last scan.", labels=["workload"])
+        kernel = GaugeMetricFamily(
+            PREFIX + "exclusive_cpu_kernel_threads", "Kernel threads not bound to that CPU alone (unbound "
+            "kworkers, kswapd) allowed on and last run on one of the workload's exclusive CPUs.",
+            labels=["workload"])
         seen = CounterMetricFamily(
             PREFIX + "exclusive_cpu_intruders_seen", "Distinct intruders found since the agent started.",
             value=float(observe.get("intruders_seen_total", 0)))
@@ -204,6 +208,7 @@ class AgentCollector:
             name = str(w.get("name"))
             if w.get("exclusive") and "intruders" in w:
                 intruders.add_metric([name], float(len(w["intruders"])))
+                kernel.add_metric([name], float(len(w.get("kernel_threads") or ())))
             numa = w.get("memory_numa")
             if not numa:
                 continue
@@ -212,7 +217,7 @@ class AgentCollector:
             if numa.get("outside_bytes") is not None:
                 outside.add_metric([name], float(numa["outside_bytes"]))
                 ratio.add_metric([name], float(numa["outside_ratio"]))
-        return [intruders, seen, memory, outside, ratio]
+        return [intruders, kernel, seen, memory, outside, ratio]
 
     def _node_families(self, nodes: list[Mapping[str, Any]]) -> list[Metric]:
         cpus = GaugeMetricFamily(

@@ -54,7 +54,7 @@ def _task(cpu: int, *, kernel: bool = False, pid: int = 40):
 def test_an_outside_task_allowed_and_last_run_there_is_an_intruder():
     found = judge(_task(3), CpuSet.parse("0-3"), WL)
     assert found == Intruder("db", 40, 40, "t", 3, 1000, False)
-    assert found.to_json() == {"pid": 40, "tid": 40, "command": "t", "cpu": 3, "kernel": False}
+    assert found.to_json() == {"pid": 40, "tid": 40, "command": "t", "cpu": 3}
 
 
 def test_no_longer_allowed_there_is_no_intruder():

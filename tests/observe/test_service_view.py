@@ -50,6 +50,7 @@ def test_status_and_metrics_show_intruders_and_memory_per_node(tmp_path):
     proc = tmp_path / "proc"
     add_task(proc, 500, 500, "spinner", cpu, "0-7", cgroup="/user.slice")
     add_task(proc, 600, 600, "web", cpu, out["cpus"], cgroup="/wl-web")
+    add_task(proc, 700, 700, "kworker/u16:2", cpu, "0-7", kernel=True)
     (root / "wl-web" / "memory.numa_stat").write_text(
         f"anon N{node}={64 * MIB} N{other}={16 * MIB}\nfile N{node}=0 N{other}=0\n")
     source = ProcReader(str(proc))
@@ -60,15 +61,17 @@ def test_status_and_metrics_show_intruders_and_memory_per_node(tmp_path):
 
     status = service.status()
     (web,) = status["workloads"]
-    assert web["intruders"] == [{"pid": 500, "tid": 500, "command": "spinner", "cpu": cpu, "kernel": False}]
+    assert web["intruders"] == [{"pid": 500, "tid": 500, "command": "spinner", "cpu": cpu}]
+    assert web["kernel_threads"] == [{"pid": 700, "tid": 700, "command": "kworker/u16:2", "cpu": cpu}]
     assert web["memory_numa"]["bytes"] == {str(min(node, other)): (64 if node < other else 16) * MIB,
                                            str(max(node, other)): (16 if node < other else 64) * MIB}
     assert web["memory_numa"]["outside_bytes"] == 16 * MIB and web["memory_numa"]["outside_ratio"] == 0.2
     assert status["observe"]["intruders_seen_total"] == 1
-    assert status["observe"]["last_scan"]["tasks"] == 2
+    assert status["observe"]["last_scan"]["tasks"] == 3
 
     values = _scrape(service)
     assert values[("numa_agent_exclusive_cpu_intruders", (("workload", "web"),))] == 1
+    assert values[("numa_agent_exclusive_cpu_kernel_threads", (("workload", "web"),))] == 1
     assert values[("numa_agent_exclusive_cpu_intruders_seen_total", ())] == 1
     assert values[("numa_agent_workload_memory_bytes", (("numa_node", str(node)), ("workload", "web")))] == 64 * MIB
     assert values[("numa_agent_workload_memory_outside_bytes", (("workload", "web"),))] == 16 * MIB
@@ -76,6 +79,7 @@ def test_status_and_metrics_show_intruders_and_memory_per_node(tmp_path):
 
     text = "\n".join(format_status(status, now=0))
     assert f"INTRUDER on web's CPU {cpu}: pid 500 tid 500 (spinner)" in text
+    assert f"kernel threads on web's CPUs: kworker/u16:2 (pid 700, CPU {cpu})" in text
     assert f"memory web: node {min(node, other)} " in text and "outside booked nodes 16MiB (20.0%)" in text
 
 
@@ -85,7 +89,7 @@ def test_without_observation_data_status_says_not_available(tmp_path):
     service.observer = Observer(source, service.enforcer.path_of, None)
     status = service.status()
     (web,) = status["workloads"]
-    assert web["intruders"] == [] and web["memory_numa"] is None  # the simulated tree has no numa_stat
+    assert web["intruders"] == [] == web["kernel_threads"] and web["memory_numa"] is None  # the simulated tree has no numa_stat
     assert status["observe"] == {"intruder_scan_seconds": 0, "intruders_seen_total": 0, "last_scan": None}
     assert ("numa_agent_exclusive_cpu_intruders", (("workload", "web"),)) in _scrape(service)
 
@@ -102,3 +106,25 @@ def test_without_a_cgroup_numa_maps_is_read_only_on_request(tmp_path):
     numa = service.status(memory=True)["workloads"][0]["memory_numa"]
     assert numa["source"] == "numa_maps" and numa["bytes"] == {str(node): 64 * MIB}
     assert numa["outside_bytes"] == 0
+
+
+def test_a_scrape_reads_the_observations_outside_the_admission_lock(tmp_path):
+    import threading
+
+    service, _, _ = _service(tmp_path)
+    free = []
+
+    class Probe:
+        def annotate(self, state, status, memory=False):
+            def other():  # an admission arriving meanwhile would take the lock
+                got = service._lock.acquire(timeout=0)
+                free.append(got)
+                if got:
+                    service._lock.release()
+            t = threading.Thread(target=other)
+            t.start()
+            t.join()
+
+    service.observer = Probe()
+    service.metrics_snapshot()
+    assert free == [True]
