@@ -59,6 +59,9 @@ class Agent:
             self._open_snapshot()
             return self._start()
         except BaseException:
+            if self.watcher is not None:
+                self.watcher.stop()
+                self.watcher = None
             if self.api is not None:
                 self.api.stop()  # bound but never served: removes the socket
                 self.api = None
@@ -181,6 +184,7 @@ class Agent:
         cfg = self.cfg
         service, api = self.service, self.api
         assert service is not None and api is not None, "the edges start after the service"
+        self._start_observer(service)  # before the API serves: every status has its fields
         api.attach(service)
         api.start()
         if cfg.metrics_address:
@@ -198,7 +202,6 @@ class Agent:
                 self.hotplug = UdevEventSource.open()
             except HotplugUnavailable as exc:
                 log.warning("%s; the agent runs without hotplug", exc)
-        self._start_observer(service)
         self.loop = EventLoop(service, hotplug_source=self.hotplug, on_hotplug=self._on_hotplug,
                               watchdog_interval=_half(sdnotify.watchdog_interval()),
                               watchdog_ping=sdnotify.watchdog_ping).start()
