@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 
+import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -25,6 +26,24 @@ from tests.support.simulated_service import start
 MIB = 1 << 20
 
 
+@pytest.fixture(autouse=True)
+def _closing():
+    """Each service's enforcer holds an inotify instance: a per-user resource, shared."""
+    services = []
+    yield services
+    for service in services:
+        service.enforcer.close()
+
+
+@pytest.fixture
+def make(_closing, tmp_path):
+    def build():
+        service, root, out = _service(tmp_path)
+        _closing.append(service)
+        return service, root, out
+    return build
+
+
 def _service(tmp_path):
     topo = make_topology(sockets=2, cores_per_node=4, threads_per_core=1, memory_per_node_bytes=8 << 30)
     machine = build_machine(topo, PolicyConfig())
@@ -42,8 +61,8 @@ def _scrape(service) -> dict:
     return values
 
 
-def test_status_and_metrics_show_intruders_and_memory_per_node(tmp_path):
-    service, root, out = _service(tmp_path)
+def test_status_and_metrics_show_intruders_and_memory_per_node(tmp_path, make):
+    service, root, out = make()
     (node,) = out["numa_nodes"]
     other = 1 - node
     cpu = CpuSet.parse(out["cpus"]).ids()[0]
@@ -83,8 +102,8 @@ def test_status_and_metrics_show_intruders_and_memory_per_node(tmp_path):
     assert f"memory web: node {min(node, other)} " in text and "outside booked nodes 16MiB (20.0%)" in text
 
 
-def test_without_observation_data_status_says_not_available(tmp_path):
-    service, _, _ = _service(tmp_path)
+def test_without_observation_data_status_says_not_available(tmp_path, make):
+    service, _, _ = make()
     source = ProcReader(str(tmp_path / "no-proc"))
     service.observer = Observer(source, service.enforcer.path_of, None)
     status = service.status()
@@ -94,8 +113,8 @@ def test_without_observation_data_status_says_not_available(tmp_path):
     assert ("numa_agent_exclusive_cpu_intruders", (("workload", "web"),)) in _scrape(service)
 
 
-def test_without_a_cgroup_numa_maps_is_read_only_on_request(tmp_path):
-    service, _, out = _service(tmp_path)
+def test_without_a_cgroup_numa_maps_is_read_only_on_request(tmp_path, make):
+    service, _, out = make()
     (node,) = out["numa_nodes"]
     proc = tmp_path / "proc"
     (proc / str(os.getpid())).mkdir(parents=True)
@@ -108,10 +127,10 @@ def test_without_a_cgroup_numa_maps_is_read_only_on_request(tmp_path):
     assert numa["outside_bytes"] == 0
 
 
-def test_a_scrape_reads_the_observations_outside_the_admission_lock(tmp_path):
+def test_a_scrape_reads_the_observations_outside_the_admission_lock(make):
     import threading
 
-    service, _, _ = _service(tmp_path)
+    service, _, _ = make()
     free = []
 
     class Probe:
