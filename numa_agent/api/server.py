@@ -217,19 +217,20 @@ def _json_body(status: int, payload: Any) -> bytes:
     return head.encode("ascii") + body
 
 
-def _dry_run_flag(query: str) -> bool:
-    dry_run = False
+def _query_flag(query: str, name: str) -> bool:
+    """The one query parameter a route takes, a flag (`?NAME=1`)."""
+    flag = False
     for item in filter(None, query.split("&")):
         key, _, value = item.partition("=")
-        if key != "dry_run":
+        if key != name:
             raise BadRequest(f"unknown query parameter {key[:40]!r}")
         if value in ("1", "true", ""):
-            dry_run = True
+            flag = True
         elif value in ("0", "false"):
-            dry_run = False
+            flag = False
         else:
-            raise BadRequest(f"dry_run must be 1 or 0, got {value[:20]!r}")
-    return dry_run
+            raise BadRequest(f"{name} must be 1 or 0, got {value[:20]!r}")
+    return flag
 
 
 def _no_query(query: str) -> None:
@@ -265,7 +266,8 @@ class _Router:
         fixed: dict[str, dict[str, Callable[[], tuple[int, Any]]]] = {
             "/v1/health": {"GET": lambda: (200, self.service.health())},
             "/v1/topology": {"GET": lambda: (200, self.service.topology())},
-            "/v1/status": {"GET": lambda: (200, self.service.status(caller.uid))},
+            "/v1/status": {"GET": lambda: (200, self.service.status(
+                caller.uid, memory=_query_flag(req.query, "memory")))},
             "/v1/allocatable": {"GET": lambda: (200, allocatable_view(self.service.status(caller.uid)))},
             "/v1/workloads": {
                 "GET": lambda: (200, {"workloads": self.service.list_workloads(caller.uid)}),
@@ -280,12 +282,12 @@ class _Router:
         if handler is None:
             raise MethodNotAllowed(f"{req.method[:20]} is not allowed on {path}",
                                    details={"allowed": sorted(methods)})
-        if req.method != "POST":
+        if req.method != "POST" and path != "/v1/status":
             _no_query(req.query)
         return handler()
 
     def _admit(self, req: _Request, caller: Caller) -> tuple[int, Any]:
-        dry_run = _dry_run_flag(req.query)
+        dry_run = _query_flag(req.query, "dry_run")
         request = parse_admit_request(req.body)
         result = self.service.admit(request, caller, dry_run=dry_run)
         return (200 if dry_run else 201), result

@@ -18,6 +18,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         description="Show, per NUMA node, CPUs, memory, each hugepage size and devices as "
                     "capacity / reserved / allocated / free, then each workload.")
     parser.add_argument("--json", action="store_true", help="print the agent's status as JSON")
+    parser.add_argument("--memory", action="store_true",
+                        help="also read the memory per NUMA node of workloads without a cgroup "
+                             "(affinity mode: /proc/PID/numa_maps, costly); with a cgroup it is always shown")
     common.add_socket_option(parser)
     parser.set_defaults(func=run)
     return parser
@@ -25,7 +28,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        _, status = common.call(args, "GET", "/v1/status")
+        _, status = common.call(args, "GET", "/v1/status?memory=1" if args.memory else "/v1/status")
     except common.CliError as exc:
         common.print_error(PROG, str(exc))
         return 1
@@ -89,6 +92,29 @@ def workload_rows(workloads: list[dict[str, Any]], now: float) -> list[list[str]
     return rows
 
 
+def observation_lines(workloads: list[dict[str, Any]]) -> list[str]:
+    """Memory per node (and how much lies outside the booked nodes), then intruders."""
+    lines = []
+    for wl in workloads:
+        numa = wl.get("memory_numa")
+        if not numa:
+            continue
+        per_node = ", ".join(f"node {n} {common.human_bytes(v)}" for n, v in (numa.get("bytes") or {}).items())
+        outside = numa.get("outside_bytes")
+        lines.append(f"memory {wl.get('name')}: {per_node or 'none'}" + (
+            f"; outside booked nodes {common.human_bytes(outside)} ({numa['outside_ratio']:.1%})"
+            if outside is not None else ""))
+    for wl in workloads:
+        for i in wl.get("intruders") or []:
+            lines.append(f"INTRUDER on {wl.get('name')}'s CPU {i.get('cpu')}: pid {i.get('pid')} tid "
+                         f"{i.get('tid')} ({i.get('command')})")
+        kernel = wl.get("kernel_threads") or []
+        if kernel:
+            lines.append(f"kernel threads on {wl.get('name')}'s CPUs: " + ", ".join(
+                f"{k.get('command')} (pid {k.get('pid')}, CPU {k.get('cpu')})" for k in kernel))
+    return [""] + lines if lines else []
+
+
 def format_status(status: dict[str, Any], now: float) -> list[str]:
     policy = status.get("policy") or {}
     lines = [f"enforcement: {status.get('enforcement', '-')}   topology policy: "
@@ -105,6 +131,7 @@ def format_status(status: dict[str, Any], now: float) -> list[str]:
         lines.append(f"pod {pod.get('name')}: cpus {pod.get('cpus') or '-'} nodes "
                      f"{','.join(str(n) for n in pod.get('numa_nodes') or []) or '-'} members "
                      f"{','.join(pod.get('members') or []) or '-'}")
+    lines += observation_lines(workloads)
     rebuilt = [wl for wl in workloads if wl.get("rebuilt")]
     if rebuilt:
         lines.append("")

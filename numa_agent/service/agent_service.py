@@ -76,6 +76,9 @@ class AgentService:
         self.started = clock()
         self._lock = threading.RLock()
         self._layout: Layout = {}
+        # Intruders and memory locality (numa_agent.observe), set at start-up;
+        # None: status shows neither.
+        self.observer: Any = None
 
     # ---- admission ---------------------------------------------------------
     def admit(self, request: AdmitRequest, caller: Caller, dry_run: bool = False) -> dict:
@@ -365,8 +368,19 @@ class AgentService:
                            f"`numa-agent release {w.name}` as root"}
                 for w in state.workloads if is_quarantined(w)]
 
-    def status(self, viewer_uid: int | None = None) -> dict:
+    def status(self, viewer_uid: int | None = None, memory: bool = False) -> dict:
+        """`memory`: also read the memory per node of workloads without a
+        cgroup (/proc/PID/numa_maps, costly)."""
         state = self.state  # one immutable snapshot for the whole view
+        return self._observed(state, self._status(state, viewer_uid), memory)
+
+    def _observed(self, state: AgentState, status: dict, memory: bool = False) -> dict:
+        """Intruders and memory per node added (files read: never under the lock)."""
+        if self.observer is not None:
+            self.observer.annotate(state, status, memory=memory)
+        return status
+
+    def _status(self, state: AgentState, viewer_uid: int | None) -> dict:
         return {
             "enforcement": self.enforcer.mode,
             "enforcement_reason": self.enforcer.reason,
@@ -419,8 +433,10 @@ class AgentService:
 
     def metrics_snapshot(self) -> dict:
         with self._lock:
-            return {"status": self.status(), "counters": self.counters.snapshot(),
-                    "info": {"version": VERSION, "enforcement": self.enforcer.mode}}
+            state = self.state
+            status, counters = self._status(state, None), self.counters.snapshot()
+        return {"status": self._observed(state, status), "counters": counters,
+                "info": {"version": VERSION, "enforcement": self.enforcer.mode}}
 
 
 def _may_see_command(viewer_uid: int | None, owner_uid: int) -> bool:

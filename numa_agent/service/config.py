@@ -51,6 +51,7 @@ class AgentConfig:
     on_policy_change: str = "refuse"  # "refuse" | "reconcile"
     hotplug: bool = True
     cpuset_partitions: str = "off"  # "off" | "isolated" | "root"
+    intruder_scan_seconds: float = 2.0  # [observe]; 0: no intruder scan
     policy: PolicyConfig = field(default_factory=PolicyConfig)
 
 
@@ -115,8 +116,13 @@ class DeviceSelectorSection(_Section, frozen=True):
     addresses: Paths | UnsetType = UNSET
 
 
+class ObserveSection(_Section, frozen=True):
+    intruder_scan_seconds: Annotated[float, msgspec.Meta(ge=0)] | UnsetType = UNSET
+
+
 class ConfigFile(_Section, frozen=True):
     agent: AgentSection = AgentSection()
+    observe: ObserveSection = ObserveSection()
     cpu_manager: CpuManagerSection = CpuManagerSection()
     memory_manager: MemoryManagerSection = MemoryManagerSection()
     topology_manager: TopologyManagerSection = TopologyManagerSection()
@@ -148,7 +154,7 @@ def load_config(path: str | Path | None, *, required: bool = False) -> AgentConf
 
 def config_from_mapping(doc: Mapping[str, Any]) -> AgentConfig:
     parsed = _convert(doc, ConfigFile)
-    return AgentConfig(**_agent_fields(parsed.agent), policy=_policy(parsed))
+    return AgentConfig(**_agent_fields(parsed.agent), **parsed.observe.given(), policy=_policy(parsed))
 
 
 def _agent_fields(agent: AgentSection) -> dict[str, Any]:

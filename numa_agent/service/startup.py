@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from numa_agent.api.server import ApiServer
     from numa_agent.enforcement.protocol import Enforcer
     from numa_agent.hotplug.events import EventSource
+    from numa_agent.observe.watcher import IntruderWatcher
     from numa_agent.service.agent_service import AgentService
     from numa_agent.service.config import AgentConfig
     from numa_agent.service.runtime import EventLoop
@@ -39,6 +40,7 @@ class Agent:
         self.api: ApiServer | None = None
         self.metrics: MetricsServer | None = None
         self.loop: EventLoop | None = None
+        self.watcher: IntruderWatcher | None = None
         self.hotplug = hotplug_source  # tests inject a fake; else kernel uevents
         self.service: AgentService | None = None
         self.claim: StateDirClaim | None = None
@@ -57,6 +59,9 @@ class Agent:
             self._open_snapshot()
             return self._start()
         except BaseException:
+            if self.watcher is not None:
+                self.watcher.stop()
+                self.watcher = None
             if self.api is not None:
                 self.api.stop()  # bound but never served: removes the socket
                 self.api = None
@@ -179,6 +184,7 @@ class Agent:
         cfg = self.cfg
         service, api = self.service, self.api
         assert service is not None and api is not None, "the edges start after the service"
+        self._start_observer(service)  # before the API serves: every status has its fields
         api.attach(service)
         api.start()
         if cfg.metrics_address:
@@ -205,6 +211,24 @@ class Agent:
         log.info("ready: socket %s, enforcement %s%s", cfg.socket, service.enforcer.mode,
                  f" ({service.enforcer.reason})" if service.enforcer.reason else "")
 
+    def _start_observer(self, service) -> None:
+        """Memory locality in status, and the intruder scan on its own timer
+        (off with intruder_scan_seconds = 0). It reads <sysfs root>/proc: a
+        captured tree without tasks shows none."""
+        from numa_agent.observe.observer import Observer
+        from numa_agent.observe.procfs import ProcReader
+        from numa_agent.observe.watcher import IntruderWatcher, guarded_of
+
+        cfg, enforcer = self.cfg, service.enforcer
+        source = ProcReader(os.path.join(cfg.sysfs_root, "proc"))
+        # How /proc/PID/cgroup names the workloads' cgroups: below the mount,
+        # or (simulated) below the simulated tree's root.
+        mount = CGROUP_MOUNT if enforcer.mode == "cgroup" else enforcer.path_of("")
+        if cfg.intruder_scan_seconds > 0:
+            self.watcher = IntruderWatcher(lambda: guarded_of(service.state, enforcer.path_of, mount),
+                                           source, cfg.intruder_scan_seconds).start()
+        service.observer = Observer(source, enforcer.path_of, self.watcher)
+
     def _on_hotplug(self, events) -> None:
         """Kernel events arrived (None: some were lost): re-read the machine."""
         from numa_agent.admission.machine import build_machine
@@ -228,7 +252,7 @@ class Agent:
         from numa_agent.service import sdnotify
 
         sdnotify.stopping()
-        for part in (self.api, self.loop, self.metrics):
+        for part in (self.api, self.loop, self.watcher, self.metrics):
             if part is not None:
                 part.stop()
         if self.hotplug is not None:

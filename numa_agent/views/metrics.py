@@ -104,6 +104,8 @@ class AgentCollector:
             "Workloads that lost a CPU or device to hotplug since admission.",
             value=sum(1 for w in workloads if w.get("lost"))))
 
+        families += self._observe_families(workloads, status.get("observe") or {})
+
         aligned = CounterMetricFamily(
             PREFIX + "aligned_allocations", "Admissions whose allocation was aligned, by level.",
             labels=["level"])
@@ -179,6 +181,43 @@ class AgentCollector:
             PREFIX + "admission_duration_seconds", "Time to decide one admission.",
             buckets=pairs, sum_value=float(duration.get("sum", 0.0)))
         return [requests, errors, histogram]
+
+    def _observe_families(self, workloads: list[Mapping[str, Any]],
+                          observe: Mapping[str, Any]) -> list[Metric]:
+        """Intruders on exclusive CPUs and memory per node, where status has them."""
+        intruders = GaugeMetricFamily(
+            PREFIX + "exclusive_cpu_intruders", "Tasks outside the workload allowed on and last run on "
+            "one of its exclusive CPUs, at the last scan.", labels=["workload"])
+        kernel = GaugeMetricFamily(
+            PREFIX + "exclusive_cpu_kernel_threads", "Kernel threads not bound to that CPU alone (unbound "
+            "kworkers, kswapd) allowed on and last run on one of the workload's exclusive CPUs.",
+            labels=["workload"])
+        seen = CounterMetricFamily(
+            PREFIX + "exclusive_cpu_intruders_seen", "Distinct intruders found since the agent started.",
+            value=float(observe.get("intruders_seen_total", 0)))
+        memory = GaugeMetricFamily(
+            PREFIX + "workload_memory_bytes", "A workload's memory per NUMA node (cgroup memory.numa_stat "
+            "anon + file).", labels=["workload", "numa_node"])
+        outside = GaugeMetricFamily(
+            PREFIX + "workload_memory_outside_bytes", "A workload's memory outside its booked NUMA nodes.",
+            labels=["workload"])
+        ratio = GaugeMetricFamily(
+            PREFIX + "workload_memory_outside_ratio", "The share of a workload's memory outside its "
+            "booked NUMA nodes (0-1).", labels=["workload"])
+        for w in sorted(workloads, key=lambda w: str(w.get("name"))):
+            name = str(w.get("name"))
+            if w.get("exclusive") and "intruders" in w:
+                intruders.add_metric([name], float(len(w["intruders"])))
+                kernel.add_metric([name], float(len(w.get("kernel_threads") or ())))
+            numa = w.get("memory_numa")
+            if not numa:
+                continue
+            for node, value in sorted((numa.get("bytes") or {}).items(), key=lambda kv: int(kv[0])):
+                memory.add_metric([name, str(node)], float(value))
+            if numa.get("outside_bytes") is not None:
+                outside.add_metric([name], float(numa["outside_bytes"]))
+                ratio.add_metric([name], float(numa["outside_ratio"]))
+        return [intruders, kernel, seen, memory, outside, ratio]
 
     def _node_families(self, nodes: list[Mapping[str, Any]]) -> list[Metric]:
         cpus = GaugeMetricFamily(

@@ -111,8 +111,8 @@ class FakeService:
                 "created_unix": wl["created_unix"], "command": wl["command"],
                 "aligned": {"numa_node": True, "physical_core": True, "l3": True}, "lost": []}
 
-    def status(self, viewer_uid: int | None = None) -> dict:
-        self._record("status", None)
+    def status(self, viewer_uid: int | None = None, memory: bool = False) -> dict:
+        self._record("status", memory or None)
         self.viewers.append(viewer_uid)
         nodes = []
         for n, cpus in NODE_CPUS.items():

@@ -119,6 +119,17 @@ def test_unknown_route_404_and_wrong_method_405(server):
     assert status == 405
 
 
+def test_status_takes_the_memory_flag_and_nothing_else(server, fake):
+    assert get(server, "/v1/status?memory=1")[0] == 200
+    assert fake.calls[-1] == ("status", True)
+    assert get(server, "/v1/status")[0] == 200
+    assert fake.calls[-1] == ("status", None)
+    status, body = get(server, "/v1/status?memory=maybe")
+    assert status == 400 and "memory" in body["error"]["message"]
+    status, body = get(server, "/v1/status?dry_run=1")
+    assert status == 400 and "unknown query parameter" in body["error"]["message"]
+
+
 def test_query_on_get_route_is_rejected(server):
     status, body = get(server, "/v1/health?x=1")
     assert status == 400 and "query" in body["error"]["message"]

@@ -163,3 +163,14 @@ def test_bench_numa_run_without_the_test_support_says_it_needs_a_checkout(monkey
     monkeypatch.setitem(sys.modules, "tests.support.agent_process", None)  # import fails
     with pytest.raises(numa_run.BenchError, match="needs a checkout with tests/support"):
         numa_run.start_agent(tmp_path)
+
+
+def test_bench_intruders_starts_its_threads_sees_them_and_cleans_up():
+    r = run_script("bench-intruders", "--json", "--tasks", "50", "--scans", "2")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["started_threads"] == 50
+    pinned = out["results"][f"all on CPU {out['guarded_cpu']}"]
+    assert pinned["tasks"] >= 51 and pinned["found"] >= 50  # every thread was put on that CPU
+    assert {"wall_ms_p50", "cpu_ms_p50", "cpu_share_at_default_rate"} <= set(pinned)
+    assert r.stderr == ""  # not a line per intruder

@@ -71,6 +71,11 @@ def test_format_status_ages_and_shared():
     assert "pod p1: cpus 4-9 nodes 1 members a,b" in lines
 
 
+def test_status_memory_asks_for_numa_maps(server, fake, capsys):
+    assert run(status_cmd, ["status", "--memory", "--json"], server) == 0
+    assert fake.calls[-1] == ("status", True)
+
+
 def test_status_no_workloads(server, capsys):
     assert run(status_cmd, ["status"], server) == 0
     assert "no workloads" in capsys.readouterr().out

@@ -45,7 +45,7 @@ def test_unknown_key_is_named_with_the_known_ones(tmp_path):
     assert _error(tmp_path, '[cpu_manager]\npolcy = "static"\n') == (
         "unknown key cpu_manager.polcy (known: options, policy, reserved_cpu_count, reserved_cpus)")
     assert _error(tmp_path, '[topology]\npolicy = "none"\n').startswith(
-        "unknown key topology (known: agent, cpu_manager, devices, memory_manager, topology_manager)")
+        "unknown key topology (known: agent, cpu_manager, devices, memory_manager, observe, topology_manager)")
     assert _error(tmp_path, '[devices.gpu]\nvendr = "0x10de"\n').startswith("unknown key devices.gpu.vendr")
 
 
@@ -69,6 +69,15 @@ def test_bad_enum_value_lists_the_choices(tmp_path):
         "cpu_manager.policy: 'dynamic' is not one of none, static"
     assert _error(tmp_path, '[agent]\ncpuset_partitions = "on"\n') == \
         "agent.cpuset_partitions: 'on' is not one of isolated, off, root"
+
+
+def test_observe_section(tmp_path):
+    assert _error(tmp_path, "[observe]\nintruder_scan_seconds = -1\n").startswith(
+        "observe.intruder_scan_seconds:")
+    assert _error(tmp_path, "[observe]\nscan = 1\n") == "unknown key observe.scan (known: intruder_scan_seconds)"
+    path = tmp_path / "ok.toml"
+    path.write_text("[observe]\nintruder_scan_seconds = 0\n")
+    assert load_config(path, required=True).intruder_scan_seconds == 0
 
 
 def test_socket_mode_and_option_values(tmp_path):

@@ -519,15 +519,16 @@ def s4_devices(g: Guest) -> str | None:
 
 # Touches 32 MiB of anonymous memory, then says so and waits to be killed.
 TOUCH_MEMORY = ("import os, sys, time\n"
-                "block = bytes([1]) * (32 << 20)\n"
+                "block = bytes([1]) * (int(os.environ.get('VM_E2E_TOUCH_MIB', '32')) << 20)\n"
                 "open(os.environ['VM_E2E_READY'], 'w').write('ok')\n"
                 "time.sleep(600)\n")
 
 
-def _memory_workload(g: Guest, name: str, *args: str) -> tuple[Running, dict[int, int]]:
+def _memory_workload(g: Guest, name: str, *args: str, mib: int = 32) -> tuple[Running, dict[int, int]]:
     ready = g.work / f"{name}.ready"
     ready.unlink(missing_ok=True)
-    w = g.launch(name, *args, command=(sys.executable, "-c", TOUCH_MEMORY), env={"VM_E2E_READY": str(ready)})
+    w = g.launch(name, *args, command=(sys.executable, "-c", TOUCH_MEMORY),
+                 env={"VM_E2E_READY": str(ready), "VM_E2E_TOUCH_MIB": str(mib)})
     check(wait_for(lambda: ready.exists() or w.proc.poll() is not None, timeout=ADMIT_TIMEOUT, interval=0.1)
           and w.proc.poll() is None, f"{name}: the memory toucher did not get ready (exit {w.proc.poll()}): "
                                      f"{last_lines(Path(w.err.name).read_text(), 4)}")
@@ -1129,6 +1130,108 @@ def _scale_wait_released(g: Guest, names: list[str], timeout: float) -> bool:
     return False
 
 
+INTRUDER_LIMIT = 5.0  # the issue's promise: a busy loop on a workload's CPU reported within 5 s
+PF_KTHREAD = 0x00200000
+
+
+def _user_tasks_outside_agent() -> list[int]:
+    """Every thread of every user-space process outside the agent's cgroup tree."""
+    tids = []
+    for task in Path("/proc").glob("[0-9]*/task/[0-9]*"):
+        try:
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+            if int(fields[6]) & PF_KTHREAD or proc_cgroup(int(task.parent.parent.name)).startswith("/numa-agent/"):
+                continue
+        except (OSError, IndexError, ValueError):
+            continue
+        tids.append(int(task.name))
+    return tids
+
+
+def _keep_user_tasks_off(cpus: CpuSet):
+    """What the README asks of an administrator: the rest of the machine off the CPUs the
+    agent hands out (here every user task outside its tree; the guest has no systemd
+    slices). Otherwise the guest's own processes, this script included, are intruders too,
+    rightly. Returns the undo step."""
+    before: dict[int, set[int]] = {}
+    for tid in _user_tasks_outside_agent():
+        try:
+            allowed = os.sched_getaffinity(tid)
+            if allowed & set(cpus.ids()) and allowed - set(cpus.ids()):
+                os.sched_setaffinity(tid, allowed - set(cpus.ids()))
+                before[tid] = allowed
+        except OSError:
+            pass  # gone, or a task that refuses (PF_NO_SETAFFINITY)
+
+    def undo() -> None:
+        for tid, allowed in before.items():
+            try:
+                os.sched_setaffinity(tid, allowed)
+            except OSError:
+                pass
+    return undo
+
+
+def _intruders_of(g: Guest, name: str) -> list[dict]:
+    record = next((w for w in g.status()["workloads"] if w["name"] == name), None)
+    check(record is not None, f"{name} is not in /v1/status")
+    check("intruders" in record, f"/v1/status lists no intruders field for {name}: {sorted(record)}")
+    return record["intruders"]
+
+
+def _intruder_gauge(g: Guest, name: str) -> float | None:
+    m = re.search(r'^numa_agent_exclusive_cpu_intruders\{workload="%s"\} (\S+)$' % re.escape(name), g.scrape(), re.M)
+    return float(m.group(1)) if m else None
+
+
+def s15_observe(g: Guest) -> str | None:
+    w = g.launch("guarded", "--cpus", "2")
+    cpus, _ = g.check_pinned(w)
+    cpu = cpus.ids()[-1]
+    g.after_cleanup.append(_keep_user_tasks_off(cpus))
+    loop_cmd = ["sh", "-c", "while :; do :; done"]
+    if shutil.which("taskset"):
+        loop = subprocess.Popen(["taskset", "-c", str(cpu), *loop_cmd])
+    else:
+        loop = subprocess.Popen(loop_cmd, preexec_fn=lambda: os.sched_setaffinity(0, {cpu}))
+    g.launched.append(loop)
+    started = time.monotonic()
+    found = wait_for(lambda: [i for i in _intruders_of(g, "guarded") if i["pid"] == loop.pid],
+                     timeout=INTRUDER_LIMIT, interval=0.1)
+    seconds = time.monotonic() - started
+    check(found, f"the busy loop (pid {loop.pid}) on CPU {cpu} was not reported within {INTRUDER_LIMIT:g} s: "
+                 f"intruders {_intruders_of(g, 'guarded')}")
+    # "taskset" when the scan saw it before it exec'd sh: the same process
+    check(found[0]["cpu"] == cpu and found[0]["command"] in ("sh", "taskset"), f"intruder reported as {found[0]}")
+    record = next(x for x in g.status_cli()["workloads"] if x["name"] == "guarded")
+    check([i["pid"] for i in record["intruders"]] == [loop.pid],
+          f"numa-agent status --json lists these intruders: {record['intruders']}")
+    # The gauge and status come from the same scan; retried in case a scan fell between the two reads.
+    gauge = wait_for(lambda: (n := _intruder_gauge(g, "guarded")) == len(_intruders_of(g, "guarded")) and n,
+                     timeout=10, interval=0.2)
+    check(gauge == 1, f"numa_agent_exclusive_cpu_intruders{{workload=\"guarded\"}} is "
+                                f"{_intruder_gauge(g, 'guarded')}, status lists {_intruders_of(g, 'guarded')}")
+    kernel = [i["command"] for i in record["kernel_threads"]]
+    loop.kill()
+    loop.wait(30)
+    check(wait_for(lambda: not [i for i in _intruders_of(g, "guarded") if i["pid"] == loop.pid],
+                   timeout=30, interval=0.2), "the busy loop is still listed after it was killed")
+    w.stop()
+    m, _ = _memory_workload(g, "touch64", "--cpus", "2", "--memory", "256M", mib=64)
+    node = m.record["mems"][0]
+
+    def on_node():
+        record = next(x for x in g.status_cli()["workloads"] if x["name"] == "touch64")
+        numa = record.get("memory_numa") or {}
+        return numa if (numa.get("bytes") or {}).get(str(node), 0) >= 64 * MIB else None
+    numa = wait_for(on_node, timeout=ADMIT_TIMEOUT, interval=0.5)
+    check(numa, f"status --json does not show 64 MiB of touch64 on its node {node}: "
+                f"{next(x for x in g.status_cli()['workloads'] if x['name'] == 'touch64').get('memory_numa')}")
+    return (f"intruder reported after {seconds:.1f} s (gauge {gauge:g}; kernel threads listed apart: "
+            f"{', '.join(kernel) or 'none'}); memory {numa['bytes']}, outside booked node "
+            f"{numa['outside_bytes']} bytes")
+
+
 RUNNERS = {
     "1-pin-core": s1_pin_core,
     "2-exclusive": s2_exclusive,
@@ -1144,6 +1247,7 @@ RUNNERS = {
     "12-recovery": s12_recovery,
     "13-restart-inflight": s13_restart_inflight,
     "14-scale": s14_scale,
+    "15-observe": s15_observe,
 }
 assert tuple(RUNNERS) == SCENARIOS
 
