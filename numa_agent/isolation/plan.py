@@ -77,7 +77,10 @@ class Target:
 class Plan:
     targets: tuple[Target, ...]
     originals: Mapping[str, str]  # the ledger with the originals of newly held knobs added
-    notes: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # workload -> what could not be done
+    # workload -> what is left as it is (managed interrupts, affinities only on isolated CPUs)
+    notes: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    # workload -> what the machine lacks for it ("freq: not available on this machine")
+    missing: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
     def target(self, key: str) -> Target | None:
         return next((t for t in self.targets if t.key == key), None)
@@ -85,6 +88,10 @@ class Plan:
 
 def is_mask_knob(key: str) -> bool:
     return key.startswith("irq/")
+
+
+def kind_of(key: str) -> str:
+    return "irqs" if key.startswith("irq/") else "freq" if key.startswith("cpufreq/") else "idle"
 
 
 def parse_value(key: str, text: str) -> CpuSet | str:
@@ -120,23 +127,23 @@ def plan(holdings: Mapping[str, Holding], knobs: Iterable[Knob], ledger: Mapping
     irq_holders = {n: h.cpus for n, h in holdings.items() if "irqs" in h.kinds and h.cpus}
     isolated = CpuSet.union_of(irq_holders.values())
     for knob in knobs:
-        original = ledger.get(knob.key, current.get(knob.key))
-        if original is None:
-            continue
         if knob.kind == "irqs":
-            target = _irq_target(knob.key, original, irq_holders, isolated, unmovable, notes)
+            original = ledger.get(knob.key, current.get(knob.key)) if isolated else None
+            target = None if original is None else \
+                _irq_target(knob.key, original, irq_holders, isolated, unmovable, notes)
         else:
+            # Per-CPU knobs are read only when held: a large machine has many.
             held_by = tuple(sorted(n for n, h in holdings.items()
                                    if knob.kind in h.kinds and h.cpus & knob.cpus))
-            target = Target(knob.key, knob.held, held_by) if held_by else None
-        if target is not None:
+            original = ledger.get(knob.key, current.get(knob.key)) if held_by else None
+            target = Target(knob.key, knob.held, held_by) if original is not None else None
+        if target is not None and original is not None:
             targets[knob.key] = target
             originals.setdefault(knob.key, original)
     for key, original in ledger.items():
         targets.setdefault(key, Target(key, original))  # no holder left (or the knob is gone): restore
-    _missing(holdings, knobs, notes)
     return Plan(tuple(targets[k] for k in sorted(targets)), originals,
-                {n: tuple(v) for n, v in notes.items() if v})
+                {n: tuple(v) for n, v in notes.items() if v}, _missing(holdings, knobs))
 
 
 def _irq_target(key: str, original: str, holders: Mapping[str, CpuSet], isolated: CpuSet,
@@ -163,18 +170,23 @@ def _irq_target(key: str, original: str, holders: Mapping[str, CpuSet], isolated
     return Target(key, _format(key, rest), touched)
 
 
-def _missing(holdings: Mapping[str, Holding], knobs: tuple[Knob, ...], notes: dict[str, list[str]]) -> None:
+def _missing(holdings: Mapping[str, Holding], knobs: tuple[Knob, ...]) -> dict[str, tuple[str, ...]]:
+    out: dict[str, tuple[str, ...]] = {}
     covered: dict[str, CpuSet] = {}
     for knob in knobs:
         covered[knob.kind] = covered.get(knob.kind, CpuSet()) | knob.cpus
     has_irqs = any(k.kind == "irqs" for k in knobs)
     for name, h in holdings.items():
+        lines = []
         for kind in (k for k in KINDS if k in h.kinds):
             if kind == "irqs":
                 lacking = CpuSet() if has_irqs else h.cpus
             else:
                 lacking = h.cpus - covered.get(kind, CpuSet())
             if lacking == h.cpus:
-                notes[name].append(f"{kind}: not available on this machine")
+                lines.append(f"{kind}: not available on this machine")
             elif lacking:
-                notes[name].append(f"{kind}: not available on CPUs {lacking.format()}")
+                lines.append(f"{kind}: not available on CPUs {lacking.format()}")
+        if lines:
+            out[name] = tuple(lines)
+    return out

@@ -93,10 +93,9 @@ def test_two_workloads_sharing_an_irq_release_in_either_order():
 
 def test_a_missing_knob_is_said_per_kind():
     p = plan({"a": Holding(C("4-5"), frozenset({"irqs", "idle", "freq"}))}, KNOBS[:1], {}, MACHINE)
-    assert "idle: not available on this machine" in p.notes["a"]
-    assert "freq: not available on this machine" in p.notes["a"]
+    assert p.missing["a"] == ("idle: not available on this machine", "freq: not available on this machine")
     part = plan({"a": holding("4,9", "idle")}, KNOBS, {}, MACHINE)
-    assert part.notes["a"] == ("idle: not available on CPUs 9",)
+    assert part.missing["a"] == ("idle: not available on CPUs 9",)
 
 
 def test_a_ledger_knob_that_is_gone_is_still_restored_by_key():
