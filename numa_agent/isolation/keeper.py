@@ -87,6 +87,10 @@ class IsolationKeeper:
     def active(state: AgentState) -> bool:
         return bool(state.isolation) or any(isolation_asked(w) for w in state.workloads)
 
+    def missing(self, state: AgentState, name: str) -> tuple[str, ...]:
+        """What the machine lacks for workload `name` of `state` (no knob is read)."""
+        return plan(holdings(state), self.files.knobs(), state.isolation.originals, {}).missing.get(name, ())
+
     def prepare(self, state: AgentState) -> AgentState:
         """`state` with the originals of every knob it will hold in its ledger."""
         if not self.active(state):

@@ -27,6 +27,7 @@ from numa_agent.core.cpuset import CpuSet, CpuSetParseError
 from numa_agent.core.names import DEFAULT_SOCKET
 from numa_agent.core.policy import TopologyPolicy, TopologyScope
 from numa_agent.core.units import parse_size
+from numa_agent.isolation.plan import parse_kinds
 
 DEFAULT_CONFIG = "/etc/numa-agent/config.toml"
 DEFAULT_STATE_DIR = "/var/lib/numa-agent"
@@ -51,6 +52,8 @@ class AgentConfig:
     on_policy_change: str = "refuse"  # "refuse" | "reconcile"
     hotplug: bool = True
     cpuset_partitions: str = "off"  # "off" | "isolated" | "root"
+    isolate_default: tuple[str, ...] = ()  # numa-run --isolate when a request does not say
+    idle_latency_us: int = 0  # the PM QoS resume latency `idle` isolation sets; 0: none at all
     policy: PolicyConfig = field(default_factory=PolicyConfig)
 
 
@@ -115,11 +118,18 @@ class DeviceSelectorSection(_Section, frozen=True):
     addresses: Paths | UnsetType = UNSET
 
 
+class IsolationSection(_Section, frozen=True):
+    isolate_default: list[Literal["irqs", "idle", "freq", "all"]] | UnsetType = \
+        msgspec.field(default=UNSET, name="default")
+    idle_latency_us: Annotated[int, msgspec.Meta(ge=0, le=2_000_000)] | UnsetType = UNSET
+
+
 class ConfigFile(_Section, frozen=True):
     agent: AgentSection = AgentSection()
     cpu_manager: CpuManagerSection = CpuManagerSection()
     memory_manager: MemoryManagerSection = MemoryManagerSection()
     topology_manager: TopologyManagerSection = TopologyManagerSection()
+    isolation: IsolationSection = IsolationSection()
     devices: dict[str, Any] = {}  # resource name -> DeviceSelectorSection
 
 
@@ -148,7 +158,10 @@ def load_config(path: str | Path | None, *, required: bool = False) -> AgentConf
 
 def config_from_mapping(doc: Mapping[str, Any]) -> AgentConfig:
     parsed = _convert(doc, ConfigFile)
-    return AgentConfig(**_agent_fields(parsed.agent), policy=_policy(parsed))
+    isolation = parsed.isolation.given()
+    if "isolate_default" in isolation:
+        isolation["isolate_default"] = parse_kinds(isolation["isolate_default"])
+    return AgentConfig(**_agent_fields(parsed.agent), **isolation, policy=_policy(parsed))
 
 
 def _agent_fields(agent: AgentSection) -> dict[str, Any]:
