@@ -19,6 +19,7 @@ SCENARIOS = (
     "12-recovery",
     "13-restart-inflight",
     "14-scale",
+    "16-isolation",
 )
 
 # The guest booted by systemd runs the agent as an installed service instead

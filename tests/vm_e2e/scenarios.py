@@ -1128,6 +1128,117 @@ def _scale_wait_released(g: Guest, names: list[str], timeout: float) -> bool:
     return False
 
 
+PROC_IRQ = Path("/proc/irq")
+
+
+def irq_values() -> dict[str, str]:
+    """Every interrupt's affinity list and the default mask, as the kernel reads them now."""
+    out = {"default": (PROC_IRQ / "default_smp_affinity").read_text().strip()}
+    for irq in sorted(PROC_IRQ.iterdir()):
+        if irq.name.isdigit() and (irq / "smp_affinity_list").exists():
+            out[irq.name] = (irq / "smp_affinity_list").read_text().strip()
+    return out
+
+
+def pm_qos_values() -> dict[int, str]:
+    out = {}
+    for path in sorted(SYS_CPUS.glob("cpu[0-9]*/power/pm_qos_resume_latency_us")):
+        out[int(path.parent.parent.name[3:])] = path.read_text().strip()
+    return out
+
+
+def device_irqs(g: Guest) -> dict[str, str]:
+    """IRQ number -> the NVMe or NIC (PCI address) whose MSI it is."""
+    out = {}
+    for prefix in ("0x0108", "0x0200"):
+        for address in g.kernel.devices_of_class(prefix):
+            for irq in sorted((SYS_PCI / address / "msi_irqs").glob("*")):
+                out[irq.name] = address
+    return out
+
+
+def cause_io() -> None:
+    """Interrupts from the NVMe and the NIC, so effective affinities follow the new masks."""
+    commands = [["dd", f"if={dev}", "of=/dev/null", "bs=4k", "count=256", "iflag=direct"]
+                for dev in sorted(Path("/dev").glob("nvme[0-9]n1"))[:1]]
+    commands.append(["ping", "-c", "2", "-W", "1", "10.0.2.2"])
+    for argv in commands:
+        if shutil.which(argv[0]):
+            subprocess.run(argv, capture_output=True, timeout=120)
+
+
+def _check_isolated(g: Guest, w: Running, before: dict[str, str], when: str) -> str:
+    """The workload's CPUs gone from every movable device IRQ and from the default mask; its
+    CPUs' PM QoS limit set. Returns the effective affinities seen after I/O, for the note."""
+    cpus = w.cpus
+    not_movable = {k.split("/", 1)[1] for k in g.status()["isolation"]["not_movable"]}
+    now = irq_values()
+    irqs = device_irqs(g)
+    check(irqs, "no MSI interrupt found for the guest's NVMe or NIC")
+    moved = []
+    for irq in sorted(irqs, key=int):
+        original = CpuSet.parse(before[irq])
+        if irq in not_movable or not original - cpus:
+            continue
+        affinity = CpuSet.parse(now[irq])
+        check(not affinity & cpus and affinity == original - cpus,
+              f"{when}: irq {irq} ({irqs[irq]}) affinity {now[irq]}, was {before[irq]}, "
+              f"isolated CPUs {cpus.format()}")
+        moved.append(irq)
+    check(moved, f"{when}: no movable NVMe/NIC interrupt (not movable: {sorted(not_movable)})")
+    default = CpuSet.parse_mask(now["default"])
+    check(not default & cpus, f"{when}: default_smp_affinity {now['default']} holds {cpus.format()}")
+    qos = pm_qos_values()
+    for cpu in cpus.ids():
+        check(qos.get(cpu) not in (None, "0"), f"{when}: cpu{cpu} pm_qos_resume_latency_us is {qos.get(cpu)!r}")
+    cause_io()
+    effective = []
+    for irq in moved:
+        path = PROC_IRQ / irq / "effective_affinity_list"
+        if path.exists():
+            effective.append(f"{irq}:{path.read_text().strip()}")
+    return f"irqs {','.join(moved)} moved off {cpus.format()} (effective after I/O {' '.join(effective) or '-'})"
+
+
+def _check_restored(irqs_before: dict[str, str], qos_before: dict[int, str], when: str) -> None:
+    def same():
+        return irq_values() == irqs_before and pm_qos_values() == qos_before
+    if wait_for(same, timeout=30, interval=0.1):
+        return
+    irqs_now, qos_now = irq_values(), pm_qos_values()
+    diff = {k: (irqs_before.get(k), v) for k, v in irqs_now.items() if irqs_before.get(k) != v}
+    diff.update({f"cpu{c}": (qos_before.get(c), v) for c, v in qos_now.items() if qos_before.get(c) != v})
+    raise ScenarioFailed(f"{when}: not back to the values before (before, now): {diff}")
+
+
+def s16_isolation(g: Guest) -> str | None:
+    if not (PROC_IRQ / "default_smp_affinity").exists():
+        raise ScenarioSkipped("no /proc/irq/default_smp_affinity in this guest")
+    n = one_core(g) if one_core(g) > 1 else 2
+    irqs_before, qos_before = irq_values(), pm_qos_values()
+    w = g.launch("iso-a", "--cpus", str(n), "--isolate", "irqs,idle", "-v")
+    g.check_pinned(w)
+    note = _check_isolated(g, w, irqs_before, "while running")
+    w.wait_exec()
+    w.err.seek(0)
+    said = w.err.read()
+    check("isolation (irqs, idle): irqs, idle done" in said,
+          f"numa-run -v did not say what was isolated: {last_lines(said, 4)}")
+    w.stop()
+    check(g.wait_released([w.name]), f"{w.name} still listed after exit")
+    _check_restored(irqs_before, qos_before, "after exit")
+
+    w = g.launch("iso-b", "--cpus", str(n), "--isolate", "irqs,idle")
+    _check_isolated(g, w, irqs_before, "second workload")
+    g.agent.kill()
+    w.stop()  # exits while the agent is down
+    check(irq_values() != irqs_before, "the settings were restored with no agent running")
+    g.start_agent()
+    _check_restored(irqs_before, qos_before, "after kill -9, exit and restart")
+    check(g.listed(w.name) is None, f"{w.name} still listed after the restart")
+    return note
+
+
 RUNNERS = {
     "1-pin-core": s1_pin_core,
     "2-exclusive": s2_exclusive,
@@ -1143,6 +1254,7 @@ RUNNERS = {
     "12-recovery": s12_recovery,
     "13-restart-inflight": s13_restart_inflight,
     "14-scale": s14_scale,
+    "16-isolation": s16_isolation,
 }
 assert tuple(RUNNERS) == SCENARIOS
 
