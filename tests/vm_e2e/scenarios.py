@@ -119,12 +119,18 @@ class Kernel:
 
 def bring_loopback_up() -> None:
     """The guest's init leaves `lo` down; the metrics endpoint listens on 127.0.0.1."""
+    set_link("lo", up=True)
+
+
+def set_link(name: str, *, up: bool) -> bool:
+    """Set an interface up or down (SIOCSIFFLAGS); returns whether it was up before."""
     siocgifflags, siocsifflags, iff_up = 0x8913, 0x8914, 0x1
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        request = struct.pack("16sH22x", b"lo", 0)
+        request = struct.pack("16sH22x", name.encode(), 0)
         flags = struct.unpack("16sH22x", fcntl.ioctl(s, siocgifflags, request))[1]
-        if not flags & iff_up:
-            fcntl.ioctl(s, siocsifflags, struct.pack("16sH22x", b"lo", flags | iff_up))
+        if bool(flags & iff_up) != up:
+            fcntl.ioctl(s, siocsifflags, struct.pack("16sH22x", name.encode(), flags ^ iff_up))
+        return bool(flags & iff_up)
 
 
 # ---------------------------------------------------------------- kernel-side reads
@@ -1167,37 +1173,47 @@ def cause_io() -> None:
             subprocess.run(argv, capture_output=True, timeout=120)
 
 
+def _effective(irq: str) -> CpuSet | None:
+    path = PROC_IRQ / irq / "effective_affinity_list"
+    return CpuSet.parse(path.read_text().strip()) if path.exists() else None
+
+
 def _check_isolated(g: Guest, w: Running, before: dict[str, str], when: str) -> str:
-    """The workload's CPUs gone from every movable device IRQ and from the default mask; its
-    CPUs' PM QoS limit set. Returns the effective affinities seen after I/O, for the note."""
+    """The workload's CPUs gone from every movable NVMe and NIC IRQ and from the default mask
+    (each exactly its original minus them), its CPUs' PM QoS limit set, and after some I/O
+    the changed IRQs' effective affinities off them too. Returns what changed, for the note."""
     cpus = w.cpus
     not_movable = {k.split("/", 1)[1] for k in g.status()["isolation"]["not_movable"]}
     now = irq_values()
     irqs = device_irqs(g)
-    check(irqs, "no MSI interrupt found for the guest's NVMe or NIC")
-    moved = []
+    checked, changed = [], []
     for irq in sorted(irqs, key=int):
-        original = CpuSet.parse(before[irq])
-        if irq in not_movable or not original - cpus:
-            continue
-        affinity = CpuSet.parse(now[irq])
-        check(not affinity & cpus and affinity == original - cpus,
+        if irq not in before or irq in not_movable or not CpuSet.parse(before[irq]) - cpus:
+            continue  # not requested (interface down), managed, or only on the isolated CPUs
+        original, affinity = CpuSet.parse(before[irq]), CpuSet.parse(now[irq])
+        check(affinity == original - cpus,
               f"{when}: irq {irq} ({irqs[irq]}) affinity {now[irq]}, was {before[irq]}, "
               f"isolated CPUs {cpus.format()}")
-        moved.append(irq)
-    check(moved, f"{when}: no movable NVMe/NIC interrupt (not movable: {sorted(not_movable)})")
+        checked.append(irq)
+        if now[irq] != before[irq]:
+            changed.append(irq)
+    kinds = {g.kernel.pci_classes[irqs[irq]][:6] for irq in changed}
+    check(kinds == {"0x0108", "0x0200"}, f"{when}: changed only irqs {changed} ({sorted(kinds)}) of "
+                                          f"{sorted(irqs, key=int)}; not movable: {sorted(not_movable)}")
     default = CpuSet.parse_mask(now["default"])
     check(not default & cpus, f"{when}: default_smp_affinity {now['default']} holds {cpus.format()}")
     qos = pm_qos_values()
     for cpu in cpus.ids():
         check(qos.get(cpu) not in (None, "0"), f"{when}: cpu{cpu} pm_qos_resume_latency_us is {qos.get(cpu)!r}")
-    cause_io()
-    effective = []
-    for irq in moved:
-        path = PROC_IRQ / irq / "effective_affinity_list"
-        if path.exists():
-            effective.append(f"{irq}:{path.read_text().strip()}")
-    return f"irqs {','.join(moved)} moved off {cpus.format()} (effective after I/O {' '.join(effective) or '-'})"
+
+    def effective_off() -> bool:
+        cause_io()  # an effective affinity follows the mask at the IRQ's next interrupt
+        return all(not ((_effective(irq) or CpuSet()) & cpus) for irq in changed)
+    check(wait_for(effective_off, timeout=60, interval=1),
+          f"{when}: effective affinities still on {cpus.format()} after I/O: "
+          f"{ {irq: str(_effective(irq)) for irq in changed} }")
+    return (f"irqs {','.join(changed)} changed to leave {cpus.format()} (of {len(checked)} movable NVMe/NIC "
+            f"irqs checked; effective after I/O {' '.join(f'{i}:{_effective(i)}' for i in changed)})")
 
 
 def _check_restored(irqs_before: dict[str, str], qos_before: dict[int, str], when: str) -> None:
@@ -1211,9 +1227,18 @@ def _check_restored(irqs_before: dict[str, str], qos_before: dict[int, str], whe
     raise ScenarioFailed(f"{when}: not back to the values before (before, now): {diff}")
 
 
+def nics_up(g: Guest) -> None:
+    """A NIC requests its interrupts when its interface goes up: up for the scenario, down after."""
+    for address in g.kernel.devices_of_class("0x0200"):
+        for net in sorted((SYS_PCI / address / "net").glob("*")):
+            if not set_link(net.name, up=True):
+                g.after_cleanup.append(lambda name=net.name: set_link(name, up=False))
+
+
 def s16_isolation(g: Guest) -> str | None:
     if not (PROC_IRQ / "default_smp_affinity").exists():
         raise ScenarioSkipped("no /proc/irq/default_smp_affinity in this guest")
+    nics_up(g)
     n = one_core(g) if one_core(g) > 1 else 2
     irqs_before, qos_before = irq_values(), pm_qos_values()
     w = g.launch("iso-a", "--cpus", str(n), "--isolate", "irqs,idle", "-v")
