@@ -78,6 +78,9 @@ class IsolationKeeper:
         self.unmovable: set[str] = set()  # writes refused with EIO: kernel-managed interrupts
         self.failures: dict[str, str] = {}  # knob -> why its last write failed
         self.plan: Plan | None = None  # the last one enforced
+        # The holdings and ledger the last enforce left with nothing failing: a commit
+        # that changes neither (an admission without --isolate) reads and writes nothing.
+        self._settled: tuple[dict[str, Holding], IsolationLedger] | None = None
 
     def _plan(self, state: AgentState) -> Plan:
         return plan(holdings(state), self.files.knobs(), state.isolation.originals, _Reads(self.files),
@@ -93,15 +96,20 @@ class IsolationKeeper:
 
     def prepare(self, state: AgentState) -> AgentState:
         """`state` with the originals of every knob it will hold in its ledger."""
-        if not self.active(state):
+        if not self.active(state) or self._is_settled(state):
             return state
         return state.with_isolation(IsolationLedger(self._plan(state).originals))
+
+    def _is_settled(self, state: AgentState) -> bool:
+        return self._settled is not None and self._settled == (holdings(state), state.isolation)
 
     def enforce(self, state: AgentState) -> AgentState:
         """Write every knob to its planned value; `state` with the knobs that
         still differ from their original in its ledger."""
         if not self.active(state):
-            self.plan, self.failures = None, {}
+            self.plan, self.failures, self._settled = None, {}, None
+            return state
+        if self._is_settled(state):
             return state
         p = self._plan(state)
         originals = state.isolation.originals
@@ -127,7 +135,9 @@ class IsolationKeeper:
             log.warning("isolation: %s written again after failures", key)
         self.failures = failures
         self.plan = p if len(self.unmovable) == unmovable else self._plan(state)
-        return state.with_isolation(IsolationLedger(keep))
+        after = state.with_isolation(IsolationLedger(keep))
+        self._settled = None if failures else (holdings(after), after.isolation)
+        return after
 
     def _write(self, key: str, value: str, held: bool) -> tuple[str | None, str | None]:
         """(the knob's value after, or None when unknown or gone; why the write failed, if it did)."""

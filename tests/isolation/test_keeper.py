@@ -165,3 +165,23 @@ def test_the_simulated_knobs_never_write_the_tree(tmp_path):
     assert files.read("irq/24") == "0-3,6-7" and snapshot(root) == before
     step(keeper, state.without_workload("a"))
     assert files.read("irq/24") == "0-7"
+
+
+def test_a_commit_that_changes_no_holding_reads_and_writes_nothing(tmp_path):
+    root = machine(tmp_path)
+
+    class Counting(ProcSysKnobs):
+        calls = 0
+
+        def read(self, key):
+            Counting.calls += 1
+            return super().read(key)
+
+    keeper = IsolationKeeper(Counting(root / "proc", root / "sys"))
+    state = step(keeper, AgentState().with_workload(workload("a", "4-5")))
+    Counting.calls = 0
+    plain = Workload(name="b", owner_uid=0, booking=Booking(cpus=CpuSet.parse("6")))
+    assert step(keeper, state.with_workload(plain)).isolation == state.isolation
+    assert Counting.calls == 0
+    step(keeper, state.with_workload(workload("c", "6")))  # a new holder: planned and written
+    assert Counting.calls > 0 and read(root, "proc/irq/24/smp_affinity_list") == "0-3,7"
