@@ -23,6 +23,7 @@ from numa_agent.api.errors import BadRequest
 from numa_agent.core.cpuset import CpuSet, CpuSetParseError
 from numa_agent.core.names import NAME_RULE, is_resource_name, is_workload_name
 from numa_agent.core.policy import TopologyPolicy
+from numa_agent.isolation.plan import IsolateSyntaxError, parse_kinds
 from numa_agent.service.caller import Caller
 
 MAX_BODY_BYTES = 64 * 1024
@@ -81,6 +82,8 @@ class AdmitRequest(msgspec.Struct, forbid_unknown_fields=True):
     pod_budget: PodBudget | None = None
     command: Command = []
     request_id: RequestId | None = None
+    isolate: Annotated[list[ShortStr], msgspec.Meta(max_length=8)] | None = None  # irqs, idle, freq, all
+    isolate_strict: bool = False
 
 
 def validate_name(name: str, what: str = "name") -> str:
@@ -131,10 +134,27 @@ def _check(req: AdmitRequest) -> AdmitRequest:
     for arg in req.command:
         if "\x00" in arg:
             raise BadRequest("command arguments cannot contain NUL", details={"field": "command"})
+    isolate = _isolate(req)
     return msgspec.structs.replace(
-        req, hugepages=_hugepages(req.hugepages, "hugepages"), devices=_devices(req.devices, "devices"),
+        req, isolate=isolate, hugepages=_hugepages(req.hugepages, "hugepages"), devices=_devices(req.devices, "devices"),
         physcpubind=physcpubind, cpunodebind=_nodes(req.cpunodebind, "cpunodebind"),
         membind=_nodes(req.membind, "membind"), pod_budget=budget)
+
+
+def _isolate(req: AdmitRequest) -> list[str] | None:
+    """The isolation kinds asked for, in their one order; only with exclusive CPUs."""
+    if req.isolate is None:
+        if req.isolate_strict:
+            raise BadRequest("isolate_strict needs isolate", details={"field": "isolate_strict"})
+        return None
+    try:
+        kinds = list(parse_kinds(req.isolate))
+    except IsolateSyntaxError as exc:
+        raise BadRequest(f"isolate: {exc}", details={"field": "isolate"}) from None
+    if kinds and (req.shared or (not req.cpus and req.physcpubind is None)):
+        raise BadRequest("isolate needs exclusive CPUs (cpus or physcpubind), not the shared pool",
+                         details={"field": "isolate"})
+    return kinds
 
 
 def to_admission_request(req: AdmitRequest, caller: Caller, *, name: str, created_unix: float) -> Request:

@@ -175,7 +175,23 @@ def add_allocation_options(parser: argparse.ArgumentParser) -> None:
                      help="pod budget: hugepages (repeatable)")
     pod.add_argument("--pod-device", type=device_item, action="append", metavar="RESOURCE=COUNT",
                      help="pod budget: devices (repeatable)")
+    iso = parser.add_argument_group("isolation of exclusive CPUs (see the README's Isolation)")
+    iso.add_argument("--isolate", type=isolate_kinds, metavar="LIST",
+                     help="irqs (interrupts moved off), idle (wake-up latency bounded), freq "
+                          "(performance governor), or all; comma-separated. Default: the agent's "
+                          "[isolation] default")
+    iso.add_argument("--isolate-strict", action="store_true",
+                     help="refuse rather than isolate in part (a knob missing or not writable)")
     add_socket_option(parser)
+
+
+def isolate_kinds(text: str) -> list[str]:
+    from numa_agent.isolation.plan import IsolateSyntaxError, parse_kinds
+
+    try:
+        return list(parse_kinds([text]))
+    except IsolateSyntaxError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def build_request(args: argparse.Namespace, command: list[str] | None = None) -> dict[str, Any]:
@@ -197,6 +213,16 @@ def build_request(args: argparse.Namespace, command: list[str] | None = None) ->
         req["pod_budget"] = {"cpus": args.pod_cpus or 0, "memory_bytes": args.pod_memory or 0,
                              "hugepages": _merge(args.pod_hugepages, "--pod-hugepages"),
                              "devices": _merge(args.pod_device, "--pod-device")}
+    isolate = getattr(args, "isolate", None)
+    if isolate is not None:
+        if args.shared or (not args.cpus and args.physcpubind is None):
+            raise CliError("--isolate needs exclusive CPUs (--cpus N or --physcpubind): the shared "
+                           "pool's CPUs are everyone's")
+        req["isolate"] = isolate
+    if getattr(args, "isolate_strict", False):
+        if isolate is None:
+            raise CliError("--isolate-strict needs --isolate LIST")
+        req["isolate_strict"] = True
     if command:
         req["command"] = list(command)
     return req
@@ -272,4 +298,15 @@ def decision_lines(record: dict[str, Any]) -> list[str]:
              f"{' (exclusive)' if record.get('exclusive') else ' (shared)'} "
              f"numa nodes {nodes} mems {mems} devices {devices} "
              f"enforcement {record.get('enforcement', '-')}"]
-    return lines + explanation_lines(record.get("explanation") or {})
+    return lines + isolation_lines(record) + explanation_lines(record.get("explanation") or {})
+
+
+def isolation_lines(record: dict[str, Any]) -> list[str]:
+    """What --isolate did for a workload and what it could not do."""
+    iso = record.get("isolation")
+    if not iso:
+        return []
+    done = ", ".join(iso.get("done") or []) or "nothing"
+    lines = [f"  isolation ({', '.join(iso.get('asked') or [])}{', strict' if iso.get('strict') else ''}): "
+             f"{done} done"]
+    return lines + [f"  isolation not done: {item}" for item in iso.get("not_done") or []]

@@ -36,6 +36,7 @@ examples:
   numa-run --pod p1 --pod-cpus 6 --cpus 4 ./main   first member books the pod budget
   numa-run --pod p1 --cpus 2 ./sidecar             later members draw from it
   numa-run --dry-run --cpus 16                     show the decision, book nothing
+  numa-run --cpus 4 --isolate irqs,idle -v ./app   interrupts off its CPUs, no deep idle
 
 The command sees NUMA_AGENT_WORKLOAD, NUMA_AGENT_CPUS, NUMA_AGENT_MEMS and
 NUMA_AGENT_DEVICES (and CUDA_VISIBLE_DEVICES for NVIDIA GPUs).
@@ -169,6 +170,16 @@ def _report_agent_error(args: argparse.Namespace, exc: common.AgentError) -> Non
         common.print_error(PROG, str(exc))
 
 
+def _print_binding(record: dict[str, Any], env: dict[str, str], memory_note: str | None) -> None:
+    print(f"{PROG}: {record.get('name', '')} cpus {env['NUMA_AGENT_CPUS'] or '-'} mems "
+          f"{env['NUMA_AGENT_MEMS'] or '-'} devices {env['NUMA_AGENT_DEVICES'] or '-'} "
+          f"({record.get('enforcement', '-')})", file=sys.stderr)
+    if memory_note:
+        print(f"{PROG}: note: mems not enforced: {memory_note}", file=sys.stderr)
+    for line in common.isolation_lines(record):
+        print(f"{PROG}:{line[1:]}", file=sys.stderr)
+
+
 def run(args: argparse.Namespace) -> int:
     command = list(args.command)
     if not command and not args.dry_run:
@@ -216,11 +227,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         common.print_json(record, sys.stderr)
     if args.verbose:
-        print(f"{PROG}: {name} cpus {env['NUMA_AGENT_CPUS'] or '-'} mems "
-              f"{env['NUMA_AGENT_MEMS'] or '-'} devices {env['NUMA_AGENT_DEVICES'] or '-'} "
-              f"({record.get('enforcement', '-')})", file=sys.stderr)
-        if memory_note:
-            print(f"{PROG}: note: mems not enforced: {memory_note}", file=sys.stderr)
+        _print_binding(record, env, memory_note)
     sys.stdout.flush()
     sys.stderr.flush()
     try:

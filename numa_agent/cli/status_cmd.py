@@ -137,8 +137,29 @@ def format_status(status: dict[str, Any], now: float) -> list[str]:
         lines.append("")
         lines += [f"rebuilt from its process after the checkpoint was lost: {wl.get('name')} "
                   f"(not known: {', '.join(wl.get('unknown') or []) or '-'})" for wl in rebuilt]
+    lines += isolation_status_lines(status, workloads)
     for q in status.get("quarantined") or []:
         lines.append(f"HELD {q.get('name')}: CPUs {q.get('cpus') or 'none'} not handed out: pid "
                      f"{q.get('pid')} ({q.get('marked')}, affinity {q.get('affinity')}): "
                      f"{q.get('reason')}; {q.get('remedy')}")
     return lines
+
+
+def isolation_status_lines(status: dict[str, Any], workloads: list[dict[str, Any]]) -> list[str]:
+    lines = []
+    for wl in workloads:
+        if wl.get("isolation"):
+            lines.append(f"{wl.get('name')}:")
+            lines += common.isolation_lines(wl)
+    iso = status.get("isolation") or {}
+    if iso.get("knobs_held"):
+        lines.append(f"isolation: {iso['knobs_held']} setting(s) changed from their original")
+    if iso.get("not_movable"):
+        lines.append(f"isolation: interrupts the kernel manages (not movable): "
+                     f"{', '.join(k.split('/', 1)[1] for k in iso['not_movable'])}")
+    for f in iso.get("restore_failures") or []:
+        lines.append(f"ISOLATION RESTORE FAILED {f.get('knob')}: original {f.get('original')!r} not "
+                     f"written back: {f.get('error')} (retried)")
+    if iso.get("irqbalance"):
+        lines.append(f"isolation: {iso['irqbalance']}")
+    return [""] + lines if lines else []

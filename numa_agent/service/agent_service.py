@@ -51,6 +51,7 @@ from numa_agent.enforcement.plan import desired_layout, update_layout, workload_
 from numa_agent.enforcement.processes import pidfd_alive
 from numa_agent.enforcement.protocol import Enforcer, Layout
 from numa_agent.hotplug.rebase import rebase_state
+from numa_agent.isolation.keeper import ISOLATE, STRICT, IsolationKeeper, isolation_asked
 from numa_agent.service.caller import Caller
 from numa_agent.service.counters import Counters
 from numa_agent.service.rebuild import REBUILT, is_quarantined
@@ -65,8 +66,12 @@ VERSION = __version__
 class AgentService:
     def __init__(self, machine: Machine, store, enforcer: Enforcer, *,
                  clock: Callable[[], float] = time.time,
-                 topology_json: Callable[[], dict] | None = None) -> None:
+                 topology_json: Callable[[], dict] | None = None,
+                 isolation: IsolationKeeper | None = None, isolate_default: tuple[str, ...] = ()) -> None:
         self.machine = machine
+        # Interrupts, idle states and frequency of isolating workloads' CPUs (None: never touched).
+        self.isolation = isolation
+        self.isolate_default = isolate_default
         self.store = store
         self.enforcer = enforcer
         self.clock = clock
@@ -110,11 +115,14 @@ class AgentService:
                 raise refused(exc.message, details={**exc.explanation, "reason": exc.message,
                                                     "reason_code": exc.code}) from None
             w = decision.workload
+            w = self._with_isolation(w, request)
+            decision_state = decision.state if w is decision.workload else decision.state.with_workload(w)
+            self._check_strict(decision_state, w, started)
             if dry_run:
                 self.counters.dry_run(time.perf_counter() - started)
-                return self._admission_view(decision.state, w, decision.explanation, dry_run=True)
+                return self._admission_view(decision_state, w, decision.explanation, dry_run=True)
 
-            new_state = decision.state
+            new_state = decision_state
             if request_id is not None:
                 # Checkpointed with the workload, so a retry after a restart finds it.
                 w = msgspec.structs.replace(w, request={**w.request, "request_id": request_id})
@@ -124,6 +132,7 @@ class AgentService:
             if request_id is not None:
                 index[request_id] = w.name
             self._request_index_state = self.state
+            self._refuse_if_not_isolated(w, started)
             self.counters.admitted(time.perf_counter() - started, decision.explanation.get("alignment", {}))
             log.info("admitted %s for uid %d pid %d: cpus %s mems %s devices %s | hints: %s | merged: %s",
                      w.name, caller.uid, caller.pid, effective_cpus(self.machine, new_state, w).format(),
@@ -173,6 +182,8 @@ class AgentService:
             new_layout = desired_layout(self.machine, new_state)
         else:
             new_layout, touched = update_layout(self.machine, old_layout, old_state, new_state, *changes)
+        if self.isolation is not None:
+            new_state = self.isolation.prepare(new_state)  # originals checkpointed before any write
         self._save(new_state)
         try:
             if move is not None and caller is not None:
@@ -191,6 +202,30 @@ class AgentService:
         # The layout is the full layout of this state on this machine: the
         # next commit may start from it.
         self.state, self._layout, self._layout_machine = new_state, new_layout, self.machine
+        self._isolate()
+
+    def _isolate(self) -> None:
+        """Write the isolation knobs for the current state; checkpoint the
+        ledger without the knobs that hold their original again. If that
+        checkpoint fails they stay recorded, and restoring them again later
+        writes what they already hold."""
+        if self.isolation is None:
+            return
+        after = self.isolation.enforce(self.state)
+        if after is not self.state:
+            try:
+                self._save(after)
+            except ServiceUnavailable:
+                return
+            self.state = after
+
+    def isolation_pending(self) -> bool:
+        """A restore failed and waits for its retry."""
+        return self.isolation is not None and bool(self.isolation.restore_failures())
+
+    def retry_isolation(self) -> None:
+        with self._lock:
+            self._isolate()
 
     # Set by _save while the checkpoint cannot be written: (what failed, since
     # when, on the service clock); health and metrics report it. A class-level
@@ -231,6 +266,8 @@ class AgentService:
         match (cgroups re-written, leftovers of released workloads removed)."""
         with self._lock:
             layout = desired_layout(self.machine, state)
+            if self.isolation is not None:
+                state = self.isolation.prepare(state)
             try:
                 self.store.commit(state, snapshot=True)
             except CheckpointError as exc:
@@ -241,6 +278,7 @@ class AgentService:
             self.enforcer.apply({}, layout, None)
             self.enforcer.prune(layout)
             self.state, self._layout = state, layout
+            self._isolate()  # restores what workloads gone while the agent was down held
 
     def replace_machine(self, machine: Machine) -> list[tuple[str, str]]:
         """The hardware changed: fit the bookings to the new machine and
@@ -291,6 +329,55 @@ class AgentService:
         view["replayed"] = True
         return view
 
+    # ---- isolation ------------------------------------------------------------------
+    def _with_isolation(self, w: Workload, body: AdmitRequest) -> Workload:
+        """`w` with the isolation it asked for (or the configured default) in its request."""
+        kinds = tuple(body.isolate) if body.isolate is not None else self.isolate_default
+        if not kinds or (w.shared and body.isolate is None):
+            return w
+        if w.shared:
+            raise BadRequest("--isolate needs exclusive CPUs (--cpus or --physcpubind); a shared "
+                             "workload runs on CPUs others use too", details={"field": "isolate"})
+        extra: dict[str, Any] = {ISOLATE: list(kinds)}
+        if body.isolate_strict:
+            extra[STRICT] = True
+        return msgspec.structs.replace(w, request={**w.request, **extra})
+
+    def _check_strict(self, state: AgentState, w: Workload, started: float) -> None:
+        """--isolate-strict asking for what this machine lacks: refused before anything is booked."""
+        if not w.request.get(STRICT):
+            return
+        missing = self.isolation.missing(state, w.name) if self.isolation is not None \
+            else tuple(f"{k}: not available in this agent" for k in isolation_asked(w))
+        if missing:
+            self._refuse_isolation(w, missing, started)
+
+    def _refuse_if_not_isolated(self, w: Workload, started: float) -> None:
+        """--isolate-strict and a write failed: released again (the knobs restored), refused."""
+        if not w.request.get(STRICT) or self.isolation is None:
+            return
+        report = self.isolation.report(w)
+        if report is not None and report.failed():
+            self.release(w.name, None, reason="--isolate-strict could not isolate it")
+            self._refuse_isolation(w, report.failed(), started)
+
+    def _refuse_isolation(self, w: Workload, failed: tuple[str, ...], started: float) -> None:
+        self.counters.refused("isolation_unavailable", time.perf_counter() - started)
+        message = f"--isolate-strict: cannot isolate {w.name}: {'; '.join(failed)}"
+        log.warning("refused %s: %s", w.name, message)
+        raise AdmissionRefused(message, details={"reason": message, "reason_code": "isolation_unavailable",
+                                                 "isolation": list(failed)})
+
+    def _isolation_view(self, w: Workload) -> dict[str, Any] | None:
+        asked = isolation_asked(w)
+        if not asked:
+            return None
+        report = self.isolation.report(w) if self.isolation is not None else None
+        return {"asked": list(asked), "strict": bool(w.request.get(STRICT)),
+                "done": list(report.done) if report else [],
+                "not_done": list(report.not_done) if report else
+                [f"{k}: not available in this agent" for k in asked]}
+
     def _request_from(self, body: AdmitRequest, caller: Caller) -> Request:
         name = body.name or self._generate_name(body, caller)
         for key, value in (("name", name), ("pod", body.pod)):
@@ -314,6 +401,13 @@ class AgentService:
     # ---- views ---------------------------------------------------------------------
     def _admission_view(self, state: AgentState, w: Workload, explanation, dry_run: bool) -> dict:
         view = self._workload_view(state, w)
+        if dry_run and view.get("isolation"):
+            view["isolation"].update(done=[], not_done=list(self.isolation.missing(state, w.name))
+                                     if self.isolation is not None else view["isolation"]["not_done"])
+        if view.get("isolation") and self.isolation is not None:
+            advice = self.isolation.status(state).get("irqbalance")
+            if advice and "irqs" in view["isolation"]["asked"]:
+                view["isolation"]["not_done"].append(advice)
         view.update({
             "cgroup": None if dry_run else self.enforcer.path_of(workload_relpath(w)),
             "enforcement": self.enforcer.mode,
@@ -350,6 +444,7 @@ class AgentService:
             # "partial" when rebuilt from its process after the checkpoint lost it
             "rebuilt": w.request.get(REBUILT),
             "unknown": list(w.request.get("unknown") or []),
+            "isolation": self._isolation_view(w),
         }
 
     def list_workloads(self, viewer_uid: int | None = None) -> list[dict]:
@@ -396,6 +491,7 @@ class AgentService:
                       "members": list(p.members), "shared_cpus": pod_shared_cpus(state, p).format(),
                       "budget": dict(p.request), "created_unix": p.created_unix}
                      for p in state.pods],
+            "isolation": self.isolation.status(state) if self.isolation is not None else None,
         }
 
     def topology(self) -> dict:
@@ -435,7 +531,8 @@ class AgentService:
         with self._lock:
             state = self.state
             status, counters = self._status(state, None), self.counters.snapshot()
-        return {"status": self._observed(state, status), "counters": counters,
+            knobs = self.isolation.knob_counts(state) if self.isolation else {}
+        return {"status": self._observed(state, status), "counters": counters, "isolation_knobs": knobs,
                 "info": {"version": VERSION, "enforcement": self.enforcer.mode}}
 
 

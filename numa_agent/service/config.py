@@ -27,6 +27,7 @@ from numa_agent.core.cpuset import CpuSet, CpuSetParseError
 from numa_agent.core.names import DEFAULT_SOCKET
 from numa_agent.core.policy import TopologyPolicy, TopologyScope
 from numa_agent.core.units import parse_size
+from numa_agent.isolation.plan import parse_kinds
 
 DEFAULT_CONFIG = "/etc/numa-agent/config.toml"
 DEFAULT_STATE_DIR = "/var/lib/numa-agent"
@@ -52,6 +53,8 @@ class AgentConfig:
     hotplug: bool = True
     cpuset_partitions: str = "off"  # "off" | "isolated" | "root"
     intruder_scan_seconds: float = 2.0  # [observe]; 0: no intruder scan
+    isolate_default: tuple[str, ...] = ()  # numa-run --isolate when a request does not say
+    idle_latency_us: int = 0  # the PM QoS resume latency `idle` isolation sets; 0: none at all
     policy: PolicyConfig = field(default_factory=PolicyConfig)
 
 
@@ -120,12 +123,19 @@ class ObserveSection(_Section, frozen=True):
     intruder_scan_seconds: Annotated[float, msgspec.Meta(ge=0)] | UnsetType = UNSET
 
 
+class IsolationSection(_Section, frozen=True):
+    isolate_default: list[Literal["irqs", "idle", "freq", "all"]] | UnsetType = \
+        msgspec.field(default=UNSET, name="default")
+    idle_latency_us: Annotated[int, msgspec.Meta(ge=0, le=2_000_000)] | UnsetType = UNSET
+
+
 class ConfigFile(_Section, frozen=True):
     agent: AgentSection = AgentSection()
     observe: ObserveSection = ObserveSection()
     cpu_manager: CpuManagerSection = CpuManagerSection()
     memory_manager: MemoryManagerSection = MemoryManagerSection()
     topology_manager: TopologyManagerSection = TopologyManagerSection()
+    isolation: IsolationSection = IsolationSection()
     devices: dict[str, Any] = {}  # resource name -> DeviceSelectorSection
 
 
@@ -154,7 +164,11 @@ def load_config(path: str | Path | None, *, required: bool = False) -> AgentConf
 
 def config_from_mapping(doc: Mapping[str, Any]) -> AgentConfig:
     parsed = _convert(doc, ConfigFile)
-    return AgentConfig(**_agent_fields(parsed.agent), **parsed.observe.given(), policy=_policy(parsed))
+    isolation = parsed.isolation.given()
+    if "isolate_default" in isolation:
+        isolation["isolate_default"] = parse_kinds(isolation["isolate_default"])
+    return AgentConfig(**_agent_fields(parsed.agent), **parsed.observe.given(), **isolation,
+                       policy=_policy(parsed))
 
 
 def _agent_fields(agent: AgentSection) -> dict[str, Any]:

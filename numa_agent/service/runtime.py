@@ -66,6 +66,9 @@ class EventLoop:
         self._retry_at: float | None = None
         self._backoff = RETRY_FIRST
         self._failing_since: float | None = None
+        # Isolation knobs whose restore failed: retried with the same backoff.
+        self._isolation_at: float | None = None
+        self._isolation_backoff = RETRY_FIRST
 
     def start(self) -> "EventLoop":
         self._thread = threading.Thread(target=self.run, name="numa-agent-events", daemon=True)
@@ -120,6 +123,7 @@ class EventLoop:
                 self._handle_ready({key.fd for key, _ in ready if key.data == "enforcer"})
                 if self._retry_at is not None and self.clock() >= self._retry_at:
                     self._retry()
+                self._retry_isolation()
             finally:
                 self._registered = _sync_fds(sel, self._registered, enforcer.fds(), self._muted)
             if "hotplug" in kinds and self.on_hotplug is not None:
@@ -138,6 +142,8 @@ class EventLoop:
             waits.append(self._next_ping - time.monotonic())
         if self._retry_at is not None:
             waits.append(self._retry_at - self.clock())
+        if self._isolation_at is not None:
+            waits.append(self._isolation_at - self.clock())
         return max(0.0, min(waits)) if waits else None
 
     # ---- releases ------------------------------------------------------------------
@@ -202,6 +208,22 @@ class EventLoop:
             self._failing_since = None
             self._retry_at = None
             self._backoff = RETRY_FIRST
+
+    def _retry_isolation(self) -> None:
+        pending = getattr(self.service, "isolation_pending", None)
+        if pending is None or not pending():
+            self._isolation_at, self._isolation_backoff = None, RETRY_FIRST
+            return
+        now = self.clock()
+        if self._isolation_at is not None and now >= self._isolation_at:
+            self.service.retry_isolation()
+            self._isolation_backoff = min(self._isolation_backoff * 2, RETRY_CAP)
+            self._isolation_at = None
+            if not pending():
+                self._isolation_backoff = RETRY_FIRST
+                return
+        if self._isolation_at is None:
+            self._isolation_at = now + self._isolation_backoff
 
     def _retry(self) -> None:
         # Set-aside descriptors come back: whatever they report beyond the

@@ -124,7 +124,8 @@ class Agent:
             raise StartupError(str(exc)) from None
         except Exception as exc:
             raise StartupError(f"cannot restore state: {exc}") from None
-        service = AgentService(machine, store, enforcer)
+        service = AgentService(machine, store, enforcer, isolation=_isolation_keeper(cfg),
+                               isolate_default=cfg.isolate_default)
         try:
             service.install(state)
         except Exception as exc:
@@ -527,3 +528,16 @@ def _uid_of(pid: int) -> int:
 
 def _half(interval):
     return interval / 2 if interval else None
+
+
+def _isolation_keeper(cfg):
+    """The machine's /proc and /sys, or on a captured tree (`--sysfs-root`) its
+    knobs simulated: this machine's interrupts are never touched for a snapshot."""
+    from numa_agent.isolation.keeper import IsolationKeeper
+    from numa_agent.isolation.knobs import ProcSysKnobs, SimulatedKnobs
+
+    root = os.path.abspath(cfg.sysfs_root)
+    if root == "/":
+        return IsolationKeeper(ProcSysKnobs("/proc", "/sys", cfg.idle_latency_us))
+    return IsolationKeeper(SimulatedKnobs(os.path.join(root, "proc"), os.path.join(root, "sys"),
+                                          cfg.idle_latency_us))

@@ -3,7 +3,8 @@ replay it, and how one entry is written and read back. No I/O here; the
 store (state/checkpoint.py) appends and reads the file.
 
 A delta is JSON-ready: `{"workloads": [<Workload JSON>...], "removed_workloads":
-[name...], "pods": [...], "removed_pods": [...], "policy_fingerprint": "..."}`,
+[name...], "pods": [...], "removed_pods": [...], "policy_fingerprint": "...",
+"isolation": {"originals": {...}}}`,
 each key present only when it changed. Upserted entries are the values'
 own `to_json()`, so replaying deltas onto a state's JSON gives exactly the
 JSON of the new state (same checksum as a whole save of it).
@@ -53,6 +54,8 @@ def state_delta(old: AgentState, new: AgentState) -> Delta | None:
         delta["removed_pods"] = removed_pods
     if old.policy_fingerprint != new.policy_fingerprint:
         delta["policy_fingerprint"] = new.policy_fingerprint
+    if old.isolation != new.isolation:
+        delta["isolation"] = new.isolation.to_json()  # small: the whole ledger
     return delta or None
 
 
@@ -99,6 +102,7 @@ def replay(data: dict[str, Any], deltas: Iterable[Delta]) -> dict[str, Any]:
     workloads = _by_name(data.get("workloads", []), "workload")
     pods = _by_name(data.get("pods", []), "pod")
     fingerprint = data.get("policy_fingerprint", "")
+    isolation = data.get("isolation")
     for delta in deltas:
         if not isinstance(delta, dict) or not delta.keys() <= _DELTA_KEYS:
             raise ValueError(f"not a state delta: {_short(delta)}")
@@ -112,14 +116,22 @@ def replay(data: dict[str, Any], deltas: Iterable[Delta]) -> dict[str, Any]:
             fingerprint = delta["policy_fingerprint"]
             if not isinstance(fingerprint, str):
                 raise ValueError(f"policy_fingerprint {fingerprint!r} is not a string")
+        if "isolation" in delta:
+            isolation = delta["isolation"]
+            if not isinstance(isolation, dict):
+                raise ValueError(f"isolation {_short(isolation)} is not an object")
     out = dict(data)
     out["workloads"] = [workloads[name] for name in sorted(workloads)]
     out["pods"] = [pods[name] for name in sorted(pods)]
     out["policy_fingerprint"] = fingerprint
+    out.pop("isolation", None)
+    if isolation and isolation.get("originals"):  # as AgentState.to_json writes it
+        out["isolation"] = isolation
     return out
 
 
-_DELTA_KEYS = frozenset({"workloads", "removed_workloads", "pods", "removed_pods", "policy_fingerprint"})
+_DELTA_KEYS = frozenset({"workloads", "removed_workloads", "pods", "removed_pods", "policy_fingerprint",
+                         "isolation"})
 
 
 def _by_name(values: Any, kind: str) -> dict[str, dict[str, Any]]:

@@ -126,6 +126,20 @@ class FollowsChanges:
         raise NotImplementedError
 
 
+class IsolationLedger(_Value, frozen=True):
+    """The original values of the isolation knobs the agent changed
+    (numa_agent/isolation): recorded before the first write to a knob,
+    dropped once it holds its original again."""
+
+    originals: Mapping[str, str] = {}  # knob key -> value before the agent changed it
+
+    def __bool__(self) -> bool:
+        return bool(self.originals)
+
+    def to_json(self) -> dict[str, Any]:
+        return _to_json(self)
+
+
 class AgentState(_Value, frozen=True, dict=True, weakref=True):
     # dict=True: room for the cached properties; weakref=True: a derived state
     # names the state it came from without keeping it alive (changes_since).
@@ -134,6 +148,7 @@ class AgentState(_Value, frozen=True, dict=True, weakref=True):
     # The configuration the bookings were made under; a restart with another
     # policy must reconcile explicitly (see numa_agent.service.config).
     policy_fingerprint: str = ""
+    isolation: IsolationLedger = IsolationLedger()
 
     # ---- lookups ---------------------------------------------------------
     # By name through an index made once per state (and handed on to the
@@ -255,6 +270,11 @@ class AgentState(_Value, frozen=True, dict=True, weakref=True):
         new = replace(self, pods=pods)
         return self._derive(new, pods=(name,), index=("_pod_index", name, None))
 
+    def with_isolation(self, ledger: IsolationLedger) -> "AgentState":
+        if ledger == self.isolation:
+            return self
+        return self._derive(replace(self, isolation=ledger), index=("", "", None))
+
     def _derive(self, new: "AgentState", *, workloads: tuple[str, ...] = (), pods: tuple[str, ...] = (),
                 index: tuple[str, str, Any]) -> "AgentState":
         """Hand on what this state knows that still holds for `new`, which
@@ -317,9 +337,12 @@ class AgentState(_Value, frozen=True, dict=True, weakref=True):
             if entry is None or entry[0] is not w:
                 entry = cache[w.name] = (w, _without_unknown_identity(_to_json(w)))
             workloads.append(entry[1])
-        return {"schema": STATE_SCHEMA, "workloads": workloads,
-                # Converted as the state's own field (a tuple stays a tuple, as before).
-                "pods": _to_json_value(self.pods), "policy_fingerprint": self.policy_fingerprint}
+        out = {"schema": STATE_SCHEMA, "workloads": workloads,
+               # Converted as the state's own field (a tuple stays a tuple, as before).
+               "pods": _to_json_value(self.pods), "policy_fingerprint": self.policy_fingerprint}
+        if self.isolation:  # only when there is one: older checkpoints read back unchanged
+            out["isolation"] = self.isolation.to_json()
+        return out
 
     @cached_property
     def _json_cache(self) -> dict[str, tuple[Workload, dict[str, Any]]]:

@@ -86,6 +86,20 @@ class AgentCollector:
             raise
         return iter(self._families(snapshot))
 
+    @staticmethod
+    def _isolation_families(status: Mapping[str, Any], knobs: Mapping[tuple[str, str], int]) -> list[Metric]:
+        held = GaugeMetricFamily(
+            PREFIX + "isolation_knobs", "Interrupt, idle and frequency settings changed for isolated "
+            "workloads, by kind (irqs, idle, freq) and state (held, restore_failed).", labels=["kind", "state"])
+        for kind in ("irqs", "idle", "freq"):
+            for state in ("held", "restore_failed"):
+                held.add_metric([kind, state], float(knobs.get((kind, state), 0)))
+        failures = GaugeMetricFamily(
+            PREFIX + "isolation_restore_failures", "Isolation settings whose restore to their original "
+            "value failed (retried with backoff; listed in status).",
+            value=float(len(status.get("restore_failures") or ())))
+        return [held, failures]
+
     def _families(self, snapshot: Snapshot) -> list[Metric]:
         status = snapshot.get("status") or {}
         counters = snapshot.get("counters") or {}
@@ -134,6 +148,7 @@ class AgentCollector:
         families.append(GaugeMetricFamily(
             PREFIX + "pending_releases", "Releases of exited workloads waiting to be checkpointed "
             "(retried with backoff).", value=float(counters.get("pending_releases", 0))))
+        families += self._isolation_families(status.get("isolation") or {}, snapshot.get("isolation_knobs") or {})
 
         hotplug = CounterMetricFamily(
             PREFIX + "hotplug_events", "Hotplug events handled, by kind.", labels=["kind"])

@@ -150,3 +150,14 @@ def test_both_commands_print_the_package_version():
     for module in ("numa_agent.cli.numa_agent", "numa_agent.cli.numa_run"):
         out = subprocess.run([sys.executable, "-m", module, "--version"], capture_output=True, text=True)
         assert out.returncode == 0 and out.stdout.split()[-1] == numa_agent.__version__, out.stderr
+
+
+def test_status_lists_isolation_and_failed_restores():
+    from numa_agent.cli.status_cmd import isolation_status_lines
+
+    status = {"isolation": {"knobs_held": 3, "not_movable": ["irq/30"],
+                            "restore_failures": [{"knob": "irq/24", "original": "0-7", "error": "Device or resource busy"}]}}
+    lines = isolation_status_lines(status, [{"name": "a", "isolation": {"asked": ["irqs"], "done": ["irqs"]}}])
+    assert "  isolation (irqs): irqs done" in lines
+    assert "isolation: interrupts the kernel manages (not movable): 30" in lines
+    assert any(line.startswith("ISOLATION RESTORE FAILED irq/24: original '0-7'") for line in lines)

@@ -68,6 +68,9 @@ PARSE_TABLE = [
      ["x"]),
     (["-v", "--dry-run", "--json"], {}, []),
     (["--", "--weird-name"], {}, ["--weird-name"]),
+    (["--cpus", "2", "--isolate", "idle,irqs", "x"], {"cpus": 2, "isolate": ["irqs", "idle"]}, ["x"]),
+    (["-C", "3", "--isolate", "all", "--isolate-strict", "x"],
+     {"physcpubind": "3", "isolate": ["irqs", "idle", "freq"], "isolate_strict": True}, ["x"]),
 ]
 
 
@@ -91,6 +94,7 @@ def test_option_parsing(argv, fields, command):
     (["-C", "0-99999999", "x"], "invalid CPU list"),
     (["--device", "=1", "x"], "invalid device"),
     (["--bogus", "x"], "unrecognized arguments"),
+    (["--cpus", "1", "--isolate", "irq", "x"], "unknown isolation 'irq'"),
 ])
 def test_bad_option_exits_125(argv, message, capsys):
     with pytest.raises(SystemExit) as info:
@@ -103,6 +107,9 @@ def test_bad_option_exits_125(argv, message, capsys):
     (["--shared", "--cpus", "2", "x"], "exclude each other"),
     (["--pod-cpus", "2", "x"], "need --pod NAME"),
     (["--device", "gpu=1", "--device", "gpu=2", "x"], "--device gpu given twice"),
+    (["--shared", "--isolate", "irqs", "x"], "--isolate needs exclusive CPUs"),
+    (["--isolate", "irqs", "x"], "--isolate needs exclusive CPUs"),
+    (["--cpus", "1", "--isolate-strict", "x"], "--isolate-strict needs --isolate"),
 ])
 def test_inconsistent_options_exit_125(argv, message, capsys, monkeypatch, sock_dir):
     monkeypatch.setenv("NUMA_AGENT_SOCKET", f"{sock_dir}/none.sock")
@@ -316,3 +323,11 @@ def test_numa_run_refuses_an_impostor_agent(tmp_path):
         os.waitpid(child, 0)
         sock.unlink(missing_ok=True)
         public.rmdir()
+
+
+def test_isolation_lines_say_what_was_and_was_not_done():
+    record = {"name": "a", "isolation": {"asked": ["irqs", "freq"], "strict": False, "done": ["irqs"],
+                                         "not_done": ["freq: not available on this machine"]}}
+    assert common.isolation_lines(record) == ["  isolation (irqs, freq): irqs done",
+                                              "  isolation not done: freq: not available on this machine"]
+    assert common.isolation_lines({"name": "b", "isolation": None}) == []

@@ -45,7 +45,7 @@ def test_unknown_key_is_named_with_the_known_ones(tmp_path):
     assert _error(tmp_path, '[cpu_manager]\npolcy = "static"\n') == (
         "unknown key cpu_manager.polcy (known: options, policy, reserved_cpu_count, reserved_cpus)")
     assert _error(tmp_path, '[topology]\npolicy = "none"\n').startswith(
-        "unknown key topology (known: agent, cpu_manager, devices, memory_manager, observe, topology_manager)")
+        "unknown key topology (known: agent, cpu_manager, devices, isolation, memory_manager, observe, topology_manager)")
     assert _error(tmp_path, '[devices.gpu]\nvendr = "0x10de"\n').startswith("unknown key devices.gpu.vendr")
 
 
@@ -99,3 +99,13 @@ def test_a_reserved_cpu_list_alone_sets_the_count_as_the_kubelets_reserved_syste
     path.write_text('[cpu_manager]\nreserved_cpus = "0-1"\nreserved_cpu_count = 1\n')
     assert load_config(path, required=True).policy.reserved_cpu_count == 1  # both given: checked later
     assert _error(tmp_path, '[cpu_manager]\nreserved_cpus = "zero"\n').startswith("cpu_manager.reserved_cpus: ")
+
+
+def test_isolation_keys_are_read_and_a_bad_one_named(tmp_path):
+    path = tmp_path / "ok.toml"
+    path.write_text('[isolation]\ndefault = ["all"]\nidle_latency_us = 20\n')
+    cfg = load_config(path, required=True)
+    assert cfg.isolate_default == ("irqs", "idle", "freq") and cfg.idle_latency_us == 20
+    assert _error(tmp_path, '[isolation]\ndefault = ["irq"]\n') == \
+        "isolation.default[0]: 'irq' is not one of all, freq, idle, irqs"
+    assert _error(tmp_path, "[isolation]\nidle_latency_us = -1\n").startswith("isolation.idle_latency_us: expected")

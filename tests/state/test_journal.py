@@ -315,3 +315,18 @@ def test_a_state_made_from_the_old_one_is_compared_by_the_names_it_changed_only(
     assert state_delta(old, new) == delta
     unrelated = AgentState.from_json(new.to_json())  # no line of derivation: the full comparison
     assert state_delta(old, unrelated) == delta
+
+
+def test_the_isolation_ledger_is_journalled_and_read_back(tmp_path):
+    from numa_agent.state.model import IsolationLedger
+
+    store, history = committed(tmp_path, 3)
+    held = history[-1].with_isolation(IsolationLedger({"irq/24": "0-7", "cpu/3/pm_qos": "0"}))
+    assert held.changes_since(history[-1]) == (frozenset(), frozenset())
+    assert store.commit(held) == "journal"
+    assert AgentState.from_json(store.load()).isolation == held.isolation
+    restored = held.with_isolation(IsolationLedger())
+    assert store.commit(restored) == "journal"
+    data = store.load()
+    assert "isolation" not in data and data == as_read(restored.to_json())
+    assert "isolation" not in history[-1].to_json()  # a state that never isolated writes what it wrote before

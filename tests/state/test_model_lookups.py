@@ -74,6 +74,8 @@ def reference_json(state):
     for w in out["workloads"]:
         if w.get("pid_identity") is None:
             w.pop("pid_identity", None)
+    if not out["isolation"]["originals"]:
+        del out["isolation"]  # written only when the agent holds an isolation knob
     return {"schema": STATE_SCHEMA, **out}
 
 

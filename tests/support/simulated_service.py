@@ -11,12 +11,12 @@ from numa_agent.service.recovery import restore
 from numa_agent.state.checkpoint import CheckpointStore
 
 
-def start(machine, state_dir, cg_root, partitions="off", **kw):
+def start(machine, state_dir, cg_root, partitions="off", isolation=None, **kw):
     enforcer = CgroupEnforcer(CgroupV2(cg_root, FakeCgroupfs(cg_root)), partitions=partitions)
     store = CheckpointStore(state_dir)
     enforcer.setup()
     state, report = restore(machine, store, enforcer, **kw)
-    service = AgentService(machine, store, enforcer)
+    service = AgentService(machine, store, enforcer, isolation=isolation)
     service.install(state)
     return service, report
 

@@ -20,6 +20,7 @@ SCENARIOS = (
     "13-restart-inflight",
     "14-scale",
     "15-observe",
+    "16-isolation",
 )
 
 # The guest booted by systemd runs the agent as an installed service instead

@@ -119,12 +119,18 @@ class Kernel:
 
 def bring_loopback_up() -> None:
     """The guest's init leaves `lo` down; the metrics endpoint listens on 127.0.0.1."""
+    set_link("lo", up=True)
+
+
+def set_link(name: str, *, up: bool) -> bool:
+    """Set an interface up or down (SIOCSIFFLAGS); returns whether it was up before."""
     siocgifflags, siocsifflags, iff_up = 0x8913, 0x8914, 0x1
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        request = struct.pack("16sH22x", b"lo", 0)
+        request = struct.pack("16sH22x", name.encode(), 0)
         flags = struct.unpack("16sH22x", fcntl.ioctl(s, siocgifflags, request))[1]
-        if not flags & iff_up:
-            fcntl.ioctl(s, siocsifflags, struct.pack("16sH22x", b"lo", flags | iff_up))
+        if bool(flags & iff_up) != up:
+            fcntl.ioctl(s, siocsifflags, struct.pack("16sH22x", name.encode(), flags ^ iff_up))
+        return bool(flags & iff_up)
 
 
 # ---------------------------------------------------------------- kernel-side reads
@@ -1230,6 +1236,134 @@ def s15_observe(g: Guest) -> str | None:
     return (f"intruder reported after {seconds:.1f} s (gauge {gauge:g}; kernel threads listed apart: "
             f"{', '.join(kernel) or 'none'}); memory {numa['bytes']}, outside booked node "
             f"{numa['outside_bytes']} bytes")
+PROC_IRQ = Path("/proc/irq")
+
+
+def irq_values() -> dict[str, str]:
+    """Every interrupt's affinity list and the default mask, as the kernel reads them now."""
+    out = {"default": (PROC_IRQ / "default_smp_affinity").read_text().strip()}
+    for irq in sorted(PROC_IRQ.iterdir()):
+        if irq.name.isdigit() and (irq / "smp_affinity_list").exists():
+            out[irq.name] = (irq / "smp_affinity_list").read_text().strip()
+    return out
+
+
+def pm_qos_values() -> dict[int, str]:
+    out = {}
+    for path in sorted(SYS_CPUS.glob("cpu[0-9]*/power/pm_qos_resume_latency_us")):
+        out[int(path.parent.parent.name[3:])] = path.read_text().strip()
+    return out
+
+
+def device_irqs(g: Guest) -> dict[str, str]:
+    """IRQ number -> the NVMe or NIC (PCI address) whose MSI it is."""
+    out = {}
+    for prefix in ("0x0108", "0x0200"):
+        for address in g.kernel.devices_of_class(prefix):
+            for irq in sorted((SYS_PCI / address / "msi_irqs").glob("*")):
+                out[irq.name] = address
+    return out
+
+
+def cause_io() -> None:
+    """Interrupts from the NVMe and the NIC, so effective affinities follow the new masks."""
+    commands = [["dd", f"if={dev}", "of=/dev/null", "bs=4k", "count=256", "iflag=direct"]
+                for dev in sorted(Path("/dev").glob("nvme[0-9]n1"))[:1]]
+    commands.append(["ping", "-c", "2", "-W", "1", "10.0.2.2"])
+    for argv in commands:
+        if shutil.which(argv[0]):
+            subprocess.run(argv, capture_output=True, timeout=120)
+
+
+def _effective(irq: str) -> CpuSet | None:
+    path = PROC_IRQ / irq / "effective_affinity_list"
+    return CpuSet.parse(path.read_text().strip()) if path.exists() else None
+
+
+def _check_isolated(g: Guest, w: Running, before: dict[str, str], when: str) -> str:
+    """The workload's CPUs gone from every movable NVMe and NIC IRQ and from the default mask
+    (each exactly its original minus them), its CPUs' PM QoS limit set, and after some I/O
+    the changed IRQs' effective affinities off them too. Returns what changed, for the note."""
+    cpus = w.cpus
+    not_movable = {k.split("/", 1)[1] for k in g.status()["isolation"]["not_movable"]}
+    now = irq_values()
+    irqs = device_irqs(g)
+    checked, changed = [], []
+    for irq in sorted(irqs, key=int):
+        if irq not in before or irq in not_movable or not CpuSet.parse(before[irq]) - cpus:
+            continue  # not requested (interface down), managed, or only on the isolated CPUs
+        original, affinity = CpuSet.parse(before[irq]), CpuSet.parse(now[irq])
+        check(affinity == original - cpus,
+              f"{when}: irq {irq} ({irqs[irq]}) affinity {now[irq]}, was {before[irq]}, "
+              f"isolated CPUs {cpus.format()}")
+        checked.append(irq)
+        if now[irq] != before[irq]:
+            changed.append(irq)
+    kinds = {g.kernel.pci_classes[irqs[irq]][:6] for irq in changed}
+    check(kinds == {"0x0108", "0x0200"}, f"{when}: changed only irqs {changed} ({sorted(kinds)}) of "
+                                          f"{sorted(irqs, key=int)}; not movable: {sorted(not_movable)}")
+    default = CpuSet.parse_mask(now["default"])
+    check(not default & cpus, f"{when}: default_smp_affinity {now['default']} holds {cpus.format()}")
+    qos = pm_qos_values()
+    for cpu in cpus.ids():
+        check(qos.get(cpu) not in (None, "0"), f"{when}: cpu{cpu} pm_qos_resume_latency_us is {qos.get(cpu)!r}")
+
+    def effective_off() -> bool:
+        cause_io()  # an effective affinity follows the mask at the IRQ's next interrupt
+        return all(not ((_effective(irq) or CpuSet()) & cpus) for irq in changed)
+    check(wait_for(effective_off, timeout=60, interval=1),
+          f"{when}: effective affinities still on {cpus.format()} after I/O: "
+          f"{ {irq: str(_effective(irq)) for irq in changed} }")
+    return (f"irqs {','.join(changed)} changed to leave {cpus.format()} (of {len(checked)} movable NVMe/NIC "
+            f"irqs checked; effective after I/O {' '.join(f'{i}:{_effective(i)}' for i in changed)})")
+
+
+def _check_restored(irqs_before: dict[str, str], qos_before: dict[int, str], when: str) -> None:
+    def same():
+        return irq_values() == irqs_before and pm_qos_values() == qos_before
+    if wait_for(same, timeout=30, interval=0.1):
+        return
+    irqs_now, qos_now = irq_values(), pm_qos_values()
+    diff = {k: (irqs_before.get(k), v) for k, v in irqs_now.items() if irqs_before.get(k) != v}
+    diff.update({f"cpu{c}": (qos_before.get(c), v) for c, v in qos_now.items() if qos_before.get(c) != v})
+    raise ScenarioFailed(f"{when}: not back to the values before (before, now): {diff}")
+
+
+def nics_up(g: Guest) -> None:
+    """A NIC requests its interrupts when its interface goes up: up for the scenario, down after."""
+    for address in g.kernel.devices_of_class("0x0200"):
+        for net in sorted((SYS_PCI / address / "net").glob("*")):
+            if not set_link(net.name, up=True):
+                g.after_cleanup.append(lambda name=net.name: set_link(name, up=False))
+
+
+def s16_isolation(g: Guest) -> str | None:
+    if not (PROC_IRQ / "default_smp_affinity").exists():
+        raise ScenarioSkipped("no /proc/irq/default_smp_affinity in this guest")
+    nics_up(g)
+    n = one_core(g) if one_core(g) > 1 else 2
+    irqs_before, qos_before = irq_values(), pm_qos_values()
+    w = g.launch("iso-a", "--cpus", str(n), "--isolate", "irqs,idle", "-v")
+    g.check_pinned(w)
+    note = _check_isolated(g, w, irqs_before, "while running")
+    w.wait_exec()
+    w.err.seek(0)
+    said = w.err.read()
+    check("isolation (irqs, idle): irqs, idle done" in said,
+          f"numa-run -v did not say what was isolated: {last_lines(said, 4)}")
+    w.stop()
+    check(g.wait_released([w.name]), f"{w.name} still listed after exit")
+    _check_restored(irqs_before, qos_before, "after exit")
+
+    w = g.launch("iso-b", "--cpus", str(n), "--isolate", "irqs,idle")
+    _check_isolated(g, w, irqs_before, "second workload")
+    g.agent.kill()
+    w.stop()  # exits while the agent is down
+    check(irq_values() != irqs_before, "the settings were restored with no agent running")
+    g.start_agent()
+    _check_restored(irqs_before, qos_before, "after kill -9, exit and restart")
+    check(g.listed(w.name) is None, f"{w.name} still listed after the restart")
+    return note
 
 
 RUNNERS = {
@@ -1248,6 +1382,7 @@ RUNNERS = {
     "13-restart-inflight": s13_restart_inflight,
     "14-scale": s14_scale,
     "15-observe": s15_observe,
+    "16-isolation": s16_isolation,
 }
 assert tuple(RUNNERS) == SCENARIOS
 

@@ -1,0 +1,210 @@
+"""Holding the isolation knobs for the workloads that asked, and giving them back.
+
+The service calls `prepare` before it checkpoints a state (the originals of
+knobs about to be changed go into the state's ledger first: write-ahead)
+and `enforce` after (every knob written to its planned value; the returned
+state's ledger keeps only the knobs that still differ from their original).
+A restore that fails stays in the ledger and in `failures`, and is tried
+again (`retry`) until it works; status and metrics report it.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+from dataclasses import dataclass
+from typing import Any, Iterator, Mapping
+
+from numa_agent.isolation.knobs import KnobFiles
+from numa_agent.isolation.plan import KINDS, Holding, Plan, kind_of, plan, same_value
+from numa_agent.state.model import AgentState, IsolationLedger, Workload
+
+log = logging.getLogger("numa_agent.isolation")
+
+ISOLATE = "isolate"  # Workload.request: the kinds asked for
+STRICT = "isolate_strict"  # Workload.request: refuse rather than isolate in part
+
+IRQBALANCE_ADVICE = ("irqbalance runs and may move interrupts back onto isolated CPUs: ban them with "
+                     "IRQBALANCE_BANNED_CPULIST=<cpus> in its environment file (/etc/default/irqbalance "
+                     "or /etc/sysconfig/irqbalance) and restart it")
+
+
+def isolation_asked(w: Workload) -> tuple[str, ...]:
+    return tuple(w.request.get(ISOLATE) or ())
+
+
+def holdings(state: AgentState) -> dict[str, Holding]:
+    """The workloads isolating: exclusive CPUs only (a shared workload has none to isolate)."""
+    return {w.name: Holding(w.booking.cpus, frozenset(isolation_asked(w))) for w in state.workloads
+            if isolation_asked(w) and not w.shared and w.booking.cpus}
+
+
+@dataclass(frozen=True)
+class Report:
+    """What isolation did for one workload."""
+
+    done: tuple[str, ...]  # kinds with at least one knob held
+    not_done: tuple[str, ...]  # missing knobs, interrupts left, writes refused
+
+    def failed(self) -> tuple[str, ...]:
+        """What --isolate-strict refuses for: missing knobs and refused writes,
+        not the interrupts the kernel manages."""
+        return tuple(n for n in self.not_done if "not movable" not in n and "left as it is" not in n)
+
+
+class _Reads(Mapping[str, str]):
+    """The knobs' current values, read when the planner asks (it asks only for the knobs it may hold)."""
+
+    def __init__(self, files: KnobFiles) -> None:
+        self.files = files
+
+    def __getitem__(self, key: str) -> str:
+        try:
+            return self.files.read(key)
+        except OSError:
+            raise KeyError(key) from None
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(())
+
+    def __len__(self) -> int:
+        return 0
+
+
+class IsolationKeeper:
+    def __init__(self, files: KnobFiles) -> None:
+        self.files = files
+        self.unmovable: set[str] = set()  # writes refused with EIO: kernel-managed interrupts
+        self.failures: dict[str, str] = {}  # knob -> why its last write failed
+        self.plan: Plan | None = None  # the last one enforced
+        # The holdings and ledger the last enforce left with nothing failing: a commit
+        # that changes neither (an admission without --isolate) reads and writes nothing.
+        self._settled: tuple[dict[str, Holding], IsolationLedger] | None = None
+
+    def _plan(self, state: AgentState) -> Plan:
+        return plan(holdings(state), self.files.knobs(), state.isolation.originals, _Reads(self.files),
+                    frozenset(self.unmovable))
+
+    @staticmethod
+    def active(state: AgentState) -> bool:
+        return bool(state.isolation) or any(isolation_asked(w) for w in state.workloads)
+
+    def missing(self, state: AgentState, name: str) -> tuple[str, ...]:
+        """What the machine lacks for workload `name` of `state` (no knob is read)."""
+        return plan(holdings(state), self.files.knobs(), state.isolation.originals, {}).missing.get(name, ())
+
+    def prepare(self, state: AgentState) -> AgentState:
+        """`state` with the originals of every knob it will hold in its ledger."""
+        if not self.active(state) or self._is_settled(state):
+            return state
+        return state.with_isolation(IsolationLedger(self._plan(state).originals))
+
+    def _is_settled(self, state: AgentState) -> bool:
+        return self._settled is not None and self._settled == (holdings(state), state.isolation)
+
+    def enforce(self, state: AgentState) -> AgentState:
+        """Write every knob to its planned value; `state` with the knobs that
+        still differ from their original in its ledger."""
+        if not self.active(state):
+            self.plan, self.failures, self._settled = None, {}, None
+            return state
+        if self._is_settled(state):
+            return state
+        p = self._plan(state)
+        originals = state.isolation.originals
+        keep: dict[str, str] = {}
+        failures: dict[str, str] = {}
+        unmovable = len(self.unmovable)
+        for t in p.targets:
+            if t.key not in originals:
+                continue  # write-ahead: never changed before its original is checkpointed
+            value, error = self._write(t.key, t.value, bool(t.held_by))
+            if error is not None:
+                failures[t.key] = error
+            if value is None and error is None:
+                continue  # gone (the device left): nothing to restore
+            if value is None or not same_value(t.key, value, originals[t.key]):
+                keep[t.key] = originals[t.key]
+        held = {t.key for t in p.targets if t.held_by}
+        for key, error in failures.items():
+            if key not in self.failures:
+                log.error("isolation: writing %s failed: %s%s", key, error, "" if key in held else
+                          "; its original stays recorded and the restore is retried")
+        for key in self.failures.keys() - failures.keys():
+            log.warning("isolation: %s written again after failures", key)
+        self.failures = failures
+        self.plan = p if len(self.unmovable) == unmovable else self._plan(state)
+        after = state.with_isolation(IsolationLedger(keep))
+        self._settled = None if failures else (holdings(after), after.isolation)
+        return after
+
+    def _write(self, key: str, value: str, held: bool) -> tuple[str | None, str | None]:
+        """(the knob's value after, or None when unknown or gone; why the write failed, if it did)."""
+        try:
+            before: str | None = self.files.read(key)
+        except OSError as exc:
+            if exc.errno == errno.ENOENT:
+                log.info("isolation: %s is gone, nothing to restore", key)
+                return None, None
+            before = None
+        if before is not None and same_value(key, before, value):
+            return before, None
+        try:
+            self.files.write(key, value)
+        except OSError as exc:
+            if exc.errno == errno.ENOENT:
+                return None, None
+            if exc.errno == errno.EIO and held and key.startswith("irq/"):
+                self.unmovable.add(key)  # the kernel manages it: listed, not an error
+                return before, None
+            return before, _describe(exc)
+        return value, None
+
+    # ---- reports ---------------------------------------------------------------
+    def report(self, w: Workload) -> Report | None:
+        asked = isolation_asked(w)
+        if not asked:
+            return None
+        p = self.plan
+        done: set[str] = set()
+        not_done: list[str] = []
+        if p is not None:
+            for t in p.targets:
+                if w.name in t.held_by:
+                    if t.key in self.failures:
+                        not_done.append(f"{t.key}: {self.failures[t.key]}")
+                    else:
+                        done.add(kind_of(t.key))
+            not_done[:0] = [*p.missing.get(w.name, ()), *p.notes.get(w.name, ())]
+        return Report(tuple(k for k in KINDS if k in done), tuple(not_done))
+
+    def restore_failures(self) -> dict[str, str]:
+        held = {t.key for t in self.plan.targets if t.held_by} if self.plan else set()
+        return {k: e for k, e in self.failures.items() if k not in held}
+
+    def status(self, state: AgentState) -> dict[str, Any]:
+        originals = state.isolation.originals
+        failing = self.restore_failures()
+        out: dict[str, Any] = {
+            "knobs_held": len(originals),
+            "restore_failures": [{"knob": k, "original": originals.get(k), "error": e}
+                                 for k, e in sorted(failing.items())],
+            "not_movable": sorted(self.unmovable),
+        }
+        if any(isolation_asked(w) for w in state.workloads) and self.files.irqbalance():
+            out["irqbalance"] = IRQBALANCE_ADVICE
+        return out
+
+    def knob_counts(self, state: AgentState) -> dict[tuple[str, str], int]:
+        """(kind, state) -> how many knobs: held, restore_failed."""
+        failing = self.restore_failures()
+        out: dict[tuple[str, str], int] = {}
+        for key in state.isolation.originals:
+            label = (kind_of(key), "restore_failed" if key in failing else "held")
+            out[label] = out.get(label, 0) + 1
+        return out
+
+
+def _describe(exc: OSError) -> str:
+    return os.strerror(exc.errno) if exc.errno else str(exc)

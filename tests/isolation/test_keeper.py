@@ -1,0 +1,187 @@
+"""Isolation knobs on written /proc and /sys trees: hold, restore, recover, share, fail."""
+
+from __future__ import annotations
+
+import errno
+from pathlib import Path
+
+from numa_agent.core.cpuset import CpuSet
+from numa_agent.isolation.keeper import IsolationKeeper
+from numa_agent.isolation.knobs import ProcSysKnobs, SimulatedKnobs
+from numa_agent.state.model import AgentState, Booking, Workload
+from tests.support.isolation_tree import CPU, Failing, machine, snapshot
+
+
+def workload(name: str, cpus: str, *kinds: str, shared: bool = False) -> Workload:
+    return Workload(name=name, owner_uid=0, booking=Booking(cpus=CpuSet.parse(cpus)), shared=shared,
+                    request={"isolate": list(kinds or ("irqs", "idle"))})
+
+
+def step(keeper: IsolationKeeper, state: AgentState) -> AgentState:
+    """What the service does: record originals (checkpointed), then write."""
+    return keeper.enforce(keeper.prepare(state))
+
+
+def knobs(root: Path) -> ProcSysKnobs:
+    return ProcSysKnobs(root / "proc", root / "sys")
+
+
+def read(root: Path, rel: str) -> str:
+    return (root / rel).read_text().strip()
+
+
+def test_irqs_and_idle_are_held_then_restored_exactly(tmp_path):
+    root = machine(tmp_path)
+    before = snapshot(root)
+    keeper = IsolationKeeper(knobs(root))
+    state = step(keeper, AgentState().with_workload(workload("a", "4-5")))
+    assert read(root, "proc/irq/24/smp_affinity_list") == "0-3,6-7"
+    assert CpuSet.parse_mask(read(root, "proc/irq/default_smp_affinity")) == CpuSet.parse("0-3,6-7")
+    assert read(root, "proc/irq/26/smp_affinity_list") == "2-3"  # never on 4-5
+    assert read(root, f"{CPU}/cpu4/power/pm_qos_resume_latency_us") == "n/a"
+    assert read(root, f"{CPU}/cpu3/power/pm_qos_resume_latency_us") == "0"
+    assert state.isolation.originals["irq/24"] == "0-7" and "irq/26" not in state.isolation.originals
+    assert keeper.report(state.workload("a")).done == ("irqs", "idle")
+    released = step(keeper, state.without_workload("a"))
+    assert snapshot(root) == before and not released.isolation
+
+
+def test_idle_falls_back_to_disabling_deep_cpuidle_states(tmp_path):
+    root = machine(tmp_path, pm_qos=False, cpuidle=True)
+    before = snapshot(root)
+    keeper = IsolationKeeper(ProcSysKnobs(root / "proc", root / "sys", latency_us=10))
+    state = step(keeper, AgentState().with_workload(workload("a", "4", "idle")))
+    assert [read(root, f"{CPU}/cpu4/cpuidle/state{s}/disable") for s in range(3)] == ["0", "0", "1"]
+    assert read(root, f"{CPU}/cpu5/cpuidle/state2/disable") == "0"
+    step(keeper, state.without_workload("a"))
+    assert snapshot(root) == before
+
+
+def test_freq_sets_the_performance_governor_or_raises_the_minimum(tmp_path):
+    for governors, rel, held in (("powersave performance", "scaling_governor", "performance"),
+                                 ("powersave", "scaling_min_freq", "3000000")):
+        root = machine(tmp_path / rel, governors=governors)
+        before = snapshot(root)
+        keeper = IsolationKeeper(knobs(root))
+        state = step(keeper, AgentState().with_workload(workload("a", "5", "freq")))
+        assert read(root, f"{CPU}/cpufreq/policy4/{rel}") == held
+        assert read(root, f"{CPU}/cpufreq/policy0/{rel}") != held
+        step(keeper, state.without_workload("a"))
+        assert snapshot(root) == before
+
+
+def test_a_missing_knob_is_said_not_failed(tmp_path):
+    root = machine(tmp_path)  # no cpufreq/
+    keeper = IsolationKeeper(knobs(root))
+    state = step(keeper, AgentState().with_workload(workload("a", "4", "irqs", "freq")))
+    report = keeper.report(state.workload("a"))
+    assert report.done == ("irqs",) and report.not_done == ("freq: not available on this machine",)
+    assert report.failed() == report.not_done  # what --isolate-strict refuses for
+
+
+def test_restore_after_a_crash_by_a_new_keeper_from_the_checkpointed_ledger(tmp_path):
+    root = machine(tmp_path)
+    before = snapshot(root)
+    held = step(IsolationKeeper(knobs(root)), AgentState().with_workload(workload("a", "4-5")))
+    # The agent was killed; the workload exited meanwhile; a new agent loads the checkpoint.
+    loaded = AgentState.from_json(held.to_json()).without_workload("a")
+    restored = step(IsolationKeeper(knobs(root)), loaded)
+    assert snapshot(root) == before and not restored.isolation
+
+
+def test_write_ahead_nothing_is_written_before_its_original_is_recorded(tmp_path):
+    root = machine(tmp_path)
+    before = snapshot(root)
+    keeper = IsolationKeeper(knobs(root))
+    keeper.enforce(AgentState().with_workload(workload("a", "4-5")))  # prepare never ran
+    assert snapshot(root) == before
+
+
+def test_two_workloads_sharing_an_irq_never_fight(tmp_path):
+    root = machine(tmp_path)
+    before = snapshot(root)
+    keeper = IsolationKeeper(knobs(root))
+    state = step(keeper, AgentState().with_workload(workload("a", "4-5")))
+    state = step(keeper, state.with_workload(workload("b", "6")))
+    assert read(root, "proc/irq/24/smp_affinity_list") == "0-3,7"
+    assert state.isolation.originals["irq/24"] == "0-7"  # the first holder's view, not a's result
+    state = step(keeper, state.without_workload("a"))
+    assert read(root, "proc/irq/24/smp_affinity_list") == "0-5,7"  # b still holds its CPU
+    state = step(keeper, state.without_workload("b"))
+    assert snapshot(root) == before and not state.isolation
+
+
+def test_managed_interrupts_are_listed_as_not_movable_not_errors(tmp_path):
+    root = machine(tmp_path)
+    keeper = IsolationKeeper(Failing(root, {"irq/25": errno.EIO}))
+    state = step(keeper, AgentState().with_workload(workload("a", "4-5", "irqs")))
+    report = keeper.report(state.workload("a"))
+    assert "irq 25: kernel-managed, not movable" in report.not_done and report.failed() == ()
+    assert "irq/25" not in state.isolation.originals and keeper.failures == {}
+    assert keeper.status(state)["not_movable"] == ["irq/25"]
+    assert read(root, "proc/irq/24/smp_affinity_list") == "0-3,6-7"
+
+
+def test_without_root_the_writes_are_said_and_nothing_is_kept(tmp_path):
+    root = machine(tmp_path)
+    keeper = IsolationKeeper(Failing(root, {"irq/24": errno.EACCES, "cpu/4/pm_qos": errno.EACCES}))
+    state = step(keeper, AgentState().with_workload(workload("a", "4")))
+    report = keeper.report(state.workload("a"))
+    assert "irq/24: Permission denied" in report.failed() and "cpu/4/pm_qos: Permission denied" in report.failed()
+    assert "irq/24" not in state.isolation.originals  # never changed: nothing to restore
+    assert "irq/25" in state.isolation.originals
+
+
+def test_a_failed_restore_stays_recorded_and_reported_until_a_retry_works(tmp_path):
+    root = machine(tmp_path)
+    before = snapshot(root)
+    files = Failing(root, {})
+    keeper = IsolationKeeper(files)
+    state = step(keeper, AgentState().with_workload(workload("a", "4")))
+    files.fail = {"irq/24": errno.EBUSY}
+    state = step(keeper, state.without_workload("a"))
+    assert state.isolation.originals == {"irq/24": "0-7"}
+    assert keeper.status(state)["restore_failures"] == [
+        {"knob": "irq/24", "original": "0-7", "error": "Device or resource busy"}]
+    assert keeper.knob_counts(state) == {("irqs", "restore_failed"): 1}
+    files.fail = {}
+    state = keeper.enforce(state)
+    assert snapshot(root) == before and not state.isolation and keeper.status(state)["restore_failures"] == []
+
+
+def test_a_shared_workload_isolates_nothing(tmp_path):
+    root = machine(tmp_path)
+    before = snapshot(root)
+    step(IsolationKeeper(knobs(root)), AgentState().with_workload(workload("a", "", shared=True)))
+    assert snapshot(root) == before
+
+
+def test_the_simulated_knobs_never_write_the_tree(tmp_path):
+    root = machine(tmp_path)
+    before = snapshot(root)
+    files = SimulatedKnobs(root / "proc", root / "sys")
+    keeper = IsolationKeeper(files)
+    state = step(keeper, AgentState().with_workload(workload("a", "4-5")))
+    assert files.read("irq/24") == "0-3,6-7" and snapshot(root) == before
+    step(keeper, state.without_workload("a"))
+    assert files.read("irq/24") == "0-7"
+
+
+def test_a_commit_that_changes_no_holding_reads_and_writes_nothing(tmp_path):
+    root = machine(tmp_path)
+
+    class Counting(ProcSysKnobs):
+        calls = 0
+
+        def read(self, key):
+            Counting.calls += 1
+            return super().read(key)
+
+    keeper = IsolationKeeper(Counting(root / "proc", root / "sys"))
+    state = step(keeper, AgentState().with_workload(workload("a", "4-5")))
+    Counting.calls = 0
+    plain = Workload(name="b", owner_uid=0, booking=Booking(cpus=CpuSet.parse("6")))
+    assert step(keeper, state.with_workload(plain)).isolation == state.isolation
+    assert Counting.calls == 0
+    step(keeper, state.with_workload(workload("c", "6")))  # a new holder: planned and written
+    assert Counting.calls > 0 and read(root, "proc/irq/24/smp_affinity_list") == "0-3,7"
