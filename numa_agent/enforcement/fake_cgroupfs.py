@@ -41,11 +41,17 @@ The emulation follows the kernel's rules that the agent depends on
   them, else a sidecar file `.xattr.<name>` in the directory (a regular file:
   never listed as a cgroup, removed by rmdir like the interface files).
 
-Like the kernel, a write costs what it changes: effective cpusets are
+Like the kernel, a write costs what it changes, not what the tree holds.
+The effective file of a cgroup that asks for nothing (no request of its own,
+no partition carved out of it) is a symbolic link to its parent's, so it
+reads as the parent's value whatever that becomes: a shared pool's change
+writes the pool's files and those of the children with requests of their
+own (an index per cgroup names them), never one per inheriting child. Effective cpusets are
 recomputed below the written cgroup only, down to where they come out
 unchanged, and `populated` from the moved process's cgroups up to where it
-stays as it was; nothing walks the whole tree but the first use of an
-instance (which reads where every process is) and `recompute`.
+stays as it was, from a count of populated children per cgroup; nothing
+walks the whole tree but the first use of an instance (which reads where
+every process is, and recomputes every effective file) and `recompute`.
 """
 
 from __future__ import annotations
@@ -57,6 +63,7 @@ import logging
 import os
 import select
 import threading
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Collection, Iterable, Iterator
 
@@ -145,6 +152,10 @@ class FakeCgroupfs:
         self._by_fd: dict[int, int] = {}             # pidfd -> pid
         self._unfollowed: set[int] = set()           # listed, but no pidfd could be had
         self._epoll: select.epoll | None = None      # readable when a followed process exited
+        # cgroup -> how many of its children are populated (kept with `_where`)
+        self._populated_kids: dict[Path, int] = {}
+        # cgroup -> its children that do not follow it by link (see _Dependents)
+        self._deps: dict[Path, _Dependents] | None = None
 
     # ---- entry points used by the driver (CgroupFiles) ---------------------
     def read(self, file: Path) -> bytes:
@@ -161,8 +172,13 @@ class FakeCgroupfs:
             enabled = _words(_get(cgroup_dir.parent / "cgroup.subtree_control"))
             self._write_core_files(cgroup_dir, enabled)
             self._write_controller_files(cgroup_dir, enabled)
-            # A new cgroup asks for nothing: it gets what its parent hands down.
-            self._settle(cgroup_dir, None, self._given(cgroup_dir))
+            if _has_cpuset(cgroup_dir):
+                self._dependents()
+                # A new cgroup asks for nothing: it gets what its parent hands down.
+                self._settle(cgroup_dir, None, self._given(cgroup_dir))
+                if cgroup_dir.parent != self.root:
+                    # Its parent has a child to hand changes down to now.
+                    self._note(cgroup_dir.parent, interior=True)
 
     def rmdir(self, cgroup_dir: Path) -> None:
         with self._lock:
@@ -176,9 +192,12 @@ class FakeCgroupfs:
                 for entry in cgroup_dir.iterdir():
                     entry.unlink()
                 os.rmdir(cgroup_dir)
+                self._forget(cgroup_dir)
+                self._populated_kids.pop(cgroup_dir, None)  # none: it had no children
 
             if cgroup_dir != self.root and _is_partition(cgroup_dir):
                 # A removed partition hands its CPUs back to its parent.
+                self._dependents()
                 self._recarve(cgroup_dir.parent, remove)
             else:
                 remove()
@@ -407,13 +426,16 @@ class FakeCgroupfs:
                 enabled.discard(name)
         if enabled == before:
             return  # nothing changes for the children
+        self._dependents()
         ordered = _ordered(enabled)
         _put(file, " ".join(ordered))
         for child in _child_dirs(cgroup_dir):
-            had_cpuset = _has_cpuset(child)
             self._write_controller_files(child, ordered)
-            if _has_cpuset(child) and not had_cpuset:
-                self._settle(child, None, self._given(child))
+        if ("cpuset" in enabled) != ("cpuset" in before):
+            # The children gain or lose their cpuset files (and a partition
+            # child its carving): recompute below, then what its parent sees.
+            self._settle_below(cgroup_dir, None, self._available(cgroup_dir), _requested(cgroup_dir))
+            self._note(cgroup_dir)
 
     def _move_pid(self, target: Path, text: str) -> None:
         file = target / "cgroup.procs"
@@ -464,6 +486,7 @@ class FakeCgroupfs:
         file = cgroup_dir / "cpuset.cpus.partition"
         if text not in ("root", "isolated", "member"):
             raise _oserror(errno.EINVAL, file)
+        self._dependents()
         if text == "member":
             value = "member"
         else:
@@ -473,7 +496,7 @@ class FakeCgroupfs:
             _put(file, value)  # what the root is given does not depend on it
             return
         if _is_partition(cgroup_dir) or value in _PARTITION_TYPES:
-            self._recarve(cgroup_dir.parent, lambda: _put(file, value))
+            self._recarve(cgroup_dir.parent, lambda: _put(file, value), changed=cgroup_dir)
         else:
             _put(file, value)
 
@@ -493,7 +516,8 @@ class FakeCgroupfs:
         if parent_state not in _PARTITION_TYPES and not exclusive:
             return "Parent is not a partition root"
         wanted = exclusive or cpus
-        for sibling in _child_dirs(cgroup_dir.parent):
+        # A sibling not among the dependents asks for no CPUs: it cannot clash.
+        for sibling in sorted(self._deps_of(cgroup_dir.parent).cpus):
             if sibling == cgroup_dir:
                 continue
             theirs = CpuSet.parse(_get(sibling / "cpuset.cpus"))
@@ -507,12 +531,65 @@ class FakeCgroupfs:
     # Its cpuset.*.effective is that less the CPUs of its valid partition
     # children. A non-partition child is handed its parent's effective sets; a
     # partition child its own partition CPUs within the parent's available.
-    # A write recomputes only below the cgroup it changed, and stops wherever
-    # a child's available sets come out as they were.
+    #
+    # A child that asks for nothing is handed exactly its parent's effective
+    # value: its effective file is then a symbolic link to its parent's, so it
+    # follows every change of the parent as the kernel's would, and nothing
+    # writes it (a pool's thousand inheriting workloads cost nothing when the
+    # pool changes). Only the children that do not simply follow (a request
+    # of their own, a partition, children of their own) are looked at, from an
+    # index of them per cgroup (`_Dependents`), and a write recomputes below
+    # the cgroup it changed down to where a child comes out unchanged.
     def recompute(self) -> None:
-        """Recompute every effective cpuset from the requested ones."""
+        """Recompute every effective cpuset from the requested ones (and the
+        index of dependents) over the whole tree."""
         with self._lock:
+            self._deps = {}
             self._settle(self.root, None, self._given(self.root))
+
+    def _dependents(self) -> dict[Path, _Dependents]:
+        """The index of dependents, built with a whole recompute on an
+        instance's first change to the tree (which also turns the effective
+        files of a tree written by an older agent into links)."""
+        if self._deps is None:
+            self.recompute()
+        assert self._deps is not None
+        return self._deps
+
+    def _deps_of(self, cgroup_dir: Path) -> _Dependents:
+        deps = self._dependents()
+        found = deps.get(cgroup_dir)
+        if found is None:
+            found = deps[cgroup_dir] = _Dependents()
+        return found
+
+    def _note(self, kid: Path, requested: _Sets | None = None, interior: bool | None = None) -> None:
+        """Record what the parent of `kid` must look at on its behalf when
+        what it hands down changes. `interior`: `kid` has cpuset children
+        (None: look)."""
+        if kid == self.root or not _has_cpuset(kid):
+            return
+        requested = _requested(kid) if requested is None else requested
+        if interior is None:
+            interior = "cpuset" in _words(_get(kid / "cgroup.subtree_control")) and _has_child_dirs(kid)
+        partition = _is_partition(kid)
+        deps = self._deps_of(kid.parent)
+        _mark(deps.parts, kid, partition)
+        _mark(deps.cpus, kid, partition or bool(requested[0]) or interior)
+        _mark(deps.mems, kid, bool(requested[1]) or interior)
+
+    def _forget(self, cgroup_dir: Path) -> None:
+        if self._deps is None:
+            return
+        self._deps.pop(cgroup_dir, None)
+        deps = self._deps.get(cgroup_dir.parent)
+        if deps is not None:
+            for kids in (deps.parts, deps.cpus, deps.mems):
+                kids.discard(cgroup_dir)
+
+    def _parts(self, cgroup_dir: Path) -> dict[Path, CpuSet]:
+        """The valid partition children and their CPUs."""
+        return {kid: _partition_cpus(kid) for kid in sorted(self._deps_of(cgroup_dir).parts)}
 
     def _given(self, cgroup_dir: Path) -> _Sets:
         """What the parent hands `cgroup_dir` now, from its ancestors only."""
@@ -528,6 +605,7 @@ class FakeCgroupfs:
 
     def _write_request(self, cgroup_dir: Path, mutate: Callable[[], None], carving: bool) -> None:
         """Write one of the cgroup's requests and recompute what it changes."""
+        self._dependents()
         if carving:
             # A partition's CPUs are carved out of its parent: all its siblings may change.
             self._recarve(cgroup_dir.parent, mutate, changed=cgroup_dir)
@@ -535,27 +613,32 @@ class FakeCgroupfs:
         given = self._given(cgroup_dir)  # its own request does not change what it is handed
         before = _narrow(_requested(cgroup_dir), given)
         mutate()
-        after = _narrow(_requested(cgroup_dir), given)
-        if after != before:
-            self._settle_below(cgroup_dir, before, after)
+        requested = _requested(cgroup_dir)
+        self._note(cgroup_dir, requested)
+        # Even when its sets come out the same: whether it follows its parent may have changed.
+        self._settle_below(cgroup_dir, before, _narrow(requested, given), requested)
 
     def _recarve(self, parent: Path, mutate: Callable[[], None], changed: Path | None = None) -> None:
         """`mutate` changes which CPUs the children of `parent` carve out of it
-        (and possibly the request of the child `changed`)."""
+        (and possibly the request or the partition state of the child `changed`)."""
         available = self._available(parent)
-        old_parts = _partitions(parent)
+        old_parts = self._parts(parent)
         old_changed = self._available(changed) if changed is not None else None
         mutate()
-        new_parts = _partitions(parent)
+        if changed is not None:
+            self._note(changed)
+        new_parts = self._parts(parent)
         old_carved, new_carved = _carved(available, old_parts), _carved(available, new_parts)
-        _put_effective(parent, available, new_carved)
-        for kid in _child_dirs(parent):
+        self._put_effective(parent, available, new_carved, (available[0] - old_carved, available[1]))
+        # What the others are handed changes with the carving only: the
+        # children that follow by link need no look.
+        kids = self._deps_of(parent).cpus | old_parts.keys() | ({changed} if changed is not None else set())
+        for kid in sorted(kids):
             new = _handed(available, new_carved, new_parts, kid)
             if kid == changed:
-                after = _narrow(_requested(kid), new)
-                if after != old_changed:
-                    self._settle_below(kid, old_changed, after)
-            else:
+                requested = _requested(kid)
+                self._settle_below(kid, old_changed, _narrow(requested, new), requested)
+            elif kid.is_dir():
                 self._settle(kid, _handed(available, old_carved, old_parts, kid), new)
 
     def _settle(self, cgroup_dir: Path, old_given: _Sets | None, new_given: _Sets) -> None:
@@ -567,50 +650,89 @@ class FakeCgroupfs:
         before = _narrow(requested, old_given) if old_given is not None else None
         after = _narrow(requested, new_given)
         if before != after:
-            self._settle_below(cgroup_dir, before, after)
+            self._settle_below(cgroup_dir, before, after, requested)
 
-    def _settle_below(self, cgroup_dir: Path, before: _Sets | None, after: _Sets) -> None:
-        """The available sets of `cgroup_dir` became `after`: its effective
-        files, then its children."""
-        # Children have cpuset files only when this cgroup enables cpuset for them.
-        kids = _child_dirs(cgroup_dir) if "cpuset" in _words(
-            _get(cgroup_dir / "cgroup.subtree_control")) else []
-        parts = _partitions(cgroup_dir, kids)
+    def _settle_below(self, cgroup_dir: Path, before: _Sets | None, after: _Sets,
+                      requested: _Sets) -> None:
+        """The available sets of `cgroup_dir` became `after` (from `before`;
+        None: unknown, recompute it and everything below it): its effective
+        files, then the children that do not follow it by link."""
+        kids: set[Path] = set(self._index_children(cgroup_dir)) if before is None else set()
+        parts = self._parts(cgroup_dir)
         carved_after = _carved(after, parts)
         carved_before = _carved(before, parts) if before is not None else CpuSet()
-        _put_effective(cgroup_dir, after, carved_after,
-                       (before[0] - carved_before, before[1]) if before is not None else None)
-        for kid in kids:
+        self._put_effective(cgroup_dir, after, carved_after,
+                            (before[0] - carved_before, before[1]) if before is not None else None,
+                            requested)
+        if before is not None:
+            deps = self._deps_of(cgroup_dir)
+            if before[0] != after[0] or carved_before != carved_after:
+                kids |= deps.cpus
+            if before[1] != after[1]:
+                kids |= deps.mems
+        for kid in sorted(kids):
             old = _handed(before, carved_before, parts, kid) if before is not None else None
             self._settle(kid, old, _handed(after, carved_after, parts, kid))
+
+    def _index_children(self, cgroup_dir: Path) -> list[Path]:
+        """List the cpuset children of `cgroup_dir` and index them afresh."""
+        deps = self._dependents()
+        deps[cgroup_dir] = _Dependents()
+        # Children have cpuset files only when this cgroup enables cpuset for them.
+        if "cpuset" not in _words(_get(cgroup_dir / "cgroup.subtree_control")):
+            return []
+        kids = [kid for kid in _child_dirs(cgroup_dir) if _has_cpuset(kid)]
+        for kid in kids:
+            self._note(kid)
+        return kids
+
+    def _put_effective(self, cgroup_dir: Path, available: _Sets, carved: CpuSet,
+                       before: _Sets | None = None, requested: _Sets | None = None) -> None:
+        """Write the effective files: a link to the parent's where the
+        cgroup is handed the parent's value as it is, else the value (only
+        where it changed, when `before`, the effective sets as they were, is
+        known)."""
+        follows = (False, False)
+        if cgroup_dir != self.root:
+            requested = _requested(cgroup_dir) if requested is None else requested
+            plain = not _is_partition(cgroup_dir) and not self._deps_of(cgroup_dir).parts
+            follows = (plain and not requested[0], not requested[1])
+        cpus = available[0] - carved
+        _put_derived(cgroup_dir / "cpuset.cpus.effective", cpus.bits, follows[0],
+                     before is None or cpus != before[0])
+        _put_derived(cgroup_dir / "cpuset.mems.effective", available[1].bits, follows[1],
+                     before is None or available[1] != before[1])
 
     # ---- derived state: populated ---------------------------------------------
     def _populated_changed(self, start: Path) -> None:
         """The processes of `start` changed: rewrite `cgroup.events` of it and
         of each ancestor whose populated flag flips, and no further (an
         unchanged flag leaves every ancestor's as it was)."""
+        counts = self._populated_kids
         cgroup_dir = start
-        child_now: bool | None = None
         while True:
-            # A child that became populated makes its parent so without a look.
-            now = True if child_now else (bool(_procs(cgroup_dir)) or any(
-                _is_populated(kid) for kid in _iter_child_dirs(cgroup_dir)))
+            # As the kernel does: a count of populated children, not a look at each.
+            now = counts.get(cgroup_dir, 0) > 0 or bool(_procs(cgroup_dir))
             if now == _is_populated(cgroup_dir):
                 return
             _put_events(cgroup_dir, now)
             if cgroup_dir == self.root:
                 return
-            cgroup_dir, child_now = cgroup_dir.parent, now
+            cgroup_dir = cgroup_dir.parent
+            counts[cgroup_dir] = counts.get(cgroup_dir, 0) + (1 if now else -1)
 
     def refresh_populated(self) -> None:
         """Every `cgroup.events` from the processes listed (a tree written
         behind the fake's back): the whole tree, once."""
         with self._lock:
+            self._populated_kids = {}
             self._refresh_populated(self.root)
 
     def _refresh_populated(self, cgroup_dir: Path) -> bool:
-        kids = [self._refresh_populated(kid) for kid in _child_dirs(cgroup_dir)]
-        now = bool(_procs(cgroup_dir)) or any(kids)
+        kids = sum(self._refresh_populated(kid) for kid in _child_dirs(cgroup_dir))
+        if kids:
+            self._populated_kids[cgroup_dir] = kids
+        now = bool(_procs(cgroup_dir)) or kids > 0
         if now != _is_populated(cgroup_dir):
             _put_events(cgroup_dir, now)
         return now
@@ -620,7 +742,8 @@ class FakeCgroupfs:
         # and no child domain holding processes.
         if set(_words(_get(cgroup_dir / "cgroup.subtree_control"))) - _THREADED:
             return False
-        return not any(_is_populated(kid) for kid in _iter_child_dirs(cgroup_dir))
+        self._index()
+        return not self._populated_kids.get(cgroup_dir, 0)
 
     def _all_cgroups(self) -> list[Path]:
         return _subtree(self.root)
@@ -670,6 +793,24 @@ class FakeCgroupfs:
 
 # ---- small file helpers (fake tree only) ----------------------------------------
 _Sets = tuple[CpuSet, CpuSet]  # (cpus, memory nodes)
+
+
+@dataclass
+class _Dependents:
+    """The children of one cgroup that do not simply follow it by link, so
+    must be looked at when what it hands down changes. A superset does no
+    harm (a child found unchanged costs a look); a missing one would."""
+
+    cpus: set[Path] = field(default_factory=set)   # when the CPUs it hands down change
+    mems: set[Path] = field(default_factory=set)   # when the memory nodes do
+    parts: set[Path] = field(default_factory=set)  # its valid partition children
+
+
+def _mark(kids: set[Path], kid: Path, member: bool) -> None:
+    if member:
+        kids.add(kid)
+    else:
+        kids.discard(kid)
 
 
 def _get(file: Path) -> str:
@@ -768,12 +909,6 @@ def _narrow(requested: _Sets, given: _Sets) -> _Sets:
     return (requested[0] & given[0]) or given[0], (requested[1] & given[1]) or given[1]
 
 
-def _partitions(cgroup_dir: Path, kids: list[Path] | None = None) -> dict[Path, CpuSet]:
-    """The valid partition children and their CPUs."""
-    kids = _child_dirs(cgroup_dir) if kids is None else kids
-    return {kid: _partition_cpus(kid) for kid in kids if _is_partition(kid)}
-
-
 def _carved(available: _Sets | None, parts: dict[Path, CpuSet]) -> CpuSet:
     if available is None:
         return CpuSet()
@@ -787,15 +922,22 @@ def _handed(available: _Sets, carved: CpuSet, parts: dict[Path, CpuSet], kid: Pa
     return available[0] - carved, available[1]
 
 
-def _put_effective(cgroup_dir: Path, available: _Sets, carved: CpuSet,
-                   before: tuple[CpuSet, CpuSet] | None = None) -> None:
-    """Write the effective files; only those that change when `before`
-    (the effective cpus and mems as they were) is known."""
-    cpus = available[0] - carved
-    if before is None or cpus != before[0]:
-        _put(cgroup_dir / "cpuset.cpus.effective", _format(cpus.bits))
-    if before is None or available[1] != before[1]:
-        _put(cgroup_dir / "cpuset.mems.effective", _format(available[1].bits))
+def _put_derived(file: Path, bits: int, follows: bool, changed: bool) -> None:
+    """An effective file: a link to the same file of the parent when
+    `follows`, else its value (written when `changed`, or when it was a link)."""
+    if follows:
+        if not os.path.islink(file):
+            # Replaced in one step: a reader never finds the file missing.
+            temporary = file.with_name(f".{file.name}.link")
+            temporary.unlink(missing_ok=True)
+            os.symlink(f"../{file.name}", temporary)
+            os.replace(temporary, file)
+        return
+    if os.path.islink(file):
+        os.unlink(file)  # never written through: that would be the parent's file
+        changed = True
+    if changed:
+        _put(file, _format(bits))
 
 
 @functools.lru_cache(maxsize=256)

@@ -11,6 +11,7 @@ import subprocess
 import pytest
 
 from numa_agent.core.cpuset import CpuSet
+from numa_agent.core.hints import NumaMask
 from numa_agent.enforcement import fake_cgroupfs
 from numa_agent.enforcement.cgroup import CgroupV2
 from numa_agent.enforcement.enforcer import CgroupEnforcer
@@ -229,3 +230,92 @@ def test_the_enforcer_reports_an_exit_from_the_backend(fake_root):
         assert enforcer.mode == "simulated"
     finally:
         enforcer.close()
+
+
+# ---- inheriting children follow by link -------------------------------------------------
+def _file_ops(monkeypatch):
+    """Counts of the fake's reads and writes of interface files."""
+    counts = {"get": 0, "put": 0}
+    for name, key in (("_get", "get"), ("_put", "put")):
+        real = getattr(fake_cgroupfs, name)
+
+        def spy(*args, _real=real, _key=key):
+            counts[_key] += 1
+            return _real(*args)
+
+        monkeypatch.setattr(fake_cgroupfs, name, spy)
+    return counts
+
+
+def _pool_write(root, followers, monkeypatch):
+    """A pool with `followers` inheriting children and one bound child:
+    write the pool's CPUs, return the file operations that took."""
+    cg = CgroupV2(root, FakeCgroupfs(root))
+    cg.enable_controllers("", ["cpuset"])
+    cg.create("shared")
+    cg.enable_controllers("shared", ["cpuset"])
+    cg.write_cpuset("shared", CpuSet.parse("4-15"), [0, 1])
+    for i in range(followers):
+        cg.create(f"shared/s{i}")
+        cg.write_cpuset_inherited(f"shared/s{i}", [0, 1])
+    cg.create("shared/bound")
+    cg.write_cpuset("shared/bound", CpuSet.parse("8-15"), [1])
+    with monkeypatch.context() as patch:
+        counts = _file_ops(patch)
+        cg.write_cpuset("shared", CpuSet.parse("6-15"), [0, 1])
+    assert all(eff(root, f"shared/s{i}") == "6-15" for i in range(followers))
+    assert eff(root, "shared/bound") == "8-15"
+    cg.write_cpuset("shared", CpuSet.parse("4-5"), [0])
+    assert cg.read_effective(f"shared/s{followers - 1}") == (CpuSet.parse("4-5"), NumaMask([0]))
+    assert eff(root, "shared/bound") == "4-5"  # disjoint: all of the parent's
+    return counts
+
+
+def test_a_pool_write_costs_the_same_whatever_number_of_children_inherit_it(tmp_path, monkeypatch):
+    few, many = (_pool_write(make_fake_cgroup_root(tmp_path / str(n), CpuSet.parse("0-15"), [0, 1]),
+                             n, monkeypatch) for n in (4, 40))
+    assert few == many
+
+
+def test_a_child_that_asks_for_its_own_cpus_stops_following(cg, wide):
+    cg.write_cpuset("shared/a", CpuSet.parse("10-15"), [0, 1])  # the very set it had
+    cg.write_cpuset("shared", CpuSet.parse("12-15"), [0, 1])
+    assert eff(wide, "shared/a") == eff(wide, "shared/a/deep") == "12-15"
+    cg.write_cpuset("shared", CpuSet.parse("0-15"), [0, 1])
+    assert eff(wide, "shared/a") == eff(wide, "shared/a/deep") == "10-15"
+    cg._write(cg.path("shared/a") / "cpuset.cpus", "\n")  # inherits again
+    assert eff(wide, "shared/a") == eff(wide, "shared/a/deep") == "0-15"
+    cg.write_cpuset("shared", CpuSet.parse("1-2"), [0])
+    assert eff(wide, "shared/a/deep") == "1-2"
+
+
+def test_a_tree_of_plain_effective_files_is_taken_over_on_the_first_change(cg, wide):
+    # As an older agent left it: each inheriting child's effective file a file of its own.
+    for rel in ("shared/a", "shared/a/deep"):
+        file = wide / rel / "cpuset.cpus.effective"
+        text = file.read_text()
+        file.unlink()
+        file.write_text(text)
+    later = FakeCgroupfs(wide)
+    try:
+        later.write(wide / "shared" / "cpuset.cpus", "11-13")
+        assert eff(wide, "shared/a") == eff(wide, "shared/a/deep") == "11-13"
+    finally:
+        later.close()
+
+
+def test_emptying_one_of_many_populated_siblings_lists_none_of_them(cg, fake_root, sleepers, listed):
+    cg.create("shared")
+    procs = []
+    for i in range(6):
+        cg.create(f"shared/s{i}")
+        procs.append(sleepers())
+        cg.move_pid(f"shared/s{i}", procs[-1].pid)
+    cg.create("other")
+    listed.clear()
+    cg.move_pid("other", procs[0].pid)
+    assert events(fake_root, "shared/s0") == "populated 0" and events(fake_root, "shared") == "populated 1"
+    assert fake_root / "shared" not in listed
+    for i in range(1, 6):
+        cg.move_pid("other", procs[i].pid)
+    assert events(fake_root, "shared") == "populated 0" and events(fake_root) == "populated 1"
