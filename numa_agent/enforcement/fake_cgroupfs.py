@@ -168,17 +168,16 @@ class FakeCgroupfs:
 
     def mkdir(self, cgroup_dir: Path) -> None:
         with self._lock:
+            self._dependents()  # of the tree without it
             os.mkdir(cgroup_dir)
             enabled = _words(_get(cgroup_dir.parent / "cgroup.subtree_control"))
             self._write_core_files(cgroup_dir, enabled)
             self._write_controller_files(cgroup_dir, enabled)
             if _has_cpuset(cgroup_dir):
-                self._dependents()
                 # A new cgroup asks for nothing: it gets what its parent hands down.
                 self._settle(cgroup_dir, None, self._given(cgroup_dir))
-                if cgroup_dir.parent != self.root:
-                    # Its parent has a child to hand changes down to now.
-                    self._note(cgroup_dir.parent, interior=True)
+                self._deps_of(cgroup_dir.parent).children += 1
+                self._note(cgroup_dir.parent)  # it has a child to hand changes down to now
 
     def rmdir(self, cgroup_dir: Path) -> None:
         with self._lock:
@@ -188,11 +187,13 @@ class FakeCgroupfs:
             if _has_child_dirs(cgroup_dir) or _procs(cgroup_dir):
                 raise _oserror(errno.EBUSY, cgroup_dir)
 
+            counted = _has_cpuset(cgroup_dir)
+
             def remove() -> None:
                 for entry in cgroup_dir.iterdir():
                     entry.unlink()
                 os.rmdir(cgroup_dir)
-                self._forget(cgroup_dir)
+                self._forget(cgroup_dir, counted)
                 self._populated_kids.pop(cgroup_dir, None)  # none: it had no children
 
             if cgroup_dir != self.root and _is_partition(cgroup_dir):
@@ -563,29 +564,30 @@ class FakeCgroupfs:
             found = deps[cgroup_dir] = _Dependents()
         return found
 
-    def _note(self, kid: Path, requested: _Sets | None = None, interior: bool | None = None) -> None:
+    def _note(self, kid: Path, requested: _Sets | None = None) -> None:
         """Record what the parent of `kid` must look at on its behalf when
-        what it hands down changes. `interior`: `kid` has cpuset children
-        (None: look)."""
+        what it hands down changes."""
         if kid == self.root or not _has_cpuset(kid):
             return
         requested = _requested(kid) if requested is None else requested
-        if interior is None:
-            interior = "cpuset" in _words(_get(kid / "cgroup.subtree_control")) and _has_child_dirs(kid)
+        interior = self._deps_of(kid).children > 0
         partition = _is_partition(kid)
         deps = self._deps_of(kid.parent)
         _mark(deps.parts, kid, partition)
         _mark(deps.cpus, kid, partition or bool(requested[0]) or interior)
         _mark(deps.mems, kid, bool(requested[1]) or interior)
 
-    def _forget(self, cgroup_dir: Path) -> None:
+    def _forget(self, cgroup_dir: Path, counted: bool) -> None:
+        """`cgroup_dir` is gone (`counted`: it was a cpuset child)."""
         if self._deps is None:
             return
         self._deps.pop(cgroup_dir, None)
-        deps = self._deps.get(cgroup_dir.parent)
-        if deps is not None:
-            for kids in (deps.parts, deps.cpus, deps.mems):
-                kids.discard(cgroup_dir)
+        deps = self._deps_of(cgroup_dir.parent)
+        for kids in (deps.parts, deps.cpus, deps.mems):
+            kids.discard(cgroup_dir)
+        if counted:
+            deps.children -= 1
+            self._note(cgroup_dir.parent)
 
     def _parts(self, cgroup_dir: Path) -> dict[Path, CpuSet]:
         """The valid partition children and their CPUs."""
@@ -676,14 +678,13 @@ class FakeCgroupfs:
 
     def _index_children(self, cgroup_dir: Path) -> list[Path]:
         """List the cpuset children of `cgroup_dir` and index them afresh."""
-        deps = self._dependents()
-        deps[cgroup_dir] = _Dependents()
         # Children have cpuset files only when this cgroup enables cpuset for them.
-        if "cpuset" not in _words(_get(cgroup_dir / "cgroup.subtree_control")):
-            return []
-        kids = [kid for kid in _child_dirs(cgroup_dir) if _has_cpuset(kid)]
+        kids = [kid for kid in _child_dirs(cgroup_dir) if _has_cpuset(kid)] if "cpuset" in _words(
+            _get(cgroup_dir / "cgroup.subtree_control")) else []
+        self._dependents()[cgroup_dir] = _Dependents(children=len(kids))
         for kid in kids:
             self._note(kid)
+        self._note(cgroup_dir)  # noted by its parent before its children were counted
         return kids
 
     def _put_effective(self, cgroup_dir: Path, available: _Sets, carved: CpuSet,
@@ -804,6 +805,7 @@ class _Dependents:
     cpus: set[Path] = field(default_factory=set)   # when the CPUs it hands down change
     mems: set[Path] = field(default_factory=set)   # when the memory nodes do
     parts: set[Path] = field(default_factory=set)  # its valid partition children
+    children: int = 0  # how many cpuset children it has (one that has any is looked at)
 
 
 def _mark(kids: set[Path], kid: Path, member: bool) -> None:

@@ -289,6 +289,18 @@ def test_a_child_that_asks_for_its_own_cpus_stops_following(cg, wide):
     assert eff(wide, "shared/a/deep") == "1-2"
 
 
+def test_a_request_below_an_inheriting_cgroup_is_recomputed(cg, wide):
+    # shared/a inherits (a link), but its child asks for CPUs of its own.
+    cg.write_cpuset("shared/a/deep", CpuSet.parse("12-13"), [0])
+    cg.write_cpuset("shared", CpuSet.parse("13-15"), [0, 1])
+    assert eff(wide, "shared/a") == "13-15" and eff(wide, "shared/a/deep") == "13"
+    cg.write_cpuset("", CpuSet.parse("0-12"), [0, 1])  # the root: shared's request is disjoint now
+    assert eff(wide, "shared/a") == "0-12" and eff(wide, "shared/a/deep") == "12"
+    cg.remove("shared/a/deep")
+    cg.write_cpuset("", CpuSet.parse("0-15"), [0, 1])
+    assert eff(wide, "shared/a") == "13-15"
+
+
 def test_a_tree_of_plain_effective_files_is_taken_over_on_the_first_change(cg, wide):
     # As an older agent left it: each inheriting child's effective file a file of its own.
     for rel in ("shared/a", "shared/a/deep"):

@@ -63,6 +63,7 @@ def _apply(fake: FakeCgroupfs, made: list[Path], op: tuple) -> None:
     cgroup = made[index % len(made)]
     if kind == "mkdir":
         if len(cgroup.relative_to(made[0]).parts) < 3:
+            fake.write(cgroup / "cgroup.subtree_control", "+cpuset")  # mostly children with cpusets
             child = cgroup / f"c{len(made)}"
             fake.mkdir(child)
             made.append(child)
@@ -74,7 +75,7 @@ def _apply(fake: FakeCgroupfs, made: list[Path], op: tuple) -> None:
         fake.write(cgroup / kind, value[0])
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(operations, max_size=30))
 def test_every_effective_value_read_is_the_kernels(ops):
     with tempfile.TemporaryDirectory() as tmp:
