@@ -80,7 +80,7 @@ class Layered(Mapping[K, V]):
             if not _has(base, top, key):
                 length += 1
             top[key] = value
-        out: Layered[K, V] = object.__new__(Layered)
+        out: Layered[K, V] = object.__new__(type(self))  # (a subclass stays one)
         out._len = length
         if len(top) > FOLD:
             folded: dict[K, object] = dict(base)

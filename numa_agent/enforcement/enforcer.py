@@ -32,6 +32,7 @@ from numa_agent.enforcement.plan import (
     WORKLOAD_PREFIX,
     CgroupSpec,
     order_changes,
+    pool_followers,
 )
 from numa_agent.enforcement.processes import process_identity
 from numa_agent.enforcement.protocol import NO_LIMITS, Grant, Layout, Limits
@@ -372,7 +373,10 @@ class AffinityEnforcer:
               changed: Collection[str] | None = None) -> None:
         # A shared admission leaves the pool as it is: only the new workload
         # is pinned. When the pool changes every workload on it is re-pinned
-        # (no inheritance here), which update_layout names in `changed`.
+        # (no inheritance here): those that inherit it in a cgroup tree are
+        # not in `changed` (update_layout), but in pool_followers.
+        if changed is not None:
+            changed = {*changed, *pool_followers(old, new)}
         pins = _Pins()
         for change in order_changes(old, new, changed):
             if change.kind == "remove":

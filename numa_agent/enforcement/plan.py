@@ -25,7 +25,7 @@ follows). It equals `desired_layout` of the new state.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Collection, Iterable, Mapping, NamedTuple
+from typing import Collection, Iterable, Iterator, Mapping, NamedTuple
 
 from numa_agent.admission.admit import effective_cpus, shared_pool
 from numa_agent.admission.machine import Machine
@@ -139,7 +139,68 @@ def _workload_spec(machine: Machine, state: AgentState, w: Workload) -> CgroupSp
                       record=w, inherit=_follows_pool(w))
 
 
-def desired_layout(machine: Machine, state: AgentState) -> dict[str, CgroupSpec]:
+class CgroupLayout(Layered[str, CgroupSpec]):
+    """A layout: the spec of every cgroup by path, immutable.
+
+    A spec that inherits the pool (`inherit`) reads with the CPUs of the
+    pool's spec (`shared/`), whatever the pool was when it was laid out: a
+    change of the pool is one entry, not one per workload on it, as it is one
+    write in the cgroup tree. The paths of the workloads bound to part of
+    the pool (--cpunodebind), made again when it changes, are kept with it."""
+
+    __slots__ = ("_bound",)
+
+    def __init__(self, items: Mapping[str, CgroupSpec] | Iterable[tuple[str, CgroupSpec]] = ()) -> None:
+        super().__init__(items)
+        self._bound = frozenset(rel for rel, spec in Layered._items(self) if _bound_to_pool(spec))
+
+    def _resolved(self, spec: CgroupSpec) -> CgroupSpec:
+        if spec.inherit:
+            pool = Layered.get(self, SHARED_CGROUP)
+            if pool is not None and pool.cpus != spec.cpus:
+                return _with_cpus(spec, pool.cpus)
+        return spec
+
+    def __getitem__(self, relpath: str) -> CgroupSpec:
+        return self._resolved(Layered.__getitem__(self, relpath))
+
+    def get(self, relpath: str, default: CgroupSpec | None = None) -> CgroupSpec | None:  # type: ignore[override]
+        spec = Layered.get(self, relpath)
+        return default if spec is None else self._resolved(spec)
+
+    def _items(self) -> Iterator[tuple[str, CgroupSpec]]:
+        for rel, spec in Layered._items(self):
+            yield rel, self._resolved(spec)
+
+    def bound(self) -> list[str]:
+        """Names of the workloads on part of the pool (written explicitly)."""
+        specs = (Layered.__getitem__(self, rel) for rel in sorted(self._bound))
+        return [spec.workload for spec in specs if spec.workload]
+
+    def followers(self) -> list[str]:
+        """Paths of the cgroups that inherit the pool."""
+        return [rel for rel, spec in Layered._items(self) if spec.inherit]
+
+    def updated(self, changes: Mapping[str, CgroupSpec] = {}, removed: Iterable[str] = ()) -> "CgroupLayout":  # noqa: B006
+        removed = list(removed)
+        out = super().updated(changes, removed)
+        assert isinstance(out, CgroupLayout)
+        bound = set(self._bound).difference(removed)
+        for rel, spec in changes.items():
+            if _bound_to_pool(spec):
+                bound.add(rel)
+            else:
+                bound.discard(rel)
+        out._bound = frozenset(bound)
+        return out
+
+
+def _bound_to_pool(spec: CgroupSpec) -> bool:
+    # A shared workload below the pool that does not inherit it: --cpunodebind.
+    return spec.workload is not None and not spec.inherit and spec.relpath.startswith(SHARED_CGROUP + "/")
+
+
+def desired_layout(machine: Machine, state: AgentState) -> CgroupLayout:
     out = _pool_specs(machine, state)
     for pod in state.pods:
         spec = _pod_spec(machine, pod)
@@ -147,20 +208,35 @@ def desired_layout(machine: Machine, state: AgentState) -> dict[str, CgroupSpec]
     for w in state.workloads:
         spec = _workload_spec(machine, state, w)
         out[spec.relpath] = spec
-    return out
+    return CgroupLayout(out)
+
+
+def pool_followers(old: Mapping[str, CgroupSpec], new: Mapping[str, CgroupSpec]) -> list[str]:
+    """The cgroups of `new` that inherit the pool, when its CPUs differ from
+    those of `old`: their specs changed with it, though `update_layout` does
+    not name them (a cgroup tree moves them by itself; the affinity fallback
+    must re-pin each)."""
+    before, after = old.get(SHARED_CGROUP), new.get(SHARED_CGROUP)
+    if before is not None and after is not None and before.cpus == after.cpus:
+        return []
+    if isinstance(new, CgroupLayout):
+        return new.followers()
+    return [rel for rel, spec in new.items() if spec.inherit]
 
 
 def update_layout(machine: Machine, old_layout: Mapping[str, CgroupSpec], old_state: AgentState,
                   new_state: AgentState, workloads: Iterable[str], pods: Iterable[str] = (),
-                  ) -> tuple[Mapping[str, CgroupSpec], frozenset[str]]:
+                  ) -> tuple[CgroupLayout, frozenset[str]]:
     """The layout of `new_state`, from `old_layout` (the layout of `old_state`
     on the same machine) and the names of the workloads and pods that differ
-    between the two states; and the paths whose specs may differ.
+    between the two states; and the paths whose specs may differ, but for
+    the cgroups that inherit the pool (see `pool_followers`).
 
     What depends on what: the pool-level cgroups on the pool; a pod's cgroup
     on the pod; an exclusive workload on itself; a pod's shared members on
-    the pod's exclusive members; a plain shared workload on the pool (and a
-    --cpunodebind one on the pool too)."""
+    the pod's exclusive members; a plain shared workload on the pool (it
+    inherits: its spec reads the pool's) and a --cpunodebind one on the pool
+    too (made again)."""
     dirty_pods = set(pods)
     dirty = set(workloads)
     for name in list(dirty):
@@ -175,16 +251,14 @@ def update_layout(machine: Machine, old_layout: Mapping[str, CgroupSpec], old_st
                 dirty.update(pod.members)
     # Path -> its new spec, or None: gone. Laid on the old layout, not a copy of it.
     edits: dict[str, CgroupSpec | None] = {}
+    base = old_layout if isinstance(old_layout, CgroupLayout) else CgroupLayout(old_layout)
     pool_specs = _pool_specs(machine, new_state)
-    pool = pool_specs[SHARED_CGROUP].cpus
-    if pool != shared_pool(machine, old_state):
-        # Every workload on the pool follows it (in the cgroup tree by
-        # inheritance; the affinity fallback re-pins each one). One that
-        # inherits it all differs in nothing else: its spec with the new pool.
-        for rel, spec in old_layout.items():
-            if spec.inherit:
-                edits[rel] = _with_cpus(spec, pool)
-        dirty.update(w.name for w in new_state.workloads if w.shared and w.pod is None and w.cpunodebind)
+    if pool_specs[SHARED_CGROUP].cpus != shared_pool(machine, old_state):
+        # The workloads bound to part of the pool follow it by a write of
+        # their own; those that inherit it by inheritance alone (their specs
+        # read the pool's CPUs; the affinity fallback re-pins them from
+        # pool_followers).
+        dirty.update(base.bound())
     edits.update(pool_specs)
     for pod_name in dirty_pods:
         _replace_entry(edits, old_state.pod(pod_name), new_state.pod(pod_name),
@@ -192,7 +266,6 @@ def update_layout(machine: Machine, old_layout: Mapping[str, CgroupSpec], old_st
     for name in dirty:
         _replace_entry(edits, old_state.workload(name), new_state.workload(name),
                        workload_relpath, lambda w: _workload_spec(machine, new_state, w))
-    base = old_layout if isinstance(old_layout, Layered) else Layered(old_layout)
     out = base.updated({rel: spec for rel, spec in edits.items() if spec is not None},
                        [rel for rel, spec in edits.items() if spec is None])
     return out, frozenset(edits)

@@ -62,8 +62,9 @@ class Enforcer(Protocol):
               changed: Collection[str] | None = None) -> None:
         """Change the machine from layout `old` to `new`; `move` is (path,
         pid) of a process to put into its workload; `changed`, when given,
-        the only paths whose specs may differ (plan.update_layout). Raises
-        EnforcementError."""
+        the only paths whose specs may differ (plan.update_layout), but for
+        the cgroups that inherit the pool, which follow it when it changes
+        (plan.pool_followers). Raises EnforcementError."""
         ...
 
     def verify(self, layout: Layout, relpaths: Collection[str] | None = None) -> None:

@@ -1,7 +1,8 @@
 """The incremental layout (plan.update_layout) equals the full one
 (plan.desired_layout) after any sequence of admissions, releases and pods,
-and names every path whose spec changed; plain shared workloads inherit the
-pool's CPUs. Seeded random sequences on synthetic machines."""
+and names every path whose spec changed but those that inherit the pool's
+CPUs (plan.pool_followers names them). Seeded random sequences on synthetic
+machines."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from numa_agent.enforcement.plan import (
     SHARED_CGROUP,
     desired_layout,
     order_changes,
+    pool_followers,
     update_layout,
     workload_relpath,
 )
@@ -73,9 +75,12 @@ def test_incremental_layout_equals_the_full_layout(seed):
         new_layout, touched = update_layout(machine, layout, state, new_state, *changes)
         full = desired_layout(machine, new_state)
         assert new_layout == full
-        # Only the touched paths are compared: the same steps as a full diff.
-        assert order_changes(layout, new_layout, touched) == order_changes(layout, full)
-        assert order_changes(new_layout, layout, touched) == order_changes(full, layout)
+        # Only the touched paths and the pool's followers are compared: the
+        # same steps as a full diff.
+        followers = pool_followers(layout, new_layout)
+        assert not followers or new_layout[SHARED_CGROUP].cpus != layout[SHARED_CGROUP].cpus
+        assert order_changes(layout, new_layout, {*touched, *followers}) == order_changes(layout, full)
+        assert order_changes(new_layout, layout, {*touched, *followers}) == order_changes(full, layout)
         state, layout = new_state, new_layout
 
 
@@ -92,23 +97,29 @@ def test_a_shared_admission_touches_its_own_cgroup_and_the_pool_level_only():
     assert [c.relpath for c in order_changes(layout, new_layout, touched)] == ["shared/new"]
 
 
-def test_an_exclusive_admission_shrinks_the_pool_once_and_its_followers_write_nothing():
+@pytest.mark.parametrize("live", [5, 50])
+def test_an_exclusive_admission_shrinks_the_pool_once_and_names_none_of_its_followers(live):
     machine = machine_of(0)
     state = AgentState()
-    for i in range(5):
+    for i in range(live):
         state = decide(machine, state, Request(name=f"s{i}", owner_uid=0, shared=True)).state
+    state = decide(machine, state, Request(name="bound", owner_uid=0, shared=True,
+                                           cpunodebind=(machine.node_ids[0],))).state
     layout = desired_layout(machine, state)
     new_state = decide(machine, state, Request(name="x", owner_uid=0, resources=Resources(cpus=2))).state
     new_layout, touched = update_layout(machine, layout, state, new_state,
                                         *new_state.changes_since(state))
-    changes = order_changes(layout, new_layout, touched)
-    # The pool shrinks before the new holder is created; the shared
-    # workloads' specs follow it (their expected effective CPUs) but inherit.
-    kinds = [(c.kind, c.relpath) for c in changes]
+    # The pool shrinks before the new holder is created; the bound workload
+    # is written again; those that inherit the pool are not named, whatever
+    # their number: their specs read the pool's CPUs.
+    assert touched == {"agent", "shared", "shared/_released", "shared/bound", "wl-x"}
+    kinds = [(c.kind, c.relpath) for c in order_changes(layout, new_layout, touched)]
     assert kinds.index(("shrink", "shared")) < kinds.index(("create", "wl-x"))
-    followers = [c.spec for c in changes if c.relpath.startswith("shared/s")]
-    assert len(followers) == 5
-    assert all(s.inherit and s.cpus == new_layout[SHARED_CGROUP].cpus for s in followers)
+    followers = pool_followers(layout, new_layout)
+    assert sorted(followers) == sorted(f"shared/s{i}" for i in range(live))
+    assert all(new_layout[rel].inherit and new_layout[rel].cpus == new_layout[SHARED_CGROUP].cpus
+               for rel in followers)
+    assert pool_followers(new_layout, new_layout) == []
 
 
 def test_only_plain_shared_workloads_inherit_the_pool():
