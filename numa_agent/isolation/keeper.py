@@ -73,8 +73,9 @@ class _Reads(Mapping[str, str]):
 
 
 class IsolationKeeper:
-    def __init__(self, files: KnobFiles) -> None:
+    def __init__(self, files: KnobFiles, boot_id: str | None = None) -> None:
         self.files = files
+        self.boot_id = boot_id or ""  # this boot's: the ledger says which boot its originals are of
         self.unmovable: set[str] = set()  # writes refused with EIO: kernel-managed interrupts
         self.failures: dict[str, str] = {}  # knob -> why its last write failed
         self.plan: Plan | None = None  # the last one enforced
@@ -96,9 +97,26 @@ class IsolationKeeper:
 
     def prepare(self, state: AgentState) -> AgentState:
         """`state` with the originals of every knob it will hold in its ledger."""
+        state = self._this_boot(state)
         if not self.active(state) or self._is_settled(state):
             return state
-        return state.with_isolation(IsolationLedger(self._plan(state).originals))
+        return state.with_isolation(self._ledger(self._plan(state).originals))
+
+    def _ledger(self, originals: Mapping[str, str]) -> IsolationLedger:
+        return IsolationLedger(originals, self.boot_id)
+
+    def _this_boot(self, state: AgentState) -> AgentState:
+        """`state` without a ledger read in another boot: the machine rebooted
+        (a power cut with knobs held), every knob is at what this boot set, and
+        the old originals (of interrupts that may now be other devices') must
+        not be written over it."""
+        ledger = state.isolation
+        if not ledger or not ledger.boot_id or not self.boot_id or ledger.boot_id == self.boot_id:
+            return state
+        log.warning("isolation: the recorded originals of %d knobs (%s) are from boot %s, not this one; "
+                    "the reboot reset them, nothing is restored", len(ledger.originals),
+                    ", ".join(sorted(ledger.originals)[:8]), ledger.boot_id)
+        return state.with_isolation(IsolationLedger())
 
     def _is_settled(self, state: AgentState) -> bool:
         return self._settled is not None and self._settled == (holdings(state), state.isolation)
@@ -106,6 +124,7 @@ class IsolationKeeper:
     def enforce(self, state: AgentState) -> AgentState:
         """Write every knob to its planned value; `state` with the knobs that
         still differ from their original in its ledger."""
+        state = self._this_boot(state)
         if not self.active(state):
             self.plan, self.failures, self._settled = None, {}, None
             return state
@@ -135,7 +154,7 @@ class IsolationKeeper:
             log.warning("isolation: %s written again after failures", key)
         self.failures = failures
         self.plan = p if len(self.unmovable) == unmovable else self._plan(state)
-        after = state.with_isolation(IsolationLedger(keep))
+        after = state.with_isolation(self._ledger(keep) if keep else IsolationLedger())
         self._settled = None if failures else (holdings(after), after.isolation)
         return after
 

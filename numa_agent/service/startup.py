@@ -534,10 +534,11 @@ def _isolation_keeper(cfg):
     """The machine's /proc and /sys, or on a captured tree (`--sysfs-root`) its
     knobs simulated: this machine's interrupts are never touched for a snapshot."""
     from numa_agent.isolation.keeper import IsolationKeeper
+    from numa_agent.enforcement.processes import boot_id
     from numa_agent.isolation.knobs import ProcSysKnobs, SimulatedKnobs
 
     root = os.path.abspath(cfg.sysfs_root)
     if root == "/":
-        return IsolationKeeper(ProcSysKnobs("/proc", "/sys", cfg.idle_latency_us))
+        return IsolationKeeper(ProcSysKnobs("/proc", "/sys", cfg.idle_latency_us), boot_id("/proc"))
     return IsolationKeeper(SimulatedKnobs(os.path.join(root, "proc"), os.path.join(root, "sys"),
                                           cfg.idle_latency_us))

@@ -132,6 +132,9 @@ class IsolationLedger(_Value, frozen=True):
     dropped once it holds its original again."""
 
     originals: Mapping[str, str] = {}  # knob key -> value before the agent changed it
+    # The boot they were read in ("" unknown): a reboot resets every knob, so
+    # another boot's originals must never be written back.
+    boot_id: str = ""
 
     def __bool__(self) -> bool:
         return bool(self.originals)

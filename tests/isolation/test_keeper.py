@@ -185,3 +185,28 @@ def test_a_commit_that_changes_no_holding_reads_and_writes_nothing(tmp_path):
     assert Counting.calls == 0
     step(keeper, state.with_workload(workload("c", "6")))  # a new holder: planned and written
     assert Counting.calls > 0 and read(root, "proc/irq/24/smp_affinity_list") == "0-3,7"
+
+
+def test_after_a_reboot_the_previous_boots_originals_are_never_written_back(tmp_path):
+    root = machine(tmp_path)
+    held = step(IsolationKeeper(knobs(root), boot_id="boot-1"), AgentState().with_workload(workload("a", "4-5")))
+    assert held.isolation.boot_id == "boot-1"
+    # Power cut. The new boot's kernel (and whatever the admin runs at boot) set the knobs;
+    # the workload did not survive; the agent loads the checkpoint it wrote before the cut.
+    for irq in ("24", "25"):
+        (root / f"proc/irq/{irq}/smp_affinity_list").write_text("0-1\n")
+    (root / f"{CPU}/cpu4/power/pm_qos_resume_latency_us").write_text("20\n")
+    after_boot = snapshot(root)
+    loaded = AgentState.from_json(held.to_json()).without_workload("a")
+    restored = step(IsolationKeeper(knobs(root), boot_id="boot-2"), loaded)
+    assert snapshot(root) == after_boot and not restored.isolation
+
+
+def test_the_same_boot_restores_and_an_unknown_boot_is_trusted(tmp_path):
+    for first, second in (("boot-1", "boot-1"), ("", "boot-2"), ("boot-1", None)):
+        root = machine(tmp_path / f"{first}-{second}")
+        before = snapshot(root)
+        held = step(IsolationKeeper(knobs(root), boot_id=first), AgentState().with_workload(workload("a", "4-5")))
+        loaded = AgentState.from_json(held.to_json()).without_workload("a")
+        step(IsolationKeeper(knobs(root), boot_id=second), loaded)
+        assert snapshot(root) == before, (first, second)
