@@ -135,6 +135,11 @@ class IsolationLedger(_Value, frozen=True):
     # The boot they were read in ("" unknown): a reboot resets every knob, so
     # another boot's originals must never be written back.
     boot_id: str = ""
+    # knob key -> the values the agent may have left in it: the one it wrote
+    # and, between the checkpoint and the write, the next one. A knob holding
+    # anything else was changed by someone else and is not overwritten.
+    # Absent for a knob (older checkpoints): not known, restored as before.
+    written: Mapping[str, tuple[str, ...]] = {}
 
     def __bool__(self) -> bool:
         return bool(self.originals)
