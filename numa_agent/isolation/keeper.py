@@ -107,6 +107,24 @@ class IsolationKeeper:
         p = self._plan(state)
         return state.with_isolation(self._ledger(p.originals, _about_to_write(p, state.isolation)))
 
+    def recovered(self, state: AgentState, recorded: IsolationLedger | None) -> AgentState:
+        """`state` (as loaded at start) with the originals that `recorded`, the
+        copy of the ledger kept beside the cgroup records, has and its own ledger
+        lacks: the checkpoint was lost, or an older generation of it loaded. The
+        copy is written before each checkpoint, so where both know a knob it is
+        the newer."""
+        state = self._this_boot(state)
+        if not recorded or (recorded.boot_id and self.boot_id and recorded.boot_id != self.boot_id):
+            return state
+        ledger = state.isolation
+        originals = {**ledger.originals, **recorded.originals}
+        written = {**{k: v for k, v in ledger.written.items() if k not in recorded.originals}, **recorded.written}
+        missing = sorted(recorded.originals.keys() - ledger.originals.keys())
+        if missing:
+            log.warning("isolation: the checkpoint lacked the originals of %d knobs (%s); taken from the copy "
+                        "beside the cgroup records", len(missing), ", ".join(missing[:8]))
+        return state.with_isolation(IsolationLedger(originals, recorded.boot_id or ledger.boot_id, written))
+
     def _ledger(self, originals: Mapping[str, str], written: Mapping[str, tuple[str, ...]]) -> IsolationLedger:
         return IsolationLedger(originals, self.boot_id, written)
 

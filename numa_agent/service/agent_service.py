@@ -50,13 +50,14 @@ from numa_agent.enforcement.errors import EnforcementError
 from numa_agent.enforcement.plan import desired_layout, update_layout, workload_relpath
 from numa_agent.enforcement.processes import pidfd_alive
 from numa_agent.enforcement.protocol import Enforcer, Layout
+from numa_agent.enforcement.record import LEDGER_RECORD, decode_ledger, encode_ledger
 from numa_agent.hotplug.rebase import rebase_state
 from numa_agent.isolation.keeper import ISOLATE, STRICT, IsolationKeeper, isolation_asked
 from numa_agent.service.caller import Caller
 from numa_agent.service.counters import Counters
 from numa_agent.service.rebuild import REBUILT, is_quarantined
 from numa_agent.state.checkpoint import CheckpointError
-from numa_agent.state.model import AgentState, Workload
+from numa_agent.state.model import AgentState, IsolationLedger, Workload
 
 log = logging.getLogger("numa_agent.service")
 
@@ -235,6 +236,7 @@ class AgentService:
     def _save(self, state: AgentState) -> None:
         """Make `state` durable: only its change from the last one checkpointed
         (the store's journal), or a whole snapshot when the store says so."""
+        self._record_isolation(state)
         try:
             kind = self.store.commit(state)
         except CheckpointError as exc:
@@ -259,6 +261,17 @@ class AgentService:
                         self.store.directory, self.clock() - self._checkpoint_trouble[1])
             self._checkpoint_trouble = None
 
+    _ledger_recorded: IsolationLedger | None = None
+
+    def _record_isolation(self, state: AgentState) -> None:
+        """The isolation ledger also on the cgroup root (best effort, before the
+        checkpoint): the originals outlive the checkpoint's loss, as the
+        workloads' own records do. The affinity fallback has no such place."""
+        if self.isolation is None or state.isolation == self._ledger_recorded:
+            return
+        self.enforcer.write_record(LEDGER_RECORD, encode_ledger(state.isolation))
+        self._ledger_recorded = state.isolation
+
     # ---- lifecycle -------------------------------------------------------------------
     def install(self, state: AgentState) -> None:
         """Adopt a restored state: checkpoint it as a whole snapshot (which
@@ -267,7 +280,8 @@ class AgentService:
         with self._lock:
             layout = desired_layout(self.machine, state)
             if self.isolation is not None:
-                state = self.isolation.prepare(state)
+                recorded = decode_ledger(self.enforcer.read_record(LEDGER_RECORD))
+                state = self.isolation.prepare(self.isolation.recovered(state, recorded))
             try:
                 self.store.commit(state, snapshot=True)
             except CheckpointError as exc:
@@ -277,6 +291,7 @@ class AgentService:
             self.counters.checkpoint_snapshots_total += 1
             self.enforcer.apply({}, layout, None)
             self.enforcer.prune(layout)
+            self._record_isolation(state)  # its cgroup exists now; before any knob is written
             self.state, self._layout = state, layout
             self._isolate()  # restores what workloads gone while the agent was down held
 

@@ -533,8 +533,8 @@ def _half(interval):
 def _isolation_keeper(cfg):
     """The machine's /proc and /sys, or on a captured tree (`--sysfs-root`) its
     knobs simulated: this machine's interrupts are never touched for a snapshot."""
-    from numa_agent.isolation.keeper import IsolationKeeper
     from numa_agent.enforcement.processes import boot_id
+    from numa_agent.isolation.keeper import IsolationKeeper
     from numa_agent.isolation.knobs import ProcSysKnobs, SimulatedKnobs
 
     root = os.path.abspath(cfg.sysfs_root)

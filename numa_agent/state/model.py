@@ -147,6 +147,10 @@ class IsolationLedger(_Value, frozen=True):
     def to_json(self) -> dict[str, Any]:
         return _to_json(self)
 
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> "IsolationLedger":
+        return _from_json(d, cls)
+
 
 class AgentState(_Value, frozen=True, dict=True, weakref=True):
     # dict=True: room for the cached properties; weakref=True: a derived state

@@ -147,3 +147,37 @@ def _metrics(service) -> str:
     from prometheus_client import generate_latest
 
     return generate_latest(build_registry(service.metrics_snapshot)).decode()
+
+
+def test_losing_every_checkpoint_generation_loses_no_original(env):
+    m, state_dir, root, tree = env
+    before = snapshot(tree)
+    service, _ = start(m, state_dir, root, isolation=keeper(tree))
+    service.admit(AdmitRequest(name="a", cpus=2, isolate=["irqs", "idle"]), ME)
+    service.enforcer.close()
+    for name in ("checkpoint.json", "checkpoint.json.prev", "checkpoint.journal"):
+        (state_dir / name).unlink(missing_ok=True)  # lost with the disk they were on
+    # The agent restarts: the workload is adopted from its cgroup's record, isolating again.
+    service2, report = start(m, state_dir, root, isolation=keeper(tree))
+    assert report.adopted == ("a",)
+    assert service2.state.isolation.originals["irq/24"] == "0-15"  # not the value the agent wrote
+    service2.release("a", None)
+    assert snapshot(tree) == before and not service2.state.isolation
+
+
+def test_an_older_generation_loaded_loses_no_original_it_lacks(env):
+    m, state_dir, root, tree = env
+    before = snapshot(tree)
+    service, _ = start(m, state_dir, root, isolation=keeper(tree))
+    service.admit(AdmitRequest(name="plain", cpus=1), ME)
+    service.store.commit(service.state, snapshot=True)  # a generation without any original
+    older = (state_dir / "checkpoint.json").read_bytes()
+    service.admit(AdmitRequest(name="a", cpus=2, isolate=["irqs"]), ME)
+    service.enforcer.close()
+    (state_dir / "checkpoint.journal").unlink(missing_ok=True)
+    (state_dir / "checkpoint.json").write_bytes(older)  # the newer generations damaged, an older one read
+    (state_dir / "checkpoint.json.prev").unlink(missing_ok=True)
+    service2, report = start(m, state_dir, root, isolation=keeper(tree))
+    assert "a" in report.adopted
+    service2.release("a", None)  # (plain's cgroup lost its one process to a: released at the restart)
+    assert snapshot(tree) == before and not service2.state.isolation
