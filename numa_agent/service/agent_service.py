@@ -68,11 +68,16 @@ class AgentService:
     def __init__(self, machine: Machine, store, enforcer: Enforcer, *,
                  clock: Callable[[], float] = time.time,
                  topology_json: Callable[[], dict] | None = None,
-                 isolation: IsolationKeeper | None = None, isolate_default: tuple[str, ...] = ()) -> None:
+                 isolation: IsolationKeeper | None = None, isolate_default: tuple[str, ...] = (),
+                 isolate_gid: int | None = None) -> None:
         self.machine = machine
         # Interrupts, idle states and frequency of isolating workloads' CPUs (None: never touched).
         self.isolation = isolation
         self.isolate_default = isolate_default
+        # Who besides root may ask for --isolate (a group id; None: root only): it
+        # changes machine-wide settings (every interrupt's affinity, a whole
+        # cpufreq policy), which the kernel lets only root change.
+        self.isolate_gid = isolate_gid
         self.store = store
         self.enforcer = enforcer
         self.clock = clock
@@ -116,7 +121,7 @@ class AgentService:
                 raise refused(exc.message, details={**exc.explanation, "reason": exc.message,
                                                     "reason_code": exc.code}) from None
             w = decision.workload
-            w = self._with_isolation(w, request)
+            w = self._with_isolation(w, request, caller, started)
             decision_state = decision.state if w is decision.workload else decision.state.with_workload(w)
             self._check_strict(decision_state, w, started)
             if dry_run:
@@ -345,8 +350,14 @@ class AgentService:
         return view
 
     # ---- isolation ------------------------------------------------------------------
-    def _with_isolation(self, w: Workload, body: AdmitRequest) -> Workload:
+    def _with_isolation(self, w: Workload, body: AdmitRequest, caller: Caller, started: float) -> Workload:
         """`w` with the isolation it asked for (or the configured default) in its request."""
+        if body.isolate and not (caller.is_root or (self.isolate_gid is not None and
+                                                    caller.in_group(self.isolate_gid))):
+            self.counters.refused("forbidden", time.perf_counter() - started)
+            raise Forbidden("--isolate changes machine-wide settings (interrupt affinities, idle states, "
+                            "CPU frequency): only root may ask for it, or the members of the group the "
+                            "agent's [isolation] group names")
         kinds = tuple(body.isolate) if body.isolate is not None else self.isolate_default
         if not kinds or (w.shared and body.isolate is None):
             return w

@@ -8,7 +8,7 @@ import os
 import pytest
 
 from numa_agent.admission.machine import PolicyConfig, build_machine
-from numa_agent.api.errors import AdmissionRefused, BadRequest
+from numa_agent.api.errors import AdmissionRefused, BadRequest, Forbidden
 from numa_agent.api.validation import AdmitRequest, parse_admit_request
 from numa_agent.core.cpuset import CpuSet
 from numa_agent.enforcement.fake_cgroupfs import make_fake_cgroup_root
@@ -20,7 +20,8 @@ from numa_agent.views.metrics import build_registry
 from tests.support.isolation_tree import CPU, Failing, machine, snapshot
 from tests.support.simulated_service import start
 
-ME = Caller(pid=os.getpid(), uid=1000, gid=1000)
+ME = Caller(pid=os.getpid(), uid=0, gid=0)  # only root (or a configured group) may ask for --isolate
+USER = Caller(pid=os.getpid(), uid=1000, gid=1000)
 
 
 @pytest.fixture
@@ -181,3 +182,23 @@ def test_an_older_generation_loaded_loses_no_original_it_lacks(env):
     assert "a" in report.adopted
     service2.release("a", None)  # (plain's cgroup lost its one process to a: released at the restart)
     assert snapshot(tree) == before and not service2.state.isolation
+
+
+def test_only_root_or_the_configured_group_may_ask_for_isolation(env):
+    m, state_dir, root, tree = env
+    before = snapshot(tree)
+    service, _ = start(m, state_dir, root, isolation=keeper(tree))
+    for dry_run in (True, False):
+        with pytest.raises(Forbidden, match=r"only root may ask for it.*\[isolation\] group"):
+            service.admit(AdmitRequest(name="a", cpus=2, isolate=["irqs"]), USER, dry_run=dry_run)
+    assert service.state.workloads == () and snapshot(tree) == before
+    service.isolate_gid = 4242
+    with pytest.raises(Forbidden):
+        service.admit(AdmitRequest(name="a", cpus=2, isolate=["irqs"]), USER)
+    member = Caller(pid=os.getpid(), uid=1000, gid=1000, groups=(27, 4242))
+    assert service.admit(AdmitRequest(name="a", cpus=2, isolate=["irqs"]), member)["isolation"]["done"] == ["irqs"]
+    primary = Caller(pid=os.getpid(), uid=1001, gid=4242)
+    assert service.admit(AdmitRequest(name="b", cpus=1, isolate=["idle"]), primary)["isolation"]["done"] == ["idle"]
+    # What the administrator configured as the default applies to everyone's exclusive workloads.
+    service.isolate_default = ("idle",)
+    assert service.admit(AdmitRequest(name="c", cpus=1), USER)["isolation"]["done"] == ["idle"]
