@@ -187,8 +187,8 @@ class IsolationKeeper:
             log.warning("isolation: %s written again after failures", key)
         self.failures = failures
         self.plan = p if len(self.unmovable) == unmovable else self._plan(state)
-        for key in keep:
-            self.changed.pop(key, None)
+        if self.changed.keys() & keep.keys():  # held again: a new dict, status reads the old one unlocked
+            self.changed = {k: v for k, v in self.changed.items() if k not in keep}
         after = state.with_isolation(self._ledger(keep, keep_written) if keep else IsolationLedger())
         self._settled = None if failures else (holdings(after), after.isolation)
         return after
@@ -198,7 +198,7 @@ class IsolationKeeper:
             log.warning("isolation: %s holds %s, which the agent did not write (it wrote %s; the original "
                         "was %s): someone else changed it, so it is left as it is and no longer restored",
                         key, found, " or ".join(ours) or "nothing", original)
-        self.changed[key] = {"knob": key, "original": original, "found": found}
+        self.changed = {**self.changed, key: {"knob": key, "original": original, "found": found}}
 
     def _write(self, key: str, value: str, held: bool,
                ours: tuple[str, ...] | None = None) -> tuple[str | None, str | None]:
