@@ -285,7 +285,8 @@ class AgentService:
         with self._lock:
             layout = desired_layout(self.machine, state)
             if self.isolation is not None:
-                recorded = decode_ledger(self.enforcer.read_record(LEDGER_RECORD))
+                recorded = decode_ledger(self.enforcer.read_record(LEDGER_RECORD)) \
+                    if self.enforcer.exists(LEDGER_RECORD) else None  # a first start: nothing kept yet
                 state = self.isolation.prepare(self.isolation.recovered(state, recorded))
             try:
                 self.store.commit(state, snapshot=True)

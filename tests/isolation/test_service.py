@@ -202,3 +202,12 @@ def test_only_root_or_the_configured_group_may_ask_for_isolation(env):
     # What the administrator configured as the default applies to everyone's exclusive workloads.
     service.isolate_default = ("idle",)
     assert service.admit(AdmitRequest(name="c", cpus=1), USER)["isolation"]["done"] == ["idle"]
+
+
+def test_a_first_start_looks_for_no_kept_originals_and_logs_nothing_of_it(env, caplog):
+    m, state_dir, root, tree = env
+    import logging
+
+    with caplog.at_level(logging.WARNING):
+        start(m, state_dir, root, isolation=keeper(tree))
+    assert not [r for r in caplog.records if "booking record" in r.getMessage()]
