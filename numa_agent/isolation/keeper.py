@@ -224,7 +224,12 @@ class IsolationKeeper:
                 self.unmovable.add(key)  # the kernel manages it: listed, not an error
                 return before, None
             return before, _describe(exc)
-        return value, None
+        try:
+            # What the kernel made of it (a frequency rounded, a mask with no online CPU
+            # replaced): the value recorded as the agent's and compared with later.
+            return self.files.read(key), None
+        except OSError:
+            return value, None
 
     # ---- reports ---------------------------------------------------------------
     def report(self, w: Workload) -> Report | None:

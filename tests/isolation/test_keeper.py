@@ -292,3 +292,20 @@ def test_killed_before_any_write_of_admissions_releases_and_recovery_every_knob_
             assert snapshot(root) == before, (at, recovery_at)
             assert not checkpoint.isolation and keeper.changed == {}, (at, recovery_at)
     assert runs >= count.count * 3
+
+
+class Rounding(ProcSysKnobs):
+    """Stores the top frequency asked for as a minimum 1 MHz lower, as a driver may clamp it."""
+
+    def write(self, key: str, value: str) -> None:
+        super().write(key, "2999000" if key.endswith("min_freq") and value == "3000000" else value)
+
+
+def test_a_value_the_kernel_stored_otherwise_than_written_is_still_the_agents_and_restored(tmp_path):
+    root = machine(tmp_path, governors="powersave")
+    before = snapshot(root)
+    keeper = IsolationKeeper(Rounding(root / "proc", root / "sys"))
+    state = step(keeper, AgentState().with_workload(workload("a", "5", "freq")))
+    assert read(root, f"{CPU}/cpufreq/policy4/scaling_min_freq") == "2999000"
+    state = step(keeper, state.without_workload("a"))
+    assert snapshot(root) == before and not state.isolation and keeper.changed == {}
