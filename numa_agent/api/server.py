@@ -200,7 +200,19 @@ def pinned_caller(conn: socket.socket, creds: Credentials) -> Caller:
             except OSError:
                 pidfd = None  # already gone; the service sees pidfd=None
     identity = process_identity(pid) if pidfd is not None else None
-    return Caller(pid=pid, uid=uid, gid=gid, pidfd=pidfd, identity=identity)
+    return Caller(pid=pid, uid=uid, gid=gid, pidfd=pidfd, identity=identity, groups=peer_groups(conn))
+
+
+SO_PEERGROUPS = getattr(socket, "SO_PEERGROUPS", 59)  # Linux 4.13+
+
+
+def peer_groups(conn: socket.socket) -> tuple[int, ...]:
+    """The peer's supplementary groups as the kernel recorded them at connect; () if not known."""
+    try:
+        raw = conn.getsockopt(socket.SOL_SOCKET, SO_PEERGROUPS, 4 * 256)
+    except OSError:
+        return ()
+    return struct.unpack(f"{len(raw) // 4}I", raw[: len(raw) // 4 * 4])
 
 
 def peer_caller(conn: socket.socket) -> Caller:

@@ -178,8 +178,8 @@ def add_allocation_options(parser: argparse.ArgumentParser) -> None:
     iso = parser.add_argument_group("isolation of exclusive CPUs (see the README's Isolation)")
     iso.add_argument("--isolate", type=isolate_kinds, metavar="LIST",
                      help="irqs (interrupts moved off), idle (wake-up latency bounded), freq "
-                          "(performance governor), or all; comma-separated. Default: the agent's "
-                          "[isolation] default")
+                          "(performance governor), or all; comma-separated; root or the agent's "
+                          "[isolation] group only. Default: the agent's [isolation] default")
     iso.add_argument("--isolate-strict", action="store_true",
                      help="refuse rather than isolate in part (a knob missing or not writable)")
     add_socket_option(parser)

@@ -160,6 +160,9 @@ def isolation_status_lines(status: dict[str, Any], workloads: list[dict[str, Any
     for f in iso.get("restore_failures") or []:
         lines.append(f"ISOLATION RESTORE FAILED {f.get('knob')}: original {f.get('original')!r} not "
                      f"written back: {f.get('error')} (retried)")
+    for c in iso.get("changed_by_others") or []:
+        lines.append(f"isolation: {c.get('knob')} changed by someone else to {c.get('found')!r} while held: "
+                     f"left so, its original {c.get('original')!r} not restored")
     if iso.get("irqbalance"):
         lines.append(f"isolation: {iso['irqbalance']}")
     return [""] + lines if lines else []

@@ -90,12 +90,17 @@ def stat_fields(stat: str) -> list[str]:
     return stat[stat.rfind(")") + 2:].split()
 
 
+def boot_id(proc_root: str = "/proc") -> str | None:
+    """This boot's id (a new one at every boot), or None if it cannot be read."""
+    try:
+        with open(f"{proc_root}/sys/kernel/random/boot_id", "rb") as f:
+            return f.read().decode("ascii", "replace").strip()
+    except FileNotFoundError:
+        return None
+
+
 def identity_of(start_time: int, proc_root: str = "/proc") -> str | None:
     """process_identity for a process whose start time is known; None if the
     boot id cannot be read."""
-    try:
-        with open(f"{proc_root}/sys/kernel/random/boot_id", "rb") as f:
-            boot = f.read().decode("ascii", "replace").strip()
-    except FileNotFoundError:
-        return None
-    return f"{boot}:{start_time}"
+    boot = boot_id(proc_root)
+    return None if boot is None else f"{boot}:{start_time}"

@@ -26,10 +26,15 @@ from typing import Any
 
 import msgspec
 
-from numa_agent.state.model import Pod, Workload
+from numa_agent.enforcement.plan import SHARED_CGROUP
+from numa_agent.state.model import IsolationLedger, Pod, Workload
 
 RECORD_XATTR = "user.numa_agent.record"
 RECORD_SCHEMA = 1
+# The shared pool's cgroup (never adopted as a workload) carries the isolation
+# ledger (numa_agent/isolation) beside the workloads' records, so that it
+# outlives the checkpoint too, and dies with the boot, as the knobs' values do.
+LEDGER_RECORD = SHARED_CGROUP
 
 
 def encode_record(value: Workload | Pod) -> bytes:
@@ -61,3 +66,18 @@ def decode_record(data: bytes) -> Workload | Pod:
 
 
 __all__ = ["RECORD_SCHEMA", "RECORD_XATTR", "decode_record", "encode_record"]
+
+
+def encode_ledger(ledger: IsolationLedger) -> bytes:
+    return msgspec.json.encode({"schema": RECORD_SCHEMA, "isolation": ledger.to_json()})
+
+
+def decode_ledger(data: bytes | None) -> IsolationLedger | None:
+    """The ledger `encode_ledger` wrote; None for nothing or anything else."""
+    try:
+        doc: Any = msgspec.json.decode(data) if data else None
+        if isinstance(doc, dict) and doc.get("schema") == RECORD_SCHEMA and isinstance(doc.get("isolation"), dict):
+            return IsolationLedger.from_json(doc["isolation"])
+    except (msgspec.DecodeError, ValueError, TypeError):
+        pass
+    return None

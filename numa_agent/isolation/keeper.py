@@ -25,6 +25,8 @@ log = logging.getLogger("numa_agent.isolation")
 ISOLATE = "isolate"  # Workload.request: the kinds asked for
 STRICT = "isolate_strict"  # Workload.request: refuse rather than isolate in part
 
+CHANGED = "changed by someone else"  # _write's answer for a knob holding what the agent never wrote
+
 IRQBALANCE_ADVICE = ("irqbalance runs and may move interrupts back onto isolated CPUs: ban them with "
                      "IRQBALANCE_BANNED_CPULIST=<cpus> in its environment file (/etc/default/irqbalance "
                      "or /etc/sysconfig/irqbalance) and restart it")
@@ -73,10 +75,13 @@ class _Reads(Mapping[str, str]):
 
 
 class IsolationKeeper:
-    def __init__(self, files: KnobFiles) -> None:
+    def __init__(self, files: KnobFiles, boot_id: str | None = None) -> None:
         self.files = files
+        self.boot_id = boot_id or ""  # this boot's: the ledger says which boot its originals are of
         self.unmovable: set[str] = set()  # writes refused with EIO: kernel-managed interrupts
         self.failures: dict[str, str] = {}  # knob -> why its last write failed
+        # knob -> what was found in it: changed by someone else while held, left as it is
+        self.changed: dict[str, dict[str, str | None]] = {}
         self.plan: Plan | None = None  # the last one enforced
         # The holdings and ledger the last enforce left with nothing failing: a commit
         # that changes neither (an admission without --isolate) reads and writes nothing.
@@ -96,9 +101,45 @@ class IsolationKeeper:
 
     def prepare(self, state: AgentState) -> AgentState:
         """`state` with the originals of every knob it will hold in its ledger."""
+        state = self._this_boot(state)
         if not self.active(state) or self._is_settled(state):
             return state
-        return state.with_isolation(IsolationLedger(self._plan(state).originals))
+        p = self._plan(state)
+        return state.with_isolation(self._ledger(p.originals, _about_to_write(p, state.isolation)))
+
+    def recovered(self, state: AgentState, recorded: IsolationLedger | None) -> AgentState:
+        """`state` (as loaded at start) with the originals that `recorded`, the
+        copy of the ledger kept beside the cgroup records, has and its own ledger
+        lacks: the checkpoint was lost, or an older generation of it loaded. The
+        copy is written before each checkpoint, so where both know a knob it is
+        the newer."""
+        state = self._this_boot(state)
+        if not recorded or (recorded.boot_id and self.boot_id and recorded.boot_id != self.boot_id):
+            return state
+        ledger = state.isolation
+        originals = {**ledger.originals, **recorded.originals}
+        written = {**{k: v for k, v in ledger.written.items() if k not in recorded.originals}, **recorded.written}
+        missing = sorted(recorded.originals.keys() - ledger.originals.keys())
+        if missing:
+            log.warning("isolation: the checkpoint lacked the originals of %d knobs (%s); taken from the copy "
+                        "beside the cgroup records", len(missing), ", ".join(missing[:8]))
+        return state.with_isolation(IsolationLedger(originals, recorded.boot_id or ledger.boot_id, written))
+
+    def _ledger(self, originals: Mapping[str, str], written: Mapping[str, tuple[str, ...]]) -> IsolationLedger:
+        return IsolationLedger(originals, self.boot_id, written)
+
+    def _this_boot(self, state: AgentState) -> AgentState:
+        """`state` without a ledger read in another boot: the machine rebooted
+        (a power cut with knobs held), every knob is at what this boot set, and
+        the old originals (of interrupts that may now be other devices') must
+        not be written over it."""
+        ledger = state.isolation
+        if not ledger or not ledger.boot_id or not self.boot_id or ledger.boot_id == self.boot_id:
+            return state
+        log.warning("isolation: the recorded originals of %d knobs (%s) are from boot %s, not this one; "
+                    "the reboot reset them, nothing is restored", len(ledger.originals),
+                    ", ".join(sorted(ledger.originals)[:8]), ledger.boot_id)
+        return state.with_isolation(IsolationLedger())
 
     def _is_settled(self, state: AgentState) -> bool:
         return self._settled is not None and self._settled == (holdings(state), state.isolation)
@@ -106,26 +147,37 @@ class IsolationKeeper:
     def enforce(self, state: AgentState) -> AgentState:
         """Write every knob to its planned value; `state` with the knobs that
         still differ from their original in its ledger."""
+        state = self._this_boot(state)
         if not self.active(state):
             self.plan, self.failures, self._settled = None, {}, None
             return state
         if self._is_settled(state):
             return state
         p = self._plan(state)
-        originals = state.isolation.originals
+        originals, written = state.isolation.originals, state.isolation.written
         keep: dict[str, str] = {}
+        keep_written: dict[str, tuple[str, ...]] = {}
         failures: dict[str, str] = {}
         unmovable = len(self.unmovable)
         for t in p.targets:
             if t.key not in originals:
                 continue  # write-ahead: never changed before its original is checkpointed
-            value, error = self._write(t.key, t.value, bool(t.held_by))
+            ours = written.get(t.key)
+            value, error = self._write(t.key, t.value, bool(t.held_by),
+                                       None if ours is None else (originals[t.key], *ours))
+            if error is CHANGED:
+                self._changed_by_others(t.key, originals[t.key], value, ours or ())
+                continue  # theirs now: neither held nor restored by the agent
             if error is not None:
                 failures[t.key] = error
             if value is None and error is None:
                 continue  # gone (the device left): nothing to restore
             if value is None or not same_value(t.key, value, originals[t.key]):
                 keep[t.key] = originals[t.key]
+                if error is None and value is not None:
+                    keep_written[t.key] = (value,)
+                elif ours is not None:
+                    keep_written[t.key] = ours
         held = {t.key for t in p.targets if t.held_by}
         for key, error in failures.items():
             if key not in self.failures:
@@ -135,12 +187,23 @@ class IsolationKeeper:
             log.warning("isolation: %s written again after failures", key)
         self.failures = failures
         self.plan = p if len(self.unmovable) == unmovable else self._plan(state)
-        after = state.with_isolation(IsolationLedger(keep))
+        if self.changed.keys() & keep.keys():  # held again: a new dict, status reads the old one unlocked
+            self.changed = {k: v for k, v in self.changed.items() if k not in keep}
+        after = state.with_isolation(self._ledger(keep, keep_written) if keep else IsolationLedger())
         self._settled = None if failures else (holdings(after), after.isolation)
         return after
 
-    def _write(self, key: str, value: str, held: bool) -> tuple[str | None, str | None]:
-        """(the knob's value after, or None when unknown or gone; why the write failed, if it did)."""
+    def _changed_by_others(self, key: str, original: str, found: str | None, ours: tuple[str, ...]) -> None:
+        if key not in self.changed:
+            log.warning("isolation: %s holds %s, which the agent did not write (it wrote %s; the original "
+                        "was %s): someone else changed it, so it is left as it is and no longer restored",
+                        key, found, " or ".join(ours) or "nothing", original)
+        self.changed = {**self.changed, key: {"knob": key, "original": original, "found": found}}
+
+    def _write(self, key: str, value: str, held: bool,
+               ours: tuple[str, ...] | None = None) -> tuple[str | None, str | None]:
+        """(the knob's value after, or None when unknown or gone; why the write failed, if it did,
+        or CHANGED when it holds none of `ours`, the values the agent may have left there)."""
         try:
             before: str | None = self.files.read(key)
         except OSError as exc:
@@ -150,6 +213,8 @@ class IsolationKeeper:
             before = None
         if before is not None and same_value(key, before, value):
             return before, None
+        if before is not None and ours is not None and not any(same_value(key, before, v) for v in ours):
+            return before, CHANGED
         try:
             self.files.write(key, value)
         except OSError as exc:
@@ -159,7 +224,12 @@ class IsolationKeeper:
                 self.unmovable.add(key)  # the kernel manages it: listed, not an error
                 return before, None
             return before, _describe(exc)
-        return value, None
+        try:
+            # What the kernel made of it (a frequency rounded, a mask with no online CPU
+            # replaced): the value recorded as the agent's and compared with later.
+            return self.files.read(key), None
+        except OSError:
+            return value, None
 
     # ---- reports ---------------------------------------------------------------
     def report(self, w: Workload) -> Report | None:
@@ -191,6 +261,7 @@ class IsolationKeeper:
             "restore_failures": [{"knob": k, "original": originals.get(k), "error": e}
                                  for k, e in sorted(failing.items())],
             "not_movable": sorted(self.unmovable),
+            "changed_by_others": [self.changed[k] for k in sorted(self.changed)],
         }
         if any(isolation_asked(w) for w in state.workloads) and self.files.irqbalance():
             out["irqbalance"] = IRQBALANCE_ADVICE
@@ -204,6 +275,23 @@ class IsolationKeeper:
             label = (kind_of(key), "restore_failed" if key in failing else "held")
             out[label] = out.get(label, 0) + 1
         return out
+
+
+def _about_to_write(p: Plan, ledger: IsolationLedger) -> dict[str, tuple[str, ...]]:
+    """The ledger's `written` for plan `p`: each held knob's new value added to
+    what it may hold now, so a crash between the checkpoint and the write
+    leaves either one recognised as the agent's. A knob recorded by an older
+    agent (no `written`) stays without: what it holds is not known."""
+    out = {k: v for k, v in ledger.written.items() if k in p.originals}
+    for t in p.targets:
+        if not t.held_by or t.key not in p.originals:
+            continue
+        if t.key in ledger.originals and t.key not in ledger.written:
+            continue
+        prior = out.get(t.key, ())
+        if not any(same_value(t.key, v, t.value) for v in prior):
+            out[t.key] = (*prior, t.value)
+    return out
 
 
 def _describe(exc: OSError) -> str:

@@ -73,6 +73,15 @@ def parse_allowed(status_text: str) -> CpuSet | None:
         return None
 
 
+def parse_uid(status_text: str) -> int | None:
+    """The effective uid (the second of the Uid line) of /proc/PID/status."""
+    for line in status_text.splitlines():
+        if line.startswith("Uid:"):
+            ids = line[4:].split()
+            return int(ids[1]) if len(ids) > 1 and ids[1].isdigit() else None
+    return None
+
+
 def parse_cgroup(text: str) -> str | None:
     """The cgroup v2 path ("0::/a/b") of /proc/PID/cgroup."""
     for line in text.splitlines():
@@ -91,15 +100,20 @@ class Guarded:
     cpus: CpuSet
     cgroup: str | None = None
     pid: int | None = None
+    owner_uid: int | None = None  # whose the workload is (None: not known)
 
-    def holds(self, pid: int, cgroup: str | None, marked: str | None) -> bool:
+    def holds(self, pid: int, cgroup: str | None, marked: str | None, uid: int | None = None) -> bool:
         """Is a task of process `pid` (in `cgroup`, its environment naming
-        workload `marked`) this workload's own?"""
+        workload `marked`, running as `uid`) this workload's own?"""
         if self.cgroup is not None:
             return cgroup is not None and (cgroup == self.cgroup or cgroup.startswith(self.cgroup + "/"))
         # Affinity mode: the tracked process and what it forked (numa-run's
-        # environment mark is inherited).
-        return pid == self.pid or marked == self.name
+        # environment mark is inherited). Anyone can put the mark in their own
+        # environment, so it counts only for the workload's owner (or root):
+        # another user cannot hide a process on these CPUs behind it.
+        if pid == self.pid:
+            return True
+        return marked == self.name and (self.owner_uid is None or uid in (self.owner_uid, 0))
 
 
 def cpu_owners(guarded: Iterable[Guarded]) -> dict[int, Guarded]:

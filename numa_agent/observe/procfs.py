@@ -11,7 +11,7 @@ import os
 from typing import Iterator, Protocol
 
 from numa_agent.core.cpuset import CpuSet
-from numa_agent.observe.model import parse_allowed, parse_cgroup, parse_numa_maps, parse_numa_stat
+from numa_agent.observe.model import parse_allowed, parse_cgroup, parse_numa_maps, parse_numa_stat, parse_uid
 
 WORKLOAD_ENV = b"NUMA_AGENT_WORKLOAD="  # numa-run's mark, inherited by what a workload forks
 
@@ -26,6 +26,9 @@ class TaskSource(Protocol):
 
     def marked(self, pid: int) -> str | None:
         """The workload name numa-run left in the process's environment."""
+
+    def owner(self, pid: int) -> int | None:
+        """The process's effective uid."""
 
     def numa_stat(self, cgroup_dir: str) -> dict[int, int] | None: ...
 
@@ -87,6 +90,10 @@ class ProcReader:
             if item.startswith(WORKLOAD_ENV):
                 return item[len(WORKLOAD_ENV):].decode("utf-8", "replace")
         return None
+
+    def owner(self, pid: int) -> int | None:
+        raw = _read(f"{self.root}/{pid}/status")
+        return parse_uid(raw.decode("utf-8", "replace")) if raw else None
 
     def numa_stat(self, cgroup_dir: str) -> dict[int, int] | None:
         raw = _read(os.path.join(cgroup_dir, "memory.numa_stat"))

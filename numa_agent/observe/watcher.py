@@ -59,7 +59,7 @@ def guarded_of(state: AgentState, path_of: Callable[[str], str | None],
         if w.shared or not w.booking.cpus or is_quarantined(w):
             continue
         cgroup = cgroup_name(path_of(workload_relpath(w)), mount)
-        out.append(Guarded(w.name, w.booking.cpus, cgroup, w.pid))
+        out.append(Guarded(w.name, w.booking.cpus, cgroup, w.pid, w.owner_uid))
     return out
 
 
@@ -86,7 +86,9 @@ def scan(source: TaskSource, owners: Mapping[int, Guarded]) -> tuple[list[Intrud
             if owner.cgroup is not None:
                 inside[key] = owner.holds(pid, source.cgroup(pid), None)
             else:
-                inside[key] = pid == owner.pid or owner.holds(pid, None, source.marked(pid))
+                marked = None if pid == owner.pid else source.marked(pid)
+                uid = source.owner(pid) if marked == owner.name else None
+                inside[key] = owner.holds(pid, None, marked, uid)
         if inside[key]:
             continue
         task = parse_stat(pid, tid, text)

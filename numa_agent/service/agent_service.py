@@ -50,13 +50,14 @@ from numa_agent.enforcement.errors import EnforcementError
 from numa_agent.enforcement.plan import desired_layout, update_layout, workload_relpath
 from numa_agent.enforcement.processes import pidfd_alive
 from numa_agent.enforcement.protocol import Enforcer, Layout
+from numa_agent.enforcement.record import LEDGER_RECORD, decode_ledger, encode_ledger
 from numa_agent.hotplug.rebase import rebase_state
 from numa_agent.isolation.keeper import ISOLATE, STRICT, IsolationKeeper, isolation_asked
 from numa_agent.service.caller import Caller
 from numa_agent.service.counters import Counters
 from numa_agent.service.rebuild import REBUILT, is_quarantined
 from numa_agent.state.checkpoint import CheckpointError
-from numa_agent.state.model import AgentState, Workload
+from numa_agent.state.model import AgentState, IsolationLedger, Workload
 
 log = logging.getLogger("numa_agent.service")
 
@@ -67,11 +68,16 @@ class AgentService:
     def __init__(self, machine: Machine, store, enforcer: Enforcer, *,
                  clock: Callable[[], float] = time.time,
                  topology_json: Callable[[], dict] | None = None,
-                 isolation: IsolationKeeper | None = None, isolate_default: tuple[str, ...] = ()) -> None:
+                 isolation: IsolationKeeper | None = None, isolate_default: tuple[str, ...] = (),
+                 isolate_gid: int | None = None) -> None:
         self.machine = machine
         # Interrupts, idle states and frequency of isolating workloads' CPUs (None: never touched).
         self.isolation = isolation
         self.isolate_default = isolate_default
+        # Who besides root may ask for --isolate (a group id; None: root only): it
+        # changes machine-wide settings (every interrupt's affinity, a whole
+        # cpufreq policy), which the kernel lets only root change.
+        self.isolate_gid = isolate_gid
         self.store = store
         self.enforcer = enforcer
         self.clock = clock
@@ -115,7 +121,7 @@ class AgentService:
                 raise refused(exc.message, details={**exc.explanation, "reason": exc.message,
                                                     "reason_code": exc.code}) from None
             w = decision.workload
-            w = self._with_isolation(w, request)
+            w = self._with_isolation(w, request, caller, started)
             decision_state = decision.state if w is decision.workload else decision.state.with_workload(w)
             self._check_strict(decision_state, w, started)
             if dry_run:
@@ -235,6 +241,7 @@ class AgentService:
     def _save(self, state: AgentState) -> None:
         """Make `state` durable: only its change from the last one checkpointed
         (the store's journal), or a whole snapshot when the store says so."""
+        self._record_isolation(state)
         try:
             kind = self.store.commit(state)
         except CheckpointError as exc:
@@ -259,6 +266,17 @@ class AgentService:
                         self.store.directory, self.clock() - self._checkpoint_trouble[1])
             self._checkpoint_trouble = None
 
+    _ledger_recorded: IsolationLedger | None = None
+
+    def _record_isolation(self, state: AgentState) -> None:
+        """The isolation ledger also on the cgroup root (best effort, before the
+        checkpoint): the originals outlive the checkpoint's loss, as the
+        workloads' own records do. The affinity fallback has no such place."""
+        if self.isolation is None or state.isolation == self._ledger_recorded:
+            return
+        self.enforcer.write_record(LEDGER_RECORD, encode_ledger(state.isolation))
+        self._ledger_recorded = state.isolation
+
     # ---- lifecycle -------------------------------------------------------------------
     def install(self, state: AgentState) -> None:
         """Adopt a restored state: checkpoint it as a whole snapshot (which
@@ -267,7 +285,9 @@ class AgentService:
         with self._lock:
             layout = desired_layout(self.machine, state)
             if self.isolation is not None:
-                state = self.isolation.prepare(state)
+                recorded = decode_ledger(self.enforcer.read_record(LEDGER_RECORD)) \
+                    if self.enforcer.exists(LEDGER_RECORD) else None  # a first start: nothing kept yet
+                state = self.isolation.prepare(self.isolation.recovered(state, recorded))
             try:
                 self.store.commit(state, snapshot=True)
             except CheckpointError as exc:
@@ -277,6 +297,7 @@ class AgentService:
             self.counters.checkpoint_snapshots_total += 1
             self.enforcer.apply({}, layout, None)
             self.enforcer.prune(layout)
+            self._record_isolation(state)  # its cgroup exists now; before any knob is written
             self.state, self._layout = state, layout
             self._isolate()  # restores what workloads gone while the agent was down held
 
@@ -330,8 +351,14 @@ class AgentService:
         return view
 
     # ---- isolation ------------------------------------------------------------------
-    def _with_isolation(self, w: Workload, body: AdmitRequest) -> Workload:
+    def _with_isolation(self, w: Workload, body: AdmitRequest, caller: Caller, started: float) -> Workload:
         """`w` with the isolation it asked for (or the configured default) in its request."""
+        if body.isolate and not (caller.is_root or (self.isolate_gid is not None and
+                                                    caller.in_group(self.isolate_gid))):
+            self.counters.refused("forbidden", time.perf_counter() - started)
+            raise Forbidden("--isolate changes machine-wide settings (interrupt affinities, idle states, "
+                            "CPU frequency): only root may ask for it, or the members of the group the "
+                            "agent's [isolation] group names")
         kinds = tuple(body.isolate) if body.isolate is not None else self.isolate_default
         if not kinds or (w.shared and body.isolate is None):
             return w

@@ -21,7 +21,12 @@ class Caller:
     # process_identity(pid), read after the pidfd was pinned: what a recycled
     # PID cannot repeat, kept with the workload.
     identity: str | None = None
+    # Its supplementary groups at connect (SO_PEERGROUPS); () when not known.
+    groups: tuple[int, ...] = ()
 
     @property
     def is_root(self) -> bool:
         return self.uid == 0
+
+    def in_group(self, gid: int) -> bool:
+        return self.gid == gid or gid in self.groups

@@ -55,6 +55,7 @@ class AgentConfig:
     intruder_scan_seconds: float = 2.0  # [observe]; 0: no intruder scan
     isolate_default: tuple[str, ...] = ()  # numa-run --isolate when a request does not say
     idle_latency_us: int = 0  # the PM QoS resume latency `idle` isolation sets; 0: none at all
+    isolate_group: str | None = None  # who besides root may ask for --isolate; None: root only
     policy: PolicyConfig = field(default_factory=PolicyConfig)
 
 
@@ -127,6 +128,7 @@ class IsolationSection(_Section, frozen=True):
     isolate_default: list[Literal["irqs", "idle", "freq", "all"]] | UnsetType = \
         msgspec.field(default=UNSET, name="default")
     idle_latency_us: Annotated[int, msgspec.Meta(ge=0, le=2_000_000)] | UnsetType = UNSET
+    isolate_group: str | UnsetType = msgspec.field(default=UNSET, name="group")
 
 
 class ConfigFile(_Section, frozen=True):

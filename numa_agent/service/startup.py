@@ -100,6 +100,7 @@ class Agent:
         from numa_agent.state.checkpoint import CheckpointStore
 
         cfg = self.cfg
+        isolate_gid = _isolate_gid(cfg)
         try:
             topology = read_topology(cfg.sysfs_root)
         except DiscoveryError as exc:
@@ -125,7 +126,7 @@ class Agent:
         except Exception as exc:
             raise StartupError(f"cannot restore state: {exc}") from None
         service = AgentService(machine, store, enforcer, isolation=_isolation_keeper(cfg),
-                               isolate_default=cfg.isolate_default)
+                               isolate_default=cfg.isolate_default, isolate_gid=isolate_gid)
         try:
             service.install(state)
         except Exception as exc:
@@ -530,14 +531,27 @@ def _half(interval):
     return interval / 2 if interval else None
 
 
+def _isolate_gid(cfg) -> int | None:
+    """The gid of `[isolation] group`; an unknown group stops the start."""
+    if cfg.isolate_group is None:
+        return None
+    import grp
+
+    try:
+        return grp.getgrnam(cfg.isolate_group).gr_gid
+    except KeyError:
+        raise StartupError(f"isolation.group: no group named {cfg.isolate_group!r}") from None
+
+
 def _isolation_keeper(cfg):
     """The machine's /proc and /sys, or on a captured tree (`--sysfs-root`) its
     knobs simulated: this machine's interrupts are never touched for a snapshot."""
+    from numa_agent.enforcement.processes import boot_id
     from numa_agent.isolation.keeper import IsolationKeeper
     from numa_agent.isolation.knobs import ProcSysKnobs, SimulatedKnobs
 
     root = os.path.abspath(cfg.sysfs_root)
     if root == "/":
-        return IsolationKeeper(ProcSysKnobs("/proc", "/sys", cfg.idle_latency_us))
+        return IsolationKeeper(ProcSysKnobs("/proc", "/sys", cfg.idle_latency_us), boot_id("/proc"))
     return IsolationKeeper(SimulatedKnobs(os.path.join(root, "proc"), os.path.join(root, "sys"),
                                           cfg.idle_latency_us))

@@ -132,12 +132,24 @@ class IsolationLedger(_Value, frozen=True):
     dropped once it holds its original again."""
 
     originals: Mapping[str, str] = {}  # knob key -> value before the agent changed it
+    # The boot they were read in ("" unknown): a reboot resets every knob, so
+    # another boot's originals must never be written back.
+    boot_id: str = ""
+    # knob key -> the values the agent may have left in it: the one it wrote
+    # and, between the checkpoint and the write, the next one. A knob holding
+    # anything else was changed by someone else and is not overwritten.
+    # Absent for a knob (older checkpoints): not known, restored as before.
+    written: Mapping[str, tuple[str, ...]] = {}
 
     def __bool__(self) -> bool:
         return bool(self.originals)
 
     def to_json(self) -> dict[str, Any]:
         return _to_json(self)
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> "IsolationLedger":
+        return _from_json(d, cls)
 
 
 class AgentState(_Value, frozen=True, dict=True, weakref=True):

@@ -416,3 +416,13 @@ def test_socket_and_its_new_directory_keep_their_modes_under_a_private_umask(fak
         assert stat.S_IMODE(os.stat(srv.socket_path).st_mode) == 0o660
     finally:
         srv.stop()
+
+
+def test_the_peers_supplementary_groups_are_read_from_the_socket():
+    import socket as socket_module
+
+    from numa_agent.api.server import peer_groups
+
+    a, b = socket_module.socketpair(socket_module.AF_UNIX, socket_module.SOCK_STREAM)
+    with a, b:
+        assert set(peer_groups(a)) == set(os.getgroups())

@@ -161,3 +161,11 @@ def test_status_lists_isolation_and_failed_restores():
     assert "  isolation (irqs): irqs done" in lines
     assert "isolation: interrupts the kernel manages (not movable): 30" in lines
     assert any(line.startswith("ISOLATION RESTORE FAILED irq/24: original '0-7'") for line in lines)
+
+
+def test_status_says_which_isolation_setting_someone_else_changed():
+    from numa_agent.cli.status_cmd import isolation_status_lines
+
+    status = {"isolation": {"changed_by_others": [{"knob": "irq/24", "original": "0-7", "found": "0-1"}]}}
+    assert isolation_status_lines(status, []) == [
+        "", "isolation: irq/24 changed by someone else to '0-1' while held: left so, its original '0-7' not restored"]

@@ -185,3 +185,127 @@ def test_a_commit_that_changes_no_holding_reads_and_writes_nothing(tmp_path):
     assert Counting.calls == 0
     step(keeper, state.with_workload(workload("c", "6")))  # a new holder: planned and written
     assert Counting.calls > 0 and read(root, "proc/irq/24/smp_affinity_list") == "0-3,7"
+
+
+def test_after_a_reboot_the_previous_boots_originals_are_never_written_back(tmp_path):
+    root = machine(tmp_path)
+    held = step(IsolationKeeper(knobs(root), boot_id="boot-1"), AgentState().with_workload(workload("a", "4-5")))
+    assert held.isolation.boot_id == "boot-1"
+    # Power cut. The new boot's kernel (and whatever the admin runs at boot) set the knobs;
+    # the workload did not survive; the agent loads the checkpoint it wrote before the cut.
+    for irq in ("24", "25"):
+        (root / f"proc/irq/{irq}/smp_affinity_list").write_text("0-1\n")
+    (root / f"{CPU}/cpu4/power/pm_qos_resume_latency_us").write_text("20\n")
+    after_boot = snapshot(root)
+    loaded = AgentState.from_json(held.to_json()).without_workload("a")
+    restored = step(IsolationKeeper(knobs(root), boot_id="boot-2"), loaded)
+    assert snapshot(root) == after_boot and not restored.isolation
+
+
+def test_the_same_boot_restores_and_an_unknown_boot_is_trusted(tmp_path):
+    for first, second in (("boot-1", "boot-1"), ("", "boot-2"), ("boot-1", None)):
+        root = machine(tmp_path / f"{first}-{second}")
+        before = snapshot(root)
+        held = step(IsolationKeeper(knobs(root), boot_id=first), AgentState().with_workload(workload("a", "4-5")))
+        loaded = AgentState.from_json(held.to_json()).without_workload("a")
+        step(IsolationKeeper(knobs(root), boot_id=second), loaded)
+        assert snapshot(root) == before, (first, second)
+
+
+def test_a_knob_an_admin_changed_while_held_is_left_as_they_set_it(tmp_path):
+    root = machine(tmp_path)
+    before = snapshot(root)
+    keeper = IsolationKeeper(knobs(root))
+    state = step(keeper, AgentState().with_workload(workload("a", "4-5", "irqs")))
+    (root / "proc/irq/24/smp_affinity_list").write_text("0-1\n")  # the admin's, meanwhile
+    state = step(keeper, state.without_workload("a"))
+    assert read(root, "proc/irq/24/smp_affinity_list") == "0-1"  # not the stale original 0-7
+    assert {k: v for k, v in snapshot(root).items() if "irq/24/" not in k} == \
+        {k: v for k, v in before.items() if "irq/24/" not in k}  # the rest restored
+    assert not state.isolation
+    assert keeper.status(state)["changed_by_others"] == [{"knob": "irq/24", "original": "0-7", "found": "0-1"}]
+
+
+def test_a_knob_an_admin_changed_is_not_overwritten_for_the_next_workload_either(tmp_path):
+    root = machine(tmp_path)
+    keeper = IsolationKeeper(knobs(root))
+    state = step(keeper, AgentState().with_workload(workload("a", "4-5", "irqs")))
+    (root / "proc/irq/24/smp_affinity_list").write_text("0-3\n")
+    state = step(keeper, state.with_workload(workload("b", "6", "irqs")))
+    assert read(root, "proc/irq/24/smp_affinity_list") == "0-3" and "irq/24" not in state.isolation.originals
+    assert read(root, "proc/irq/25/smp_affinity_list") == "0-3,7"
+    # From now on the admin's value is the original: a later change holds and restores it.
+    (root / "proc/irq/24/smp_affinity_list").write_text("0-7\n")
+    state = step(keeper, state.with_workload(workload("c", "7", "irqs")))
+    assert read(root, "proc/irq/24/smp_affinity_list") == "0-3" and state.isolation.originals["irq/24"] == "0-7"
+    assert keeper.status(state)["changed_by_others"] == []
+    state = step(keeper, state.without_workload("a").without_workload("b").without_workload("c"))
+    assert read(root, "proc/irq/24/smp_affinity_list") == "0-7" and not state.isolation
+
+
+class Crash(BaseException):
+    """The agent dies (power cut, SIGKILL) at this point."""
+
+
+class Crashing(ProcSysKnobs):
+    """Dies before its `at`-th write (counting from 0), or at none."""
+
+    def __init__(self, root: Path, at: int | None) -> None:
+        super().__init__(root / "proc", root / "sys")
+        self.at, self.count = at, 0
+
+    def write(self, key: str, value: str) -> None:
+        if self.count == self.at:
+            raise Crash()
+        self.count += 1
+        super().write(key, value)
+
+
+def test_killed_before_any_write_of_admissions_releases_and_recovery_every_knob_ends_at_its_original(tmp_path):
+    """Two workloads sharing interrupts come and go; the agent is killed before
+    each write in turn (and again before each write of the recovery after it).
+    What the service checkpoints is what `prepare` returns, then what `enforce`
+    returns; a new agent starts from the last checkpoint with the same workloads."""
+    changes = (lambda s: s.with_workload(workload("a", "4-5")), lambda s: s.with_workload(workload("b", "5-6")),
+               lambda s: s.without_workload("a"), lambda s: s.with_workload(workload("c", "2-3", "irqs", "idle")),
+               lambda s: s.without_workload("b").without_workload("c"))
+    count = Crashing(machine(tmp_path / "count"), None)
+    state, keeper = AgentState(), IsolationKeeper(count)
+    for change in changes:
+        state = step(keeper, change(state))
+    runs = 0
+    for at in range(count.count):
+        for recovery_at in (None, 0, 1):
+            root = machine(tmp_path / f"crash-{at}-{recovery_at}")
+            before = snapshot(root)
+            keeper, checkpoint, crashes = IsolationKeeper(Crashing(root, at)), AgentState(), [recovery_at]
+            for change in changes:
+                checkpoint = keeper.prepare(change(checkpoint))
+                while True:
+                    try:
+                        checkpoint = keeper.enforce(checkpoint)
+                        break
+                    except Crash:  # a new agent loads the checkpoint and enforces it (perhaps dying too)
+                        keeper = IsolationKeeper(Crashing(root, crashes.pop() if crashes else None))
+                        checkpoint = keeper.prepare(AgentState.from_json(checkpoint.to_json()))
+                        runs += 1
+            assert snapshot(root) == before, (at, recovery_at)
+            assert not checkpoint.isolation and keeper.changed == {}, (at, recovery_at)
+    assert runs >= count.count * 3
+
+
+class Rounding(ProcSysKnobs):
+    """Stores the top frequency asked for as a minimum 1 MHz lower, as a driver may clamp it."""
+
+    def write(self, key: str, value: str) -> None:
+        super().write(key, "2999000" if key.endswith("min_freq") and value == "3000000" else value)
+
+
+def test_a_value_the_kernel_stored_otherwise_than_written_is_still_the_agents_and_restored(tmp_path):
+    root = machine(tmp_path, governors="powersave")
+    before = snapshot(root)
+    keeper = IsolationKeeper(Rounding(root / "proc", root / "sys"))
+    state = step(keeper, AgentState().with_workload(workload("a", "5", "freq")))
+    assert read(root, f"{CPU}/cpufreq/policy4/scaling_min_freq") == "2999000"
+    state = step(keeper, state.without_workload("a"))
+    assert snapshot(root) == before and not state.isolation and keeper.changed == {}

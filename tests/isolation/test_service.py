@@ -8,7 +8,7 @@ import os
 import pytest
 
 from numa_agent.admission.machine import PolicyConfig, build_machine
-from numa_agent.api.errors import AdmissionRefused, BadRequest
+from numa_agent.api.errors import AdmissionRefused, BadRequest, Forbidden
 from numa_agent.api.validation import AdmitRequest, parse_admit_request
 from numa_agent.core.cpuset import CpuSet
 from numa_agent.enforcement.fake_cgroupfs import make_fake_cgroup_root
@@ -20,7 +20,8 @@ from numa_agent.views.metrics import build_registry
 from tests.support.isolation_tree import CPU, Failing, machine, snapshot
 from tests.support.simulated_service import start
 
-ME = Caller(pid=os.getpid(), uid=1000, gid=1000)
+ME = Caller(pid=os.getpid(), uid=0, gid=0)  # only root (or a configured group) may ask for --isolate
+USER = Caller(pid=os.getpid(), uid=1000, gid=1000)
 
 
 @pytest.fixture
@@ -147,3 +148,66 @@ def _metrics(service) -> str:
     from prometheus_client import generate_latest
 
     return generate_latest(build_registry(service.metrics_snapshot)).decode()
+
+
+def test_losing_every_checkpoint_generation_loses_no_original(env):
+    m, state_dir, root, tree = env
+    before = snapshot(tree)
+    service, _ = start(m, state_dir, root, isolation=keeper(tree))
+    service.admit(AdmitRequest(name="a", cpus=2, isolate=["irqs", "idle"]), ME)
+    service.enforcer.close()
+    for name in ("checkpoint.json", "checkpoint.json.prev", "checkpoint.journal"):
+        (state_dir / name).unlink(missing_ok=True)  # lost with the disk they were on
+    # The agent restarts: the workload is adopted from its cgroup's record, isolating again.
+    service2, report = start(m, state_dir, root, isolation=keeper(tree))
+    assert report.adopted == ("a",)
+    assert service2.state.isolation.originals["irq/24"] == "0-15"  # not the value the agent wrote
+    service2.release("a", None)
+    assert snapshot(tree) == before and not service2.state.isolation
+
+
+def test_an_older_generation_loaded_loses_no_original_it_lacks(env):
+    m, state_dir, root, tree = env
+    before = snapshot(tree)
+    service, _ = start(m, state_dir, root, isolation=keeper(tree))
+    service.admit(AdmitRequest(name="plain", cpus=1), ME)
+    service.store.commit(service.state, snapshot=True)  # a generation without any original
+    older = (state_dir / "checkpoint.json").read_bytes()
+    service.admit(AdmitRequest(name="a", cpus=2, isolate=["irqs"]), ME)
+    service.enforcer.close()
+    (state_dir / "checkpoint.journal").unlink(missing_ok=True)
+    (state_dir / "checkpoint.json").write_bytes(older)  # the newer generations damaged, an older one read
+    (state_dir / "checkpoint.json.prev").unlink(missing_ok=True)
+    service2, report = start(m, state_dir, root, isolation=keeper(tree))
+    assert "a" in report.adopted
+    service2.release("a", None)  # (plain's cgroup lost its one process to a: released at the restart)
+    assert snapshot(tree) == before and not service2.state.isolation
+
+
+def test_only_root_or_the_configured_group_may_ask_for_isolation(env):
+    m, state_dir, root, tree = env
+    before = snapshot(tree)
+    service, _ = start(m, state_dir, root, isolation=keeper(tree))
+    for dry_run in (True, False):
+        with pytest.raises(Forbidden, match=r"only root may ask for it.*\[isolation\] group"):
+            service.admit(AdmitRequest(name="a", cpus=2, isolate=["irqs"]), USER, dry_run=dry_run)
+    assert service.state.workloads == () and snapshot(tree) == before
+    service.isolate_gid = 4242
+    with pytest.raises(Forbidden):
+        service.admit(AdmitRequest(name="a", cpus=2, isolate=["irqs"]), USER)
+    member = Caller(pid=os.getpid(), uid=1000, gid=1000, groups=(27, 4242))
+    assert service.admit(AdmitRequest(name="a", cpus=2, isolate=["irqs"]), member)["isolation"]["done"] == ["irqs"]
+    primary = Caller(pid=os.getpid(), uid=1001, gid=4242)
+    assert service.admit(AdmitRequest(name="b", cpus=1, isolate=["idle"]), primary)["isolation"]["done"] == ["idle"]
+    # What the administrator configured as the default applies to everyone's exclusive workloads.
+    service.isolate_default = ("idle",)
+    assert service.admit(AdmitRequest(name="c", cpus=1), USER)["isolation"]["done"] == ["idle"]
+
+
+def test_a_first_start_looks_for_no_kept_originals_and_logs_nothing_of_it(env, caplog):
+    m, state_dir, root, tree = env
+    import logging
+
+    with caplog.at_level(logging.WARNING):
+        start(m, state_dir, root, isolation=keeper(tree))
+    assert not [r for r in caplog.records if "booking record" in r.getMessage()]

@@ -18,13 +18,16 @@ def stat_line(pid: int, tid: int, comm: str, cpu: int, *, flags: int = 0x400000,
 
 def add_task(proc: Path, pid: int, tid: int, comm: str, cpu: int, allowed: str, *,
              cgroup: str = "/", kernel: bool = False, start_time: int = 1000,
-             env: dict[str, str] | None = None) -> None:
+             env: dict[str, str] | None = None, uid: int = 1000) -> None:
     task = proc / str(pid) / "task" / str(tid)
     task.mkdir(parents=True, exist_ok=True)
     task.joinpath("stat").write_text(stat_line(pid, tid, comm, cpu, start_time=start_time,
                                                flags=KTHREAD if kernel else 0x400000))
-    task.joinpath("status").write_text(f"Name:\t{comm}\nPid:\t{tid}\nCpus_allowed:\tff\n"
-                                       f"Cpus_allowed_list:\t{allowed}\nMems_allowed_list:\t0-1\n")
+    status = (f"Name:\t{comm}\nPid:\t{tid}\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\nCpus_allowed:\tff\n"
+              f"Cpus_allowed_list:\t{allowed}\nMems_allowed_list:\t0-1\n")
+    task.joinpath("status").write_text(status)
+    if tid == pid:
+        (proc / str(pid) / "status").write_text(status)
     (proc / str(pid) / "cgroup").write_text(f"0::{cgroup}\n")
     (proc / str(pid) / "environ").write_bytes(
         b"".join(f"{k}={v}\0".encode() for k, v in (env or {"PATH": "/bin"}).items()))

@@ -45,6 +45,17 @@ def test_affinity_mode_knows_the_process_and_what_it_forked_by_its_mark(tmp_path
     assert [(i.pid, i.command) for i in found] == [(160, "other")]
 
 
+def test_another_users_process_cannot_hide_behind_the_workloads_mark(tmp_path):
+    proc = tmp_path / "proc"
+    add_task(proc, 100, 100, "db", 2, "2-3", uid=1000)
+    add_task(proc, 150, 150, "db-child", 3, "2-3", env={"NUMA_AGENT_WORKLOAD": "db"}, uid=1000)
+    add_task(proc, 151, 151, "sudo-child", 3, "2-3", env={"NUMA_AGENT_WORKLOAD": "db"}, uid=0)
+    add_task(proc, 160, 160, "hiding", 3, "0-3", env={"NUMA_AGENT_WORKLOAD": "db"}, uid=1001)
+    owner = Guarded("db", CpuSet([2, 3]), pid=100, owner_uid=1000)
+    found, _ = scan(ProcReader(str(proc)), cpu_owners([owner]))
+    assert [(i.pid, i.command) for i in found] == [(160, "hiding")]
+
+
 def test_a_tree_without_tasks_shows_none(tmp_path):
     (tmp_path / "proc").mkdir()
     (tmp_path / "proc" / "meminfo").write_text("MemTotal: 1 kB\n")

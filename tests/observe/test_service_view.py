@@ -102,6 +102,12 @@ def test_status_and_metrics_show_intruders_and_memory_per_node(tmp_path, make):
     assert f"memory web: node {min(node, other)} " in text and "outside booked nodes 16MiB (20.0%)" in text
 
 
+def test_a_workload_is_guarded_with_its_owner_whose_mark_alone_counts(tmp_path, make):
+    service, root, out = make()
+    (web,) = guarded_of(service.state, service.enforcer.path_of, str(root))
+    assert (web.name, web.cpus, web.owner_uid) == ("web", CpuSet.parse(out["cpus"]), 1000)
+
+
 def test_without_observation_data_status_says_not_available(tmp_path, make):
     service, _, _ = make()
     source = ProcReader(str(tmp_path / "no-proc"))

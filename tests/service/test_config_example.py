@@ -103,9 +103,10 @@ def test_a_reserved_cpu_list_alone_sets_the_count_as_the_kubelets_reserved_syste
 
 def test_isolation_keys_are_read_and_a_bad_one_named(tmp_path):
     path = tmp_path / "ok.toml"
-    path.write_text('[isolation]\ndefault = ["all"]\nidle_latency_us = 20\n')
+    path.write_text('[isolation]\ndefault = ["all"]\nidle_latency_us = 20\ngroup = "isolators"\n')
     cfg = load_config(path, required=True)
     assert cfg.isolate_default == ("irqs", "idle", "freq") and cfg.idle_latency_us == 20
+    assert cfg.isolate_group == "isolators" and load_config(tmp_path / "none.toml").isolate_group is None
     assert _error(tmp_path, '[isolation]\ndefault = ["irq"]\n') == \
         "isolation.default[0]: 'irq' is not one of all, freq, idle, irqs"
     assert _error(tmp_path, "[isolation]\nidle_latency_us = -1\n").startswith("isolation.idle_latency_us: expected")
