@@ -78,7 +78,9 @@ class IsolationKeeper:
     def __init__(self, files: KnobFiles, boot_id: str | None = None) -> None:
         self.files = files
         self.boot_id = boot_id or ""  # this boot's: the ledger says which boot its originals are of
-        self.unmovable: set[str] = set()  # writes refused with EIO: kernel-managed interrupts
+        # Writes refused with EIO: kernel-managed interrupts. Replaced, never changed in
+        # place: status reads it without the service's lock.
+        self.unmovable: frozenset[str] = frozenset()
         self.failures: dict[str, str] = {}  # knob -> why its last write failed
         # knob -> what was found in it: changed by someone else while held, left as it is
         self.changed: dict[str, dict[str, str | None]] = {}
@@ -89,7 +91,7 @@ class IsolationKeeper:
 
     def _plan(self, state: AgentState) -> Plan:
         return plan(holdings(state), self.files.knobs(), state.isolation.originals, _Reads(self.files),
-                    frozenset(self.unmovable))
+                    self.unmovable)
 
     @staticmethod
     def active(state: AgentState) -> bool:
@@ -221,7 +223,7 @@ class IsolationKeeper:
             if exc.errno == errno.ENOENT:
                 return None, None
             if exc.errno == errno.EIO and held and key.startswith("irq/"):
-                self.unmovable.add(key)  # the kernel manages it: listed, not an error
+                self.unmovable = self.unmovable | {key}  # the kernel manages it: listed, not an error
                 return before, None
             return before, _describe(exc)
         try:

@@ -40,3 +40,14 @@ def test_render_reports_a_broken_page(tmp_path):
     broken = tmp_path / "broken.1"
     broken.write_text(".TH BROKEN 1\n.SH NAME\nbroken \\- x\n.XYZZY\n")
     assert render(broken).stderr != ""
+
+
+def test_numa_run_page_names_every_long_option():
+    # The page was once missing --isolate: every option numa-run accepts is described there.
+    from numa_agent.cli.numa_run import build_parser
+
+    page = (REPO / "docs" / "man" / "numa-run.1").read_text().replace("\\-", "-")
+    options = {opt for action in build_parser()._actions for opt in action.option_strings
+               if opt.startswith("--") and opt not in ("--help", "--version")}
+    assert options, "no options found: the check would pass vacuously"
+    assert sorted(opt for opt in options if opt not in page) == []
