@@ -220,8 +220,13 @@ class AgentService:
             self.state = after
 
     def isolation_pending(self) -> bool:
-        """A restore failed and waits for its retry."""
-        return self.isolation is not None and bool(self.isolation.restore_failures())
+        """A restore failed and waits for its retry, or irqbalance restarted and is to be told again."""
+        return self.isolation is not None and (bool(self.isolation.restore_failures())
+                                               or self.isolation.lost(self.state))
+
+    def isolation_watched(self) -> bool:
+        """A setting is held by a daemon that may restart and forget it (irqbalance)."""
+        return self.isolation is not None and self.isolation.watched(self.state)
 
     def retry_isolation(self) -> None:
         with self._lock:
@@ -404,10 +409,6 @@ class AgentService:
         if dry_run and view.get("isolation"):
             view["isolation"].update(done=[], not_done=list(self.isolation.missing(state, w.name))
                                      if self.isolation is not None else view["isolation"]["not_done"])
-        if view.get("isolation") and self.isolation is not None:
-            advice = self.isolation.status(state).get("irqbalance")
-            if advice and "irqs" in view["isolation"]["asked"]:
-                view["isolation"]["not_done"].append(advice)
         view.update({
             "cgroup": None if dry_run else self.enforcer.path_of(workload_relpath(w)),
             "enforcement": self.enforcer.mode,
