@@ -36,6 +36,8 @@ _KEYS = (
 
 
 class KnobFiles(Protocol):
+    daemons: bool  # it may hold a setting in a daemon that can restart and forget it (irqbalance)
+
     def knobs(self) -> tuple[Knob, ...]:
         """Every knob the machine offers now (interrupts come and go)."""
         ...
@@ -57,6 +59,7 @@ def latency_value(latency_us: int) -> str:
 
 
 class ProcSysKnobs:
+    daemons = True
     def __init__(self, proc: str | os.PathLike = "/proc", sys: str | os.PathLike = "/sys",
                  latency_us: int = 0, irqbalance_run: str | os.PathLike = RUN_DIR) -> None:
         self.roots = {"proc": Path(proc), "sys": Path(sys)}
@@ -136,6 +139,8 @@ class ProcSysKnobs:
 
 class SimulatedKnobs(ProcSysKnobs):
     """A captured tree's knobs; writes are kept in memory, never made."""
+
+    daemons = False
 
     def __init__(self, proc: str | os.PathLike, sys: str | os.PathLike, latency_us: int = 0) -> None:
         super().__init__(proc, sys, latency_us)

@@ -225,8 +225,11 @@ class AgentService:
                                                or self.isolation.lost(self.state))
 
     def isolation_watched(self) -> bool:
-        """A setting is held by a daemon that may restart and forget it (irqbalance)."""
-        return self.isolation is not None and self.isolation.watched(self.state)
+        """Isolation may hold a setting in a daemon that can restart and forget it
+        (irqbalance): the event loop wakes to look. Asked before the loop waits, so
+        true whenever it could hold one, not only while it does (an admission made
+        while the loop waits would not wake it)."""
+        return self.isolation is not None and self.isolation.files.daemons
 
     def retry_isolation(self) -> None:
         with self._lock:

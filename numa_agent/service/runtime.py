@@ -39,9 +39,10 @@ log = logging.getLogger("numa_agent.runtime")
 
 RETRY_FIRST = 0.25  # seconds before the first retry of a failed release
 RETRY_CAP = 4.0  # the longest wait between retries: recovery within seconds
-# While a daemon holds a setting for isolation (irqbalance's banned CPUs), how
+# Where isolation may hold a setting in a daemon (irqbalance's banned CPUs), how
 # often the loop wakes to see it has not restarted and forgotten it: well
-# within irqbalance's first rebalance (10 s after it starts, by default).
+# within irqbalance's first rebalance (10 s after it starts, by default). A
+# wake with nothing held reads nothing.
 WATCH_INTERVAL = 2.0
 
 

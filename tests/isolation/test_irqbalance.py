@@ -23,6 +23,7 @@ from numa_agent.state.checkpoint import CheckpointStore
 from numa_agent.state.model import AgentState
 from numa_agent.testing.synthetic import make_topology
 from tests.isolation.test_keeper import step, workload
+from tests.support.agent_process import wait_for
 from tests.support.fake_irqbalance import FakeIrqbalance
 from tests.support.isolation_tree import machine, snapshot
 from tests.support.simulated_service import start
@@ -171,7 +172,7 @@ def test_the_service_tells_a_restarted_irqbalance_again_on_its_retry(service_env
     now = [1000.0]
     loop = EventLoop(service, clock=lambda: now[0])
     loop.open()
-    # While held, the loop wakes to look (nothing else may wake it); nothing is pending.
+    # The loop wakes to look (nothing else may wake it); nothing is pending.
     assert loop._timeout(None) == WATCH_INTERVAL and not service.isolation_pending()
     fake.stop()
     again = FakeIrqbalance(tree / "proc", run, 4343)
@@ -182,7 +183,6 @@ def test_the_service_tells_a_restarted_irqbalance_again_on_its_retry(service_env
     assert again.banned == cpus and not service.isolation_pending()
     service.release("a", None)
     assert again.from_ui is None and "isolation" not in CheckpointStore(state_dir).load()
-    assert loop._timeout(None) is None  # nothing held: no wake-up
     loop.close()
     again.stop()
 
@@ -201,3 +201,27 @@ def test_strict_refuses_when_irqbalance_cannot_be_told(service_env):
     out = service.admit(AdmitRequest(name="b", cpus=2, isolate=["irqs"]), me)  # admitted, and said
     assert any("did not answer" in line for line in out["isolation"]["not_done"])
     fake.stop()
+
+
+def test_the_running_loop_tells_a_restarted_irqbalance_again_unasked(service_env):
+    """The loop thread waits on its descriptors; an admission made meanwhile does
+    not wake it, so it must already be waking to look."""
+    m, state_dir, root, tree, run = service_env
+    fake = FakeIrqbalance(tree / "proc", run, 4242)
+    service, _ = start(m, state_dir, root, isolation=keeper_for(tree, run))
+    loop = EventLoop(service).start()
+    try:
+        out = service.admit(AdmitRequest(name="a", cpus=2, isolate=["irqs"]),
+                            Caller(pid=os.getpid(), uid=1000, gid=1000))
+        fake.stop()
+        again = FakeIrqbalance(tree / "proc", run, 4343)
+        assert wait_for(lambda: again.banned == CpuSet.parse(out["cpus"]), timeout=30, interval=0.05)
+    finally:
+        loop.stop()
+    again.stop()
+
+
+def test_a_simulated_machine_has_no_daemon_to_watch(service_env):
+    m, state_dir, root, tree, _ = service_env
+    service, _ = start(m, state_dir, root, isolation=IsolationKeeper(SimulatedKnobs(tree / "proc", tree / "sys")))
+    assert not service.isolation_watched()
