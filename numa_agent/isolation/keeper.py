@@ -16,8 +16,9 @@ import os
 from dataclasses import dataclass
 from typing import Any, Iterator, Mapping
 
+from numa_agent.isolation.irqbalance import IrqbalanceError
 from numa_agent.isolation.knobs import KnobFiles
-from numa_agent.isolation.plan import KINDS, Holding, Plan, kind_of, plan, same_value
+from numa_agent.isolation.plan import IRQBALANCE, KINDS, Holding, Plan, kind_of, plan, same_value
 from numa_agent.state.model import AgentState, IsolationLedger, Workload
 
 log = logging.getLogger("numa_agent.isolation")
@@ -26,10 +27,6 @@ ISOLATE = "isolate"  # Workload.request: the kinds asked for
 STRICT = "isolate_strict"  # Workload.request: refuse rather than isolate in part
 
 CHANGED = "changed by someone else"  # _write's answer for a knob holding what the agent never wrote
-
-IRQBALANCE_ADVICE = ("irqbalance runs and may move interrupts back onto isolated CPUs: ban them with "
-                     "IRQBALANCE_BANNED_CPULIST=<cpus> in its environment file (/etc/default/irqbalance "
-                     "or /etc/sysconfig/irqbalance) and restart it")
 
 
 def isolation_asked(w: Workload) -> tuple[str, ...]:
@@ -60,11 +57,13 @@ class _Reads(Mapping[str, str]):
 
     def __init__(self, files: KnobFiles) -> None:
         self.files = files
+        self.errors: dict[str, OSError] = {}  # key -> why it could not be read
 
     def __getitem__(self, key: str) -> str:
         try:
             return self.files.read(key)
-        except OSError:
+        except OSError as exc:
+            self.errors[key] = exc
             raise KeyError(key) from None
 
     def __iter__(self) -> Iterator[str]:
@@ -85,13 +84,18 @@ class IsolationKeeper:
         # knob -> what was found in it: changed by someone else while held, left as it is
         self.changed: dict[str, dict[str, str | None]] = {}
         self.plan: Plan | None = None  # the last one enforced
+        self.unreachable: str | None = None  # why irqbalance, running, could not be asked
         # The holdings and ledger the last enforce left with nothing failing: a commit
         # that changes neither (an admission without --isolate) reads and writes nothing.
         self._settled: tuple[dict[str, Holding], IsolationLedger] | None = None
 
     def _plan(self, state: AgentState) -> Plan:
-        return plan(holdings(state), self.files.knobs(), state.isolation.originals, _Reads(self.files),
-                    self.unmovable)
+        reads = _Reads(self.files)
+        p = plan(holdings(state), self.files.knobs(), state.isolation.originals, reads, self.unmovable)
+        # irqbalance runs but its banned set cannot be read (no socket, not root): said, not dropped.
+        error = reads.errors.get(IRQBALANCE)
+        self.unreachable = None if error is None or error.errno == errno.ENOENT else _describe(error)
+        return p
 
     @staticmethod
     def active(state: AgentState) -> bool:
@@ -144,14 +148,24 @@ class IsolationKeeper:
         return state.with_isolation(IsolationLedger())
 
     def _is_settled(self, state: AgentState) -> bool:
-        return self._settled is not None and self._settled == (holdings(state), state.isolation)
+        return self._settled is not None and self._settled == (holdings(state), state.isolation) \
+            and not self.lost(state)
+
+    @staticmethod
+    def watched(state: AgentState) -> bool:
+        """A held setting lives in a daemon's memory (irqbalance's banned set)."""
+        return IRQBALANCE in state.isolation.originals
+
+    def lost(self, state: AgentState) -> bool:
+        """A held setting was forgotten (irqbalance restarted): to be written again."""
+        return self.watched(state) and self.files.lost()
 
     def enforce(self, state: AgentState) -> AgentState:
         """Write every knob to its planned value; `state` with the knobs that
         still differ from their original in its ledger."""
         state = self._this_boot(state)
         if not self.active(state):
-            self.plan, self.failures, self._settled = None, {}, None
+            self.plan, self.failures, self._settled, self.unreachable = None, {}, None, None
             return state
         if self._is_settled(state):
             return state
@@ -192,7 +206,7 @@ class IsolationKeeper:
         if self.changed.keys() & keep.keys():  # held again: a new dict, status reads the old one unlocked
             self.changed = {k: v for k, v in self.changed.items() if k not in keep}
         after = state.with_isolation(self._ledger(keep, keep_written) if keep else IsolationLedger())
-        self._settled = None if failures else (holdings(after), after.isolation)
+        self._settled = None if failures or self.unreachable else (holdings(after), after.isolation)
         return after
 
     def _changed_by_others(self, key: str, original: str, found: str | None, ours: tuple[str, ...]) -> None:
@@ -249,6 +263,9 @@ class IsolationKeeper:
                     else:
                         done.add(kind_of(t.key))
             not_done[:0] = [*p.missing.get(w.name, ()), *p.notes.get(w.name, ())]
+            if self.unreachable and "irqs" in asked and not w.shared and w.booking.cpus:
+                not_done.append(f"{IRQBALANCE}: irqbalance runs but was not told to keep off these CPUs: "
+                                f"{self.unreachable}")
         return Report(tuple(k for k in KINDS if k in done), tuple(not_done))
 
     def restore_failures(self) -> dict[str, str]:
@@ -265,8 +282,8 @@ class IsolationKeeper:
             "not_movable": sorted(self.unmovable),
             "changed_by_others": [self.changed[k] for k in sorted(self.changed)],
         }
-        if any(isolation_asked(w) for w in state.workloads) and self.files.irqbalance():
-            out["irqbalance"] = IRQBALANCE_ADVICE
+        if self.unreachable:
+            out["irqbalance"] = f"irqbalance runs but cannot be told to keep off isolated CPUs: {self.unreachable}"
         return out
 
     def knob_counts(self, state: AgentState) -> dict[tuple[str, str], int]:
@@ -297,4 +314,6 @@ def _about_to_write(p: Plan, ledger: IsolationLedger) -> dict[str, tuple[str, ..
 
 
 def _describe(exc: OSError) -> str:
+    if isinstance(exc, IrqbalanceError):
+        return exc.strerror  # which socket, which answer
     return os.strerror(exc.errno) if exc.errno else str(exc)

@@ -4,9 +4,11 @@
 one (OSError as the kernel gives it: EIO for a kernel-managed interrupt,
 EACCES/EPERM without root, ENOENT for a knob that is gone). `ProcSysKnobs`
 is the machine's (under configurable /proc and /sys roots, so tests use
-written trees); `SimulatedKnobs` reads a captured tree and keeps its writes
+written trees; `irqbalance/banned` through a running irqbalance's socket,
+irqbalance.py); `SimulatedKnobs` reads a captured tree and keeps its writes
 in memory, so an agent running on a snapshot never touches this machine's
-interrupts or CPUs.
+interrupts or CPUs (nor its irqbalance: the snapshot's processes are not
+this machine's).
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ from pathlib import Path
 from typing import Mapping, Protocol
 
 from numa_agent.core.cpuset import CpuSet, CpuSetParseError
-from numa_agent.isolation.plan import IRQ_DEFAULT, Knob
+from numa_agent.isolation.irqbalance import RUN_DIR, IrqbalanceSocket
+from numa_agent.isolation.plan import IRQ_DEFAULT, IRQBALANCE, Knob
 
 _CPU = "devices/system/cpu"
 # key -> path below a root; anything else is not a knob (keys come back from the checkpoint).
@@ -33,6 +36,8 @@ _KEYS = (
 
 
 class KnobFiles(Protocol):
+    daemons: bool  # it may hold a setting in a daemon that can restart and forget it (irqbalance)
+
     def knobs(self) -> tuple[Knob, ...]:
         """Every knob the machine offers now (interrupts come and go)."""
         ...
@@ -41,8 +46,9 @@ class KnobFiles(Protocol):
 
     def write(self, key: str, value: str) -> None: ...
 
-    def irqbalance(self) -> bool:
-        """irqbalance runs (it may move interrupts back)."""
+    def lost(self) -> bool:
+        """A daemon told a value has exited since (a restarted irqbalance
+        forgot its banned set): the knobs are to be written again."""
         ...
 
 
@@ -53,10 +59,12 @@ def latency_value(latency_us: int) -> str:
 
 
 class ProcSysKnobs:
+    daemons = True
     def __init__(self, proc: str | os.PathLike = "/proc", sys: str | os.PathLike = "/sys",
-                 latency_us: int = 0) -> None:
+                 latency_us: int = 0, irqbalance_run: str | os.PathLike = RUN_DIR) -> None:
         self.roots = {"proc": Path(proc), "sys": Path(sys)}
         self.latency_us = latency_us
+        self.irqbalance = IrqbalanceSocket(proc, irqbalance_run)
 
     def path(self, key: str) -> Path:
         for pattern, root, template in _KEYS:
@@ -66,9 +74,13 @@ class ProcSysKnobs:
         raise OSError(errno.EINVAL, f"not an isolation knob: {key!r}")
 
     def read(self, key: str) -> str:
+        if key == IRQBALANCE:
+            return self.irqbalance.read()
         return self.path(key).read_text().strip()
 
     def write(self, key: str, value: str) -> None:
+        if key == IRQBALANCE:
+            return self.irqbalance.write(value)
         # One write(2) of the whole value, as the kernel's store functions expect.
         fd = os.open(self.path(key), os.O_WRONLY | os.O_TRUNC | os.O_CLOEXEC)  # as a shell's `>`
         try:
@@ -84,7 +96,15 @@ class ProcSysKnobs:
         out = [Knob(IRQ_DEFAULT, "irqs")] if (irq / "default_smp_affinity").exists() else []
         numbers = sorted(int(p.name) for p in _listdir(irq) if p.name.isdigit())
         out += [Knob(f"irq/{n}", "irqs") for n in numbers if (irq / str(n) / "smp_affinity_list").exists()]
+        if self._irqbalance_runs():
+            out.append(Knob(IRQBALANCE, "irqs"))
         return out
+
+    def _irqbalance_runs(self) -> bool:
+        return self.irqbalance.pid() is not None
+
+    def lost(self) -> bool:
+        return self.irqbalance.lost()
 
     def _idle(self) -> list[Knob]:
         """The PM QoS limit where a CPU has it, else its cpuidle states deeper than the limit, disabled."""
@@ -116,15 +136,11 @@ class ProcSysKnobs:
                 out.append(Knob(f"cpufreq/policy{m.group(1)}/min_freq", "freq", cpus, top))
         return out
 
-    def irqbalance(self) -> bool:
-        for entry in _listdir(self.roots["proc"]):
-            if entry.name.isdigit() and _text(entry / "comm") == "irqbalance":
-                return True
-        return False
-
 
 class SimulatedKnobs(ProcSysKnobs):
     """A captured tree's knobs; writes are kept in memory, never made."""
+
+    daemons = False
 
     def __init__(self, proc: str | os.PathLike, sys: str | os.PathLike, latency_us: int = 0) -> None:
         super().__init__(proc, sys, latency_us)
@@ -138,8 +154,11 @@ class SimulatedKnobs(ProcSysKnobs):
             raise OSError(errno.ENOENT, f"{key}: no such knob in the snapshot")
         self.written[key] = value
 
-    def irqbalance(self) -> bool:
+    def _irqbalance_runs(self) -> bool:
         return False  # the snapshot's processes are not this machine's
+
+    def lost(self) -> bool:
+        return False
 
 
 def read_all(files: KnobFiles, keys) -> Mapping[str, str]:

@@ -4,7 +4,8 @@ A knob is one setting of the machine the agent may change for workloads
 that asked for `--isolate`: an interrupt's affinity (`irq/N`, a CPU list),
 the default affinity of new interrupts (`irq/default`, a hex mask), a CPU's
 PM QoS resume latency or one of its cpuidle states, a cpufreq policy's
-governor or minimum frequency. Its key names it; the edge (knobs.py) maps
+governor or minimum frequency, the CPUs a running irqbalance is told to
+leave out (`irqbalance/banned`). Its key names it; the edge (knobs.py) maps
 keys to files.
 
 One rule for every knob, so that two workloads never fight over one: its
@@ -23,6 +24,7 @@ from numa_agent.core.cpuset import CpuSet, CpuSetParseError
 
 KINDS = ("irqs", "idle", "freq")
 IRQ_DEFAULT = "irq/default"  # /proc/irq/default_smp_affinity
+IRQBALANCE = "irqbalance/banned"  # the CPUs a running irqbalance keeps interrupts off (a CPU list)
 
 
 class IsolateSyntaxError(ValueError):
@@ -91,14 +93,14 @@ def is_mask_knob(key: str) -> bool:
 
 
 def kind_of(key: str) -> str:
-    return "irqs" if key.startswith("irq/") else "freq" if key.startswith("cpufreq/") else "idle"
+    return "irqs" if key.startswith(("irq/", "irqbalance/")) else "freq" if key.startswith("cpufreq/") else "idle"
 
 
 def parse_value(key: str, text: str) -> CpuSet | str:
     """A knob's value for comparison: a CPU set for the affinities, else the text."""
     if key == IRQ_DEFAULT:
         return CpuSet.parse_mask(text)
-    if is_mask_knob(key):
+    if is_mask_knob(key) or key == IRQBALANCE:
         return CpuSet.parse(text)
     return text.strip()
 
@@ -127,7 +129,11 @@ def plan(holdings: Mapping[str, Holding], knobs: Iterable[Knob], ledger: Mapping
     irq_holders = {n: h.cpus for n, h in holdings.items() if "irqs" in h.kinds and h.cpus}
     isolated = CpuSet.union_of(irq_holders.values())
     for knob in knobs:
-        if knob.kind == "irqs":
+        if knob.key == IRQBALANCE:
+            # Banned: its own set and every CPU isolating irqs, so it never moves them back.
+            original = ledger.get(knob.key, current.get(knob.key)) if isolated else None
+            target = None if original is None else _banned_target(original, irq_holders, isolated)
+        elif knob.kind == "irqs":
             original = ledger.get(knob.key, current.get(knob.key)) if isolated else None
             target = None if original is None else \
                 _irq_target(knob.key, original, irq_holders, isolated, unmovable, notes)
@@ -144,6 +150,14 @@ def plan(holdings: Mapping[str, Holding], knobs: Iterable[Knob], ledger: Mapping
         targets.setdefault(key, Target(key, original))  # no holder left (or the knob is gone): restore
     return Plan(tuple(targets[k] for k in sorted(targets)), originals,
                 {n: tuple(v) for n, v in notes.items() if v}, _missing(holdings, knobs))
+
+
+def _banned_target(original: str, holders: Mapping[str, CpuSet], isolated: CpuSet) -> Target | None:
+    try:
+        banned = CpuSet.parse(original)
+    except CpuSetParseError:
+        return None
+    return Target(IRQBALANCE, (banned | isolated).format(), tuple(sorted(holders)))
 
 
 def _irq_target(key: str, original: str, holders: Mapping[str, CpuSet], isolated: CpuSet,

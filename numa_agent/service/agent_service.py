@@ -226,8 +226,16 @@ class AgentService:
             self.state = after
 
     def isolation_pending(self) -> bool:
-        """A restore failed and waits for its retry."""
-        return self.isolation is not None and bool(self.isolation.restore_failures())
+        """A restore failed and waits for its retry, or irqbalance restarted and is to be told again."""
+        return self.isolation is not None and (bool(self.isolation.restore_failures())
+                                               or self.isolation.lost(self.state))
+
+    def isolation_watched(self) -> bool:
+        """Isolation may hold a setting in a daemon that can restart and forget it
+        (irqbalance): the event loop wakes to look. Asked before the loop waits, so
+        true whenever it could hold one, not only while it does (an admission made
+        while the loop waits would not wake it)."""
+        return self.isolation is not None and self.isolation.files.daemons
 
     def retry_isolation(self) -> None:
         with self._lock:
@@ -431,10 +439,6 @@ class AgentService:
         if dry_run and view.get("isolation"):
             view["isolation"].update(done=[], not_done=list(self.isolation.missing(state, w.name))
                                      if self.isolation is not None else view["isolation"]["not_done"])
-        if view.get("isolation") and self.isolation is not None:
-            advice = self.isolation.status(state).get("irqbalance")
-            if advice and "irqs" in view["isolation"]["asked"]:
-                view["isolation"]["not_done"].append(advice)
         view.update({
             "cgroup": None if dry_run else self.enforcer.path_of(workload_relpath(w)),
             "enforcement": self.enforcer.mode,

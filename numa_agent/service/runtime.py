@@ -39,6 +39,11 @@ log = logging.getLogger("numa_agent.runtime")
 
 RETRY_FIRST = 0.25  # seconds before the first retry of a failed release
 RETRY_CAP = 4.0  # the longest wait between retries: recovery within seconds
+# Where isolation may hold a setting in a daemon (irqbalance's banned CPUs), how
+# often the loop wakes to see it has not restarted and forgotten it: well
+# within irqbalance's first rebalance (10 s after it starts, by default). A
+# wake with nothing held reads nothing.
+WATCH_INTERVAL = 2.0
 
 
 class EventLoop:
@@ -144,6 +149,9 @@ class EventLoop:
             waits.append(self._retry_at - self.clock())
         if self._isolation_at is not None:
             waits.append(self._isolation_at - self.clock())
+        watched = getattr(self.service, "isolation_watched", None)
+        if watched is not None and watched():
+            waits.append(WATCH_INTERVAL)  # the step after it retries what the daemon lost
         return max(0.0, min(waits)) if waits else None
 
     # ---- releases ------------------------------------------------------------------

@@ -1337,16 +1337,81 @@ def nics_up(g: Guest) -> None:
                 g.after_cleanup.append(lambda name=net.name: set_link(name, up=False))
 
 
+class _Irqbalance:
+    """The guest's irqbalance (the host's binary), in the foreground with a one-second
+    interval and a policy script banning every interrupt from balancing: it never moves
+    an interrupt (the affinities checked stay the agent's), and its banned CPUs are what
+    is checked, as it reports them itself (`setup`, from its next rescan on)."""
+
+    BINARY = shutil.which("irqbalance", path="/usr/sbin:/usr/bin:/sbin:/bin")
+
+    def __init__(self, work: Path) -> None:
+        from numa_agent.isolation.irqbalance import RUN_DIR
+        script = work / "irqbalance-ban-all"
+        script.write_text("#!/bin/sh\necho ban=true\n")
+        script.chmod(0o700)
+        Path(RUN_DIR).mkdir(parents=True, exist_ok=True)  # systemd's RuntimeDirectory in a unit
+        self.script = script
+        self.start()
+
+    def start(self) -> None:
+        from numa_agent.isolation.irqbalance import RUN_DIR
+        self.error = ""
+        self.proc = subprocess.Popen([self.BINARY, "--foreground", "-t", "1", "-l", str(self.script)],
+                                     env={k: v for k, v in os.environ.items() if not k.startswith("IRQBALANCE_")},
+                                     stdout=subprocess.DEVNULL, stderr=open(self.script.with_suffix(".log"), "a"))
+        sock = Path(RUN_DIR) / f"irqbalance{self.proc.pid}.sock"
+        check(wait_for(lambda: sock.exists() or self.proc.poll() is not None, timeout=30, interval=0.1)
+              and self.proc.poll() is None, f"irqbalance did not start (exit {self.proc.poll()})")
+
+    def banned(self) -> CpuSet | None:
+        from numa_agent.isolation.irqbalance import IrqbalanceSocket
+        try:
+            # A fresh edge: what it reports. Its rescan runs the policy script for every
+            # interrupt, seconds under TCG, while the socket waits.
+            return CpuSet.parse(IrqbalanceSocket(timeout=20).read())
+        except OSError as exc:
+            gone = self.proc.poll() is not None
+            said = last_lines(self.script.with_suffix(".log").read_text(), 3) if gone else ""
+            self.error = f"{exc} (irqbalance {f'exited {self.proc.poll()}: {said}' if gone else 'runs'})"
+            return None
+
+    def expect(self, cpus: CpuSet, when: str) -> None:
+        self.error = ""
+        check(wait_for(lambda: self.banned() == cpus, timeout=30, interval=0.2),
+              f"{when}: irqbalance bans {self.banned()}, expected {cpus.format() or 'none'} {self.error}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(10)
+
+
 def s16_isolation(g: Guest) -> str | None:
     if not (PROC_IRQ / "default_smp_affinity").exists():
         raise ScenarioSkipped("no /proc/irq/default_smp_affinity in this guest")
+    balancer = _Irqbalance(g.work) if _Irqbalance.BINARY else None
+    try:
+        return _s16(g, balancer)
+    finally:
+        if balancer is not None:
+            balancer.stop()
+
+
+def _s16(g: Guest, balancer: _Irqbalance | None) -> str | None:
     nics_up(g)
     n = one_core(g) if one_core(g) > 1 else 2
     irqs_before, qos_before = irq_values(), pm_qos_values()
+    banned_before = balancer.banned() if balancer else None
+    if balancer:
+        check(banned_before is not None, "irqbalance's banned CPUs could not be read")
     w = g.launch("iso-a", "--cpus", str(n), "--isolate", "irqs,idle", "-v")
     g.check_pinned(w)
+    w.wait_exec()  # numa-run execs once answered: the isolation is written by then (listed before)
     note = _check_isolated(g, w, irqs_before, "while running")
-    w.wait_exec()
+    if balancer:
+        balancer.expect(banned_before | w.cpus, "while running")
+        note += f"; irqbalance banned {(banned_before | w.cpus).format()}"
     w.err.seek(0)
     said = w.err.read()
     check("isolation (irqs, idle): irqs, idle done" in said,
@@ -1354,14 +1419,25 @@ def s16_isolation(g: Guest) -> str | None:
     w.stop()
     check(g.wait_released([w.name]), f"{w.name} still listed after exit")
     _check_restored(irqs_before, qos_before, "after exit")
+    if balancer:
+        balancer.expect(banned_before, "after exit")
 
     w = g.launch("iso-b", "--cpus", str(n), "--isolate", "irqs,idle")
+    w.wait_exec()
     _check_isolated(g, w, irqs_before, "second workload")
+    if balancer:
+        balancer.expect(banned_before | w.cpus, "second workload")
+        balancer.stop()  # restarted: the new one knows only its own set until the agent tells it
+        balancer.start()
+        balancer.expect(banned_before | w.cpus, "irqbalance restarted")
+        note += "; told again after an irqbalance restart"
     g.agent.kill()
     w.stop()  # exits while the agent is down
     check(irq_values() != irqs_before, "the settings were restored with no agent running")
     g.start_agent()
     _check_restored(irqs_before, qos_before, "after kill -9, exit and restart")
+    if balancer:
+        balancer.expect(banned_before, "after kill -9, exit and restart")
     check(g.listed(w.name) is None, f"{w.name} still listed after the restart")
     return note
 
