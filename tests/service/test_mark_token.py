@@ -189,3 +189,12 @@ def test_a_genuine_mark_is_rebuilt_and_a_copied_one_is_not(tmp_path, caplog):
             if p is not None:
                 p.kill()
                 p.wait()
+
+
+def test_the_key_lives_in_the_runtime_directory_or_with_a_simulated_machine_in_the_state_directory():
+    from numa_agent.service.config import AgentConfig
+    from numa_agent.service.startup import mark_key_path
+    real = AgentConfig(socket="/run/numa-agent/agent.sock", state_dir="/var/lib/numa-agent")
+    assert str(mark_key_path(real)) == "/run/numa-agent/mark.key"
+    simulated = AgentConfig(socket="/tmp/x/agent.sock", state_dir="/tmp/s", sysfs_root="/tmp/sysfs")
+    assert str(mark_key_path(simulated)) == "/tmp/s/mark.key"
