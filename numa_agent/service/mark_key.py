@@ -27,30 +27,31 @@ def load_or_create_key(path: Path) -> bytes:
     """The key at `path`; a new one if it is missing, or damaged (then the
     marks made with the old one no longer verify)."""
     for _ in range(3):
-        key = _read(path)
+        found, key = _read(path)
         if key is not None:
             return key
-        if path.exists() or path.is_symlink():
+        if found:  # decided on what was read, not on a second look another agent may race
             log.warning("mark key %s is damaged; replacing it (marks issued with it no longer verify)", path)
             _replace(path)
         elif _create(path):
             log.info("mark key %s created", path)
         # else another agent made it first: read theirs
-    key = _read(path)
+    found, key = _read(path)
     if key is None:
         raise MarkKeyError(f"cannot make a usable mark key at {path}")
     return key
 
 
-def _read(path: Path) -> bytes | None:
+def _read(path: Path) -> tuple[bool, bytes | None]:
+    """(whether something is at `path`, the key if it is a usable one)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     except FileNotFoundError:
-        return None
+        return False, None
     except OSError as exc:
         if not path.is_symlink():
             raise MarkKeyError(f"cannot read the mark key {path}: {exc}") from None
-        return None  # a symlink is not ours: damaged
+        return True, None  # a symlink is not ours: damaged
     try:
         st = os.fstat(fd)
         data = os.read(fd, KEY_BYTES + 1)
@@ -58,8 +59,8 @@ def _read(path: Path) -> bytes | None:
         os.close(fd)
     # Readable by others, or not the right size: not a key to trust.
     if len(data) != KEY_BYTES or st.st_mode & 0o077 or st.st_uid != os.geteuid():
-        return None
-    return data
+        return True, None
+    return True, data
 
 
 def _temporary(path: Path) -> Path:

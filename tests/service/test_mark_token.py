@@ -120,7 +120,7 @@ def _make_key(path: str, barrier, out) -> None:
 
 def test_two_agents_making_the_key_at_once_end_with_one_key(tmp_path):
     ctx = multiprocessing.get_context("fork")
-    for round_ in range(5):
+    for round_ in range(10):
         path = tmp_path / f"mark-{round_}.key"
         barrier, out = ctx.Barrier(2), ctx.Queue()
         procs = [ctx.Process(target=_make_key, args=(str(path), barrier, out)) for _ in range(2)]
@@ -198,3 +198,21 @@ def test_the_key_lives_in_the_runtime_directory_or_with_a_simulated_machine_in_t
     assert str(mark_key_path(real)) == "/run/numa-agent/mark.key"
     simulated = AgentConfig(socket="/tmp/x/agent.sock", state_dir="/tmp/s", sysfs_root="/tmp/sysfs")
     assert str(mark_key_path(simulated)) == "/tmp/s/mark.key"
+
+
+def test_a_key_made_by_another_agent_right_after_we_found_none_is_taken_not_replaced(tmp_path, monkeypatch):
+    """The interleaving the concurrent test hits only now and then, made certain:
+    the other agent links its key in between our read and our decision."""
+    from numa_agent.service import mark_key
+    path, theirs, real_read = tmp_path / "mark.key", [], mark_key._read
+
+    def read_then_race(p):
+        seen = real_read(p)
+        if not theirs:
+            monkeypatch.setattr(mark_key, "_read", real_read)
+            theirs.append(load_or_create_key(p))  # the other agent, in between
+            monkeypatch.setattr(mark_key, "_read", read_then_race)
+        return seen
+
+    monkeypatch.setattr(mark_key, "_read", read_then_race)
+    assert load_or_create_key(path) == theirs[0] == path.read_bytes()
