@@ -38,8 +38,8 @@ examples:
   numa-run --dry-run --cpus 16                     show the decision, book nothing
   numa-run --cpus 4 --isolate irqs,idle -v ./app   interrupts off its CPUs, no deep idle
 
-The command sees NUMA_AGENT_WORKLOAD, NUMA_AGENT_CPUS, NUMA_AGENT_MEMS and
-NUMA_AGENT_DEVICES (and CUDA_VISIBLE_DEVICES for NVIDIA GPUs).
+The command sees NUMA_AGENT_WORKLOAD, NUMA_AGENT_CPUS, NUMA_AGENT_MEMS,
+NUMA_AGENT_DEVICES, NUMA_AGENT_MARK (and CUDA_VISIBLE_DEVICES for NVIDIA GPUs).
 exit status: the command's own; 125 numa-run failed (agent unreachable,
 admission refused, bad option); 126 command not executable; 127 not found.
 """
@@ -115,6 +115,8 @@ def workload_env(record: dict[str, Any]) -> dict[str, str]:
         # checkpoint tells exclusive from shared by it.
         names.ENV_EXCLUSIVE: "1" if record.get("exclusive") else "0",
     }
+    if record.get("mark"):  # the agent's token for this pid: what a rebuild trusts
+        env[names.ENV_MARK] = str(record["mark"])
     gpus = [d for d in devices if str(d.get("vendor", "")).lower() == NVIDIA_VENDOR]
     if gpus:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(_cuda_id(d["address"]) for d in gpus)

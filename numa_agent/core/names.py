@@ -20,6 +20,8 @@ ENV_CPUS = "NUMA_AGENT_CPUS"
 ENV_MEMS = "NUMA_AGENT_MEMS"
 ENV_DEVICES = "NUMA_AGENT_DEVICES"
 ENV_EXCLUSIVE = "NUMA_AGENT_EXCLUSIVE"
+# The agent's proof that it issued the mark for that process (numa_agent.core.mark).
+ENV_MARK = "NUMA_AGENT_MARK"
 
 NAME_MAX = 63
 NAME_RULE = (f"1-{NAME_MAX} characters: lowercase letters, digits, '-', '_', '.'; "

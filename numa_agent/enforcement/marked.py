@@ -1,8 +1,8 @@
 """Processes that numa-run started, found from /proc.
 
 numa-run execs the workload's command with `NUMA_AGENT_WORKLOAD=<name>` (and
-`NUMA_AGENT_CPUS`, `NUMA_AGENT_MEMS`, `NUMA_AGENT_DEVICES`) in its
-environment; every process it forks inherits them. In the affinity fallback
+`NUMA_AGENT_CPUS`, `NUMA_AGENT_MEMS`, `NUMA_AGENT_DEVICES`, and
+`NUMA_AGENT_MARK`, the agent's token for that process) in its environment; every process it forks inherits them. In the affinity fallback
 nothing else of a workload outlives the agent, so when the checkpoint is lost
 these marks are what the workloads can be rebuilt from
 (`numa_agent.service.rebuild`).
@@ -18,11 +18,11 @@ import os
 from dataclasses import dataclass
 
 from numa_agent.core.cpuset import CpuSet, CpuSetParseError
-from numa_agent.core.names import ENV_CPUS, ENV_DEVICES, ENV_EXCLUSIVE, ENV_MEMS, ENV_WORKLOAD
+from numa_agent.core.names import ENV_CPUS, ENV_DEVICES, ENV_EXCLUSIVE, ENV_MARK, ENV_MEMS, ENV_WORKLOAD
 from numa_agent.enforcement.processes import identity_of, stat_fields
 
 MARK = ENV_WORKLOAD
-_ENV_KEYS = (MARK, ENV_CPUS, ENV_MEMS, ENV_DEVICES, ENV_EXCLUSIVE)
+_ENV_KEYS = (MARK, ENV_CPUS, ENV_MEMS, ENV_DEVICES, ENV_EXCLUSIVE, ENV_MARK)
 
 
 @dataclass(frozen=True)
@@ -38,6 +38,7 @@ class MarkedProcess:
     env_mems: str | None = None
     env_devices: str | None = None
     env_exclusive: bool | None = None  # NUMA_AGENT_EXCLUSIVE; None from a numa-run that did not set it
+    mark: str | None = None  # NUMA_AGENT_MARK: the agent's token for (name, pid, start time)
 
     def describe(self) -> str:
         return f"pid {self.pid} ({MARK}={self.name}, CPUs {self.affinity.format() or 'none'})"
@@ -90,7 +91,8 @@ def read_marked(pid: int, proc_root: str = "/proc") -> MarkedProcess | None:
     return MarkedProcess(pid=pid, ppid=ppid, name=name, uid=uid, start_time=start_time,
                          identity=identity_of(start_time, proc_root), affinity=affinity,
                          env_cpus=env.get(ENV_CPUS), env_mems=env.get(ENV_MEMS),
-                         env_devices=env.get(ENV_DEVICES), env_exclusive=_flag(env.get(ENV_EXCLUSIVE)))
+                         env_devices=env.get(ENV_DEVICES), env_exclusive=_flag(env.get(ENV_EXCLUSIVE)),
+                         mark=env.get(ENV_MARK))
 
 
 def _environment(raw: bytes) -> dict[str, str]:

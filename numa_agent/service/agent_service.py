@@ -45,6 +45,7 @@ from numa_agent.api.errors import (
     TopologyAffinityError,
 )
 from numa_agent.api.validation import AdmitRequest, to_admission_request
+from numa_agent.core.mark import issue_mark, start_time_of
 from numa_agent.core.names import NAME_RULE, is_workload_name
 from numa_agent.enforcement.errors import EnforcementError
 from numa_agent.enforcement.plan import desired_layout, update_layout, workload_relpath
@@ -69,8 +70,10 @@ class AgentService:
                  clock: Callable[[], float] = time.time,
                  topology_json: Callable[[], dict] | None = None,
                  isolation: IsolationKeeper | None = None, isolate_default: tuple[str, ...] = (),
-                 isolate_gid: int | None = None) -> None:
+                 isolate_gid: int | None = None, mark_key: bytes | None = None) -> None:
         self.machine = machine
+        # Signs the mark numa-run gives a workload (numa_agent.core.mark); None: no mark issued.
+        self.mark_key = mark_key
         # Interrupts, idle states and frequency of isolating workloads' CPUs (None: never touched).
         self.isolation = isolation
         self.isolate_default = isolate_default
@@ -443,8 +446,17 @@ class AgentService:
             "cgroup": None if dry_run else self.enforcer.path_of(workload_relpath(w)),
             "enforcement": self.enforcer.mode,
             "explanation": dict(explanation), "dry_run": dry_run,
+            "mark": None if dry_run else self._mark(w),
         })
         return view
+
+    def _mark(self, w: Workload) -> str | None:
+        """The token proving the agent admitted `w` for its own process: the
+        same for a replay (it depends only on name, pid and start time)."""
+        start_time = start_time_of(w.pid_identity)
+        if self.mark_key is None or w.pid is None or start_time is None:
+            return None
+        return issue_mark(self.mark_key, w.name, w.pid, start_time)
 
     def _workload_view(self, state: AgentState, w: Workload, viewer_uid: int | None = None) -> dict:
         """`viewer_uid`: who asks (None: the agent itself). A command line can

@@ -31,6 +31,14 @@ good, start-up reconciles the state with the marked processes:
   process followed) that status and health report and that only an operator
   releases (`numa-agent release NAME`, as root).
 
+Only a process whose `NUMA_AGENT_MARK` is the agent's token for its own
+(name, pid, start time) is trusted (`numa_agent.core.mark`): anyone can
+write the name into their environment and pin their own affinity. Another
+marked process is neither rebuilt nor held, only logged; its children carry
+the leader's token and are passed over silently. The one exception is a
+process of root with no token at all (a numa-run older than the token),
+trusted as before so that an upgrade keeps root's workloads.
+
 `reconcile` is the rule, a pure function; `rebuild_from_live` is the glue
 restore calls with what the enforcer's `live_marked()` returned.
 """
@@ -44,6 +52,7 @@ from typing import Any, Iterable, Sequence
 from numa_agent.admission.accounting import unclaimed_cpus
 from numa_agent.admission.machine import Machine
 from numa_agent.core.cpuset import CpuSet, CpuSetParseError
+from numa_agent.core.mark import mark_verifies
 from numa_agent.core.names import is_workload_name
 from numa_agent.enforcement.marked import MARK, MarkedProcess
 from numa_agent.enforcement.plan import workload_relpath
@@ -78,20 +87,38 @@ def source_text(marked: Sequence[MarkedProcess] | None) -> str:
             "workloads without one are gone")
 
 
-def reconcile(machine: Machine, state: AgentState, processes: Iterable[MarkedProcess]) -> Rebuild:
-    """`state` with a workload rebuilt, or an entry held, for every marked
-    process whose workload it does not know; see the module doc."""
+def is_trusted(key: bytes | None, p: MarkedProcess) -> bool:
+    """Whether the agent issued `p`'s mark for `p` itself, or `p` is root's
+    from a numa-run older than the token."""
+    if p.mark is None and p.uid == 0:
+        return True
+    return mark_verifies(key, p.name, p.pid, p.start_time, p.mark)
+
+
+def reconcile(machine: Machine, state: AgentState, processes: Iterable[MarkedProcess], *,
+              key: bytes | None) -> Rebuild:
+    """`state` with a workload rebuilt, or an entry held, for every trusted
+    marked process whose workload it does not know (`key`: the mark key;
+    None: only root's unsigned marks are trusted); see the module doc."""
     known = {w.name for w in state.workloads}
     followed = {w.pid for w in state.workloads if w.pid is not None}
+    ordered = [p for p in sorted(processes, key=lambda p: (p.start_time, p.pid))
+               if p.name not in known and p.pid not in followed]
     leaders: dict[str, MarkedProcess] = {}
-    for p in sorted(processes, key=lambda p: (p.start_time, p.pid)):
-        if p.name not in known and p.pid not in followed:
+    for p in ordered:
+        if is_trusted(key, p):
             leaders.setdefault(p.name, p)  # the oldest: younger ones are its children
+    messages: list[tuple[int, str]] = []
+    for p in ordered:
+        leader = leaders.get(p.name)
+        if leader is None or (p is not leader and p.mark != leader.mark):
+            messages.append((logging.WARNING, f"unverified mark on pid {p.pid} uid {p.uid} name "
+                                              f"{p.name!r}: not issued by this agent for this process; "
+                                              "not rebuilt"))
     candidates = list(leaders.values())
     seen = {p.pid: p.affinity & machine.usable_cpus for p in candidates}
     rebuilt: list[str] = []
     held: list[str] = []
-    messages: list[tuple[int, str]] = []
     for p in candidates:
         others = [cpus for pid, cpus in seen.items() if pid != p.pid]
         kind, why = _classify(machine, state, p, seen[p.pid], others)
@@ -240,13 +267,13 @@ def _parse_nodes(text: str | None) -> tuple[int, ...]:
 
 
 def rebuild_from_live(machine: Machine, state: AgentState, enforcer: Enforcer,
-                      marked: Sequence[MarkedProcess] | None) -> Rebuild:
+                      marked: Sequence[MarkedProcess] | None, key: bytes | None) -> Rebuild:
     """Reconcile `state` with the marked processes (None: the enforcer keeps
     its own record, nothing to do), log what was done, and follow each
     rebuilt workload's process; one that exited meanwhile is dropped."""
     if marked is None:
         return Rebuild(state)
-    result = reconcile(machine, state, marked)
+    result = reconcile(machine, state, marked, key=key)
     for level, text in result.messages:
         log.log(level, "%s", text)
     state, rebuilt = result.state, []
@@ -261,4 +288,4 @@ def rebuild_from_live(machine: Machine, state: AgentState, enforcer: Enforcer,
     return Rebuild(state, tuple(rebuilt), result.held, result.messages)
 
 
-__all__ = ["Rebuild", "is_quarantined", "rebuild_from_live", "reconcile", "source_text"]
+__all__ = ["Rebuild", "is_quarantined", "is_trusted", "rebuild_from_live", "reconcile", "source_text"]

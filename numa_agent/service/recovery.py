@@ -61,7 +61,7 @@ class RecoveryReport:
 
 
 def restore(machine: Machine, store, enforcer: Enforcer, on_policy_change: str = "refuse",
-            uid_of=None) -> tuple[AgentState, RecoveryReport]:
+            uid_of=None, mark_key: bytes | None = None) -> tuple[AgentState, RecoveryReport]:
     fingerprint = machine.policy.fingerprint()
     marked = enforcer.live_marked()
     quarantined = generation = None
@@ -106,7 +106,7 @@ def restore(machine: Machine, store, enforcer: Enforcer, on_policy_change: str =
         from numa_agent.admission.admit import release
         state, _, _ = release(state, name)
     state, adopted = _adopt(machine, state, enforcer, uid_of)
-    live = rebuild_from_live(machine, state, enforcer, marked)
+    live = rebuild_from_live(machine, state, enforcer, marked, mark_key)
     state = live.state
     report = RecoveryReport(restored=len(state.workloads), released=tuple(released),
                             adopted=tuple(adopted), quarantined=quarantined,

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from numa_agent.enforcement.plan import AGENT_CGROUP
+from numa_agent.service.mark_key import KEY_NAME
 
 if TYPE_CHECKING:
     from numa_agent.api.server import ApiServer
@@ -118,15 +119,18 @@ class Agent:
         self._claim_endpoints()
         # Only now is anything written: cgroups, the checkpoint.
         store = CheckpointStore(cfg.state_dir)
+        mark_key = _mark_key(cfg)
         try:
             enforcer.setup()
-            state, report = restore(machine, store, enforcer, cfg.on_policy_change, uid_of=_uid_of)
+            state, report = restore(machine, store, enforcer, cfg.on_policy_change, uid_of=_uid_of,
+                                    mark_key=mark_key)
         except ConfigError as exc:
             raise StartupError(str(exc)) from None
         except Exception as exc:
             raise StartupError(f"cannot restore state: {exc}") from None
         service = AgentService(machine, store, enforcer, isolation=_isolation_keeper(cfg),
-                               isolate_default=cfg.isolate_default, isolate_gid=isolate_gid)
+                               isolate_default=cfg.isolate_default, isolate_gid=isolate_gid,
+                               mark_key=mark_key)
         try:
             service.install(state)
         except Exception as exc:
@@ -464,6 +468,23 @@ def _auto_cgroup_root(mount: str = CGROUP_MOUNT, environ: Mapping[str, str] = os
 # Set by the shipped unit: the delegated unit beside the agent's own that holds the
 # workloads (systemd/numa-agent-workloads.service).
 WORKLOADS_UNIT_ENV = "NUMA_AGENT_WORKLOADS_UNIT"
+
+
+def mark_key_path(cfg) -> Path:
+    """Where the key that signs workload marks lives: the runtime directory (the
+    socket's; tmpfs, cleared at reboot), or with a simulated machine
+    (--sysfs-root) the state directory, like everything else of it."""
+    directory = Path(cfg.socket).parent if cfg.sysfs_root == "/" else Path(cfg.state_dir)
+    return directory / KEY_NAME
+
+
+def _mark_key(cfg) -> bytes:
+    from numa_agent.service.mark_key import MarkKeyError, load_or_create_key
+
+    try:
+        return load_or_create_key(mark_key_path(cfg))
+    except (MarkKeyError, OSError) as exc:
+        raise StartupError(f"cannot set up the workload mark key: {exc}") from None
 
 
 def _workloads_unit_cgroup(mount: str, own: str, unit: str) -> tuple[str | None, str]:

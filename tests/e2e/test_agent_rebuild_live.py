@@ -40,6 +40,9 @@ def test_a_lost_checkpoint_is_rebuilt_from_the_running_workload(tmp_path, damage
         (before,) = wait_for(lambda: workloads(agent, proc.pid), timeout=10)
         cpus = CpuSet.parse(before["cpus"])
         assert before["pid"] == proc.pid and allowed_cpus(proc.pid) == cpus
+        # numa-run exec'd the command with the agent's token for it
+        assert wait_for(lambda: b"NUMA_AGENT_MARK=" in open(f"/proc/{proc.pid}/environ", "rb").read(),
+                        timeout=10)
         # a second generation of the checkpoint, so that there is a .prev to remove
         assert numa_run(agent.socket, "--shared", "--", "true").returncode == 0
         agent.kill()  # kill -9
@@ -104,4 +107,34 @@ def test_a_process_that_cannot_be_attributed_is_held_until_root_releases_it(tmp_
     finally:
         stray.kill()
         stray.wait()
+        agent.stop()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="runs the forger as another user")
+def test_a_forged_mark_of_another_user_gets_nothing_at_a_rebuild(tmp_path):
+    """A user who writes numa-run's mark into their own environment and pins
+    their own affinity is neither rebuilt nor held: the mark has no token the
+    agent issued for that process."""
+    def as_nobody():
+        os.sched_setaffinity(0, {1})
+        os.setgid(65534)
+        os.setuid(65534)
+
+    forger = subprocess.Popen(["sleep", "60"], preexec_fn=as_nobody,
+                              env={"PATH": os.environ.get("PATH", "/bin"), "NUMA_AGENT_WORKLOAD": "forged",
+                                   "NUMA_AGENT_CPUS": "1", "NUMA_AGENT_EXCLUSIVE": "1",
+                                   "NUMA_AGENT_MARK": "00" * 32})
+    agent = AgentProcess(tmp_path / "agent", "--cgroup-root", "none")
+    try:
+        agent.start()
+        assert workloads(agent, forger.pid) == []
+        assert not [q for q in agent.call("GET", "/v1/status")[1]["quarantined"] if q["pid"] == forger.pid]
+        assert f"unverified mark on pid {forger.pid} uid 65534 name 'forged'" in agent.log()
+        key = agent.workdir / "mark.key"  # the runtime directory: the socket's
+        assert (key.stat().st_mode & 0o777) == 0o600 and key.stat().st_size == 32
+        r = numa_run(agent.socket, "--cpus", "1", "--", "true")  # CPU 1 is free to hand out
+        assert r.returncode == 0, r.stderr
+    finally:
+        forger.kill()
+        forger.wait()
         agent.stop()

@@ -12,6 +12,7 @@ import pytest
 
 from numa_agent.admission.machine import PolicyConfig, build_machine
 from numa_agent.core.cpuset import CpuSet
+from numa_agent.core.mark import issue_mark
 from numa_agent.enforcement.enforcer import AffinityEnforcer
 from numa_agent.enforcement.marked import MarkedProcess, scan_marked
 from numa_agent.service.caller import Caller
@@ -20,6 +21,7 @@ from numa_agent.state.model import AgentState, Booking, Workload
 from numa_agent.testing.synthetic import make_topology
 
 BOOT = "0d5c5f1e-0000-4000-8000-000000000000"
+KEY = bytes(range(32))  # the agent's mark key in these tests
 ROOT = Caller(pid=os.getpid(), uid=0, gid=0)
 USER = Caller(pid=os.getpid(), uid=1000, gid=1000)
 
@@ -31,19 +33,24 @@ def machine_of(cpus=8, reserved=1, **policy):
 
 
 def marked(pid, name, cpus, env_cpus="same", start=None, uid=1000, ppid=1, mems="0", devices="",
-           env_exclusive=None):
+           env_exclusive=None, mark="issued"):
+    """As numa-run started it: the mark the agent issued for it, or (a child,
+    ppid not 1) inherited from its parent, started at tick = pid by default."""
     affinity = CpuSet.parse(cpus)
+    start_time = pid if start is None else start
+    if mark == "issued":
+        mark = issue_mark(KEY, name, pid, start_time) if ppid == 1 else issue_mark(KEY, name, ppid, ppid)
     return MarkedProcess(pid=pid, ppid=ppid, name=name, uid=uid,
-                         start_time=pid if start is None else start, identity=f"{BOOT}:{pid}",
+                         start_time=start_time, identity=f"{BOOT}:{pid}",
                          affinity=affinity, env_cpus=cpus if env_cpus == "same" else env_cpus,
-                         env_mems=mems, env_devices=devices, env_exclusive=env_exclusive)
+                         env_mems=mems, env_devices=devices, env_exclusive=env_exclusive, mark=mark)
 
 
 # ---- the rule -------------------------------------------------------------------------
 
 def test_an_unknown_marked_process_is_rebuilt_exclusive_from_its_affinity():
     m = machine_of()  # CPU 0 reserved
-    out = reconcile(m, AgentState(), [marked(100, "db", "2-3", uid=1234)])
+    out = reconcile(m, AgentState(), [marked(100, "db", "2-3", uid=1234)], key=KEY)
     w = out.state.workload("db")
     assert out.rebuilt == ("db",) and out.held == ()
     assert w.booking.cpus == CpuSet.parse("2-3") and not w.shared
@@ -57,14 +64,14 @@ def test_known_workloads_and_children_are_not_rebuilt_again():
     state = AgentState(workloads=(Workload(name="db", owner_uid=0, pid=100,
                                            booking=Booking(cpus=CpuSet.parse("2-3"))),))
     out = reconcile(m, state, [marked(100, "db", "2-3"), marked(101, "db", "2-3", ppid=100),
-                               marked(200, "web", "4"), marked(201, "web", "4", ppid=200)])
+                               marked(200, "web", "4"), marked(201, "web", "4", ppid=200)], key=KEY)
     assert out.rebuilt == ("web",)
     assert out.state.workload("web").pid == 200  # the oldest of its name, not its child
 
 
 def test_a_reserved_cpu_in_the_affinity_means_the_shared_pool():
     m = machine_of()
-    out = reconcile(m, AgentState(), [marked(100, "side", "0-7")])
+    out = reconcile(m, AgentState(), [marked(100, "side", "0-7")], key=KEY)
     w = out.state.workload("side")
     assert out.rebuilt == ("side",) and w.shared and not w.booking.cpus
 
@@ -73,7 +80,7 @@ def test_a_cpu_held_by_another_workload_stays_with_it_and_is_reported(caplog):
     m = machine_of()
     state = AgentState(workloads=(Workload(name="db", owner_uid=0, pid=100,
                                            booking=Booking(cpus=CpuSet.parse("2-3"))),))
-    out = reconcile(m, state, [marked(200, "web", "3-4")])
+    out = reconcile(m, state, [marked(200, "web", "3-4")], key=KEY)
     assert out.state.workload("web").booking.cpus == CpuSet.parse("4")
     assert out.state.workload("db").booking.cpus == CpuSet.parse("2-3")
     errors = [text for level, text in out.messages if level == logging.ERROR]
@@ -82,7 +89,7 @@ def test_a_cpu_held_by_another_workload_stays_with_it_and_is_reported(caplog):
 
 def test_two_processes_on_the_same_cpus_are_never_double_booked():
     m = machine_of()
-    out = reconcile(m, AgentState(), [marked(100, "a", "2-3"), marked(200, "b", "2-3")])
+    out = reconcile(m, AgentState(), [marked(100, "a", "2-3"), marked(200, "b", "2-3")], key=KEY)
     assert out.rebuilt == ("a",) and out.held == ("b",)
     assert out.state.workload("b").booking.cpus == CpuSet()
     assert "booked to a" in out.state.workload("b").request["reason"]
@@ -95,7 +102,7 @@ def test_two_processes_on_the_same_cpus_are_never_double_booked():
 ])
 def test_what_cannot_be_attributed_is_held(case, processes, reason):
     m = machine_of(reserved=0) if "pool" in case else machine_of()
-    out = reconcile(m, AgentState(), processes)
+    out = reconcile(m, AgentState(), processes, key=KEY)
     assert out.rebuilt == () and len(out.held) == 1
     w = out.state.workload(out.held[0])
     assert is_quarantined(w) and w.owner_uid == 0 and w.pid is None
@@ -106,13 +113,16 @@ def test_what_cannot_be_attributed_is_held(case, processes, reason):
 
 def test_the_whole_pool_is_held_not_handed_out():
     m = machine_of(reserved=0)
-    out = reconcile(m, AgentState(), [marked(100, "x", "0-7")])
+    out = reconcile(m, AgentState(), [marked(100, "x", "0-7")], key=KEY)
     assert out.state.exclusive_cpus() == CpuSet.parse("0-7")
 
 
 # ---- the /proc scan -------------------------------------------------------------------
 
-def write_proc(root, pid, env, cpus="0-7", uid=1000, start=500, ppid=1, comm="sleep"):
+def write_proc(root, pid, env, cpus="0-7", uid=1000, start=500, ppid=1, comm="sleep", sign=True):
+    """A /proc/PID; a marked one (`sign`) with the mark the agent issued for it."""
+    if sign and "NUMA_AGENT_WORKLOAD" in env and "NUMA_AGENT_MARK" not in env:
+        env = {**env, "NUMA_AGENT_MARK": issue_mark(KEY, env["NUMA_AGENT_WORKLOAD"], pid, start)}
     d = root / str(pid)
     d.mkdir(parents=True)
     (d / "environ").write_bytes(b"\0".join(f"{k}={v}".encode() for k, v in env.items()) + b"\0")
@@ -177,12 +187,12 @@ def test_only_the_affinity_enforcer_has_marked_processes(tmp_path):
 
 def test_numa_run_saying_shared_or_exclusive_settles_what_the_affinity_cannot():
     m = machine_of(reserved=0)
-    shared = reconcile(m, AgentState(), [marked(100, "side", "0-7", env_exclusive=False)])
+    shared = reconcile(m, AgentState(), [marked(100, "side", "0-7", env_exclusive=False)], key=KEY)
     assert shared.rebuilt == ("side",) and shared.held == () and shared.state.workload("side").shared
     assert shared.state.exclusive_cpus() == CpuSet()  # nothing held: the pool stays the pool
-    moved = reconcile(machine_of(), AgentState(), [marked(100, "side", "2-5", env_cpus="2-7", env_exclusive=False)])
+    moved = reconcile(machine_of(), AgentState(), [marked(100, "side", "2-5", env_cpus="2-7", env_exclusive=False)], key=KEY)
     assert moved.rebuilt == ("side",) and moved.state.workload("side").shared
-    whole = reconcile(m, AgentState(), [marked(100, "big", "0-7", env_cpus="0-7", env_exclusive=True)])
+    whole = reconcile(m, AgentState(), [marked(100, "big", "0-7", env_cpus="0-7", env_exclusive=True)], key=KEY)
     assert whole.rebuilt == ("big",) and whole.state.workload("big").booking.cpus == CpuSet.parse("0-7")
 
 
@@ -206,5 +216,5 @@ def test_a_shared_workload_squeezed_onto_the_reserved_cpus_is_rebuilt_shared():
     m = machine_of()
     reserved = m.reserved_cpus.format()
     for flag in (False, None):
-        out = reconcile(m, AgentState(), [marked(100, "side", reserved, env_exclusive=flag)])
+        out = reconcile(m, AgentState(), [marked(100, "side", reserved, env_exclusive=flag)], key=KEY)
         assert out.rebuilt == ("side",) and out.held == () and out.state.workload("side").shared

@@ -18,7 +18,7 @@ from numa_agent.service.agent_service import AgentService
 from numa_agent.service.caller import Caller
 from numa_agent.service.recovery import restore
 from numa_agent.state.checkpoint import CheckpointStore
-from tests.service.test_rebuild import ROOT, USER, machine_of, make_proc, write_proc
+from tests.service.test_rebuild import KEY, ROOT, USER, machine_of, make_proc, write_proc
 
 
 @pytest.fixture
@@ -45,7 +45,7 @@ def test_held_cpus_are_reported_and_kept_until_an_operator_releases_them(proc, t
     store = CheckpointStore(tmp_path / "state")
     enforcer = AffinityEnforcer("test", proc_root=str(proc))
     with caplog.at_level(logging.ERROR, logger="numa_agent.recovery"):
-        state, report = restore(m, store, enforcer)
+        state, report = restore(m, store, enforcer, mark_key=KEY)
     assert report.held == ("batch",) and report.rebuilt == ()
     assert "pid 300" in caplog.text and "CPUs 2-3" in caplog.text and "batch" in caplog.text
     service = AgentService(m, store, enforcer)
@@ -83,7 +83,7 @@ def test_a_hold_is_found_again_after_a_restart_while_the_process_runs(proc, tmp_
     store = CheckpointStore(tmp_path / "state")
     for _ in range(2):  # the whole pool: held, and held again after a restart
         enforcer = AffinityEnforcer("test", proc_root=str(proc))
-        state, report = restore(m, store, enforcer)
+        state, report = restore(m, store, enforcer, mark_key=KEY)
         AgentService(m, store, enforcer).install(state)
         enforcer.close()
         assert report.held == ("batch",)
@@ -104,7 +104,7 @@ def test_a_lost_checkpoint_is_rebuilt_from_the_running_process(tmp_path, damage,
     store = CheckpointStore(tmp_path / "state")
     enforcer = AffinityEnforcer("test", proc_root=only(tmp_path))
     service = AgentService(m, store, enforcer)
-    state, _ = restore(m, store, enforcer)
+    state, _ = restore(m, store, enforcer, mark_key=KEY)
     service.install(state)
     sleeper_proc = subprocess.Popen(["sleep", "60"], env={**os.environ, "NUMA_AGENT_WORKLOAD": "sleeper"})
     other = subprocess.Popen(["sleep", "60"])
@@ -119,7 +119,7 @@ def test_a_lost_checkpoint_is_rebuilt_from_the_running_process(tmp_path, damage,
         store.previous_path.unlink(missing_ok=True)
         enforcer2 = AffinityEnforcer("test", proc_root=only(tmp_path, sleeper_proc.pid, other.pid))
         with caplog.at_level(logging.WARNING, logger="numa_agent.recovery"):
-            state2, report = restore(m, store, enforcer2)
+            state2, report = restore(m, store, enforcer2, mark_key=KEY)
         service2 = AgentService(m, store, enforcer2)
         service2.install(state2)
         assert report.rebuilt == ("sleeper",) and report.held == ()

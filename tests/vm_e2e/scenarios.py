@@ -381,7 +381,7 @@ class Guest(AgentQueries):
                                     f"expected {mems.format()}")
         env = proc_env(pid)
         check(env.get("NUMA_AGENT_WORKLOAD") == name and env.get("NUMA_AGENT_CPUS") == cpus.format()
-              and CpuSet.parse(env.get("NUMA_AGENT_MEMS", "")) == mems,
+              and CpuSet.parse(env.get("NUMA_AGENT_MEMS", "")) == mems and bool(env.get("NUMA_AGENT_MARK")),
               f"{name}: environment NUMA_AGENT_* is "
               f"{ {k: v for k, v in env.items() if k.startswith('NUMA_AGENT_')} }")
         return cpus, mems
@@ -930,9 +930,16 @@ def _rebuilt_from_process(g: Guest, b: AgentProcess) -> str:
     def listed(name: str) -> dict | None:
         return next((x for x in b.call("GET", "/v1/workloads")[1]["workloads"] if x["name"] == name), None)
 
-    check(wait_for(lambda: listed("keeper") and "NUMA_AGENT_WORKLOAD" in proc_env(keeper.pid),
+    check(wait_for(lambda: listed("keeper") and "NUMA_AGENT_MARK" in proc_env(keeper.pid),
                    timeout=ADMIT_TIMEOUT, interval=0.1), "keeper was not admitted and exec'd by the affinity agent")
     cpus = CpuSet.parse(listed("keeper")["cpus"])
+    # Another user copies keeper's mark, token included, into a process of theirs on
+    # a CPU of the shared pool: the token is keeper's pid's, so it books nothing.
+    pool = CpuSet(os.sched_getaffinity(0)) - cpus
+    forger = subprocess.Popen(SLEEP, stdin=subprocess.DEVNULL, user=65534, group=65534,
+                              env={**proc_env(keeper.pid), "NUMA_AGENT_WORKLOAD": "forged"},
+                              preexec_fn=lambda: os.sched_setaffinity(0, pool.ids()[:1] or cpus.ids()))
+    g.launched.append(forger)
     b.kill()
     checkpoint = b.state_dir / "checkpoint.json"
     checkpoint.write_bytes(checkpoint.read_bytes()[:40])
@@ -941,15 +948,20 @@ def _rebuilt_from_process(g: Guest, b: AgentProcess) -> str:
     again = listed("keeper")
     check(again is not None and CpuSet.parse(again["cpus"]) == cpus and again["pid"] == keeper.pid,
           f"keeper was not rebuilt from its process with CPUs {cpus.format()}: {again}")
+    held = [q for q in b.call("GET", "/v1/status")[1]["quarantined"] if q["pid"] == forger.pid]
+    check(listed("forged") is None and not held and f"unverified mark on pid {forger.pid}" in b.log(),
+          f"a forged mark was rebuilt or held: {listed('forged')} {held}")
     other = subprocess.run([*g.numa_run_argv, "--socket", b.socket, "--cpus", "1", "--", "sh", "-c",
                             "grep Cpus_allowed_list /proc/self/status"],
                            capture_output=True, text=True, timeout=ADMIT_TIMEOUT)
     got = CpuSet.parse(other.stdout.split(":", 1)[1].strip()) if other.returncode == 0 else CpuSet()
     check(other.returncode in (0, 125) and not got & cpus,
           f"after the rebuild a new --cpus 1 got {got.format()} (exit {other.returncode}), keeper holds {cpus.format()}")
-    keeper.kill()
-    keeper.wait()
-    return f"keeper rebuilt from its process on CPUs {cpus.format()} after a truncated checkpoint"
+    for p in (keeper, forger):
+        p.kill()
+        p.wait()
+    return (f"keeper rebuilt from its process on CPUs {cpus.format()} after a truncated checkpoint; "
+            "a copied mark of another user ignored")
 
 
 def _process_with_pid(pid: int, attempts: int = 20) -> subprocess.Popen | None:
