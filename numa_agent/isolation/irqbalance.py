@@ -42,14 +42,21 @@ class IrqbalanceSocket:
                  timeout: float = 2.0) -> None:
         self.proc, self.run_dir, self.timeout = Path(proc), Path(run_dir), timeout
         self.told: tuple[int, str] | None = None  # (pid, cpu list) last sent
+        self._found: int | None = None  # the pid pid() last found
 
     def pid(self) -> int | None:
-        """The lowest pid whose comm is irqbalance (one runs per machine)."""
+        """The pid of the running irqbalance (one runs per machine): the one
+        found last while its comm still says so, else the lowest pid whose comm
+        is irqbalance. One plan asks several times (its knobs, read, write):
+        /proc is listed again only when that daemon is gone."""
+        if self._found is not None and self._is_irqbalance(self._found):
+            return self._found
         try:
             entries = sorted((int(e.name) for e in self.proc.iterdir() if e.name.isdigit()))
         except OSError:
-            return None
-        return next((p for p in entries if self._is_irqbalance(p)), None)
+            entries = []
+        self._found = next((p for p in entries if self._is_irqbalance(p)), None)
+        return self._found
 
     def _is_irqbalance(self, pid: int) -> bool:
         try:

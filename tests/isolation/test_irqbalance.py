@@ -225,3 +225,24 @@ def test_a_simulated_machine_has_no_daemon_to_watch(service_env):
     m, state_dir, root, tree, _ = service_env
     service, _ = start(m, state_dir, root, isolation=IsolationKeeper(SimulatedKnobs(tree / "proc", tree / "sys")))
     assert not service.isolation_watched()
+
+
+def test_a_plan_lists_proc_once_to_find_irqbalance(tree, run_dir, monkeypatch):
+    # knobs(), read() and write() each ask for the daemon: the pid found is confirmed by its
+    # comm, and /proc is listed again only once that process is no longer irqbalance.
+    fake = FakeIrqbalance(tree / "proc", run_dir, 4242)
+    keeper = keeper_for(tree, run_dir)
+    listed: list[Path] = []
+    real_iterdir = Path.iterdir
+
+    def counting(self):
+        if self == tree / "proc":
+            listed.append(self)
+        return real_iterdir(self)
+    monkeypatch.setattr(Path, "iterdir", counting)
+    step(keeper, AgentState().with_workload(workload("a", "4-5", "irqs")))
+    assert fake.banned == CpuSet.parse("4-5") and len(listed) == 1
+    fake.stop()
+    again = FakeIrqbalance(tree / "proc", run_dir, 4343)  # restarted: the old pid is gone
+    assert keeper.files.irqbalance.pid() == 4343 and len(listed) == 2
+    again.stop()
