@@ -3,53 +3,19 @@ metrics_snapshot() and the exported families holds end to end."""
 
 import os
 
-from prometheus_client import generate_latest
-from prometheus_client.parser import text_string_to_metric_families
-
-from numa_agent.admission.machine import PolicyConfig, build_machine
 from numa_agent.api.validation import AdmitRequest, PodBudget
-from numa_agent.enforcement.cgroup import CgroupV2
-from numa_agent.enforcement.enforcer import CgroupEnforcer
-from numa_agent.enforcement.fake_cgroupfs import FakeCgroupfs, make_fake_cgroup_root
-from numa_agent.service.agent_service import AgentService
 from numa_agent.service.caller import Caller
-from numa_agent.service.recovery import restore
-from numa_agent.state.checkpoint import CheckpointStore
-from numa_agent.testing.synthetic import make_topology
-from numa_agent.views.metrics import build_registry
-
-
-def _service(tmp_path, **policy):
-    topo = make_topology(sockets=2, cores_per_node=4, threads_per_core=2, memory_per_node_bytes=8 << 30)
-    machine = build_machine(topo, PolicyConfig(topology_policy="single-numa-node", **policy))
-    root = make_fake_cgroup_root(tmp_path / "cg", machine.usable_cpus, [0, 1])
-    enforcer = CgroupEnforcer(CgroupV2(root, FakeCgroupfs(root)))
-    store = CheckpointStore(tmp_path / "state")
-    enforcer.setup()
-    state, _ = restore(machine, store, enforcer)
-    service = AgentService(machine, store, enforcer)
-    service.install(state)
-    return service
-
-
-def _scrape(service):
-    text = generate_latest(build_registry(service.metrics_snapshot)).decode()
-    values = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            values[(s.name, tuple(sorted(s.labels.items())))] = s.value
-    return values
-
+from tests.support.metrics_service import metrics_service, scrape
 
 CALLER = Caller(pid=os.getpid(), uid=1000, gid=1000)
 
 
 def test_scrape_of_a_real_service_after_one_admission(tmp_path):
-    service = _service(tmp_path)
+    service = metrics_service(tmp_path)
     out = service.admit(AdmitRequest(name="web", cpus=2, memory_bytes=1 << 30), CALLER)
     (node,) = out["numa_nodes"]
 
-    values = _scrape(service)
+    values = scrape(service)
 
     status = service.status()
     for n in status["nodes"]:
@@ -67,7 +33,7 @@ def test_scrape_of_a_real_service_after_one_admission(tmp_path):
 
 
 def test_kubelet_families_count_as_the_kubelet_counts(tmp_path):
-    service = _service(tmp_path, cpu_options={"full-pcpus-only": "true"})
+    service = metrics_service(tmp_path, cpu_options={"full-pcpus-only": "true"})
 
     def admit(dry_run=False, **fields):
         try:
@@ -77,7 +43,7 @@ def test_kubelet_families_count_as_the_kubelet_counts(tmp_path):
         return None
 
     def kubelet():
-        values = _scrape(service)
+        values = scrape(service)
         aligned = {labels: v for (name, labels), v in values.items()
                    if name == "numa_agent_aligned_compute_resources_total"}
         failed = {labels: v for (name, labels), v in values.items()
