@@ -210,7 +210,7 @@ def _device_inventory(topology: Topology, policy: PolicyConfig) -> DeviceInvento
     resources = []
     for name, sel in sorted(policy.devices.items()):
         try:
-            resources.append(DeviceResource(name, _selector(sel)))
+            resources.append(DeviceResource(name, device_selector(sel)))
         except (ValueError, TypeError) as exc:
             raise MachineConfigError(f"devices.{name}: {exc}") from None
     try:
@@ -222,7 +222,8 @@ def _device_inventory(topology: Topology, policy: PolicyConfig) -> DeviceInvento
 _SELECTOR_KEYS = ("vendor", "device", "class_prefixes", "driver", "addresses")
 
 
-def _selector(fields: Mapping[str, Any]) -> DeviceSelector:
+def device_selector(fields: Mapping[str, Any]) -> DeviceSelector:
+    """A [devices.<resource>] table as a selector; ValueError naming what is wrong."""
     unknown = sorted(set(fields) - set(_SELECTOR_KEYS))
     if unknown:
         raise ValueError(f"unknown selector key(s) {', '.join(unknown)} (known: {', '.join(_SELECTOR_KEYS)})")

@@ -23,7 +23,8 @@ import msgspec
 from msgspec import UNSET, UnsetType
 
 from numa_agent.admission.cpu_options import CpuManagerOptions
-from numa_agent.admission.machine import PolicyConfig
+from numa_agent.admission.device_manager import DeviceResource
+from numa_agent.admission.machine import PolicyConfig, device_selector
 from numa_agent.admission.memory_manager import MEMORY, hugepages_resource
 from numa_agent.admission.topology_manager import TopologyManagerOptions
 from numa_agent.core.cpuset import CpuSet, CpuSetParseError
@@ -218,9 +219,19 @@ def _policy(parsed: ConfigFile) -> PolicyConfig:
         # As the kubelet's reservedSystemCPUs: the list alone sets how many are reserved.
         fields.setdefault("reserved_cpu_count", listed)
     if parsed.devices:
-        fields["devices"] = {name: _convert(sel, DeviceSelectorSection, f"devices.{name}").given()
-                             for name, sel in parsed.devices.items()}
+        fields["devices"] = {name: _device(name, sel) for name, sel in parsed.devices.items()}
     return PolicyConfig(**fields)
+
+
+def _device(name: str, table: Any) -> dict[str, Any]:
+    """A [devices.<name>] table's given fields, its name and ids checked here (a typo
+    would otherwise select nothing, or be reported as not fitting the machine)."""
+    fields = _convert(table, DeviceSelectorSection, f"devices.{name}").given()
+    try:
+        DeviceResource(name, device_selector(fields))
+    except ValueError as exc:
+        raise ConfigError(f"devices.{name}: {exc}") from None
+    return fields
 
 
 def _socket_mode(value: str | int) -> int:

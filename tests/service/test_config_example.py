@@ -214,3 +214,16 @@ def test_a_reserved_memory_mistake_names_the_key_and_the_value(tmp_path, entry, 
 ])
 def test_a_misspelt_option_is_a_configuration_error(tmp_path, text, message):
     assert _error(tmp_path, text).startswith(message)
+
+
+@pytest.mark.parametrize("text,message", [
+    ('[devices.gpu]\nvendor = "nvidia"\n',
+     "devices.gpu: vendor 'nvidia' is not a hexadecimal PCI vendor of at most 4 digits, e.g. 0x10de"),
+    ('[devices.gpu]\ndevice = "0x20b0f"\n', "devices.gpu: device '0x20b0f' is not a hexadecimal PCI device"),
+    ('[devices.gpu]\nclass_prefixes = ["display"]\n', "devices.gpu: class 'display' is not a hexadecimal"),
+    ('[devices.nic]\naddresses = ["3b:00.0"]\n', "devices.nic: address '3b:00.0' is not a PCI address"),
+    ('[devices.GPU]\nvendor = "0x10de"\n', "devices.GPU: invalid device resource name 'GPU'"),
+    ('[devices.gpu]\n', "devices.gpu: device resource 'gpu' has an empty selector"),
+])
+def test_a_device_selector_mistake_is_a_configuration_error(tmp_path, text, message):
+    assert _error(tmp_path, text).startswith(message)
