@@ -1,6 +1,6 @@
 """Sizes as people write them, with the meaning of Kubernetes quantities.
 
-One meaning product-wide (numa-run, the config, the API's helpers): a bare or
+One meaning product-wide (numa-run, numa-agent explain, the config): a bare or
 SI suffix is decimal (k/K, M, G, T, P, E and KB, MB, GB, TB, PB, EB: powers of
 1000), an IEC suffix binary (Ki, Mi, Gi, Ti, Pi, Ei and KiB ... EiB: powers
 of 1024), as the kubelet reads `512M` and `512Mi`. Suffixes are case-sensitive
@@ -26,7 +26,7 @@ _BINARY = {f"{p}i{b}": 1 << (10 * i) for i, p in enumerate("KMGTPE", 1) for b in
 _UNITS = {"": 1, "B": 1, **_DECIMAL, **_BINARY}
 
 # Kubernetes' number forms: 12, 1.5, .5, 1e9, 5E-3 (an "E" without digits is exa).
-_SIZE = re.compile(r"(?P<int>\d*)(?:\.(?P<frac>\d*))?(?:[eE](?P<exp>[+-]?\d+))?\s*(?P<unit>[A-Za-z]*)")
+_SIZE = re.compile(r"(?P<int>[0-9]*)(?:\.(?P<frac>[0-9]*))?(?:[eE](?P<exp>[+-]?[0-9]+))?\s*(?P<unit>[A-Za-z]*)")
 _MAX = (1 << 63) - 1  # a Kubernetes quantity's int64
 _ACCEPTED = ("use a whole number of bytes with an optional unit: k/K, M, G, T (decimal: 1000, "
              "1000^2 ... as in Kubernetes) or Ki, Mi, Gi, Ti (binary: 1024, 1024^2 ...), "
@@ -81,7 +81,7 @@ def parse_hugepage_size(text: str | int) -> int:
     or bytes. A size that is not a power of two (`2M` is 2,000,000 bytes) is
     refused with the binary spelling that was probably meant."""
     stripped = str(text).strip()
-    if isinstance(text, str) and stripped.endswith("kB") and stripped[:-2].isdigit():
+    if isinstance(text, str) and stripped.endswith("kB") and stripped[:-2].isascii() and stripped[:-2].isdigit():
         size = int(stripped[:-2]) * 1024  # the kernel's kB, as in hugepages-2048kB
     else:
         size = parse_size(text)

@@ -45,7 +45,7 @@ def test_plain_bytes_and_integers_round_trip(n):
     ("1.5", "not a whole number of bytes"), ("-1G", "must not be negative"),
     ("", "e.g. 512Mi"), ("M", "e.g. 512Mi"), ("12Q", "e.g. 512Mi"), ("0x10", "e.g. 512Mi"),
     ("1e9Gi", "e.g. 512Mi"), ("1e99", "e.g. 512Mi"), ("1e", "e.g. 512Mi"),
-    ("10E", "larger than"),
+    ("10E", "larger than"), ("\uff11G", "e.g. 512Mi"),  # a fullwidth digit is not a digit here
 ])
 def test_refusals_name_the_text_and_what_was_meant(text, message):
     with pytest.raises(ValueError, match=message) as info:
