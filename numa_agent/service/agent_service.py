@@ -542,7 +542,9 @@ class AgentService:
         return {
             "enforcement": self.enforcer.mode,
             "enforcement_reason": self.enforcer.reason,
-            "policy": self.machine.policy.describe(),
+            # The options in effect, this product's defaults included, not only the file's.
+            "policy": {**self.machine.policy.describe(),
+                       "topology_options": self.machine.tm_options.to_mapping()},
             "reserved_cpus": self.machine.reserved_cpus.format(),
             "shared_pool": shared_pool(self.machine, state).format(),
             "nodes": node_accounting(self.machine, state),
