@@ -120,12 +120,13 @@ def decide(policy: MemoryPolicy | None, booked_mems: Sequence[int]) -> MemoryPol
     return policy
 
 
-def failure_message(policy: MemoryPolicy, errno_name: str, detail: str) -> str:
-    """Why set_mempolicy refused `policy`, naming the kernel need where that is the cause."""
+def failure_message(policy: MemoryPolicy, errno_name: str, reason: str) -> str:
+    """Why set_mempolicy refused `policy` (`reason`: the call's own message),
+    naming the kernel need where that is the cause."""
     if policy.mode == MPOL_WEIGHTED_INTERLEAVE and errno_name == "EINVAL":
         return (f"--weighted-interleave needs {WEIGHTED_KERNEL} or later "
-                f"(MPOL_WEIGHTED_INTERLEAVE); this kernel refused it (EINVAL); use --interleave")
-    return f"set_mempolicy({policy.describe()}) failed: {errno_name} ({detail})"
+                f"(MPOL_WEIGHTED_INTERLEAVE); this kernel refused it (EINVAL): use --interleave")
+    return reason
 
 
 # ------------------------------------------------------------------ --show

@@ -21,6 +21,7 @@ from numa_agent.core.mempolicy import MPOL_BIND
 from numa_agent.enforcement.errors import AffinityError
 from numa_agent.enforcement.mempolicy import get_policy, set_policy
 
+
 def pin_process(pid: int, cpus: CpuSet) -> None:
     """Restrict `pid` (its main thread; later children inherit) to `cpus`."""
     if not cpus:
