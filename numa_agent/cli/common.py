@@ -11,6 +11,7 @@ import argparse
 import json
 import os
 import sys
+import textwrap
 from dataclasses import dataclass
 from typing import Any
 
@@ -212,10 +213,11 @@ def add_allocation_options(parser: argparse.ArgumentParser) -> None:
     res.add_argument("--name", help="workload name (default: chosen by the agent)")
     numactl = parser.add_argument_group(
         "explicit placement (numactl forms)",
-        "Lists as numactl takes them: 0-3,8; all (every allowed CPU or node, the agent's "
-        "cpuset); +LIST (positions in the allowed set: +0 is its first); !LIST (every CPU or "
-        "node of the machine but these; quote it for the shell, '!0'). No taskset hex mask: "
-        "numactl takes none either.")
+        textwrap.fill(
+            "Lists as numactl takes them: 0-3,8; all (every allowed CPU or node, the agent's "
+            "cpuset); +LIST (positions in the allowed set: +0 is its first); !LIST (every CPU or "
+            "node of the machine but these; quote it for the shell, '!0'). No taskset hex mask: "
+            "numactl takes none either.", 78))
     numactl.add_argument("-C", "--physcpubind", type=cpu_list, metavar="CPUS",
                          help="exactly these CPUs, booked exclusively, e.g. 2-5 or '!0'")
     numactl.add_argument("-N", "--cpunodebind", type=node_list, metavar="NODES",

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import textwrap
 from typing import Any, NoReturn
 
 from numa_agent import __version__
@@ -113,9 +114,10 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_allocation_options(parser)
     pol = parser.add_argument_group(
         "memory policy (numactl's, set with set_mempolicy(2) before exec; one of them)",
-        "The nodes must lie within the booked memory nodes (NUMA_AGENT_MEMS), else numa-run "
-        "refuses (exit 125). Without -m, -i/-w/-p ask the agent for memory on the nodes they "
-        "name; with -m, the nodes -m books.")
+        textwrap.fill(
+            "The nodes must lie within the booked memory nodes (NUMA_AGENT_MEMS), else numa-run "
+            "refuses (exit 125). Without -m, -i/-w/-p ask the agent for memory on the nodes they "
+            "name; with -m, the nodes -m books.", 78))
     pol.add_argument("-i", "--interleave", type=common.node_list, metavar="NODES",
                      help="interleave memory page by page over these nodes (MPOL_INTERLEAVE), "
                           "e.g. all or 0,1")

@@ -161,3 +161,11 @@ def test_list_forms_parse_into_the_request():
          "online_cpus": "0-3", "allowed_cpus": "1-3", "allowed_mems": "1"})
     body = common.build_request(args, args.command, context)
     assert (body["physcpubind"], body["cpunodebind"], body["membind"]) == ("1-3", [1], [1])
+
+
+def test_explain_takes_the_same_list_forms(server, fake, capsys):
+    from numa_agent.cli import explain_cmd
+    from tests.cli.test_admin_commands import run
+    assert run(explain_cmd, ["explain", "-C", "!0-3", "-m", "all"], server) == 0
+    request = admitted_request(fake)
+    assert (request.physcpubind, request.membind) == ("4-7", [0, 1])
