@@ -169,3 +169,16 @@ def test_explain_takes_the_same_list_forms(server, fake, capsys):
     assert run(explain_cmd, ["explain", "-C", "!0-3", "-m", "all"], server) == 0
     request = admitted_request(fake)
     assert (request.physcpubind, request.membind) == ("4-7", [0, 1])
+
+
+def test_weighted_interleave_on_an_older_kernel_is_refused_naming_the_need(server, fake,
+                                                                          monkeypatch, capsys):
+    # What a kernel before 6.9 answers for MPOL_WEIGHTED_INTERLEAVE (this one has it).
+    from numa_agent.enforcement import mempolicy
+    monkeypatch.setattr(mempolicy, "set_policy", lambda mode, nodes, label: mempolicy.PolicyResult(
+        False, f"set_mempolicy({label}) failed: EINVAL (Invalid argument)", "EINVAL"))
+    monkeypatch.setenv("NUMA_AGENT_SOCKET", server.socket_path)
+    assert main(["-w", "0", "--cpus", "1", "--", "true"]) == 125
+    err = capsys.readouterr().err
+    assert "refused: --weighted-interleave needs Linux 6.9 or later" in err
+    assert "release" in fake.service_calls() and fake.workloads == {}
