@@ -11,10 +11,14 @@ import argparse
 import json
 import os
 import sys
+import textwrap
+from dataclasses import dataclass
 from typing import Any
 
 from numa_agent.api.client import ClientError, request
 from numa_agent.core import units
+from numa_agent.core.cpuset import EMPTY, CpuSet
+from numa_agent.core.listforms import ListForm, ListFormError, parse_list_form, resolve
 from numa_agent.core.names import DEFAULT_SOCKET
 from numa_agent.core.policy import POLICY_NAMES
 
@@ -104,34 +108,82 @@ def device_item(text: str) -> tuple[str, int]:
     return resource.strip(), parse_count(count_text, "device count", low=1) if sep else 1
 
 
-def _parse_list(text: str, highest: int):
-    """Kernel list syntax with ids bounded before parsing (so "0-99999999"
-    cannot build a huge bitmask); None when invalid."""
-    from numa_agent.core.cpuset import CpuSet, CpuSetParseError  # numa-run only loads it if used
-    numbers = text.replace("-", ",").replace(":", ",").split(",")
-    if any(len(n.strip()) > 5 or (n.strip().isdigit() and int(n) > highest) for n in numbers):
+def node_list(text: str) -> ListForm:
+    """A NUMA node list in numactl's forms: "0,2-3", "all", "+0", "!1"."""
+    try:
+        return parse_list_form(text, what="NUMA node", highest=1023)
+    except ListFormError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def cpu_list(text: str) -> ListForm:
+    """A CPU list in numactl's forms: "2-5,8", "all", "+0-1", "!0"."""
+    try:
+        return parse_list_form(text, what="CPU", highest=8191)
+    except ListFormError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+@dataclass(frozen=True)
+class ListContext:
+    """What numactl's "all", "+" and "!" are relative to: the machine's CPUs and
+    nodes and the allowed ones (the agent's view: what its cpuset allows)."""
+
+    cpus: CpuSet
+    allowed_cpus: CpuSet
+    nodes: CpuSet
+    allowed_nodes: CpuSet
+
+    @classmethod
+    def from_topology(cls, doc: dict[str, Any]) -> "ListContext":
+        """From the agent's `topology --json` document (allowed_*: null means all)."""
+        nodes = CpuSet(int(n["id"]) for n in doc.get("numa_nodes") or [])
+        cpus = (CpuSet.parse(doc["online_cpus"]) if doc.get("online_cpus") is not None
+                else CpuSet.union_of(CpuSet.parse(n.get("cpus") or "")
+                                     for n in doc.get("numa_nodes") or []))
+        allowed_cpus, allowed_mems = doc.get("allowed_cpus"), doc.get("allowed_mems")
+        return cls(cpus=cpus,
+                   allowed_cpus=cpus if allowed_cpus is None else CpuSet.parse(allowed_cpus),
+                   nodes=nodes,
+                   allowed_nodes=nodes if allowed_mems is None else CpuSet.parse(allowed_mems))
+
+
+def needs_list_context(*values: Any) -> bool:
+    return any(isinstance(v, ListForm) and v.needs_context for v in values)
+
+
+def list_context(args: argparse.Namespace, *values: Any) -> ListContext | None:
+    """The agent's topology, asked only when one of `values` needs it."""
+    if not needs_list_context(*values):
+        return None
+    _, doc = call(args, "GET", "/v1/topology")
+    return ListContext.from_topology(doc)
+
+
+def resolve_nodes(form: ListForm | None, context: ListContext | None) -> list[int] | None:
+    if form is None:
         return None
     try:
-        parsed = CpuSet.parse(text)
-    except CpuSetParseError:
+        return list(resolve(form, machine=context.nodes if context else EMPTY,
+                            allowed=context.allowed_nodes if context else EMPTY,
+                            what="NUMA node").ids())
+    except ListFormError as exc:
+        raise CliError(str(exc)) from None
+
+
+def resolve_cpus(form: ListForm | None, context: ListContext | None) -> str | None:
+    if form is None:
         return None
-    return parsed or None
+    try:
+        return resolve(form, machine=context.cpus if context else EMPTY,
+                       allowed=context.allowed_cpus if context else EMPTY).format()
+    except ListFormError as exc:
+        raise CliError(str(exc)) from None
 
 
-def node_list(text: str) -> list[int]:
-    """"0,2-3" -> [0, 2, 3] (the kernel's list syntax, as numactl takes it)."""
-    nodes = _parse_list(text, 1023)
-    if nodes is None:
-        raise argparse.ArgumentTypeError(f"invalid NUMA node list {text!r}: expected e.g. 0 or 0,1 or 0-1")
-    return list(nodes.ids())
-
-
-def cpu_list(text: str) -> str:
-    """A CPU list, normalized ("3,0-1" -> "0-1,3")."""
-    cpus = _parse_list(text, 8191)
-    if cpus is None:
-        raise argparse.ArgumentTypeError(f"invalid CPU list {text!r}: expected e.g. 2-5,8")
-    return cpus.format()
+def placement_context(args: argparse.Namespace) -> ListContext | None:
+    """The context -C/-N/-m need, fetched from the agent only for "all", "+" or "!"."""
+    return list_context(args, args.physcpubind, args.cpunodebind, args.membind)
 
 
 def _merge(pairs: list[tuple[str, int]] | None, option: str) -> dict[str, int]:
@@ -162,13 +214,20 @@ def add_allocation_options(parser: argparse.ArgumentParser) -> None:
     res.add_argument("--policy", choices=POLICY_NAMES,
                      help="topology manager policy for this request")
     res.add_argument("--name", help="workload name (default: chosen by the agent)")
-    numactl = parser.add_argument_group("explicit placement (numactl forms)")
+    numactl = parser.add_argument_group(
+        "explicit placement (numactl forms)",
+        textwrap.fill(
+            "Lists as numactl takes them: 0-3,8; all (every allowed CPU or node, the agent's "
+            "cpuset); +LIST (positions in the allowed set: +0 is its first); !LIST (every CPU or "
+            "node of the machine but these; quote it for the shell, '!0'). No taskset hex mask: "
+            "numactl takes none either.", 78))
     numactl.add_argument("-C", "--physcpubind", type=cpu_list, metavar="CPUS",
-                         help="exactly these CPUs, e.g. 2-5")
+                         help="exactly these CPUs, booked exclusively, e.g. 2-5 or '!0'")
     numactl.add_argument("-N", "--cpunodebind", type=node_list, metavar="NODES",
-                         help="CPUs from these NUMA nodes, e.g. 0 or 0,1")
+                         help="CPUs from these NUMA nodes, e.g. 0 or 0,1 or all")
     numactl.add_argument("-m", "--membind", type=node_list, metavar="NODES",
-                         help="memory from these NUMA nodes")
+                         help="memory from these NUMA nodes (booked, and the cgroup's "
+                              "cpuset.mems; MPOL_BIND in the affinity fallback)")
     pod = parser.add_argument_group("pods (several workloads sharing one aligned budget)")
     pod.add_argument("--pod", metavar="NAME", help="join (or create) this pod")
     pod.add_argument("--pod-cpus", type=cpu_count, metavar="N",
@@ -197,17 +256,24 @@ def isolate_kinds(text: str) -> list[str]:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def build_request(args: argparse.Namespace, command: list[str] | None = None) -> dict[str, Any]:
-    """The admit request body for the parsed allocation options."""
+def build_request(args: argparse.Namespace, command: list[str] | None = None,
+                  context: ListContext | None = None,
+                  membind: list[int] | None = None) -> dict[str, Any]:
+    """The admit request body for the parsed allocation options; `context`
+    resolves numactl's relative list forms, `membind` stands in for -m."""
     if args.shared and args.cpus:
         raise CliError("--shared and --cpus exclude each other: shared means no exclusive CPUs")
     req: dict[str, Any] = {"cpus": args.cpus, "shared": args.shared, "memory_bytes": args.memory,
                            "hugepages": _merge(args.hugepages, "--hugepages"),
                            "devices": _merge(args.device, "--device")}
-    for key in ("name", "pod", "policy", "physcpubind", "cpunodebind", "membind"):
+    placement = {"physcpubind": resolve_cpus(args.physcpubind, context),
+                 "cpunodebind": resolve_nodes(args.cpunodebind, context),
+                 "membind": membind if membind is not None else resolve_nodes(args.membind, context)}
+    for key in ("name", "pod", "policy"):
         value = getattr(args, key)
         if value is not None:
             req[key] = value
+    req.update({key: value for key, value in placement.items() if value is not None})
     budget_given = (args.pod_cpus is not None or args.pod_memory is not None
                     or args.pod_hugepages or args.pod_device)
     if budget_given:

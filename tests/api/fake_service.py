@@ -74,7 +74,9 @@ class FakeService:
             cpus = CpuSet(self._free(node).ids()[:want]) if want else CpuSet()
             devices = [dict(GPU)] if request.devices.get("gpu") else []
             result = {"name": name, "pod": request.pod, "cpus": cpus.format(),
-                      "exclusive": bool(want), "mems": [node], "numa_nodes": [node],
+                      # membind decides the memory nodes, as the memory manager does
+                      "exclusive": bool(want), "mems": list(request.membind or [node]),
+                      "numa_nodes": [node],
                       "memory_bytes": {str(node): request.memory_bytes}, "hugepages": {},
                       "devices": devices,
                       "cgroup": None if self.enforcement == "affinity" else f"/fake/wl-{name}",
@@ -137,7 +139,8 @@ class FakeService:
 
     def topology(self) -> dict:
         self._record("topology", None)
-        return {"numa_nodes": [{"id": n, "cpus": c.format()} for n, c in NODE_CPUS.items()]}
+        return {"numa_nodes": [{"id": n, "cpus": c.format()} for n, c in NODE_CPUS.items()],
+                "online_cpus": "0-7", "allowed_cpus": None, "allowed_mems": None}
 
     def health(self) -> dict:
         self._record("health", None)
