@@ -198,9 +198,19 @@ def completion_path(shell: str, prog: str) -> str:
     return f"completions/{shell}/{prog}" if shell == "bash" else f"completions/{shell}/_{prog}"
 
 
+# What completes an option's value, by its metavar: file and directory names.
+_PATH_METAVARS = {"FILE": "FILE", "PATH": "FILE", "DIR|ARCHIVE": "FILE", "DIR": "DIRECTORY",
+                  "DIR|auto|none": "DIRECTORY"}
+
+
 def _completion(parser: argparse.ArgumentParser, shell: str) -> str:
     import shtab  # build-time only (the test extra): the shipped files are checked in
 
+    for each in [parser, *(sub for _, sub in _subcommands(parser))]:
+        for action in each._actions:
+            kind = _PATH_METAVARS.get(str(action.metavar))
+            if kind:
+                action.complete = getattr(shtab, kind)  # type: ignore[attr-defined]
     text = shtab.complete(parser, shell=shell)
     return re.sub(r"[ \t]+$", "", text, flags=re.M).rstrip("\n") + "\n"
 

@@ -85,6 +85,10 @@ def test_bash_completes_options_subcommands_and_choices():
     assert _bash_complete("numa-run", ["numa-run", "--policy", "s"]) == ["single-numa-node"]
     assert _bash_complete("numa-agent", ["numa-agent", "st"]) == ["status"]
     assert _bash_complete("numa-agent", ["numa-agent", "serve", "--state"]) == ["--state-dir"]
+    # Paths where an option takes one: a directory for --state-dir, any file for --config.
+    assert _bash_complete("numa-agent", ["numa-agent", "serve", "--state-dir", "sys"]) == ["systemd"]
+    assert _bash_complete("numa-agent", ["numa-agent", "serve", "--config", "systemd/config"]) == \
+        ["systemd/config.example.toml"]
 
 
 @pytest.mark.skipif(ZSH is None, reason="zsh not installed (Debian package: zsh)")
