@@ -76,3 +76,17 @@ def test_sdist_carries_the_same_and_what_installs_it(dist):
     assert sorted(expected - names) == []
     # The tests stay in the repository, with the fixtures and their own licence.
     assert not any(n.startswith("tests/") for n in names)
+
+
+def test_the_unpacked_sdist_installs_with_its_own_scripts_install(dist, tmp_path):
+    _, sdist = dist
+    with tarfile.open(sdist) as t:
+        t.extractall(tmp_path, filter="data")
+    src = tmp_path / f"numa_agent-{VERSION}"
+    root = tmp_path / "root"
+    out = subprocess.run(["bash", str(src / "scripts/install"), "--root", str(root)],
+                         capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert (root / "usr/local/share/man/man1/numa-run.1").read_bytes() == (REPO / "docs/man/numa-run.1").read_bytes()
+    assert (root / "usr/local/share/zsh/site-functions/_numa-agent").is_file()
+    assert (root / "etc/systemd/system/numa-agent.service").is_file()
