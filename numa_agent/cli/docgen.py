@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -226,3 +227,29 @@ def generated_files(repo: Path) -> dict[str, str]:
         for shell in COMPLETION_SHELLS:
             files[completion_path(shell, parser.prog)] = _completion(parser, shell)
     return files
+
+
+def main(argv: list[str]) -> int:
+    """Write the generated files below the current directory (the repository), or with
+    --check only list those out of date (exit 1 if any)."""
+    check = argv == ["--check"]
+    if argv and not check:
+        print("usage: scripts/gen-docs [--check]", file=sys.stderr)
+        return 2
+    repo = Path.cwd()
+    stale = []
+    for rel, text in generated_files(repo).items():
+        path = repo / rel
+        if path.exists() and path.read_text() == text:
+            continue
+        stale.append(rel)
+        if not check:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+    for rel in stale:
+        print(f"{'out of date' if check else 'wrote'}: {rel}")
+    return 1 if check and stale else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -70,7 +70,7 @@ def test_sdist_carries_the_same_and_what_installs_it(dist):
     with tarfile.open(sdist) as t:
         names = {n[len(top):] for n in t.getnames() if n.startswith(top)}
     expected = set(WHEEL_DATA.values()) | {"LICENSE", "README.md", "pyproject.toml", "scripts/install",
-                                          "scripts/gen-docs", "docs/man/numa-run.1.in",
+                                          "scripts/gen-docs", "scripts/bootstrap.sh", "docs/man/numa-run.1.in",
                                           "docs/man/numa-agent.8.in", "docs/architecture.md",
                                           "numa_agent/__init__.py"}
     assert sorted(expected - names) == []
