@@ -25,8 +25,9 @@ MAN_PAGES = {
     "numa-run.1": ("numa_agent.cli.numa_run", "User Commands"),
 }
 COMPLETION_SHELLS = ("bash", "zsh")
-# Sections in the order man-pages(7) gives; prose may use any of them except the generated.
-SECTION_ORDER = ("NAME", "SYNOPSIS", "DESCRIPTION", "COMMANDS", "OPTIONS", "ENVIRONMENT", "FILES",
+# Sections in the order man-pages(7) gives (the global options before the commands, as git(1)
+# has them); prose may use any of them except the generated.
+SECTION_ORDER = ("NAME", "SYNOPSIS", "DESCRIPTION", "OPTIONS", "COMMANDS", "ENVIRONMENT", "FILES",
                  "EXIT STATUS", "EXAMPLES", "SEE ALSO")
 GENERATED_SECTIONS = ("SYNOPSIS", "COMMANDS", "OPTIONS")
 
