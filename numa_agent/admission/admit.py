@@ -22,7 +22,7 @@ from typing import Any, Mapping, Sequence
 
 from numa_agent.admission.errors import AllocationError
 from numa_agent.admission.machine import Machine
-from numa_agent.admission.provider import Allocation, HintProvider
+from numa_agent.admission.provider import NOTHING, Allocation, HintProvider
 from numa_agent.admission.registry import PROVIDERS
 from numa_agent.admission.request import Request, Resources
 from numa_agent.admission.topology_manager import MergeResult
@@ -42,7 +42,7 @@ from numa_agent.state.model import AgentState, Booking, Pod, Workload, replace
 
 __all__ = [
     "Decision", "InvalidRequest", "PROVIDERS", "Refusal", "Request", "Resources",
-    "alignment", "allocatable_cpus", "decide", "effective_cpus", "memory_usage",
+    "alignment", "alignment_guaranteed", "allocatable_cpus", "decide", "effective_cpus", "memory_usage",
     "pod_shared_cpus", "release", "shared_pool",
 ]
 
@@ -50,13 +50,18 @@ __all__ = [
 class Refusal(Exception):
     """The request cannot be admitted. `code` is a short reason for metrics
     ("topology_affinity_error", "insufficient_cpus", ...), `explanation` the
-    full reasoning."""
+    full reasoning. `provider` names the provider whose allocation failed (None:
+    refused before any allocation), `pinned` the providers that had allocated
+    their part before it (the kubelet's managers count both as pinning requests)."""
 
-    def __init__(self, code: str, message: str, explanation: Mapping[str, Any] | None = None):
+    def __init__(self, code: str, message: str, explanation: Mapping[str, Any] | None = None,
+                 provider: str | None = None, pinned: frozenset[str] = frozenset()):
         super().__init__(message)
         self.code = code
         self.message = message
         self.explanation = dict(explanation or {})
+        self.provider = provider
+        self.pinned = pinned
 
 
 class InvalidRequest(ValueError):
@@ -69,6 +74,8 @@ class Decision:
     workload: Workload
     pod_created: Pod | None
     explanation: Mapping[str, Any]
+    # The providers whose part of the booking holds something (a pod's budget included).
+    pinned: frozenset[str] = frozenset()
 
 
 # ---------------------------------------------------------------------------
@@ -86,10 +93,10 @@ def decide(machine: Machine, state: AgentState, req: Request,
         raise InvalidRequest(f"a workload named {req.name!r} already exists")
     if req.pod is not None:
         return _decide_pod_member(machine, state, req, req.pod, providers)
-    booking, explanation = _book(AdmissionView(machine, state), req, _policy(machine, req), providers)
+    booking, explanation, pinned = _book(AdmissionView(machine, state), req, _policy(machine, req), providers)
     w = _workload(req, booking)
     return Decision(state=state.with_workload(w), workload=w, pod_created=None,
-                    explanation=explanation)
+                    explanation=explanation, pinned=pinned)
 
 
 def release(state: AgentState, name: str) -> tuple[AgentState, Workload, Pod | None]:
@@ -177,7 +184,7 @@ def _workload(req: Request, booking: Booking, shared: bool | None = None) -> Wor
 
 
 def _book(view: AdmissionView, req: Request, policy_name: str,
-          providers: Providers) -> tuple[Booking, dict[str, Any]]:
+          providers: Providers) -> tuple[Booking, dict[str, Any], frozenset[str]]:
     """Book `req.resources` against the machine (a workload outside pods, or
     a pod budget): hints from every provider, the merge, then every
     provider's allocation inside the merged affinity."""
@@ -186,9 +193,9 @@ def _book(view: AdmissionView, req: Request, policy_name: str,
                                    "providers": [], "merged": None, "admit": True,
                                    "free": view.free}
     affinity = _merge(view, req, policy_name, providers, explanation)
-    booking = _allocate(view, req, affinity, providers, explanation)
+    booking, pinned = _allocate(view, req, affinity, providers, explanation)
     explanation["alignment"] = alignment(machine, booking)
-    return booking, explanation
+    return booking, explanation, pinned
 
 
 def _merge(view: AdmissionView, req: Request, policy_name: str, providers: Providers,
@@ -216,13 +223,20 @@ def _merge(view: AdmissionView, req: Request, policy_name: str, providers: Provi
 
 
 def _allocate(view: AdmissionView, req: Request, affinity: NumaMask | None, providers: Providers,
-              explanation: dict[str, Any]) -> Booking:
-    """Every provider's part, in registration order, combined into one Booking."""
-    try:
-        parts = [provider.allocate(req, view, affinity) for provider in providers]
-    except AllocationError as exc:
-        raise Refusal(exc.reason, str(exc), explanation) from None
-    return _combine(view, req, affinity, parts)
+              explanation: dict[str, Any],
+              pinned: frozenset[str] = frozenset()) -> tuple[Booking, frozenset[str]]:
+    """Every provider's part, in registration order, combined into one Booking; and
+    `pinned` with the providers whose part holds something."""
+    parts: list[Allocation] = []
+    for provider in providers:
+        try:
+            part = provider.allocate(req, view, affinity)
+        except AllocationError as exc:
+            raise Refusal(exc.reason, str(exc), explanation, provider=provider.name, pinned=pinned) from None
+        parts.append(part)
+        if part != NOTHING:
+            pinned = pinned | {provider.name}
+    return _combine(view, req, affinity, parts), pinned
 
 
 def _combine(view: AdmissionView, req: Request, affinity: NumaMask | None,
@@ -281,6 +295,12 @@ def _memory_nodes_near(machine: Machine, nodes) -> tuple[int, ...]:
     return (best,)
 
 
+def alignment_guaranteed(explanation: Mapping[str, Any]) -> bool:
+    """The kubelet's IsAlignmentGuaranteed: the request was merged (not a later pod member,
+    which takes its pod's budget) under single-numa-node, which admits only on one node."""
+    return explanation.get("policy") == "single-numa-node"
+
+
 def alignment(machine: Machine, b: Booking) -> dict[str, bool]:
     """Whether a booking sits on one NUMA node, on whole physical cores, in one L3."""
     if not b.cpus:
@@ -306,12 +326,14 @@ def _decide_pod_member(machine: Machine, state: AgentState, req: Request, pod_na
     pod = state.pod(pod_name)
     pod_created = None
     explanation: dict[str, Any] = {}
+    pinned: frozenset[str] = frozenset()
     if pod is None:
         if req.pod_budget is None or req.pod_budget.is_empty():
             raise InvalidRequest(f"pod {req.pod!r} does not exist; its first member must give the pod "
                                  f"budget (--pod-cpus, --pod-memory, --pod-hugepages, --pod-device)")
         budget_req = replace(req, resources=req.pod_budget, cpunodebind=None, physcpubind=None)
-        booking, explanation = _book(AdmissionView(machine, state), budget_req, _policy(machine, req), providers)
+        booking, explanation, pinned = _book(AdmissionView(machine, state), budget_req, _policy(machine, req),
+                                             providers)
         pod = Pod(name=pod_name, owner_uid=req.owner_uid, booking=booking, members=(),
                   created_unix=req.created_unix, request=req.pod_budget.to_json())
         pod_created = pod
@@ -331,11 +353,12 @@ def _decide_pod_member(machine: Machine, state: AgentState, req: Request, pod_na
     view = AdmissionView(machine, state, pod=pod)
     explanation = {**explanation, "pod": pod.name, "pod_cpus": pod.booking.cpus.format(),
                    "pod_shared_cpus_before": view.pod_shared_cpus.format()}
-    booking = _allocate(view, req, None, providers, explanation)
+    booking, pinned = _allocate(view, req, None, providers, explanation, pinned)
     w = _workload(req, booking, shared=req.resources.cpus == 0)
     new_state = state.with_workload(w).with_pod(replace(pod, members=tuple(sorted((*pod.members, w.name)))))
     explanation["alignment"] = alignment(machine, pod.booking)
-    return Decision(state=new_state, workload=w, pod_created=pod_created, explanation=explanation)
+    return Decision(state=new_state, workload=w, pod_created=pod_created, explanation=explanation,
+                    pinned=pinned)
 
 
 # ---------------------------------------------------------------------------

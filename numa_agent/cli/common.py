@@ -66,7 +66,7 @@ def print_json(data: Any, stream=None) -> None:
 
 # ------------------------------------------------------------------ values
 def parse_size(text: str) -> int:
-    """Bytes from "512M", "16Gi", "1G", "2048kB" or plain "4096" (binary units)."""
+    """core.units.parse_size for argparse (its rule: Kubernetes quantities)."""
     try:
         return units.parse_size(text)
     except ValueError as exc:
@@ -89,10 +89,11 @@ def hugepages_item(text: str) -> tuple[str, int]:
     size_text, sep, count_text = text.partition("=")
     if not sep:
         raise argparse.ArgumentTypeError(f"invalid hugepages {text!r}: expected SIZE=COUNT, e.g. 2Mi=512")
-    size = parse_size(size_text)
-    if size < 1024 or size % 1024:
-        raise argparse.ArgumentTypeError(f"invalid hugepage size {size_text!r}: must be a multiple of 1 KiB")
-    return str(size // 1024), parse_count(count_text, "hugepage count")
+    try:
+        size_kb = units.parse_hugepage_size(size_text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return str(size_kb), parse_count(count_text, "hugepage count")
 
 
 def device_item(text: str) -> tuple[str, int]:
@@ -151,9 +152,11 @@ def add_allocation_options(parser: argparse.ArgumentParser) -> None:
     res.add_argument("--shared", action="store_true",
                      help="no exclusive CPUs: run in the shared pool")
     res.add_argument("--memory", type=parse_size, default=0, metavar="SIZE",
-                     help="memory, e.g. 512M, 16Gi, 1G or plain bytes (binary units)")
+                     help="memory, e.g. 16Gi or 512Mi (binary: 1024s), 1G or 512M (decimal: "
+                          "1000s, as Kubernetes quantities), or plain bytes")
     res.add_argument("--hugepages", type=hugepages_item, action="append", metavar="SIZE=COUNT",
-                     help="hugepages of one size, e.g. 2Mi=512, 1Gi=4, 2048kB=1 (repeatable)")
+                     help="hugepages of one size, e.g. 2Mi=512, 1Gi=4, or the kernel's 2048kB=1 "
+                          "(repeatable)")
     res.add_argument("--device", type=device_item, action="append", metavar="RESOURCE=COUNT",
                      help="devices of one resource, e.g. gpu=1 (repeatable)")
     res.add_argument("--policy", choices=POLICY_NAMES,

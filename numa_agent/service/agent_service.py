@@ -25,6 +25,7 @@ from numa_agent.admission.admit import (
     Refusal,
     Request,
     alignment,
+    alignment_guaranteed,
     decide,
     effective_cpus,
     pod_shared_cpus,
@@ -55,7 +56,7 @@ from numa_agent.enforcement.record import LEDGER_RECORD, decode_ledger, encode_l
 from numa_agent.hotplug.rebase import rebase_state
 from numa_agent.isolation.keeper import ISOLATE, STRICT, IsolationKeeper, isolation_asked
 from numa_agent.service.caller import Caller
-from numa_agent.service.counters import Counters
+from numa_agent.service.counters import Counters, ManagerOutcome
 from numa_agent.service.rebuild import REBUILT, is_quarantined
 from numa_agent.state.checkpoint import CheckpointError
 from numa_agent.state.model import AgentState, IsolationLedger, Workload
@@ -103,8 +104,10 @@ class AgentService:
                 replayed = self._replay(request_id, caller)
                 if replayed is not None:
                     return replayed
+            deciding = time.perf_counter()
             try:
                 req = self._request_from(request, caller)
+                deciding = time.perf_counter()
                 decision = decide(self.machine, self.state, req)
             except _NameTaken as exc:
                 self.counters.refused("name_in_use", time.perf_counter() - started)
@@ -113,6 +116,10 @@ class AgentService:
                 self.counters.refused("bad_request", time.perf_counter() - started)
                 raise BadRequest(str(exc)) from None
             except Refusal as exc:
+                if exc.code != "forbidden" and not dry_run:  # forbidden: no manager was asked
+                    outcome = self._manager_outcome(request, exc.explanation, exc.pinned, exc.provider,
+                                                    merge_refused=exc.provider is None)
+                    self.counters.decided(outcome, time.perf_counter() - deciding)
                 self.counters.refused(exc.code, time.perf_counter() - started)
                 log.warning("refused %s for uid %d pid %d: %s | hints: %s | merged: %s",
                             request.name or "(unnamed)", caller.uid, caller.pid, exc.message,
@@ -123,6 +130,10 @@ class AgentService:
                     else AdmissionRefused
                 raise refused(exc.message, details={**exc.explanation, "reason": exc.message,
                                                     "reason_code": exc.code}) from None
+            if not dry_run:
+                outcome = self._manager_outcome(request, decision.explanation, decision.pinned, None,
+                                                merge_refused=False)
+                self.counters.decided(outcome, time.perf_counter() - deciding)
             w = decision.workload
             w = self._with_isolation(w, request, caller, started)
             decision_state = decision.state if w is decision.workload else decision.state.with_workload(w)
@@ -148,6 +159,15 @@ class AgentService:
                      ",".join(map(str, w.booking.mems)), ",".join(w.booking.device_addresses()) or "-",
                      _hints_text(decision.explanation), decision.explanation.get("merged"))
             return self._admission_view(new_state, w, decision.explanation, dry_run=False)
+
+    def _manager_outcome(self, body: AdmitRequest, explanation: Mapping[str, Any], pinned: frozenset[str],
+                         failed: str | None, merge_refused: bool) -> ManagerOutcome:
+        """A decided admission (refused by the provider `failed`, or by the merge) as the
+        kubelet's managers count it."""
+        return ManagerOutcome(pinned=pinned, failed=failed, merge_refused=merge_refused,
+                              guaranteed=alignment_guaranteed(explanation),
+                              scope="pod" if body.pod else "container",
+                              full_pcpus_only=self.machine.cpu_options.full_pcpus_only)
 
     def release(self, name: str, caller: Caller | None, reason: str = "requested") -> dict:
         with self._lock:
@@ -522,7 +542,9 @@ class AgentService:
         return {
             "enforcement": self.enforcer.mode,
             "enforcement_reason": self.enforcer.reason,
-            "policy": self.machine.policy.describe(),
+            # The options in effect, this product's defaults included, not only the file's.
+            "policy": {**self.machine.policy.describe(),
+                       "topology_options": self.machine.tm_options.to_mapping()},
             "reserved_cpus": self.machine.reserved_cpus.format(),
             "shared_pool": shared_pool(self.machine, state).format(),
             "nodes": node_accounting(self.machine, state),

@@ -286,3 +286,23 @@ def test_machine_nodes_of_is_the_per_cpu_lookup(ids):
 def test_machine_nodes_of_a_cpu_the_topology_lacks_raises():
     with pytest.raises(KeyError):
         machine().nodes_of(CpuSet([999]))
+
+
+def test_decisions_and_refusals_name_the_providers_that_pinned_and_refused():
+    m = machine(policy="single-numa-node")
+    assert decide(m, AgentState(), req("a", cpus=2, memory_bytes=1 << 30)).pinned == {"cpu", "memory"}
+    assert decide(m, AgentState(), req("b", shared=True)).pinned == frozenset()
+    assert decide(m, AgentState(), req("c", devices={"gpu": 1})).pinned == {"devices"}
+    budget = Resources(cpus=4, memory_bytes=1 << 30)
+    first = decide(m, AgentState(), req("m1", pod="p", pod_budget=budget))
+    assert first.pinned == {"cpu", "memory"}  # the pod's budget, though the member shares it
+    assert decide(m, first.state, req("m2", pod="p", cpus=2)).pinned == {"cpu"}
+
+    with pytest.raises(Refusal) as merge:
+        decide(m, AgentState(), req("d", cpus=12))
+    assert (merge.value.code, merge.value.provider, merge.value.pinned) == ("topology_affinity_error", None,
+                                                                             frozenset())
+    with pytest.raises(Refusal) as memory:  # no merge restriction: the CPUs come, 20 GiB do not
+        decide(m, AgentState(), req("e", cpus=2, memory_bytes=20 << 30, policy="none"))
+    assert (memory.value.code, memory.value.provider, memory.value.pinned) == ("insufficient_memory", "memory",
+                                                                               {"cpu"})

@@ -105,7 +105,7 @@ def test_release_bad_name_is_rejected(server, fake, capsys, name):
 
 # ------------------------------------------------------------ explain
 def test_explain_admit(server, fake, capsys):
-    assert run(explain_cmd, ["explain", "--cpus", "2", "--memory", "1G"], server) == 0
+    assert run(explain_cmd, ["explain", "--cpus", "2", "--memory", "1Gi"], server) == 0
     out = capsys.readouterr().out
     assert out.startswith("would admit wl-1: cpus 1-2 (exclusive)")
     assert "hints cpu: {0} preferred, {1} preferred, {0,1}" in out

@@ -155,7 +155,10 @@ def test_metrics_per_numa_match_status(agent, launch):
             samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
     for node in s["nodes"]:
         for state, value in node["cpus"].items():
-            key = ("numa_agent_cpus", (("numa_node", str(node["id"])), ("state", state)))
+            if state == "capacity":  # a family of its own, which the states sum to
+                key = ("numa_agent_cpus_capacity", (("numa_node", str(node["id"])),))
+            else:
+                key = ("numa_agent_cpus", (("numa_node", str(node["id"])), ("state", state)))
             assert samples[key] == value
     assert samples[("numa_agent_workloads", ())] == 1
     key = ("numa_agent_devices", (("numa_node", "2"), ("resource", "nic"), ("state", "allocated")))

@@ -252,6 +252,9 @@ def test_status_accounting_adds_up(env):
             c = node[key]
             assert c["capacity"] == c["reserved"] + c["allocated"] + c["free"]
     assert status["workloads"][0]["devices"][0]["numa_node"] == 1
+    # The options in effect, with this product's defaults (none set in the config here).
+    assert status["policy"]["topology_options"] == {"prefer-closest-numa-nodes": "true",
+                                                    "max-allowable-numa-nodes": "64"}
     snap = service.metrics_snapshot()
     assert snap["counters"]["admission_requests_total"]["admitted"] == 1
 
