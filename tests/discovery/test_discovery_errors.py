@@ -4,6 +4,7 @@ trees (old kernels, cgroup variants, no NUMA) are read."""
 from __future__ import annotations
 
 import os
+import shutil
 
 import pytest
 
@@ -213,3 +214,27 @@ def test_pci_local_cpus_spanning_two_nodes_stay_unknown(machine):
     _write(dev / "local_cpulist", "0-7\n")
     found = read_topology(machine).device("0000:06:00.0")
     assert (found.numa_node, found.numa_node_source) == (-1, "unknown")
+
+
+def test_caches_with_l1i_and_a_cpu_without_cache_directory(tmp_path):
+    # Written with the L3 only; cpu0 and cpu4 then gain an L1i, cpu1 loses its cache directory.
+    machine = write_sysfs(make_topology(sockets=2, cores_per_node=2, with_caches=False), tmp_path / "m")
+    cpu = machine / "sys/devices/system/cpu"
+    for n in (0, 4):  # cpu0 and its SMT sibling share an L1i
+        _write(cpu / f"cpu{n}/cache/index1/level", "1\n")
+        _write(cpu / f"cpu{n}/cache/index1/type", "Instruction\n")
+        _write(cpu / f"cpu{n}/cache/index1/size", "32K\n")
+        _write(cpu / f"cpu{n}/cache/index1/shared_cpu_list", "0,4\n")
+    shutil.rmtree(cpu / "cpu1/cache")
+    topo = read_topology(machine)
+    l1i = [c for c in topo.caches if c.name == "L1i"]
+    assert [(c.id, c.cpus.format(), c.size_bytes) for c in l1i] == [(0, "0,4", 32 << 10)]
+    assert [(c.name, c.size_bytes) for c in topo.cpu_caches(0)] == [("L1i", 32 << 10), ("L3", None)]
+    assert topo.cpu(1).l3 is None  # its own directory is gone...
+    assert [c.name for c in topo.cpu_caches(1)] == ["L3"]  # ...but cpu0's L3 names it
+
+
+def test_garbage_cache_size(machine):
+    _write(machine / "sys/devices/system/cpu/cpu2/cache/index0/size", "lots\n")
+    with pytest.raises(DiscoveryError, match=r"cpu2/cache/index0/size: expected a size like 32K, got 'lots'"):
+        read_topology(machine)
