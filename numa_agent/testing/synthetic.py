@@ -161,18 +161,15 @@ def make_topology(
 def _caches(cpus: list[Cpu]) -> tuple[Cache, ...]:
     """Per-core L1d, L1i, L2 and the L3 groups, over online CPUs, as discovery
     merges them (an L3 id is its lowest CPU, online or not)."""
-    online = CpuSet(c.id for c in cpus if c.online)
-    groups: dict[tuple[int, str, int], CpuSet] = {}
+    groups: dict[tuple[int, str, int], list[int]] = {}
     for c in cpus:
         for level, kind in CACHE_SIZES:
             group_id = c.l3 if level == 3 else c.core
-            groups.setdefault((level, kind, group_id), CpuSet())
-            if c.online:
-                groups[(level, kind, group_id)] |= CpuSet((c.id,))
-    return tuple(Cache(level=level, type=kind, id=group_id, cpus=members,
+            if c.online and group_id is not None:
+                groups.setdefault((level, kind, group_id), []).append(c.id)
+    return tuple(Cache(level=level, type=kind, id=group_id, cpus=CpuSet(members),
                        size_bytes=CACHE_SIZES[(level, kind)])
-                 for (level, kind, group_id), members in sorted(groups.items(), key=lambda kv: kv[0])
-                 if members)
+                 for (level, kind, group_id), members in sorted(groups.items()))
 
 
 def _check_shape(sockets: int, nodes_per_socket: int, cores_per_node: int, threads_per_core: int,
