@@ -198,6 +198,7 @@ def _machine_caches(per_cpu: dict[int, tuple[Cache, ...]], online: CpuSet) -> tu
     only (as the L3 groups are): the online CPUs' reports merged by level,
     type and id, sorted L1 first."""
     merged: dict[tuple[int, str, int], Cache] = {}
+    online = online & CpuSet(per_cpu)  # a CPU named only by `online` has no Cpu to show it by
     for cpu_id, caches in per_cpu.items():
         if cpu_id not in online:
             continue

@@ -11,6 +11,7 @@ import pytest
 from numa_agent.core.cpuset import CpuSet
 from numa_agent.discovery.sysfs import DiscoveryError, read_topology
 from numa_agent.testing.synthetic import make_topology
+from numa_agent.views.topology_report import render_text
 from tests.support.sysfs_writer import write_sysfs
 
 
@@ -238,3 +239,14 @@ def test_garbage_cache_size(machine):
     _write(machine / "sys/devices/system/cpu/cpu2/cache/index0/size", "lots\n")
     with pytest.raises(DiscoveryError, match=r"cpu2/cache/index0/size: expected a size like 32K, got 'lots'"):
         read_topology(machine)
+
+
+def test_a_cache_naming_a_cpu_discovery_does_not_know_leaves_it_out(machine):
+    # `online` and cpu0's L3 name CPU 8, which has no directory and is in no node.
+    cpu = machine / "sys/devices/system/cpu"
+    _write(cpu / "online", "0-8\n")
+    l3 = next(p.parent for p in (cpu / "cpu0/cache").glob("index*/level") if p.read_text().strip() == "3")
+    _write(l3 / "shared_cpu_list", "0-1,4-5,8\n")
+    topo = read_topology(machine)
+    assert [c.cpus.format() for c in topo.caches if c.level == 3] == ["0-1,4-5", "2-3,6-7"]
+    render_text(topo)  # every cache's CPUs are CPUs of the topology
