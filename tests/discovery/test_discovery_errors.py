@@ -250,3 +250,22 @@ def test_a_cache_naming_a_cpu_discovery_does_not_know_leaves_it_out(machine):
     topo = read_topology(machine)
     assert [c.cpus.format() for c in topo.caches if c.level == 3] == ["0-1,4-5", "2-3,6-7"]
     render_text(topo)  # every cache's CPUs are CPUs of the topology
+
+
+def test_virtio_functions_are_named_by_their_virtio_device_classes(machine):
+    # A VM's virtio-pci functions: the class directories sit below virtioN/.
+    base = machine / "sys/bus/pci/devices"
+    for address, cls, child in (("0000:00:02.0", "0x010000", "block/vda"),
+                                ("0000:00:03.0", "0x020000", "net/eth0"),
+                                ("0000:00:05.0", "0x00ff00", None)):
+        dev = base / address
+        _write(dev / "class", cls + "\n")
+        _write(dev / "virtio1/features", "0\n")
+        _write(dev / "virtio1/power/control", "auto\n")
+        if child:
+            _write(dev / "virtio1" / child / "uevent", "\n")
+    topo = read_topology(machine)
+    assert topo.device("0000:00:02.0").block == ("vda",)
+    assert topo.device("0000:00:03.0").net == ("eth0",)
+    rng = topo.device("0000:00:05.0")
+    assert (rng.net, rng.block, rng.other_children) == ((), (), ())
