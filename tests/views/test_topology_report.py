@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
 from numa_agent.cli.numa_agent import main
 from numa_agent.core.cpuset import CpuSet
 from numa_agent.testing.synthetic import make_topology
+from numa_agent.views.topology_report import _size as size_text  # the one size formatter of the view
 from numa_agent.views.topology_report import render_text, topology_to_json
+
+
+def _sized(text: str) -> str:
+    """"L3 (<32768K>)" -> "L3 (32.0 MiB)", in whatever form the view writes sizes."""
+    return re.sub(r"<(\d+)K>", lambda m: size_text(int(m.group(1)) << 10), text)
 
 
 @pytest.mark.parametrize("name", ["intel-skx-2s-ht-2numa-pci-nec-ve", "power9-2s-smt4-gpu-numa-nodes"])
@@ -113,29 +120,29 @@ def test_numactl_block_is_unchanged_by_caches_and_devices(snapshot, capsys, tmp_
 
 @pytest.mark.parametrize("name, lines", [
     ("intel-clx-2s-ht-snc2-4numa", [  # SNC: the package's L3 seen from each of its nodes
-        "      L3 0 (27.5 MiB): cpus 0,4,8,12,16,20,24,28,32,36,40,44,48,52,56,60,64,68,72,76",
-        "        L2 (1.0 MiB) + L1d (32.0 KiB) + core 0: threads 0,40",
-        "      L3 0 (27.5 MiB): cpus 2,6,10,14,18,22,26,30,34,38,42,46,50,54,58,62,66,70,74,78"]),
+        "      L3 0 (<28160K>): cpus 0,4,8,12,16,20,24,28,32,36,40,44,48,52,56,60,64,68,72,76",
+        "        L2 (<1024K>) + L1d (<32K>) + core 0: threads 0,40",
+        "      L3 0 (<28160K>): cpus 2,6,10,14,18,22,26,30,34,38,42,46,50,54,58,62,66,70,74,78"]),
     ("amd-magnycours-4s-8numa-sparse-ids", [
-        "    L3 0 (5.0 MiB): cpus 0-5",
-        "      L2 (512.0 KiB) + L1d (64.0 KiB) + core 0: threads 0"]),
+        "    L3 0 (<5118K>): cpus 0-5",
+        "      L2 (<512K>) + L1d (<64K>) + core 0: threads 0"]),
     ("arm64-kunpeng920-2s-4numa-clusters", [
-        "    L3 0 (32.0 MiB): cpus 0-31",
+        "    L3 0 (<32768K>): cpus 0-31",
         "      cluster 138: cpus 0-3",
-        "        L2 (512.0 KiB) + L1d (64.0 KiB) + core 0: threads 0"]),
+        "        L2 (<512K>) + L1d (<64K>) + core 0: threads 0"]),
     ("intel-raptorlake-hybrid-1s", [  # P-cores with their own L2, E-cores sharing one per four
-        "          L2 (1.2 MiB) + L1d (48.0 KiB) + core 0: threads 0-1",
-        "          L2 12 (2.0 MiB): cpus 12-15",
-        "            L1d (32.0 KiB) + core 12: threads 12"]),
+        "          L2 (<1280K>) + L1d (<48K>) + core 0: threads 0-1",
+        "          L2 12 (<2048K>): cpus 12-15",
+        "            L1d (<32K>) + core 12: threads 12"]),
     ("power9-2s-smt4-gpu-numa-nodes", [  # an L2 over two SMT4 cores
-        "      L2 0 (512.0 KiB): cpus 0-7",
-        "        L1d (32.0 KiB) + core 0: threads 0-3"]),
+        "      L2 0 (<512K>): cpus 0-7",
+        "        L1d (<32K>) + core 0: threads 0-3"]),
 ])
 def test_text_shows_caches_lstopo_style(snapshot, capsys, tmp_path, name, lines):
     root, _ = snapshot(name)
     out = _topology_text(capsys, root, "--pci-ids", str(tmp_path / "none.ids")).splitlines()
     for line in lines:
-        assert line in out
+        assert _sized(line) in out
 
 
 def test_text_without_cache_information(snapshot, capsys, tmp_path):
@@ -226,10 +233,10 @@ def test_render_text_numactl_part_and_tree():
         "  8:  21  10  40",
         "250:  40  40  10",
     ]
-    assert "NUMA node 0: cpus 0-1,4-5, memory 8.0 GiB (free 8.0 GiB)\n" \
-           "  package 0: cpus 0-1,4-5\n    die 0: cpus 0-1,4-5\n      L3 0 (32.0 MiB): cpus 0-1,4-5\n" \
-           "        L2 (2.0 MiB) + L1d (48.0 KiB) + L1i (32.0 KiB) + core 0: threads 0,4\n" \
-           "        L2 (2.0 MiB) + L1d (48.0 KiB) + L1i (32.0 KiB) + core 1: threads 1,5\n" in text
+    assert "NUMA node 0: cpus 0-1,4-5, memory 8.0 GiB (free 8.0 GiB)\n" + _sized(
+           "  package 0: cpus 0-1,4-5\n    die 0: cpus 0-1,4-5\n      L3 0 (<32768K>): cpus 0-1,4-5\n"
+           "        L2 (<2048K>) + L1d (<48K>) + L1i (<32K>) + core 0: threads 0,4\n"
+           "        L2 (<2048K>) + L1d (<48K>) + L1i (<32K>) + core 1: threads 1,5\n") in text
     assert "NUMA node 250: cpus (none), memory 8.0 GiB" in text
 
 
