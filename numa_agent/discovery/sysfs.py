@@ -25,7 +25,6 @@ from dataclasses import dataclass
 
 from numa_agent.core.cpuset import CpuSet
 from numa_agent.core.topology import UNKNOWN_NODE, Cache, Cpu, HugePages, NumaNode, Topology
-from numa_agent.core.units import parse_size
 from numa_agent.discovery.files import (
     DiscoveryError,
     numbered_entries,
@@ -176,15 +175,19 @@ def _read_caches(cpu_id: int, cache_dir: str) -> tuple[Cache, ...]:
     return tuple(caches)
 
 
+_CACHE_SIZE = re.compile(r"^(\d+)([KMG]?)$")
+
+
 def _cache_size(path: str) -> int | None:
+    """Bytes from the kernel's "32K" (binary, as it writes `size >> 10`);
+    None where there is no size (or "0K", as some hypervisors leave it)."""
     text = read_text(path)
     if not text:
         return None
-    try:
-        size = parse_size(text)  # the kernel writes "32K", "28160K"
-    except ValueError:
-        raise DiscoveryError(f"{path}: expected a size like 32K, got {text!r}") from None
-    return size or None
+    m = _CACHE_SIZE.match(text)
+    if m is None:
+        raise DiscoveryError(f"{path}: expected a size like 32K, got {text!r}")
+    return (int(m.group(1)) << (10 * " KMG".index(m.group(2) or " "))) or None
 
 
 def _l3_group(caches: tuple[Cache, ...]) -> int | None:

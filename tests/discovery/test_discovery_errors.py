@@ -269,3 +269,11 @@ def test_virtio_functions_are_named_by_their_virtio_device_classes(machine):
     assert topo.device("0000:00:03.0").net == ("eth0",)
     rng = topo.device("0000:00:05.0")
     assert (rng.net, rng.block, rng.other_children) == ((), (), ())
+
+
+@pytest.mark.parametrize("text, size", [("32K", 32 << 10), ("28160K", 28160 << 10), ("2M", 2 << 20),
+                                        ("512", 512), ("0K", None)])
+def test_cache_sizes_are_the_kernels_binary_units(tmp_path, text, size):
+    machine = write_sysfs(make_topology(sockets=1, cores_per_node=1, threads_per_core=1), tmp_path / "m")
+    _write(machine / "sys/devices/system/cpu/cpu0/cache/index0/size", text + "\n")
+    assert read_topology(machine).cpu_caches(0)[0].size_bytes == size
