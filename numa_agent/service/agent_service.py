@@ -48,6 +48,8 @@ from numa_agent.api.errors import (
 from numa_agent.api.validation import AdmitRequest, to_admission_request
 from numa_agent.core.mark import issue_mark, start_time_of
 from numa_agent.core.names import NAME_RULE, is_workload_name
+from numa_agent.core.pci import NO_NAMES
+from numa_agent.discovery.pci_ids import PciNameSource
 from numa_agent.enforcement.errors import EnforcementError
 from numa_agent.enforcement.plan import desired_layout, update_layout, workload_relpath
 from numa_agent.enforcement.processes import pidfd_alive
@@ -71,8 +73,11 @@ class AgentService:
                  clock: Callable[[], float] = time.time,
                  topology_json: Callable[[], dict] | None = None,
                  isolation: IsolationKeeper | None = None, isolate_default: tuple[str, ...] = (),
-                 isolate_gid: int | None = None, mark_key: bytes | None = None) -> None:
+                 isolate_gid: int | None = None, mark_key: bytes | None = None,
+                 pci_names: PciNameSource | None = None) -> None:
         self.machine = machine
+        # Vendor, device and class names of /v1/topology's devices (None: ids only).
+        self.pci_names = pci_names
         # Signs the mark numa-run gives a workload (numa_agent.core.mark); None: no mark issued.
         self.mark_key = mark_key
         # Interrupts, idle states and frequency of isolating workloads' CPUs (None: never touched).
@@ -563,7 +568,9 @@ class AgentService:
         if self._topology_json is not None:
             return self._topology_json()
         from numa_agent.views.topology_report import topology_to_json
-        return topology_to_json(self.machine.topology)
+        topology = self.machine.topology
+        names = NO_NAMES if self.pci_names is None else self.pci_names.names(topology.pci_devices)
+        return topology_to_json(topology, names)
 
     def health(self) -> dict:
         state = self.state

@@ -351,3 +351,19 @@ def test_command_lines_are_shown_only_to_root_and_the_owner(env):
     assert service.list_workloads(ME.uid)[0]["command"] == secret
     assert service.status(0)["workloads"][0]["command"] == secret
     assert service.list_workloads()[0]["command"] == secret  # the agent's own views (metrics)
+
+
+def test_topology_document_names_devices_from_the_pci_ids_given(env, tmp_path):
+    from numa_agent.discovery.pci_ids import PciIdsFile
+    from numa_agent.service.agent_service import AgentService
+
+    ids = tmp_path / "pci.ids"
+    ids.write_text("10de  NVIDIA Corporation\n\t20b0  GA100 [A100 SXM4 40GB]\n"
+                   "C 03  Display controller\n\t02  3D controller\n")
+    machine, state_dir, _ = env
+    store = CheckpointStore(state_dir)
+    (plain,) = AgentService(machine, store, None).topology()["pci_devices"]
+    (named,) = AgentService(machine, store, None, pci_names=PciIdsFile([str(ids)])).topology()["pci_devices"]
+    keys = ("kind", "class_name", "vendor_name", "device_name")
+    assert [plain[k] for k in keys] == ["gpu", None, None, None]
+    assert [named[k] for k in keys] == ["gpu", "3D controller", "NVIDIA Corporation", "GA100 [A100 SXM4 40GB]"]
