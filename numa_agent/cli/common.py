@@ -298,16 +298,6 @@ def build_request(args: argparse.Namespace, command: list[str] | None = None,
 
 
 # ------------------------------------------------------------------ output
-def human_bytes(n: int | None) -> str:
-    if n is None:
-        return "-"
-    for unit, size in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if abs(n) >= size:
-            value = n / size
-            return f"{value:.0f}{unit}" if value == int(value) else f"{value:.1f}{unit}"
-    return f"{n}B"
-
-
 def _mask(mask: Any) -> str:
     if mask is None:
         return "any"
@@ -327,7 +317,7 @@ def explanation_lines(explanation: dict[str, Any]) -> list[str]:
             item = free[node]
             text = f"node {node}: {item.get('cpus', '-')} CPUs"
             if "memory_bytes" in item:
-                text += f", {human_bytes(item['memory_bytes'])}"
+                text += f", {units.format_bytes(item['memory_bytes'])}"
             parts.append(text)
         lines.append("  free: " + "; ".join(parts))
     for provider in explanation.get("providers") or []:

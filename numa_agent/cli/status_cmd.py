@@ -7,6 +7,7 @@ import time
 from typing import Any
 
 from numa_agent.cli import common
+from numa_agent.core.units import format_bytes
 
 PROG = "numa-agent status"
 _COLUMNS = ("capacity", "reserved", "allocated", "free")
@@ -60,7 +61,7 @@ def node_rows(nodes: list[dict[str, Any]]) -> list[list[str]]:
         if "cpus" in node:
             rows.append([nid, "cpus", *_amounts(node["cpus"])])
         if "memory_bytes" in node:
-            rows.append([nid, "memory", *_amounts(node["memory_bytes"], common.human_bytes)])
+            rows.append([nid, "memory", *_amounts(node["memory_bytes"], format_bytes)])
         for size, values in sorted((node.get("hugepages") or {}).items()):
             rows.append([nid, f"hugepages-{size}", *_amounts(values)])
         for resource, values in sorted((node.get("devices") or {}).items()):
@@ -99,10 +100,10 @@ def observation_lines(workloads: list[dict[str, Any]]) -> list[str]:
         numa = wl.get("memory_numa")
         if not numa:
             continue
-        per_node = ", ".join(f"node {n} {common.human_bytes(v)}" for n, v in (numa.get("bytes") or {}).items())
+        per_node = ", ".join(f"node {n} {format_bytes(v)}" for n, v in (numa.get("bytes") or {}).items())
         outside = numa.get("outside_bytes")
         lines.append(f"memory {wl.get('name')}: {per_node or 'none'}" + (
-            f"; outside booked nodes {common.human_bytes(outside)} ({numa['outside_ratio']:.1%})"
+            f"; outside booked nodes {format_bytes(outside)} ({numa['outside_ratio']:.1%})"
             if outside is not None else ""))
     for wl in workloads:
         for i in wl.get("intruders") or []:

@@ -12,6 +12,7 @@ from typing import Iterable
 
 from numa_agent.core.cpuset import CpuSet
 from numa_agent.core.topology import UNKNOWN_NODE, Cpu, NumaNode, PciDevice, Topology
+from numa_agent.core.units import format_bytes
 
 # Bridges carry no workload; the tree hides them (and says how many).
 HIDDEN_CLASS_PREFIXES = ("0x0600", "0x0604")
@@ -167,7 +168,7 @@ def _node_lines(topo: Topology, node: NumaNode, devices: list[PciDevice]) -> lis
     desc = [f"cpus {node.cpus.format() or '(none)'}"]
     if offline:
         desc.append(f"offline {offline.format()}")
-    desc.append(f"memory {_size(node.memory_total_bytes)} (free {_size(node.memory_free_bytes)})")
+    desc.append(f"memory {format_bytes(node.memory_total_bytes)} (free {format_bytes(node.memory_free_bytes)})")
     pools = [f"{h.label} {h.free}/{h.total} free" for h in sorted(node.hugepages, key=lambda h: h.size_kb)
              if h.total or h.free]
     if pools:
@@ -237,10 +238,3 @@ def _device_text(dev: PciDevice) -> str:
     if dev.numa_node_source == "local_cpulist":
         parts.append("(node from local_cpulist)")
     return "  ".join(parts)
-
-
-def _size(n: int) -> str:
-    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
-        if n >= 1 << shift:
-            return f"{n / (1 << shift):.1f} {unit}"
-    return f"{n} B"

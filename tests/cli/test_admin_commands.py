@@ -3,6 +3,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -43,7 +44,8 @@ def test_status_table(server, capsys):
     header = next(line for line in lines if line.startswith("NODE"))
     assert header.split() == ["NODE", "RESOURCE", "CAPACITY", "RESERVED", "ALLOCATED", "FREE"]
     assert any(line.split() == ["0", "cpus", "4", "1", "2", "1"] for line in lines)
-    assert any(line.split() == ["0", "memory", "16GiB", "1GiB", "0B", "15GiB"] for line in lines)
+    # sizes in binary units for people, one space inside each cell, two between cells
+    assert any(re.fullmatch(r"0 +memory +16 GiB +1 GiB +0 B +15 GiB", line) for line in lines)
     assert any(line.split() == ["1", "hugepages-2048kB", "512", "0", "0", "512"] for line in lines)
     assert any(line.split() == ["1", "device", "gpu", "1", "-", "0", "1"] for line in lines)
     wl_header = next(line for line in lines if line.startswith("NAME"))

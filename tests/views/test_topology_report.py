@@ -101,7 +101,7 @@ def test_render_text_numactl_part_and_tree():
         "  8:  21  10  40",
         "250:  40  40  10",
     ]
-    assert "NUMA node 0: cpus 0-1,4-5, memory 8.0 GiB (free 8.0 GiB)\n" \
+    assert "NUMA node 0: cpus 0-1,4-5, memory 8 GiB (free 8 GiB)\n" \
            "  package 0: cpus 0-1,4-5\n    die 0: cpus 0-1,4-5\n      L3 0: cpus 0-1,4-5\n" \
            "        core 0: threads 0,4\n        core 1: threads 1,5\n" in text
-    assert "NUMA node 250: cpus (none), memory 8.0 GiB" in text
+    assert "NUMA node 250: cpus (none), memory 8 GiB" in text
