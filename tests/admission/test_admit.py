@@ -157,7 +157,7 @@ def test_pod_main_member_exclusive_sidecar_shares_the_rest():
         decide(m, d2.state, req("greedy", pod="p", cpus=2))
     assert err.value.code == "pod_shared_part_empty" and "side" in err.value.message
     # members' memory stays inside the budget
-    with pytest.raises(Refusal, match="more than the pod budget"):
+    with pytest.raises(Refusal, match="would use 3 GiB of memory, more than the pod's budget of 2 GiB"):
         decide(m, d2.state, req("fat", pod="p", memory_bytes=3 << 30))
     # a later member cannot change the budget
     with pytest.raises(InvalidRequest, match="cannot change it"):
