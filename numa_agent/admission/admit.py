@@ -25,7 +25,7 @@ from numa_agent.admission.machine import Machine
 from numa_agent.admission.provider import NOTHING, Allocation, HintProvider
 from numa_agent.admission.registry import PROVIDERS
 from numa_agent.admission.request import Request, Resources
-from numa_agent.admission.topology_manager import MergeResult
+from numa_agent.admission.topology_manager import NOT_CHECKED, MergeResult
 from numa_agent.admission.topology_manager import decide as merge_decide
 from numa_agent.admission.view import (
     AdmissionView,
@@ -50,16 +50,18 @@ __all__ = [
 class Refusal(Exception):
     """The request cannot be admitted. `code` is a short reason for metrics
     ("topology_affinity_error", "insufficient_cpus", ...), `explanation` the
-    full reasoning. `provider` names the provider whose allocation failed (None:
-    refused before any allocation), `pinned` the providers that had allocated
-    their part before it (the kubelet's managers count both as pinning requests)."""
+    full reasoning, whose "admit" (the outcome) is false whatever the
+    topology manager's verdict was. `provider` names the provider whose
+    allocation failed (None: refused before any allocation), `pinned` the
+    providers that had allocated their part before it (the kubelet's managers
+    count both as pinning requests)."""
 
     def __init__(self, code: str, message: str, explanation: Mapping[str, Any] | None = None,
                  provider: str | None = None, pinned: frozenset[str] = frozenset()):
         super().__init__(message)
         self.code = code
         self.message = message
-        self.explanation = dict(explanation or {})
+        self.explanation = {**(explanation or {}), "admit": False}
         self.provider = provider
         self.pinned = pinned
 
@@ -189,9 +191,10 @@ def _book(view: AdmissionView, req: Request, policy_name: str,
     a pod budget): hints from every provider, the merge, then every
     provider's allocation inside the merged affinity."""
     machine = view.machine
-    explanation: dict[str, Any] = {"policy": policy_name, "scope": machine.policy.topology_scope,
-                                   "providers": [], "merged": None, "admit": True,
-                                   "free": view.free}
+    explanation: dict[str, Any] = {"admit": True,
+                                   "topology": _topology(policy_name, machine.policy.topology_scope),
+                                   "providers": [], "merged": None,
+                                   "requested": req.resources.to_json(), "free": view.free}
     affinity = _merge(view, req, policy_name, providers, explanation)
     booking, pinned = _allocate(view, req, affinity, providers, explanation)
     explanation["alignment"] = alignment(machine, booking)
@@ -212,7 +215,7 @@ def _merge(view: AdmissionView, req: Request, policy_name: str, providers: Provi
     explanation["providers"] = _provider_summaries(asked, result)
     merged = result.merged
     explanation["merged"] = merged.to_json()
-    explanation["admit"] = result.admit
+    explanation["topology"] = _topology(policy_name, machine.policy.topology_scope, result.verdict)
     if not result.admit:
         reason = _topology_reason(view, req, providers, policy_name, result)
         explanation["reason"] = reason
@@ -298,7 +301,7 @@ def _memory_nodes_near(machine: Machine, nodes) -> tuple[int, ...]:
 def alignment_guaranteed(explanation: Mapping[str, Any]) -> bool:
     """The kubelet's IsAlignmentGuaranteed: the request was merged (not a later pod member,
     which takes its pod's budget) under single-numa-node, which admits only on one node."""
-    return explanation.get("policy") == "single-numa-node"
+    return (explanation.get("topology") or {}).get("policy") == "single-numa-node"
 
 
 def alignment(machine: Machine, b: Booking) -> dict[str, bool]:
@@ -344,14 +347,16 @@ def _decide_pod_member(machine: Machine, state: AgentState, req: Request, pod_na
                                  f"a later member cannot change it (leave out the --pod-* options)")
         if req.owner_uid != pod.owner_uid and req.owner_uid != 0:
             raise Refusal("forbidden", f"pod {pod.name!r} belongs to uid {pod.owner_uid}")
-        explanation = {"policy": "pod-budget", "scope": "pod", "providers": [], "merged": None,
-                       "admit": True}
+        # Not merged again: a member takes from the budget its pod was aligned for.
+        explanation = {"admit": True, "topology": _topology("pod-budget", "pod"),
+                       "providers": [], "merged": None}
     if req.physcpubind is not None or req.cpunodebind is not None or req.membind is not None:
         raise InvalidRequest("pod members take their CPUs and memory from the pod budget; "
                              "-C/-N/-m cannot be combined with --pod")
 
     view = AdmissionView(machine, state, pod=pod)
-    explanation = {**explanation, "pod": pod.name, "pod_cpus": pod.booking.cpus.format(),
+    explanation = {**explanation, "requested": req.resources.to_json(), "pod": pod.name,
+                   "pod_budget": dict(pod.request), "pod_cpus": pod.booking.cpus.format(),
                    "pod_shared_cpus_before": view.pod_shared_cpus.format()}
     booking, pinned = _allocate(view, req, None, providers, explanation, pinned)
     w = _workload(req, booking, shared=req.resources.cpus == 0)
@@ -363,6 +368,13 @@ def _decide_pod_member(machine: Machine, state: AgentState, req: Request, pod_na
 
 # ---------------------------------------------------------------------------
 # explanations
+
+
+def _topology(policy: str, scope: str, verdict: str = NOT_CHECKED) -> dict[str, str]:
+    """The topology manager's part: its policy and scope, and what its merge
+    said of the alignment ("aligned", "not-aligned", "not-checked"), which
+    is not the outcome: that is the explanation's "admit"."""
+    return {"policy": policy, "scope": scope, "verdict": verdict}
 
 
 def _provider_summaries(asked: Sequence[tuple[str, Any]], result: MergeResult) -> list[dict[str, Any]]:

@@ -304,12 +304,18 @@ def _mask(mask: Any) -> str:
     return "{" + ",".join(str(n) for n in mask) + "}"
 
 
+# The topology manager's verdict, which is not the outcome (best-effort admits
+# what is not aligned; an aligned request can still be refused).
+_VERDICTS = {"aligned": "aligned", "not-aligned": "not aligned", "not-checked": "not checked"}
+
+
 def explanation_lines(explanation: dict[str, Any]) -> list[str]:
     """The reasoning of one decision, a few lines a person can act on."""
     lines = []
-    policy = explanation.get("policy")
-    if policy:
-        lines.append(f"  policy: {policy} (scope {explanation.get('scope', '-')})")
+    topology = explanation.get("topology") or {}
+    if topology:
+        lines.append(f"  topology manager: {_VERDICTS.get(str(topology.get('verdict')), '-')} "
+                     f"(policy {topology.get('policy', '-')}, scope {topology.get('scope', '-')})")
     free = explanation.get("free") or {}
     if free:
         parts = []

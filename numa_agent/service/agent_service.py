@@ -423,7 +423,8 @@ class AgentService:
         self.counters.refused("isolation_unavailable", time.perf_counter() - started)
         message = f"--isolate-strict: cannot isolate {w.name}: {'; '.join(failed)}"
         log.warning("refused %s: %s", w.name, message)
-        raise AdmissionRefused(message, details={"reason": message, "reason_code": "isolation_unavailable",
+        raise AdmissionRefused(message, details={"admit": False, "reason": message,
+                                                 "reason_code": "isolation_unavailable",
                                                  "isolation": list(failed)})
 
     def _isolation_view(self, w: Workload) -> dict[str, Any] | None:

@@ -82,6 +82,40 @@ def test_single_numa_node_refuses_what_spans_nodes_and_explains():
     assert d.workload.booking.numa_nodes == (0, 1)
 
 
+def test_a_refusal_says_admit_false_whatever_the_topology_verdict():
+    # The merge aligns 3 CPUs on one node; the CPU manager then refuses an odd count.
+    m = machine("single-numa-node", cpu_options={"full-pcpus-only": "true"})
+    with pytest.raises(Refusal) as err:
+        decide(m, AgentState(), req("odd", cpus=3))
+    assert err.value.code == "smt_alignment_error"
+    assert err.value.explanation["admit"] is False
+    assert err.value.explanation["topology"] == {"policy": "single-numa-node", "scope": "container",
+                                                 "verdict": "aligned"}
+    # The topology manager's own refusal.
+    with pytest.raises(Refusal) as err:
+        decide(machine("single-numa-node"), AgentState(), req("big", cpus=10))
+    assert err.value.explanation["admit"] is False
+    assert err.value.explanation["topology"]["verdict"] == "not-aligned"
+    # best-effort admits what is not aligned; none checks nothing.
+    # (8 CPUs fit only node 1, the NIC is on node 0)
+    spread = decide(machine("best-effort"), AgentState(), req("apart", cpus=8, devices={"nic": 1})).explanation
+    assert spread["admit"] is True and spread["topology"]["verdict"] == "not-aligned"
+    anywhere = decide(machine("none"), AgentState(), req("any", cpus=2)).explanation
+    assert anywhere["admit"] is True and anywhere["topology"] == {
+        "policy": "none", "scope": "container", "verdict": "not-checked"}
+
+
+def test_a_memory_refusal_reads_in_binary_units_beside_its_bytes():
+    m = machine("single-numa-node")  # 8 GiB per node, 128 MiB of it in 2 MiB hugepages
+    with pytest.raises(Refusal) as err:
+        decide(m, AgentState(), req("big", cpus=2, memory_bytes=10 << 30, hugepages={2048: 2}))
+    assert "memory: requested 10 GiB, node 0 has 7.9 GiB free, node 1 has 7.9 GiB free;" in err.value.message
+    e = err.value.explanation
+    assert e["requested"] == {"cpus": 2, "memory_bytes": 10 << 30, "hugepages": {"2048": 2}, "devices": {}}
+    assert e["free"]["1"] == {"cpus": 8, "memory_bytes": (8 << 30) - (128 << 20),
+                              "hugepages_bytes": {"2048": 128 << 20}}
+
+
 def test_device_pulls_cpus_and_memory_to_its_node():
     m = machine("single-numa-node")
     d = decide(m, AgentState(), req("infer", cpus=2, memory_bytes=1 << 30, devices={"gpu": 1}))

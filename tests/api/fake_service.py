@@ -50,9 +50,13 @@ class FakeService:
         free = {str(n): {"cpus": len(self._free(n)), "memory_bytes": 8 << 30} for n in NODE_CPUS}
         fits = [n for n in NODE_CPUS if len(self._free(n)) >= request.cpus]
         hints = [f"{{{n}}} preferred" for n in fits] + (["{0,1}"] if request.cpus else [])
-        return {"policy": request.policy or "single-numa-node", "scope": "container",
+        return {"admit": admit,
+                "topology": {"policy": request.policy or "single-numa-node", "scope": "container",
+                             "verdict": "aligned" if admit else "not-aligned"},
                 "providers": [{"provider": "cpu", "resource": "cpu", "hints": hints, "more": 0}],
-                "merged": {"mask": mask, "preferred": admit}, "admit": admit,
+                "merged": {"mask": mask, "preferred": admit},
+                "requested": {"cpus": request.cpus, "memory_bytes": request.memory_bytes,
+                              "hugepages": dict(request.hugepages), "devices": dict(request.devices)},
                 "free": free, "reason": reason}
 
     # -- the contract ---------------------------------------------------

@@ -111,6 +111,7 @@ def test_explain_admit(server, fake, capsys):
     out = capsys.readouterr().out
     assert out.startswith("would admit wl-1: cpus 1-2 (exclusive)")
     assert "hints cpu: {0} preferred, {1} preferred, {0,1}" in out
+    assert "  topology manager: aligned (policy single-numa-node, scope container)\n" in out
     request_sent, dry_run = fake.calls[0][1]
     assert dry_run is True and request_sent.memory_bytes == 1 << 30
     assert fake.workloads == {}

@@ -111,6 +111,22 @@ def test_refusal_explains_and_changes_nothing(env):
         service.admit(AdmitRequest(name="../etc"), ME)
 
 
+def test_a_refusal_after_the_merge_does_not_say_admit(env):
+    """best-effort lets the merge through and the memory manager refuses:
+    the error's details say admit false, and the verdict is the topology's."""
+    machine, state_dir, root = env
+    service, _ = start(machine, state_dir, root)
+    with pytest.raises(AdmissionRefused) as err:
+        service.admit(AdmitRequest(name="huge", cpus=1, memory_bytes=100 << 30), ME)
+    details = err.value.to_dict()["error"]["details"]
+    assert details["reason_code"] == "insufficient_memory" and details["admit"] is False
+    assert details["topology"]["policy"] == "best-effort" and details["topology"]["verdict"] == "not-aligned"
+    assert "memory: requested 100 GiB, more than the machine can ever hold" in details["reason"]
+    assert details["requested"]["memory_bytes"] == 100 << 30
+    assert details["free"]["0"]["memory_bytes"] == machine.memory.allocatable(0, "memory")
+    assert json.dumps(details).count('"admit"') == 1  # one outcome, nothing else named so
+
+
 def test_names_owners_and_release_permissions(env):
     machine, state_dir, root = env
     service, _ = start(machine, state_dir, root)
