@@ -86,7 +86,7 @@ def workload_rows(workloads: list[dict[str, Any]], now: float) -> list[list[str]
         if cpus != "-" and not wl.get("exclusive", True):
             cpus += " (shared)"
         devices = ",".join(d.get("address", "?") for d in wl.get("devices") or []) or "-"
-        rows.append([str(wl.get("name", "?")), str(wl.get("owner_uid", "-")),
+        rows.append([str(wl.get("name", "?")), str(wl.get("owner") or wl.get("owner_uid", "-")),
                      wl.get("pod") or "-", cpus,
                      ",".join(str(n) for n in wl.get("numa_nodes") or []) or "-",
                      devices, _age(wl.get("created_unix"), now)])

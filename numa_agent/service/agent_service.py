@@ -55,7 +55,7 @@ from numa_agent.enforcement.protocol import Enforcer, Layout
 from numa_agent.enforcement.record import LEDGER_RECORD, decode_ledger, encode_ledger
 from numa_agent.hotplug.rebase import rebase_state
 from numa_agent.isolation.keeper import ISOLATE, STRICT, IsolationKeeper, isolation_asked
-from numa_agent.service.caller import Caller
+from numa_agent.service.caller import Caller, UserNames, system_user_name
 from numa_agent.service.counters import Counters, ManagerOutcome
 from numa_agent.service.rebuild import REBUILT, is_quarantined
 from numa_agent.state.checkpoint import CheckpointError
@@ -71,8 +71,11 @@ class AgentService:
                  clock: Callable[[], float] = time.time,
                  topology_json: Callable[[], dict] | None = None,
                  isolation: IsolationKeeper | None = None, isolate_default: tuple[str, ...] = (),
-                 isolate_gid: int | None = None, mark_key: bytes | None = None) -> None:
+                 isolate_gid: int | None = None, mark_key: bytes | None = None,
+                 user_name: UserNames = system_user_name) -> None:
         self.machine = machine
+        # Owners by name in status (a lookup: asked outside the lock, once per uid and view).
+        self.user_name = user_name
         # Signs the mark numa-run gives a workload (numa_agent.core.mark); None: no mark issued.
         self.mark_key = mark_key
         # Interrupts, idle states and frequency of isolating workloads' CPUs (None: never touched).
@@ -513,8 +516,15 @@ class AgentService:
 
     def list_workloads(self, viewer_uid: int | None = None) -> list[dict]:
         state = self.state
-        return [self._workload_view(state, w, viewer_uid) for w in state.workloads
-                if not is_quarantined(w)]
+        return self._with_owner_names([self._workload_view(state, w, viewer_uid) for w in state.workloads
+                                       if not is_quarantined(w)])
+
+    def _with_owner_names(self, views: list[dict]) -> list[dict]:
+        """Each view's `owner`: its `owner_uid`'s user name, None when it has none."""
+        names = {uid: self.user_name(uid) for uid in {v["owner_uid"] for v in views}}
+        for v in views:
+            v["owner"] = names[v["owner_uid"]]
+        return views
 
     @staticmethod
     def _quarantined_views(state: AgentState) -> list[dict]:
@@ -531,7 +541,9 @@ class AgentService:
         """`memory`: also read the memory per node of workloads without a
         cgroup (/proc/PID/numa_maps, costly)."""
         state = self.state  # one immutable snapshot for the whole view
-        return self._observed(state, self._status(state, viewer_uid), memory)
+        status = self._status(state, viewer_uid)
+        self._with_owner_names(status["workloads"] + status["pods"])
+        return self._observed(state, status, memory)
 
     def _observed(self, state: AgentState, status: dict, memory: bool = False) -> dict:
         """Intruders and memory per node added (files read: never under the lock)."""

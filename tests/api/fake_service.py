@@ -32,6 +32,7 @@ class FakeService:
         self.workloads: dict[str, dict[str, Any]] = {}
         self.lock = threading.Lock()
         self._counter = 0
+        self.user_names: dict[int, str] = {}  # uid -> name for status; none known by default
 
     # -- helpers --------------------------------------------------------
     def _record(self, name: str, arg: Any, caller: Caller | None = None) -> None:
@@ -110,7 +111,8 @@ class FakeService:
         return [self._status_entry(wl) for _, wl in sorted(self.workloads.items())]
 
     def _status_entry(self, wl: dict) -> dict:
-        return {"name": wl["name"], "owner_uid": wl["owner_uid"], "pod": wl["pod"],
+        return {"name": wl["name"], "owner_uid": wl["owner_uid"],
+                "owner": self.user_names.get(wl["owner_uid"]), "pod": wl["pod"],
                 "pid": wl["pid"], "cpus": wl["cpus"], "exclusive": wl["exclusive"],
                 "numa_nodes": wl["numa_nodes"], "mems": wl["mems"],
                 "memory_bytes": wl["memory_bytes"], "hugepages": {}, "devices": wl["devices"],

@@ -55,6 +55,19 @@ def test_status_table(server, capsys):
     assert row.split()[6].endswith("s")
 
 
+def test_status_owner_is_the_user_name_and_the_uid_when_it_has_none(server, fake, capsys):
+    admit(server, {"name": "web-1", "cpus": 1})
+    fake.user_names[os.getuid()] = "alice"
+    assert run(status_cmd, ["status"], server) == 0
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("web-1"))
+    assert row.split()[:2] == ["web-1", "alice"]
+    assert run(status_cmd, ["status", "--json"], server) == 0
+    (wl,) = json.loads(capsys.readouterr().out)["workloads"]
+    assert wl["owner"] == "alice" and wl["owner_uid"] == os.getuid()
+    status = {"workloads": [{"name": "x", "owner_uid": 4242, "owner": None, "cpus": "1"}]}
+    assert next(line for line in format_status(status, now=0) if line.startswith("x ")).split()[1] == "4242"
+
+
 def test_status_json(server, capsys):
     assert run(status_cmd, ["status", "--json"], server) == 0
     data = json.loads(capsys.readouterr().out)

@@ -16,7 +16,7 @@ from numa_agent.enforcement.cgroup import CgroupV2
 from numa_agent.enforcement.errors import CgroupNoSpaceError
 from numa_agent.enforcement.fake_cgroupfs import FakeCgroupfs, make_fake_cgroup_root
 from numa_agent.enforcement.record import RECORD_XATTR, decode_record
-from numa_agent.service.caller import Caller
+from numa_agent.service.caller import Caller, system_user_name
 from numa_agent.service.config import ConfigError
 from numa_agent.state.checkpoint import CheckpointStore, CheckpointWriteError
 from numa_agent.state.model import replace
@@ -351,6 +351,27 @@ def test_missing_checkpoint_is_rebuilt_from_the_cgroup_tree(env, sleepers):
     assert service2.state.workload("side").shared
     assert CheckpointStore(state_dir).load()["workloads"]  # written again at once
     assert side["cpus"]
+
+
+def test_owners_are_named_beside_their_uid(env):
+    machine, state_dir, root = env
+    service, _ = start(machine, state_dir, root)
+    asked = []
+    service.user_name = lambda uid: asked.append(uid) or {1000: "alice"}.get(uid)
+    service.admit(AdmitRequest(name="a", cpus=1, pod="p", pod_budget=PodBudget(cpus=2)), ME)
+    service.admit(AdmitRequest(name="b", cpus=1, pod="p"), ME)
+    service.admit(AdmitRequest(name="c", cpus=1), Caller(pid=os.getpid(), uid=1001, gid=1001))
+    status = service.status()
+    assert [(w["name"], w["owner_uid"], w["owner"]) for w in status["workloads"]] == [
+        ("a", 1000, "alice"), ("b", 1000, "alice"), ("c", 1001, None)]
+    assert [(p["owner_uid"], p["owner"]) for p in status["pods"]] == [(1000, "alice")]
+    assert sorted(asked) == [1000, 1001]  # once per uid, not per workload
+    assert [w["owner"] for w in service.list_workloads()] == ["alice", "alice", None]
+
+
+def test_the_system_user_database_names_root_and_not_an_unused_uid():
+    assert system_user_name(0) == "root"
+    assert system_user_name(2**31 - 3) is None
 
 
 def test_command_lines_are_shown_only_to_root_and_the_owner(env):
