@@ -24,7 +24,7 @@ from numa_agent.admission.errors import AllocationError
 from numa_agent.admission.machine import Machine
 from numa_agent.admission.provider import NOTHING, Allocation, HintProvider
 from numa_agent.admission.registry import PROVIDERS
-from numa_agent.admission.request import Request, Resources
+from numa_agent.admission.request import Request, Resources, describe_amounts
 from numa_agent.admission.topology_manager import NOT_CHECKED, MergeResult
 from numa_agent.admission.topology_manager import decide as merge_decide
 from numa_agent.admission.view import (
@@ -343,7 +343,8 @@ def _decide_pod_member(machine: Machine, state: AgentState, req: Request, pod_na
         state = state.with_pod(pod)
     else:
         if req.pod_budget is not None and req.pod_budget.to_json() != dict(pod.request):
-            raise InvalidRequest(f"pod {pod.name!r} already exists with budget {dict(pod.request)}; "
+            raise InvalidRequest(f"pod {pod.name!r} already exists with a budget of "
+                                 f"{describe_amounts(pod.request)}, not {describe_amounts(req.pod_budget.to_json())}: "
                                  f"a later member cannot change it (leave out the --pod-* options)")
         if req.owner_uid != pod.owner_uid and req.owner_uid != 0:
             raise Refusal("forbidden", f"pod {pod.name!r} belongs to uid {pod.owner_uid}")

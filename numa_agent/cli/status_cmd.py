@@ -6,6 +6,7 @@ import argparse
 import time
 from typing import Any
 
+from numa_agent.admission.request import describe_amounts
 from numa_agent.cli import common
 from numa_agent.core.units import format_bytes
 
@@ -129,9 +130,10 @@ def format_status(status: dict[str, Any], now: float) -> list[str]:
     else:
         lines.append("no workloads")
     for pod in status.get("pods") or []:
+        budget = f" (budget {describe_amounts(pod['budget'])})" if pod.get("budget") else ""
         lines.append(f"pod {pod.get('name')}: cpus {pod.get('cpus') or '-'} nodes "
                      f"{','.join(str(n) for n in pod.get('numa_nodes') or []) or '-'} members "
-                     f"{','.join(pod.get('members') or []) or '-'}")
+                     f"{','.join(pod.get('members') or []) or '-'}{budget}")
     lines += observation_lines(workloads)
     rebuilt = [wl for wl in workloads if wl.get("rebuilt")]
     if rebuilt:

@@ -21,6 +21,7 @@ from numa_agent.admission.admit import (
     shared_pool,
 )
 from numa_agent.admission.machine import MachineConfigError, PolicyConfig, build_machine
+from numa_agent.admission.request import describe_amounts
 from numa_agent.core.cpuset import CpuSet
 from numa_agent.hotplug.rebase import rebase_state
 from numa_agent.state.model import AgentState
@@ -194,13 +195,23 @@ def test_pod_main_member_exclusive_sidecar_shares_the_rest():
     with pytest.raises(Refusal, match="would use 3 GiB of memory, more than the pod's budget of 2 GiB"):
         decide(m, d2.state, req("fat", pod="p", memory_bytes=3 << 30))
     # a later member cannot change the budget
-    with pytest.raises(InvalidRequest, match="cannot change it"):
-        decide(m, d2.state, req("other", pod="p", pod_budget=Resources(cpus=8)))
+    with pytest.raises(InvalidRequest) as err:
+        decide(m, d2.state, req("other", pod="p", pod_budget=Resources(cpus=8, hugepages={2048: 1})))
+    assert str(err.value) == ("pod 'p' already exists with a budget of 6 CPUs, 2 GiB of memory, not "
+                              "8 CPUs, 1 hugepage of 2 MiB: a later member cannot change it (leave out "
+                              "the --pod-* options)")
     # the budget goes with the last member
     s, _, freed = release(d2.state, "main")
     assert freed is None and s.pod("p").members == ("side",)
     s, _, freed = release(s, "side")
     assert freed is not None and s.pods == () and s.exclusive_cpus() == CpuSet()
+
+
+def test_amounts_read_as_a_phrase():
+    assert describe_amounts({"cpus": 1, "memory_bytes": 3 << 29, "hugepages": {"1048576": 4, "2048": 0},
+                             "devices": {"gpu": 2, "nic": 0}}) == \
+        "1 CPU, 1.5 GiB of memory, 4 hugepages of 1 GiB, 2 gpu"
+    assert describe_amounts(Resources().to_json()) == "nothing"
 
 
 def test_pod_member_without_budget_is_refused():

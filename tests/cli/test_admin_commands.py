@@ -79,11 +79,14 @@ def test_format_status_ages_and_shared():
               "workloads": [{"name": "a", "owner_uid": 1000, "pod": "p1", "cpus": "0-1",
                              "exclusive": False, "numa_nodes": [0, 1], "devices": [],
                              "created_unix": 1000.0}],
-              "pods": [{"name": "p1", "cpus": "4-9", "numa_nodes": [1], "members": ["a", "b"]}]}
+              "pods": [{"name": "p1", "cpus": "4-9", "numa_nodes": [1], "members": ["a", "b"]},
+                       {"name": "p2", "cpus": "10-11", "numa_nodes": [1], "members": ["c"],
+                        "budget": {"cpus": 2, "memory_bytes": 1 << 30, "hugepages": {}, "devices": {}}}]}
     lines = format_status(status, now=1000.0 + 2 * 3600 + 5)
     row = next(line for line in lines if line.startswith("a "))
     assert row.split() == ["a", "1000", "p1", "0-1", "(shared)", "0,1", "-", "2h"]
     assert "pod p1: cpus 4-9 nodes 1 members a,b" in lines
+    assert "pod p2: cpus 10-11 nodes 1 members c (budget 2 CPUs, 1 GiB of memory)" in lines
 
 
 def test_status_memory_asks_for_numa_maps(server, fake, capsys):
