@@ -38,6 +38,7 @@ from numa_agent.admission.view import (
 from numa_agent.core.cpuset import CpuSet
 from numa_agent.core.hints import HintSet, NumaMask
 from numa_agent.core.policy import POLICY_NAMES, TopologyPolicy
+from numa_agent.core.units import format_bytes
 from numa_agent.state.model import AgentState, Booking, Pod, Workload, replace
 
 __all__ = [
@@ -170,9 +171,18 @@ def _check_resource_names(machine: Machine, r: Resources) -> None:
         if not machine.devices.has(resource):
             known = ", ".join(machine.devices.names) or "none configured"
             raise InvalidRequest(f"unknown device resource {resource!r} (known: {known})")
+    sizes = {hp.size_kb for n in machine.node_ids for hp in machine.topology.node(n).hugepages} \
+        if r.hugepages else set()
     for size_kb in r.hugepages:
-        if not any(machine.topology.node(n).hugepage(size_kb) for n in machine.node_ids):
-            raise InvalidRequest(f"hugepages of {size_kb}kB do not exist on this machine")
+        if size_kb not in sizes:
+            known = ", ".join(_page_size(kb) for kb in sorted(sizes)) or "none"
+            raise InvalidRequest(f"hugepages of {_page_size(size_kb)} do not exist on this machine "
+                                 f"(its page sizes: {known})")
+
+
+def _page_size(size_kb: int) -> str:
+    """"2 MiB (2048kB)": for people, then as the kernel and the API name it."""
+    return f"{format_bytes(size_kb << 10)} ({size_kb}kB)"
 
 
 def _workload(req: Request, booking: Booking, shared: bool | None = None) -> Workload:

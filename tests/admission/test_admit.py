@@ -167,8 +167,10 @@ def test_bad_requests_are_refused_with_the_reason():
         decide(m, AgentState(), req("x", devices={"fpga": 1}))
     with pytest.raises(InvalidRequest, match="exclude each other"):
         decide(m, AgentState(), req("x", cpus=2, shared=True))
-    with pytest.raises(InvalidRequest, match="16384kB do not exist"):
+    with pytest.raises(InvalidRequest) as err:
         decide(m, AgentState(), req("x", hugepages={16384: 1}))
+    assert str(err.value) == ("hugepages of 16 MiB (16384kB) do not exist on this machine "
+                              "(its page sizes: 2 MiB (2048kB), 1 GiB (1048576kB))")
     with pytest.raises(Refusal, match="more than the machine can ever hold"):
         decide(m, AgentState(), req("x", hugepages={1048576: 1}))  # the size exists, no pages
     state = decide(m, AgentState(), req("dup", cpus=1)).state
