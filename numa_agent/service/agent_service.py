@@ -46,6 +46,7 @@ from numa_agent.api.errors import (
     TopologyAffinityError,
 )
 from numa_agent.api.validation import AdmitRequest, to_admission_request
+from numa_agent.core.hints import TopologyHint
 from numa_agent.core.mark import issue_mark, start_time_of
 from numa_agent.core.names import NAME_RULE, is_workload_name
 from numa_agent.enforcement.errors import EnforcementError
@@ -126,7 +127,7 @@ class AgentService:
                 self.counters.refused(exc.code, time.perf_counter() - started)
                 log.warning("refused %s for uid %d pid %d: %s | hints: %s | merged: %s",
                             request.name or "(unnamed)", caller.uid, caller.pid, exc.message,
-                            _hints_text(exc.explanation), exc.explanation.get("merged"))
+                            _hints_text(exc.explanation), _merged_text(exc.explanation))
                 if exc.code == "forbidden":
                     raise Forbidden(exc.message) from None
                 refused = TopologyAffinityError if exc.code == TopologyAffinityError.code \
@@ -160,7 +161,7 @@ class AgentService:
             log.info("admitted %s for uid %d pid %d: cpus %s mems %s devices %s | hints: %s | merged: %s",
                      w.name, caller.uid, caller.pid, effective_cpus(self.machine, new_state, w).format(),
                      ",".join(map(str, w.booking.mems)), ",".join(w.booking.device_addresses()) or "-",
-                     _hints_text(decision.explanation), decision.explanation.get("merged"))
+                     _hints_text(decision.explanation), _merged_text(decision.explanation))
             return self._admission_view(new_state, w, decision.explanation, dry_run=False)
 
     def _manager_outcome(self, body: AdmitRequest, explanation: Mapping[str, Any], pinned: frozenset[str],
@@ -627,6 +628,12 @@ def _check_alive(caller: Caller) -> None:
     process: so caller.pid was not recycled for somebody else."""
     if caller.pidfd is not None and not pidfd_alive(caller.pidfd):
         raise ProcessLookupError(f"pid {caller.pid} exited")
+
+
+def _merged_text(explanation: Mapping[str, Any]) -> str:
+    """The merged hint as the hints are written ("{0} preferred"), "none" without a merge."""
+    merged = explanation.get("merged")
+    return str(TopologyHint.from_json(merged)) if merged else "none"
 
 
 def _hints_text(explanation: Mapping[str, Any]) -> str:
