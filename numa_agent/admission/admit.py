@@ -24,8 +24,8 @@ from numa_agent.admission.errors import AllocationError
 from numa_agent.admission.machine import Machine
 from numa_agent.admission.provider import NOTHING, Allocation, HintProvider
 from numa_agent.admission.registry import PROVIDERS
-from numa_agent.admission.request import Request, Resources
-from numa_agent.admission.topology_manager import MergeResult
+from numa_agent.admission.request import Request, Resources, describe_amounts
+from numa_agent.admission.topology_manager import NOT_CHECKED, MergeResult
 from numa_agent.admission.topology_manager import decide as merge_decide
 from numa_agent.admission.view import (
     AdmissionView,
@@ -38,6 +38,7 @@ from numa_agent.admission.view import (
 from numa_agent.core.cpuset import CpuSet
 from numa_agent.core.hints import HintSet, NumaMask
 from numa_agent.core.policy import POLICY_NAMES, TopologyPolicy
+from numa_agent.core.units import format_bytes
 from numa_agent.state.model import AgentState, Booking, Pod, Workload, replace
 
 __all__ = [
@@ -50,16 +51,18 @@ __all__ = [
 class Refusal(Exception):
     """The request cannot be admitted. `code` is a short reason for metrics
     ("topology_affinity_error", "insufficient_cpus", ...), `explanation` the
-    full reasoning. `provider` names the provider whose allocation failed (None:
-    refused before any allocation), `pinned` the providers that had allocated
-    their part before it (the kubelet's managers count both as pinning requests)."""
+    full reasoning, whose "admit" (the outcome) is false whatever the
+    topology manager's verdict was. `provider` names the provider whose
+    allocation failed (None: refused before any allocation), `pinned` the
+    providers that had allocated their part before it (the kubelet's managers
+    count both as pinning requests)."""
 
     def __init__(self, code: str, message: str, explanation: Mapping[str, Any] | None = None,
                  provider: str | None = None, pinned: frozenset[str] = frozenset()):
         super().__init__(message)
         self.code = code
         self.message = message
-        self.explanation = dict(explanation or {})
+        self.explanation = {**(explanation or {}), "admit": False}
         self.provider = provider
         self.pinned = pinned
 
@@ -168,9 +171,18 @@ def _check_resource_names(machine: Machine, r: Resources) -> None:
         if not machine.devices.has(resource):
             known = ", ".join(machine.devices.names) or "none configured"
             raise InvalidRequest(f"unknown device resource {resource!r} (known: {known})")
+    sizes = {hp.size_kb for n in machine.node_ids for hp in machine.topology.node(n).hugepages} \
+        if r.hugepages else set()
     for size_kb in r.hugepages:
-        if not any(machine.topology.node(n).hugepage(size_kb) for n in machine.node_ids):
-            raise InvalidRequest(f"hugepages of {size_kb}kB do not exist on this machine")
+        if size_kb not in sizes:
+            known = ", ".join(_page_size(kb) for kb in sorted(sizes)) or "none"
+            raise InvalidRequest(f"hugepages of {_page_size(size_kb)} do not exist on this machine "
+                                 f"(its page sizes: {known})")
+
+
+def _page_size(size_kb: int) -> str:
+    """"2 MiB (2048kB)": for people, then as the kernel and the API name it."""
+    return f"{format_bytes(size_kb << 10)} ({size_kb}kB)"
 
 
 def _workload(req: Request, booking: Booking, shared: bool | None = None) -> Workload:
@@ -189,9 +201,10 @@ def _book(view: AdmissionView, req: Request, policy_name: str,
     a pod budget): hints from every provider, the merge, then every
     provider's allocation inside the merged affinity."""
     machine = view.machine
-    explanation: dict[str, Any] = {"policy": policy_name, "scope": machine.policy.topology_scope,
-                                   "providers": [], "merged": None, "admit": True,
-                                   "free": view.free}
+    explanation: dict[str, Any] = {"admit": True,
+                                   "topology": _topology(policy_name, machine.policy.topology_scope),
+                                   "providers": [], "merged": None,
+                                   "requested": req.resources.to_json(), "free": view.free}
     affinity = _merge(view, req, policy_name, providers, explanation)
     booking, pinned = _allocate(view, req, affinity, providers, explanation)
     explanation["alignment"] = alignment(machine, booking)
@@ -212,7 +225,7 @@ def _merge(view: AdmissionView, req: Request, policy_name: str, providers: Provi
     explanation["providers"] = _provider_summaries(asked, result)
     merged = result.merged
     explanation["merged"] = merged.to_json()
-    explanation["admit"] = result.admit
+    explanation["topology"] = _topology(policy_name, machine.policy.topology_scope, result.verdict)
     if not result.admit:
         reason = _topology_reason(view, req, providers, policy_name, result)
         explanation["reason"] = reason
@@ -298,7 +311,7 @@ def _memory_nodes_near(machine: Machine, nodes) -> tuple[int, ...]:
 def alignment_guaranteed(explanation: Mapping[str, Any]) -> bool:
     """The kubelet's IsAlignmentGuaranteed: the request was merged (not a later pod member,
     which takes its pod's budget) under single-numa-node, which admits only on one node."""
-    return explanation.get("policy") == "single-numa-node"
+    return (explanation.get("topology") or {}).get("policy") == "single-numa-node"
 
 
 def alignment(machine: Machine, b: Booking) -> dict[str, bool]:
@@ -340,18 +353,21 @@ def _decide_pod_member(machine: Machine, state: AgentState, req: Request, pod_na
         state = state.with_pod(pod)
     else:
         if req.pod_budget is not None and req.pod_budget.to_json() != dict(pod.request):
-            raise InvalidRequest(f"pod {pod.name!r} already exists with budget {dict(pod.request)}; "
+            raise InvalidRequest(f"pod {pod.name!r} already exists with a budget of "
+                                 f"{describe_amounts(pod.request)}, not {describe_amounts(req.pod_budget.to_json())}: "
                                  f"a later member cannot change it (leave out the --pod-* options)")
         if req.owner_uid != pod.owner_uid and req.owner_uid != 0:
             raise Refusal("forbidden", f"pod {pod.name!r} belongs to uid {pod.owner_uid}")
-        explanation = {"policy": "pod-budget", "scope": "pod", "providers": [], "merged": None,
-                       "admit": True}
+        # Not merged again: a member takes from the budget its pod was aligned for.
+        explanation = {"admit": True, "topology": _topology("pod-budget", "pod"),
+                       "providers": [], "merged": None}
     if req.physcpubind is not None or req.cpunodebind is not None or req.membind is not None:
         raise InvalidRequest("pod members take their CPUs and memory from the pod budget; "
                              "-C/-N/-m cannot be combined with --pod")
 
     view = AdmissionView(machine, state, pod=pod)
-    explanation = {**explanation, "pod": pod.name, "pod_cpus": pod.booking.cpus.format(),
+    explanation = {**explanation, "requested": req.resources.to_json(), "pod": pod.name,
+                   "pod_budget": dict(pod.request), "pod_cpus": pod.booking.cpus.format(),
                    "pod_shared_cpus_before": view.pod_shared_cpus.format()}
     booking, pinned = _allocate(view, req, None, providers, explanation, pinned)
     w = _workload(req, booking, shared=req.resources.cpus == 0)
@@ -363,6 +379,13 @@ def _decide_pod_member(machine: Machine, state: AgentState, req: Request, pod_na
 
 # ---------------------------------------------------------------------------
 # explanations
+
+
+def _topology(policy: str, scope: str, verdict: str = NOT_CHECKED) -> dict[str, str]:
+    """The topology manager's part: its policy and scope, and what its merge
+    said of the alignment ("aligned", "not-aligned", "not-checked"), which
+    is not the outcome: that is the explanation's "admit"."""
+    return {"policy": policy, "scope": scope, "verdict": verdict}
 
 
 def _provider_summaries(asked: Sequence[tuple[str, Any]], result: MergeResult) -> list[dict[str, Any]]:

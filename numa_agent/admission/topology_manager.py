@@ -641,6 +641,20 @@ def admit(policy: str, merged: TopologyHint) -> bool:
     return check_policy(policy).admits(bool(merged.preferred))
 
 
+# What the merge says of the alignment, apart from the admission's outcome
+# (best-effort admits "not-aligned"; a request aligned here can still be
+# refused by a provider's allocation).
+ALIGNED, NOT_ALIGNED, NOT_CHECKED = "aligned", "not-aligned", "not-checked"
+
+
+def verdict(policy: str, merged: TopologyHint) -> str:
+    """"aligned" when the merged hint is preferred, "not-aligned" when not,
+    "not-checked" under policy none, which merges nothing."""
+    if policy == "none":
+        return NOT_CHECKED
+    return ALIGNED if merged.preferred else NOT_ALIGNED
+
+
 # --------------------------------------------------------------------------
 # Decisions with explanations.
 
@@ -723,6 +737,10 @@ class MergeResult:
     provider_summaries: tuple[HintSummary, ...]
     exact: bool = True  # False: the search budget ran out (see module doc)
 
+    @property
+    def verdict(self) -> str:
+        return verdict(self.policy, self.merged)
+
     def explanation(self) -> str:
         hints = ", ".join(f"{s.resource} hints {s.text()}" for s in self.provider_summaries) or "no hints"
         merged = "any" if self.merged.mask is None else "{" + self.merged.mask.format() + "}"
@@ -744,6 +762,7 @@ def decide(providers: Sequence[ProviderInput], numa_nodes: Sequence[int], policy
 
 __all__ = [
     "POLICIES", "SCOPES", "FITS_BUDGET", "TopologyConfigError", "TopologyManagerOptions", "missing_distance",
-    "HintSummary", "MergeResult", "merge", "admit", "decide", "provider_resources",
+    "HintSummary", "MergeResult", "merge", "admit", "verdict", "decide", "provider_resources",
+    "ALIGNED", "NOT_ALIGNED", "NOT_CHECKED",
     "check_policy", "check_scope",
 ]

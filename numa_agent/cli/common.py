@@ -298,28 +298,24 @@ def build_request(args: argparse.Namespace, command: list[str] | None = None,
 
 
 # ------------------------------------------------------------------ output
-def human_bytes(n: int | None) -> str:
-    if n is None:
-        return "-"
-    for unit, size in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if abs(n) >= size:
-            value = n / size
-            return f"{value:.0f}{unit}" if value == int(value) else f"{value:.1f}{unit}"
-    return f"{n}B"
-
-
 def _mask(mask: Any) -> str:
     if mask is None:
         return "any"
     return "{" + ",".join(str(n) for n in mask) + "}"
 
 
+# The topology manager's verdict, which is not the outcome (best-effort admits
+# what is not aligned; an aligned request can still be refused).
+_VERDICTS = {"aligned": "aligned", "not-aligned": "not aligned", "not-checked": "not checked"}
+
+
 def explanation_lines(explanation: dict[str, Any]) -> list[str]:
     """The reasoning of one decision, a few lines a person can act on."""
     lines = []
-    policy = explanation.get("policy")
-    if policy:
-        lines.append(f"  policy: {policy} (scope {explanation.get('scope', '-')})")
+    topology = explanation.get("topology") or {}
+    if topology:
+        lines.append(f"  topology manager: {_VERDICTS.get(str(topology.get('verdict')), '-')} "
+                     f"(policy {topology.get('policy', '-')}, scope {topology.get('scope', '-')})")
     free = explanation.get("free") or {}
     if free:
         parts = []
@@ -327,7 +323,7 @@ def explanation_lines(explanation: dict[str, Any]) -> list[str]:
             item = free[node]
             text = f"node {node}: {item.get('cpus', '-')} CPUs"
             if "memory_bytes" in item:
-                text += f", {human_bytes(item['memory_bytes'])}"
+                text += f", {units.format_bytes(item['memory_bytes'])}"
             parts.append(text)
         lines.append("  free: " + "; ".join(parts))
     for provider in explanation.get("providers") or []:

@@ -95,3 +95,30 @@ def parse_hugepage_size(text: str | int) -> int:
             hint = f"; did you mean {meant}?"
     raise ValueError(f"invalid hugepage size {text!r}: {size} bytes is not a power of two of at "
                      f"least 1 KiB{hint}")
+
+
+# Sizes for people: one formatter for every message, table and log line
+# (JSON and metrics keep bytes). Binary units with their IEC names, never the
+# ambiguous M or G, whichever way the size was written.
+_IEC = ("B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB")
+
+
+def format_bytes(n: int) -> str:
+    """"512 B", "2 GiB", "6.5 GiB", "24 GiB": the largest binary unit the
+    size reaches, one decimal below 10 of it and none above; a whole number
+    of the unit is written without a decimal, so "1.0 GiB" is a rounded
+    size and "1 GiB" an exact one. Integer arithmetic: exact at any size."""
+    if n < 0:
+        return "-" + format_bytes(-n)
+    power = min((n.bit_length() - 1) // 10, len(_IEC) - 1) if n else 0
+    while True:
+        unit = 1 << (10 * power)
+        if n % unit == 0:
+            return f"{n // unit} {_IEC[power]}"
+        tenths = (n * 10 + unit // 2) // unit  # rounded half up
+        if tenths < 100:
+            return f"{tenths // 10}.{tenths % 10} {_IEC[power]}"
+        whole = (n + unit // 2) // unit
+        if whole < 1024 or power == len(_IEC) - 1:
+            return f"{whole} {_IEC[power]}"
+        power += 1  # 1023.6 MiB rounds to 1024 MiB: say 1.0 GiB

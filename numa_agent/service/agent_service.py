@@ -46,6 +46,7 @@ from numa_agent.api.errors import (
     TopologyAffinityError,
 )
 from numa_agent.api.validation import AdmitRequest, to_admission_request
+from numa_agent.core.hints import TopologyHint
 from numa_agent.core.mark import issue_mark, start_time_of
 from numa_agent.core.names import NAME_RULE, is_workload_name
 from numa_agent.core.pci import NO_NAMES
@@ -57,7 +58,7 @@ from numa_agent.enforcement.protocol import Enforcer, Layout
 from numa_agent.enforcement.record import LEDGER_RECORD, decode_ledger, encode_ledger
 from numa_agent.hotplug.rebase import rebase_state
 from numa_agent.isolation.keeper import ISOLATE, STRICT, IsolationKeeper, isolation_asked
-from numa_agent.service.caller import Caller
+from numa_agent.service.caller import Caller, UserNames, system_user_name
 from numa_agent.service.counters import Counters, ManagerOutcome
 from numa_agent.service.rebuild import REBUILT, is_quarantined
 from numa_agent.state.checkpoint import CheckpointError
@@ -74,10 +75,13 @@ class AgentService:
                  topology_json: Callable[[], dict] | None = None,
                  isolation: IsolationKeeper | None = None, isolate_default: tuple[str, ...] = (),
                  isolate_gid: int | None = None, mark_key: bytes | None = None,
-                 pci_names: PciNameSource | None = None) -> None:
+                 pci_names: PciNameSource | None = None,
+                 user_name: UserNames = system_user_name) -> None:
         self.machine = machine
         # Vendor, device and class names of /v1/topology's devices (None: ids only).
         self.pci_names = pci_names
+        # Owners by name in status (a lookup: asked outside the lock, once per uid and view).
+        self.user_name = user_name
         # Signs the mark numa-run gives a workload (numa_agent.core.mark); None: no mark issued.
         self.mark_key = mark_key
         # Interrupts, idle states and frequency of isolating workloads' CPUs (None: never touched).
@@ -128,7 +132,7 @@ class AgentService:
                 self.counters.refused(exc.code, time.perf_counter() - started)
                 log.warning("refused %s for uid %d pid %d: %s | hints: %s | merged: %s",
                             request.name or "(unnamed)", caller.uid, caller.pid, exc.message,
-                            _hints_text(exc.explanation), exc.explanation.get("merged"))
+                            _hints_text(exc.explanation), _merged_text(exc.explanation))
                 if exc.code == "forbidden":
                     raise Forbidden(exc.message) from None
                 refused = TopologyAffinityError if exc.code == TopologyAffinityError.code \
@@ -162,7 +166,7 @@ class AgentService:
             log.info("admitted %s for uid %d pid %d: cpus %s mems %s devices %s | hints: %s | merged: %s",
                      w.name, caller.uid, caller.pid, effective_cpus(self.machine, new_state, w).format(),
                      ",".join(map(str, w.booking.mems)), ",".join(w.booking.device_addresses()) or "-",
-                     _hints_text(decision.explanation), decision.explanation.get("merged"))
+                     _hints_text(decision.explanation), _merged_text(decision.explanation))
             return self._admission_view(new_state, w, decision.explanation, dry_run=False)
 
     def _manager_outcome(self, body: AdmitRequest, explanation: Mapping[str, Any], pinned: frozenset[str],
@@ -428,7 +432,8 @@ class AgentService:
         self.counters.refused("isolation_unavailable", time.perf_counter() - started)
         message = f"--isolate-strict: cannot isolate {w.name}: {'; '.join(failed)}"
         log.warning("refused %s: %s", w.name, message)
-        raise AdmissionRefused(message, details={"reason": message, "reason_code": "isolation_unavailable",
+        raise AdmissionRefused(message, details={"admit": False, "reason": message,
+                                                 "reason_code": "isolation_unavailable",
                                                  "isolation": list(failed)})
 
     def _isolation_view(self, w: Workload) -> dict[str, Any] | None:
@@ -517,8 +522,15 @@ class AgentService:
 
     def list_workloads(self, viewer_uid: int | None = None) -> list[dict]:
         state = self.state
-        return [self._workload_view(state, w, viewer_uid) for w in state.workloads
-                if not is_quarantined(w)]
+        return self._with_owner_names([self._workload_view(state, w, viewer_uid) for w in state.workloads
+                                       if not is_quarantined(w)])
+
+    def _with_owner_names(self, views: list[dict]) -> list[dict]:
+        """Each view's `owner`: its `owner_uid`'s user name, None when it has none."""
+        names = {uid: self.user_name(uid) for uid in {v["owner_uid"] for v in views}}
+        for v in views:
+            v["owner"] = names[v["owner_uid"]]
+        return views
 
     @staticmethod
     def _quarantined_views(state: AgentState) -> list[dict]:
@@ -535,7 +547,9 @@ class AgentService:
         """`memory`: also read the memory per node of workloads without a
         cgroup (/proc/PID/numa_maps, costly)."""
         state = self.state  # one immutable snapshot for the whole view
-        return self._observed(state, self._status(state, viewer_uid), memory)
+        status = self._status(state, viewer_uid)
+        self._with_owner_names(status["workloads"] + status["pods"])
+        return self._observed(state, status, memory)
 
     def _observed(self, state: AgentState, status: dict, memory: bool = False) -> dict:
         """Intruders and memory per node added (files read: never under the lock)."""
@@ -621,6 +635,12 @@ def _check_alive(caller: Caller) -> None:
     process: so caller.pid was not recycled for somebody else."""
     if caller.pidfd is not None and not pidfd_alive(caller.pidfd):
         raise ProcessLookupError(f"pid {caller.pid} exited")
+
+
+def _merged_text(explanation: Mapping[str, Any]) -> str:
+    """The merged hint as the hints are written ("{0} preferred"), "none" without a merge."""
+    merged = explanation.get("merged")
+    return str(TopologyHint.from_json(merged)) if merged else "none"
 
 
 def _hints_text(explanation: Mapping[str, Any]) -> str:

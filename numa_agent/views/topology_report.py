@@ -14,6 +14,7 @@ from typing import Callable, Iterable
 from numa_agent.core.cpuset import CpuSet
 from numa_agent.core.pci import NO_NAMES, PciNames, device_kind, os_names
 from numa_agent.core.topology import UNKNOWN_NODE, Cache, Cpu, NumaNode, PciDevice, Topology
+from numa_agent.core.units import format_bytes
 
 
 def _nodes_text(ids: Iterable[int]) -> str:
@@ -194,7 +195,7 @@ def _node_lines(topo: Topology, node: NumaNode) -> list[str]:
     desc = [f"cpus {node.cpus.format() or '(none)'}"]
     if offline:
         desc.append(f"offline {offline.format()}")
-    desc.append(f"memory {_size(node.memory_total_bytes)} (free {_size(node.memory_free_bytes)})")
+    desc.append(f"memory {format_bytes(node.memory_total_bytes)} (free {format_bytes(node.memory_free_bytes)})")
     pools = [f"{h.label} {h.free}/{h.total} free" for h in sorted(node.hugepages, key=lambda h: h.size_kb)
              if h.total or h.free]
     if pools:
@@ -290,7 +291,7 @@ def _core_cache_order(cache: Cache) -> tuple[int, str]:
 def _cache_text(cache: Cache, cache_id: int | None = None) -> str:
     """"L2 (2.0 MiB)", "L3 0 (32.0 MiB)" with its id, "L2" where the kernel gives no size."""
     name = cache.name if cache_id is None else f"{cache.name} {cache_id}"
-    return name if cache.size_bytes is None else f"{name} ({_size(cache.size_bytes)})"
+    return name if cache.size_bytes is None else f"{name} ({format_bytes(cache.size_bytes)})"
 
 
 def _device_text(dev: PciDevice, names: PciNames) -> str:
@@ -322,9 +323,3 @@ def _device_description(dev: PciDevice, names: PciNames) -> str:
         text += f" [{vendor_id}:{device_id}]"
     return text
 
-
-def _size(n: int) -> str:
-    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
-        if n >= 1 << shift:
-            return f"{n / (1 << shift):.1f} {unit}"
-    return f"{n} B"

@@ -234,7 +234,9 @@ def test_refusal_is_125_with_topology_explanation(server, fake):
     assert lines[0].startswith("numa-run: refused: TopologyAffinityError: 5 CPUs requested")
     assert any(line.strip().startswith("hints cpu:") for line in lines)
     assert any("merged hint: {0,1} not preferred" in line for line in lines)
-    assert any(line.strip().startswith("free: node 0: 3 CPUs") for line in lines)
+    assert "  free: node 0: 3 CPUs, 8 GiB; node 1: 4 CPUs, 8 GiB" in lines
+    # the topology manager's verdict, apart from the outcome (the first line)
+    assert "  topology manager: not aligned (policy single-numa-node, scope container)" in lines
     assert fake.workloads == {}
 
 

@@ -1,11 +1,12 @@
 """Sizes mean what Kubernetes quantities mean: decimal SI suffixes, binary IEC
-ones, whole bytes only; a hugepage size is a power of two (kernel kB = KiB)."""
+ones, whole bytes only; a hugepage size is a power of two (kernel kB = KiB).
+Sizes printed for people are binary with IEC names (format_bytes)."""
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from numa_agent.core.units import parse_hugepage_size, parse_size
+from numa_agent.core.units import format_bytes, parse_hugepage_size, parse_size
 
 DECIMAL = {"k": 10 ** 3, "K": 10 ** 3, "KB": 10 ** 3, "M": 10 ** 6, "MB": 10 ** 6,
            "G": 10 ** 9, "GB": 10 ** 9, "T": 10 ** 12, "TB": 10 ** 12}
@@ -84,3 +85,46 @@ def test_every_power_of_two_page_size_parses_in_each_spelling(shift):
     spellings = [str(size), f"{size >> 10}Ki", f"{size >> 10}kB"]
     spellings += [f"{size >> 20}Mi"] if shift >= 20 else []
     assert {parse_hugepage_size(s) for s in spellings} == {size >> 10}
+
+
+# ---- format_bytes: the one size formatter for people
+
+KiB, MiB, GiB, TiB = 1 << 10, 1 << 20, 1 << 30, 1 << 40
+
+
+@pytest.mark.parametrize("n,text", [
+    (0, "0 B"), (512, "512 B"), (1023, "1023 B"),
+    (KiB, "1 KiB"), (2 * MiB, "2 MiB"), (16 * GiB, "16 GiB"), (3 * TiB, "3 TiB"),
+    (GiB + GiB // 2, "1.5 GiB"), (int(6.5 * GiB), "6.5 GiB"), (8455716864, "7.9 GiB"),
+    (100 * GiB, "100 GiB"), (24 * GiB + 5, "24 GiB"), (10 * GiB + GiB // 2, "11 GiB"),
+    (GiB + 1, "1.0 GiB"),            # rounded: the decimal says so
+    (MiB - 1, "1.0 MiB"),            # 1023.99 KiB rounds up into the next unit
+    (GiB - MiB // 2, "1.0 GiB"),
+    (1 << 70, "1024 EiB"), (-2 * KiB, "-2 KiB"),
+])
+def test_format_bytes(n, text):
+    assert format_bytes(n) == text
+
+
+@given(st.integers(0, 4), st.integers(1, 1023))  # parse_size stops at T
+def test_whole_units_are_exact_and_read_back(power, count):
+    n = count << (10 * power)
+    text = format_bytes(n)
+    assert "." not in text
+    assert parse_size(text.replace(" ", "")) == n
+
+
+UNITS = ("KiB", "MiB", "GiB", "TiB", "PiB", "EiB")
+
+
+@given(st.integers(1024, 1 << 62))
+def test_one_decimal_below_ten_none_above_within_rounding(n):
+    number, unit = format_bytes(n).split(" ")
+    scale = 1 << (10 * (UNITS.index(unit) + 1))
+    whole, _, decimals = number.partition(".")
+    if decimals:
+        assert len(decimals) == 1 and int(whole) < 10
+        assert abs(float(number) * scale - n) <= scale / 20
+    else:
+        assert int(whole) >= 10 or n % scale == 0
+        assert abs(int(whole) * scale - n) <= scale / 2

@@ -140,6 +140,10 @@ def test_pod_main_exclusive_and_sidecar_shared(agent, launch):
     assert engine | logger == pod_cpus and engine.isdisjoint(logger) and len(engine) == 4
     r = numa_run(agent.socket, "--pod", "trade", "--cpus", "2", "--", "true")
     assert r.returncode == 125 and "leave nothing" in r.stderr
+    r = numa_run(agent.socket, "--pod", "trade", "--pod-cpus", "8", "--pod-memory", "1Gi", "--", "true")
+    assert r.returncode == 125 and r.stderr == (
+        "numa-run: error: pod 'trade' already exists with a budget of 6 CPUs, not 8 CPUs, 1 GiB of "
+        "memory: a later member cannot change it (leave out the --pod-* options)\n")
     release_all(agent)
     assert status(agent)["pods"] == []
 

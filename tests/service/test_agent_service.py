@@ -16,7 +16,7 @@ from numa_agent.enforcement.cgroup import CgroupV2
 from numa_agent.enforcement.errors import CgroupNoSpaceError
 from numa_agent.enforcement.fake_cgroupfs import FakeCgroupfs, make_fake_cgroup_root
 from numa_agent.enforcement.record import RECORD_XATTR, decode_record
-from numa_agent.service.caller import Caller
+from numa_agent.service.caller import Caller, system_user_name
 from numa_agent.service.config import ConfigError
 from numa_agent.state.checkpoint import CheckpointStore, CheckpointWriteError
 from numa_agent.state.model import replace
@@ -109,6 +109,22 @@ def test_refusal_explains_and_changes_nothing(env):
         service.admit(AdmitRequest(name="x", devices={"fpga": 1}), ME)
     with pytest.raises(BadRequest, match="must be 1-63 characters"):
         service.admit(AdmitRequest(name="../etc"), ME)
+
+
+def test_a_refusal_after_the_merge_does_not_say_admit(env):
+    """best-effort lets the merge through and the memory manager refuses:
+    the error's details say admit false, and the verdict is the topology's."""
+    machine, state_dir, root = env
+    service, _ = start(machine, state_dir, root)
+    with pytest.raises(AdmissionRefused) as err:
+        service.admit(AdmitRequest(name="huge", cpus=1, memory_bytes=100 << 30), ME)
+    details = err.value.to_dict()["error"]["details"]
+    assert details["reason_code"] == "insufficient_memory" and details["admit"] is False
+    assert details["topology"]["policy"] == "best-effort" and details["topology"]["verdict"] == "not-aligned"
+    assert "memory: requested 100 GiB, more than the machine can ever hold" in details["reason"]
+    assert details["requested"]["memory_bytes"] == 100 << 30
+    assert details["free"]["0"]["memory_bytes"] == machine.memory.allocatable(0, "memory")
+    assert json.dumps(details).count('"admit"') == 1  # one outcome, nothing else named so
 
 
 def test_names_owners_and_release_permissions(env):
@@ -270,9 +286,10 @@ def test_refusal_log_record_carries_hints_and_decision(env, caplog):
     text = refused.getMessage()
     assert "refused big" in text and "TopologyAffinityError" in text
     assert "hints: cpu/cpu: {0,1} preferred" in text  # 10 CPUs need both nodes
-    assert "merged" in text
+    assert text.endswith("| merged: any")  # not preferred, under single-numa-node: as hints are written
     admitted = next(r for r in caplog.records if r.levelname == "INFO" and "admitted ok" in r.getMessage())
     assert "hints: cpu/cpu:" in admitted.getMessage()
+    assert admitted.getMessage().endswith("| merged: {0} preferred")
 
 
 def test_partitions_are_not_offered_below_a_non_partition_root(env, caplog):
@@ -335,6 +352,27 @@ def test_missing_checkpoint_is_rebuilt_from_the_cgroup_tree(env, sleepers):
     assert service2.state.workload("side").shared
     assert CheckpointStore(state_dir).load()["workloads"]  # written again at once
     assert side["cpus"]
+
+
+def test_owners_are_named_beside_their_uid(env):
+    machine, state_dir, root = env
+    service, _ = start(machine, state_dir, root)
+    asked = []
+    service.user_name = lambda uid: asked.append(uid) or {1000: "alice"}.get(uid)
+    service.admit(AdmitRequest(name="a", cpus=1, pod="p", pod_budget=PodBudget(cpus=2)), ME)
+    service.admit(AdmitRequest(name="b", cpus=1, pod="p"), ME)
+    service.admit(AdmitRequest(name="c", cpus=1), Caller(pid=os.getpid(), uid=1001, gid=1001))
+    status = service.status()
+    assert [(w["name"], w["owner_uid"], w["owner"]) for w in status["workloads"]] == [
+        ("a", 1000, "alice"), ("b", 1000, "alice"), ("c", 1001, None)]
+    assert [(p["owner_uid"], p["owner"]) for p in status["pods"]] == [(1000, "alice")]
+    assert sorted(asked) == [1000, 1001]  # once per uid, not per workload
+    assert [w["owner"] for w in service.list_workloads()] == ["alice", "alice", None]
+
+
+def test_the_system_user_database_names_root_and_not_an_unused_uid():
+    assert system_user_name(0) == "root"
+    assert system_user_name(2**31 - 3) is None
 
 
 def test_command_lines_are_shown_only_to_root_and_the_owner(env):

@@ -9,8 +9,8 @@ import pytest
 
 from numa_agent.cli.numa_agent import main
 from numa_agent.core.cpuset import CpuSet
+from numa_agent.core.units import format_bytes as size_text  # the one size formatter
 from numa_agent.testing.synthetic import make_topology
-from numa_agent.views.topology_report import _size as size_text  # the one size formatter of the view
 from numa_agent.views.topology_report import render_text, topology_to_json
 
 
@@ -233,11 +233,11 @@ def test_render_text_numactl_part_and_tree():
         "  8:  21  10  40",
         "250:  40  40  10",
     ]
-    assert "NUMA node 0: cpus 0-1,4-5, memory 8.0 GiB (free 8.0 GiB)\n" + _sized(
+    assert "NUMA node 0: cpus 0-1,4-5, memory 8 GiB (free 8 GiB)\n" + _sized(
            "  package 0: cpus 0-1,4-5\n    die 0: cpus 0-1,4-5\n      L3 0 (<32768K>): cpus 0-1,4-5\n"
            "        L2 (<2048K>) + L1d (<48K>) + L1i (<32K>) + core 0: threads 0,4\n"
            "        L2 (<2048K>) + L1d (<48K>) + L1i (<32K>) + core 1: threads 1,5\n") in text
-    assert "NUMA node 250: cpus (none), memory 8.0 GiB" in text
+    assert "NUMA node 250: cpus (none), memory 8 GiB" in text
 
 
 def test_render_text_of_a_topology_made_without_caches_shows_its_l3_groups():
