@@ -33,6 +33,11 @@ class StartupError(Exception):
     pass
 
 
+class StartupConfigError(StartupError):
+    """The configuration itself is wrong (as against a misfit with the machine,
+    which a restart after hotplug may cure): restarting cannot help."""
+
+
 def _log_machine(machine) -> None:
     """What the agent hands out, and what its cpuset keeps from it."""
     from numa_agent.views.topology_report import restriction_text
@@ -137,7 +142,7 @@ class Agent:
             state, report = restore(machine, store, enforcer, cfg.on_policy_change, uid_of=_uid_of,
                                     mark_key=mark_key)
         except ConfigError as exc:
-            raise StartupError(str(exc)) from None
+            raise StartupConfigError(str(exc)) from None
         except Exception as exc:
             raise StartupError(f"cannot restore state: {exc}") from None
         service = AgentService(machine, store, enforcer, isolation=_isolation_keeper(cfg),
