@@ -152,6 +152,14 @@ def _check_node_lists(machine: Machine, req: Request) -> None:
         if unknown:
             raise InvalidRequest(f"{key}: NUMA node(s) {','.join(map(str, unknown))} do not exist "
                                  f"or are not usable (usable: {','.join(map(str, machine.node_ids))})")
+    if req.membind is not None:
+        # A usable node without memory (its CPUs use another node's) cannot be
+        # written into cpuset.mems: the kernel refuses it.
+        memory_nodes = machine.memory.memory_nodes
+        memoryless = sorted(n for n in req.membind if n not in memory_nodes)
+        if memoryless:
+            raise InvalidRequest(f"membind: NUMA node(s) {','.join(map(str, memoryless))} have no memory "
+                                 f"(nodes with memory: {memory_nodes.format() or 'none'})")
 
 
 def _check_physcpubind(machine: Machine, physcpubind: CpuSet, cpus: int) -> None:

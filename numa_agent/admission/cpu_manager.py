@@ -27,13 +27,16 @@ __all__ = [
 EMPTY = CpuSet()
 
 
-def reserved_cpus(topo: CpuTopology, explicit: CpuSet | None, count: int) -> CpuSet:
+def reserved_cpus(topo: CpuTopology, explicit: CpuSet | None, count: int,
+                  usable: CpuSet | None = None) -> CpuSet:
     """The CPUs kept for the system: the explicit list when given, otherwise
-    `count` CPUs taken whole physical cores first, lowest ids first."""
+    `count` CPUs of `usable` (default: every CPU of `topo`) taken whole
+    physical cores first, lowest ids first."""
+    pool = topo.all_cpus if usable is None else usable & topo.all_cpus
     if count < 0:
         raise CpuPolicyConfigError(f"reserved CPU count must be >= 0, got {count}")
     if explicit is not None:
-        unknown = explicit - topo.all_cpus
+        unknown = explicit - pool
         if unknown:
             raise CpuPolicyConfigError(f"reserved CPUs {unknown.format()} are not usable CPUs of this machine")
         if count and count != len(explicit):
@@ -42,11 +45,11 @@ def reserved_cpus(topo: CpuTopology, explicit: CpuSet | None, count: int) -> Cpu
                 f"but {count} are to be reserved"
             )
         return explicit
-    if count > len(topo.all_cpus):
+    if count > len(pool):
         raise CpuPolicyConfigError(
-            f"cannot reserve {count} CPUs: the machine has {len(topo.all_cpus)} usable CPUs"
+            f"cannot reserve {count} CPUs: the machine has {len(pool)} usable CPUs"
         )
-    return take_by_topology(topo, topo.all_cpus, count)
+    return take_by_topology(topo, pool, count)
 
 
 def cpu_hints(

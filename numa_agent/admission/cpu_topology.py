@@ -1,4 +1,5 @@
-"""The CPU manager's view of the machine: one record per usable CPU.
+"""The CPU manager's view of the machine: one record per online CPU of the
+NUMA nodes the agent may use.
 
 The static policy reasons over four groupings of CPUs (core, socket, NUMA
 node, uncore/L3 cache) plus the kubelet's header counts. The header counts are
@@ -19,7 +20,7 @@ from typing import Iterable, Mapping
 
 from numa_agent.core.cpuset import CpuSet
 from numa_agent.core.hints import NumaMask
-from numa_agent.core.topology import UNKNOWN_NODE, Topology
+from numa_agent.core.topology import Topology
 
 
 class CpuTopologyError(ValueError):
@@ -71,11 +72,16 @@ class CpuTopology:
     # ---- constructors ---------------------------------------------------
     @classmethod
     def from_topology(cls, topo: Topology) -> "CpuTopology":
-        """Online CPUs that belong to a NUMA node. The uncore group is the L3
-        group, or the package on machines that report no L3."""
+        """Online CPUs of the NUMA nodes the agent may use, those outside its
+        cpuset included: like reserved CPUs they keep cores and sockets whole
+        (an SMT sibling outside the cpuset is not a free core), while the
+        callers' available sets hold only usable CPUs. A node the agent may
+        not use is not here at all, so no hint ever names it. The uncore group
+        is the L3 group, or the package on machines that report no L3."""
+        nodes = set(topo.usable_node_ids)
         infos = []
         for c in topo.cpus:
-            if not c.online or c.numa_node == UNKNOWN_NODE:
+            if not c.online or c.numa_node not in nodes:
                 continue
             socket = c.package if c.package is not None else 0
             infos.append(CpuInfo(

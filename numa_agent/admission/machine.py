@@ -129,7 +129,8 @@ def build_machine(topology: Topology, policy: PolicyConfig) -> Machine:
     _check_policy_names(policy)
     usable = topology.usable_cpus
     if not usable:
-        raise MachineConfigError("no usable CPU: every online CPU is outside the agent's cpuset or in no NUMA node")
+        raise MachineConfigError("no usable CPU: every online CPU is outside the agent's cpuset, in no NUMA node "
+                                 "or on a node whose memory the cpuset does not allow")
     cpu_topology = CpuTopology.from_topology(topology)
     try:
         cpu_options = CpuManagerOptions.from_mapping(policy.cpu_options)
@@ -201,7 +202,7 @@ def _reserved_cpus(cpu_topology: CpuTopology, policy: PolicyConfig, usable: CpuS
         raise MachineConfigError(f"cpu_manager.reserved_cpu_count: {policy.reserved_cpu_count} is not "
                           f"between 0 and {len(usable)} usable CPUs")
     try:
-        return reserved_cpus(cpu_topology, explicit, policy.reserved_cpu_count)
+        return reserved_cpus(cpu_topology, explicit, policy.reserved_cpu_count, usable)
     except ValueError as exc:
         raise MachineConfigError(f"cpu_manager.reserved_cpus: {exc}") from None
 

@@ -13,6 +13,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("numa_agent.serve")
 
+# sysexits.h EX_CONFIG: the configuration is wrong, so no restart can help; the unit's
+# RestartPreventExitStatus=78 keeps systemd from restarting it in a loop. Every other
+# failed start exits 1 and is restarted.
+EX_CONFIG = 78
+
 
 def add_parser(sub) -> None:
     p = sub.add_parser(
@@ -69,19 +74,20 @@ def run(args) -> int:
         cfg = _effective_config(args)
     except ConfigError as exc:
         print(f"numa-agent: {exc}", file=sys.stderr)
-        return 1
+        return EX_CONFIG
     from numa_agent.service.logging_setup import setup_logging
 
     try:
         setup_logging(cfg.log_level)
     except ValueError as exc:
-        print(f"numa-agent: --log-level: {exc}", file=sys.stderr)
-        return 1
-    from numa_agent.service.startup import Agent, StartupError
+        where = "--log-level" if args.log_level is not None else "agent.log_level"
+        print(f"numa-agent: {where}: {exc}", file=sys.stderr)
+        return EX_CONFIG
+    from numa_agent.service.startup import Agent, StartupConfigError, StartupError
 
     try:
         return Agent(cfg).run_until_signal()
     except StartupError as exc:
         log.error("%s", exc)
         print(f"numa-agent: {exc}", file=sys.stderr)
-        return 1
+        return EX_CONFIG if isinstance(exc, StartupConfigError) else 1

@@ -134,8 +134,8 @@ class Topology:
         return CpuSet(c.id for c in self.cpus if c.online)
 
     @cached_property
-    def usable_cpus(self) -> CpuSet:
-        """Online CPUs the agent may hand out: online, in its cpuset, in a node."""
+    def allowed_online_cpus(self) -> CpuSet:
+        """Online CPUs in a NUMA node and in the agent's cpuset."""
         cpus = CpuSet(c.id for c in self.cpus if c.online and c.numa_node != UNKNOWN_NODE)
         if self.allowed_cpus is not None:
             cpus = cpus & self.allowed_cpus
@@ -143,9 +143,23 @@ class Topology:
 
     @cached_property
     def usable_node_ids(self) -> tuple[int, ...]:
+        """The NUMA nodes the agent may use: those whose memory its cpuset
+        allows, and nodes without memory holding a CPU it may use (the kernel
+        never lists a memory-less node in a cpuset's mems; its CPUs take
+        memory from other nodes anyway)."""
         if self.allowed_mems is None:
             return self.node_ids
-        return tuple(n for n in self.node_ids if n in self.allowed_mems)
+        with_cpus = {self.cpu(c).numa_node for c in self.allowed_online_cpus}
+        return tuple(n.id for n in self.numa_nodes
+                     if n.id in self.allowed_mems or (n.memory_total_bytes <= 0 and n.id in with_cpus))
+
+    @cached_property
+    def usable_cpus(self) -> CpuSet:
+        """The CPUs the agent may hand out: online, in its cpuset, in a usable
+        node. An allowed CPU of a node whose memory the cpuset excludes is
+        left out: a workload there would never have local memory."""
+        nodes = set(self.usable_node_ids)
+        return CpuSet(c for c in self.allowed_online_cpus if self.cpu(c).numa_node in nodes)
 
     def node_cpus(self, node_id: int, online_only: bool = True) -> CpuSet:
         if online_only:

@@ -33,6 +33,25 @@ class StartupError(Exception):
     pass
 
 
+class StartupConfigError(StartupError):
+    """The configuration itself is wrong (as against a misfit with the machine,
+    which a restart after hotplug may cure): restarting cannot help."""
+
+
+def _log_machine(machine) -> None:
+    """What the agent hands out, and what its cpuset keeps from it."""
+    from numa_agent.views.topology_report import restriction_text
+
+    topology = machine.topology
+    log.info("machine: %d NUMA node(s) %s, %d usable CPUs, %d reserved (%s), %d PCI devices",
+             len(machine.node_ids), ",".join(map(str, machine.node_ids)), len(machine.usable_cpus),
+             len(machine.reserved_cpus), machine.reserved_cpus.format() or "-",
+             len(topology.pci_devices))
+    restriction = restriction_text(topology)
+    if restriction:
+        log.info("%s", restriction)
+
+
 class Agent:
     """Wires the edges around the service; start(), stop()."""
 
@@ -111,10 +130,7 @@ class Agent:
             machine = build_machine(topology, cfg.policy)
         except MachineConfigError as exc:
             raise StartupError(f"configuration does not fit this machine: {exc}") from None
-        log.info("machine: %d NUMA node(s) %s, %d usable CPUs, %d reserved (%s), %d PCI devices",
-                 len(machine.node_ids), ",".join(map(str, machine.node_ids)), len(machine.usable_cpus),
-                 len(machine.reserved_cpus), machine.reserved_cpus.format() or "-",
-                 len(topology.pci_devices))
+        _log_machine(machine)
         enforcer = choose_enforcer(cfg, machine)
         machine = self._within_cgroup_root(machine, enforcer)
         self._claim_endpoints()
@@ -126,7 +142,7 @@ class Agent:
             state, report = restore(machine, store, enforcer, cfg.on_policy_change, uid_of=_uid_of,
                                     mark_key=mark_key)
         except ConfigError as exc:
-            raise StartupError(str(exc)) from None
+            raise StartupConfigError(str(exc)) from None
         except Exception as exc:
             raise StartupError(f"cannot restore state: {exc}") from None
         service = AgentService(machine, store, enforcer, isolation=_isolation_keeper(cfg),
@@ -179,10 +195,12 @@ class Agent:
             return machine
         log.info("%s grants cpus %s, mems %s", grant.source, cpus.format(), mems.format())
         try:
-            return build_machine(granted, self.cfg.policy)
+            machine = build_machine(granted, self.cfg.policy)
         except MachineConfigError as exc:
             raise StartupError(f"configuration does not fit what {grant.source} "
                                f"grants (cpus {cpus.format()}, mems {mems.format()}): {exc}") from None
+        _log_machine(machine)
+        return machine
 
     def _start_edges(self, machine) -> None:
         from numa_agent.service import sdnotify

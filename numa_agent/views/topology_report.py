@@ -25,6 +25,29 @@ def _or_none(text: str | None) -> str | None:
     return text if text else None
 
 
+def restriction_text(topo: Topology) -> str | None:
+    """What the agent's own cpuset leaves it, in one line (the topology tree
+    and the start-up log); None when it is not restricted."""
+    if topo.allowed_cpus is None and topo.allowed_mems is None:
+        return None
+    cpus = "all" if topo.allowed_cpus is None else topo.allowed_cpus.format()
+    mems = "all" if topo.allowed_mems is None else _nodes_text(topo.allowed_mems)
+    usable = topo.usable_cpus
+    text = (f"agent cpuset: cpus {cpus or '(none)'}, mems {mems or '(none)'}; "
+            f"usable cpus {usable.format() or '(none)'} on NUMA nodes "
+            f"{_nodes_text(topo.usable_node_ids) or '(none)'}")
+    left_out = topo.allowed_online_cpus - usable
+    if left_out:
+        nodes = _nodes_text({topo.cpu(c).numa_node for c in left_out})
+        text += (f"; allowed CPUs {left_out.format()} not used: the memory of their node(s) {nodes} "
+                 f"is outside the allowed mems, so they would never run on local memory")
+    with_cpus = {topo.cpu(c).numa_node for c in usable}
+    memory_only = [n for n in topo.usable_node_ids if n not in with_cpus and topo.node_cpus(n)]
+    if memory_only:
+        text += f"; node(s) {_nodes_text(memory_only)}: memory only, none of their CPUs is allowed"
+    return text
+
+
 # ---- JSON --------------------------------------------------------------------------
 
 def topology_to_json(topo: Topology, names: PciNames = NO_NAMES) -> dict:
@@ -155,11 +178,9 @@ def _tree_lines(topo: Topology, names: PciNames, all_devices: bool) -> list[str]
     header.append(f"{len(online)} online CPUs, {len(topo.cores)} cores, "
                   f"{len(topo.packages)} packages, {len(topo.numa_nodes)} NUMA nodes")
     lines.append("machine: " + ", ".join(header))
-    if topo.allowed_cpus is not None or topo.allowed_mems is not None:
-        cpus = "all" if topo.allowed_cpus is None else topo.allowed_cpus.format()
-        mems = "all" if topo.allowed_mems is None else _nodes_text(topo.allowed_mems)
-        lines.append(f"agent cpuset: cpus {cpus or '(none)'}, mems {mems or '(none)'}; "
-                     f"usable cpus {topo.usable_cpus.format() or '(none)'}")
+    restriction = restriction_text(topo)
+    if restriction:
+        lines.append(restriction)
 
     shown = [d for d in topo.pci_devices if all_devices or device_kind(d) is not None]
     hidden = len(topo.pci_devices) - len(shown)

@@ -1,5 +1,6 @@
-"""`numa-agent serve` refuses to start with one clear line and exit 1, and
-leaves nothing behind, for each way a start can go wrong."""
+"""`numa-agent serve` refuses to start with one clear line, and leaves nothing
+behind, for each way a start can go wrong: exit 78 (EX_CONFIG, which the unit
+does not restart) when the configuration itself is wrong, 1 otherwise."""
 
 import os
 import subprocess
@@ -17,8 +18,11 @@ def serve(tmp_path, *args, timeout=60):
                           capture_output=True, text=True, timeout=timeout)
 
 
-def one_clear_line(result, *needles):
-    assert result.returncode == 1
+EX_CONFIG = 78
+
+
+def one_clear_line(result, *needles, code=1):
+    assert result.returncode == code, (result.returncode, result.stderr)
     assert "Traceback" not in result.stderr
     line = [l for l in result.stderr.splitlines() if l.startswith("numa-agent:")]
     assert line, result.stderr
@@ -30,14 +34,14 @@ def test_unknown_config_key(tmp_path):
     cfg = tmp_path / "c.toml"
     cfg.write_text("[cpu_manager]\npolicy = \"static\"\nreserved_cpu = 2\n")
     r = serve(tmp_path, "--config", str(cfg))
-    one_clear_line(r, "unknown key cpu_manager.reserved_cpu", str(cfg))
+    one_clear_line(r, "unknown key cpu_manager.reserved_cpu", str(cfg), code=EX_CONFIG)
     assert not (tmp_path / "s.sock").exists() and not (tmp_path / "state").exists()
 
 
 def test_bad_config_value(tmp_path):
     cfg = tmp_path / "c.toml"
     cfg.write_text("[topology_manager]\npolicy = \"strict\"\n")
-    one_clear_line(serve(tmp_path, "--config", str(cfg)), "topology_manager.policy", "'strict'")
+    one_clear_line(serve(tmp_path, "--config", str(cfg)), "topology_manager.policy", "'strict'", code=EX_CONFIG)
 
 
 @pytest.mark.parametrize("text,needles", [
@@ -54,13 +58,13 @@ def test_a_spelling_mistake_is_a_configuration_error_not_a_misfit(tmp_path, text
     cfg = tmp_path / "c.toml"
     cfg.write_text(text)
     r = serve(tmp_path, "--config", str(cfg))
-    one_clear_line(r, str(cfg), *needles)
+    one_clear_line(r, str(cfg), *needles, code=EX_CONFIG)
     assert "does not fit" not in r.stderr
     assert not (tmp_path / "s.sock").exists() and not (tmp_path / "state").exists()
 
 
 def test_missing_config_file_that_was_asked_for(tmp_path):
-    one_clear_line(serve(tmp_path, "--config", str(tmp_path / "nope.toml")), "does not exist")
+    one_clear_line(serve(tmp_path, "--config", str(tmp_path / "nope.toml")), "does not exist", code=EX_CONFIG)
 
 
 def test_broken_sysfs_root(tmp_path):
@@ -74,7 +78,42 @@ def test_explicit_cgroup_root_that_cannot_be_used(tmp_path):
 
 
 def test_bad_log_level(tmp_path):
-    one_clear_line(serve(tmp_path, "--log-level", "chatty"), "--log-level")
+    one_clear_line(serve(tmp_path, "--log-level", "chatty"), "--log-level", code=EX_CONFIG)
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('[agent]\nlog_level = "chatty"\n')
+    one_clear_line(serve(tmp_path, "--config", str(cfg)), "agent.log_level", code=EX_CONFIG)
+
+
+def test_a_configuration_that_does_not_fit_this_machine_is_restarted(tmp_path):
+    """Judged against the hardware (CPUs may still come online during boot),
+    not a configuration error: exit 1, which the unit restarts."""
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('[cpu_manager]\nreserved_cpus = "4095"\nreserved_cpu_count = 1\n')
+    one_clear_line(serve(tmp_path, "--config", str(cfg), "--cgroup-root", "none"),
+                   "configuration does not fit this machine", "cpu_manager.reserved_cpus")
+
+
+def test_changed_policies_under_a_checkpoint_are_a_configuration_error(tmp_path):
+    """Restarting cannot book the checkpoint's workloads under other policies:
+    the remedy is in the configuration, so the start exits 78."""
+    first = AgentProcess(tmp_path, "--cgroup-root", "none").start()
+    kept = subprocess.Popen([sys.executable, "-m", "numa_agent.cli.numa_run", "--socket", first.socket,
+                             "--name", "kept", "--shared", "--", "sleep", "60"])
+    try:
+        wait_for(lambda: any(w["name"] == "kept" for w in first.call("GET", "/v1/workloads")[1]["workloads"]))
+    finally:
+        assert first.stop() == 0
+    try:
+        cfg = tmp_path / "c.toml"
+        cfg.write_text('[topology_manager]\npolicy = "single-numa-node"\n')
+        r = subprocess.run([sys.executable, "-m", "numa_agent.cli.numa_agent", "serve", "--config", str(cfg),
+                            "--state-dir", str(first.state_dir), "--socket", first.socket,
+                            "--metrics-address", "", "--no-hotplug", "--cgroup-root", "none"],
+                           capture_output=True, text=True, timeout=60)
+        one_clear_line(r, "booked under other policies", "on_policy_change", code=EX_CONFIG)
+    finally:
+        kept.kill()
+        kept.wait()
 
 
 def test_second_agent_on_the_same_socket_is_refused(tmp_path):

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from numa_agent.cli.serve_cmd import EX_CONFIG
+
 REPO = Path(__file__).resolve().parents[2]
 UNIT = REPO / "systemd" / "numa-agent.service"
 SLICE = REPO / "systemd" / "numa-agent.slice"
@@ -131,6 +133,8 @@ def test_service_settings_the_agent_relies_on():
     assert one("Service.ExecStart") == "/usr/local/bin/numa-agent serve --config /etc/numa-agent/config.toml"
     assert one("Service.KillMode") == "process"
     assert one("Service.Restart") == "on-failure"
+    # numa-agent serve's exit for a configuration error (cli/serve_cmd.py): never restarted.
+    assert one("Service.RestartPreventExitStatus") == str(EX_CONFIG)
     # The workloads live in a unit of their own, which the agent cannot run without.
     assert one("Service.Environment") == "NUMA_AGENT_WORKLOADS_UNIT=numa-agent-workloads.service"
     assert "numa-agent-workloads.service" in one("Unit.Requires").split()

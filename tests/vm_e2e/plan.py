@@ -35,6 +35,7 @@ SYSTEMD_SCENARIOS = (
     "systemd-allowedcpus",
     "systemd-memory",
     "systemd-otheruser",
+    "systemd-configerror",
 )
 
 # Shapes not named here run nothing (every scenario is a SKIP).

@@ -403,6 +403,28 @@ def s_other_user(g: SystemdGuest) -> str:
     return f"{user}'s workload pinned to CPUs {record['cpus']}; socket {group} 0660"
 
 
+def s_config_error(g: SystemdGuest) -> str:
+    """A configuration error exits 78 (EX_CONFIG) and systemd leaves the unit failed instead
+    of restarting it (RestartPreventExitStatus=78); a good configuration starts it again."""
+    restarts = int(show("NRestarts") or 0)
+    CONFIG.write_text(GUEST_CONFIG.replace("[agent]\n", '[agent]\nsocket_mod = "0660"\n'))
+
+    def undo():
+        CONFIG.write_text(GUEST_CONFIG)
+        run("systemctl", "reset-failed", UNIT, check_rc=False)
+        g.ensure_agent()
+    g.after_cleanup.append(undo)
+    check(run("systemctl", "restart", UNIT, check_rc=False).returncode != 0,
+          "systemctl restart succeeded with an unknown key in the config")
+    time.sleep(3 * 2)  # three RestartSec=2s: a restart would have come by now
+    state = (show("ActiveState"), show("Result"), show("ExecMainStatus"), int(show("NRestarts") or 0))
+    check(state == ("failed", "exit-code", "78", restarts),
+          f"(ActiveState, Result, ExecMainStatus, NRestarts) is {state}; expected "
+          f"('failed', 'exit-code', '78', {restarts})")
+    undo()
+    return f"exit 78, not restarted (NRestarts={state[3]})"
+
+
 RUNNERS = {
     "systemd-service": s_service,
     "systemd-session": s_session,
@@ -413,6 +435,7 @@ RUNNERS = {
     "systemd-allowedcpus": s_allowed_cpus,
     "systemd-memory": s_memory,
     "systemd-otheruser": s_other_user,
+    "systemd-configerror": s_config_error,
 }
 
 
