@@ -329,8 +329,10 @@ def explanation_lines(explanation: dict[str, Any]) -> list[str]:
     for provider in explanation.get("providers") or []:
         hints = ", ".join(provider.get("hints") or []) or "no preference"
         more = provider.get("more") or 0
-        if more:
+        if more > 0:
             hints += f" (+{more} more)"
+        elif more < 0:  # the agent did not count them: too many to enumerate
+            hints += " (+ wider masks, not counted)"
         name = provider.get("provider", "?")
         resource = provider.get("resource")
         label = name if not resource or resource == name else f"{name}/{resource}"
