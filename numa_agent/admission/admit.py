@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from numa_agent.admission.errors import AllocationError
+from numa_agent.admission.errors import AllocationError, NodeFencedError
 from numa_agent.admission.machine import Machine
 from numa_agent.admission.provider import Allocation, HintProvider
 from numa_agent.admission.registry import PROVIDERS
@@ -185,10 +185,40 @@ def _book(view: AdmissionView, req: Request, policy_name: str,
     explanation: dict[str, Any] = {"policy": policy_name, "scope": machine.policy.topology_scope,
                                    "providers": [], "merged": None, "admit": True,
                                    "free": view.free}
-    affinity = _merge(view, req, policy_name, providers, explanation)
-    booking = _allocate(view, req, affinity, providers, explanation)
+    fenced = view.fenced_nodes
+    if not fenced:
+        affinity = _merge(view, req, policy_name, providers, explanation)
+        booking = _allocate(view, req, affinity, providers, explanation)
+    else:
+        explanation["fenced_nodes"] = list(fenced)
+        asked = set(req.cpunodebind or ()) | set(req.membind or ())
+        if req.physcpubind is not None:
+            asked.update(machine.nodes_of(req.physcpubind))
+        _refuse_fenced(view, asked, explanation)
+        try:
+            affinity = _merge(view, req, policy_name, providers, explanation)
+            booking = _allocate(view, req, affinity, providers, explanation)
+        except Refusal as exc:  # the fence may be why: say so
+            raise Refusal(exc.code, f"{exc.message}; {fenced_text(view)}", exc.explanation) from None
+        # The providers steer clear of fenced nodes; this holds whatever they chose.
+        _refuse_fenced(view, {*machine.nodes_of(booking.cpus), *booking.memory, *booking.memory_group},
+                       explanation)
     explanation["alignment"] = alignment(machine, booking)
     return booking, explanation
+
+
+def fenced_text(view: AdmissionView) -> str:
+    """Why the fenced nodes take no new admission, with the figures."""
+    nodes = ",".join(map(str, view.fenced_nodes))
+    short = ", ".join(f"node {n} {r}: {booked} bytes booked, {allocatable} allocatable"
+                      for n, r, booked, allocatable in view.shortfalls)
+    return (f"NUMA node(s) {nodes} take no new admission: more memory is booked there than they "
+            f"have now ({short}); they do again once their memory comes back or workloads there leave")
+
+
+def _refuse_fenced(view: AdmissionView, nodes: set[int], explanation: dict[str, Any]) -> None:
+    if nodes & set(view.fenced_nodes):
+        raise Refusal(NodeFencedError.reason, fenced_text(view), explanation)
 
 
 def _merge(view: AdmissionView, req: Request, policy_name: str, providers: Providers,

@@ -16,6 +16,7 @@ from numa_agent.admission.memory_manager import (
     MemoryAllocation,
     MemoryUsage,
     free_bytes,
+    shortfalls,
     usage_from_booked,
     usage_with,
     usage_without,
@@ -35,8 +36,17 @@ def shared_pool(machine: Machine, state: AgentState) -> CpuSet:
 
 
 def allocatable_cpus(machine: Machine, state: AgentState) -> CpuSet:
-    """CPUs that can still become exclusive."""
-    return machine.usable_cpus - machine.reserved_cpus - state.exclusive_cpus()
+    """CPUs that can still become exclusive: not on a fenced node."""
+    free = machine.usable_cpus - machine.reserved_cpus - state.exclusive_cpus()
+    fenced = fenced_nodes(machine, state)
+    return free - machine.cpus_of_nodes(fenced) if fenced else free
+
+
+def fenced_nodes(machine: Machine, state: AgentState) -> tuple[int, ...]:
+    """NUMA nodes holding more booked memory than they have now (see
+    `memory_manager.shortfalls`): no new admission books anything there, as
+    a workload placed there would compete for pages the node no longer has."""
+    return tuple(sorted({n for n, _, _, _ in shortfalls(machine.memory, memory_usage(state))}))
 
 
 def pod_shared_cpus(state: AgentState, pod: Pod) -> CpuSet:
@@ -145,6 +155,14 @@ class AdmissionView:
         return allocatable_cpus(self.machine, self.state)
 
     @_once
+    def shortfalls(self) -> tuple[tuple[int, str, int, int], ...]:
+        return shortfalls(self.machine.memory, self.memory_usage)
+
+    @_once
+    def fenced_nodes(self) -> tuple[int, ...]:
+        return tuple(sorted({n for n, _, _, _ in self.shortfalls}))
+
+    @_once
     def shared_pool(self) -> CpuSet:
         return shared_pool(self.machine, self.state)
 
@@ -169,6 +187,7 @@ class AdmissionView:
         """Per node: CPUs that can still become exclusive, free regular memory."""
         machine, usage = self.machine, self.memory_usage
         free_bits, node_bits = self.allocatable_cpus.bits, machine.usable_cpu_bits_by_node
+        fenced = self.fenced_nodes
         return {str(n): {"cpus": (free_bits & node_bits.get(n, 0)).bit_count(),
-                         "memory_bytes": free_bytes(machine.memory, usage, n, "memory")}
+                         "memory_bytes": 0 if n in fenced else free_bytes(machine.memory, usage, n, "memory")}
                 for n in machine.node_ids}
