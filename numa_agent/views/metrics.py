@@ -106,6 +106,7 @@ class AgentCollector:
         families: list[Metric] = []
         families += self._admission_families(counters)
         families += self._node_families(status.get("nodes") or [])
+        families.append(self._memory_short_family(status.get("nodes") or []))
 
         workloads = status.get("workloads") or []
         families.append(GaugeMetricFamily(
@@ -260,6 +261,22 @@ class AgentCollector:
                 for state, value in _states(resources[resource]):
                     devices.add_metric([str(resource), node_id, state], value)
         return [cpus, memory, hugepages, devices]
+
+
+    @staticmethod
+    def _memory_short_family(nodes: list[Mapping[str, Any]]) -> Metric:
+        """Every node's regular memory (0 while it fits, so alerts see the
+        series from the first scrape), and any other resource that is short."""
+        short = GaugeMetricFamily(
+            PREFIX + "memory_short_bytes", "Memory booked on a NUMA node beyond what it has now (it "
+            "shrank under its bookings: memory offlined or unplugged, a balloon, a hugepage pool "
+            "resized); above 0 the node takes no new admission.", labels=["numa_node", "resource"])
+        for node in sorted(nodes, key=lambda n: int(n["id"])):
+            missing = {str(s["resource"]): int(s["booked_bytes"]) - int(s["allocatable_bytes"])
+                       for s in node.get("memory_short") or ()}
+            for resource in sorted({"memory", *missing}):
+                short.add_metric([str(node["id"]), resource], float(missing.get(resource, 0)))
+        return short
 
 
 def _page_size_key(size: str) -> tuple[int, str]:

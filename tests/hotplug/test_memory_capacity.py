@@ -6,8 +6,6 @@ Bookings are never cut (the kernel keeps the workload's pages); a node short
 of what is booked on it is reported and takes no new admission until it fits
 again, so nothing is ever booked twice over."""
 
-from dataclasses import replace
-
 import pytest
 
 from numa_agent.admission.accounting import node_accounting
@@ -18,7 +16,7 @@ from numa_agent.admission.view import allocatable_cpus, fenced_nodes
 from numa_agent.core.cpuset import CpuSet
 from numa_agent.hotplug.rebase import rebase_state
 from numa_agent.state.model import AgentState
-from numa_agent.testing.synthetic import make_topology
+from numa_agent.testing.synthetic import make_topology, with_node_memory
 
 GiB = 1 << 30
 
@@ -27,12 +25,6 @@ def topology(node1_bytes=8 * GiB, hugepages_2m=0):
     topo = make_topology(sockets=2, cores_per_node=4, threads_per_core=2,
                          memory_per_node_bytes=8 * GiB, hugepages_2m_per_node=hugepages_2m)
     return with_node_memory(topo, 1, node1_bytes)
-
-
-def with_node_memory(topo, node_id, total):
-    nodes = tuple(replace(n, memory_total_bytes=total, memory_free_bytes=min(total, n.memory_free_bytes))
-                  if n.id == node_id else n for n in topo.numa_nodes)
-    return replace(topo, numa_nodes=nodes)
 
 
 def machine(topo, **policy):
