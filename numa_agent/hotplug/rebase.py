@@ -63,17 +63,25 @@ def memory_changes(old: Machine, new: Machine, state: AgentState) -> list[tuple[
         out.append(("info", f"NUMA node {n} {resource} capacity {before} -> {after} bytes"))
     usage = memory_usage(state)
     was = {(n, r) for n, r, _, _ in shortfalls(old.memory, usage)}
-    now = shortfalls(new.memory, usage)
-    for n, r, booked, allocatable in now:
-        if (n, r) in was:
-            continue
-        holders = ", ".join(w.name for w in state.workloads if w.booking.memory.get(n, {}).get(r))
-        pods = ", ".join(f"pod {p.name}" for p in state.pods if p.booking.memory.get(n, {}).get(r))
-        out.append(("warning", f"NUMA node {n} has less {r} than is booked on it: {booked} bytes booked, "
-                               f"{allocatable} allocatable (held by {', '.join(filter(None, (holders, pods)))}); "
-                               f"it takes no new admission until its memory comes back or they leave"))
-    for n in sorted({n for n, _ in was} - {n for n, _, _, _ in now}):
+    out += [("warning", text) for text in shortfall_warnings(new, state, was)]
+    now = {n for n, _, _, _ in shortfalls(new.memory, usage)}
+    for n in sorted({n for n, _ in was} - now):
         out.append(("warning", f"NUMA node {n} holds its bookings again: it takes new admissions"))
+    return out
+
+
+def shortfall_warnings(machine: Machine, state: AgentState, known=frozenset()) -> list[str]:
+    """A warning for each node and resource short of its bookings on `machine`
+    (those in `known`, (node, resource) pairs already said, left out)."""
+    out = []
+    for n, r, booked, allocatable in shortfalls(machine.memory, memory_usage(state)):
+        if (n, r) in known:
+            continue
+        holders = [w.name for w in state.workloads if w.booking.memory.get(n, {}).get(r)]
+        holders += [f"pod {p.name}" for p in state.pods if p.booking.memory.get(n, {}).get(r)]
+        out.append(f"NUMA node {n} has less {r} than is booked on it: {booked} bytes booked, "
+                   f"{allocatable} allocatable (held by {', '.join(holders)}); "
+                   f"it takes no new admission until its memory comes back or they leave")
     return out
 
 

@@ -199,3 +199,21 @@ def test_memory_that_changes_without_a_uevent_is_followed(fast_memory_poll, runn
     assert wait_for(lambda: node_memory(service, 0)["memory_bytes"]["capacity"] == 60 * GiB)
     # as a node change (more than one: the test's tree is replaced, not changed in place)
     assert service.counters.hotplug_events["node"] >= 1
+
+
+def test_a_restart_on_less_memory_than_was_booked_says_so_and_fences(running, caplog):
+    agent, topo, source, change, caller, tmp = running
+    agent.service.admit(AdmitRequest(name="held", cpus=2, memory_bytes=48 * GiB, cpunodebind=[1], membind=[1]),
+                        caller)
+    agent.stop()
+    change(with_node_memory(topo, 1, 32 * GiB))  # memory taken away while the agent was down
+    again = Agent(agent.cfg, hotplug_source=FakeEventSource()).start()
+    try:
+        assert node_memory(again.service, 1)["memory_short"] == [
+            {"resource": "memory", "booked_bytes": 48 * GiB, "allocatable_bytes": 32 * GiB}]
+        assert any("NUMA node 1 has less memory than is booked on it" in r.message and "(held by held)" in r.message
+                   for r in caplog.records)
+        with pytest.raises(AdmissionRefused, match="take no new admission"):
+            again.service.admit(AdmitRequest(name="there", cpus=1, cpunodebind=[1]), caller)
+    finally:
+        again.stop()
