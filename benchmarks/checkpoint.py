@@ -18,6 +18,7 @@ from typing import Any, Callable, Sequence
 
 from benchmarks.stats import fmt, percentile, table
 from numa_agent.core.cpuset import CpuSet
+from numa_agent.core.units import format_bytes
 from numa_agent.state.checkpoint import CheckpointStore
 from numa_agent.state.model import AgentState, Booking, Workload
 
@@ -89,7 +90,7 @@ def run_size(size: int, commits: int, directory: Path) -> dict[str, Any]:
 def render(rows: list[dict[str, Any]], directory: str) -> str:
     headers = ["workloads", "snapshot", "whole p50", "whole p99", "journal p50", "journal p99",
                "journal max", "snapshots", "p50 ratio", "p99 ratio"]
-    body = [[str(r["workloads"]), f"{r['snapshot_bytes'] / 1024:.0f} KiB", fmt(r["whole_p50_ms"]),
+    body = [[str(r["workloads"]), format_bytes(r["snapshot_bytes"]), fmt(r["whole_p50_ms"]),
              fmt(r["whole_p99_ms"]), fmt(r["journal_p50_ms"]), fmt(r["journal_p99_ms"]),
              fmt(r["journal_max_ms"]), f"{r['snapshots']}/{r['commits']}", f"{r['p50_ratio']:.1f}x",
              f"{r['p99_ratio']:.1f}x"]

@@ -22,10 +22,10 @@ from typing import Any, Mapping, Sequence
 
 from numa_agent.admission.errors import AllocationError, NodeFencedError
 from numa_agent.admission.machine import Machine
-from numa_agent.admission.provider import Allocation, HintProvider
+from numa_agent.admission.provider import NOTHING, Allocation, HintProvider
 from numa_agent.admission.registry import PROVIDERS
-from numa_agent.admission.request import Request, Resources
-from numa_agent.admission.topology_manager import MergeResult
+from numa_agent.admission.request import Request, Resources, describe_amounts
+from numa_agent.admission.topology_manager import NOT_CHECKED, MergeResult
 from numa_agent.admission.topology_manager import decide as merge_decide
 from numa_agent.admission.view import (
     AdmissionView,
@@ -38,11 +38,12 @@ from numa_agent.admission.view import (
 from numa_agent.core.cpuset import CpuSet
 from numa_agent.core.hints import HintSet, NumaMask
 from numa_agent.core.policy import POLICY_NAMES, TopologyPolicy
+from numa_agent.core.units import format_bytes
 from numa_agent.state.model import AgentState, Booking, Pod, Workload, replace
 
 __all__ = [
     "Decision", "InvalidRequest", "PROVIDERS", "Refusal", "Request", "Resources",
-    "alignment", "allocatable_cpus", "decide", "effective_cpus", "memory_usage",
+    "alignment", "alignment_guaranteed", "allocatable_cpus", "decide", "effective_cpus", "memory_usage",
     "pod_shared_cpus", "release", "shared_pool",
 ]
 
@@ -50,13 +51,20 @@ __all__ = [
 class Refusal(Exception):
     """The request cannot be admitted. `code` is a short reason for metrics
     ("topology_affinity_error", "insufficient_cpus", ...), `explanation` the
-    full reasoning."""
+    full reasoning, whose "admit" (the outcome) is false whatever the
+    topology manager's verdict was. `provider` names the provider whose
+    allocation failed (None: refused before any allocation), `pinned` the
+    providers that had allocated their part before it (the kubelet's managers
+    count both as pinning requests)."""
 
-    def __init__(self, code: str, message: str, explanation: Mapping[str, Any] | None = None):
+    def __init__(self, code: str, message: str, explanation: Mapping[str, Any] | None = None,
+                 provider: str | None = None, pinned: frozenset[str] = frozenset()):
         super().__init__(message)
         self.code = code
         self.message = message
-        self.explanation = dict(explanation or {})
+        self.explanation = {**(explanation or {}), "admit": False}
+        self.provider = provider
+        self.pinned = pinned
 
 
 class InvalidRequest(ValueError):
@@ -69,6 +77,8 @@ class Decision:
     workload: Workload
     pod_created: Pod | None
     explanation: Mapping[str, Any]
+    # The providers whose part of the booking holds something (a pod's budget included).
+    pinned: frozenset[str] = frozenset()
 
 
 # ---------------------------------------------------------------------------
@@ -86,10 +96,10 @@ def decide(machine: Machine, state: AgentState, req: Request,
         raise InvalidRequest(f"a workload named {req.name!r} already exists")
     if req.pod is not None:
         return _decide_pod_member(machine, state, req, req.pod, providers)
-    booking, explanation = _book(AdmissionView(machine, state), req, _policy(machine, req), providers)
+    booking, explanation, pinned = _book(AdmissionView(machine, state), req, _policy(machine, req), providers)
     w = _workload(req, booking)
     return Decision(state=state.with_workload(w), workload=w, pod_created=None,
-                    explanation=explanation)
+                    explanation=explanation, pinned=pinned)
 
 
 def release(state: AgentState, name: str) -> tuple[AgentState, Workload, Pod | None]:
@@ -161,9 +171,18 @@ def _check_resource_names(machine: Machine, r: Resources) -> None:
         if not machine.devices.has(resource):
             known = ", ".join(machine.devices.names) or "none configured"
             raise InvalidRequest(f"unknown device resource {resource!r} (known: {known})")
+    sizes = {hp.size_kb for n in machine.node_ids for hp in machine.topology.node(n).hugepages} \
+        if r.hugepages else set()
     for size_kb in r.hugepages:
-        if not any(machine.topology.node(n).hugepage(size_kb) for n in machine.node_ids):
-            raise InvalidRequest(f"hugepages of {size_kb}kB do not exist on this machine")
+        if size_kb not in sizes:
+            known = ", ".join(_page_size(kb) for kb in sorted(sizes)) or "none"
+            raise InvalidRequest(f"hugepages of {_page_size(size_kb)} do not exist on this machine "
+                                 f"(its page sizes: {known})")
+
+
+def _page_size(size_kb: int) -> str:
+    """"2 MiB (2048kB)": for people, then as the kernel and the API name it."""
+    return f"{format_bytes(size_kb << 10)} ({size_kb}kB)"
 
 
 def _workload(req: Request, booking: Booking, shared: bool | None = None) -> Workload:
@@ -177,18 +196,19 @@ def _workload(req: Request, booking: Booking, shared: bool | None = None) -> Wor
 
 
 def _book(view: AdmissionView, req: Request, policy_name: str,
-          providers: Providers) -> tuple[Booking, dict[str, Any]]:
+          providers: Providers) -> tuple[Booking, dict[str, Any], frozenset[str]]:
     """Book `req.resources` against the machine (a workload outside pods, or
     a pod budget): hints from every provider, the merge, then every
     provider's allocation inside the merged affinity."""
     machine = view.machine
-    explanation: dict[str, Any] = {"policy": policy_name, "scope": machine.policy.topology_scope,
-                                   "providers": [], "merged": None, "admit": True,
-                                   "free": view.free}
+    explanation: dict[str, Any] = {"admit": True,
+                                   "topology": _topology(policy_name, machine.policy.topology_scope),
+                                   "providers": [], "merged": None,
+                                   "requested": req.resources.to_json(), "free": view.free}
     fenced = view.fenced_nodes
     if not fenced:
         affinity = _merge(view, req, policy_name, providers, explanation)
-        booking = _allocate(view, req, affinity, providers, explanation)
+        booking, pinned = _allocate(view, req, affinity, providers, explanation)
     else:
         explanation["fenced_nodes"] = list(fenced)
         asked = set(req.cpunodebind or ()) | set(req.membind or ())
@@ -197,28 +217,31 @@ def _book(view: AdmissionView, req: Request, policy_name: str,
         _refuse_fenced(view, asked, explanation)
         try:
             affinity = _merge(view, req, policy_name, providers, explanation)
-            booking = _allocate(view, req, affinity, providers, explanation)
+            booking, pinned = _allocate(view, req, affinity, providers, explanation)
         except Refusal as exc:  # the fence may be why: say so
-            raise Refusal(exc.code, f"{exc.message}; {fenced_text(view)}", exc.explanation) from None
+            raise Refusal(exc.code, f"{exc.message}; {fenced_text(view)}", exc.explanation,
+                          provider=exc.provider, pinned=exc.pinned) from None
         # The providers steer clear of fenced nodes; this holds whatever they chose.
         _refuse_fenced(view, {*machine.nodes_of(booking.cpus), *booking.memory, *booking.memory_group},
-                       explanation)
+                       explanation, pinned)
     explanation["alignment"] = alignment(machine, booking)
-    return booking, explanation
+    return booking, explanation, pinned
 
 
 def fenced_text(view: AdmissionView) -> str:
     """Why the fenced nodes take no new admission, with the figures."""
     nodes = ",".join(map(str, view.fenced_nodes))
-    short = ", ".join(f"node {n} {r}: {booked} bytes booked, {allocatable} allocatable"
+    short = ", ".join(f"node {n} {r}: {format_bytes(booked)} booked, {format_bytes(allocatable)} allocatable"
                       for n, r, booked, allocatable in view.shortfalls)
     return (f"NUMA node(s) {nodes} take no new admission: more memory is booked there than they "
             f"have now ({short}); they do again once their memory comes back or workloads there leave")
 
 
-def _refuse_fenced(view: AdmissionView, nodes: set[int], explanation: dict[str, Any]) -> None:
+def _refuse_fenced(view: AdmissionView, nodes: set[int], explanation: dict[str, Any],
+                   pinned: frozenset[str] = frozenset()) -> None:
+    """The memory manager's refusal, as the kubelet's managers count it: the node's memory is why."""
     if nodes & set(view.fenced_nodes):
-        raise Refusal(NodeFencedError.reason, fenced_text(view), explanation)
+        raise Refusal(NodeFencedError.reason, fenced_text(view), explanation, provider="memory", pinned=pinned)
 
 
 def _merge(view: AdmissionView, req: Request, policy_name: str, providers: Providers,
@@ -235,7 +258,7 @@ def _merge(view: AdmissionView, req: Request, policy_name: str, providers: Provi
     explanation["providers"] = _provider_summaries(asked, result)
     merged = result.merged
     explanation["merged"] = merged.to_json()
-    explanation["admit"] = result.admit
+    explanation["topology"] = _topology(policy_name, machine.policy.topology_scope, result.verdict)
     if not result.admit:
         reason = _topology_reason(view, req, providers, policy_name, result)
         explanation["reason"] = reason
@@ -246,13 +269,20 @@ def _merge(view: AdmissionView, req: Request, policy_name: str, providers: Provi
 
 
 def _allocate(view: AdmissionView, req: Request, affinity: NumaMask | None, providers: Providers,
-              explanation: dict[str, Any]) -> Booking:
-    """Every provider's part, in registration order, combined into one Booking."""
-    try:
-        parts = [provider.allocate(req, view, affinity) for provider in providers]
-    except AllocationError as exc:
-        raise Refusal(exc.reason, str(exc), explanation) from None
-    return _combine(view, req, affinity, parts)
+              explanation: dict[str, Any],
+              pinned: frozenset[str] = frozenset()) -> tuple[Booking, frozenset[str]]:
+    """Every provider's part, in registration order, combined into one Booking; and
+    `pinned` with the providers whose part holds something."""
+    parts: list[Allocation] = []
+    for provider in providers:
+        try:
+            part = provider.allocate(req, view, affinity)
+        except AllocationError as exc:
+            raise Refusal(exc.reason, str(exc), explanation, provider=provider.name, pinned=pinned) from None
+        parts.append(part)
+        if part != NOTHING:
+            pinned = pinned | {provider.name}
+    return _combine(view, req, affinity, parts), pinned
 
 
 def _combine(view: AdmissionView, req: Request, affinity: NumaMask | None,
@@ -311,6 +341,12 @@ def _memory_nodes_near(machine: Machine, nodes) -> tuple[int, ...]:
     return (best,)
 
 
+def alignment_guaranteed(explanation: Mapping[str, Any]) -> bool:
+    """The kubelet's IsAlignmentGuaranteed: the request was merged (not a later pod member,
+    which takes its pod's budget) under single-numa-node, which admits only on one node."""
+    return (explanation.get("topology") or {}).get("policy") == "single-numa-node"
+
+
 def alignment(machine: Machine, b: Booking) -> dict[str, bool]:
     """Whether a booking sits on one NUMA node, on whole physical cores, in one L3."""
     if not b.cpus:
@@ -336,40 +372,53 @@ def _decide_pod_member(machine: Machine, state: AgentState, req: Request, pod_na
     pod = state.pod(pod_name)
     pod_created = None
     explanation: dict[str, Any] = {}
+    pinned: frozenset[str] = frozenset()
     if pod is None:
         if req.pod_budget is None or req.pod_budget.is_empty():
             raise InvalidRequest(f"pod {req.pod!r} does not exist; its first member must give the pod "
                                  f"budget (--pod-cpus, --pod-memory, --pod-hugepages, --pod-device)")
         budget_req = replace(req, resources=req.pod_budget, cpunodebind=None, physcpubind=None)
-        booking, explanation = _book(AdmissionView(machine, state), budget_req, _policy(machine, req), providers)
+        booking, explanation, pinned = _book(AdmissionView(machine, state), budget_req, _policy(machine, req),
+                                             providers)
         pod = Pod(name=pod_name, owner_uid=req.owner_uid, booking=booking, members=(),
                   created_unix=req.created_unix, request=req.pod_budget.to_json())
         pod_created = pod
         state = state.with_pod(pod)
     else:
         if req.pod_budget is not None and req.pod_budget.to_json() != dict(pod.request):
-            raise InvalidRequest(f"pod {pod.name!r} already exists with budget {dict(pod.request)}; "
+            raise InvalidRequest(f"pod {pod.name!r} already exists with a budget of "
+                                 f"{describe_amounts(pod.request)}, not {describe_amounts(req.pod_budget.to_json())}: "
                                  f"a later member cannot change it (leave out the --pod-* options)")
         if req.owner_uid != pod.owner_uid and req.owner_uid != 0:
             raise Refusal("forbidden", f"pod {pod.name!r} belongs to uid {pod.owner_uid}")
-        explanation = {"policy": "pod-budget", "scope": "pod", "providers": [], "merged": None,
-                       "admit": True}
+        # Not merged again: a member takes from the budget its pod was aligned for.
+        explanation = {"admit": True, "topology": _topology("pod-budget", "pod"),
+                       "providers": [], "merged": None}
     if req.physcpubind is not None or req.cpunodebind is not None or req.membind is not None:
         raise InvalidRequest("pod members take their CPUs and memory from the pod budget; "
                              "-C/-N/-m cannot be combined with --pod")
 
     view = AdmissionView(machine, state, pod=pod)
-    explanation = {**explanation, "pod": pod.name, "pod_cpus": pod.booking.cpus.format(),
+    explanation = {**explanation, "requested": req.resources.to_json(), "pod": pod.name,
+                   "pod_budget": dict(pod.request), "pod_cpus": pod.booking.cpus.format(),
                    "pod_shared_cpus_before": view.pod_shared_cpus.format()}
-    booking = _allocate(view, req, None, providers, explanation)
+    booking, pinned = _allocate(view, req, None, providers, explanation, pinned)
     w = _workload(req, booking, shared=req.resources.cpus == 0)
     new_state = state.with_workload(w).with_pod(replace(pod, members=tuple(sorted((*pod.members, w.name)))))
     explanation["alignment"] = alignment(machine, pod.booking)
-    return Decision(state=new_state, workload=w, pod_created=pod_created, explanation=explanation)
+    return Decision(state=new_state, workload=w, pod_created=pod_created, explanation=explanation,
+                    pinned=pinned)
 
 
 # ---------------------------------------------------------------------------
 # explanations
+
+
+def _topology(policy: str, scope: str, verdict: str = NOT_CHECKED) -> dict[str, str]:
+    """The topology manager's part: its policy and scope, and what its merge
+    said of the alignment ("aligned", "not-aligned", "not-checked"), which
+    is not the outcome: that is the explanation's "admit"."""
+    return {"policy": policy, "scope": scope, "verdict": verdict}
 
 
 def _provider_summaries(asked: Sequence[tuple[str, Any]], result: MergeResult) -> list[dict[str, Any]]:

@@ -17,12 +17,13 @@ Everything here is pure and iterates sorted tuples only.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Mapping
 
 from numa_agent.admission.errors import DeviceAllocationError
 from numa_agent.core.hints import HintSet, NumaMask
-from numa_agent.core.names import RESOURCE_RULE, is_resource_name
+from numa_agent.core.names import RESOURCE_RULE, is_pci_address, is_resource_name
 from numa_agent.core.topology import UNKNOWN_NODE, PciDevice, Topology
 
 # PCI-to-PCI bridges (0x0604) and host bridges (0x0600) are plumbing, never a workload's device.
@@ -41,6 +42,19 @@ def _hex(value: str) -> str:
     return v if v.startswith("0x") else "0x" + v
 
 
+_HEX_DIGITS = re.compile(r"0x[0-9a-f]+")
+
+
+def _checked_hex(value: str, what: str, digits: int, example: str) -> str:
+    """_hex(value), refused unless it is at most `digits` hex digits (a name such as
+    "nvidia" would otherwise select nothing, silently)."""
+    v = _hex(value)
+    if not _HEX_DIGITS.fullmatch(v) or len(v) - 2 > digits:
+        raise DeviceConfigError(f"{what} {value!r} is not a hexadecimal PCI {what} of at most "
+                                f"{digits} digits, e.g. {example}")
+    return v
+
+
 def _is_bridge(device: PciDevice) -> bool:
     return _hex(device.pci_class).startswith(_BRIDGE_CLASSES)
 
@@ -57,12 +71,16 @@ class DeviceSelector:
     addresses: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "class_prefixes", tuple(_hex(c) for c in self.class_prefixes))
+        object.__setattr__(self, "class_prefixes", tuple(
+            _checked_hex(c, "class", 6, "0x0302") for c in self.class_prefixes))
         object.__setattr__(self, "addresses", tuple(a.strip().lower() for a in self.addresses))
+        for address in self.addresses:
+            if not is_pci_address(address):
+                raise DeviceConfigError(f"address {address!r} is not a PCI address like 0000:3b:00.0")
         if self.vendor is not None:
-            object.__setattr__(self, "vendor", _hex(self.vendor))
+            object.__setattr__(self, "vendor", _checked_hex(self.vendor, "vendor", 4, "0x10de"))
         if self.device is not None:
-            object.__setattr__(self, "device", _hex(self.device))
+            object.__setattr__(self, "device", _checked_hex(self.device, "device", 4, "0x20b0"))
 
     def is_empty(self) -> bool:
         return (self.vendor is None and self.device is None and not self.class_prefixes

@@ -17,7 +17,7 @@ from numa_agent.admission.cpu_manager import CpuManagerOptions, reserved_cpus
 from numa_agent.admission.cpu_topology import CpuTopology
 from numa_agent.admission.device_manager import DeviceInventory, DeviceResource, DeviceSelector, resolve_inventory
 from numa_agent.admission.memory_manager import MemoryCapacity
-from numa_agent.admission.topology_manager import TopologyManagerOptions
+from numa_agent.admission.topology_manager import TopologyManagerOptions, missing_distance
 from numa_agent.core.cpuset import CpuSet
 from numa_agent.core.policy import POLICY_NAMES, SCOPE_NAMES
 from numa_agent.core.topology import Topology
@@ -25,6 +25,11 @@ from numa_agent.core.topology import Topology
 TOPOLOGY_POLICIES = POLICY_NAMES
 TOPOLOGY_SCOPES = SCOPE_NAMES
 DEFAULT_MAX_NUMA_NODES = 64
+# prefer-closest-numa-nodes is on by default (the kubelet's is off) on machines of up to
+# this many NUMA nodes, the kubelet's own limit: there it costs nothing, while on larger
+# ones sorting every equally wide mask by distance can outgrow the merge's budget.
+# docs/architecture.md, "Defaults that differ from the kubelet's".
+CLOSEST_BY_DEFAULT_UP_TO = 8
 
 
 class MachineConfigError(ValueError):
@@ -131,15 +136,15 @@ def build_machine(topology: Topology, policy: PolicyConfig) -> Machine:
         cpu_options.validate(cpu_topology, policy.topology_policy)
     except ValueError as exc:
         raise MachineConfigError(f"cpu_manager.options: {exc}") from None
+    node_ids = tuple(n for n in topology.usable_node_ids)
+    distances = {n.id: dict(n.distances) for n in topology.numa_nodes}
     try:
-        # The kubelet stops at 8 nodes because its merge is exponential; ours
-        # is not, so the default allows the largest machines we know of.
         tm_options = TopologyManagerOptions.from_mapping(
-            {"max-allowable-numa-nodes": DEFAULT_MAX_NUMA_NODES, **policy.topology_options})
+            {**_topology_defaults(node_ids, distances), **policy.topology_options})
     except ValueError as exc:
         raise MachineConfigError(f"topology_manager.options: {exc}") from None
-
-    node_ids = tuple(n for n in topology.usable_node_ids)
+    if tm_options.prefer_closest_numa_nodes and (missing := missing_distance(distances, node_ids)):
+        raise MachineConfigError(f"topology_manager.options: {missing}")
     max_nodes = tm_options.max_allowable_numa_nodes
     if policy.topology_policy != "none" and len(node_ids) > max_nodes:
         raise MachineConfigError(
@@ -152,12 +157,20 @@ def build_machine(topology: Topology, policy: PolicyConfig) -> Machine:
     except ValueError as exc:
         raise MachineConfigError(f"memory_manager.reserved_memory: {exc}") from None
     devices = _device_inventory(topology, policy)
-
-    distances = {n.id: dict(n.distances) for n in topology.numa_nodes}
     return Machine(topology=topology, policy=policy, cpu_topology=cpu_topology,
                    cpu_options=cpu_options, tm_options=tm_options, reserved_cpus=reserved,
                    usable_cpus=usable, memory=memory, devices=devices, node_ids=node_ids,
                    distances=distances)
+
+
+def _topology_defaults(node_ids: tuple[int, ...], distances: Mapping[int, Mapping[int, int]]) -> dict[str, Any]:
+    """This product's topology manager options where the configuration is silent."""
+    # The kubelet stops at 8 nodes because its merge is exponential; ours is not, so
+    # the default allows the largest machines we know of.
+    defaults: dict[str, Any] = {"max-allowable-numa-nodes": DEFAULT_MAX_NUMA_NODES}
+    if len(node_ids) <= CLOSEST_BY_DEFAULT_UP_TO and missing_distance(distances, node_ids) is None:
+        defaults["prefer-closest-numa-nodes"] = True
+    return defaults
 
 
 def _check_policy_names(policy: PolicyConfig) -> None:
@@ -197,7 +210,7 @@ def _device_inventory(topology: Topology, policy: PolicyConfig) -> DeviceInvento
     resources = []
     for name, sel in sorted(policy.devices.items()):
         try:
-            resources.append(DeviceResource(name, _selector(sel)))
+            resources.append(DeviceResource(name, device_selector(sel)))
         except (ValueError, TypeError) as exc:
             raise MachineConfigError(f"devices.{name}: {exc}") from None
     try:
@@ -209,7 +222,8 @@ def _device_inventory(topology: Topology, policy: PolicyConfig) -> DeviceInvento
 _SELECTOR_KEYS = ("vendor", "device", "class_prefixes", "driver", "addresses")
 
 
-def _selector(fields: Mapping[str, Any]) -> DeviceSelector:
+def device_selector(fields: Mapping[str, Any]) -> DeviceSelector:
+    """A [devices.<resource>] table as a selector; ValueError naming what is wrong."""
     unknown = sorted(set(fields) - set(_SELECTOR_KEYS))
     if unknown:
         raise ValueError(f"unknown selector key(s) {', '.join(unknown)} (known: {', '.join(_SELECTOR_KEYS)})")

@@ -34,6 +34,7 @@ from typing import Iterable, Mapping
 from numa_agent.admission.errors import MemoryAllocationError
 from numa_agent.core.hints import HintSet, NumaMask
 from numa_agent.core.topology import Topology
+from numa_agent.core.units import format_bytes
 
 _nodes_of = NumaMask.nodes_of
 
@@ -140,8 +141,8 @@ class MemoryCapacity:
                     )
                 if amount > table[key]:
                     raise MemoryConfigError(
-                        f"reserved {resource} on NUMA node {node_id} is {amount} bytes, more than "
-                        f"its total of {table[key]} bytes"
+                        f"reserved {resource} on NUMA node {node_id} is {format_bytes(amount)}, "
+                        f"more than its total of {format_bytes(table[key])}"
                     )
                 kept[key] = amount
         return cls(tuple(
@@ -351,7 +352,8 @@ def usage_without(usage: MemoryUsage, allocation: MemoryAllocation) -> MemoryUsa
         have = allocated.get((n, r), 0)
         if have < b:
             raise MemoryAllocationError(
-                f"cannot release {b} bytes of {r} on NUMA node {n}: only {have} are allocated"
+                f"cannot release {format_bytes(b)} of {r} on NUMA node {n}: only "
+                f"{format_bytes(have)} are allocated"
             )
         allocated[(n, r)] = have - b
     groups[allocation.group.bits] -= 1
@@ -721,26 +723,29 @@ def memory_hints(
             for r in state.resources}
 
 
-def _free_table(state: _State, resource: str) -> str:
+def nodes_have(amounts: Mapping[int, int] | Iterable[tuple[int, int]], what: str = "free") -> str:
+    """"node 0 has 6.5 GiB free, node 1 has 2 GiB free": bytes per node, for people."""
+    pairs = amounts.items() if isinstance(amounts, Mapping) else amounts
+    return ", ".join(f"node {n} has {format_bytes(b)} {what}" for n, b in sorted(pairs)) or "no memory nodes"
+
+
+def _column(table: Mapping[int, tuple[int, ...]], state: _State, resource: str) -> list[tuple[int, int]]:
     c = state.resources.index(resource)
-    return ", ".join(f"{n}={state.free[n][c]}" for n in sorted(state.free)) or "no memory nodes"
+    return [(n, v[c]) for n, v in table.items()]
 
 
 def _refusal(state: _State, required_bits: int = 0) -> str:
     for resource, need in zip(state.resources, state.need, strict=True):
-        c = state.resources.index(resource)
-        if sum(v[c] for v in state.allocatable.values()) < need:
-            return (f"{resource}: requested {need} bytes, more than the machine can ever hold "
-                    f"(allocatable per node: "
-                    + (", ".join(f"{n}={state.allocatable[n][c]}" for n in sorted(state.allocatable))
-                       or "no memory nodes")
-                    + f"); free per node: {_free_table(state, resource)}")
+        allocatable = _column(state.allocatable, state, resource)
+        if sum(v for _, v in allocatable) < need:
+            return (f"{resource}: requested {format_bytes(need)}, more than the machine can ever hold "
+                    f"({nodes_have(allocatable, 'allocatable')}); "
+                    f"{nodes_have(_column(state.free, state, resource))}")
     for resource, need in zip(state.resources, state.need, strict=True):
-        c = state.resources.index(resource)
-        if sum(v[c] for v in state.free.values()) < need:
-            return (f"{resource}: requested {need} bytes, free per node: "
-                    f"{_free_table(state, resource)}")
-    detail = "; ".join(f"{r}: requested {b} bytes, free per node: {_free_table(state, r)}"
+        free = _column(state.free, state, resource)
+        if sum(v for _, v in free) < need:
+            return f"{resource}: requested {format_bytes(need)}, {nodes_have(free)}"
+    detail = "; ".join(f"{r}: requested {format_bytes(b)}, {nodes_have(_column(state.free, state, r))}"
                        for r, b in zip(state.resources, state.need, strict=True))
     groups = sorted(set(state.group_of.values()))
     where = f" containing {_fmt_mask(required_bits)}" if required_bits else ""

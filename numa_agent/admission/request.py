@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from numa_agent.core.cpuset import CpuSet
+from numa_agent.core.units import format_bytes
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,25 @@ class Resources:
         return {"cpus": self.cpus, "memory_bytes": self.memory_bytes,
                 "hugepages": {str(k): v for k, v in sorted(self.hugepages.items())},
                 "devices": dict(sorted(self.devices.items()))}
+
+
+def describe_amounts(amounts: Mapping[str, Any]) -> str:
+    """"4 CPUs, 2 GiB of memory, 512 hugepages of 2 MiB, 1 gpu": a request or
+    pod budget in its JSON form (`Resources.to_json`), for people."""
+    parts = []
+    if amounts.get("cpus"):
+        parts.append(_counted(amounts["cpus"], "CPU"))
+    if amounts.get("memory_bytes"):
+        parts.append(f"{format_bytes(amounts['memory_bytes'])} of memory")
+    for size_kb, count in (amounts.get("hugepages") or {}).items():
+        if count:
+            parts.append(f"{_counted(count, 'hugepage')} of {format_bytes(int(size_kb) << 10)}")
+    parts += [f"{count} {resource}" for resource, count in (amounts.get("devices") or {}).items() if count]
+    return ", ".join(parts) or "nothing"
+
+
+def _counted(count: int, what: str) -> str:
+    return f"{count} {what}{'' if count == 1 else 's'}"
 
 
 @dataclass(frozen=True)

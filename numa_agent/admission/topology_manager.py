@@ -151,6 +151,11 @@ class TopologyManagerOptions:
                 f"topology manager option max-allowable-numa-nodes: expected a positive integer, got {raw_max!r}")
         return cls(prefer_closest_numa_nodes=closest, max_allowable_numa_nodes=max_nodes)
 
+    def to_mapping(self) -> dict[str, str]:
+        """The options in effect, by their kubelet names (as the config writes them)."""
+        return {"prefer-closest-numa-nodes": "true" if self.prefer_closest_numa_nodes else "false",
+                "max-allowable-numa-nodes": str(self.max_allowable_numa_nodes)}
+
     def check_machine(self, policy: str, numa_node_count: int) -> None:
         """Refuse a machine with more NUMA nodes than allowed (policy none exempt)."""
         check_policy(policy)
@@ -187,6 +192,17 @@ def provider_resources(providers: Sequence[ProviderInput]) -> list[tuple[int, st
     return out
 
 
+def missing_distance(distances: Mapping[int, Mapping[int, int]] | None, nodes: Sequence[int]) -> str | None:
+    """Why prefer-closest-numa-nodes cannot order masks of `nodes` (None: it can)."""
+    if distances is None:
+        return "prefer-closest-numa-nodes needs the NUMA distance matrix"
+    for n in nodes:
+        row = distances.get(n)
+        if row is None or any(m not in row for m in nodes):
+            return f"prefer-closest-numa-nodes: no distance from NUMA node {n} to every node"
+    return None
+
+
 class _Order:
     """The kubelet's order on merged masks as sort keys (smaller is better)."""
 
@@ -195,14 +211,12 @@ class _Order:
         self._dist_cache: dict[int, int] = {}
         self._rows: dict[int, Mapping[int, int]] = {}
         if closest:
-            if distances is None:
-                raise TopologyConfigError("prefer-closest-numa-nodes needs the NUMA distance matrix")
-            for n in NumaMask.nodes_of(all_bits):
-                row = distances.get(n)
-                if row is None or any(m not in row for m in NumaMask.nodes_of(all_bits)):
-                    raise TopologyConfigError(
-                        f"prefer-closest-numa-nodes: no distance from NUMA node {n} to every node")
-                self._rows[n] = row
+            nodes = NumaMask.nodes_of(all_bits)
+            missing = missing_distance(distances, nodes)
+            if missing:
+                raise TopologyConfigError(missing)
+            assert distances is not None
+            self._rows = {n: distances[n] for n in nodes}
 
     def distance_sum(self, bits: int) -> int:
         # Equal widths share the divisor of the kubelet's average, so sums compare the same.
@@ -627,6 +641,20 @@ def admit(policy: str, merged: TopologyHint) -> bool:
     return check_policy(policy).admits(bool(merged.preferred))
 
 
+# What the merge says of the alignment, apart from the admission's outcome
+# (best-effort admits "not-aligned"; a request aligned here can still be
+# refused by a provider's allocation).
+ALIGNED, NOT_ALIGNED, NOT_CHECKED = "aligned", "not-aligned", "not-checked"
+
+
+def verdict(policy: str, merged: TopologyHint) -> str:
+    """"aligned" when the merged hint is preferred, "not-aligned" when not,
+    "not-checked" under policy none, which merges nothing."""
+    if policy == "none":
+        return NOT_CHECKED
+    return ALIGNED if merged.preferred else NOT_ALIGNED
+
+
 # --------------------------------------------------------------------------
 # Decisions with explanations.
 
@@ -709,6 +737,10 @@ class MergeResult:
     provider_summaries: tuple[HintSummary, ...]
     exact: bool = True  # False: the search budget ran out (see module doc)
 
+    @property
+    def verdict(self) -> str:
+        return verdict(self.policy, self.merged)
+
     def explanation(self) -> str:
         hints = ", ".join(f"{s.resource} hints {s.text()}" for s in self.provider_summaries) or "no hints"
         merged = "any" if self.merged.mask is None else "{" + self.merged.mask.format() + "}"
@@ -729,7 +761,8 @@ def decide(providers: Sequence[ProviderInput], numa_nodes: Sequence[int], policy
 
 
 __all__ = [
-    "POLICIES", "SCOPES", "FITS_BUDGET", "TopologyConfigError", "TopologyManagerOptions",
-    "HintSummary", "MergeResult", "merge", "admit", "decide", "provider_resources",
+    "POLICIES", "SCOPES", "FITS_BUDGET", "TopologyConfigError", "TopologyManagerOptions", "missing_distance",
+    "HintSummary", "MergeResult", "merge", "admit", "verdict", "decide", "provider_resources",
+    "ALIGNED", "NOT_ALIGNED", "NOT_CHECKED",
     "check_policy", "check_scope",
 ]

@@ -16,6 +16,7 @@ from numa_agent.admission.memory_manager import (
     MemoryAllocation,
     MemoryUsage,
     free_bytes,
+    hugepages_resource,
     shortfalls,
     usage_from_booked,
     usage_with,
@@ -184,10 +185,20 @@ class AdmissionView:
 
     @_once
     def free(self) -> dict[str, dict[str, Any]]:
-        """Per node: CPUs that can still become exclusive, free regular memory."""
+        """Per node: CPUs that can still become exclusive, free regular memory
+        and, where the node has hugepage pools, their free bytes by page size
+        in kB (the request's keys): the numbers a refusal's text speaks of."""
         machine, usage = self.machine, self.memory_usage
         free_bits, node_bits = self.allocatable_cpus.bits, machine.usable_cpu_bits_by_node
-        fenced = self.fenced_nodes
-        return {str(n): {"cpus": (free_bits & node_bits.get(n, 0)).bit_count(),
-                         "memory_bytes": 0 if n in fenced else free_bytes(machine.memory, usage, n, "memory")}
-                for n in machine.node_ids}
+        fenced = self.fenced_nodes  # nothing of theirs is free for a new admission
+        out: dict[str, dict[str, Any]] = {}
+        for n in machine.node_ids:
+            open_ = n not in fenced
+            entry: dict[str, Any] = {"cpus": (free_bits & node_bits.get(n, 0)).bit_count(),
+                                     "memory_bytes": free_bytes(machine.memory, usage, n, "memory") if open_ else 0}
+            pools = {str(hp.size_kb): free_bytes(machine.memory, usage, n, hugepages_resource(hp.size_kb)) if open_ else 0
+                     for hp in machine.topology.node(n).hugepages if hp.total}
+            if pools:
+                entry["hugepages_bytes"] = pools
+            out[str(n)] = entry
+        return out

@@ -11,10 +11,14 @@ import argparse
 import json
 import os
 import sys
+import textwrap
+from dataclasses import dataclass
 from typing import Any
 
 from numa_agent.api.client import ClientError, request
 from numa_agent.core import units
+from numa_agent.core.cpuset import EMPTY, CpuSet
+from numa_agent.core.listforms import ListForm, ListFormError, parse_list_form, resolve
 from numa_agent.core.names import DEFAULT_SOCKET
 from numa_agent.core.policy import POLICY_NAMES
 
@@ -66,7 +70,7 @@ def print_json(data: Any, stream=None) -> None:
 
 # ------------------------------------------------------------------ values
 def parse_size(text: str) -> int:
-    """Bytes from "512M", "16Gi", "1G", "2048kB" or plain "4096" (binary units)."""
+    """core.units.parse_size for argparse (its rule: Kubernetes quantities)."""
     try:
         return units.parse_size(text)
     except ValueError as exc:
@@ -89,10 +93,11 @@ def hugepages_item(text: str) -> tuple[str, int]:
     size_text, sep, count_text = text.partition("=")
     if not sep:
         raise argparse.ArgumentTypeError(f"invalid hugepages {text!r}: expected SIZE=COUNT, e.g. 2Mi=512")
-    size = parse_size(size_text)
-    if size < 1024 or size % 1024:
-        raise argparse.ArgumentTypeError(f"invalid hugepage size {size_text!r}: must be a multiple of 1 KiB")
-    return str(size // 1024), parse_count(count_text, "hugepage count")
+    try:
+        size_kb = units.parse_hugepage_size(size_text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return str(size_kb), parse_count(count_text, "hugepage count")
 
 
 def device_item(text: str) -> tuple[str, int]:
@@ -103,34 +108,82 @@ def device_item(text: str) -> tuple[str, int]:
     return resource.strip(), parse_count(count_text, "device count", low=1) if sep else 1
 
 
-def _parse_list(text: str, highest: int):
-    """Kernel list syntax with ids bounded before parsing (so "0-99999999"
-    cannot build a huge bitmask); None when invalid."""
-    from numa_agent.core.cpuset import CpuSet, CpuSetParseError  # numa-run only loads it if used
-    numbers = text.replace("-", ",").replace(":", ",").split(",")
-    if any(len(n.strip()) > 5 or (n.strip().isdigit() and int(n) > highest) for n in numbers):
+def node_list(text: str) -> ListForm:
+    """A NUMA node list in numactl's forms: "0,2-3", "all", "+0", "!1"."""
+    try:
+        return parse_list_form(text, what="NUMA node", highest=1023)
+    except ListFormError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def cpu_list(text: str) -> ListForm:
+    """A CPU list in numactl's forms: "2-5,8", "all", "+0-1", "!0"."""
+    try:
+        return parse_list_form(text, what="CPU", highest=8191)
+    except ListFormError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+@dataclass(frozen=True)
+class ListContext:
+    """What numactl's "all", "+" and "!" are relative to: the machine's CPUs and
+    nodes and the allowed ones (the agent's view: what its cpuset allows)."""
+
+    cpus: CpuSet
+    allowed_cpus: CpuSet
+    nodes: CpuSet
+    allowed_nodes: CpuSet
+
+    @classmethod
+    def from_topology(cls, doc: dict[str, Any]) -> "ListContext":
+        """From the agent's `topology --json` document (allowed_*: null means all)."""
+        nodes = CpuSet(int(n["id"]) for n in doc.get("numa_nodes") or [])
+        cpus = (CpuSet.parse(doc["online_cpus"]) if doc.get("online_cpus") is not None
+                else CpuSet.union_of(CpuSet.parse(n.get("cpus") or "")
+                                     for n in doc.get("numa_nodes") or []))
+        allowed_cpus, allowed_mems = doc.get("allowed_cpus"), doc.get("allowed_mems")
+        return cls(cpus=cpus,
+                   allowed_cpus=cpus if allowed_cpus is None else CpuSet.parse(allowed_cpus),
+                   nodes=nodes,
+                   allowed_nodes=nodes if allowed_mems is None else CpuSet.parse(allowed_mems))
+
+
+def needs_list_context(*values: Any) -> bool:
+    return any(isinstance(v, ListForm) and v.needs_context for v in values)
+
+
+def list_context(args: argparse.Namespace, *values: Any) -> ListContext | None:
+    """The agent's topology, asked only when one of `values` needs it."""
+    if not needs_list_context(*values):
+        return None
+    _, doc = call(args, "GET", "/v1/topology")
+    return ListContext.from_topology(doc)
+
+
+def resolve_nodes(form: ListForm | None, context: ListContext | None) -> list[int] | None:
+    if form is None:
         return None
     try:
-        parsed = CpuSet.parse(text)
-    except CpuSetParseError:
+        return list(resolve(form, machine=context.nodes if context else EMPTY,
+                            allowed=context.allowed_nodes if context else EMPTY,
+                            what="NUMA node").ids())
+    except ListFormError as exc:
+        raise CliError(str(exc)) from None
+
+
+def resolve_cpus(form: ListForm | None, context: ListContext | None) -> str | None:
+    if form is None:
         return None
-    return parsed or None
+    try:
+        return resolve(form, machine=context.cpus if context else EMPTY,
+                       allowed=context.allowed_cpus if context else EMPTY).format()
+    except ListFormError as exc:
+        raise CliError(str(exc)) from None
 
 
-def node_list(text: str) -> list[int]:
-    """"0,2-3" -> [0, 2, 3] (the kernel's list syntax, as numactl takes it)."""
-    nodes = _parse_list(text, 1023)
-    if nodes is None:
-        raise argparse.ArgumentTypeError(f"invalid NUMA node list {text!r}: expected e.g. 0 or 0,1 or 0-1")
-    return list(nodes.ids())
-
-
-def cpu_list(text: str) -> str:
-    """A CPU list, normalized ("3,0-1" -> "0-1,3")."""
-    cpus = _parse_list(text, 8191)
-    if cpus is None:
-        raise argparse.ArgumentTypeError(f"invalid CPU list {text!r}: expected e.g. 2-5,8")
-    return cpus.format()
+def placement_context(args: argparse.Namespace) -> ListContext | None:
+    """The context -C/-N/-m need, fetched from the agent only for "all", "+" or "!"."""
+    return list_context(args, args.physcpubind, args.cpunodebind, args.membind)
 
 
 def _merge(pairs: list[tuple[str, int]] | None, option: str) -> dict[str, int]:
@@ -151,21 +204,30 @@ def add_allocation_options(parser: argparse.ArgumentParser) -> None:
     res.add_argument("--shared", action="store_true",
                      help="no exclusive CPUs: run in the shared pool")
     res.add_argument("--memory", type=parse_size, default=0, metavar="SIZE",
-                     help="memory, e.g. 512M, 16Gi, 1G or plain bytes (binary units)")
+                     help="memory, e.g. 16Gi or 512Mi (binary: 1024s), 1G or 512M (decimal: "
+                          "1000s, as Kubernetes quantities), or plain bytes")
     res.add_argument("--hugepages", type=hugepages_item, action="append", metavar="SIZE=COUNT",
-                     help="hugepages of one size, e.g. 2Mi=512, 1Gi=4, 2048kB=1 (repeatable)")
+                     help="hugepages of one size, e.g. 2Mi=512, 1Gi=4, or the kernel's 2048kB=1 "
+                          "(repeatable)")
     res.add_argument("--device", type=device_item, action="append", metavar="RESOURCE=COUNT",
                      help="devices of one resource, e.g. gpu=1 (repeatable)")
     res.add_argument("--policy", choices=POLICY_NAMES,
                      help="topology manager policy for this request")
     res.add_argument("--name", help="workload name (default: chosen by the agent)")
-    numactl = parser.add_argument_group("explicit placement (numactl forms)")
+    numactl = parser.add_argument_group(
+        "explicit placement (numactl forms)",
+        textwrap.fill(
+            "Lists as numactl takes them: 0-3,8; all (every allowed CPU or node, the agent's "
+            "cpuset); +LIST (positions in the allowed set: +0 is its first); !LIST (every CPU or "
+            "node of the machine but these; quote it for the shell, '!0'). No taskset hex mask: "
+            "numactl takes none either.", 78))
     numactl.add_argument("-C", "--physcpubind", type=cpu_list, metavar="CPUS",
-                         help="exactly these CPUs, e.g. 2-5")
+                         help="exactly these CPUs, booked exclusively, e.g. 2-5 or '!0'")
     numactl.add_argument("-N", "--cpunodebind", type=node_list, metavar="NODES",
-                         help="CPUs from these NUMA nodes, e.g. 0 or 0,1")
+                         help="CPUs from these NUMA nodes, e.g. 0 or 0,1 or all")
     numactl.add_argument("-m", "--membind", type=node_list, metavar="NODES",
-                         help="memory from these NUMA nodes")
+                         help="memory from these NUMA nodes (booked, and the cgroup's "
+                              "cpuset.mems; MPOL_BIND in the affinity fallback)")
     pod = parser.add_argument_group("pods (several workloads sharing one aligned budget)")
     pod.add_argument("--pod", metavar="NAME", help="join (or create) this pod")
     pod.add_argument("--pod-cpus", type=cpu_count, metavar="N",
@@ -194,17 +256,24 @@ def isolate_kinds(text: str) -> list[str]:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def build_request(args: argparse.Namespace, command: list[str] | None = None) -> dict[str, Any]:
-    """The admit request body for the parsed allocation options."""
+def build_request(args: argparse.Namespace, command: list[str] | None = None,
+                  context: ListContext | None = None,
+                  membind: list[int] | None = None) -> dict[str, Any]:
+    """The admit request body for the parsed allocation options; `context`
+    resolves numactl's relative list forms, `membind` stands in for -m."""
     if args.shared and args.cpus:
         raise CliError("--shared and --cpus exclude each other: shared means no exclusive CPUs")
     req: dict[str, Any] = {"cpus": args.cpus, "shared": args.shared, "memory_bytes": args.memory,
                            "hugepages": _merge(args.hugepages, "--hugepages"),
                            "devices": _merge(args.device, "--device")}
-    for key in ("name", "pod", "policy", "physcpubind", "cpunodebind", "membind"):
+    placement = {"physcpubind": resolve_cpus(args.physcpubind, context),
+                 "cpunodebind": resolve_nodes(args.cpunodebind, context),
+                 "membind": membind if membind is not None else resolve_nodes(args.membind, context)}
+    for key in ("name", "pod", "policy"):
         value = getattr(args, key)
         if value is not None:
             req[key] = value
+    req.update({key: value for key, value in placement.items() if value is not None})
     budget_given = (args.pod_cpus is not None or args.pod_memory is not None
                     or args.pod_hugepages or args.pod_device)
     if budget_given:
@@ -229,28 +298,24 @@ def build_request(args: argparse.Namespace, command: list[str] | None = None) ->
 
 
 # ------------------------------------------------------------------ output
-def human_bytes(n: int | None) -> str:
-    if n is None:
-        return "-"
-    for unit, size in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if abs(n) >= size:
-            value = n / size
-            return f"{value:.0f}{unit}" if value == int(value) else f"{value:.1f}{unit}"
-    return f"{n}B"
-
-
 def _mask(mask: Any) -> str:
     if mask is None:
         return "any"
     return "{" + ",".join(str(n) for n in mask) + "}"
 
 
+# The topology manager's verdict, which is not the outcome (best-effort admits
+# what is not aligned; an aligned request can still be refused).
+_VERDICTS = {"aligned": "aligned", "not-aligned": "not aligned", "not-checked": "not checked"}
+
+
 def explanation_lines(explanation: dict[str, Any]) -> list[str]:
     """The reasoning of one decision, a few lines a person can act on."""
     lines = []
-    policy = explanation.get("policy")
-    if policy:
-        lines.append(f"  policy: {policy} (scope {explanation.get('scope', '-')})")
+    topology = explanation.get("topology") or {}
+    if topology:
+        lines.append(f"  topology manager: {_VERDICTS.get(str(topology.get('verdict')), '-')} "
+                     f"(policy {topology.get('policy', '-')}, scope {topology.get('scope', '-')})")
     free = explanation.get("free") or {}
     if free:
         parts = []
@@ -258,7 +323,7 @@ def explanation_lines(explanation: dict[str, Any]) -> list[str]:
             item = free[node]
             text = f"node {node}: {item.get('cpus', '-')} CPUs"
             if "memory_bytes" in item:
-                text += f", {human_bytes(item['memory_bytes'])}"
+                text += f", {units.format_bytes(item['memory_bytes'])}"
             parts.append(text)
         lines.append("  free: " + "; ".join(parts))
     for provider in explanation.get("providers") or []:

@@ -28,7 +28,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        body = common.build_request(args)
+        body = common.build_request(args, context=common.placement_context(args))
         _, record = common.call(args, "POST", "/v1/workloads?dry_run=1", body)
     except common.AgentError as exc:
         if args.json:

@@ -12,12 +12,21 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import textwrap
 from typing import Any, NoReturn
 
 from numa_agent import __version__
 from numa_agent.api.client import new_request_id
 from numa_agent.cli import common
 from numa_agent.core import names
+from numa_agent.core.mempolicy import (
+    MemoryPolicy,
+    PolicyRefused,
+    chosen_policy,
+    decide,
+    failure_message,
+    request_membind,
+)
 
 PROG = "numa-run"
 EXIT_FAILURE = 125       # numa-run's own failure (unreachable, refused, bad option)
@@ -37,6 +46,15 @@ examples:
   numa-run --pod p1 --cpus 2 ./sidecar             later members draw from it
   numa-run --dry-run --cpus 16                     show the decision, book nothing
   numa-run --cpus 4 --isolate irqs,idle -v ./app   interrupts off its CPUs, no deep idle
+  numa-run -i all --cpus 8 ./db              memory booked on every allowed node, interleaved
+  numa-run -m 0,1 -p 0 --cpus 2 ./app        memory on nodes 0-1, node 0 preferred
+  numa-run -N 0 -l --cpus 2 ./app            CPUs of node 0, memory from the running CPU's node
+  numa-run -C '!0' --dry-run                 every CPU but 0 (quoted for the shell)
+  numa-run -s                                print the current policy, like numactl -s
+
+Memory policies (-i, -p, -l, -w) are set with set_mempolicy(2) right before
+exec, inside the booking: their nodes must lie within the booked memory nodes
+(NUMA_AGENT_MEMS). Without -m, -i/-w/-p book memory on the nodes they name.
 
 The command sees NUMA_AGENT_WORKLOAD, NUMA_AGENT_CPUS, NUMA_AGENT_MEMS,
 NUMA_AGENT_DEVICES, NUMA_AGENT_MARK (and CUDA_VISIBLE_DEVICES for NVIDIA GPUs).
@@ -45,9 +63,41 @@ admission refused, bad option); 126 command not executable; 127 not found.
 """
 
 
+# numactl's options numa-run does not take, and what to use instead.
+_SHM = ("a policy for a shared memory segment or file is numactl's alone (numa-run places a "
+        "process): use numactl for the segment, and numa-run -m/-i/-p for the program")
+UNSUPPORTED = (
+    ("-a", "--all", "CPUs and nodes come from the agent's allowed set; name others with "
+                    "-C/-N/-m (all, +LIST, !LIST)"),
+    ("-b", "--balancing", "NUMA balancing is the kernel's (sysctl kernel.numa_balancing); "
+                          "use -m to bind memory"),
+    ("-P", "--preferred-many", "book the nodes with -m NODES and prefer one with -p NODE"),
+    ("-H", "--hardware", "use numa-agent topology (its first block is numactl -H's)"),
+    ("-c", "--cpu-compress", "use numa-agent topology"),
+    ("-S", "--shm", _SHM), ("-f", "--file", _SHM), ("-I", "--shmid", _SHM),
+    ("-L", "--length", _SHM), ("-o", "--offset", _SHM), ("-M", "--shmmode", _SHM),
+    ("-u", "--huge", _SHM + "; hugepages for the program: --hugepages SIZE=COUNT"),
+    ("-t", "--strict", _SHM), ("-T", "--touch", _SHM), ("-d", "--dump", _SHM),
+    ("-D", "--dump-nodes", _SHM),
+)
+
+
+def unsupported_message(argument: str) -> str | None:
+    """numa-run's answer to one of numactl's options it does not take, else None."""
+    option = argument.split("=", 1)[0]
+    for short, long, remedy in UNSUPPORTED:
+        if option in (short, long):
+            return f"numactl's {short}/{long} is not supported: {remedy}"
+    return None
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         self.print_usage(sys.stderr)
+        prefix = "unrecognized arguments: "
+        if message.startswith(prefix):
+            known = (unsupported_message(a) for a in message[len(prefix):].split())
+            message = next((m for m in known if m), message)
         common.print_error(PROG, message)
         sys.exit(EXIT_FAILURE)
 
@@ -62,6 +112,27 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     common.add_allocation_options(parser)
+    pol = parser.add_argument_group(
+        "memory policy (numactl's, set with set_mempolicy(2) before exec; one of them)",
+        textwrap.fill(
+            "The nodes must lie within the booked memory nodes (NUMA_AGENT_MEMS), else numa-run "
+            "refuses (exit 125). Without -m, -i/-w/-p ask the agent for memory on the nodes they "
+            "name; with -m, the nodes -m books.", 78))
+    pol.add_argument("-i", "--interleave", type=common.node_list, metavar="NODES",
+                     help="interleave memory page by page over these nodes (MPOL_INTERLEAVE), "
+                          "e.g. all or 0,1")
+    pol.add_argument("-p", "--preferred", type=common.node_list, metavar="NODE",
+                     help="allocate on this one node first, then on the booking's other nodes "
+                          "(MPOL_PREFERRED)")
+    pol.add_argument("-l", "--localalloc", action="store_true",
+                     help="allocate on the node of the CPU the thread runs on (MPOL_LOCAL)")
+    pol.add_argument("-w", "--weighted-interleave", type=common.node_list, metavar="NODES",
+                     help="interleave by the kernel's per-node weights "
+                          "(/sys/kernel/mm/mempolicy/weighted_interleave; "
+                          "MPOL_WEIGHTED_INTERLEAVE, Linux 6.9 or later, else refused)")
+    pol.add_argument("-s", "--show", action="store_true",
+                     help="print this process's policy, CPUs and nodes as numactl --show does, "
+                          "and exit; the agent is not asked")
     out = parser.add_argument_group("behaviour")
     out.add_argument("--dry-run", action="store_true",
                      help="print the agent's decision; launch nothing, book nothing")
@@ -137,15 +208,16 @@ def _cuda_id(address: str) -> str:
     return address
 
 
-def _apply_affinity(record: dict[str, Any]) -> str | None:
+def _apply_affinity(record: dict[str, Any], bind_memory: bool = True) -> str | None:
     """Fallback mode: pin ourselves too (the agent did, this makes it exact).
-    Returns why memory could not be bound, or None."""
+    Returns why memory could not be bound, or None. A memory policy option
+    replaces the binding (`bind_memory` False): a thread has one policy."""
     cpus = record.get("cpus")
     if cpus:
         from numa_agent.core.cpuset import CpuSet
         os.sched_setaffinity(0, CpuSet.parse(cpus).ids())
     mems = record.get("mems")
-    if mems:
+    if mems and bind_memory:
         try:
             from numa_agent.enforcement.affinity import bind_memory_self
         except ImportError:
@@ -154,6 +226,46 @@ def _apply_affinity(record: dict[str, Any]) -> str | None:
         if not result:
             return getattr(result, "reason", "") or "memory binding was not applied"
     return None
+
+
+def _apply_policy(policy: MemoryPolicy) -> str | None:
+    """set_mempolicy for this process (inherited through exec); why not, or None."""
+    from numa_agent.enforcement.mempolicy import set_policy
+    result = set_policy(policy.mode, policy.nodes, label=policy.describe())
+    return None if result else failure_message(policy, result.errno_name, result.reason)
+
+
+def _policy_options(args: argparse.Namespace,
+                    context: common.ListContext | None) -> MemoryPolicy | None:
+    return chosen_policy(interleave=common.resolve_nodes(args.interleave, context),
+                         preferred=common.resolve_nodes(args.preferred, context),
+                         localalloc=args.localalloc,
+                         weighted_interleave=common.resolve_nodes(args.weighted_interleave,
+                                                                  context))
+
+
+def show() -> int:
+    """numactl --show for this process, read without the agent."""
+    from numa_agent.core.cpuset import CpuSet
+    from numa_agent.core.mempolicy import MPOL_DEFAULT, show_lines
+    from numa_agent.enforcement.mempolicy import get_policy, mems_allowed, node_cpus
+
+    reading = get_policy()
+    try:
+        allowed = mems_allowed()
+    except OSError as exc:
+        common.print_error(PROG, f"cannot read /proc/self/status: {exc.strerror or exc}")
+        return EXIT_FAILURE
+    lines = show_lines(mode=reading.mode if reading else MPOL_DEFAULT,
+                       nodes=reading.nodes if reading else (),
+                       next_node=reading.next_node if reading else None,
+                       affinity=CpuSet(os.sched_getaffinity(0)), node_cpus=node_cpus(),
+                       mems_allowed=allowed)
+    print("\n".join(lines))
+    if reading is None:
+        print(f"{PROG}: note: get_mempolicy is not available here; policy shown as default",
+              file=sys.stderr)
+    return 0
 
 
 def _release(args: argparse.Namespace, name: str) -> None:
@@ -172,29 +284,32 @@ def _report_agent_error(args: argparse.Namespace, exc: common.AgentError) -> Non
         common.print_error(PROG, str(exc))
 
 
-def _print_binding(record: dict[str, Any], env: dict[str, str], memory_note: str | None) -> None:
+def _print_binding(record: dict[str, Any], env: dict[str, str], memory_note: str | None,
+                   policy: MemoryPolicy | None = None) -> None:
     print(f"{PROG}: {record.get('name', '')} cpus {env['NUMA_AGENT_CPUS'] or '-'} mems "
           f"{env['NUMA_AGENT_MEMS'] or '-'} devices {env['NUMA_AGENT_DEVICES'] or '-'} "
           f"({record.get('enforcement', '-')})", file=sys.stderr)
+    if policy is not None:
+        applied = "not applied: enforcement simulated" if record.get("enforcement") == "simulated" \
+            else "set"
+        print(f"{PROG}: memory policy {policy.describe()} ({applied})", file=sys.stderr)
     if memory_note:
         print(f"{PROG}: note: mems not enforced: {memory_note}", file=sys.stderr)
     for line in common.isolation_lines(record):
         print(f"{PROG}:{line[1:]}", file=sys.stderr)
 
 
-def run(args: argparse.Namespace) -> int:
-    command = list(args.command)
-    if not command and not args.dry_run:
-        common.print_error(PROG, "no command given (see numa-run --help)")
-        return EXIT_FAILURE
-    if command:
-        unusable = check_command(command)
-        if unusable is not None:
-            what = "not found" if unusable == EXIT_NOT_FOUND else "not executable"
-            common.print_error(PROG, f"{command[0]}: command {what}")
-            return unusable
+def _admit(args: argparse.Namespace,
+           command: list[str]) -> tuple[dict[str, Any], MemoryPolicy | None] | int:
+    """Ask the agent: (its answer, the memory policy asked for), or an exit status."""
     try:
-        body = common.build_request(args, command)
+        context = common.list_context(args, args.physcpubind, args.cpunodebind, args.membind,
+                                      args.interleave, args.preferred, args.weighted_interleave)
+        asked = _policy_options(args, context)
+        membind = request_membind(asked, common.resolve_nodes(args.membind, context))
+        if args.membind is not None:
+            decide(asked, membind or [])  # an explicit -m that leaves the nodes out: refuse now
+        body = common.build_request(args, command, context, membind)
         if not args.dry_run:
             # Makes the admission safe to retry across an agent restart: the
             # agent answers a repeated id with the booking it already made.
@@ -204,32 +319,49 @@ def run(args: argparse.Namespace) -> int:
     except common.AgentError as exc:
         _report_agent_error(args, exc)
         return EXIT_FAILURE
-    except common.CliError as exc:
+    except (common.CliError, PolicyRefused) as exc:
         common.print_error(PROG, str(exc))
         return EXIT_FAILURE
+    return record, asked
 
-    if args.dry_run:
-        if args.json:
-            common.print_json(record)
-        else:
-            print("\n".join(common.decision_lines(record)))
+
+def _print_dry_run(args: argparse.Namespace, record: dict[str, Any],
+                   policy: MemoryPolicy | None) -> int:
+    if args.json:
+        common.print_json(record)
         return 0
+    lines = common.decision_lines(record)
+    if policy is not None:
+        lines.insert(1, f"  memory policy: {policy.describe()}")
+    print("\n".join(lines))
+    return 0
 
+
+def _launch(args: argparse.Namespace, command: list[str], record: dict[str, Any],
+            policy: MemoryPolicy | None) -> int:
+    """Bind this process as booked, set the memory policy, exec the command."""
     name = str(record.get("name", ""))
     memory_note = None
     try:
         if record.get("enforcement") == "affinity":
-            memory_note = _apply_affinity(record)
+            memory_note = _apply_affinity(record, bind_memory=policy is None)
         env = workload_env(record)
     except (OSError, ValueError) as exc:
         common.print_error(PROG, f"cannot apply the binding of {name}: {exc}")
         _release(args, name)
         return EXIT_FAILURE
+    # A simulated agent books another machine's nodes: nothing of it is real here.
+    if policy is not None and record.get("enforcement") != "simulated":
+        why = _apply_policy(policy)
+        if why is not None:
+            common.print_error(PROG, f"refused: {why}")
+            _release(args, name)
+            return EXIT_FAILURE
     os.environ.update(env)
     if args.json:
         common.print_json(record, sys.stderr)
     if args.verbose:
-        _print_binding(record, env, memory_note)
+        _print_binding(record, env, memory_note, policy)
     sys.stdout.flush()
     sys.stderr.flush()
     try:
@@ -240,6 +372,37 @@ def run(args: argparse.Namespace) -> int:
         _release(args, name)
         return status
     return EXIT_FAILURE  # not reached: execvp returns only by raising
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.show:
+        return show()
+    command = list(args.command)
+    if not command and not args.dry_run:
+        common.print_error(PROG, "no command given (see numa-run --help)")
+        return EXIT_FAILURE
+    if command:
+        unusable = check_command(command)
+        if unusable is not None:
+            what = "not found" if unusable == EXIT_NOT_FOUND else "not executable"
+            common.print_error(PROG, f"{command[0]}: command {what}")
+            return unusable
+    admitted = _admit(args, command)
+    if isinstance(admitted, int):
+        return admitted
+    record, asked = admitted
+    try:
+        policy = decide(asked, record.get("mems") or [])
+    except PolicyRefused as exc:
+        common.print_error(PROG, f"refused: {exc}")
+        if not args.dry_run:
+            _release(args, str(record.get("name", "")))
+        return EXIT_FAILURE
+    if policy is not None:
+        record["memory_policy"] = policy.to_json()
+    if args.dry_run:
+        return _print_dry_run(args, record, policy)
+    return _launch(args, command, record, policy)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -26,19 +26,22 @@ def add_parser(sub) -> None:
                "  numa-agent serve --sysfs-root machine.tar.gz --state-dir /tmp/s --socket /tmp/s.sock\n"
                "      (another machine's snapshot, a directory or an archive: enforced into a simulated\n"
                "       cgroup tree under the state directory; nothing is pinned for real)\n")
-    p.add_argument("--config", help="TOML config file (default /etc/numa-agent/config.toml if present)")
-    p.add_argument("--sysfs-root", help="directory holding sys/ and proc/ (default /), or a snapshot "
-                                        "archive of one (.tar.gz, .tgz, .tar)")
-    p.add_argument("--cgroup-root",
+    p.add_argument("--config", metavar="FILE",
+                   help="TOML config file (default /etc/numa-agent/config.toml if present)")
+    p.add_argument("--sysfs-root", metavar="DIR|ARCHIVE",
+                   help="directory holding sys/ and proc/ (default /), or a snapshot archive of one "
+                        "(.tar.gz, .tgz, .tar)")
+    p.add_argument("--cgroup-root", metavar="DIR|auto|none",
                    help="the agent's cgroup v2 directory; 'auto' (default) finds it, 'none' forces the "
                         "CPU-affinity fallback")
-    p.add_argument("--state-dir", help="checkpoint directory (default /var/lib/numa-agent)")
-    p.add_argument("--socket", help="API socket path (default /run/numa-agent/agent.sock)")
-    p.add_argument("--socket-group", help="group allowed to use the socket (mode 0660)")
-    p.add_argument("--metrics-address", help="HOST:PORT for Prometheus metrics (default 127.0.0.1:9464; "
-                                             "'' disables)")
-    p.add_argument("--log-level", help="debug, info (default), warning, error")
-    p.add_argument("--no-hotplug", action="store_true", help="do not listen for kernel hotplug events")
+    p.add_argument("--state-dir", metavar="DIR", help="checkpoint directory (default /var/lib/numa-agent)")
+    p.add_argument("--socket", metavar="PATH", help="API socket path (default /run/numa-agent/agent.sock)")
+    p.add_argument("--socket-group", metavar="GROUP", help="group allowed to use the socket (mode 0660)")
+    p.add_argument("--metrics-address", metavar="HOST:PORT",
+                   help="Prometheus metrics (default 127.0.0.1:9464; '' disables)")
+    p.add_argument("--log-level", metavar="LEVEL", help="debug, info (default), warning, error")
+    p.add_argument("--no-hotplug", action="store_true", help="do not follow hardware changes: no kernel hotplug events "
+                   "(CPUs, memory, NUMA nodes, PCI devices), no reading of the nodes' memory figures every 5 s")
     p.set_defaults(func=run)
 
 

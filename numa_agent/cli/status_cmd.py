@@ -6,7 +6,9 @@ import argparse
 import time
 from typing import Any
 
+from numa_agent.admission.request import describe_amounts
 from numa_agent.cli import common
+from numa_agent.core.units import format_bytes
 
 PROG = "numa-agent status"
 _COLUMNS = ("capacity", "reserved", "allocated", "free")
@@ -60,7 +62,7 @@ def node_rows(nodes: list[dict[str, Any]]) -> list[list[str]]:
         if "cpus" in node:
             rows.append([nid, "cpus", *_amounts(node["cpus"])])
         if "memory_bytes" in node:
-            rows.append([nid, "memory", *_amounts(node["memory_bytes"], common.human_bytes)])
+            rows.append([nid, "memory", *_amounts(node["memory_bytes"], format_bytes)])
         for size, values in sorted((node.get("hugepages") or {}).items()):
             rows.append([nid, f"hugepages-{size}", *_amounts(values)])
         for resource, values in sorted((node.get("devices") or {}).items()):
@@ -71,17 +73,16 @@ def node_rows(nodes: list[dict[str, Any]]) -> list[list[str]]:
 def memory_note_lines(nodes: list[dict[str, Any]]) -> list[str]:
     """Where status's memory differs from `numa-agent topology`'s, and the
     nodes short of their bookings."""
-    h = common.human_bytes
     lines = []
     for node in nodes:
         total, memory = node.get("memory_total_bytes"), node.get("memory_bytes") or {}
         capacity = memory.get("capacity")
         if total is not None and capacity is not None and total != capacity:
-            lines.append(f"node {node.get('id')} memory capacity {h(capacity)} is its MemTotal {h(total)} "
-                         f"(as `numa-agent topology` shows it) less its hugepage pools {h(total - capacity)}")
+            lines.append(f"node {node.get('id')} memory capacity is its MemTotal {format_bytes(total)} "
+                         f"(as `numa-agent topology` shows it) less its hugepage pools {format_bytes(total - capacity)}")
         for short in node.get("memory_short") or []:
-            lines.append(f"NODE {node.get('id')} SHORT OF MEMORY: {short.get('resource')} "
-                         f"{h(short.get('booked_bytes'))} booked, {h(short.get('allocatable_bytes'))} "
+            lines.append(f"NODE {node.get('id')} SHORT OF MEMORY: {short['resource']} "
+                         f"{format_bytes(short['booked_bytes'])} booked, {format_bytes(short['allocatable_bytes'])} "
                          f"allocatable since it shrank; it takes no new admission")
     return lines
 
@@ -103,7 +104,7 @@ def workload_rows(workloads: list[dict[str, Any]], now: float) -> list[list[str]
         if cpus != "-" and not wl.get("exclusive", True):
             cpus += " (shared)"
         devices = ",".join(d.get("address", "?") for d in wl.get("devices") or []) or "-"
-        rows.append([str(wl.get("name", "?")), str(wl.get("owner_uid", "-")),
+        rows.append([str(wl.get("name", "?")), str(wl.get("owner") or wl.get("owner_uid", "-")),
                      wl.get("pod") or "-", cpus,
                      ",".join(str(n) for n in wl.get("numa_nodes") or []) or "-",
                      devices, _age(wl.get("created_unix"), now)])
@@ -117,10 +118,10 @@ def observation_lines(workloads: list[dict[str, Any]]) -> list[str]:
         numa = wl.get("memory_numa")
         if not numa:
             continue
-        per_node = ", ".join(f"node {n} {common.human_bytes(v)}" for n, v in (numa.get("bytes") or {}).items())
+        per_node = ", ".join(f"node {n} {format_bytes(v)}" for n, v in (numa.get("bytes") or {}).items())
         outside = numa.get("outside_bytes")
         lines.append(f"memory {wl.get('name')}: {per_node or 'none'}" + (
-            f"; outside booked nodes {common.human_bytes(outside)} ({numa['outside_ratio']:.1%})"
+            f"; outside booked nodes {format_bytes(outside)} ({numa['outside_ratio']:.1%})"
             if outside is not None else ""))
     for wl in workloads:
         for i in wl.get("intruders") or []:
@@ -147,9 +148,10 @@ def format_status(status: dict[str, Any], now: float) -> list[str]:
     else:
         lines.append("no workloads")
     for pod in status.get("pods") or []:
+        budget = f" (budget {describe_amounts(pod['budget'])})" if pod.get("budget") else ""
         lines.append(f"pod {pod.get('name')}: cpus {pod.get('cpus') or '-'} nodes "
                      f"{','.join(str(n) for n in pod.get('numa_nodes') or []) or '-'} members "
-                     f"{','.join(pod.get('members') or []) or '-'}")
+                     f"{','.join(pod.get('members') or []) or '-'}{budget}")
     lines += observation_lines(workloads)
     rebuilt = [wl for wl in workloads if wl.get("rebuilt")]
     if rebuilt:

@@ -1,10 +1,12 @@
-"""`numa-agent topology [--sysfs-root DIR] [--json]`: what discovery sees."""
+"""`numa-agent topology [--sysfs-root DIR] [--json] [--all-devices] [--pci-ids FILE]`:
+what discovery sees."""
 
 from __future__ import annotations
 
 import json
 import sys
 
+from numa_agent.discovery.pci_ids import PCI_IDS_PATHS, PciIdsFile
 from numa_agent.discovery.sysfs import DiscoveryError, read_topology
 from numa_agent.views.topology_report import render_text, topology_to_json
 
@@ -19,6 +21,12 @@ def add_parser(subparsers) -> None:
     p.add_argument("--sysfs-root", default="/", metavar="DIR",
                    help="directory holding sys/ and proc/ (default: /)")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
+    p.add_argument("--all-devices", action="store_true",
+                   help="list every PCI device (bridges, uncore, DMA engines, USB ...), not only "
+                        "network, storage, GPU, InfiniBand and accelerator devices")
+    p.add_argument("--pci-ids", metavar="FILE", action="append",
+                   help="the PCI ids database for vendor and device names (as lspci -i; default: the "
+                        f"first of {', '.join(PCI_IDS_PATHS)}; if none is readable, ids are shown)")
     p.set_defaults(func=run)
 
 
@@ -32,9 +40,10 @@ def run(args) -> int:
         print(f"numa-agent topology: {exc.filename or args.sysfs_root}: {exc.strerror or exc}",
               file=sys.stderr)
         return 1
+    names = PciIdsFile(args.pci_ids or PCI_IDS_PATHS).names(topology.pci_devices)
     if args.json:
-        json.dump(topology_to_json(topology), sys.stdout, indent=2)
+        json.dump(topology_to_json(topology, names), sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
-        sys.stdout.write(render_text(topology))
+        sys.stdout.write(render_text(topology, names, all_devices=args.all_devices))
     return 0

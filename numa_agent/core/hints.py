@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 from itertools import combinations
-from typing import Callable, Iterable, Iterator, Literal
+from typing import Callable, Iterable, Iterator, Literal, Mapping
 
 MaskPredicate = Callable[["NumaMask"], bool]
 
@@ -159,6 +159,11 @@ class TopologyHint:
     def to_json(self) -> dict:
         return {"mask": None if self.mask is None else list(self.mask.nodes()),
                 "preferred": self.preferred}
+
+    @classmethod
+    def from_json(cls, data: Mapping) -> "TopologyHint":
+        mask = data.get("mask")
+        return cls(None if mask is None else NumaMask(mask), bool(data.get("preferred")))
 
     def __str__(self) -> str:
         m = "any" if self.mask is None else "{" + self.mask.format() + "}"

@@ -33,6 +33,21 @@ class Cpu:
 
 
 @dataclass(frozen=True, slots=True)
+class Cache:
+    """One cache instance, as sysfs `cpuN/cache/indexM` describes it."""
+    level: int
+    type: str  # the kernel's word: "Data", "Instruction", "Unified" ("" if not given)
+    id: int  # unique per level and type: the lowest CPU sharing it, as Cpu.l3
+    cpus: CpuSet  # the online CPUs sharing it
+    size_bytes: int | None = None  # None where the kernel gives no size
+
+    @property
+    def name(self) -> str:
+        """lstopo's name: "L1d", "L1i", "L2", "L3"."""
+        return f"L{self.level}" + {"Data": "d", "Instruction": "i"}.get(self.type, "")
+
+
+@dataclass(frozen=True, slots=True)
 class HugePages:
     size_kb: int
     total: int
@@ -93,6 +108,7 @@ class Topology:
     allowed_mems: frozenset[int] | None = None
     architecture: str | None = None
     kernel: str | None = None
+    caches: tuple[Cache, ...] = ()  # sorted by level, type, first CPU; () where sysfs has none
 
     # ---- derived views --------------------------------------------------
     @cached_property
@@ -160,6 +176,18 @@ class Topology:
             if c.online and c.l3 is not None:
                 out.setdefault(c.l3, set()).add(c.id)
         return {k: CpuSet(v) for k, v in sorted(out.items())}
+
+    @cached_property
+    def _caches_of_cpu(self) -> dict[int, tuple[Cache, ...]]:
+        out: dict[int, list[Cache]] = {}
+        for cache in self.caches:
+            for cpu in cache.cpus:
+                out.setdefault(cpu, []).append(cache)
+        return {cpu: tuple(found) for cpu, found in out.items()}
+
+    def cpu_caches(self, cpu_id: int) -> tuple[Cache, ...]:
+        """The caches a CPU uses, in `caches` order (L1 first)."""
+        return self._caches_of_cpu.get(cpu_id, ())
 
     def device(self, address: str) -> PciDevice:
         for d in self.pci_devices:

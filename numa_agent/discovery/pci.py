@@ -26,6 +26,7 @@ from numa_agent.discovery.files import (
 
 # nvme0n1 is a namespace; nvme0c0n1 is one hidden path of a multipath namespace.
 _NVME_NAMESPACE = re.compile(r"^nvme\d+n\d+$")
+_VIRTIO_DEVICE = re.compile(r"^virtio\d+$")
 # Subdirectories of a device directory that are not class children.
 _NOT_CLASS_DIRS = frozenset({"power", "msi_irqs", "iommu_group", "driver", "subsystem",
                              "firmware_node", "physfn", "link", "ptp_pin"})
@@ -115,11 +116,7 @@ def _class_children(path: str) -> dict[str, tuple[str, ...]]:
         entries = sorted(os.scandir(path), key=lambda e: e.name)
     except (FileNotFoundError, NotADirectoryError):
         return {}
-    for entry in entries:
-        if entry.is_symlink() or not entry.is_dir() or entry.name in _NOT_CLASS_DIRS:
-            continue
-        if is_pci_address(entry.name):
-            continue
+    for entry in _class_dirs(entries):
         subdirs = sorted(e.name for e in os.scandir(entry.path) if e.is_dir(follow_symlinks=False))
         if not subdirs:
             continue
@@ -134,6 +131,23 @@ def _class_children(path: str) -> dict[str, tuple[str, ...]]:
                 block = out.setdefault("block", [])
                 block.extend(n for n in namespaces if n not in block)
     return {cls: tuple(names) for cls, names in out.items()}
+
+
+def _class_dirs(entries: list[os.DirEntry]) -> list[os.DirEntry]:
+    """The class directories among a device's entries. A virtio device
+    (`virtio2/`) stands between the PCI function and its classes
+    (`virtio2/net/eth0`): its own class directories count as the function's."""
+    found = []
+    for entry in entries:
+        if entry.is_symlink() or not entry.is_dir() or entry.name in _NOT_CLASS_DIRS:
+            continue
+        if is_pci_address(entry.name):
+            continue
+        if _VIRTIO_DEVICE.match(entry.name):
+            found.extend(_class_dirs(sorted(os.scandir(entry.path), key=lambda e: e.name)))
+            continue
+        found.append(entry)
+    return found
 
 
 __all__ = ["read_pci_devices", "DiscoveryError"]

@@ -24,7 +24,7 @@ import re
 from dataclasses import dataclass
 
 from numa_agent.core.cpuset import CpuSet
-from numa_agent.core.topology import UNKNOWN_NODE, Cpu, HugePages, NumaNode, Topology
+from numa_agent.core.topology import UNKNOWN_NODE, Cache, Cpu, HugePages, NumaNode, Topology
 from numa_agent.discovery.files import (
     DiscoveryError,
     numbered_entries,
@@ -79,13 +79,16 @@ def read_topology(root: str | os.PathLike = "/") -> Topology:
     known_nodes = frozenset(node_dirs) if node_dirs else frozenset({0})
 
     cpus = []
+    cpu_caches = {}
     for cpu_id in all_cpu_ids:
         path = cpu_dirs.get(cpu_id)
         node_id = node_of_cpu.get(cpu_id)
         if node_id is None and path is not None:
             node_id = _node_from_links(path, known_nodes)
+        caches = () if path is None else _read_caches(cpu_id, os.path.join(path, "cache"))
+        cpu_caches[cpu_id] = caches
         cpus.append(_read_cpu(cpu_id, path, cpu_id in online, cpu_id in isolated,
-                              UNKNOWN_NODE if node_id is None else node_id))
+                              UNKNOWN_NODE if node_id is None else node_id, caches))
 
     online_node_of_cpu = {c.id: c.numa_node for c in cpus if c.online}
     allowed_cpus, allowed_mems = _read_allowed(root, proc_dir)
@@ -98,6 +101,7 @@ def read_topology(root: str | os.PathLike = "/") -> Topology:
         allowed_mems=allowed_mems,
         architecture=architecture,
         kernel=kernel,
+        caches=_machine_caches(cpu_caches, online),
     )
 
 
@@ -120,10 +124,10 @@ def _online_cpus(cpu_dir: str, cpu_dirs: dict[int, str], all_cpu_ids: CpuSet) ->
     return CpuSet(online)
 
 
-def _read_cpu(cpu_id: int, path: str | None, online: bool, isolated: bool, node: int) -> Cpu:
+def _read_cpu(cpu_id: int, path: str | None, online: bool, isolated: bool, node: int,
+              caches: tuple[Cache, ...]) -> Cpu:
     package = die = cluster = core_id = None
     siblings = None
-    l3 = None
     if path is not None:
         topo = os.path.join(path, "topology")
         if os.path.isdir(topo):
@@ -132,7 +136,6 @@ def _read_cpu(cpu_id: int, path: str | None, online: bool, isolated: bool, node:
             cluster = read_int(os.path.join(topo, "cluster_id"))
             core_id = read_int(os.path.join(topo, "core_id"))
             siblings = read_cpus(topo, _SIBLING_LISTS, _SIBLING_MASKS)
-        l3 = _l3_group(cpu_id, os.path.join(path, "cache"))
     own = CpuSet((cpu_id,))
     siblings = own if siblings is None else siblings | own
     return Cpu(
@@ -145,22 +148,72 @@ def _read_cpu(cpu_id: int, path: str | None, online: bool, isolated: bool, node:
         core_id=core_id,
         core=siblings.min(),
         siblings=siblings,
-        l3=l3,
+        l3=_l3_group(caches),
         isolated=isolated,
     )
 
 
-def _l3_group(cpu_id: int, cache_dir: str) -> int | None:
-    """Lowest CPU id sharing this CPU's level-3 cache: a machine-unique
-    group index even where the kernel has no cache `id` file."""
+def _read_caches(cpu_id: int, cache_dir: str) -> tuple[Cache, ...]:
+    """The caches `cpuN/cache/index*` describes; () where there is no such
+    directory (ia64, many VMs) or no `level` file."""
+    own = CpuSet((cpu_id,))
+    caches = []
     for _, name in numbered_entries(cache_dir, "index"):
         index = os.path.join(cache_dir, name)
-        if read_int(os.path.join(index, "level")) != 3:
+        level = read_int(os.path.join(index, "level"))
+        if level is None:
             continue
         shared = read_cpus(index, ("shared_cpu_list",), ("shared_cpu_map",))
-        shared = CpuSet((cpu_id,)) if shared is None else shared | CpuSet((cpu_id,))
-        return shared.min()
-    return None
+        shared = own if shared is None else shared | own
+        caches.append(Cache(
+            level=level,
+            type=read_text(os.path.join(index, "type")) or "",
+            id=shared.min(),
+            cpus=shared,
+            size_bytes=_cache_size(os.path.join(index, "size")),
+        ))
+    return tuple(caches)
+
+
+_CACHE_SIZE = re.compile(r"^(\d+)([KMG]?)$")
+
+
+def _cache_size(path: str) -> int | None:
+    """Bytes from the kernel's "32K" (binary, as it writes `size >> 10`);
+    None where there is no size (or "0K", as some hypervisors leave it)."""
+    text = read_text(path)
+    if not text:
+        return None
+    m = _CACHE_SIZE.match(text)
+    if m is None:
+        raise DiscoveryError(f"{path}: expected a size like 32K, got {text!r}")
+    return (int(m.group(1)) << (10 * " KMG".index(m.group(2) or " "))) or None
+
+
+def _l3_group(caches: tuple[Cache, ...]) -> int | None:
+    """The first level-3 cache's id (lowest CPU sharing it): a machine-unique
+    group index even where the kernel has no cache `id` file."""
+    return next((c.id for c in caches if c.level == 3), None)
+
+
+def _machine_caches(per_cpu: dict[int, tuple[Cache, ...]], online: CpuSet) -> tuple[Cache, ...]:
+    """One Cache per instance used by an online CPU, shared by online CPUs
+    only (as the L3 groups are): the online CPUs' reports merged by level,
+    type and id, sorted L1 first."""
+    merged: dict[tuple[int, str, int], Cache] = {}
+    online = online & CpuSet(per_cpu)  # a CPU named only by `online` has no Cpu to show it by
+    for cpu_id, caches in per_cpu.items():
+        if cpu_id not in online:
+            continue
+        for cache in caches:
+            key = (cache.level, cache.type, cache.id)
+            seen = merged.get(key)
+            cpus = cache.cpus & online
+            if seen is not None:
+                cpus = cpus | seen.cpus
+            size = cache.size_bytes if seen is None or seen.size_bytes is None else seen.size_bytes
+            merged[key] = Cache(level=cache.level, type=cache.type, id=cache.id, cpus=cpus, size_bytes=size)
+    return tuple(merged[k] for k in sorted(merged))
 
 
 def _node_from_links(cpu_path: str, known_nodes: frozenset[int]) -> int | None:

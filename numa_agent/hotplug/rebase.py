@@ -16,6 +16,7 @@ from __future__ import annotations
 from numa_agent.admission.machine import Machine
 from numa_agent.admission.memory_manager import shortfalls
 from numa_agent.admission.view import memory_usage
+from numa_agent.core.units import format_bytes
 from numa_agent.state.model import AgentState, Booking, replace
 
 
@@ -60,7 +61,7 @@ def memory_changes(old: Machine, new: Machine, state: AgentState) -> list[tuple[
     its bookings (with the workloads booked there) or fits them again."""
     out: list[tuple[str, str]] = []
     for n, resource, before, after in _capacity_changes(old, new):
-        out.append(("info", f"NUMA node {n} {resource} capacity {before} -> {after} bytes"))
+        out.append(("info", f"NUMA node {n} {resource} capacity {format_bytes(before)} -> {format_bytes(after)}"))
     usage = memory_usage(state)
     was = {(n, r) for n, r, _, _ in shortfalls(old.memory, usage)}
     out += [("warning", text) for text in shortfall_warnings(new, state, was)]
@@ -79,8 +80,8 @@ def shortfall_warnings(machine: Machine, state: AgentState, known=frozenset()) -
             continue
         holders = [w.name for w in state.workloads if w.booking.memory.get(n, {}).get(r)]
         holders += [f"pod {p.name}" for p in state.pods if p.booking.memory.get(n, {}).get(r)]
-        out.append(f"NUMA node {n} has less {r} than is booked on it: {booked} bytes booked, "
-                   f"{allocatable} allocatable (held by {', '.join(holders)}); "
+        out.append(f"NUMA node {n} has less {r} than is booked on it: {format_bytes(booked)} booked, "
+                   f"{format_bytes(allocatable)} allocatable (held by {', '.join(holders)}); "
                    f"it takes no new admission until its memory comes back or they leave")
     return out
 

@@ -25,6 +25,7 @@ from numa_agent.admission.admit import (
     Refusal,
     Request,
     alignment,
+    alignment_guaranteed,
     decide,
     effective_cpus,
     pod_shared_cpus,
@@ -45,8 +46,11 @@ from numa_agent.api.errors import (
     TopologyAffinityError,
 )
 from numa_agent.api.validation import AdmitRequest, to_admission_request
+from numa_agent.core.hints import TopologyHint
 from numa_agent.core.mark import issue_mark, start_time_of
 from numa_agent.core.names import NAME_RULE, is_workload_name
+from numa_agent.core.pci import NO_NAMES
+from numa_agent.discovery.pci_ids import PciNameSource
 from numa_agent.enforcement.errors import EnforcementError
 from numa_agent.enforcement.plan import desired_layout, update_layout, workload_relpath
 from numa_agent.enforcement.processes import pidfd_alive
@@ -54,8 +58,8 @@ from numa_agent.enforcement.protocol import Enforcer, Layout
 from numa_agent.enforcement.record import LEDGER_RECORD, decode_ledger, encode_ledger
 from numa_agent.hotplug.rebase import memory_changes, rebase_state, shortfall_warnings
 from numa_agent.isolation.keeper import ISOLATE, STRICT, IsolationKeeper, isolation_asked
-from numa_agent.service.caller import Caller
-from numa_agent.service.counters import Counters
+from numa_agent.service.caller import Caller, UserNames, system_user_name
+from numa_agent.service.counters import Counters, ManagerOutcome
 from numa_agent.service.rebuild import REBUILT, is_quarantined
 from numa_agent.state.checkpoint import CheckpointError
 from numa_agent.state.model import AgentState, IsolationLedger, Workload
@@ -70,8 +74,14 @@ class AgentService:
                  clock: Callable[[], float] = time.time,
                  topology_json: Callable[[], dict] | None = None,
                  isolation: IsolationKeeper | None = None, isolate_default: tuple[str, ...] = (),
-                 isolate_gid: int | None = None, mark_key: bytes | None = None) -> None:
+                 isolate_gid: int | None = None, mark_key: bytes | None = None,
+                 pci_names: PciNameSource | None = None,
+                 user_name: UserNames = system_user_name) -> None:
         self.machine = machine
+        # Vendor, device and class names of /v1/topology's devices (None: ids only).
+        self.pci_names = pci_names
+        # Owners by name in status (a lookup: asked outside the lock, once per uid and view).
+        self.user_name = user_name
         # Signs the mark numa-run gives a workload (numa_agent.core.mark); None: no mark issued.
         self.mark_key = mark_key
         # Interrupts, idle states and frequency of isolating workloads' CPUs (None: never touched).
@@ -103,8 +113,10 @@ class AgentService:
                 replayed = self._replay(request_id, caller)
                 if replayed is not None:
                     return replayed
+            deciding = time.perf_counter()
             try:
                 req = self._request_from(request, caller)
+                deciding = time.perf_counter()
                 decision = decide(self.machine, self.state, req)
             except _NameTaken as exc:
                 self.counters.refused("name_in_use", time.perf_counter() - started)
@@ -113,16 +125,24 @@ class AgentService:
                 self.counters.refused("bad_request", time.perf_counter() - started)
                 raise BadRequest(str(exc)) from None
             except Refusal as exc:
+                if exc.code != "forbidden" and not dry_run:  # forbidden: no manager was asked
+                    outcome = self._manager_outcome(request, exc.explanation, exc.pinned, exc.provider,
+                                                    merge_refused=exc.provider is None)
+                    self.counters.decided(outcome, time.perf_counter() - deciding)
                 self.counters.refused(exc.code, time.perf_counter() - started)
                 log.warning("refused %s for uid %d pid %d: %s | hints: %s | merged: %s",
                             request.name or "(unnamed)", caller.uid, caller.pid, exc.message,
-                            _hints_text(exc.explanation), exc.explanation.get("merged"))
+                            _hints_text(exc.explanation), _merged_text(exc.explanation))
                 if exc.code == "forbidden":
                     raise Forbidden(exc.message) from None
                 refused = TopologyAffinityError if exc.code == TopologyAffinityError.code \
                     else AdmissionRefused
                 raise refused(exc.message, details={**exc.explanation, "reason": exc.message,
                                                     "reason_code": exc.code}) from None
+            if not dry_run:
+                outcome = self._manager_outcome(request, decision.explanation, decision.pinned, None,
+                                                merge_refused=False)
+                self.counters.decided(outcome, time.perf_counter() - deciding)
             w = decision.workload
             w = self._with_isolation(w, request, caller, started)
             decision_state = decision.state if w is decision.workload else decision.state.with_workload(w)
@@ -146,8 +166,17 @@ class AgentService:
             log.info("admitted %s for uid %d pid %d: cpus %s mems %s devices %s | hints: %s | merged: %s",
                      w.name, caller.uid, caller.pid, effective_cpus(self.machine, new_state, w).format(),
                      ",".join(map(str, w.booking.mems)), ",".join(w.booking.device_addresses()) or "-",
-                     _hints_text(decision.explanation), decision.explanation.get("merged"))
+                     _hints_text(decision.explanation), _merged_text(decision.explanation))
             return self._admission_view(new_state, w, decision.explanation, dry_run=False)
+
+    def _manager_outcome(self, body: AdmitRequest, explanation: Mapping[str, Any], pinned: frozenset[str],
+                         failed: str | None, merge_refused: bool) -> ManagerOutcome:
+        """A decided admission (refused by the provider `failed`, or by the merge) as the
+        kubelet's managers count it."""
+        return ManagerOutcome(pinned=pinned, failed=failed, merge_refused=merge_refused,
+                              guaranteed=alignment_guaranteed(explanation),
+                              scope="pod" if body.pod else "container",
+                              full_pcpus_only=self.machine.cpu_options.full_pcpus_only)
 
     def release(self, name: str, caller: Caller | None, reason: str = "requested") -> dict:
         with self._lock:
@@ -407,7 +436,8 @@ class AgentService:
         self.counters.refused("isolation_unavailable", time.perf_counter() - started)
         message = f"--isolate-strict: cannot isolate {w.name}: {'; '.join(failed)}"
         log.warning("refused %s: %s", w.name, message)
-        raise AdmissionRefused(message, details={"reason": message, "reason_code": "isolation_unavailable",
+        raise AdmissionRefused(message, details={"admit": False, "reason": message,
+                                                 "reason_code": "isolation_unavailable",
                                                  "isolation": list(failed)})
 
     def _isolation_view(self, w: Workload) -> dict[str, Any] | None:
@@ -496,8 +526,15 @@ class AgentService:
 
     def list_workloads(self, viewer_uid: int | None = None) -> list[dict]:
         state = self.state
-        return [self._workload_view(state, w, viewer_uid) for w in state.workloads
-                if not is_quarantined(w)]
+        return self._with_owner_names([self._workload_view(state, w, viewer_uid) for w in state.workloads
+                                       if not is_quarantined(w)])
+
+    def _with_owner_names(self, views: list[dict]) -> list[dict]:
+        """Each view's `owner`: its `owner_uid`'s user name, None when it has none."""
+        names = {uid: self.user_name(uid) for uid in {v["owner_uid"] for v in views}}
+        for v in views:
+            v["owner"] = names[v["owner_uid"]]
+        return views
 
     @staticmethod
     def _quarantined_views(state: AgentState) -> list[dict]:
@@ -514,7 +551,9 @@ class AgentService:
         """`memory`: also read the memory per node of workloads without a
         cgroup (/proc/PID/numa_maps, costly)."""
         state = self.state  # one immutable snapshot for the whole view
-        return self._observed(state, self._status(state, viewer_uid), memory)
+        status = self._status(state, viewer_uid)
+        self._with_owner_names(status["workloads"] + status["pods"])
+        return self._observed(state, status, memory)
 
     def _observed(self, state: AgentState, status: dict, memory: bool = False) -> dict:
         """Intruders and memory per node added (files read: never under the lock)."""
@@ -526,7 +565,9 @@ class AgentService:
         return {
             "enforcement": self.enforcer.mode,
             "enforcement_reason": self.enforcer.reason,
-            "policy": self.machine.policy.describe(),
+            # The options in effect, this product's defaults included, not only the file's.
+            "policy": {**self.machine.policy.describe(),
+                       "topology_options": self.machine.tm_options.to_mapping()},
             "reserved_cpus": self.machine.reserved_cpus.format(),
             "shared_pool": shared_pool(self.machine, state).format(),
             "nodes": node_accounting(self.machine, state),
@@ -545,7 +586,9 @@ class AgentService:
         if self._topology_json is not None:
             return self._topology_json()
         from numa_agent.views.topology_report import topology_to_json
-        return topology_to_json(self.machine.topology)
+        topology = self.machine.topology
+        names = NO_NAMES if self.pci_names is None else self.pci_names.names(topology.pci_devices)
+        return topology_to_json(topology, names)
 
     def health(self) -> dict:
         state = self.state
@@ -596,6 +639,12 @@ def _check_alive(caller: Caller) -> None:
     process: so caller.pid was not recycled for somebody else."""
     if caller.pidfd is not None and not pidfd_alive(caller.pidfd):
         raise ProcessLookupError(f"pid {caller.pid} exited")
+
+
+def _merged_text(explanation: Mapping[str, Any]) -> str:
+    """The merged hint as the hints are written ("{0} preferred"), "none" without a merge."""
+    merged = explanation.get("merged")
+    return str(TopologyHint.from_json(merged)) if merged else "none"
 
 
 def _hints_text(explanation: Mapping[str, Any]) -> str:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import pwd
 from dataclasses import dataclass
+from typing import Callable
 
 
 @dataclass(frozen=True)
@@ -30,3 +32,15 @@ class Caller:
 
     def in_group(self, gid: int) -> bool:
         return self.gid == gid or gid in self.groups
+
+
+# uid -> user name, None when the user database has none: what `status` shows
+# for an owner. The system's (NSS) by default; tests give their own.
+UserNames = Callable[[int], "str | None"]
+
+
+def system_user_name(uid: int) -> str | None:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except (KeyError, OverflowError):
+        return None

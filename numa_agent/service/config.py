@@ -22,11 +22,15 @@ from typing import Annotated, Any, Literal, Mapping
 import msgspec
 from msgspec import UNSET, UnsetType
 
-from numa_agent.admission.machine import PolicyConfig
+from numa_agent.admission.cpu_options import CpuManagerOptions
+from numa_agent.admission.device_manager import DeviceResource
+from numa_agent.admission.machine import PolicyConfig, device_selector
+from numa_agent.admission.memory_manager import MEMORY, hugepages_resource
+from numa_agent.admission.topology_manager import TopologyManagerOptions
 from numa_agent.core.cpuset import CpuSet, CpuSetParseError
 from numa_agent.core.names import DEFAULT_SOCKET
 from numa_agent.core.policy import TopologyPolicy, TopologyScope
-from numa_agent.core.units import parse_size
+from numa_agent.core.units import parse_hugepage_size, parse_size
 from numa_agent.isolation.plan import parse_kinds
 
 DEFAULT_CONFIG = "/etc/numa-agent/config.toml"
@@ -75,6 +79,9 @@ Count = Annotated[int, msgspec.Meta(ge=0)]
 NodeId = Annotated[int, msgspec.Meta(ge=0)]
 Size = str | int  # "1Gi", "512Mi" or bytes
 Paths = str | list[str]
+# The kubelet writes the CPU manager's policy `static`/`none` and the memory manager's
+# `Static`/`None`; either section takes both, as written (kept lowercase inside).
+ManagerPolicy = Literal["none", "static", "None", "Static"]
 
 
 class AgentSection(_Section, frozen=True):
@@ -92,15 +99,16 @@ class AgentSection(_Section, frozen=True):
 
 
 class CpuManagerSection(_Section, frozen=True):
-    cpu_policy: Literal["static", "none"] | UnsetType = msgspec.field(default=UNSET, name="policy")
+    cpu_policy: ManagerPolicy | UnsetType = msgspec.field(default=UNSET, name="policy")
     cpu_options: Options | UnsetType = msgspec.field(default=UNSET, name="options")
     reserved_cpus: str | UnsetType = UNSET
     reserved_cpu_count: Count | UnsetType = UNSET
 
 
 class MemoryManagerSection(_Section, frozen=True):
-    memory_policy: Literal["static", "none"] | UnsetType = msgspec.field(default=UNSET, name="policy")
-    # [[memory_manager.reserved_memory]] tables: numa_node plus resource = size
+    memory_policy: ManagerPolicy | UnsetType = msgspec.field(default=UNSET, name="policy")
+    # [[memory_manager.reserved_memory]] tables: numa_node plus resource = size, or the
+    # kubelet's reservedMemory entry: numaNode plus a limits table
     reserved_memory: list[dict[str, Any]] | UnsetType = UNSET
 
 
@@ -188,21 +196,42 @@ def _policy(parsed: ConfigFile) -> PolicyConfig:
     for key in ("topology_policy", "topology_scope"):
         if key in fields:
             fields[key] = str(fields[key])
-    for key, where in (("cpu_options", "cpu_manager.options"), ("topology_options", "topology_manager.options")):
+    for key in ("cpu_policy", "memory_policy"):
+        if key in fields:
+            fields[key] = fields[key].lower()
+    # Option names and values are checked here, so that a misspelt one is a configuration
+    # error; what depends on the machine is checked when the machine is built.
+    for key, where, options in (("cpu_options", "cpu_manager.options", CpuManagerOptions),
+                                ("topology_options", "topology_manager.options", TopologyManagerOptions)):
         if key in fields:
             fields[key] = _options(fields[key], where)
+            try:
+                options.from_mapping(fields[key])
+            except ValueError as exc:
+                raise ConfigError(f"{where}: {exc}") from None
     if "reserved_memory" in fields:
         fields["reserved_memory"] = _reserved_memory(fields["reserved_memory"])
-    if "reserved_cpus" in fields and "reserved_cpu_count" not in fields:
-        # As the kubelet's reservedSystemCPUs: the list alone sets how many are reserved.
+    if "reserved_cpus" in fields:
         try:
-            fields["reserved_cpu_count"] = len(CpuSet.parse(fields["reserved_cpus"]))
+            listed = len(CpuSet.parse(fields["reserved_cpus"]))
         except CpuSetParseError as exc:
-            raise ConfigError(f"cpu_manager.reserved_cpus: {exc}") from None
+            raise ConfigError(f"cpu_manager.reserved_cpus: {fields['reserved_cpus']!r}: {exc}") from None
+        # As the kubelet's reservedSystemCPUs: the list alone sets how many are reserved.
+        fields.setdefault("reserved_cpu_count", listed)
     if parsed.devices:
-        fields["devices"] = {name: _convert(sel, DeviceSelectorSection, f"devices.{name}").given()
-                             for name, sel in parsed.devices.items()}
+        fields["devices"] = {name: _device(name, sel) for name, sel in parsed.devices.items()}
     return PolicyConfig(**fields)
+
+
+def _device(name: str, table: Any) -> dict[str, Any]:
+    """A [devices.<name>] table's given fields, its name and ids checked here (a typo
+    would otherwise select nothing, or be reported as not fitting the machine)."""
+    fields = _convert(table, DeviceSelectorSection, f"devices.{name}").given()
+    try:
+        DeviceResource(name, device_selector(fields))
+    except ValueError as exc:
+        raise ConfigError(f"devices.{name}: {exc}") from None
+    return fields
 
 
 def _socket_mode(value: str | int) -> int:
@@ -225,23 +254,49 @@ def _options(options: Options, where: str) -> dict[str, str]:
 
 
 def _reserved_memory(entries: list[dict[str, Any]]) -> dict[int, dict[str, int]]:
+    """Per node, per resource, bytes. An entry is this file's form (numa_node = 0,
+    memory = "1Gi", "hugepages-2Mi" = "1Gi") or the kubelet's reservedMemory entry
+    (numaNode = 0, limits = { memory = "1Gi" }); resources are named as the kubelet
+    names them (hugepages-2Mi, hugepages-1Gi) or as the kernel does (hugepages-2048kB)."""
     out: dict[int, dict[str, int]] = {}
     for i, entry in enumerate(entries):
         where = f"memory_manager.reserved_memory[{i}]"
-        if "numa_node" not in entry:
-            raise ConfigError(f"{where}: needs numa_node and at least one resource")
-        node = _convert(entry["numa_node"], NodeId, f"{where}.numa_node")
-        for resource, amount in entry.items():
-            if resource == "numa_node":
-                continue
-            if resource != "memory" and not re.fullmatch(r"hugepages-\d+kB", resource):
-                raise ConfigError(f"{where}.{resource}: unknown resource (use memory or hugepages-<size>kB)")
-            size = _convert(amount, Size, f"{where}.{resource}")
+        node_keys = [k for k in ("numa_node", "numaNode") if k in entry]
+        if len(node_keys) != 1:
+            raise ConfigError(f"{where}: needs exactly one of numa_node (or the kubelet's numaNode) "
+                              "and at least one resource")
+        node = _convert(entry[node_keys[0]], NodeId, f"{where}.{node_keys[0]}")
+        amounts = {k: v for k, v in entry.items() if k != node_keys[0]}
+        if "limits" in amounts:
+            if len(amounts) > 1:
+                raise ConfigError(f"{where}: resources go either in limits (the kubelet's form) or "
+                                  f"beside {node_keys[0]}, not both (found {', '.join(sorted(amounts))})")
+            where = f"{where}.limits"
+            amounts = _convert(amounts["limits"], dict[str, Any], where)
+        for key, amount in amounts.items():
+            resource = _memory_resource(key, f"{where}.{key}")
+            size = _convert(amount, Size, f"{where}.{key}")
             try:
-                out.setdefault(node, {})[resource] = parse_size(size)
+                value = parse_size(size)
             except ValueError as exc:
-                raise ConfigError(f"{where}.{resource}: {exc}") from None
+                raise ConfigError(f"{where}.{key}: {exc}") from None
+            if resource in out.get(node, {}):
+                raise ConfigError(f"{where}.{key}: {resource} of NUMA node {node} is reserved twice")
+            out.setdefault(node, {})[resource] = value
     return out
+
+
+def _memory_resource(key: str, where: str) -> str:
+    """The memory manager's name for a reserved resource key."""
+    if key == MEMORY:
+        return MEMORY
+    if key.startswith("hugepages-"):
+        try:
+            return hugepages_resource(parse_hugepage_size(key[len("hugepages-"):]))
+        except ValueError as exc:
+            raise ConfigError(f"{where}: {exc}") from None
+    raise ConfigError(f"{where}: unknown resource {key!r} (use memory or hugepages-<page size>, "
+                      "e.g. hugepages-2Mi, hugepages-1Gi or the kernel's hugepages-2048kB)")
 
 
 # ---- msgspec's errors, in the file's terms ---------------------------------------

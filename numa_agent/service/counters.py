@@ -6,15 +6,75 @@ import bisect
 from dataclasses import dataclass, field
 
 DURATION_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
+# The kubelet's topology_manager_admission_duration_ms buckets (0.05 ms doubling, 15 of
+# them), in seconds: Prometheus' base unit.
+TOPOLOGY_DURATION_BUCKETS = tuple(0.05 * 2 ** i / 1000 for i in range(15))
+# The managers that have the kubelet's pinning families, by provider name.
+PINNING_MANAGERS = ("cpu", "memory")
+# (scope, boundary) label pairs of the alignment families, as the kubelet initialises them.
+ALIGNMENT_LABELS = (("container", "numa_node"), ("pod", "numa_node"), ("container", "physical_cpu"))
+
+
+@dataclass
+class Histogram:
+    """Observations in fixed buckets; snapshot() gives them cumulative, as Prometheus does."""
+
+    bounds: tuple[float, ...]
+    counts: list[int] = field(default_factory=list)
+    sum: float = 0.0
+    count: int = 0
+
+    def __post_init__(self) -> None:
+        self.counts = [0] * len(self.bounds)
+
+    def observe(self, value: float) -> None:
+        self.sum += value
+        self.count += 1
+        i = bisect.bisect_left(self.bounds, value)
+        if i < len(self.counts):
+            self.counts[i] += 1
+
+    def snapshot(self) -> dict:
+        cumulative, running = [], 0
+        for bound, count in zip(self.bounds, self.counts, strict=True):
+            running += count
+            cumulative.append([bound, running])
+        return {"buckets": cumulative, "sum": self.sum, "count": self.count}
+
+
+@dataclass(frozen=True)
+class ManagerOutcome:
+    """One admission as the kubelet's resource managers see it.
+
+    `pinned`: providers that allocated a part ("cpu", "memory", "devices"); `failed`: the
+    provider whose allocation refused it; `merge_refused`: the topology merge refused it;
+    `guaranteed`: merged under single-numa-node (the kubelet's IsAlignmentGuaranteed);
+    `scope`: "pod" for a pod member, else "container"; `full_pcpus_only`: the CPU option."""
+
+    pinned: frozenset[str] = frozenset()
+    failed: str | None = None
+    merge_refused: bool = False
+    guaranteed: bool = False
+    scope: str = "container"
+    full_pcpus_only: bool = False
 
 
 @dataclass
 class Counters:
     requests: dict[str, int] = field(default_factory=lambda: {"admitted": 0, "refused": 0, "dry_run": 0})
     errors: dict[str, int] = field(default_factory=dict)
-    bucket_counts: list[int] = field(default_factory=lambda: [0] * len(DURATION_BUCKETS))
-    duration_sum: float = 0.0
-    duration_count: int = 0
+    duration: Histogram = field(default_factory=lambda: Histogram(DURATION_BUCKETS))
+    # The kubelet's families (see docs/contracts.md, Metrics): admissions that reached the
+    # topology manager, per-manager pinning, and guaranteed alignment.
+    topology_requests: int = 0
+    topology_errors: int = 0
+    topology_duration: Histogram = field(default_factory=lambda: Histogram(TOPOLOGY_DURATION_BUCKETS))
+    pinning_requests: dict[str, int] = field(default_factory=lambda: dict.fromkeys(PINNING_MANAGERS, 0))
+    pinning_errors: dict[str, int] = field(default_factory=lambda: dict.fromkeys(PINNING_MANAGERS, 0))
+    aligned_guaranteed: dict[tuple[str, str], int] = field(
+        default_factory=lambda: dict.fromkeys(ALIGNMENT_LABELS, 0))
+    aligned_guaranteed_failures: dict[tuple[str, str], int] = field(
+        default_factory=lambda: dict.fromkeys(ALIGNMENT_LABELS, 0))
     checkpoint_writes_total: int = 0
     checkpoint_failures_total: int = 0
     checkpoint_snapshots_total: int = 0  # whole snapshots among the writes (the rest: journal entries)
@@ -31,11 +91,33 @@ class Counters:
         default_factory=lambda: {"busy": 0, "timeout": 0, "per_uid_limit": 0})
 
     def _observe(self, seconds: float) -> None:
-        self.duration_sum += seconds
-        self.duration_count += 1
-        i = bisect.bisect_left(DURATION_BUCKETS, seconds)
-        if i < len(self.bucket_counts):
-            self.bucket_counts[i] += 1
+        self.duration.observe(seconds)
+
+    def decided(self, outcome: ManagerOutcome, seconds: float) -> None:
+        """An admission the topology manager decided, counted where the kubelet counts it:
+        every such admission is a request; a merge or allocation refusal an error; a
+        manager that allocated, or refused, a pinning request; alignment only where it
+        was guaranteed (single-numa-node for NUMA, full-pcpus-only for physical CPUs)."""
+        self.topology_requests += 1
+        self.topology_duration.observe(seconds)
+        refused = outcome.merge_refused or outcome.failed is not None
+        if refused:
+            self.topology_errors += 1
+        for manager in PINNING_MANAGERS:
+            if manager in outcome.pinned or outcome.failed == manager:
+                self.pinning_requests[manager] += 1
+                self.pinning_errors[manager] += outcome.failed == manager
+        numa = (outcome.scope, "numa_node")
+        if outcome.guaranteed and outcome.merge_refused:
+            self.aligned_guaranteed_failures[numa] += 1
+        elif outcome.guaranteed and not refused:
+            self.aligned_guaranteed[numa] += 1
+        if outcome.full_pcpus_only and ("cpu" in outcome.pinned or outcome.failed == "cpu"):
+            core = ("container", "physical_cpu")
+            if outcome.failed == "cpu":
+                self.aligned_guaranteed_failures[core] += 1
+            else:
+                self.aligned_guaranteed[core] += 1
 
     def admitted(self, seconds: float, alignment: dict) -> None:
         self.requests["admitted"] += 1
@@ -61,15 +143,18 @@ class Counters:
             self.api_refused_connections[reason] += 1
 
     def snapshot(self) -> dict:
-        cumulative, running = [], 0
-        for bound, count in zip(DURATION_BUCKETS, self.bucket_counts, strict=True):
-            running += count
-            cumulative.append([bound, running])
         return {
             "admission_requests_total": dict(self.requests),
             "admission_errors_total": dict(sorted(self.errors.items())),
-            "admission_duration_seconds": {"buckets": cumulative, "sum": self.duration_sum,
-                                           "count": self.duration_count},
+            "admission_duration_seconds": self.duration.snapshot(),
+            "topology_manager_admission_requests_total": self.topology_requests,
+            "topology_manager_admission_errors_total": self.topology_errors,
+            "topology_manager_admission_duration_seconds": self.topology_duration.snapshot(),
+            "pinning_requests_total": dict(self.pinning_requests),
+            "pinning_errors_total": dict(self.pinning_errors),
+            "aligned_compute_resources_total": [[*k, v] for k, v in self.aligned_guaranteed.items()],
+            "aligned_compute_resources_failures_total": [
+                [*k, v] for k, v in self.aligned_guaranteed_failures.items()],
             "checkpoint_writes_total": self.checkpoint_writes_total,
             "checkpoint_failures_total": self.checkpoint_failures_total,
             "checkpoint_snapshots_total": self.checkpoint_snapshots_total,

@@ -36,6 +36,7 @@ from numa_agent.admission.machine import Machine
 from numa_agent.admission.memory_manager import MEMORY, free_bytes, hugepages_resource
 from numa_agent.core.cpuset import CpuSet
 from numa_agent.core.hints import NumaMask
+from numa_agent.core.units import format_bytes
 from numa_agent.enforcement.plan import POD_PREFIX, SHARED_CGROUP, WORKLOAD_PREFIX, safe_component, workload_relpath
 from numa_agent.enforcement.protocol import Enforcer, Limits
 from numa_agent.enforcement.record import decode_record
@@ -394,9 +395,9 @@ def _unbooked_memory(machine: Machine, state: AgentState, rel: str,
             free = free_bytes(machine.memory, usage, node, resource) if node in group else 0
             take = min(amount, free)
             if take < amount:
-                log.error("cgroup %s claims %d bytes of %s on NUMA node %d; %d of them are already "
-                          "booked or not there; adopting it with %d", rel, amount, resource, node,
-                          amount - max(take, 0), max(take, 0))
+                log.error("cgroup %s claims %s of %s on NUMA node %d; %s of it already booked or "
+                          "not there; adopting it with %s", rel, format_bytes(amount), resource, node,
+                          format_bytes(amount - max(take, 0)), format_bytes(max(take, 0)))
             if take > 0:
                 memory.setdefault(node, {})[resource] = take
     return memory, (booking.memory_group if memory else ())
@@ -438,9 +439,9 @@ def _memory_of_limits(machine: Machine, state: AgentState, rel: str, mems: tuple
                 memory.setdefault(n, {})[resource] = take
                 left -= take
         if left:
-            log.error("cgroup %s may use %d bytes of %s on NUMA node(s) %s; %d of them could not be "
-                      "booked (already booked or not there); its limit stays", rel, amount, resource,
-                      group.format(), left)
+            log.error("cgroup %s may use %s of %s on NUMA node(s) %s; %s of it could not be "
+                      "booked (already booked or not there); its limit stays", rel, format_bytes(amount),
+                      resource, group.format(), format_bytes(left))
     return memory, (group.nodes() if memory else ())
 
 

@@ -95,6 +95,7 @@ class Agent:
 
     def _start(self) -> "Agent":
         from numa_agent.admission.machine import MachineConfigError, build_machine
+        from numa_agent.discovery.pci_ids import PciIdsFile
         from numa_agent.discovery.sysfs import DiscoveryError, read_topology
         from numa_agent.service.agent_service import AgentService
         from numa_agent.service.config import ConfigError
@@ -131,7 +132,7 @@ class Agent:
             raise StartupError(f"cannot restore state: {exc}") from None
         service = AgentService(machine, store, enforcer, isolation=_isolation_keeper(cfg),
                                isolate_default=cfg.isolate_default, isolate_gid=isolate_gid,
-                               mark_key=mark_key)
+                               mark_key=mark_key, pci_names=PciIdsFile())
         try:
             service.install(state)
         except Exception as exc:

@@ -12,6 +12,8 @@ hardware so that code tuned on them behaves the same on the real thing:
   clustering), 21 between sockets.
 - ``core`` is the lowest CPU id of the sibling group and ``l3`` the lowest
   CPU id sharing the L3, exactly as discovery computes them.
+- caches (``with_caches``): L1d, L1i and L2 per core, the L3 per ``l3_per``
+  group, sized like a current server part (``CACHE_SIZES``).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import Iterable, Sequence
 from numa_agent.core.cpuset import CpuSet
 from numa_agent.core.topology import (
     UNKNOWN_NODE,
+    Cache,
     Cpu,
     HugePages,
     NumaNode,
@@ -36,6 +39,10 @@ CPULESS_DISTANCE = 40  # memory-only nodes (GPU memory, CXL) sit far from everyt
 
 HUGEPAGE_2M_KB = 2048
 HUGEPAGE_1G_KB = 1024 * 1024
+
+# (level, type) -> bytes
+CACHE_SIZES = {(1, "Data"): 48 << 10, (1, "Instruction"): 32 << 10, (2, "Unified"): 2 << 20,
+               (3, "Unified"): 32 << 20}
 
 # (pci_class, vendor, device, numa_node, driver)
 DeviceSpec = tuple[str, str, str, int, "str | None"]
@@ -58,6 +65,7 @@ def make_topology(
     offline_cpus: Iterable[int] = (),
     allowed_cpus: CpuSet | None = None,
     allowed_mems: Iterable[int] | None = None,
+    with_caches: bool = True,
 ) -> Topology:
     """Build a regular machine.
 
@@ -147,7 +155,22 @@ def make_topology(
         pci_devices=pci,
         allowed_cpus=allowed_cpus,
         allowed_mems=None if allowed_mems is None else frozenset(int(m) for m in allowed_mems),
+        caches=_caches(cpus) if with_caches else (),
     )
+
+
+def _caches(cpus: list[Cpu]) -> tuple[Cache, ...]:
+    """Per-core L1d, L1i, L2 and the L3 groups, over online CPUs, as discovery
+    merges them (an L3 id is its lowest CPU, online or not)."""
+    groups: dict[tuple[int, str, int], list[int]] = {}
+    for c in cpus:
+        for level, kind in CACHE_SIZES:
+            group_id = c.l3 if level == 3 else c.core
+            if c.online and group_id is not None:
+                groups.setdefault((level, kind, group_id), []).append(c.id)
+    return tuple(Cache(level=level, type=kind, id=group_id, cpus=CpuSet(members),
+                       size_bytes=CACHE_SIZES[(level, kind)])
+                 for (level, kind, group_id), members in sorted(groups.items()))
 
 
 def _check_shape(sockets: int, nodes_per_socket: int, cores_per_node: int, threads_per_core: int,

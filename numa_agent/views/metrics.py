@@ -3,8 +3,8 @@
 `AgentCollector` calls the service's `metrics_snapshot()` once per scrape, so every family
 in one scrape comes from the same consistent snapshot, and turns it into metric families
 (prefix `numa_agent_`, base units, `_total` counters). It lives on the agent's own
-`CollectorRegistry` (never the global default one, which would also drag in process
-collectors this agent does not ask for).
+`CollectorRegistry` (never the global default one, which any imported library may fill),
+beside prometheus_client's process, platform and GC collectors (`process_*`, `python_*`).
 
 `start_metrics_server("HOST:PORT", registry)` serves `/metrics` over plain HTTP on TCP,
 by default on 127.0.0.1:9464 (loopback only: the figures describe the node's tenants).
@@ -21,7 +21,7 @@ import math
 from importlib import metadata
 from typing import Any, Callable, Iterator, Mapping
 
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -31,6 +31,8 @@ from prometheus_client.core import (
 from prometheus_client.exposition import start_http_server
 from prometheus_client.utils import floatToGoString
 
+from numa_agent.core.cpuset import CpuSet
+
 log = logging.getLogger("numa_agent.metrics")
 
 DEFAULT_METRICS_ADDRESS = "127.0.0.1:9464"
@@ -38,7 +40,8 @@ PREFIX = "numa_agent_"
 
 # Fixed label-value orders, so output never depends on dict order in the snapshot and
 # dashboards see every series (at 0) from the first scrape on.
-RESOURCE_STATES = ("capacity", "reserved", "allocated", "free")
+# States partition a resource: their sum is the `_capacity` family's value.
+RESOURCE_STATES = ("reserved", "allocated", "free")
 ADMISSION_RESULTS = ("admitted", "refused", "dry_run")
 ALIGNMENT_LEVELS = ("numa_node", "physical_core", "l3")
 HOTPLUG_KINDS = ("cpu", "memory", "node", "pci")
@@ -65,6 +68,16 @@ def _labelled_counts(values: Mapping[str, Any] | None, always: tuple[str, ...] =
 def _states(values: Mapping[str, Any] | None) -> list[tuple[str, float]]:
     values = values or {}
     return [(state, float(values[state])) for state in RESOURCE_STATES if state in values]
+
+
+def _histogram(name: str, doc: str, snapshot: Mapping[str, Any] | None) -> HistogramMetricFamily:
+    """A histogram family from a snapshot's cumulative [upper_bound, count] buckets."""
+    snapshot = snapshot or {}
+    count = float(snapshot.get("count", 0))
+    buckets = sorted((float(le), float(n)) for le, n in snapshot.get("buckets", []))
+    pairs = [(floatToGoString(le), n) for le, n in buckets if not math.isinf(le)]
+    pairs.append(("+Inf", count))
+    return HistogramMetricFamily(name, doc, buckets=pairs, sum_value=float(snapshot.get("sum", 0.0)))
 
 
 class AgentCollector:
@@ -105,8 +118,9 @@ class AgentCollector:
         counters = snapshot.get("counters") or {}
         families: list[Metric] = []
         families += self._admission_families(counters)
+        families += self._kubelet_families(counters, status)
         families += self._node_families(status.get("nodes") or [])
-        families.append(self._memory_short_family(status.get("nodes") or []))
+        families.append(_memory_short_family(status.get("nodes") or []))
 
         workloads = status.get("workloads") or []
         families.append(GaugeMetricFamily(
@@ -188,15 +202,49 @@ class AgentCollector:
         for reason, value in _labelled_counts(counters.get("admission_errors_total")):
             errors.add_metric([reason], value)
 
-        duration = counters.get("admission_duration_seconds") or {}
-        count = float(duration.get("count", 0))
-        buckets = sorted((float(le), float(n)) for le, n in duration.get("buckets", []))
-        pairs = [(floatToGoString(le), n) for le, n in buckets if not math.isinf(le)]
-        pairs.append(("+Inf", count))
-        histogram = HistogramMetricFamily(
-            PREFIX + "admission_duration_seconds", "Time to decide one admission.",
-            buckets=pairs, sum_value=float(duration.get("sum", 0.0)))
+        histogram = _histogram(PREFIX + "admission_duration_seconds", "Time to answer one admission "
+                               "(decision, checkpoint and enforcement).", counters.get("admission_duration_seconds"))
         return [requests, errors, histogram]
+
+    @staticmethod
+    def _kubelet_families(counters: Mapping[str, Any], status: Mapping[str, Any]) -> list[Metric]:
+        """The kubelet's resource-manager families, by its names and meaning (docs/contracts.md
+        says which kubelet family each mirrors and where they differ)."""
+        families: list[Metric] = []
+        for manager, what in (("cpu", "exclusive CPUs"), ("memory", "memory or hugepages on NUMA nodes")):
+            for kind, doc in (("requests", f"Admissions that asked the {manager} manager for {what}."),
+                              ("errors", f"Admissions the {manager} manager could not give {what}.")):
+                families.append(CounterMetricFamily(
+                    f"{PREFIX}{manager}_manager_pinning_{kind}", doc,
+                    value=float((counters.get(f"pinning_{kind}_total") or {}).get(manager, 0))))
+        nodes = status.get("nodes") or []
+        families.append(GaugeMetricFamily(
+            PREFIX + "cpu_manager_shared_pool_size_millicores", "The size of the shared CPU pool (every "
+            "usable CPU no workload holds exclusively), millicores.",
+            value=1000.0 * len(CpuSet.parse(str(status.get("shared_pool") or "")))))
+        families.append(GaugeMetricFamily(
+            PREFIX + "cpu_manager_exclusive_cpus", "CPUs held exclusively by workloads.",
+            value=float(sum((n.get("cpus") or {}).get("allocated", 0) for n in nodes))))
+        families.append(CounterMetricFamily(
+            PREFIX + "topology_manager_admission_requests", "Admissions the topology manager decided "
+            "(not dry runs, not malformed requests).",
+            value=float(counters.get("topology_manager_admission_requests_total", 0))))
+        families.append(CounterMetricFamily(
+            PREFIX + "topology_manager_admission_errors", "Admissions refused by the topology merge or by "
+            "a manager's allocation.", value=float(counters.get("topology_manager_admission_errors_total", 0))))
+        families.append(_histogram(
+            PREFIX + "topology_manager_admission_duration_seconds", "Time the topology manager took to decide "
+            "one admission (hints, merge, allocation).", counters.get("topology_manager_admission_duration_seconds")))
+        for key, doc in (("aligned_compute_resources", "Admissions whose resources were aligned where the "
+                          "policy guarantees it: numa_node under single-numa-node, physical_cpu under "
+                          "full-pcpus-only."),
+                         ("aligned_compute_resources_failures", "Admissions refused where the policy "
+                          "guarantees alignment (single-numa-node merge, full-pcpus-only CPUs).")):
+            family = CounterMetricFamily(PREFIX + key, doc, labels=["scope", "boundary"])
+            for scope, boundary, value in counters.get(key + "_total") or ():
+                family.add_metric([str(scope), str(boundary)], float(value))
+            families.append(family)
+        return families
 
     def _observe_families(self, workloads: list[Mapping[str, Any]],
                           observe: Mapping[str, Any]) -> list[Metric]:
@@ -236,47 +284,54 @@ class AgentCollector:
         return [intruders, kernel, seen, memory, outside, ratio]
 
     def _node_families(self, nodes: list[Mapping[str, Any]]) -> list[Metric]:
-        cpus = GaugeMetricFamily(
-            PREFIX + "cpus", "CPUs per NUMA node, by state.", labels=["numa_node", "state"])
-        memory = GaugeMetricFamily(
-            PREFIX + "memory_bytes", "Memory per NUMA node, by state.", labels=["numa_node", "state"])
-        hugepages = GaugeMetricFamily(
-            PREFIX + "hugepages", "Huge pages per NUMA node and page size (e.g. 2048kB), by state.",
-            labels=["numa_node", "size", "state"])
-        devices = GaugeMetricFamily(
-            PREFIX + "devices", "Devices per resource and NUMA node, by state.",
-            labels=["resource", "numa_node", "state"])
+        """Per resource a `state` family (reserved, allocated, free) and a `_capacity` family
+        they sum to, so that sum() over the states is the capacity."""
+        kinds = (("cpus", "CPUs per NUMA node", ["numa_node"]),
+                 ("memory_bytes", "Memory per NUMA node", ["numa_node"]),
+                 ("hugepages", "Huge pages per NUMA node and page size (e.g. 2048kB)", ["numa_node", "size"]),
+                 ("devices", "Devices per resource and NUMA node", ["resource", "numa_node"]))
+        by_state = {key: GaugeMetricFamily(PREFIX + key, f"{doc}, by state (reserved, allocated, free).",
+                                           labels=[*labels, "state"]) for key, doc, labels in kinds}
+        capacity = {key: GaugeMetricFamily(PREFIX + _capacity_name(key), f"{doc}: capacity, the sum of the states.",
+                                           labels=labels) for key, doc, labels in kinds}
+
+        def add(key: str, labels: list[str], values: Mapping[str, Any] | None) -> None:
+            if values and "capacity" in values:
+                capacity[key].add_metric(labels, float(values["capacity"]))
+            for state, value in _states(values):
+                by_state[key].add_metric([*labels, state], value)
+
         for node in sorted(nodes, key=lambda n: int(n["id"])):
             node_id = str(node["id"])
-            for state, value in _states(node.get("cpus")):
-                cpus.add_metric([node_id, state], value)
-            for state, value in _states(node.get("memory_bytes")):
-                memory.add_metric([node_id, state], value)
+            add("cpus", [node_id], node.get("cpus"))
+            add("memory_bytes", [node_id], node.get("memory_bytes"))
             pages = node.get("hugepages") or {}
             for size in sorted(pages, key=_page_size_key):
-                for state, value in _states(pages[size]):
-                    hugepages.add_metric([node_id, str(size), state], value)
+                add("hugepages", [node_id, str(size)], pages[size])
             resources = node.get("devices") or {}
             for resource in sorted(resources):
-                for state, value in _states(resources[resource]):
-                    devices.add_metric([str(resource), node_id, state], value)
-        return [cpus, memory, hugepages, devices]
+                add("devices", [str(resource), node_id], resources[resource])
+        return [family for key, _, _ in kinds for family in (by_state[key], capacity[key])]
 
 
-    @staticmethod
-    def _memory_short_family(nodes: list[Mapping[str, Any]]) -> Metric:
-        """Every node's regular memory (0 while it fits, so alerts see the
-        series from the first scrape), and any other resource that is short."""
-        short = GaugeMetricFamily(
-            PREFIX + "memory_short_bytes", "Memory booked on a NUMA node beyond what it has now (it "
-            "shrank under its bookings: memory offlined or unplugged, a balloon, a hugepage pool "
-            "resized); above 0 the node takes no new admission.", labels=["numa_node", "resource"])
-        for node in sorted(nodes, key=lambda n: int(n["id"])):
-            missing = {str(s["resource"]): int(s["booked_bytes"]) - int(s["allocatable_bytes"])
-                       for s in node.get("memory_short") or ()}
-            for resource in sorted({"memory", *missing}):
-                short.add_metric([str(node["id"]), resource], float(missing.get(resource, 0)))
-        return short
+def _capacity_name(key: str) -> str:
+    """cpus -> cpus_capacity, memory_bytes -> memory_capacity_bytes (the unit stays last)."""
+    return key[:-len("_bytes")] + "_capacity_bytes" if key.endswith("_bytes") else key + "_capacity"
+
+
+def _memory_short_family(nodes: list[Mapping[str, Any]]) -> Metric:
+    """Every node's regular memory (0 while it fits, so alerts see the
+    series from the first scrape), and any other resource that is short."""
+    short = GaugeMetricFamily(
+        PREFIX + "memory_short_bytes", "Memory booked on a NUMA node beyond what it has now (it "
+        "shrank under its bookings: memory offlined or unplugged, a balloon, a hugepage pool "
+        "resized); above 0 the node takes no new admission.", labels=["numa_node", "resource"])
+    for node in sorted(nodes, key=lambda n: int(n["id"])):
+        missing = {str(s["resource"]): int(s["booked_bytes"]) - int(s["allocatable_bytes"])
+                   for s in node.get("memory_short") or ()}
+        for resource in sorted({"memory", *missing}):
+            short.add_metric([str(node["id"]), resource], float(missing.get(resource, 0)))
+    return short
 
 
 def _page_size_key(size: str) -> tuple[int, str]:
@@ -285,9 +340,13 @@ def _page_size_key(size: str) -> tuple[int, str]:
 
 
 def build_registry(snapshot_fn: Callable[[], Snapshot], version: str | None = None) -> CollectorRegistry:
-    """A fresh registry holding only the agent's collector."""
+    """A fresh registry: the agent's collector, and the process (`process_*`, from /proc/self),
+    platform (`python_info`) and garbage-collector (`python_gc_*`) collectors."""
     registry = CollectorRegistry(auto_describe=True)
     registry.register(AgentCollector(snapshot_fn, version))
+    ProcessCollector(registry=registry)
+    PlatformCollector(registry=registry)
+    GCCollector(registry=registry)
     return registry
 
 

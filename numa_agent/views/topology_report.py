@@ -1,6 +1,7 @@
 """What discovery sees, as JSON (the `topology --json` contract) and as text
-(`numactl -H` followed by a per-node tree of packages, dies, L3 groups,
-clusters, cores with their threads, and PCI devices).
+(`numactl -H` followed by a per-node tree of packages, dies, shared caches,
+clusters, cores with their own caches and threads, and PCI devices by the
+names the OS and pci.ids give them).
 
 Pure functions of a Topology value: no I/O, output independent of dict or
 set iteration order.
@@ -8,13 +9,12 @@ set iteration order.
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Callable, Iterable
 
 from numa_agent.core.cpuset import CpuSet
-from numa_agent.core.topology import UNKNOWN_NODE, Cpu, NumaNode, PciDevice, Topology
-
-# Bridges carry no workload; the tree hides them (and says how many).
-HIDDEN_CLASS_PREFIXES = ("0x0600", "0x0604")
+from numa_agent.core.pci import NO_NAMES, PciNames, device_kind, os_names
+from numa_agent.core.topology import UNKNOWN_NODE, Cache, Cpu, NumaNode, PciDevice, Topology
+from numa_agent.core.units import format_bytes
 
 
 def _nodes_text(ids: Iterable[int]) -> str:
@@ -27,7 +27,7 @@ def _or_none(text: str | None) -> str | None:
 
 # ---- JSON --------------------------------------------------------------------------
 
-def topology_to_json(topo: Topology) -> dict:
+def topology_to_json(topo: Topology, names: PciNames = NO_NAMES) -> dict:
     return {
         "architecture": topo.architecture,
         "kernel": topo.kernel,
@@ -39,7 +39,19 @@ def topology_to_json(topo: Topology) -> dict:
         "cpus": [_cpu_json(c) for c in topo.cpus],
         "packages": [{"id": p, "cpus": cpus.format()} for p, cpus in topo.packages.items()],
         "l3_groups": [{"id": g, "cpus": cpus.format()} for g, cpus in topo.l3_groups.items()],
-        "pci_devices": [_device_json(d) for d in topo.pci_devices],
+        "caches": [_cache_json(c) for c in topo.caches],
+        "pci_devices": [_device_json(d, names) for d in topo.pci_devices],
+    }
+
+
+def _cache_json(cache: Cache) -> dict:
+    return {
+        "name": cache.name,
+        "level": cache.level,
+        "type": cache.type.lower() or None,
+        "id": cache.id,
+        "size_bytes": cache.size_bytes,
+        "cpus": cache.cpus.format(),
     }
 
 
@@ -72,12 +84,17 @@ def _cpu_json(cpu: Cpu) -> dict:
     }
 
 
-def _device_json(dev: PciDevice) -> dict:
+def _device_json(dev: PciDevice, names: PciNames) -> dict:
     return {
         "address": dev.address,
         "class": _or_none(dev.pci_class),
         "vendor": _or_none(dev.vendor),
         "device": _or_none(dev.device),
+        "kind": device_kind(dev),
+        "os_names": list(os_names(dev)),
+        "class_name": names.class_name(dev),
+        "vendor_name": names.vendor_name(dev),
+        "device_name": names.device_name(dev),
         "subsystem_vendor": dev.subsystem_vendor,
         "subsystem_device": dev.subsystem_device,
         "numa_node": dev.numa_node,
@@ -97,10 +114,13 @@ def _device_json(dev: PciDevice) -> dict:
 
 # ---- text ----------------------------------------------------------------------------
 
-def render_text(topo: Topology) -> str:
+def render_text(topo: Topology, names: PciNames = NO_NAMES, all_devices: bool = False) -> str:
+    """numactl -H's first block, then the tree. PCI devices of no KINDS
+    (bridges, uncore, DMA engines ...) are counted, and listed only with
+    `all_devices`."""
     lines = _numactl_lines(topo)
     lines.append("")
-    lines.extend(_tree_lines(topo))
+    lines.extend(_tree_lines(topo, names, all_devices))
     return "\n".join(lines) + "\n"
 
 
@@ -124,7 +144,7 @@ def _key(value: int | None) -> tuple[bool, int]:
     return (value is None, value if value is not None else 0)
 
 
-def _tree_lines(topo: Topology) -> list[str]:
+def _tree_lines(topo: Topology, names: PciNames, all_devices: bool) -> list[str]:
     lines = []
     header = []
     if topo.architecture:
@@ -141,11 +161,18 @@ def _tree_lines(topo: Topology) -> list[str]:
         lines.append(f"agent cpuset: cpus {cpus or '(none)'}, mems {mems or '(none)'}; "
                      f"usable cpus {topo.usable_cpus.format() or '(none)'}")
 
-    shown = [d for d in topo.pci_devices if not d.pci_class.startswith(HIDDEN_CLASS_PREFIXES)]
+    shown = [d for d in topo.pci_devices if all_devices or device_kind(d) is not None]
     hidden = len(topo.pci_devices) - len(shown)
 
+    def device_lines(devices: list[PciDevice], pad: str) -> list[str]:
+        return [pad + _device_text(d, names) for d in devices]
+
     for node in topo.numa_nodes:
-        lines.extend(_node_lines(topo, node, [d for d in shown if d.numa_node == node.id]))
+        lines.extend(_node_lines(topo, node))
+        here = [d for d in shown if d.numa_node == node.id]
+        if here:
+            lines.append("  PCI devices:")
+            lines.extend(device_lines(here, "    "))
 
     nodeless = CpuSet(c.id for c in topo.cpus if c.online and c.numa_node == UNKNOWN_NODE)
     if nodeless:
@@ -155,28 +182,26 @@ def _tree_lines(topo: Topology) -> list[str]:
     orphans = [d for d in shown if d.numa_node not in known]
     if orphans:
         lines.append("PCI devices with no known NUMA node:")
-        lines.extend("  " + _device_text(d) for d in orphans)
+        lines.extend(device_lines(orphans, "  "))
     if hidden:
-        lines.append(f"({hidden} PCI bridge{'s' if hidden != 1 else ''} hidden: classes 0x0600, 0x0604)")
+        lines.append(f"({hidden} other PCI device{'s' if hidden != 1 else ''} not shown: bridges, "
+                     "uncore, DMA engines, USB, ...; --all-devices lists them)")
     return lines
 
 
-def _node_lines(topo: Topology, node: NumaNode, devices: list[PciDevice]) -> list[str]:
+def _node_lines(topo: Topology, node: NumaNode) -> list[str]:
     online = topo.node_cpus(node.id)
     offline = node.cpus - online
     desc = [f"cpus {node.cpus.format() or '(none)'}"]
     if offline:
         desc.append(f"offline {offline.format()}")
-    desc.append(f"memory {_size(node.memory_total_bytes)} (free {_size(node.memory_free_bytes)})")
+    desc.append(f"memory {format_bytes(node.memory_total_bytes)} (free {format_bytes(node.memory_free_bytes)})")
     pools = [f"{h.label} {h.free}/{h.total} free" for h in sorted(node.hugepages, key=lambda h: h.size_kb)
              if h.total or h.free]
     if pools:
         desc.append("hugepages " + ", ".join(pools))
     lines = [f"NUMA node {node.id}: " + ", ".join(desc)]
     lines.extend(_cpu_tree(topo, online, "  "))
-    if devices:
-        lines.append("  PCI devices:")
-        lines.extend("    " + _device_text(d) for d in devices)
     return lines
 
 
@@ -186,15 +211,22 @@ _NO_ID = (None, -1, 65535)
 
 
 def _cpu_tree(topo: Topology, cpus: CpuSet, indent: str) -> list[str]:
-    """package > die > L3 > cluster > core lines for the given online CPUs."""
+    """package > die > shared caches of L3 and up > cluster > shared L2/L1
+    > core lines for the given online CPUs; a core's own caches lead its line,
+    as lstopo writes them: `L2 (2.0 MiB) + L1d (48.0 KiB) + core 0: threads 0,8`."""
     members = [topo.cpu(c) for c in cpus]
     lines: list[str] = []
-    levels = (
-        ("package", lambda c: c.package),
-        ("die", lambda c: c.die),
-        ("L3", lambda c: c.l3),
-        ("cluster", lambda c: c.cluster),
-    )
+    shared = {c for c in topo.caches if _spans_cores(topo, c)}
+    cache_levels = sorted({(c.level, c.type) for c in shared}, reverse=True)
+    levels: list[tuple[Callable[[Cpu], int | None], Callable[[int | None], str]]] = [
+        (lambda c: c.package, lambda v: f"package {_id_text(v)}"),
+        (lambda c: c.die, lambda v: f"die {_id_text(v)}"),
+    ]
+    levels.extend(_cache_level(topo, shared, level, kind) for level, kind in cache_levels if level >= 3)
+    if not any(c.level == 3 for c in topo.caches):  # a Topology made without caches: its L3 groups
+        levels.append((lambda c: c.l3, lambda v: f"L3 {_id_text(v)}"))
+    levels.append((lambda c: c.cluster, lambda v: f"cluster {_id_text(v)}"))
+    levels.extend(_cache_level(topo, shared, level, kind) for level, kind in cache_levels if level < 3)
 
     def walk(group: list[Cpu], depth: int, pad: str) -> None:
         if depth == len(levels):
@@ -203,33 +235,75 @@ def _cpu_tree(topo: Topology, cpus: CpuSet, indent: str) -> list[str]:
                 cores.setdefault(c.core if c.core is not None else c.id, []).append(c.id)
             for core in sorted(cores):
                 threads = CpuSet(cores[core])
-                lines.append(f"{pad}core {core}: threads {threads.format()}")
+                own = [x for x in topo.cpu_caches(threads.min()) if x not in shared]
+                lead = "".join(f"{_cache_text(x)} + " for x in sorted(own, key=_core_cache_order))
+                lines.append(f"{pad}{lead}core {core}: threads {threads.format()}")
             return
-        name, attr = levels[depth]
+        attr, label = levels[depth]
         values = sorted({attr(c) for c in group}, key=_key)
         if len(values) == 1 and values[0] in _NO_ID:
             walk(group, depth + 1, pad)  # this level is unknown here: skip it
             return
         for value in values:
             sub = [c for c in group if attr(c) == value]
-            label = "?" if value is None else str(value)
-            lines.append(f"{pad}{name} {label}: cpus {CpuSet(c.id for c in sub).format()}")
+            if value is None and label(None) == "":
+                walk(sub, depth + 1, pad)  # CPUs whose cache of this level is their core's own
+                continue
+            lines.append(f"{pad}{label(value)}: cpus {CpuSet(c.id for c in sub).format()}")
             walk(sub, depth + 1, pad + "  ")
 
     walk(members, 0, indent)
     return lines
 
 
-def _device_text(dev: PciDevice) -> str:
-    parts = [dev.address, f"class {dev.pci_class or '?'}"]
-    if dev.vendor or dev.device:
-        parts.append(f"{(dev.vendor or '?').removeprefix('0x')}:{(dev.device or '?').removeprefix('0x')}")
+def _id_text(value: int | None) -> str:
+    return "?" if value is None else str(value)
+
+
+def _spans_cores(topo: Topology, cache: Cache) -> bool:
+    """A cache over more than one core is a level of the tree; a core's own
+    caches lead its line."""
+    return len({topo.cpu(c).core for c in cache.cpus}) > 1
+
+
+def _cache_level(topo: Topology, shared: set[Cache], level: int, kind: str
+                 ) -> tuple[Callable[[Cpu], int | None], Callable[[int | None], str]]:
+    """The tree level of the shared caches of one level and type: a CPU's
+    value is its cache's id, None where that cache is its core's own."""
+    mine = {c.id: c for c in shared if (c.level, c.type) == (level, kind)}
+
+    def attr(cpu: Cpu) -> int | None:
+        return next((x.id for x in topo.cpu_caches(cpu.id)
+                     if (x.level, x.type) == (level, kind) and x.id in mine), None)
+
+    def label(value: int | None) -> str:
+        if value is None:
+            return ""
+        return _cache_text(mine[value], value)
+
+    return attr, label
+
+
+def _core_cache_order(cache: Cache) -> tuple[int, str]:
+    return (-cache.level, cache.type)  # L2, then L1d before L1i, as lstopo
+
+
+def _cache_text(cache: Cache, cache_id: int | None = None) -> str:
+    """"L2 (2.0 MiB)", "L3 0 (32.0 MiB)" with its id, "L2" where the kernel gives no size."""
+    name = cache.name if cache_id is None else f"{cache.name} {cache_id}"
+    return name if cache.size_bytes is None else f"{name} ({format_bytes(cache.size_bytes)})"
+
+
+def _device_text(dev: PciDevice, names: PciNames) -> str:
+    """`0000:02:00.0  eth0  Ethernet controller: Intel Corporation I350 ... [8086:1521]  driver igb`;
+    without pci.ids `class 0x020000 [8086:1521]`."""
+    parts = [dev.address]
+    given = os_names(dev)
+    if given:
+        parts.append(",".join(given))
+    parts.append(_device_description(dev, names))
     if dev.driver:
         parts.append(f"driver {dev.driver}")
-    for label, names in (("net", dev.net), ("block", dev.block), ("ib", dev.infiniband),
-                         ("other", dev.other_children)):
-        if names:
-            parts.append(f"{label} {','.join(names)}")
     if dev.sriov_totalvfs is not None:
         parts.append(f"SR-IOV {dev.sriov_numvfs or 0}/{dev.sriov_totalvfs} VFs")
     if dev.physfn:
@@ -239,8 +313,13 @@ def _device_text(dev: PciDevice) -> str:
     return "  ".join(parts)
 
 
-def _size(n: int) -> str:
-    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
-        if n >= 1 << shift:
-            return f"{n / (1 << shift):.1f} {unit}"
-    return f"{n} B"
+def _device_description(dev: PciDevice, names: PciNames) -> str:
+    vendor_id, device_id = (dev.vendor or "?").removeprefix("0x"), (dev.device or "?").removeprefix("0x")
+    text = names.class_name(dev) or f"class {dev.pci_class or '?'}"
+    vendor = names.vendor_name(dev)
+    if vendor is not None:
+        text += f": {vendor} {names.device_name(dev) or 'device ' + device_id}"
+    if dev.vendor or dev.device:
+        text += f" [{vendor_id}:{device_id}]"
+    return text
+

@@ -21,6 +21,7 @@ from numa_agent.admission.admit import (
     shared_pool,
 )
 from numa_agent.admission.machine import MachineConfigError, PolicyConfig, build_machine
+from numa_agent.admission.request import describe_amounts
 from numa_agent.core.cpuset import CpuSet
 from numa_agent.hotplug.rebase import rebase_state
 from numa_agent.state.model import AgentState
@@ -82,6 +83,40 @@ def test_single_numa_node_refuses_what_spans_nodes_and_explains():
     assert d.workload.booking.numa_nodes == (0, 1)
 
 
+def test_a_refusal_says_admit_false_whatever_the_topology_verdict():
+    # The merge aligns 3 CPUs on one node; the CPU manager then refuses an odd count.
+    m = machine("single-numa-node", cpu_options={"full-pcpus-only": "true"})
+    with pytest.raises(Refusal) as err:
+        decide(m, AgentState(), req("odd", cpus=3))
+    assert err.value.code == "smt_alignment_error"
+    assert err.value.explanation["admit"] is False
+    assert err.value.explanation["topology"] == {"policy": "single-numa-node", "scope": "container",
+                                                 "verdict": "aligned"}
+    # The topology manager's own refusal.
+    with pytest.raises(Refusal) as err:
+        decide(machine("single-numa-node"), AgentState(), req("big", cpus=10))
+    assert err.value.explanation["admit"] is False
+    assert err.value.explanation["topology"]["verdict"] == "not-aligned"
+    # best-effort admits what is not aligned; none checks nothing.
+    # (8 CPUs fit only node 1, the NIC is on node 0)
+    spread = decide(machine("best-effort"), AgentState(), req("apart", cpus=8, devices={"nic": 1})).explanation
+    assert spread["admit"] is True and spread["topology"]["verdict"] == "not-aligned"
+    anywhere = decide(machine("none"), AgentState(), req("any", cpus=2)).explanation
+    assert anywhere["admit"] is True and anywhere["topology"] == {
+        "policy": "none", "scope": "container", "verdict": "not-checked"}
+
+
+def test_a_memory_refusal_reads_in_binary_units_beside_its_bytes():
+    m = machine("single-numa-node")  # 8 GiB per node, 128 MiB of it in 2 MiB hugepages
+    with pytest.raises(Refusal) as err:
+        decide(m, AgentState(), req("big", cpus=2, memory_bytes=10 << 30, hugepages={2048: 2}))
+    assert "memory: requested 10 GiB, node 0 has 7.9 GiB free, node 1 has 7.9 GiB free;" in err.value.message
+    e = err.value.explanation
+    assert e["requested"] == {"cpus": 2, "memory_bytes": 10 << 30, "hugepages": {"2048": 2}, "devices": {}}
+    assert e["free"]["1"] == {"cpus": 8, "memory_bytes": (8 << 30) - (128 << 20),
+                              "hugepages_bytes": {"2048": 128 << 20}}
+
+
 def test_device_pulls_cpus_and_memory_to_its_node():
     m = machine("single-numa-node")
     d = decide(m, AgentState(), req("infer", cpus=2, memory_bytes=1 << 30, devices={"gpu": 1}))
@@ -132,8 +167,10 @@ def test_bad_requests_are_refused_with_the_reason():
         decide(m, AgentState(), req("x", devices={"fpga": 1}))
     with pytest.raises(InvalidRequest, match="exclude each other"):
         decide(m, AgentState(), req("x", cpus=2, shared=True))
-    with pytest.raises(InvalidRequest, match="16384kB do not exist"):
+    with pytest.raises(InvalidRequest) as err:
         decide(m, AgentState(), req("x", hugepages={16384: 1}))
+    assert str(err.value) == ("hugepages of 16 MiB (16384kB) do not exist on this machine "
+                              "(its page sizes: 2 MiB (2048kB), 1 GiB (1048576kB))")
     with pytest.raises(Refusal, match="more than the machine can ever hold"):
         decide(m, AgentState(), req("x", hugepages={1048576: 1}))  # the size exists, no pages
     state = decide(m, AgentState(), req("dup", cpus=1)).state
@@ -157,16 +194,26 @@ def test_pod_main_member_exclusive_sidecar_shares_the_rest():
         decide(m, d2.state, req("greedy", pod="p", cpus=2))
     assert err.value.code == "pod_shared_part_empty" and "side" in err.value.message
     # members' memory stays inside the budget
-    with pytest.raises(Refusal, match="more than the pod budget"):
+    with pytest.raises(Refusal, match="would use 3 GiB of memory, more than the pod's budget of 2 GiB"):
         decide(m, d2.state, req("fat", pod="p", memory_bytes=3 << 30))
     # a later member cannot change the budget
-    with pytest.raises(InvalidRequest, match="cannot change it"):
-        decide(m, d2.state, req("other", pod="p", pod_budget=Resources(cpus=8)))
+    with pytest.raises(InvalidRequest) as err:
+        decide(m, d2.state, req("other", pod="p", pod_budget=Resources(cpus=8, hugepages={2048: 1})))
+    assert str(err.value) == ("pod 'p' already exists with a budget of 6 CPUs, 2 GiB of memory, not "
+                              "8 CPUs, 1 hugepage of 2 MiB: a later member cannot change it (leave out "
+                              "the --pod-* options)")
     # the budget goes with the last member
     s, _, freed = release(d2.state, "main")
     assert freed is None and s.pod("p").members == ("side",)
     s, _, freed = release(s, "side")
     assert freed is not None and s.pods == () and s.exclusive_cpus() == CpuSet()
+
+
+def test_amounts_read_as_a_phrase():
+    assert describe_amounts({"cpus": 1, "memory_bytes": 3 << 29, "hugepages": {"1048576": 4, "2048": 0},
+                             "devices": {"gpu": 2, "nic": 0}}) == \
+        "1 CPU, 1.5 GiB of memory, 4 hugepages of 1 GiB, 2 gpu"
+    assert describe_amounts(Resources().to_json()) == "nothing"
 
 
 def test_pod_member_without_budget_is_refused():
@@ -286,3 +333,23 @@ def test_machine_nodes_of_is_the_per_cpu_lookup(ids):
 def test_machine_nodes_of_a_cpu_the_topology_lacks_raises():
     with pytest.raises(KeyError):
         machine().nodes_of(CpuSet([999]))
+
+
+def test_decisions_and_refusals_name_the_providers_that_pinned_and_refused():
+    m = machine(policy="single-numa-node")
+    assert decide(m, AgentState(), req("a", cpus=2, memory_bytes=1 << 30)).pinned == {"cpu", "memory"}
+    assert decide(m, AgentState(), req("b", shared=True)).pinned == frozenset()
+    assert decide(m, AgentState(), req("c", devices={"gpu": 1})).pinned == {"devices"}
+    budget = Resources(cpus=4, memory_bytes=1 << 30)
+    first = decide(m, AgentState(), req("m1", pod="p", pod_budget=budget))
+    assert first.pinned == {"cpu", "memory"}  # the pod's budget, though the member shares it
+    assert decide(m, first.state, req("m2", pod="p", cpus=2)).pinned == {"cpu"}
+
+    with pytest.raises(Refusal) as merge:
+        decide(m, AgentState(), req("d", cpus=12))
+    assert (merge.value.code, merge.value.provider, merge.value.pinned) == ("topology_affinity_error", None,
+                                                                             frozenset())
+    with pytest.raises(Refusal) as memory:  # no merge restriction: the CPUs come, 20 GiB do not
+        decide(m, AgentState(), req("e", cpus=2, memory_bytes=20 << 30, policy="none"))
+    assert (memory.value.code, memory.value.provider, memory.value.pinned) == ("insufficient_memory", "memory",
+                                                                               {"cpu"})

@@ -93,7 +93,7 @@ def test_nodes_without_memory_or_outside_the_agents_mems_do_not_count():
     ({5: {MEMORY: GiB}}, "NUMA node 5, which has no usable memory"),
     ({1: {MEMORY: GiB}}, "NUMA node 1, which has no usable memory"),
     ({0: {"hugepages-4kB": 1}}, "resource 'hugepages-4kB' on NUMA node 0, which it does not have"),
-    ({0: {MEMORY: 17 * GiB}}, "reserved memory on NUMA node 0 is 18253611008 bytes, more than its total"),
+    ({0: {MEMORY: 17 * GiB}}, "reserved memory on NUMA node 0 is 17 GiB, more than its total of 16 GiB"),
     ({0: {MEMORY: -1}}, "reserved memory on NUMA node 0 must be a byte count >= 0"),
 ])
 def test_reserved_memory_errors_name_the_culprit(reserved, message):
@@ -197,8 +197,9 @@ def test_impossible_when_no_mask_could_ever_hold_it():
     hints = memory_hints(cap, EMPTY_USAGE, MemoryRequest(GiB, {2048: 1}), [0, 1])
     assert hints[MEMORY].kind == hints[HP2M].kind == "impossible"
     reason = memory_refusal_reason(cap, EMPTY_USAGE, MemoryRequest(GiB, {2048: 1}))
-    assert reason == ("hugepages-2048kB: requested 2097152 bytes, more than the machine can ever "
-                      "hold (allocatable per node: 0=0, 1=0); free per node: 0=0, 1=0")
+    assert reason == ("hugepages-2048kB: requested 2 MiB, more than the machine can ever hold "
+                      "(node 0 has 0 B allocatable, node 1 has 0 B allocatable); "
+                      "node 0 has 0 B free, node 1 has 0 B free")
 
 
 def test_refusal_reason_for_a_full_machine_and_for_the_group_rule():
@@ -207,7 +208,7 @@ def test_refusal_reason_for_a_full_machine_and_for_the_group_rule():
     usage = usage_from([big])
     assert memory_refusal_reason(cap, usage, MemoryRequest(7 * GiB)) is None  # node 1 holds it
     assert memory_refusal_reason(cap, usage, MemoryRequest(11 * GiB)) == (
-        "memory: requested 11811160064 bytes, free per node: 0=2147483648, 1=8589934592")
+        "memory: requested 11 GiB, node 0 has 2 GiB free, node 1 has 8 GiB free")
     # 9 GiB would fit in free bytes across both nodes, but node 0 is used alone.
     assert memory_refusal_reason(cap, usage, MemoryRequest(9 * GiB)).startswith(
         "no NUMA node set can hold the request under the group rule (groups in use: {0})")
@@ -284,7 +285,7 @@ def test_affinity_on_a_node_used_alone_cannot_be_extended():
     assert str(err.value) == (
         "cannot extend NUMA affinity {0} to hold the memory request: no NUMA node set containing "
         "{0} can hold the request under the group rule (groups in use: {0}); memory: requested "
-        "4294967296 bytes, free per node: 0=2147483648, 1=8589934592, 2=8589934592")
+        "4 GiB, node 0 has 2 GiB free, node 1 has 8 GiB free, node 2 has 8 GiB free")
 
 
 def test_extension_to_a_non_preferred_size_is_refused_when_the_hint_was_preferred():
@@ -306,9 +307,9 @@ def test_refusal_without_affinity_names_resource_requested_and_free_per_node():
     with pytest.raises(MemoryAllocationError) as err:
         allocate_memory(cap, EMPTY_USAGE, MemoryRequest(GiB, {2048: 3}), None)
     assert str(err.value) == (
-        "no NUMA node set can hold the memory request: hugepages-2048kB: requested 6291456 bytes, "
-        "more than the machine can ever hold (allocatable per node: 0=4194304, 1=0); "
-        "free per node: 0=4194304, 1=0")
+        "no NUMA node set can hold the memory request: hugepages-2048kB: requested 6 MiB, "
+        "more than the machine can ever hold (node 0 has 4 MiB allocatable, node 1 has 0 B "
+        "allocatable); node 0 has 4 MiB free, node 1 has 0 B free")
 
 
 def test_empty_request_allocates_nothing_and_leaves_no_group():
@@ -344,7 +345,7 @@ def test_usage_errors():
     with pytest.raises(MemoryAllocationError, match=r"cannot release memory on group \{1,2\}: no allocation uses it"):
         usage_without(usage_from([g01]), g12)
     bigger = MemoryAllocation(NumaMask([0, 1]), ((0, MEMORY, 2 * GiB),))
-    with pytest.raises(MemoryAllocationError, match="cannot release 2147483648 bytes of memory on NUMA node 0: only 1073741824 are allocated"):
+    with pytest.raises(MemoryAllocationError, match="cannot release 2 GiB of memory on NUMA node 0: only 1 GiB are allocated"):
         usage_without(usage_from([g01]), bigger)
 
 

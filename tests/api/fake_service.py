@@ -32,6 +32,7 @@ class FakeService:
         self.workloads: dict[str, dict[str, Any]] = {}
         self.lock = threading.Lock()
         self._counter = 0
+        self.user_names: dict[int, str] = {}  # uid -> name for status; none known by default
 
     # -- helpers --------------------------------------------------------
     def _record(self, name: str, arg: Any, caller: Caller | None = None) -> None:
@@ -50,9 +51,13 @@ class FakeService:
         free = {str(n): {"cpus": len(self._free(n)), "memory_bytes": 8 << 30} for n in NODE_CPUS}
         fits = [n for n in NODE_CPUS if len(self._free(n)) >= request.cpus]
         hints = [f"{{{n}}} preferred" for n in fits] + (["{0,1}"] if request.cpus else [])
-        return {"policy": request.policy or "single-numa-node", "scope": "container",
+        return {"admit": admit,
+                "topology": {"policy": request.policy or "single-numa-node", "scope": "container",
+                             "verdict": "aligned" if admit else "not-aligned"},
                 "providers": [{"provider": "cpu", "resource": "cpu", "hints": hints, "more": 0}],
-                "merged": {"mask": mask, "preferred": admit}, "admit": admit,
+                "merged": {"mask": mask, "preferred": admit},
+                "requested": {"cpus": request.cpus, "memory_bytes": request.memory_bytes,
+                              "hugepages": dict(request.hugepages), "devices": dict(request.devices)},
                 "free": free, "reason": reason}
 
     # -- the contract ---------------------------------------------------
@@ -74,7 +79,9 @@ class FakeService:
             cpus = CpuSet(self._free(node).ids()[:want]) if want else CpuSet()
             devices = [dict(GPU)] if request.devices.get("gpu") else []
             result = {"name": name, "pod": request.pod, "cpus": cpus.format(),
-                      "exclusive": bool(want), "mems": [node], "numa_nodes": [node],
+                      # membind decides the memory nodes, as the memory manager does
+                      "exclusive": bool(want), "mems": list(request.membind or [node]),
+                      "numa_nodes": [node],
                       "memory_bytes": {str(node): request.memory_bytes}, "hugepages": {},
                       "devices": devices,
                       "cgroup": None if self.enforcement == "affinity" else f"/fake/wl-{name}",
@@ -104,7 +111,8 @@ class FakeService:
         return [self._status_entry(wl) for _, wl in sorted(self.workloads.items())]
 
     def _status_entry(self, wl: dict) -> dict:
-        return {"name": wl["name"], "owner_uid": wl["owner_uid"], "pod": wl["pod"],
+        return {"name": wl["name"], "owner_uid": wl["owner_uid"],
+                "owner": self.user_names.get(wl["owner_uid"]), "pod": wl["pod"],
                 "pid": wl["pid"], "cpus": wl["cpus"], "exclusive": wl["exclusive"],
                 "numa_nodes": wl["numa_nodes"], "mems": wl["mems"],
                 "memory_bytes": wl["memory_bytes"], "hugepages": {}, "devices": wl["devices"],
@@ -137,7 +145,8 @@ class FakeService:
 
     def topology(self) -> dict:
         self._record("topology", None)
-        return {"numa_nodes": [{"id": n, "cpus": c.format()} for n, c in NODE_CPUS.items()]}
+        return {"numa_nodes": [{"id": n, "cpus": c.format()} for n, c in NODE_CPUS.items()],
+                "online_cpus": "0-7", "allowed_cpus": None, "allowed_mems": None}
 
     def health(self) -> dict:
         self._record("health", None)

@@ -35,3 +35,11 @@ def test_bad_settings_exit_2(capsys):
     assert checkpoint.main(["--commits", "1"]) == 2
     assert "bench-checkpoint: --commits must be at least 2, got 1" in capsys.readouterr().err
     assert checkpoint.main(["--sizes", "ten"]) == 2
+
+
+def test_the_snapshot_size_reads_in_binary_units():
+    row = {"workloads": 10, "snapshot_bytes": 5632, "whole_p50_ms": 1.0, "whole_p99_ms": 2.0,
+           "journal_p50_ms": 0.1, "journal_p99_ms": 0.2, "journal_max_ms": 0.3, "snapshots": 1,
+           "commits": 6, "p50_ratio": 10.0, "p99_ratio": 10.0}
+    line = checkpoint.render([row], "/tmp").splitlines()[-1]
+    assert line.split()[:3] == ["10", "5.5", "KiB"]

@@ -3,6 +3,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -43,7 +44,8 @@ def test_status_table(server, capsys):
     header = next(line for line in lines if line.startswith("NODE"))
     assert header.split() == ["NODE", "RESOURCE", "CAPACITY", "RESERVED", "ALLOCATED", "FREE"]
     assert any(line.split() == ["0", "cpus", "4", "1", "2", "1"] for line in lines)
-    assert any(line.split() == ["0", "memory", "16GiB", "1GiB", "0B", "15GiB"] for line in lines)
+    # sizes in binary units for people, one space inside each cell, two between cells
+    assert any(re.fullmatch(r"0 +memory +16 GiB +1 GiB +0 B +15 GiB", line) for line in lines)
     assert any(line.split() == ["1", "hugepages-2048kB", "512", "0", "0", "512"] for line in lines)
     assert any(line.split() == ["1", "device", "gpu", "1", "-", "0", "1"] for line in lines)
     wl_header = next(line for line in lines if line.startswith("NAME"))
@@ -51,6 +53,19 @@ def test_status_table(server, capsys):
     row = next(line for line in lines if line.startswith("web-1"))
     assert row.split()[:6] == ["web-1", str(os.getuid()), "-", "1-2", "0", "0000:3b:00.0"]
     assert row.split()[6].endswith("s")
+
+
+def test_status_owner_is_the_user_name_and_the_uid_when_it_has_none(server, fake, capsys):
+    admit(server, {"name": "web-1", "cpus": 1})
+    fake.user_names[os.getuid()] = "alice"
+    assert run(status_cmd, ["status"], server) == 0
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("web-1"))
+    assert row.split()[:2] == ["web-1", "alice"]
+    assert run(status_cmd, ["status", "--json"], server) == 0
+    (wl,) = json.loads(capsys.readouterr().out)["workloads"]
+    assert wl["owner"] == "alice" and wl["owner_uid"] == os.getuid()
+    status = {"workloads": [{"name": "x", "owner_uid": 4242, "owner": None, "cpus": "1"}]}
+    assert next(line for line in format_status(status, now=0) if line.startswith("x ")).split()[1] == "4242"
 
 
 def test_status_json(server, capsys):
@@ -64,11 +79,14 @@ def test_format_status_ages_and_shared():
               "workloads": [{"name": "a", "owner_uid": 1000, "pod": "p1", "cpus": "0-1",
                              "exclusive": False, "numa_nodes": [0, 1], "devices": [],
                              "created_unix": 1000.0}],
-              "pods": [{"name": "p1", "cpus": "4-9", "numa_nodes": [1], "members": ["a", "b"]}]}
+              "pods": [{"name": "p1", "cpus": "4-9", "numa_nodes": [1], "members": ["a", "b"]},
+                       {"name": "p2", "cpus": "10-11", "numa_nodes": [1], "members": ["c"],
+                        "budget": {"cpus": 2, "memory_bytes": 1 << 30, "hugepages": {}, "devices": {}}}]}
     lines = format_status(status, now=1000.0 + 2 * 3600 + 5)
     row = next(line for line in lines if line.startswith("a "))
     assert row.split() == ["a", "1000", "p1", "0-1", "(shared)", "0,1", "-", "2h"]
     assert "pod p1: cpus 4-9 nodes 1 members a,b" in lines
+    assert "pod p2: cpus 10-11 nodes 1 members c (budget 2 CPUs, 1 GiB of memory)" in lines
 
 
 def test_status_memory_asks_for_numa_maps(server, fake, capsys):
@@ -105,10 +123,11 @@ def test_release_bad_name_is_rejected(server, fake, capsys, name):
 
 # ------------------------------------------------------------ explain
 def test_explain_admit(server, fake, capsys):
-    assert run(explain_cmd, ["explain", "--cpus", "2", "--memory", "1G"], server) == 0
+    assert run(explain_cmd, ["explain", "--cpus", "2", "--memory", "1Gi"], server) == 0
     out = capsys.readouterr().out
     assert out.startswith("would admit wl-1: cpus 1-2 (exclusive)")
     assert "hints cpu: {0} preferred, {1} preferred, {0,1}" in out
+    assert "  topology manager: aligned (policy single-numa-node, scope container)\n" in out
     request_sent, dry_run = fake.calls[0][1]
     assert dry_run is True and request_sent.memory_bytes == 1 << 30
     assert fake.workloads == {}

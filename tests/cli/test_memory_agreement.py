@@ -52,8 +52,8 @@ def test_status_and_topology_agree_on_each_node_memory(agent, capsys):
         assert node["memory_bytes"]["capacity"] == total - pools == 16 * GiB - 512 * MiB
     assert [n["memory_bytes"]["reserved"] for n in status["nodes"]] == [GiB, 0]
     text = "\n".join(status_cmd.format_status(status, now=time.time()))
-    assert ("node 0 memory capacity 15.5GiB is its MemTotal 16GiB (as `numa-agent topology` shows it) "
-            "less its hugepage pools 512MiB") in text
+    assert ("node 0 memory capacity is its MemTotal 16 GiB (as `numa-agent topology` shows it) "
+            "less its hugepage pools 512 MiB") in text
 
 
 def test_both_show_the_new_size_after_a_memory_hotplug(agent, capsys):

@@ -5,6 +5,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from tests.support.agent_process import AgentProcess, wait_for
 
 
@@ -36,6 +38,25 @@ def test_bad_config_value(tmp_path):
     cfg = tmp_path / "c.toml"
     cfg.write_text("[topology_manager]\npolicy = \"strict\"\n")
     one_clear_line(serve(tmp_path, "--config", str(cfg)), "topology_manager.policy", "'strict'")
+
+
+@pytest.mark.parametrize("text,needles", [
+    ('[topology_manager]\noptions = { "prefer-closest-numa-node" = true }\n',
+     ["topology_manager.options", "'prefer-closest-numa-node'", "known: prefer-closest-numa-nodes"]),
+    ('[cpu_manager]\noptions = { "full-pcpu-only" = true }\n',
+     ["cpu_manager.options", "'full-pcpu-only'", "known:"]),
+    ('[cpu_manager]\nreserved_cpus = "0-"\nreserved_cpu_count = 1\n', ["cpu_manager.reserved_cpus", "'0-'"]),
+    ('[[memory_manager.reserved_memory]]\nnuma_node = 0\n"hugepages-2M" = "1Gi"\n',
+     ["memory_manager.reserved_memory[0].hugepages-2M", "did you mean 2Mi?"]),
+    ('[devices.GPU]\nvendor = "0x10de"\n', ["devices.GPU", "invalid device resource name 'GPU'"]),
+])
+def test_a_spelling_mistake_is_a_configuration_error_not_a_misfit(tmp_path, text, needles):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(text)
+    r = serve(tmp_path, "--config", str(cfg))
+    one_clear_line(r, str(cfg), *needles)
+    assert "does not fit" not in r.stderr
+    assert not (tmp_path / "s.sock").exists() and not (tmp_path / "state").exists()
 
 
 def test_missing_config_file_that_was_asked_for(tmp_path):

@@ -4,12 +4,14 @@ trees (old kernels, cgroup variants, no NUMA) are read."""
 from __future__ import annotations
 
 import os
+import shutil
 
 import pytest
 
 from numa_agent.core.cpuset import CpuSet
 from numa_agent.discovery.sysfs import DiscoveryError, read_topology
 from numa_agent.testing.synthetic import make_topology
+from numa_agent.views.topology_report import render_text
 from tests.support.sysfs_writer import write_sysfs
 
 
@@ -213,3 +215,65 @@ def test_pci_local_cpus_spanning_two_nodes_stay_unknown(machine):
     _write(dev / "local_cpulist", "0-7\n")
     found = read_topology(machine).device("0000:06:00.0")
     assert (found.numa_node, found.numa_node_source) == (-1, "unknown")
+
+
+def test_caches_with_l1i_and_a_cpu_without_cache_directory(tmp_path):
+    # Written with the L3 only; cpu0 and cpu4 then gain an L1i, cpu1 loses its cache directory.
+    machine = write_sysfs(make_topology(sockets=2, cores_per_node=2, with_caches=False), tmp_path / "m")
+    cpu = machine / "sys/devices/system/cpu"
+    for n in (0, 4):  # cpu0 and its SMT sibling share an L1i
+        _write(cpu / f"cpu{n}/cache/index1/level", "1\n")
+        _write(cpu / f"cpu{n}/cache/index1/type", "Instruction\n")
+        _write(cpu / f"cpu{n}/cache/index1/size", "32K\n")
+        _write(cpu / f"cpu{n}/cache/index1/shared_cpu_list", "0,4\n")
+    shutil.rmtree(cpu / "cpu1/cache")
+    topo = read_topology(machine)
+    l1i = [c for c in topo.caches if c.name == "L1i"]
+    assert [(c.id, c.cpus.format(), c.size_bytes) for c in l1i] == [(0, "0,4", 32 << 10)]
+    assert [(c.name, c.size_bytes) for c in topo.cpu_caches(0)] == [("L1i", 32 << 10), ("L3", None)]
+    assert topo.cpu(1).l3 is None  # its own directory is gone...
+    assert [c.name for c in topo.cpu_caches(1)] == ["L3"]  # ...but cpu0's L3 names it
+
+
+def test_garbage_cache_size(machine):
+    _write(machine / "sys/devices/system/cpu/cpu2/cache/index0/size", "lots\n")
+    with pytest.raises(DiscoveryError, match=r"cpu2/cache/index0/size: expected a size like 32K, got 'lots'"):
+        read_topology(machine)
+
+
+def test_a_cache_naming_a_cpu_discovery_does_not_know_leaves_it_out(machine):
+    # `online` and cpu0's L3 name CPU 8, which has no directory and is in no node.
+    cpu = machine / "sys/devices/system/cpu"
+    _write(cpu / "online", "0-8\n")
+    l3 = next(p.parent for p in (cpu / "cpu0/cache").glob("index*/level") if p.read_text().strip() == "3")
+    _write(l3 / "shared_cpu_list", "0-1,4-5,8\n")
+    topo = read_topology(machine)
+    assert [c.cpus.format() for c in topo.caches if c.level == 3] == ["0-1,4-5", "2-3,6-7"]
+    render_text(topo)  # every cache's CPUs are CPUs of the topology
+
+
+def test_virtio_functions_are_named_by_their_virtio_device_classes(machine):
+    # A VM's virtio-pci functions: the class directories sit below virtioN/.
+    base = machine / "sys/bus/pci/devices"
+    for address, cls, child in (("0000:00:02.0", "0x010000", "block/vda"),
+                                ("0000:00:03.0", "0x020000", "net/eth0"),
+                                ("0000:00:05.0", "0x00ff00", None)):
+        dev = base / address
+        _write(dev / "class", cls + "\n")
+        _write(dev / "virtio1/features", "0\n")
+        _write(dev / "virtio1/power/control", "auto\n")
+        if child:
+            _write(dev / "virtio1" / child / "uevent", "\n")
+    topo = read_topology(machine)
+    assert topo.device("0000:00:02.0").block == ("vda",)
+    assert topo.device("0000:00:03.0").net == ("eth0",)
+    rng = topo.device("0000:00:05.0")
+    assert (rng.net, rng.block, rng.other_children) == ((), (), ())
+
+
+@pytest.mark.parametrize("text, size", [("32K", 32 << 10), ("28160K", 28160 << 10), ("2M", 2 << 20),
+                                        ("512", 512), ("0K", None)])
+def test_cache_sizes_are_the_kernels_binary_units(tmp_path, text, size):
+    machine = write_sysfs(make_topology(sockets=1, cores_per_node=1, threads_per_core=1), tmp_path / "m")
+    _write(machine / "sys/devices/system/cpu/cpu0/cache/index0/size", text + "\n")
+    assert read_topology(machine).cpu_caches(0)[0].size_bytes == size

@@ -32,6 +32,12 @@ def _cs(text: str) -> CpuSet:
     return CpuSet.parse(text)
 
 
+def _kib(text: str) -> int:
+    """EXPECTED.json's cache sizes are the kernel's text, "32K": KiB."""
+    assert text.endswith("K"), text
+    return int(text[:-1]) << 10
+
+
 def test_all_fourteen_snapshots_are_covered():
     assert len(NAMES) == 14
 
@@ -109,6 +115,41 @@ def test_l3_groups(discovered, name):
     assert sorted(g.format() for g in topo.l3_groups.values()) == expected
     for index, cpus in topo.l3_groups.items():
         assert index in cpus or index < cpus.min()  # lowest CPU of the shared set
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_caches_per_level(discovered, name):
+    # EXPECTED.json counts the instances used by online CPUs, their sizes
+    # and, for some levels, every group; ia64 has no cache directories.
+    topo, exp = discovered(name)
+    by_name: dict[str, list] = {}
+    for cache in topo.caches:
+        by_name.setdefault(cache.name, []).append(cache)
+    expected = exp["caches"] or {}
+    assert set(by_name) == set(expected)
+    for level, facts in expected.items():
+        got = by_name[level]
+        assert len(got) == facts["count"], level
+        assert {c.size_bytes for c in got} == {_kib(s) for s in facts["sizes"]}, level
+        assert {len(c.cpus) for c in got} == set(facts["cpus_per_instance"]), level
+        if "groups" in facts:
+            assert sorted((c.cpus.format(), c.size_bytes) for c in got) == \
+                sorted((g["cpus"], _kib(g["size"])) for g in facts["groups"]), level
+    assert {c.id: c.cpus for c in topo.caches if c.level == 3} == topo.l3_groups
+
+
+def test_caches_of_a_cpu_on_amd_snc_and_arm(discovered):
+    clx, _ = discovered("intel-clx-2s-ht-snc2-4numa")  # SNC: one L3 per package over two nodes
+    assert [(c.name, c.size_bytes, c.cpus.format()) for c in clx.cpu_caches(0)] == [
+        ("L1d", 32 << 10, "0,40"), ("L2", 1 << 20, "0,40"),
+        ("L3", 28160 << 10, ",".join(str(i) for i in range(0, 80, 2)))]
+    amd, _ = discovered("amd-magnycours-4s-8numa-sparse-ids")
+    assert {(c.name, c.size_bytes) for c in amd.caches} == {
+        ("L1d", 64 << 10), ("L2", 512 << 10), ("L3", 5118 << 10)}
+    arm, _ = discovered("arm64-kunpeng920-2s-4numa-clusters")
+    assert [c.cpus.format() for c in arm.caches if c.level == 3][:2] == ["0-31", "32-63"]
+    ia64, _ = discovered("ia64-superdome-64s-17numa-cpuless")
+    assert ia64.caches == () and ia64.cpu_caches(0) == ()
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -112,6 +112,27 @@ def test_dry_run_books_nothing(agent):
     assert workloads(agent) == []
 
 
+def test_interleave_all_is_the_commands_memory_policy(agent):
+    """numa-run -i all on this machine: memory booked on the allowed nodes and
+    MPOL_INTERLEAVE set before exec, as the kernel shows it (numa_maps)."""
+    own = open("/proc/self/status").read().split("Mems_allowed_list:")[1].split()[0]
+    script = ("grep Mems_allowed_list /proc/self/status; echo $NUMA_AGENT_MEMS; "
+              "grep -c ' interleave:' /proc/self/numa_maps; grep -c ' default ' /proc/self/numa_maps"
+              " || true")
+    r = numa_run(agent.socket, "-i", "all", "--cpus", "1", "--", "sh", "-c", script)
+    assert r.returncode == 0, r.stderr
+    _, allowed, mems, interleaved, default = r.stdout.split()
+    assert CpuSet.parse(allowed) == CpuSet.parse(mems) == CpuSet.parse(own)  # "all": the cpuset's
+    assert int(interleaved) > 0 and default == "0"
+    code = ("from numa_agent.enforcement.mempolicy import get_policy; p = get_policy(); "
+            "print(p.mode, ','.join(map(str, p.nodes)))")
+    r = numa_run(agent.socket, "-p", "+0", "--cpus", "1", "--", sys.executable, "-c", code)
+    assert r.returncode == 0, r.stderr
+    # MPOL_PREFERRED (1) on the first allowed node
+    assert r.stdout.strip() == f"1 {CpuSet.parse(own).min()}"
+    assert wait_for(lambda: workloads(agent) == [], timeout=2)
+
+
 def test_restart_keeps_running_workload(tmp_path):
     a = AgentProcess(tmp_path / "agent", "--cgroup-root", "none").start()
     proc = subprocess.Popen([sys.executable, "-m", "numa_agent.cli.numa_run", "--socket", a.socket,

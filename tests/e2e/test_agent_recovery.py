@@ -40,7 +40,7 @@ def status_json(agent):
 @pytest.mark.parametrize("how, cpus", [("deleted", ()), ("corrupted", ("--cpus", "1"))])
 def test_checkpoint_lost_under_a_running_workload(agent, how, cpus):
     proc = subprocess.Popen([sys.executable, "-m", "numa_agent.cli.numa_run", "--socket", agent.socket,
-                             "--name", "web", *cpus, "--memory", "576M", "-N", "0", "-m", "0", "--",
+                             "--name", "web", *cpus, "--memory", "576Mi", "-N", "0", "-m", "0", "--",
                              "sleep", "60"], stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 20
@@ -69,7 +69,7 @@ def test_checkpoint_lost_under_a_running_workload(agent, how, cpus):
         assert memory_max.read_text().strip() == str(LIMIT)  # not loosened to "max"
         assert status_json(agent)["nodes"][0]["memory_bytes"]["allocated"] == LIMIT
         # A second 576 MiB on node 0 would overcommit its 961 MiB: refused.
-        second = numa_run(agent.socket, "--name", "again", "--memory", "576M", "-N", "0", "-m", "0",
+        second = numa_run(agent.socket, "--name", "again", "--memory", "576Mi", "-N", "0", "-m", "0",
                           "--", "true")
         assert second.returncode != 0, second.stdout
         assert [w["name"] for w in status_json(agent)["workloads"]] == ["web"]

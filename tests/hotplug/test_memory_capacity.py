@@ -90,7 +90,7 @@ def test_a_fenced_node_refuses_what_names_it(ask):
         decide(shrunk, state, req("new", **ask))
     assert err.value.code == "numa_node_memory_short"
     assert ("NUMA node(s) 1 take no new admission: more memory is booked there than they have now "
-            f"(node 1 memory: {6 * GiB} bytes booked, {4 * GiB} allocatable)") in err.value.message
+            "(node 1 memory: 6 GiB booked, 4 GiB allocatable)") in err.value.message
     assert err.value.explanation["fenced_nodes"] == [1]
 
 

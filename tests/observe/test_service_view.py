@@ -99,7 +99,7 @@ def test_status_and_metrics_show_intruders_and_memory_per_node(tmp_path, make):
     text = "\n".join(format_status(status, now=0))
     assert f"INTRUDER on web's CPU {cpu}: pid 500 tid 500 (spinner)" in text
     assert f"kernel threads on web's CPUs: kworker/u16:2 (pid 700, CPU {cpu})" in text
-    assert f"memory web: node {min(node, other)} " in text and "outside booked nodes 16MiB (20.0%)" in text
+    assert f"memory web: node {min(node, other)} " in text and "outside booked nodes 16 MiB (20.0%)" in text
 
 
 def test_a_workload_is_guarded_with_its_owner_whose_mark_alone_counts(tmp_path, make):

@@ -15,12 +15,11 @@ REPO = Path(__file__).resolve().parents[2]
 def _copy_sources(dest: Path) -> Path:
     # A private copy, so edits elsewhere in the work tree cannot change what is installed.
     dest.mkdir(parents=True)
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
         shutil.copy(REPO / name, dest / name)
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
-    shutil.copytree(REPO / "numa_agent", dest / "numa_agent", ignore=ignore)
-    shutil.copytree(REPO / "systemd", dest / "systemd", ignore=ignore)
-    shutil.copytree(REPO / "docs" / "man", dest / "docs" / "man", ignore=ignore)
+    for tree in ("numa_agent", "systemd", "docs/man", "completions"):
+        shutil.copytree(REPO / tree, dest / tree, ignore=ignore)
     (dest / "scripts").mkdir()
     shutil.copy2(REPO / "scripts" / "install", dest / "scripts" / "install")
     return dest
@@ -82,6 +81,35 @@ def test_the_man_pages_the_unit_names_are_installed(installed):
     for name, section in pages:
         page = root / f"usr/local/share/man/man{section}/{name}.{section}"
         assert page.read_text() == (src / f"docs/man/{name}.{section}").read_text()
+
+
+def test_completions_are_where_bash_completion_and_zsh_look(installed):
+    src, root, _ = installed
+    for tool in ("numa-agent", "numa-run"):
+        bash = root / "usr/local/share/bash-completion/completions" / tool
+        assert bash.read_text() == (src / "completions/bash" / tool).read_text()
+        zsh = root / "usr/local/share/zsh/site-functions" / f"_{tool}"
+        assert zsh.read_text() == (src / "completions/zsh" / f"_{tool}").read_text()
+
+
+def test_installed_commands_print_the_package_version(installed):
+    import numa_agent
+
+    _, root, _ = installed
+    for tool in ("numa-agent", "numa-run"):
+        out = subprocess.run([str(root / "opt/numa-agent/bin" / tool), "--version"], capture_output=True, text=True)
+        assert out.returncode == 0 and out.stdout == f"{tool} {numa_agent.__version__}\n", out.stdout + out.stderr
+
+
+def test_the_venv_holds_what_the_wheel_carries(installed):
+    # The wheel's data files land under the venv's share/ (`pip install --user` users get
+    # them under ~/.local/share, where man and the shells look).
+    src, root, _ = installed
+    share = root / "opt/numa-agent/share"
+    assert (share / "man/man8/numa-agent.8").read_text() == (src / "docs/man/numa-agent.8").read_text()
+    assert (share / "numa-agent/systemd/numa-agent.service").read_text() == \
+        (src / "systemd/numa-agent.service").read_text()
+    assert (share / "bash-completion/completions/numa-run").is_file()
 
 
 def test_second_run_is_quick_and_keeps_the_config(installed):

@@ -16,7 +16,7 @@ from numa_agent.enforcement.cgroup import CgroupV2
 from numa_agent.enforcement.errors import CgroupNoSpaceError
 from numa_agent.enforcement.fake_cgroupfs import FakeCgroupfs, make_fake_cgroup_root
 from numa_agent.enforcement.record import RECORD_XATTR, decode_record
-from numa_agent.service.caller import Caller
+from numa_agent.service.caller import Caller, system_user_name
 from numa_agent.service.config import ConfigError
 from numa_agent.state.checkpoint import CheckpointStore, CheckpointWriteError
 from numa_agent.state.model import replace
@@ -109,6 +109,22 @@ def test_refusal_explains_and_changes_nothing(env):
         service.admit(AdmitRequest(name="x", devices={"fpga": 1}), ME)
     with pytest.raises(BadRequest, match="must be 1-63 characters"):
         service.admit(AdmitRequest(name="../etc"), ME)
+
+
+def test_a_refusal_after_the_merge_does_not_say_admit(env):
+    """best-effort lets the merge through and the memory manager refuses:
+    the error's details say admit false, and the verdict is the topology's."""
+    machine, state_dir, root = env
+    service, _ = start(machine, state_dir, root)
+    with pytest.raises(AdmissionRefused) as err:
+        service.admit(AdmitRequest(name="huge", cpus=1, memory_bytes=100 << 30), ME)
+    details = err.value.to_dict()["error"]["details"]
+    assert details["reason_code"] == "insufficient_memory" and details["admit"] is False
+    assert details["topology"]["policy"] == "best-effort" and details["topology"]["verdict"] == "not-aligned"
+    assert "memory: requested 100 GiB, more than the machine can ever hold" in details["reason"]
+    assert details["requested"]["memory_bytes"] == 100 << 30
+    assert details["free"]["0"]["memory_bytes"] == machine.memory.allocatable(0, "memory")
+    assert json.dumps(details).count('"admit"') == 1  # one outcome, nothing else named so
 
 
 def test_names_owners_and_release_permissions(env):
@@ -252,6 +268,9 @@ def test_status_accounting_adds_up(env):
             c = node[key]
             assert c["capacity"] == c["reserved"] + c["allocated"] + c["free"]
     assert status["workloads"][0]["devices"][0]["numa_node"] == 1
+    # The options in effect, with this product's defaults (none set in the config here).
+    assert status["policy"]["topology_options"] == {"prefer-closest-numa-nodes": "true",
+                                                    "max-allowable-numa-nodes": "64"}
     snap = service.metrics_snapshot()
     assert snap["counters"]["admission_requests_total"]["admitted"] == 1
 
@@ -267,9 +286,10 @@ def test_refusal_log_record_carries_hints_and_decision(env, caplog):
     text = refused.getMessage()
     assert "refused big" in text and "TopologyAffinityError" in text
     assert "hints: cpu/cpu: {0,1} preferred" in text  # 10 CPUs need both nodes
-    assert "merged" in text
+    assert text.endswith("| merged: any")  # not preferred, under single-numa-node: as hints are written
     admitted = next(r for r in caplog.records if r.levelname == "INFO" and "admitted ok" in r.getMessage())
     assert "hints: cpu/cpu:" in admitted.getMessage()
+    assert admitted.getMessage().endswith("| merged: {0} preferred")
 
 
 def test_partitions_are_not_offered_below_a_non_partition_root(env, caplog):
@@ -334,6 +354,27 @@ def test_missing_checkpoint_is_rebuilt_from_the_cgroup_tree(env, sleepers):
     assert side["cpus"]
 
 
+def test_owners_are_named_beside_their_uid(env):
+    machine, state_dir, root = env
+    service, _ = start(machine, state_dir, root)
+    asked = []
+    service.user_name = lambda uid: asked.append(uid) or {1000: "alice"}.get(uid)
+    service.admit(AdmitRequest(name="a", cpus=1, pod="p", pod_budget=PodBudget(cpus=2)), ME)
+    service.admit(AdmitRequest(name="b", cpus=1, pod="p"), ME)
+    service.admit(AdmitRequest(name="c", cpus=1), Caller(pid=os.getpid(), uid=1001, gid=1001))
+    status = service.status()
+    assert [(w["name"], w["owner_uid"], w["owner"]) for w in status["workloads"]] == [
+        ("a", 1000, "alice"), ("b", 1000, "alice"), ("c", 1001, None)]
+    assert [(p["owner_uid"], p["owner"]) for p in status["pods"]] == [(1000, "alice")]
+    assert sorted(asked) == [1000, 1001]  # once per uid, not per workload
+    assert [w["owner"] for w in service.list_workloads()] == ["alice", "alice", None]
+
+
+def test_the_system_user_database_names_root_and_not_an_unused_uid():
+    assert system_user_name(0) == "root"
+    assert system_user_name(2**31 - 3) is None
+
+
 def test_command_lines_are_shown_only_to_root_and_the_owner(env):
     """A command line can carry a password: another member of the socket group
     sees the workload and its CPUs, not what it runs."""
@@ -348,3 +389,19 @@ def test_command_lines_are_shown_only_to_root_and_the_owner(env):
     assert service.list_workloads(ME.uid)[0]["command"] == secret
     assert service.status(0)["workloads"][0]["command"] == secret
     assert service.list_workloads()[0]["command"] == secret  # the agent's own views (metrics)
+
+
+def test_topology_document_names_devices_from_the_pci_ids_given(env, tmp_path):
+    from numa_agent.discovery.pci_ids import PciIdsFile
+    from numa_agent.service.agent_service import AgentService
+
+    ids = tmp_path / "pci.ids"
+    ids.write_text("10de  NVIDIA Corporation\n\t20b0  GA100 [A100 SXM4 40GB]\n"
+                   "C 03  Display controller\n\t02  3D controller\n")
+    machine, state_dir, _ = env
+    store = CheckpointStore(state_dir)
+    (plain,) = AgentService(machine, store, None).topology()["pci_devices"]
+    (named,) = AgentService(machine, store, None, pci_names=PciIdsFile([str(ids)])).topology()["pci_devices"]
+    keys = ("kind", "class_name", "vendor_name", "device_name")
+    assert [plain[k] for k in keys] == ["gpu", None, None, None]
+    assert [named[k] for k in keys] == ["gpu", "3D controller", "NVIDIA Corporation", "GA100 [A100 SXM4 40GB]"]

@@ -25,7 +25,8 @@ def test_commented_examples_are_valid_when_enabled(tmp_path):
     cfg = load_config(enabled, required=True)
     assert cfg.socket_group == "numa"
     assert cfg.policy.reserved_cpus == "0,32"
-    assert cfg.policy.reserved_memory == {0: {"memory": 1 << 30, "hugepages-2048kB": 0}}
+    assert cfg.policy.reserved_memory == {0: {"memory": 1 << 30, "hugepages-2048kB": 0},
+                                          1: {"memory": 1100 << 20, "hugepages-1048576kB": 1 << 30}}
     assert cfg.policy.cpu_options == {"full-pcpus-only": "true"}
     assert set(cfg.policy.devices) == {"gpu", "nic"}
     assert cfg.policy.devices["nic"] == {"driver": "mlx5_core"}
@@ -66,7 +67,7 @@ def test_bad_enum_value_lists_the_choices(tmp_path):
     assert _error(tmp_path, '[topology_manager]\nscope = "node"\n') == \
         "topology_manager.scope: 'node' is not one of container, pod"
     assert _error(tmp_path, '[cpu_manager]\npolicy = "dynamic"\n') == \
-        "cpu_manager.policy: 'dynamic' is not one of none, static"
+        "cpu_manager.policy: 'dynamic' is not one of None, Static, none, static"
     assert _error(tmp_path, '[agent]\ncpuset_partitions = "on"\n') == \
         "agent.cpuset_partitions: 'on' is not one of isolated, off, root"
 
@@ -86,10 +87,12 @@ def test_socket_mode_and_option_values(tmp_path):
     assert _error(tmp_path, "[agent]\nsocket_mode = 4096\n") == "agent.socket_mode: 4096 is not a file mode"
     path = tmp_path / "ok.toml"
     path.write_text('[agent]\nsocket_mode = 384\nmetrics_address = ""\n'
-                    '[cpu_manager]\noptions = { "full-pcpus-only" = true, n = 3 }\n')
+                    '[cpu_manager]\noptions = { "full-pcpus-only" = true }\n'
+                    '[topology_manager]\noptions = { "max-allowable-numa-nodes" = 3 }\n')
     cfg = load_config(path, required=True)
     assert cfg.socket_mode == 0o600 and cfg.metrics_address is None
-    assert cfg.policy.cpu_options == {"full-pcpus-only": "true", "n": "3"}
+    assert cfg.policy.cpu_options == {"full-pcpus-only": "true"}
+    assert cfg.policy.topology_options == {"max-allowable-numa-nodes": "3"}
 
 
 def test_a_reserved_cpu_list_alone_sets_the_count_as_the_kubelets_reserved_system_cpus(tmp_path):
@@ -98,7 +101,11 @@ def test_a_reserved_cpu_list_alone_sets_the_count_as_the_kubelets_reserved_syste
     assert load_config(path, required=True).policy.reserved_cpu_count == 3
     path.write_text('[cpu_manager]\nreserved_cpus = "0-1"\nreserved_cpu_count = 1\n')
     assert load_config(path, required=True).policy.reserved_cpu_count == 1  # both given: checked later
-    assert _error(tmp_path, '[cpu_manager]\nreserved_cpus = "zero"\n').startswith("cpu_manager.reserved_cpus: ")
+    assert _error(tmp_path, '[cpu_manager]\nreserved_cpus = "zero"\n').startswith(
+        "cpu_manager.reserved_cpus: 'zero': ")
+    # With the count given too the list is still read here, not when the machine is built.
+    assert _error(tmp_path, '[cpu_manager]\nreserved_cpus = "0-"\nreserved_cpu_count = 1\n').startswith(
+        "cpu_manager.reserved_cpus: '0-': ")
 
 
 def test_isolation_keys_are_read_and_a_bad_one_named(tmp_path):
@@ -110,3 +117,113 @@ def test_isolation_keys_are_read_and_a_bad_one_named(tmp_path):
     assert _error(tmp_path, '[isolation]\ndefault = ["irq"]\n') == \
         "isolation.default[0]: 'irq' is not one of all, freq, idle, irqs"
     assert _error(tmp_path, "[isolation]\nidle_latency_us = -1\n").startswith("isolation.idle_latency_us: expected")
+
+
+# ---- the kubelet's spellings --------------------------------------------------------
+def _load(tmp_path, text):
+    path = tmp_path / "ok.toml"
+    path.write_text(text)
+    return load_config(path, required=True)
+
+
+@pytest.mark.parametrize("written,kept", [("Static", "static"), ("None", "none"),
+                                          ("static", "static"), ("none", "none")])
+def test_manager_policies_as_the_kubelet_writes_them(tmp_path, written, kept):
+    cfg = _load(tmp_path, f'[cpu_manager]\npolicy = "{written}"\n[memory_manager]\npolicy = "{written}"\n')
+    assert (cfg.policy.cpu_policy, cfg.policy.memory_policy) == (kept, kept)
+
+
+@pytest.mark.parametrize("section", ["cpu_manager", "memory_manager"])
+@pytest.mark.parametrize("written", ["STATIC", "NONE", "BestEffort", "Dynamic"])
+def test_other_cases_and_values_are_refused_with_the_accepted_ones(tmp_path, section, written):
+    assert _error(tmp_path, f'[{section}]\npolicy = "{written}"\n') == (
+        f"{section}.policy: '{written}' is not one of None, Static, none, static")
+
+
+def test_reserved_memory_with_the_kubelets_resource_names_and_quantities(tmp_path):
+    cfg = _load(tmp_path, """
+[[memory_manager.reserved_memory]]
+numa_node = 0
+memory = "1Gi"
+"hugepages-2Mi" = "512Mi"
+"hugepages-1Gi" = "2Gi"
+[[memory_manager.reserved_memory]]
+numa_node = 1
+memory = "1G"
+"hugepages-2048kB" = 4194304
+""")
+    assert cfg.policy.reserved_memory == {
+        0: {"memory": 1 << 30, "hugepages-2048kB": 512 << 20, "hugepages-1048576kB": 2 << 30},
+        1: {"memory": 10 ** 9, "hugepages-2048kB": 4 << 20}}
+
+
+def test_reserved_memory_in_the_kubelets_reserved_memory_shape(tmp_path):
+    cfg = _load(tmp_path, """
+[memory_manager]
+reserved_memory = [
+  { numaNode = 0, limits = { memory = "1100Mi" } },
+  { numaNode = 1, limits = { memory = "1Gi", "hugepages-1Gi" = "1Gi" } },
+]
+""")
+    assert cfg.policy.reserved_memory == {0: {"memory": 1100 << 20},
+                                          1: {"memory": 1 << 30, "hugepages-1048576kB": 1 << 30}}
+
+
+@pytest.mark.parametrize("entry,message", [
+    ('numa_node = 0\n"hugepages-2M" = "1Gi"',
+     "memory_manager.reserved_memory[0].hugepages-2M: invalid hugepage size '2M': 2000000 bytes "
+     "is not a power of two of at least 1 KiB; did you mean 2Mi?"),
+    ('numa_node = 0\nmemory = "1GG"',
+     "memory_manager.reserved_memory[0].memory: invalid size '1GG': use a whole number"),
+    ('numa_node = 0\nmemory = "512m"',
+     "memory_manager.reserved_memory[0].memory: invalid size '512m': m is milli"),
+    ('numa_node = 0\nmemroy = "1Gi"',
+     "memory_manager.reserved_memory[0].memroy: unknown resource 'memroy' (use memory or hugepages-"),
+    ('numaNode = 0\nlimits = { "hugepages_1Gi" = "1Gi" }',
+     "memory_manager.reserved_memory[0].limits.hugepages_1Gi: unknown resource"),
+    ('numaNode = 0\nlimits = "1Gi"',
+     "memory_manager.reserved_memory[0].limits: expected a table, got `str`"),
+    ('numaNode = 0\nmemory = "1Gi"\nlimits = { memory = "1Gi" }',
+     "memory_manager.reserved_memory[0]: resources go either in limits"),
+    ('numa_node = 0\nnumaNode = 0\nmemory = "1Gi"', "needs exactly one of numa_node"),
+    ('memory = "1Gi"', "needs exactly one of numa_node"),
+    ('numa_node = 0\nmemory = "1Gi"\n[[memory_manager.reserved_memory]]\nnumaNode = 0\n'
+     'limits = { memory = "2Gi" }',
+     "memory_manager.reserved_memory[1].limits.memory: memory of NUMA node 0 is reserved twice"),
+    ('numa_node = 0\n"hugepages-2Mi" = "2Mi"\n"hugepages-2048kB" = "2Mi"',
+     "hugepages-2048kB of NUMA node 0 is reserved twice"),
+])
+def test_a_reserved_memory_mistake_names_the_key_and_the_value(tmp_path, entry, message):
+    assert message in _error(tmp_path, f"[[memory_manager.reserved_memory]]\n{entry}\n")
+
+
+@pytest.mark.parametrize("text,message", [
+    ('[topology_manager]\noptions = { "prefer-closest-numa-node" = true }\n',
+     "topology_manager.options: unknown topology manager option(s) 'prefer-closest-numa-node'; "
+     "known: prefer-closest-numa-nodes, max-allowable-numa-nodes"),
+    ('[topology_manager]\noptions = { "prefer-closest-numa-nodes" = "yes" }\n',
+     "topology_manager.options: topology manager option prefer-closest-numa-nodes: expected true or "
+     "false, got 'yes'"),
+    ('[topology_manager]\noptions = { "max-allowable-numa-nodes" = "many" }\n',
+     "topology_manager.options: topology manager option max-allowable-numa-nodes: expected a positive "
+     "integer, got 'many'"),
+    ('[cpu_manager]\noptions = { "full-pcpu-only" = true }\n',
+     "cpu_manager.options: unknown CPU manager option 'full-pcpu-only' (known: align-by-socket,"),
+    ('[cpu_manager]\noptions = { "full-pcpus-only" = "on" }\n',
+     "cpu_manager.options: bad value for CPU manager option 'full-pcpus-only': 'on' (want true or false)"),
+])
+def test_a_misspelt_option_is_a_configuration_error(tmp_path, text, message):
+    assert _error(tmp_path, text).startswith(message)
+
+
+@pytest.mark.parametrize("text,message", [
+    ('[devices.gpu]\nvendor = "nvidia"\n',
+     "devices.gpu: vendor 'nvidia' is not a hexadecimal PCI vendor of at most 4 digits, e.g. 0x10de"),
+    ('[devices.gpu]\ndevice = "0x20b0f"\n', "devices.gpu: device '0x20b0f' is not a hexadecimal PCI device"),
+    ('[devices.gpu]\nclass_prefixes = ["display"]\n', "devices.gpu: class 'display' is not a hexadecimal"),
+    ('[devices.nic]\naddresses = ["3b:00.0"]\n', "devices.nic: address '3b:00.0' is not a PCI address"),
+    ('[devices.GPU]\nvendor = "0x10de"\n', "devices.GPU: invalid device resource name 'GPU'"),
+    ('[devices.gpu]\n', "devices.gpu: device resource 'gpu' has an empty selector"),
+])
+def test_a_device_selector_mistake_is_a_configuration_error(tmp_path, text, message):
+    assert _error(tmp_path, text).startswith(message)

@@ -269,4 +269,5 @@ def test_a_partly_booked_hugetlb_limit_is_kept_whole(env, sleepers, caplog):
     service2, _ = start(machine, state_dir, root)
     assert service2.state.workload("b").booking.memory == {0: {"hugepages-2048kB": 12 * MIB}}  # 6 pages left
     assert cg_file(root, "shared/b", "hugetlb.2MB.max") == str(20 * MIB)  # not tightened to 12
-    assert "could not be booked" in caplog.text
+    assert "may use 20 MiB of hugepages-2048kB on NUMA node(s) 0; 8 MiB of it could not be booked" \
+        in caplog.text

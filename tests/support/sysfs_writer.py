@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 
 from numa_agent.core.cpuset import CpuSet
-from numa_agent.core.topology import UNKNOWN_NODE, PciDevice, Topology
+from numa_agent.core.topology import UNKNOWN_NODE, Cpu, PciDevice, Topology
 
 _CPUINFO_BY_ARCH = {
     "x86_64": "vendor_id\t: GenuineIntel\nflags\t\t: fpu lm sse2\n",
@@ -71,15 +71,28 @@ def _write_cpus(topo: Topology, cpu_dir: Path) -> None:
         _put(t / "core_cpus", c.siblings.format_mask())
         _put(t / "thread_siblings_list", c.siblings.format())
         _put(t / "thread_siblings", c.siblings.format_mask())
-        if c.l3 is not None:
-            shared = CpuSet(l3_members[c.l3])
-            index = d / "cache" / "index3"
-            _put(index / "level", "3")
-            _put(index / "type", "Unified")
-            _put(index / "shared_cpu_list", shared.format())
-            _put(index / "shared_cpu_map", shared.format_mask())
+        _write_caches(topo, c, d / "cache", l3_members)
         if c.numa_node != UNKNOWN_NODE:
             _link(d / f"node{c.numa_node}", f"../../node/node{c.numa_node}")
+
+
+def _write_caches(topo: Topology, c: Cpu, cache_dir: Path, l3_members: dict[int, set[int]]) -> None:
+    """index0.. for the CPU's caches below L3 (an online CPU's, from
+    `topo.caches`), then its L3 from `Cpu.l3` (offline CPUs too, as the kernel
+    keeps them), sized from `topo.caches` where it has that L3."""
+    entries = [(x.level, x.type, x.cpus | CpuSet((x.id,)), x.size_bytes)
+               for x in topo.cpu_caches(c.id) if x.level != 3]
+    if c.l3 is not None:
+        size = next((x.size_bytes for x in topo.caches if x.level == 3 and x.id == c.l3), None)
+        entries.append((3, "Unified", CpuSet(l3_members[c.l3]), size))
+    for i, (level, kind, shared, size) in enumerate(entries):
+        index = cache_dir / f"index{i}"
+        _put(index / "level", str(level))
+        _put(index / "type", kind)
+        _put(index / "shared_cpu_list", shared.format())
+        _put(index / "shared_cpu_map", shared.format_mask())
+        if size is not None:
+            _put(index / "size", f"{size >> 10}K")
 
 
 def _write_nodes(topo: Topology, node_dir: Path) -> None:

@@ -118,18 +118,33 @@ def test_every_family_matches_the_snapshot_over_http(serve):
     expected_cpus, expected_mem, expected_pages, expected_dev = {}, {}, {}, {}
     for node in SNAPSHOT["status"]["nodes"]:
         n = str(node["id"])
-        for state in ("capacity", "reserved", "allocated", "free"):
+        for state in ("reserved", "allocated", "free"):
             expected_cpus[("numa_agent_cpus", (("numa_node", n), ("state", state)))] = node["cpus"][state]
             expected_mem[("numa_agent_memory_bytes", (("numa_node", n), ("state", state)))] = node["memory_bytes"][state]
             for size, counts in node["hugepages"].items():
                 expected_pages[("numa_agent_hugepages", (("numa_node", n), ("size", size), ("state", state)))] = counts[state]
         for resource, counts in node["devices"].items():
-            for state in ("capacity", "allocated", "free"):
+            for state in ("allocated", "free"):
                 expected_dev[("numa_agent_devices", (("numa_node", n), ("resource", resource), ("state", state)))] = counts[state]
     assert cpus == expected_cpus
     assert memory == expected_mem
     assert pages == expected_pages
     assert devices == expected_dev
+
+    # Capacity is a family of its own, and the states sum to it: sum by (...) (x) == x_capacity.
+    for family, capacity_family, labels in [
+            ("numa_agent_cpus", "numa_agent_cpus_capacity", ("numa_node",)),
+            ("numa_agent_memory_bytes", "numa_agent_memory_capacity_bytes", ("numa_node",)),
+            ("numa_agent_hugepages", "numa_agent_hugepages_capacity", ("numa_node", "size")),
+            ("numa_agent_devices", "numa_agent_devices_capacity", ("numa_node", "resource"))]:
+        capacity = fam(capacity_family, "gauge")
+        summed = {}
+        for (_, labelset), value in families[family][1].items():
+            key = tuple((k, v) for k, v in labelset if k in labels)
+            summed[key] = summed.get(key, 0) + value
+        assert {labelset: value for (_, labelset), value in capacity.items()} == summed
+        assert len(capacity) == {"numa_agent_cpus_capacity": 2, "numa_agent_memory_capacity_bytes": 2,
+                                 "numa_agent_hugepages_capacity": 3, "numa_agent_devices_capacity": 3}[capacity_family]
 
     assert fam("numa_agent_workloads", "gauge") == {("numa_agent_workloads", ()): 3}
     assert fam("numa_agent_pods", "gauge") == {("numa_agent_pods", ()): 1}
@@ -149,8 +164,13 @@ def test_every_family_matches_the_snapshot_over_http(serve):
     assert fam("numa_agent_info", "gauge") == {
         ("numa_agent_info", (("enforcement", "cgroup"), ("version", "9.9.9"))): 1
     }
-    # own registry: no process/platform/gc collectors
-    assert all(name.startswith("numa_agent_") for name in families)
+    # own registry: the agent's families and the process, platform and GC collectors, nothing else
+    assert all(name.startswith(("numa_agent_", "process_", "python_")) for name in families)
+    assert fam("process_cpu_seconds", "counter")[("process_cpu_seconds_total", ())] > 0
+    assert fam("process_start_time_seconds", "gauge")[("process_start_time_seconds", ())] > 0
+    assert fam("process_open_fds", "gauge")[("process_open_fds", ())] > 0
+    assert families["python_info"][0] == "gauge"
+    assert families["python_gc_objects_collected"][0] == "counter"
 
 
 def test_each_scrape_takes_a_fresh_snapshot(serve):

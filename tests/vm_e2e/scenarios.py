@@ -544,7 +544,7 @@ def _memory_workload(g: Guest, name: str, *args: str, mib: int = 32) -> tuple[Ru
 def s5_memory(g: Guest) -> str | None:
     n = one_core(g) if one_core(g) > 1 else 2
     limit = 128 * MIB
-    w, anon = _memory_workload(g, "mem-a", "--cpus", str(n), "--memory", "128M")
+    w, anon = _memory_workload(g, "mem-a", "--cpus", str(n), "--memory", "128Mi")
     cpu_nodes = g.kernel.nodes_of(w.cpus)
     check(len(cpu_nodes) == 1, f"{w.cpus.format()} spans nodes {cpu_nodes}")
     g.check_pinned(w, expect_mems=CpuSet(cpu_nodes))
@@ -560,7 +560,7 @@ def s5_memory(g: Guest) -> str | None:
     if g.kernel.memory_only_nodes:
         # Asked explicitly, memory goes to the CPU-less node.
         only = g.kernel.memory_only_nodes[0]
-        w, anon = _memory_workload(g, "mem-far", "--cpus", str(n), "--memory", "64M", "--membind", str(only))
+        w, anon = _memory_workload(g, "mem-far", "--cpus", str(n), "--memory", "64Mi", "--membind", str(only))
         g.check_pinned(w, expect_mems=CpuSet([only]))
         check(anon.get(only, 0) >= 30 * MIB, f"--membind {only}: anon per node {anon}")
 
@@ -1235,7 +1235,7 @@ def s15_observe(g: Guest) -> str | None:
     check(wait_for(lambda: not [i for i in _intruders_of(g, "guarded") if i["pid"] == loop.pid],
                    timeout=30, interval=0.2), "the busy loop is still listed after it was killed")
     w.stop()
-    m, _ = _memory_workload(g, "touch64", "--cpus", "2", "--memory", "256M", mib=64)
+    m, _ = _memory_workload(g, "touch64", "--cpus", "2", "--memory", "256Mi", mib=64)
     node = m.record["mems"][0]
 
     def on_node():

@@ -7,11 +7,12 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from numa_agent.admission.errors import MemoryAllocationError
-from numa_agent.admission.memory_manager import MemoryRequest, allocate_memory, memory_hints
+from numa_agent.admission.memory_manager import MemoryRequest, allocate_memory, memory_hints, nodes_have
 from numa_agent.admission.provider import NOTHING, Allocation
 from numa_agent.admission.request import Request
 from numa_agent.admission.view import AdmissionView
 from numa_agent.core.hints import HintSet, NumaMask
+from numa_agent.core.units import format_bytes
 
 
 def _memory_request(request: Request, view: AdmissionView) -> MemoryRequest:
@@ -56,8 +57,9 @@ class MemoryProvider:
         wanted = request.resources.memory_bytes
         if not wanted:
             return None
-        per_node = [v["memory_bytes"] for v in view.free.values()]
-        return f"{wanted} bytes of memory requested; at most {max(per_node, default=0)} free on one NUMA node"
+        memory_nodes = view.machine.memory.memory_nodes
+        free = [(int(n), v["memory_bytes"]) for n, v in view.free.items() if int(n) in memory_nodes]
+        return f"memory: requested {format_bytes(wanted)}, {nodes_have(free)}"
 
 
 def _check_pod_limit(request: Request, view: AdmissionView) -> None:
@@ -70,5 +72,5 @@ def _check_pod_limit(request: Request, view: AdmissionView) -> None:
         used = sum(int(m.request.get("memory_bytes", 0)) for m in view.pod_members)
         if used + wanted > budget:
             raise MemoryAllocationError(
-                f"pod {pod.name!r}: members would use {used + wanted} bytes of memory, "
-                f"more than the pod budget of {budget}")
+                f"pod {pod.name!r}: its members would use {format_bytes(used + wanted)} of memory, "
+                f"more than the pod's budget of {format_bytes(budget)}")
