@@ -167,10 +167,11 @@ def test_memory_offlined_below_the_bookings_fences_the_node_until_it_returns(run
     assert node["memory_short"] == [{"resource": "memory", "booked_bytes": 48 * GiB,
                                      "allocatable_bytes": 32 * GiB}]
     assert node["memory_bytes"]["allocated"] == 48 * GiB and node["memory_bytes"]["free"] == 0
-    # the booking is kept (the workload keeps its pages), and said in the log
+    # the booking is kept (the workload keeps its pages), and said in the log (once committed,
+    # which status may show a moment before)
     assert service.state.workload("held").booking.memory == {1: {"memory": 48 * GiB}}
-    assert any("NUMA node 1 has less memory than is booked on it" in r.message and "held" in r.message
-               for r in caplog.records)
+    assert wait_for(lambda: any("NUMA node 1 has less memory than is booked on it" in r.message
+                                and "held" in r.message for r in caplog.records))
     assert 'numa_agent_memory_short_bytes{numa_node="1",resource="memory"} 1.7179869184e+10' in scrape(service)
     # no new admission there, with the reason; the other node takes one
     with pytest.raises(AdmissionRefused) as err:
