@@ -1,8 +1,10 @@
 """Per-NUMA-node accounting: capacity, reserved, allocated, free. Pure.
 
 Derived from the machine and the state every time, so allocated + free +
-reserved == capacity holds by construction, and status, metrics and the
-explanations all read the same numbers.
+reserved == capacity holds by construction (except on a node whose memory
+shrank under its bookings: there allocated is what is booked, free is 0, and
+`memory_short` says by how much), and status, metrics and the explanations
+all read the same numbers.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from typing import Any
 
 from numa_agent.admission.admit import memory_usage
 from numa_agent.admission.machine import Machine
-from numa_agent.admission.memory_manager import MEMORY, free_bytes
+from numa_agent.admission.memory_manager import MEMORY, free_bytes, shortfalls
 from numa_agent.core.cpuset import CpuSet
 from numa_agent.state.model import AgentState
 
@@ -28,6 +30,7 @@ def node_accounting(machine: Machine, state: AgentState) -> list[dict[str, Any]]
     exclusive = state.exclusive_cpus()
     usage = memory_usage(state)
     in_use = state.devices_in_use()
+    short = shortfalls(machine.memory, usage)
     out = []
     for n in machine.node_ids:
         node_cpus = machine.cpus_of_nodes((n,))
@@ -38,6 +41,12 @@ def node_accounting(machine: Machine, state: AgentState) -> list[dict[str, Any]]
             "cpus": {"capacity": len(node_cpus), "reserved": len(reserved),
                      "allocated": len(allocated), "free": len(node_cpus - reserved - allocated)},
             "memory_bytes": _memory_states(machine, usage, n, MEMORY, 1),
+            # The node's MemTotal as `numa-agent topology` shows it; the memory
+            # capacity above is that minus the node's hugepage pools.
+            "memory_total_bytes": machine.topology.node(n).memory_total_bytes,
+            # Set: the node takes no new admission (see memory_manager.shortfalls).
+            "memory_short": [{"resource": r, "booked_bytes": booked, "allocatable_bytes": allocatable}
+                             for m, r, booked, allocatable in short if m == n],
             "hugepages": {},
             "devices": {},
         }
@@ -58,6 +67,6 @@ def node_accounting(machine: Machine, state: AgentState) -> list[dict[str, Any]]
 def _memory_states(machine: Machine, usage, node: int, resource: str, unit: int) -> dict[str, int]:
     cap = machine.memory.get(node, resource)
     free = free_bytes(machine.memory, usage, node, resource) if cap.total else 0
-    allocated = cap.total - cap.reserved - free if cap.total else 0
+    allocated = usage.allocated_bytes(node, resource)  # all of it, also beyond a shrunk capacity
     return {"capacity": cap.total // unit, "reserved": cap.reserved // unit,
             "allocated": allocated // unit, "free": free // unit}

@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from numa_agent.admission.errors import AllocationError
+from numa_agent.admission.errors import AllocationError, NodeFencedError
 from numa_agent.admission.machine import Machine
 from numa_agent.admission.provider import NOTHING, Allocation, HintProvider
 from numa_agent.admission.registry import PROVIDERS
@@ -213,10 +213,43 @@ def _book(view: AdmissionView, req: Request, policy_name: str,
                                    "topology": _topology(policy_name, machine.policy.topology_scope),
                                    "providers": [], "merged": None,
                                    "requested": req.resources.to_json(), "free": view.free}
-    affinity = _merge(view, req, policy_name, providers, explanation)
-    booking, pinned = _allocate(view, req, affinity, providers, explanation)
+    fenced = view.fenced_nodes
+    if not fenced:
+        affinity = _merge(view, req, policy_name, providers, explanation)
+        booking, pinned = _allocate(view, req, affinity, providers, explanation)
+    else:
+        explanation["fenced_nodes"] = list(fenced)
+        asked = set(req.cpunodebind or ()) | set(req.membind or ())
+        if req.physcpubind is not None:
+            asked.update(machine.nodes_of(req.physcpubind))
+        _refuse_fenced(view, asked, explanation)
+        try:
+            affinity = _merge(view, req, policy_name, providers, explanation)
+            booking, pinned = _allocate(view, req, affinity, providers, explanation)
+        except Refusal as exc:  # the fence may be why: say so
+            raise Refusal(exc.code, f"{exc.message}; {fenced_text(view)}", exc.explanation,
+                          provider=exc.provider, pinned=exc.pinned) from None
+        # The providers steer clear of fenced nodes; this holds whatever they chose.
+        _refuse_fenced(view, {*machine.nodes_of(booking.cpus), *booking.memory, *booking.memory_group},
+                       explanation, pinned)
     explanation["alignment"] = alignment(machine, booking)
     return booking, explanation, pinned
+
+
+def fenced_text(view: AdmissionView) -> str:
+    """Why the fenced nodes take no new admission, with the figures."""
+    nodes = ",".join(map(str, view.fenced_nodes))
+    short = ", ".join(f"node {n} {r}: {format_bytes(booked)} booked, {format_bytes(allocatable)} allocatable"
+                      for n, r, booked, allocatable in view.shortfalls)
+    return (f"NUMA node(s) {nodes} take no new admission: more memory is booked there than they "
+            f"have now ({short}); they do again once their memory comes back or workloads there leave")
+
+
+def _refuse_fenced(view: AdmissionView, nodes: set[int], explanation: dict[str, Any],
+                   pinned: frozenset[str] = frozenset()) -> None:
+    """The memory manager's refusal, as the kubelet's managers count it: the node's memory is why."""
+    if nodes & set(view.fenced_nodes):
+        raise Refusal(NodeFencedError.reason, fenced_text(view), explanation, provider="memory", pinned=pinned)
 
 
 def _merge(view: AdmissionView, req: Request, policy_name: str, providers: Providers,

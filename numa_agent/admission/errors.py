@@ -64,3 +64,10 @@ class DeviceAllocationError(AllocationError):
     """A device request cannot be satisfied."""
 
     reason = "insufficient_devices"
+
+
+class NodeFencedError(AllocationError):
+    """A request that would book on a NUMA node holding more booked memory
+    than it has now (its memory shrank under live bookings)."""
+
+    reason = "numa_node_memory_short"

@@ -416,6 +416,17 @@ def free_bytes(capacity: MemoryCapacity, usage: MemoryUsage, node: int, resource
     return max(0, capacity.allocatable(node, resource) - usage.allocated_bytes(node, resource))
 
 
+def shortfalls(capacity: MemoryCapacity, usage: MemoryUsage) -> tuple[tuple[int, str, int, int], ...]:
+    """(node, resource, booked, allocatable) wherever more is booked than the
+    node can hold now: its memory shrank under live bookings (memory offlined
+    or unplugged, a balloon, a hugepage pool resized). Bookings are never cut
+    to fit (the kernel does not take pages back from a running workload), so
+    such a node is reported and takes no new admission until it fits again."""
+    return tuple((n, r, b, capacity.allocatable(n, r))
+                 for (n, r), b in sorted(usage.allocated_index.items())
+                 if b > capacity.allocatable(n, r))
+
+
 # ------------------------------------------------------------ mask search
 
 

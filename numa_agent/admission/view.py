@@ -17,6 +17,7 @@ from numa_agent.admission.memory_manager import (
     MemoryUsage,
     free_bytes,
     hugepages_resource,
+    shortfalls,
     usage_from_booked,
     usage_with,
     usage_without,
@@ -36,8 +37,17 @@ def shared_pool(machine: Machine, state: AgentState) -> CpuSet:
 
 
 def allocatable_cpus(machine: Machine, state: AgentState) -> CpuSet:
-    """CPUs that can still become exclusive."""
-    return machine.usable_cpus - machine.reserved_cpus - state.exclusive_cpus()
+    """CPUs that can still become exclusive: not on a fenced node."""
+    free = machine.usable_cpus - machine.reserved_cpus - state.exclusive_cpus()
+    fenced = fenced_nodes(machine, state)
+    return free - machine.cpus_of_nodes(fenced) if fenced else free
+
+
+def fenced_nodes(machine: Machine, state: AgentState) -> tuple[int, ...]:
+    """NUMA nodes holding more booked memory than they have now (see
+    `memory_manager.shortfalls`): no new admission books anything there, as
+    a workload placed there would compete for pages the node no longer has."""
+    return tuple(sorted({n for n, _, _, _ in shortfalls(machine.memory, memory_usage(state))}))
 
 
 def pod_shared_cpus(state: AgentState, pod: Pod) -> CpuSet:
@@ -146,6 +156,14 @@ class AdmissionView:
         return allocatable_cpus(self.machine, self.state)
 
     @_once
+    def shortfalls(self) -> tuple[tuple[int, str, int, int], ...]:
+        return shortfalls(self.machine.memory, self.memory_usage)
+
+    @_once
+    def fenced_nodes(self) -> tuple[int, ...]:
+        return tuple(sorted({n for n, _, _, _ in self.shortfalls}))
+
+    @_once
     def shared_pool(self) -> CpuSet:
         return shared_pool(self.machine, self.state)
 
@@ -172,11 +190,13 @@ class AdmissionView:
         in kB (the request's keys): the numbers a refusal's text speaks of."""
         machine, usage = self.machine, self.memory_usage
         free_bits, node_bits = self.allocatable_cpus.bits, machine.usable_cpu_bits_by_node
+        fenced = self.fenced_nodes  # nothing of theirs is free for a new admission
         out: dict[str, dict[str, Any]] = {}
         for n in machine.node_ids:
+            open_ = n not in fenced
             entry: dict[str, Any] = {"cpus": (free_bits & node_bits.get(n, 0)).bit_count(),
-                                     "memory_bytes": free_bytes(machine.memory, usage, n, "memory")}
-            pools = {str(hp.size_kb): free_bytes(machine.memory, usage, n, hugepages_resource(hp.size_kb))
+                                     "memory_bytes": free_bytes(machine.memory, usage, n, "memory") if open_ else 0}
+            pools = {str(hp.size_kb): free_bytes(machine.memory, usage, n, hugepages_resource(hp.size_kb)) if open_ else 0
                      for hp in machine.topology.node(n).hugepages if hp.total}
             if pools:
                 entry["hugepages_bytes"] = pools

@@ -45,7 +45,8 @@ def add_parser(sub) -> None:
     p.add_argument("--metrics-address", metavar="HOST:PORT",
                    help="Prometheus metrics (default 127.0.0.1:9464; '' disables)")
     p.add_argument("--log-level", metavar="LEVEL", help="debug, info (default), warning, error")
-    p.add_argument("--no-hotplug", action="store_true", help="do not listen for kernel hotplug events")
+    p.add_argument("--no-hotplug", action="store_true", help="do not follow hardware changes: no kernel hotplug events "
+                   "(CPUs, memory, NUMA nodes, PCI devices), no reading of the nodes' memory figures every 5 s")
     p.set_defaults(func=run)
 
 

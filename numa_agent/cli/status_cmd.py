@@ -70,6 +70,23 @@ def node_rows(nodes: list[dict[str, Any]]) -> list[list[str]]:
     return rows
 
 
+def memory_note_lines(nodes: list[dict[str, Any]]) -> list[str]:
+    """Where status's memory differs from `numa-agent topology`'s, and the
+    nodes short of their bookings."""
+    lines = []
+    for node in nodes:
+        total, memory = node.get("memory_total_bytes"), node.get("memory_bytes") or {}
+        capacity = memory.get("capacity")
+        if total is not None and capacity is not None and total != capacity:
+            lines.append(f"node {node.get('id')} memory capacity is its MemTotal {format_bytes(total)} "
+                         f"(as `numa-agent topology` shows it) less its hugepage pools {format_bytes(total - capacity)}")
+        for short in node.get("memory_short") or []:
+            lines.append(f"NODE {node.get('id')} SHORT OF MEMORY: {short['resource']} "
+                         f"{format_bytes(short['booked_bytes'])} booked, {format_bytes(short['allocatable_bytes'])} "
+                         f"allocatable since it shrank; it takes no new admission")
+    return lines
+
+
 def _age(created: float | None, now: float) -> str:
     if created is None:
         return "-"
@@ -123,6 +140,7 @@ def format_status(status: dict[str, Any], now: float) -> list[str]:
              f"{policy.get('topology', '-')} (scope {policy.get('scope', '-')})   "
              f"shared pool: {status.get('shared_pool') or '-'}", ""]
     lines += _table(node_rows(status.get("nodes") or []), right_from=2)
+    lines += memory_note_lines(status.get("nodes") or [])
     workloads = status.get("workloads") or []
     lines.append("")
     if workloads:

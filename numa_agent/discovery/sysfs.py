@@ -36,7 +36,7 @@ from numa_agent.discovery.files import (
 )
 from numa_agent.discovery.pci import read_pci_devices
 
-__all__ = ["read_topology", "DiscoveryError"]
+__all__ = ["read_topology", "read_memory_figures", "DiscoveryError"]
 
 _SIBLING_LISTS = ("core_cpus_list", "thread_siblings_list")
 _SIBLING_MASKS = ("core_cpus", "thread_siblings")
@@ -237,6 +237,24 @@ def _read_node(node_id: int, path: str) -> NumaNode:
         memory_free_bytes=meminfo.get("MemFree", 0) * 1024,
         hugepages=_read_hugepages(os.path.join(path, "hugepages")),
     )
+
+
+MemoryFigures = tuple[tuple[int, int, tuple[tuple[int, int], ...]], ...]
+
+
+def read_memory_figures(root: str | os.PathLike = "/") -> MemoryFigures:
+    """What the memory capacity is made of, per node: (node, MemTotal kB,
+    ((hugepage size kB, pages), ...)). A few small files, so the agent can
+    look often for changes that send no uevent (a balloon driver, a hugepage
+    pool resized) and re-read the whole machine only when this differs."""
+    node_dir = os.path.join(os.fspath(root), "sys", "devices", "system", "node")
+    out = []
+    for node_id, name in numbered_entries(node_dir, "node"):
+        path = os.path.join(node_dir, name)
+        total = _read_node_meminfo(os.path.join(path, "meminfo")).get("MemTotal", 0)
+        pools = tuple((h.size_kb, h.total) for h in _read_hugepages(os.path.join(path, "hugepages")))
+        out.append((node_id, total, pools))
+    return tuple(out)
 
 
 def _read_node_meminfo(path: str) -> dict[str, int]:

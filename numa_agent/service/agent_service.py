@@ -56,7 +56,7 @@ from numa_agent.enforcement.plan import desired_layout, update_layout, workload_
 from numa_agent.enforcement.processes import pidfd_alive
 from numa_agent.enforcement.protocol import Enforcer, Layout
 from numa_agent.enforcement.record import LEDGER_RECORD, decode_ledger, encode_ledger
-from numa_agent.hotplug.rebase import rebase_state
+from numa_agent.hotplug.rebase import memory_changes, rebase_state, shortfall_warnings
 from numa_agent.isolation.keeper import ISOLATE, STRICT, IsolationKeeper, isolation_asked
 from numa_agent.service.caller import Caller, UserNames, system_user_name
 from numa_agent.service.counters import Counters, ManagerOutcome
@@ -339,6 +339,8 @@ class AgentService:
             self.enforcer.prune(layout)
             self._record_isolation(state)  # its cgroup exists now; before any knob is written
             self.state, self._layout = state, layout
+            for text in shortfall_warnings(self.machine, state):  # memory gone while the agent was down
+                log.warning("%s", text)
             self._isolate()  # restores what workloads gone while the agent was down held
 
     def replace_machine(self, machine: Machine) -> list[tuple[str, str]]:
@@ -346,10 +348,12 @@ class AgentService:
         correct the cgroups. Returns (workload, what it lost) pairs."""
         with self._lock:
             new_state, lost = rebase_state(machine, self.state)
-            self.machine = machine
+            old_machine, self.machine = self.machine, machine
             self._commit(new_state, move=None, caller=None)
             for name, what in lost:
                 log.warning("hotplug: workload %s lost %s", name, what)
+            for level, message in memory_changes(old_machine, machine, self.state):
+                log.log(logging.WARNING if level == "warning" else logging.INFO, "hotplug: %s", message)
             return lost
 
     # ---- requests ----------------------------------------------------------------

@@ -7,8 +7,11 @@ It waits (selectors, no polling loop) on:
   mode);
 - the hotplug event source (kernel uevents);
 - a stop pipe;
-and wakes on a timer only to ping the systemd watchdog when one is set, and
-to retry releases that failed.
+and wakes on a timer only to ping the systemd watchdog when one is set, to
+retry releases that failed, to let a burst of hotplug events settle before
+the machine is re-read (a memory hot-add is two uevents per memory block), and
+where hotplug is on, to read the nodes' memory figures for changes that send
+no uevent (a balloon driver, a hugepage pool resized).
 
 A release that fails (the checkpoint cannot be written: a read-only or full
 state filesystem) is kept as pending and retried with exponential backoff
@@ -31,8 +34,9 @@ import time
 from typing import Callable, Iterable
 
 from numa_agent.api.errors import Conflict, NotFound
+from numa_agent.discovery.files import DiscoveryError
 from numa_agent.enforcement.plan import WORKLOAD_PREFIX, workload_relpath
-from numa_agent.hotplug.events import EventsLost
+from numa_agent.hotplug.events import EventsLost, HotplugEvent
 from numa_agent.state.model import AgentState, Workload
 
 log = logging.getLogger("numa_agent.runtime")
@@ -44,17 +48,35 @@ RETRY_CAP = 4.0  # the longest wait between retries: recovery within seconds
 # within irqbalance's first rebalance (10 s after it starts, by default). A
 # wake with nothing held reads nothing.
 WATCH_INTERVAL = 2.0
+# The machine is re-read once hotplug events stop coming for HOTPLUG_SETTLE
+# seconds, and at the latest HOTPLUG_SETTLE_MAX after the first: one re-read
+# for a DIMM of many memory blocks or a socket's CPUs, not one per event.
+HOTPLUG_SETTLE = 0.25
+HOTPLUG_SETTLE_MAX = 2.0
+# How often the nodes' memory figures (MemTotal, hugepage pools) are read: a
+# few small files; the machine is re-read only when they changed.
+MEMORY_POLL_INTERVAL = 5.0
 
 
 class EventLoop:
     def __init__(self, service, *, hotplug_source=None,
-                 on_hotplug: Callable[[list], None] | None = None,
+                 on_hotplug: Callable[[list | None], None] | None = None,
                  watchdog_interval: float | None = None,
                  watchdog_ping: Callable[[], object] | None = None,
+                 memory_probe: Callable[[], tuple] | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.service = service
         self.hotplug_source = hotplug_source
         self.on_hotplug = on_hotplug
+        # Per node (id, ...figures): compared between reads; a node whose
+        # figures changed is reported to on_hotplug as a node "change" event.
+        self.memory_probe = memory_probe
+        self._memory_seen: tuple | None = None
+        self._memory_at: float | None = None
+        # Hotplug events waiting for the burst to settle (None in the list: some were lost).
+        self._hotplug: list[HotplugEvent | None] = []
+        self._hotplug_first = 0.0
+        self._hotplug_at: float | None = None
         self.watchdog_interval = watchdog_interval
         self.watchdog_ping = watchdog_ping
         self.clock = clock
@@ -104,6 +126,9 @@ class EventLoop:
         self._registered = _sync_fds(sel, set(), self.service.enforcer.fds())
         self._release_empty()
         self._next_ping = time.monotonic()
+        if self.memory_probe is not None and self.on_hotplug is not None:
+            self._memory_seen = self._read_memory()
+            self._memory_at = self.clock() + MEMORY_POLL_INTERVAL
 
     def close(self) -> None:
         if self._sel is not None:
@@ -133,10 +158,11 @@ class EventLoop:
                 self._registered = _sync_fds(sel, self._registered, enforcer.fds(), self._muted)
             if "hotplug" in kinds and self.on_hotplug is not None:
                 try:
-                    events = self.hotplug_source.read_events()
+                    self._queue_hotplug(self.hotplug_source.read_events())
                 except EventsLost:
-                    events = None  # the handler rescans sysfs
-                self.on_hotplug(events)
+                    self._queue_hotplug([None])  # the handler rescans sysfs
+            self._poll_memory()
+            self._flush_hotplug()
         except Exception:  # the loop must survive any one bad event
             log.exception("error while handling kernel events")
         return True
@@ -149,10 +175,53 @@ class EventLoop:
             waits.append(self._retry_at - self.clock())
         if self._isolation_at is not None:
             waits.append(self._isolation_at - self.clock())
+        for at in (self._hotplug_at, self._memory_at):
+            if at is not None:
+                waits.append(at - self.clock())
         watched = getattr(self.service, "isolation_watched", None)
         if watched is not None and watched():
             waits.append(WATCH_INTERVAL)  # the step after it retries what the daemon lost
         return max(0.0, min(waits)) if waits else None
+
+    # ---- hotplug ---------------------------------------------------------------------
+    def _queue_hotplug(self, events: list[HotplugEvent | None]) -> None:
+        if not events:
+            return
+        now = self.clock()
+        if not self._hotplug:
+            self._hotplug_first = now
+        self._hotplug.extend(events)
+        self._hotplug_at = min(now + HOTPLUG_SETTLE, self._hotplug_first + HOTPLUG_SETTLE_MAX)
+
+    def _flush_hotplug(self) -> None:
+        if self._hotplug_at is None or self.clock() < self._hotplug_at or self.on_hotplug is None:
+            return
+        events, self._hotplug, self._hotplug_at = self._hotplug, [], None
+        if self.memory_probe is not None:
+            self._memory_seen = self._read_memory()  # what this re-read of the machine sees
+        self.on_hotplug(None if None in events else [e for e in events if e is not None])
+
+    def _poll_memory(self) -> None:
+        if self._memory_at is None or self.clock() < self._memory_at:
+            return
+        self._memory_at = self.clock() + MEMORY_POLL_INTERVAL
+        seen, now = self._memory_seen, self._read_memory()
+        if now is None or now == seen:
+            return
+        before = {figures[0]: figures for figures in seen or ()}
+        after = {figures[0]: figures for figures in now}
+        changed = sorted(n for n in before.keys() | after.keys() if before.get(n) != after.get(n))
+        self._memory_seen = now
+        self._queue_hotplug([HotplugEvent("node", "change", f"/sys/devices/system/node/node{n}", n)
+                             for n in changed])
+
+    def _read_memory(self) -> tuple | None:
+        assert self.memory_probe is not None
+        try:
+            return self.memory_probe()
+        except (OSError, DiscoveryError) as exc:
+            log.debug("reading the nodes' memory figures failed: %s", exc)
+            return None
 
     # ---- releases ------------------------------------------------------------------
     def _handle_ready(self, ready_fds: set[int]) -> None:

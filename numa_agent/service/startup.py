@@ -4,6 +4,7 @@ one service that owns the state. `numa-agent serve` parses flags and calls this.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import logging
 import os
@@ -227,7 +228,12 @@ class Agent:
                 self.hotplug = UdevEventSource.open()
             except HotplugUnavailable as exc:
                 log.warning("%s; the agent runs without hotplug", exc)
+        probe = None
+        if self.hotplug is not None:  # changes no uevent announces, wherever hotplug is followed
+            from numa_agent.discovery.sysfs import read_memory_figures
+            probe = functools.partial(read_memory_figures, cfg.sysfs_root)
         self.loop = EventLoop(service, hotplug_source=self.hotplug, on_hotplug=self._on_hotplug,
+                              memory_probe=probe,
                               watchdog_interval=_half(sdnotify.watchdog_interval()),
                               watchdog_ping=sdnotify.watchdog_ping).start()
         sdnotify.ready()

@@ -18,6 +18,7 @@ hardware so that code tuned on them behaves the same on the real thing:
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Iterable, Sequence
 
 from numa_agent.core.cpuset import CpuSet
@@ -193,6 +194,16 @@ def _node_ids(cpu_nodes: int, node_ids: Sequence[int] | None,
     if len(set(all_ids)) != len(all_ids) or min(all_ids) < 0:
         raise ValueError(f"NUMA node ids must be distinct and >= 0, got {list(all_ids)}")
     return ids, cpuless
+
+
+def with_node_memory(topo: Topology, node_id: int, total_bytes: int) -> Topology:
+    """`topo` after node `node_id`'s memory became `total_bytes` (memory
+    blocks onlined or offlined, a DIMM added, a balloon): what hotplug tests
+    write as the changed machine."""
+    nodes = tuple(dataclasses.replace(n, memory_total_bytes=total_bytes,
+                                      memory_free_bytes=min(total_bytes, n.memory_free_bytes))
+                  if n.id == node_id else n for n in topo.numa_nodes)
+    return dataclasses.replace(topo, numa_nodes=nodes)
 
 
 def make_numa_machine(numa_nodes: int, cpus_per_node: int, threads_per_core: int = 2) -> Topology:

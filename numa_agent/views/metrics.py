@@ -120,6 +120,7 @@ class AgentCollector:
         families += self._admission_families(counters)
         families += self._kubelet_families(counters, status)
         families += self._node_families(status.get("nodes") or [])
+        families.append(_memory_short_family(status.get("nodes") or []))
 
         workloads = status.get("workloads") or []
         families.append(GaugeMetricFamily(
@@ -316,6 +317,21 @@ class AgentCollector:
 def _capacity_name(key: str) -> str:
     """cpus -> cpus_capacity, memory_bytes -> memory_capacity_bytes (the unit stays last)."""
     return key[:-len("_bytes")] + "_capacity_bytes" if key.endswith("_bytes") else key + "_capacity"
+
+
+def _memory_short_family(nodes: list[Mapping[str, Any]]) -> Metric:
+    """Every node's regular memory (0 while it fits, so alerts see the
+    series from the first scrape), and any other resource that is short."""
+    short = GaugeMetricFamily(
+        PREFIX + "memory_short_bytes", "Memory booked on a NUMA node beyond what it has now (it "
+        "shrank under its bookings: memory offlined or unplugged, a balloon, a hugepage pool "
+        "resized); above 0 the node takes no new admission.", labels=["numa_node", "resource"])
+    for node in sorted(nodes, key=lambda n: int(n["id"])):
+        missing = {str(s["resource"]): int(s["booked_bytes"]) - int(s["allocatable_bytes"])
+                   for s in node.get("memory_short") or ()}
+        for resource in sorted({"memory", *missing}):
+            short.add_metric([str(node["id"]), resource], float(missing.get(resource, 0)))
+    return short
 
 
 def _page_size_key(size: str) -> tuple[int, str]:

@@ -21,12 +21,14 @@ from pathlib import Path
 from .build import (
     CHROOT_JOB_DIR,
     CHROOT_OUT_DIR,
+    SYSTEMD_JOB_DIR,
     SYSTEMD_OUT_DIR,
     GuestImage,
     default_cache_dir,
     ensure_guest_image,
     progress,
 )
+from .monitor import serve_request
 from .shapes import Shape, get_shape, qemu_args
 
 # Where the job share and the optional out share are mounted inside the guest.
@@ -89,6 +91,8 @@ def guest_env(host_env: dict[str, str], shape: Shape, cwd: str, with_out: bool) 
     env["PWD"] = cwd
     env["NUMA_AGENT_IN_VM"] = "1"
     env["NUMA_AGENT_VM_SHAPE"] = shape.name
+    # The job folder, where the guest asks the host for QEMU monitor commands (monitor.py).
+    env["NUMA_AGENT_VM_JOB"] = SYSTEMD_JOB_DIR if shape.boots_systemd else GUEST_JOB_DIR
     if with_out:
         env["NUMA_AGENT_VM_OUT"] = SYSTEMD_OUT_DIR if shape.boots_systemd else GUEST_OUT_DIR
     else:
@@ -199,6 +203,7 @@ def _boot_once(args: list[str], job_dir: Path, boot_timeout: float, timeout: flo
         deadline = t_started + timeout + HOST_GRACE_SECONDS
         while proc.poll() is None and time.monotonic() < deadline:
             streamer.pump()
+            serve_request(job_dir)  # a guest of a shape without a monitor never asks
             time.sleep(poll)
         streamer.pump()
         host_killed = proc.poll() is None

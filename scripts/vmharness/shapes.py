@@ -11,6 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from .monitor import SOCKET as MONITOR_SOCKET
+
+HOTPLUG_SLOTS = 2
+
 
 class ShapeError(ValueError):
     """A shape that QEMU would refuse or that would not boot as described."""
@@ -40,6 +44,9 @@ class Shape:
     # PID 1 of the guest: "chroot" (the harness's own init runs the command in a
     # chroot) or "systemd" (the host's systemd boots and a unit runs it).
     init: str = "chroot"
+    # Room for DIMMs plugged while the guest runs (MiB, 0: none): QEMU then has
+    # hotplug slots and a QMP socket in the job folder (see monitor.py).
+    hotplug_mib: int = 0
 
     @property
     def cpus(self) -> int:
@@ -139,7 +146,8 @@ def qemu_args(shape: Shape, *, kernel: Path, initrd: Path, job_dir: Path,
     shape.validate()
     args = [
         qemu, "-accel", "tcg", "-cpu", "max,vendor=GenuineIntel", "-machine", "q35",
-        "-m", str(shape.memory_mib),
+        "-m", str(shape.memory_mib) if not shape.hotplug_mib else
+              f"{shape.memory_mib},slots={HOTPLUG_SLOTS},maxmem={shape.memory_mib + shape.hotplug_mib}M",
         "-smp", f"{shape.cpus},sockets={shape.sockets},dies={shape.dies},"
                 f"cores={shape.cores},threads={shape.threads}",
     ]
@@ -179,6 +187,8 @@ def qemu_args(shape: Shape, *, kernel: Path, initrd: Path, job_dir: Path,
     if out_dir is not None:
         args += ["-fsdev", f"local,id=out,path={out_dir},security_model=none",
                  "-device", "virtio-9p-pci,fsdev=out,mount_tag=out,bus=pcie.0"]
+    if shape.hotplug_mib:
+        args += ["-qmp", f"unix:{job_dir / MONITOR_SOCKET},server=on,wait=off"]
     args += [
         "-kernel", str(kernel), "-initrd", str(initrd),
         "-append", "console=ttyS0 loglevel=7 panic=-1 cgroup_no_v1=all mitigations=off",
@@ -198,6 +208,7 @@ SHAPES: dict[str, Shape] = {
             nodes=(Node(0, 1024, (0,)), Node(1, 1024, (1,))),
             distances=((0, 1, 21),),
             expanders=((128, 1, ("nvme", "e1000e,id=nic1")),),
+            hotplug_mib=512,
         ),
         Shape(
             name="4node",
@@ -230,7 +241,7 @@ SHAPES: dict[str, Shape] = {
 
 
 # The 2node machine again, booted by the host's systemd as PID 1.
-SHAPES["systemd"] = replace(SHAPES["2node"], name="systemd", init="systemd",
+SHAPES["systemd"] = replace(SHAPES["2node"], name="systemd", init="systemd", hotplug_mib=0,
                             description="the 2node machine booted by the host's systemd as PID 1; "
                                         "the command runs as a unit")
 

@@ -8,21 +8,26 @@ import time
 from dataclasses import replace
 
 import pytest
+from prometheus_client import generate_latest
 
 from numa_agent.admission.machine import PolicyConfig
+from numa_agent.api.errors import AdmissionRefused
 from numa_agent.api.validation import AdmitRequest
 from numa_agent.core.cpuset import CpuSet
 from numa_agent.enforcement.fake_cgroupfs import FakeCgroupfs
 from numa_agent.enforcement.record import RECORD_XATTR, decode_record
 from numa_agent.hotplug.events import FakeEventSource, HotplugEvent
+from numa_agent.service import runtime
 from numa_agent.service.caller import Caller
 from numa_agent.service.config import AgentConfig
 from numa_agent.service.startup import Agent
 from numa_agent.state.model import replace as replace_value
-from numa_agent.testing.synthetic import make_topology
+from numa_agent.testing.synthetic import make_topology, with_node_memory
+from numa_agent.views.metrics import build_registry
 from tests.support.sysfs_writer import write_sysfs
 
 GPU = ("0x030200", "0x10de", "0x20b0", 1, "nvidia")
+GiB = 1 << 30
 
 
 def wait_for(predicate, timeout=5.0):
@@ -119,3 +124,97 @@ def test_a_trim_rewrites_the_booking_record(running):
     assert wait_for(lambda: service.state.workload("w").lost)
     assert record() == replace_value(service.state.workload("w"), command=())
     assert record().booking.cpus == cpus - CpuSet([gone]) and record().lost
+
+
+def node_memory(service, node_id):
+    return next(n for n in service.status()["nodes"] if n["id"] == node_id)
+
+
+def memory_blocks(source, action, first, count):
+    for n in range(first, first + count):
+        source.push(HotplugEvent("memory", action, f"/devices/system/memory/memory{n}", n, action))
+
+
+def scrape(service):
+    return generate_latest(build_registry(service.metrics_snapshot)).decode()
+
+
+def test_memory_blocks_onlined_grow_the_node_capacity(running):
+    agent, topo, source, change, caller, tmp = running
+    service = agent.service
+    assert node_memory(service, 1)["memory_bytes"]["capacity"] == 64 * GiB
+    change(with_node_memory(topo, 1, 66 * GiB))  # a 2 GiB DIMM: 16 blocks of 128 MiB
+    memory_blocks(source, "add", 600, 16)
+    memory_blocks(source, "online", 600, 16)
+    assert wait_for(lambda: node_memory(service, 1)["memory_bytes"]["capacity"] == 66 * GiB)
+    assert node_memory(service, 1)["memory_total_bytes"] == 66 * GiB
+    assert node_memory(service, 0)["memory_bytes"]["capacity"] == 64 * GiB
+    assert service.counters.hotplug_events["memory"] == 32
+    # the grown node holds what it could not before
+    w = service.admit(AdmitRequest(name="big", cpus=2, memory_bytes=65 * GiB, cpunodebind=[1], membind=[1]),
+                      caller)
+    assert w["memory_bytes"] == {"1": 65 * GiB}
+
+
+def test_memory_offlined_below_the_bookings_fences_the_node_until_it_returns(running, caplog):
+    agent, topo, source, change, caller, tmp = running
+    service = agent.service
+    service.admit(AdmitRequest(name="held", cpus=2, memory_bytes=48 * GiB, cpunodebind=[1], membind=[1]), caller)
+    change(with_node_memory(topo, 1, 32 * GiB))
+    memory_blocks(source, "offline", 100, 256)
+    assert wait_for(lambda: node_memory(service, 1)["memory_short"])
+    node = node_memory(service, 1)
+    assert node["memory_short"] == [{"resource": "memory", "booked_bytes": 48 * GiB,
+                                     "allocatable_bytes": 32 * GiB}]
+    assert node["memory_bytes"]["allocated"] == 48 * GiB and node["memory_bytes"]["free"] == 0
+    # the booking is kept (the workload keeps its pages), and said in the log (once committed,
+    # which status may show a moment before)
+    assert service.state.workload("held").booking.memory == {1: {"memory": 48 * GiB}}
+    assert wait_for(lambda: any("NUMA node 1 has less memory than is booked on it" in r.message
+                                and "held" in r.message for r in caplog.records))
+    assert 'numa_agent_memory_short_bytes{numa_node="1",resource="memory"} 1.7179869184e+10' in scrape(service)
+    # no new admission there, with the reason; the other node takes one
+    with pytest.raises(AdmissionRefused) as err:
+        service.admit(AdmitRequest(name="there", cpus=2, cpunodebind=[1]), caller)
+    assert "NUMA node(s) 1 take no new admission" in str(err.value)
+    assert err.value.details["reason_code"] == "numa_node_memory_short"
+    elsewhere = service.admit(AdmitRequest(name="elsewhere", cpus=2, memory_bytes=GiB), caller)
+    assert elsewhere["numa_nodes"] == [0]
+
+    change(topo)
+    memory_blocks(source, "online", 100, 256)
+    assert wait_for(lambda: not node_memory(service, 1)["memory_short"])
+    assert 'numa_agent_memory_short_bytes{numa_node="1",resource="memory"} 0.0' in scrape(service)
+    assert service.admit(AdmitRequest(name="there", cpus=2, cpunodebind=[1]), caller)["numa_nodes"] == [1]
+
+
+@pytest.fixture
+def fast_memory_poll(monkeypatch):
+    monkeypatch.setattr(runtime, "MEMORY_POLL_INTERVAL", 0.05)
+
+
+def test_memory_that_changes_without_a_uevent_is_followed(fast_memory_poll, running):
+    agent, topo, source, change, caller, tmp = running
+    service = agent.service
+    change(with_node_memory(topo, 0, 60 * GiB))  # a balloon took 4 GiB of node 0: no uevent
+    assert wait_for(lambda: node_memory(service, 0)["memory_bytes"]["capacity"] == 60 * GiB)
+    # as a node change (more than one: the test's tree is replaced, not changed in place)
+    assert service.counters.hotplug_events["node"] >= 1
+
+
+def test_a_restart_on_less_memory_than_was_booked_says_so_and_fences(running, caplog):
+    agent, topo, source, change, caller, tmp = running
+    agent.service.admit(AdmitRequest(name="held", cpus=2, memory_bytes=48 * GiB, cpunodebind=[1], membind=[1]),
+                        caller)
+    agent.stop()
+    change(with_node_memory(topo, 1, 32 * GiB))  # memory taken away while the agent was down
+    again = Agent(agent.cfg, hotplug_source=FakeEventSource()).start()
+    try:
+        assert node_memory(again.service, 1)["memory_short"] == [
+            {"resource": "memory", "booked_bytes": 48 * GiB, "allocatable_bytes": 32 * GiB}]
+        assert any("NUMA node 1 has less memory than is booked on it" in r.message and "(held by held)" in r.message
+                   for r in caplog.records)
+        with pytest.raises(AdmissionRefused, match="take no new admission"):
+            again.service.admit(AdmitRequest(name="there", cpus=1, cpunodebind=[1]), caller)
+    finally:
+        again.stop()

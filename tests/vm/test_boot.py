@@ -119,7 +119,8 @@ def test_guest_env_drops_the_opt_in_switch_and_names_the_out_share():
     env = guest_env({"PATH": "/usr/bin", "NUMA_AGENT_VM": "1", "BAD NAME": "x", "OLDPWD": "/"},
                     SHAPES["cpuless"], "/work", with_out=True)
     assert env == {"PATH": "/usr/bin", "PWD": "/work", "NUMA_AGENT_IN_VM": "1",
-                   "NUMA_AGENT_VM_SHAPE": "cpuless", "NUMA_AGENT_VM_OUT": "/run/vmharness/out"}
+                   "NUMA_AGENT_VM_SHAPE": "cpuless", "NUMA_AGENT_VM_OUT": "/run/vmharness/out",
+                   "NUMA_AGENT_VM_JOB": "/run/vmharness/job"}
 
 
 def test_job_script_quotes_every_word(tmp_path):

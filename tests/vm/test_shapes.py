@@ -22,7 +22,7 @@ def test_every_shape_gives_a_consistent_qemu_command(name):
     args = _args(shape)
     # per-node memory must add up to -m exactly, or QEMU refuses to start
     backends = [int(v.split("size=")[1].rstrip("M")) for v in _values(args, "-object")]
-    assert sum(backends) == int(_values(args, "-m")[0]) == shape.memory_mib
+    assert sum(backends) == int(_values(args, "-m")[0].split(",")[0]) == shape.memory_mib
     assert _values(args, "-smp")[0].startswith(f"{shape.cpus},sockets={shape.sockets},")
     # QEMU wants a distance for every pair of nodes
     dists = {frozenset(v.split(",")[1:3]) for v in _values(args, "-numa") if v.startswith("dist,")}
@@ -40,6 +40,15 @@ def test_every_shape_gives_a_consistent_qemu_command(name):
 def test_out_share_is_added_only_when_asked():
     args = _args(SHAPES["2node"], out_dir=Path("/host/out"))
     assert "local,id=out,path=/host/out,security_model=none" in _values(args, "-fsdev")
+
+
+def test_hotplug_memory_gives_slots_room_and_a_monitor_socket_in_the_job_folder():
+    args = _args(SHAPES["2node"])
+    assert _values(args, "-m") == ["2048,slots=2,maxmem=2560M"]
+    assert _values(args, "-qmp") == ["unix:/j/qmp.sock,server=on,wait=off"]
+    plain = _args(SHAPES["4node"])
+    assert _values(plain, "-m") == ["2048"] and "-qmp" not in plain
+    assert "-qmp" not in _args(SHAPES["systemd"])
 
 
 def test_expected_cpus_per_node_follow_socket_major_numbering():

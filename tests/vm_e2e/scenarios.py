@@ -1454,6 +1454,134 @@ def _s16(g: Guest, balancer: _Irqbalance | None) -> str | None:
     return note
 
 
+# ---------------------------------------------------------------- 17: memory hotplug
+SYS_MEMORY = Path("/sys/devices/system/memory")
+DIMM_MIB = 256  # two memory blocks of 128 MiB in this guest
+
+
+def kernel_memtotal(node: int) -> int:
+    """Node's MemTotal in bytes, as the kernel says it."""
+    for line in (SYS_NODES / f"node{node}" / "meminfo").read_text().splitlines():
+        if "MemTotal:" in line:
+            return int(line.split()[-2]) * 1024
+    raise ScenarioFailed(f"no MemTotal in node{node}/meminfo")
+
+
+def memory_blocks(node: int) -> list[int]:
+    return sorted(int(p.name[len("memory"):]) for p in (SYS_NODES / f"node{node}").glob("memory[0-9]*"))
+
+
+def set_block(block: int, state: str) -> None:
+    (SYS_MEMORY / f"memory{block}" / "state").write_text(state)
+
+
+def _memory_node(status: dict, node: int) -> dict:
+    return next(e for e in status["nodes"] if e["id"] == node)
+
+
+def _memory_short_metric(text: str, node: int) -> float | None:
+    m = re.search(rf'^numa_agent_memory_short_bytes\{{numa_node="{node}",resource="memory"\}} (\S+)$', text, re.M)
+    return float(m.group(1)) if m else None
+
+
+def _plug_dimm(node: int) -> list[int]:
+    """A DIMM plugged into `node` through QEMU's monitor, its blocks onlined
+    (this kernel leaves hot-added blocks offline: auto_online_blocks). Returns them."""
+    job = os.environ.get("NUMA_AGENT_VM_JOB")
+    if not job:
+        raise ScenarioSkipped("the harness gave no job folder (NUMA_AGENT_VM_JOB) to ask QEMU's monitor through")
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+    from vmharness.monitor import MonitorError, ask
+    before = set(memory_blocks(node))
+    try:
+        replies = ask(job, [
+            {"execute": "object-add", "arguments": {"qom-type": "memory-backend-ram", "id": "memhot0",
+                                                    "size": DIMM_MIB * MIB}},
+            {"execute": "device_add", "arguments": {"driver": "pc-dimm", "id": "dimm0", "memdev": "memhot0",
+                                                    "node": node}}])
+    except MonitorError as exc:
+        raise ScenarioSkipped(f"QEMU's monitor cannot be asked from this guest: {exc}") from None
+    check(all("return" in r for r in replies), f"QEMU refused the DIMM: {replies}")
+    block_bytes = int((SYS_MEMORY / "block_size_bytes").read_text().strip(), 16)
+    want = DIMM_MIB * MIB // block_bytes
+    check(wait_for(lambda: len(set(memory_blocks(node)) - before) >= want, timeout=HOTPLUG_LIMIT, interval=0.1),
+          f"no new memory blocks on node {node} {HOTPLUG_LIMIT:g} s after the DIMM was plugged "
+          f"(blocks {memory_blocks(node)})")
+    new = sorted(set(memory_blocks(node)) - before)
+    for block in new:
+        if (SYS_MEMORY / f"memory{block}" / "state").read_text().strip() == "offline":
+            set_block(block, "online_movable")  # movable: can go offline again below
+    return new
+
+
+def s17_memhot(g: Guest) -> str | None:
+    g.restart_agent("hotplug", hotplug=True)
+    node = g.kernel.cpu_nodes[-1]
+    before = _memory_node(g.status(), node)
+    capacity, total = before["memory_bytes"]["capacity"], before["memory_total_bytes"]
+    check(total == kernel_memtotal(node), f"node {node}: status says MemTotal {total}, the kernel "
+                                          f"{kernel_memtotal(node)}")
+    big = str(capacity + 128 * MIB)  # fits one node (this one) only once the DIMM is in
+    one_node = ("--policy", "single-numa-node", "--cpus", "1", "--memory", big)
+    r = g.numa_run("--dry-run", *one_node, command=("true",))
+    check(r.returncode == 125, f"{' '.join(one_node)} before the DIMM: exit {r.returncode}, expected a "
+                               f"refusal: {last_lines(r.stdout + r.stderr, 3)}")
+    t0 = time.monotonic()
+    blocks = _plug_dimm(node)
+
+    def grown():
+        n = _memory_node(g.status(), node)
+        return n["memory_total_bytes"] == kernel_memtotal(node) and n["memory_bytes"]["capacity"] > capacity
+    check(wait_for(grown, timeout=HOTPLUG_LIMIT, interval=0.1),
+          f"node {node} capacity still {_memory_node(g.status(), node)['memory_bytes']['capacity']} "
+          f"{HOTPLUG_LIMIT:g} s after a {DIMM_MIB} MiB DIMM (kernel MemTotal {kernel_memtotal(node)})")
+    grew = time.monotonic() - t0
+    after = _memory_node(g.status_cli(), node)
+    check(after["memory_bytes"]["capacity"] - capacity == kernel_memtotal(node) - total == DIMM_MIB * MIB,
+          f"node {node} capacity {capacity} -> {after['memory_bytes']['capacity']}, kernel MemTotal {total} -> "
+          f"{kernel_memtotal(node)}; expected both to grow by {DIMM_MIB} MiB")
+    m = re.search(r'^numa_agent_hotplug_events_total\{kind="memory"\} (\S+)$', g.scrape(), re.M)
+    events = float(m.group(1)) if m else 0.0
+    check(events >= len(blocks), f'numa_agent_hotplug_events_total{{kind="memory"}} is {events} after '
+                                 f"{len(blocks)} blocks were added and onlined")
+    a = g.launch("memhot-a", *one_node)
+    check(a.record["memory_bytes"] == {str(node): int(big)}, f"{a.name} booked {a.record['memory_bytes']}")
+    offlined: list[int] = []
+    try:
+        for block in blocks:  # the DIMM's blocks are movable and hold nothing pinned
+            set_block(block, "offline")
+            offlined.append(block)
+        check(wait_for(lambda: _memory_node(g.status(), node)["memory_short"], timeout=HOTPLUG_LIMIT,
+                       interval=0.1),
+              f"node {node} not reported short {HOTPLUG_LIMIT:g} s after its DIMM went offline under "
+              f"{a.name}'s {big} bytes: {_memory_node(g.status(), node)}")
+        short = _memory_node(g.status_cli(), node)["memory_short"]
+        check(short[0]["booked_bytes"] == int(big) and short[0]["allocatable_bytes"] < int(big),
+              f"status --json memory_short: {short}")
+        missing = _memory_short_metric(g.scrape(), node)
+        check(missing == int(big) - short[0]["allocatable_bytes"],
+              f"numa_agent_memory_short_bytes for node {node} is {missing}; status says {short}")
+        r = g.numa_run("--cpus", "1", "-N", str(node), command=("true",))
+        check(r.returncode == 125 and "take no new admission" in r.stderr,
+              f"--cpus 1 -N {node} on the short node: exit {r.returncode}: {last_lines(r.stderr, 3)}")
+        check(g.listed(a.name)["memory_bytes"] == {str(node): int(big)} and
+              cg_read(a.rel, "memory.max") == big, f"{a.name}'s booking or memory.max changed under the shrink")
+        for block in offlined:
+            set_block(block, "online_movable")
+        offlined = []
+        check(wait_for(lambda: not _memory_node(g.status(), node)["memory_short"], timeout=HOTPLUG_LIMIT,
+                       interval=0.1), f"node {node} still short after its DIMM came back online")
+        r = g.numa_run("--dry-run", "--cpus", "1", "-N", str(node), command=("true",))
+        check(r.returncode == 0, f"--cpus 1 -N {node} after the DIMM came back: exit {r.returncode}: "
+                                 f"{last_lines(r.stderr, 3)}")
+    finally:
+        for block in offlined:
+            set_block(block, "online_movable")
+    return (f"node {node}: {DIMM_MIB} MiB DIMM seen in {grew:.2f} s (capacity {capacity >> 20} -> "
+            f"{after['memory_bytes']['capacity'] >> 20} MiB); offlined under a {int(big) >> 20} MiB booking: "
+            f"short {missing:g} bytes, -N {node} refused; back online: admitted; memory events {events:g}")
+
+
 RUNNERS = {
     "1-pin-core": s1_pin_core,
     "2-exclusive": s2_exclusive,
@@ -1471,6 +1599,7 @@ RUNNERS = {
     "14-scale": s14_scale,
     "15-observe": s15_observe,
     "16-isolation": s16_isolation,
+    "17-memhot": s17_memhot,
 }
 assert tuple(RUNNERS) == SCENARIOS
 

@@ -37,8 +37,9 @@ class MemoryProvider:
         mem_request = _memory_request(request, view)  # checks the amounts, asked for or not
         if request.membind is not None or not _wants_memory(request, view):
             return None
-        machine = view.machine
-        return memory_hints(machine.memory, view.memory_usage, mem_request, machine.node_ids)
+        machine, fenced = view.machine, view.fenced_nodes
+        nodes = [n for n in machine.node_ids if n not in fenced] if fenced else machine.node_ids
+        return memory_hints(machine.memory, view.memory_usage, mem_request, nodes)
 
     def allocate(self, request: Request, view: AdmissionView, affinity: NumaMask | None) -> Allocation:
         if view.pod is not None:
