@@ -32,6 +32,7 @@ from numa_agent.core.names import DEFAULT_SOCKET
 from numa_agent.core.policy import TopologyPolicy, TopologyScope
 from numa_agent.core.units import parse_hugepage_size, parse_size
 from numa_agent.isolation.plan import parse_kinds
+from numa_agent.service.logging_setup import check_level
 
 DEFAULT_CONFIG = "/etc/numa-agent/config.toml"
 DEFAULT_STATE_DIR = "/var/lib/numa-agent"
@@ -187,6 +188,11 @@ def _agent_fields(agent: AgentSection) -> dict[str, Any]:
         fields["socket_mode"] = _socket_mode(fields["socket_mode"])
     if "metrics_address" in fields:
         fields["metrics_address"] = fields["metrics_address"] or None
+    if "log_level" in fields:  # checked here so that the error names the key, not --log-level
+        try:
+            check_level(fields["log_level"])
+        except ValueError as exc:
+            raise ConfigError(f"agent.log_level: {exc}") from None
     return fields
 
 

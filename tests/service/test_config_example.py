@@ -227,3 +227,16 @@ def test_a_misspelt_option_is_a_configuration_error(tmp_path, text, message):
 ])
 def test_a_device_selector_mistake_is_a_configuration_error(tmp_path, text, message):
     assert _error(tmp_path, text).startswith(message)
+
+
+def test_a_misspelt_log_level_is_named_by_its_key_when_the_file_is_read(tmp_path):
+    # Not by the flag --log-level, and not only once logging is set up after loading.
+    assert _error(tmp_path, '[agent]\nlog_level = "verbose"\n') == (
+        "agent.log_level: invalid log level 'verbose'; valid levels: debug, info, warning, error, critical")
+    assert load_config(_write(tmp_path, '[agent]\nlog_level = "DEBUG"\n'), required=True).log_level == "DEBUG"
+
+
+def _write(tmp_path, text):
+    path = tmp_path / "config.toml"
+    path.write_text(text)
+    return path
