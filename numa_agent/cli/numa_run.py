@@ -25,6 +25,7 @@ from numa_agent.core.mempolicy import (
     chosen_policy,
     decide,
     failure_message,
+    name_policy_nodes,
     request_membind,
 )
 
@@ -302,6 +303,7 @@ def _print_binding(record: dict[str, Any], env: dict[str, str], memory_note: str
 def _admit(args: argparse.Namespace,
            command: list[str]) -> tuple[dict[str, Any], MemoryPolicy | None] | int:
     """Ask the agent: (its answer, the memory policy asked for), or an exit status."""
+    asked: MemoryPolicy | None = None  # an error may come before the policy is read
     try:
         context = common.list_context(args, args.physcpubind, args.cpunodebind, args.membind,
                                       args.interleave, args.preferred, args.weighted_interleave)
@@ -317,6 +319,9 @@ def _admit(args: argparse.Namespace,
         path = "/v1/workloads?dry_run=1" if args.dry_run else "/v1/workloads"
         _, record = common.call(args, "POST", path, body)
     except common.AgentError as exc:
+        message = name_policy_nodes(asked, args.membind is not None, exc.error.get("message", ""))
+        if message != exc.error.get("message"):
+            exc = common.AgentError(exc.status, {**exc.error, "message": message})
         _report_agent_error(args, exc)
         return EXIT_FAILURE
     except (common.CliError, PolicyRefused) as exc:

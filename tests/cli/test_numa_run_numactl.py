@@ -6,6 +6,7 @@ import sys
 
 import pytest
 
+from numa_agent.api.errors import BadRequest
 from numa_agent.api.server import ApiServer
 from numa_agent.cli import common
 from numa_agent.cli.numa_run import main, parse_args
@@ -80,6 +81,23 @@ def test_policy_outside_the_answered_booking_is_refused_and_released(server, fak
     assert out.returncode == 125
     assert "refused: --interleave 1: node(s) 1 lie outside the booked memory nodes 0" in out.stderr
     assert "release" in fake.service_calls() and fake.workloads == {}
+
+
+@pytest.mark.parametrize("options,named", [
+    (["-i", "9"], "--interleave 9: NUMA node(s) 9 do not exist"),
+    (["-p", "9"], "--preferred 9: NUMA node(s) 9 do not exist"),
+    (["-w", "8-9"], "--weighted-interleave 8-9: NUMA node(s) 9 do not exist"),
+    (["-m", "9", "-l"], "membind: NUMA node(s) 9 do not exist"),
+])
+def test_a_policy_node_the_machine_lacks_is_named_by_the_policy_option(server, fake, monkeypatch,
+                                                                       options, named):
+    # The agent checks the nodes a policy books as membind; the user wrote the policy's option.
+    def checks_nodes(request, caller, dry_run=False):
+        raise BadRequest("membind: NUMA node(s) 9 do not exist or are not usable (usable: 0,1)")
+    monkeypatch.setattr(fake, "admit", checks_nodes)
+    out = run_numa_run(server, "--dry-run", *options, "--cpus", "1", "--", "true")
+    assert out.returncode == 125
+    assert f"numa-run: error: {named} or are not usable (usable: 0,1)" in out.stderr
 
 
 def test_two_policies_exclude_each_other(server, fake):
