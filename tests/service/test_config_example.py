@@ -240,3 +240,23 @@ def _write(tmp_path, text):
     path = tmp_path / "config.toml"
     path.write_text(text)
     return path
+
+
+@pytest.mark.parametrize("text,message", [
+    ('[agent]\nmetrics_address = "9464"\n',
+     "agent.metrics_address: metrics address '9464' has no port; expected HOST:PORT"),
+    ('[agent]\nmetrics_address = "127.0.0.1:99999"\n',
+     "agent.metrics_address: metrics address '127.0.0.1:99999': port must be a number"),
+    ('[agent]\ncgroup_root = "autoo"\n',
+     "agent.cgroup_root: 'autoo' is not auto, none or an absolute directory"),
+])
+def test_an_agent_value_mistake_is_a_configuration_error_naming_the_key(tmp_path, text, message):
+    # Not found only at start-up, as a metrics or cgroup failure, or as a relative directory.
+    assert _error(tmp_path, text).startswith(message)
+
+
+def test_an_agent_value_that_is_right_loads(tmp_path):
+    cfg = load_config(_write(tmp_path, '[agent]\nmetrics_address = "[::1]:9464"\ncgroup_root = "/sys/fs/cgroup/x"\n'),
+                      required=True)
+    assert (cfg.metrics_address, cfg.cgroup_root) == ("[::1]:9464", "/sys/fs/cgroup/x")
+    assert load_config(_write(tmp_path, '[agent]\nmetrics_address = ""\n'), required=True).metrics_address is None
