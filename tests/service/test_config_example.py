@@ -33,8 +33,7 @@ def test_commented_examples_are_valid_when_enabled(tmp_path):
 
 
 def _error(tmp_path, text):
-    path = tmp_path / "config.toml"
-    path.write_text(text)
+    path = _write(tmp_path, text)
     with pytest.raises(ConfigError) as info:
         load_config(path, required=True)
     message = str(info.value)
