@@ -190,7 +190,9 @@ def _merge(pairs: list[tuple[str, int]] | None, option: str) -> dict[str, int]:
     merged: dict[str, int] = {}
     for key, count in pairs or []:
         if key in merged:
-            raise CliError(f"{option} {key} given twice")
+            # hugepage keys are the API's kB: name the size as people write it too
+            named = units.page_size_text(int(key)) if option.endswith("hugepages") else key
+            raise CliError(f"{option} {named} given twice")
         merged[key] = count
     return merged
 

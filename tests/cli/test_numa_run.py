@@ -107,6 +107,8 @@ def test_bad_option_exits_125(argv, message, capsys):
     (["--shared", "--cpus", "2", "x"], "exclude each other"),
     (["--pod-cpus", "2", "x"], "need --pod NAME"),
     (["--device", "gpu=1", "--device", "gpu=2", "x"], "--device gpu given twice"),
+    (["--cpus", "1", "--hugepages", "2Mi=1", "--hugepages", "2048kB=2", "x"],
+     "--hugepages 2 MiB (2048kB) given twice"),  # the size as people write it, not the API's "2048"
     (["--shared", "--isolate", "irqs", "x"], "--isolate needs exclusive CPUs"),
     (["--isolate", "irqs", "x"], "--isolate needs exclusive CPUs"),
     (["--cpus", "1", "--isolate-strict", "x"], "--isolate-strict needs --isolate"),
