@@ -36,6 +36,15 @@ class AgentError(CliError):
         self.error = error
 
 
+def stdout_closed() -> int:
+    """The reader of stdout went away (`| head -1`): the exit status, 0, after pointing
+    stdout at /dev/null so that the interpreter's last flush does not fail again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return 0
+
+
 # ------------------------------------------------------------------ socket
 def add_socket_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--socket", metavar="PATH", default=None,

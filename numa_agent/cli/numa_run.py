@@ -415,6 +415,8 @@ def main(argv: list[str] | None = None) -> int:
         return run(parse_args(sys.argv[1:] if argv is None else argv))
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        return common.stdout_closed()
 
 
 if __name__ == "__main__":

@@ -335,3 +335,19 @@ def test_isolation_lines_say_what_was_and_was_not_done():
     assert common.isolation_lines(record) == ["  isolation (irqs, freq): irqs done",
                                               "  isolation not done: freq: not available on this machine"]
     assert common.isolation_lines({"name": "b", "isolation": None}) == []
+
+
+@pytest.mark.parametrize("argv", [["-s"], ["--dry-run", "--cpus", "1", "--", "true"],
+                                  ["--dry-run", "--json", "--cpus", "1", "--", "true"]])
+def test_a_reader_gone_before_the_output_is_no_traceback(server, argv):
+    # `numa-run -s | head -1`: as the numa-agent commands, a closed stdout ends quietly with 0.
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        out = subprocess.run([sys.executable, "-m", "numa_agent.cli.numa_run", *argv], cwd=REPO,
+                             env={**os.environ, "PYTHONPATH": str(REPO),
+                                  "NUMA_AGENT_SOCKET": server.socket_path},
+                             stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=60)
+    finally:
+        os.close(write_end)
+    assert (out.returncode, out.stderr) == (0, "")
