@@ -411,12 +411,18 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    args = None
     try:
-        return run(parse_args(sys.argv[1:] if argv is None else argv))
+        args = parse_args(sys.argv[1:] if argv is None else argv)
+        return run(args)
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:
-        return common.stdout_closed()
+        common.stdout_closed()
+        # -s and --dry-run lost only their output; a launch that failed saying its binding
+        # did not run the command, which no 0 may hide
+        printing_only = args is not None and (args.show or args.dry_run)
+        return 0 if printing_only else EXIT_FAILURE
 
 
 if __name__ == "__main__":

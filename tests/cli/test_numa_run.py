@@ -351,3 +351,17 @@ def test_a_reader_gone_before_the_output_is_no_traceback(server, argv):
     finally:
         os.close(write_end)
     assert (out.returncode, out.stderr) == (0, "")
+
+
+def test_a_launch_that_cannot_print_its_binding_does_not_claim_success(server, fake):
+    # -v writes the binding to stderr before exec; with stderr gone the command never ran.
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        out = subprocess.run([sys.executable, "-m", "numa_agent.cli.numa_run", "-v", "--cpus", "1", "--",
+                              "true"], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO),
+                                                      "NUMA_AGENT_SOCKET": server.socket_path},
+                             stdout=subprocess.PIPE, stderr=write_end, timeout=60)
+    finally:
+        os.close(write_end)
+    assert out.returncode == 125
