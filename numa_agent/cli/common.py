@@ -88,8 +88,10 @@ def parse_size(text: str) -> int:
 
 def parse_count(text: str, what: str, low: int = 0) -> int:
     text = text.strip()
-    if not (text.isascii() and text.isdigit()) or len(text) > 18 or int(text) < low:
+    if not (text.isascii() and text.isdigit()) or int(text) < low:
         raise argparse.ArgumentTypeError(f"invalid {what} {text!r}: expected a whole number >= {low}")
+    if len(text) > 18:  # what the API's 64-bit counts hold
+        raise argparse.ArgumentTypeError(f"invalid {what} {text!r}: at most 18 digits")
     return int(text)
 
 

@@ -88,6 +88,7 @@ def test_option_parsing(argv, fields, command):
 
 @pytest.mark.parametrize("argv,message", [
     (["--cpus", "two", "x"], "invalid CPU count"),
+    (["--cpus", "9" * 20, "x"], f"invalid CPU count '{'9' * 20}': at most 18 digits"),  # a whole number
     (["--memory", "lots", "x"], "invalid size"),
     (["--policy", "always", "x"], "invalid choice"),
     (["-N", "a", "x"], "invalid NUMA node list"),
