@@ -236,8 +236,9 @@ def add_allocation_options(parser: argparse.ArgumentParser) -> None:
             "numactl takes none either.", 78))
     numactl.add_argument("-C", "--physcpubind", type=cpu_list, metavar="CPUS",
                          help="exactly these CPUs, booked exclusively, e.g. 2-5 or '!0'")
-    numactl.add_argument("-N", "--cpunodebind", type=node_list, metavar="NODES",
-                         help="CPUs from these NUMA nodes, e.g. 0 or 0,1 or all")
+    numactl.add_argument("-N", "--cpunodebind", "-c", "--cpubind", type=node_list, metavar="NODES",
+                         help="CPUs from these NUMA nodes, e.g. 0 or 0,1 or all (-c/--cpubind: "
+                              "numactl's older names)")
     numactl.add_argument("-m", "--membind", type=node_list, metavar="NODES",
                          help="memory from these NUMA nodes (booked, and the cgroup's "
                               "cpuset.mems; MPOL_BIND in the affinity fallback)")

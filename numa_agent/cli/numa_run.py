@@ -74,7 +74,7 @@ UNSUPPORTED = (
                           "use -m to bind memory"),
     ("-P", "--preferred-many", "book the nodes with -m NODES and prefer one with -p NODE"),
     ("-H", "--hardware", "use numa-agent topology (its first block is numactl -H's)"),
-    ("-c", "--cpu-compress", "use numa-agent topology"),
+    (None, "--cpu-compress", "use numa-agent topology"),  # long only: numactl's -c is --cpubind
     ("-S", "--shm", _SHM), ("-f", "--file", _SHM), ("-I", "--shmid", _SHM),
     ("-L", "--length", _SHM), ("-o", "--offset", _SHM), ("-M", "--shmmode", _SHM),
     ("-u", "--huge", _SHM + "; hugepages for the program: --hugepages SIZE=COUNT"),
@@ -88,7 +88,8 @@ def unsupported_message(argument: str) -> str | None:
     option = argument.split("=", 1)[0]
     for short, long, remedy in UNSUPPORTED:
         if option in (short, long):
-            return f"numactl's {short}/{long} is not supported: {remedy}"
+            names = f"{short}/{long}" if short else long
+            return f"numactl's {names} is not supported: {remedy}"
     return None
 
 

@@ -112,6 +112,7 @@ def test_two_policies_exclude_each_other(server, fake):
     (["-a", "true"], "numactl's -a/--all is not supported: CPUs and nodes come from"),
     (["--cpus", "1", "-P", "0,1", "true"], "numactl's -P/--preferred-many is not supported: book"),
     (["-H"], "use numa-agent topology"),
+    (["--cpu-compress", "true"], "numactl's --cpu-compress is not supported: use numa-agent topology"),
     (["-C", "0x3", "true"], "numactl's -C takes no hex mask"),
     (["-i", "0x1", "true"], "a hex mask is not a node list"),
 ])
@@ -170,6 +171,12 @@ def test_show_after_an_interleave(fake, sock_dir):
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines()[:3] == ["policy: interleave", "preferred node: 0 (interleave next)",
                                            "interleavemask: 0 "]
+
+
+@pytest.mark.parametrize("argv", [["-c", "1"], ["--cpubind", "1"], ["--cpubind=1"]])
+def test_numactls_older_cpubind_is_its_cpunodebind(argv):
+    # numactl takes -c/--cpubind as -N/--cpunodebind (its --cpu-compress has no short form).
+    assert parse_args([*argv, "x"]).cpunodebind == parse_args(["-N", "1", "x"]).cpunodebind
 
 
 def test_list_forms_parse_into_the_request():
