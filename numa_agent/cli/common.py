@@ -236,7 +236,9 @@ def add_allocation_options(parser: argparse.ArgumentParser) -> None:
             "numactl takes none either.", 78))
     numactl.add_argument("-C", "--physcpubind", type=cpu_list, metavar="CPUS",
                          help="exactly these CPUs, booked exclusively, e.g. 2-5 or '!0'")
-    numactl.add_argument("-N", "--cpunodebind", "-c", "--cpubind", type=node_list, metavar="NODES",
+    # numactl's older names first: a synopsis shows the last long name
+    numactl.add_argument("-c", "--cpubind", "-N", "--cpunodebind", dest="cpunodebind", type=node_list,
+                         metavar="NODES",
                          help="CPUs from these NUMA nodes, e.g. 0 or 0,1 or all (-c/--cpubind: "
                               "numactl's older names)")
     numactl.add_argument("-m", "--membind", type=node_list, metavar="NODES",
