@@ -5,9 +5,12 @@
 # in an interactive shell. So it changes no shell option of its caller (no
 # `set -e` that would close the terminal on the next failing command) and
 # returns non-zero instead of exiting when the set-up fails.
+# This file's path: bash's BASH_SOURCE; zsh has none, but its $0 names the sourced file
+# (here, outside any function, where zsh's $0 would name the function).
+_numa_agent_source="${BASH_SOURCE[0]:-$0}"
 _numa_agent_bootstrap() {
     local want
-    ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)" || return 1
+    ROOT="$(cd "$(dirname "$_numa_agent_source")/.." && pwd)" || return 1
     VENV="$ROOT/.venv"
     local stamp="$VENV/.installed-from"
     want="$(sha256sum "$ROOT/pyproject.toml" | cut -d' ' -f1)" || return 1
@@ -26,5 +29,6 @@ _numa_agent_bootstrap() {
 _numa_agent_bootstrap
 _numa_agent_status=$?
 unset -f _numa_agent_bootstrap
+unset _numa_agent_source
 # shellcheck disable=SC2317  # `return` when sourced, `exit` when run
 return "$_numa_agent_status" 2>/dev/null || exit "$_numa_agent_status"

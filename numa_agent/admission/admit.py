@@ -38,7 +38,7 @@ from numa_agent.admission.view import (
 from numa_agent.core.cpuset import CpuSet
 from numa_agent.core.hints import HintSet, NumaMask
 from numa_agent.core.policy import POLICY_NAMES, TopologyPolicy
-from numa_agent.core.units import format_bytes
+from numa_agent.core.units import page_size_text
 from numa_agent.state.model import AgentState, Booking, Pod, Workload, replace
 
 __all__ = [
@@ -183,14 +183,9 @@ def _check_resource_names(machine: Machine, r: Resources) -> None:
         if r.hugepages else set()
     for size_kb in r.hugepages:
         if size_kb not in sizes:
-            known = ", ".join(_page_size(kb) for kb in sorted(sizes)) or "none"
-            raise InvalidRequest(f"hugepages of {_page_size(size_kb)} do not exist on this machine "
+            known = ", ".join(page_size_text(kb) for kb in sorted(sizes)) or "none"
+            raise InvalidRequest(f"hugepages of {page_size_text(size_kb)} do not exist on this machine "
                                  f"(its page sizes: {known})")
-
-
-def _page_size(size_kb: int) -> str:
-    """"2 MiB (2048kB)": for people, then as the kernel and the API name it."""
-    return f"{format_bytes(size_kb << 10)} ({size_kb}kB)"
 
 
 def _workload(req: Request, booking: Booking, shared: bool | None = None) -> Workload:

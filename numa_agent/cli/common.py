@@ -36,6 +36,15 @@ class AgentError(CliError):
         self.error = error
 
 
+def stdout_closed() -> int:
+    """The reader of stdout went away (`| head -1`): the exit status, 0, after pointing
+    stdout at /dev/null so that the interpreter's last flush does not fail again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return 0
+
+
 # ------------------------------------------------------------------ socket
 def add_socket_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--socket", metavar="PATH", default=None,
@@ -79,8 +88,10 @@ def parse_size(text: str) -> int:
 
 def parse_count(text: str, what: str, low: int = 0) -> int:
     text = text.strip()
-    if not (text.isascii() and text.isdigit()) or len(text) > 18 or int(text) < low:
+    if not (text.isascii() and text.isdigit()) or int(text) < low:
         raise argparse.ArgumentTypeError(f"invalid {what} {text!r}: expected a whole number >= {low}")
+    if len(text) > 18:  # what the API's 64-bit counts hold
+        raise argparse.ArgumentTypeError(f"invalid {what} {text!r}: at most 18 digits")
     return int(text)
 
 
@@ -190,7 +201,9 @@ def _merge(pairs: list[tuple[str, int]] | None, option: str) -> dict[str, int]:
     merged: dict[str, int] = {}
     for key, count in pairs or []:
         if key in merged:
-            raise CliError(f"{option} {key} given twice")
+            # hugepage keys are the API's kB: name the size as people write it too
+            named = units.page_size_text(int(key)) if option.endswith("hugepages") else key
+            raise CliError(f"{option} {named} given twice")
         merged[key] = count
     return merged
 
@@ -223,8 +236,11 @@ def add_allocation_options(parser: argparse.ArgumentParser) -> None:
             "numactl takes none either.", 78))
     numactl.add_argument("-C", "--physcpubind", type=cpu_list, metavar="CPUS",
                          help="exactly these CPUs, booked exclusively, e.g. 2-5 or '!0'")
-    numactl.add_argument("-N", "--cpunodebind", type=node_list, metavar="NODES",
-                         help="CPUs from these NUMA nodes, e.g. 0 or 0,1 or all")
+    # numactl's older names first: a synopsis shows the last long name
+    numactl.add_argument("-c", "--cpubind", "-N", "--cpunodebind", dest="cpunodebind", type=node_list,
+                         metavar="NODES",
+                         help="CPUs from these NUMA nodes, e.g. 0 or 0,1 or all (-c/--cpubind: "
+                              "numactl's older names)")
     numactl.add_argument("-m", "--membind", type=node_list, metavar="NODES",
                          help="memory from these NUMA nodes (booked, and the cgroup's "
                               "cpuset.mems; MPOL_BIND in the affinity fallback)")

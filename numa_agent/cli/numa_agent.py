@@ -12,6 +12,7 @@ import importlib
 import sys
 
 from numa_agent import __version__
+from numa_agent.cli import common
 
 # subcommand name -> module under numa_agent.cli
 SUBCOMMANDS = {
@@ -44,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:
-        return 0
+        return common.stdout_closed()
 
 
 if __name__ == "__main__":

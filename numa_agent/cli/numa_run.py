@@ -25,6 +25,7 @@ from numa_agent.core.mempolicy import (
     chosen_policy,
     decide,
     failure_message,
+    name_policy_nodes,
     request_membind,
 )
 
@@ -73,7 +74,7 @@ UNSUPPORTED = (
                           "use -m to bind memory"),
     ("-P", "--preferred-many", "book the nodes with -m NODES and prefer one with -p NODE"),
     ("-H", "--hardware", "use numa-agent topology (its first block is numactl -H's)"),
-    ("-c", "--cpu-compress", "use numa-agent topology"),
+    (None, "--cpu-compress", "use numa-agent topology"),  # long only: numactl's -c is --cpubind
     ("-S", "--shm", _SHM), ("-f", "--file", _SHM), ("-I", "--shmid", _SHM),
     ("-L", "--length", _SHM), ("-o", "--offset", _SHM), ("-M", "--shmmode", _SHM),
     ("-u", "--huge", _SHM + "; hugepages for the program: --hugepages SIZE=COUNT"),
@@ -87,7 +88,8 @@ def unsupported_message(argument: str) -> str | None:
     option = argument.split("=", 1)[0]
     for short, long, remedy in UNSUPPORTED:
         if option in (short, long):
-            return f"numactl's {short}/{long} is not supported: {remedy}"
+            names = f"{short}/{long}" if short else long
+            return f"numactl's {names} is not supported: {remedy}"
     return None
 
 
@@ -302,6 +304,7 @@ def _print_binding(record: dict[str, Any], env: dict[str, str], memory_note: str
 def _admit(args: argparse.Namespace,
            command: list[str]) -> tuple[dict[str, Any], MemoryPolicy | None] | int:
     """Ask the agent: (its answer, the memory policy asked for), or an exit status."""
+    asked: MemoryPolicy | None = None  # an error may come before the policy is read
     try:
         context = common.list_context(args, args.physcpubind, args.cpunodebind, args.membind,
                                       args.interleave, args.preferred, args.weighted_interleave)
@@ -317,6 +320,9 @@ def _admit(args: argparse.Namespace,
         path = "/v1/workloads?dry_run=1" if args.dry_run else "/v1/workloads"
         _, record = common.call(args, "POST", path, body)
     except common.AgentError as exc:
+        message = name_policy_nodes(asked, args.membind is not None, exc.error.get("message", ""))
+        if message != exc.error.get("message"):
+            exc = common.AgentError(exc.status, {**exc.error, "message": message})
         _report_agent_error(args, exc)
         return EXIT_FAILURE
     except (common.CliError, PolicyRefused) as exc:
@@ -406,10 +412,18 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    args = None
     try:
-        return run(parse_args(sys.argv[1:] if argv is None else argv))
+        args = parse_args(sys.argv[1:] if argv is None else argv)
+        return run(args)
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        common.stdout_closed()
+        # -s and --dry-run lost only their output; a launch that failed saying its binding
+        # did not run the command, which no 0 may hide
+        printing_only = args is not None and (args.show or args.dry_run)
+        return 0 if printing_only else EXIT_FAILURE
 
 
 if __name__ == "__main__":

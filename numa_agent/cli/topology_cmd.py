@@ -1,4 +1,4 @@
-"""`numa-agent topology [--sysfs-root DIR] [--json] [--all-devices] [--pci-ids FILE]`:
+"""`numa-agent topology [--sysfs-root DIR|ARCHIVE] [--json] [--all-devices] [--pci-ids FILE]`:
 what discovery sees."""
 
 from __future__ import annotations
@@ -8,6 +8,7 @@ import sys
 
 from numa_agent.discovery.pci_ids import PCI_IDS_PATHS, PciIdsFile
 from numa_agent.discovery.sysfs import DiscoveryError, read_topology
+from numa_agent.service.snapshot import SnapshotError, extract_snapshot, is_archive, remove_snapshot
 from numa_agent.views.topology_report import render_text, topology_to_json
 
 
@@ -18,8 +19,9 @@ def add_parser(subparsers) -> None:
         description="Discover NUMA nodes, CPUs, caches, memory, hugepages and PCI devices "
                     "from sysfs/procfs and print them.",
     )
-    p.add_argument("--sysfs-root", default="/", metavar="DIR",
-                   help="directory holding sys/ and proc/ (default: /)")
+    p.add_argument("--sysfs-root", default="/", metavar="DIR|ARCHIVE",
+                   help="directory holding sys/ and proc/ (default: /), or a snapshot archive of one "
+                        "(.tar.gz, .tgz, .tar), as serve takes it")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
     p.add_argument("--all-devices", action="store_true",
                    help="list every PCI device (bridges, uncore, DMA engines, USB ...), not only "
@@ -31,15 +33,22 @@ def add_parser(subparsers) -> None:
 
 
 def run(args) -> int:
+    scratch = None
     try:
-        topology = read_topology(args.sysfs_root)
-    except DiscoveryError as exc:
+        root = args.sysfs_root
+        if is_archive(root):
+            scratch, root = extract_snapshot(root)
+        topology = read_topology(root)
+    except (DiscoveryError, SnapshotError) as exc:
         print(f"numa-agent topology: {exc}", file=sys.stderr)
         return 1
     except OSError as exc:  # e.g. a directory discovery may not list
         print(f"numa-agent topology: {exc.filename or args.sysfs_root}: {exc.strerror or exc}",
               file=sys.stderr)
         return 1
+    finally:
+        if scratch is not None:  # discovery has read everything it needs
+            remove_snapshot(scratch)
     names = PciIdsFile(args.pci_ids or PCI_IDS_PATHS).names(topology.pci_devices)
     if args.json:
         json.dump(topology_to_json(topology, names), sys.stdout, indent=2)

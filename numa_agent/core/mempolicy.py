@@ -104,6 +104,15 @@ def request_membind(policy: MemoryPolicy | None,
     return list(policy.nodes)
 
 
+def name_policy_nodes(policy: MemoryPolicy | None, membind_given: bool, message: str) -> str:
+    """The agent's error about the nodes a policy booked (sent as membind when -m was not
+    given) named by the option the user wrote instead."""
+    prefix = "membind: "
+    if policy is None or not policy.nodes or membind_given or not message.startswith(prefix):
+        return message
+    return f"{policy.option} {nodes_text(policy.nodes)}: {message[len(prefix):]}"
+
+
 def decide(policy: MemoryPolicy | None, booked_mems: Sequence[int]) -> MemoryPolicy | None:
     """The policy to set for a booking whose memory nodes are `booked_mems`."""
     if policy is None:

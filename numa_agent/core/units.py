@@ -122,3 +122,8 @@ def format_bytes(n: int) -> str:
         if whole < 1024 or power == len(_IEC) - 1:
             return f"{whole} {_IEC[power]}"
         power += 1  # 1023.6 MiB rounds to 1024 MiB: say 1.0 GiB
+
+
+def page_size_text(size_kb: int) -> str:
+    """"2 MiB (2048kB)": a hugepage size for people, then as the kernel and the API name it."""
+    return f"{format_bytes(size_kb << 10)} ({size_kb}kB)"

@@ -32,6 +32,8 @@ from numa_agent.core.names import DEFAULT_SOCKET
 from numa_agent.core.policy import TopologyPolicy, TopologyScope
 from numa_agent.core.units import parse_hugepage_size, parse_size
 from numa_agent.isolation.plan import parse_kinds
+from numa_agent.service.logging_setup import check_level
+from numa_agent.views.metrics import parse_address
 
 DEFAULT_CONFIG = "/etc/numa-agent/config.toml"
 DEFAULT_STATE_DIR = "/var/lib/numa-agent"
@@ -187,6 +189,20 @@ def _agent_fields(agent: AgentSection) -> dict[str, Any]:
         fields["socket_mode"] = _socket_mode(fields["socket_mode"])
     if "metrics_address" in fields:
         fields["metrics_address"] = fields["metrics_address"] or None
+        if fields["metrics_address"] is not None:
+            try:
+                parse_address(fields["metrics_address"])
+            except ValueError as exc:
+                raise ConfigError(f"agent.metrics_address: {exc}") from None
+    root = fields.get("cgroup_root")
+    if root is not None and root not in ("auto", "none") and not root.startswith("/"):
+        # a relative directory here is a misspelt keyword, not a cgroup found from the cwd
+        raise ConfigError(f"agent.cgroup_root: {root!r} is not auto, none or an absolute directory")
+    if "log_level" in fields:  # checked here so that the error names the key, not --log-level
+        try:
+            check_level(fields["log_level"])
+        except ValueError as exc:
+            raise ConfigError(f"agent.log_level: {exc}") from None
     return fields
 
 

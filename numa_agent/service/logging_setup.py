@@ -71,6 +71,14 @@ class _AgentHandler(logging.StreamHandler):
     """The agent's own handler, told apart from anyone else's by its type."""
 
 
+def check_level(level: str) -> str:
+    """`level` as one of LEVELS (any case accepted); ValueError naming the valid ones."""
+    name = level.strip().lower() if isinstance(level, str) else ""
+    if name not in LEVELS:
+        raise ValueError(f"invalid log level {level!r}; valid levels: {', '.join(LEVELS)}")
+    return name
+
+
 def setup_logging(
     level: str,
     *,
@@ -79,9 +87,7 @@ def setup_logging(
 ) -> logging.Logger:
     """Configure the `numa_agent` logger at `level` (debug|info|warning|error|critical,
     any case). Calling it again replaces the previous handler."""
-    name = level.strip().lower() if isinstance(level, str) else ""
-    if name not in LEVELS:
-        raise ValueError(f"invalid log level {level!r}; valid levels: {', '.join(LEVELS)}")
+    name = check_level(level)
     out = sys.stderr if stream is None else stream
     environ = os.environ if env is None else env
 

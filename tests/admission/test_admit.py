@@ -83,6 +83,15 @@ def test_single_numa_node_refuses_what_spans_nodes_and_explains():
     assert d.workload.booking.numa_nodes == (0, 1)
 
 
+def test_a_topology_refusal_names_only_the_resources_that_do_not_fit_one_node():
+    # 2 CPUs fit on either node; 10 GiB of memory fits on none (8 GiB each): the reason is memory's.
+    with pytest.raises(Refusal) as err:
+        decide(machine("single-numa-node"), AgentState(), req("mem", cpus=2, memory_bytes=10 << 30))
+    assert err.value.code == "topology_affinity_error"
+    assert "memory: requested 10 GiB" in err.value.message
+    assert "CPUs requested" not in err.value.message
+
+
 def test_a_refusal_says_admit_false_whatever_the_topology_verdict():
     # The merge aligns 3 CPUs on one node; the CPU manager then refuses an odd count.
     m = machine("single-numa-node", cpu_options={"full-pcpus-only": "true"})

@@ -88,6 +88,7 @@ def test_option_parsing(argv, fields, command):
 
 @pytest.mark.parametrize("argv,message", [
     (["--cpus", "two", "x"], "invalid CPU count"),
+    (["--cpus", "9" * 20, "x"], f"invalid CPU count '{'9' * 20}': at most 18 digits"),  # a whole number
     (["--memory", "lots", "x"], "invalid size"),
     (["--policy", "always", "x"], "invalid choice"),
     (["-N", "a", "x"], "invalid NUMA node list"),
@@ -107,6 +108,8 @@ def test_bad_option_exits_125(argv, message, capsys):
     (["--shared", "--cpus", "2", "x"], "exclude each other"),
     (["--pod-cpus", "2", "x"], "need --pod NAME"),
     (["--device", "gpu=1", "--device", "gpu=2", "x"], "--device gpu given twice"),
+    (["--cpus", "1", "--hugepages", "2Mi=1", "--hugepages", "2048kB=2", "x"],
+     "--hugepages 2 MiB (2048kB) given twice"),  # the size as people write it, not the API's "2048"
     (["--shared", "--isolate", "irqs", "x"], "--isolate needs exclusive CPUs"),
     (["--isolate", "irqs", "x"], "--isolate needs exclusive CPUs"),
     (["--cpus", "1", "--isolate-strict", "x"], "--isolate-strict needs --isolate"),
@@ -333,3 +336,33 @@ def test_isolation_lines_say_what_was_and_was_not_done():
     assert common.isolation_lines(record) == ["  isolation (irqs, freq): irqs done",
                                               "  isolation not done: freq: not available on this machine"]
     assert common.isolation_lines({"name": "b", "isolation": None}) == []
+
+
+@pytest.mark.parametrize("argv", [["-s"], ["--dry-run", "--cpus", "1", "--", "true"],
+                                  ["--dry-run", "--json", "--cpus", "1", "--", "true"]])
+def test_a_reader_gone_before_the_output_is_no_traceback(server, argv):
+    # `numa-run -s | head -1`: as the numa-agent commands, a closed stdout ends quietly with 0.
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        out = subprocess.run([sys.executable, "-m", "numa_agent.cli.numa_run", *argv], cwd=REPO,
+                             env={**os.environ, "PYTHONPATH": str(REPO),
+                                  "NUMA_AGENT_SOCKET": server.socket_path},
+                             stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=60)
+    finally:
+        os.close(write_end)
+    assert (out.returncode, out.stderr) == (0, "")
+
+
+def test_a_launch_that_cannot_print_its_binding_does_not_claim_success(server, fake):
+    # -v writes the binding to stderr before exec; with stderr gone the command never ran.
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        out = subprocess.run([sys.executable, "-m", "numa_agent.cli.numa_run", "-v", "--cpus", "1", "--",
+                              "true"], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO),
+                                                      "NUMA_AGENT_SOCKET": server.socket_path},
+                             stdout=subprocess.PIPE, stderr=write_end, timeout=60)
+    finally:
+        os.close(write_end)
+    assert out.returncode == 125

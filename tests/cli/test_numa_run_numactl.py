@@ -6,6 +6,7 @@ import sys
 
 import pytest
 
+from numa_agent.api.errors import BadRequest
 from numa_agent.api.server import ApiServer
 from numa_agent.cli import common
 from numa_agent.cli.numa_run import main, parse_args
@@ -82,6 +83,23 @@ def test_policy_outside_the_answered_booking_is_refused_and_released(server, fak
     assert "release" in fake.service_calls() and fake.workloads == {}
 
 
+@pytest.mark.parametrize("options,named", [
+    (["-i", "9"], "--interleave 9: NUMA node(s) 9 do not exist"),
+    (["-p", "9"], "--preferred 9: NUMA node(s) 9 do not exist"),
+    (["-w", "8-9"], "--weighted-interleave 8-9: NUMA node(s) 9 do not exist"),
+    (["-m", "9", "-l"], "membind: NUMA node(s) 9 do not exist"),
+])
+def test_a_policy_node_the_machine_lacks_is_named_by_the_policy_option(server, fake, monkeypatch,
+                                                                       options, named):
+    # The agent checks the nodes a policy books as membind; the user wrote the policy's option.
+    def checks_nodes(request, caller, dry_run=False):
+        raise BadRequest("membind: NUMA node(s) 9 do not exist or are not usable (usable: 0,1)")
+    monkeypatch.setattr(fake, "admit", checks_nodes)
+    out = run_numa_run(server, "--dry-run", *options, "--cpus", "1", "--", "true")
+    assert out.returncode == 125
+    assert f"numa-run: error: {named} or are not usable (usable: 0,1)" in out.stderr
+
+
 def test_two_policies_exclude_each_other(server, fake):
     out = run_numa_run(server, "-i", "0", "-l", "--cpus", "1", "--", "true")
     assert out.returncode == 125 and "exclude each other" in out.stderr
@@ -94,6 +112,7 @@ def test_two_policies_exclude_each_other(server, fake):
     (["-a", "true"], "numactl's -a/--all is not supported: CPUs and nodes come from"),
     (["--cpus", "1", "-P", "0,1", "true"], "numactl's -P/--preferred-many is not supported: book"),
     (["-H"], "use numa-agent topology"),
+    (["--cpu-compress", "true"], "numactl's --cpu-compress is not supported: use numa-agent topology"),
     (["-C", "0x3", "true"], "numactl's -C takes no hex mask"),
     (["-i", "0x1", "true"], "a hex mask is not a node list"),
 ])
@@ -152,6 +171,12 @@ def test_show_after_an_interleave(fake, sock_dir):
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines()[:3] == ["policy: interleave", "preferred node: 0 (interleave next)",
                                            "interleavemask: 0 "]
+
+
+@pytest.mark.parametrize("argv", [["-c", "1"], ["--cpubind", "1"], ["--cpubind=1"]])
+def test_numactls_older_cpubind_is_its_cpunodebind(argv):
+    # numactl takes -c/--cpubind as -N/--cpunodebind (its --cpu-compress has no short form).
+    assert parse_args([*argv, "x"]).cpunodebind == parse_args(["-N", "1", "x"]).cpunodebind
 
 
 def test_list_forms_parse_into_the_request():

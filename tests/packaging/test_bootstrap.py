@@ -3,8 +3,11 @@ puts .venv/bin on PATH and changes none of the shell's options, so a failing
 command afterwards (the README's `numa-run --cpus 64 -- true; echo $?`) does
 not close the terminal."""
 
+import shutil
 import subprocess
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -52,3 +55,13 @@ def test_the_interactive_check_catches_a_script_that_sets_errexit(tmp_path):
     before, after, printed = _interactive_session(bad, tmp_path)
     assert after != before and "errexit        \ton" in after
     assert "alive after false" not in printed
+
+
+def test_zsh_can_source_it_from_another_directory(tmp_path):
+    # zsh has no BASH_SOURCE: the script must still find the repository, not the caller's cwd.
+    if shutil.which("zsh") is None:
+        pytest.skip("zsh is not installed (.ci/run installs it)")
+    script = f'source {REPO}/scripts/bootstrap.sh; echo "rc=$?"; command -v numa-run'
+    out = subprocess.run(["zsh", "-f", "-c", script], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=600)
+    assert out.stdout.splitlines() == ["rc=0", str(REPO / ".venv" / "bin" / "numa-run")], out.stderr

@@ -33,8 +33,7 @@ def test_commented_examples_are_valid_when_enabled(tmp_path):
 
 
 def _error(tmp_path, text):
-    path = tmp_path / "config.toml"
-    path.write_text(text)
+    path = _write(tmp_path, text)
     with pytest.raises(ConfigError) as info:
         load_config(path, required=True)
     message = str(info.value)
@@ -227,3 +226,36 @@ def test_a_misspelt_option_is_a_configuration_error(tmp_path, text, message):
 ])
 def test_a_device_selector_mistake_is_a_configuration_error(tmp_path, text, message):
     assert _error(tmp_path, text).startswith(message)
+
+
+def test_a_misspelt_log_level_is_named_by_its_key_when_the_file_is_read(tmp_path):
+    # Not by the flag --log-level, and not only once logging is set up after loading.
+    assert _error(tmp_path, '[agent]\nlog_level = "verbose"\n') == (
+        "agent.log_level: invalid log level 'verbose'; valid levels: debug, info, warning, error, critical")
+    assert load_config(_write(tmp_path, '[agent]\nlog_level = "DEBUG"\n'), required=True).log_level == "DEBUG"
+
+
+def _write(tmp_path, text):
+    path = tmp_path / "config.toml"
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize("text,message", [
+    ('[agent]\nmetrics_address = "9464"\n',
+     "agent.metrics_address: metrics address '9464' has no port; expected HOST:PORT"),
+    ('[agent]\nmetrics_address = "127.0.0.1:99999"\n',
+     "agent.metrics_address: metrics address '127.0.0.1:99999': port must be a number"),
+    ('[agent]\ncgroup_root = "autoo"\n',
+     "agent.cgroup_root: 'autoo' is not auto, none or an absolute directory"),
+])
+def test_an_agent_value_mistake_is_a_configuration_error_naming_the_key(tmp_path, text, message):
+    # Not found only at start-up, as a metrics or cgroup failure, or as a relative directory.
+    assert _error(tmp_path, text).startswith(message)
+
+
+def test_an_agent_value_that_is_right_loads(tmp_path):
+    cfg = load_config(_write(tmp_path, '[agent]\nmetrics_address = "[::1]:9464"\ncgroup_root = "/sys/fs/cgroup/x"\n'),
+                      required=True)
+    assert (cfg.metrics_address, cfg.cgroup_root) == ("[::1]:9464", "/sys/fs/cgroup/x")
+    assert load_config(_write(tmp_path, '[agent]\nmetrics_address = ""\n'), required=True).metrics_address is None

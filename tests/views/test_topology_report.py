@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 
@@ -12,6 +13,8 @@ from numa_agent.core.cpuset import CpuSet
 from numa_agent.core.units import format_bytes as size_text  # the one size formatter
 from numa_agent.testing.synthetic import make_topology
 from numa_agent.views.topology_report import render_text, topology_to_json
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "sysfs"
 
 
 def _sized(text: str) -> str:
@@ -150,6 +153,19 @@ def test_text_without_cache_information(snapshot, capsys, tmp_path):
     out = _topology_text(capsys, root, "--pci-ids", str(tmp_path / "none.ids"))
     assert "L1d" not in out and "L3" not in out
     assert "\n  package 0: cpus 0-1\n    core 0: threads 0\n    core 1: threads 1\n" in out
+
+
+def test_a_snapshot_archive_is_read_as_serve_reads_it(snapshot, capsys):
+    # The README's --sysfs-root takes the .tar.gz for scripts/agent; topology takes the same.
+    root, _ = snapshot("intel-snb-2s-2numa-pci-nvme-nic")
+    archive = FIXTURES / "intel-snb-2s-2numa-pci-nvme-nic.tar.gz"
+    assert main(["topology", "--sysfs-root", str(archive), "--json"]) == 0
+    from_archive = capsys.readouterr().out
+    assert main(["topology", "--sysfs-root", str(root), "--json"]) == 0
+    assert from_archive == capsys.readouterr().out
+    assert main(["topology", "--sysfs-root", str(FIXTURES / "missing.tar.gz")]) == 1
+    assert capsys.readouterr().err.strip() == (
+        f"numa-agent topology: sysfs snapshot {FIXTURES / 'missing.tar.gz'} does not exist")
 
 
 def test_bad_root_is_one_line_on_stderr(tmp_path, capsys):

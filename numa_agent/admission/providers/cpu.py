@@ -64,6 +64,8 @@ class CpuProvider:
         if not cpus:
             return None
         per_node = [v["cpus"] for v in view.free.values()]
+        if cpus <= max(per_node, default=0):
+            return None  # they fit on one node: another provider's part is the reason
         return (f"{cpus} CPUs requested; {sum(per_node)} free, but at most "
                 f"{max(per_node, default=0)} on one NUMA node")
 
