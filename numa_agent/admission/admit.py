@@ -38,7 +38,7 @@ from numa_agent.admission.view import (
 from numa_agent.core.cpuset import CpuSet
 from numa_agent.core.hints import HintSet, NumaMask
 from numa_agent.core.policy import POLICY_NAMES, TopologyPolicy
-from numa_agent.core.units import page_size_text
+from numa_agent.core.units import format_bytes, page_size_text
 from numa_agent.state.model import AgentState, Booking, Pod, Workload, replace
 
 __all__ = [
