@@ -1,0 +1,230 @@
+"""The kubelet's CPU and memory manager state files, as this agent's
+bookings read in the kubelet's terms. Pure (documents as bytes); written by
+`numa_agent.kubelet.files`.
+
+Mapping: a pod of the agent is a pod and its members are its containers; a
+workload outside a pod is a pod of one container of the same name. The
+kubelet keys `entries` by pod UID; the agent has no UIDs and keys them by
+pod name. Field names are the kubelet's (`cpu_manager_state`:
+policyName, defaultCpuSet, entries pod -> container -> CPU list;
+`memory_manager_state`: policyName, machineState node -> numberOfAssignments,
+memoryMap resource -> total/systemReserved/allocatable/reserved/free, cells;
+entries pod -> container -> [{numaAffinity, type, size}]), resource names
+too ("memory", "hugepages-2Mi").
+
+`checksum` is the agent's own: the kubelet's hashes a Go dump of its
+structs, which cannot be reproduced. Here it is the first 32 bits (big
+endian, unsigned) of the SHA-256 of the file's bytes before
+`,"checksum":`, so a reader can tell a whole file from a damaged one.
+
+`StateDocuments` keeps each pod's encoded entries and replaces only those of
+the pods a change names (AgentState.changes_since), so a document after an
+admission costs the change plus joining the kept pieces, not converting
+every workload again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any, Iterable, Mapping, Sequence
+
+import msgspec
+
+from numa_agent.admission.machine import Machine
+from numa_agent.admission.view import effective_cpus, memory_usage, shared_pool
+from numa_agent.core.cpuset import CpuSet
+from numa_agent.state.model import AgentState, Booking, FollowsChanges, Workload
+
+CPU_MANAGER_STATE = "cpu_manager_state"
+MEMORY_MANAGER_STATE = "memory_manager_state"
+CHECKSUM_KEY = b',"checksum":'
+# The memory manager's policy names as the kubelet spells them in its state file.
+_MEMORY_POLICY = {"static": "Static", "none": "None"}
+_BINARY = ((1 << 40, "Ti"), (1 << 30, "Gi"), (1 << 20, "Mi"), (1 << 10, "Ki"))
+
+
+def kubelet_resource(resource: str) -> str:
+    """The kubelet's name of a memory resource: "memory", or a hugepage size
+    as a quantity ("hugepages-2048kB" -> "hugepages-2Mi")."""
+    if not resource.startswith("hugepages-") or not resource.endswith("kB"):
+        return resource
+    size = int(resource[len("hugepages-"):-2]) << 10
+    for unit, suffix in _BINARY:
+        if size % unit == 0:
+            return f"hugepages-{size // unit}{suffix}"
+    return f"hugepages-{size}"
+
+
+def pod_of(w: Workload) -> str:
+    """The kubelet pod a workload is a container of."""
+    return w.pod if w.pod is not None else w.name
+
+
+def containers_of(state: AgentState, pod: str) -> tuple[Workload, ...]:
+    """The containers of kubelet pod `pod`: an agent pod's members, and a
+    workload outside pods of that name (names of pods and workloads may meet)."""
+    alone = state.workload(pod)
+    members = state.members_of(pod)
+    if alone is not None and alone.pod is None:
+        return (*members, alone)
+    return members
+
+
+def container_cpus(machine: Machine, state: AgentState, w: Workload) -> CpuSet | None:
+    """The CPUs a container's entry names, or None when it runs on the
+    default (shared) CPU set and the kubelet would record no entry: exclusive
+    CPUs, and a pod's shared part for its members without exclusive CPUs."""
+    if not w.shared or w.pod is not None:
+        return effective_cpus(machine, state, w)
+    return None
+
+
+def memory_blocks(booking: Booking) -> list[dict[str, Any]]:
+    """A container's memory as the kubelet's blocks: one per resource, its
+    size in bytes and the NUMA nodes of its group."""
+    totals: dict[str, int] = {}
+    for per in booking.memory.values():
+        for resource, amount in per.items():
+            if amount:
+                totals[resource] = totals.get(resource, 0) + amount
+    affinity = sorted(booking.memory_group or booking.memory)
+    return [{"numaAffinity": affinity, "type": kubelet_resource(r), "size": size}
+            for r, size in sorted(totals.items())]
+
+
+def with_checksum(head: bytes) -> bytes:
+    """`head` (a JSON object without its closing brace) closed with the checksum field."""
+    digest = hashlib.sha256(head).digest()
+    return head + CHECKSUM_KEY + str(int.from_bytes(digest[:4], "big")).encode() + b"}"
+
+
+def checksum_ok(document: bytes) -> bool:
+    head, sep, _ = document.rpartition(CHECKSUM_KEY)
+    return bool(sep) and with_checksum(head) == document
+
+
+# ---- machineState -------------------------------------------------------------
+class _Assignments(FollowsChanges):
+    """NUMA node -> how many memory blocks (resource of a booking) name it, as
+    the kubelet counts numberOfAssignments; kept in the state's memo and
+    followed through admissions and releases."""
+
+    def __init__(self, counts: Mapping[int, int]) -> None:
+        self.counts = dict(counts)
+
+    @staticmethod
+    def _blocks(booking: Booking) -> Iterable[tuple[int, int]]:
+        resources = {r for per in booking.memory.values() for r, amount in per.items() if amount}
+        if resources:
+            for node in booking.memory_group or booking.memory:
+                yield node, len(resources)
+
+    def after(self, removed: Sequence[Booking], added: Sequence[Booking]) -> "_Assignments":
+        counts = dict(self.counts)
+        for bookings, sign in ((removed, -1), (added, 1)):
+            for booking in bookings:
+                for node, n in self._blocks(booking):
+                    counts[node] = counts.get(node, 0) + sign * n
+        return _Assignments({k: v for k, v in counts.items() if v})
+
+
+def _assignments(state: AgentState) -> Mapping[int, int]:
+    kept = state.memo.get("kubelet_assignments")
+    if kept is None:
+        kept = state.memo["kubelet_assignments"] = _Assignments({}).after((), list(state.top_level_bookings()))
+    return kept.counts
+
+
+def machine_state(machine: Machine, state: AgentState) -> dict[str, Any]:
+    """Per NUMA node with memory: the memory map of every resource it has and
+    its group. reserved is what the bookings hold; free = allocatable - reserved
+    (never below 0), so a group's free memory is the sum of its nodes' free."""
+    usage = memory_usage(state)
+    assignments = _assignments(state)
+    out: dict[str, Any] = {}
+    for node, resource, cap in machine.memory.entries:
+        entry = out.get(str(node))
+        if entry is None:
+            group = usage.group_of(node)
+            entry = out[str(node)] = {"numberOfAssignments": assignments.get(node, 0), "memoryMap": {},
+                                      "cells": list(group.nodes()) if group is not None else [node]}
+        reserved = usage.allocated_bytes(node, resource)
+        entry["memoryMap"][kubelet_resource(resource)] = {
+            "total": cap.total, "systemReserved": cap.reserved, "allocatable": cap.allocatable,
+            "reserved": reserved, "free": max(0, cap.allocatable - reserved)}
+    return out
+
+
+# ---- the documents, kept per pod -------------------------------------------------
+class StateDocuments:
+    """Both documents for the latest state, rebuilt for what changed since
+    the previous one. One instance per writer; not shared between threads."""
+
+    def __init__(self) -> None:
+        self._machine: Machine | None = None
+        self._state: AgentState | None = None
+        # kubelet pod -> its encoded `"pod":{...}` piece in each document (absent: no entry)
+        self._cpu: dict[str, bytes] = {}
+        self._memory: dict[str, bytes] = {}
+
+    def update(self, machine: Machine, state: AgentState) -> tuple[bytes, bytes]:
+        """(cpu_manager_state, memory_manager_state) for `state`."""
+        changed = self._changed_pods(machine, state)
+        if changed is None:
+            self._cpu, self._memory = {}, {}
+            changed = {pod_of(w) for w in state.workloads}
+        for pod in changed:
+            self._entries_of(machine, state, pod)
+        self._machine, self._state = machine, state
+        return self._cpu_document(machine, state), self._memory_document(machine, state)
+
+    def _changed_pods(self, machine: Machine, state: AgentState) -> set[str] | None:
+        old = self._state
+        if old is None or machine is not self._machine:
+            return None
+        changes = state.changes_since(old)
+        if changes is None:
+            return None
+        workloads, pods = changes
+        out = set(pods)
+        for name in workloads:
+            for s in (old, state):
+                w = s.workload(name)
+                if w is not None:
+                    out.add(pod_of(w))
+        return out
+
+    def _entries_of(self, machine: Machine, state: AgentState, pod: str) -> None:
+        cpus: dict[str, str] = {}
+        memory: dict[str, list[dict[str, Any]]] = {}
+        for w in containers_of(state, pod):
+            mine = container_cpus(machine, state, w)
+            if mine is not None:
+                cpus[w.name] = mine.format()
+            blocks = memory_blocks(w.booking)
+            if blocks:
+                memory[w.name] = blocks
+        key = msgspec.json.encode(pod) + b":"
+        for kept, value in ((self._cpu, cpus), (self._memory, memory)):
+            if value:
+                kept[pod] = key + msgspec.json.encode(value)
+            else:
+                kept.pop(pod, None)
+
+    def _cpu_document(self, machine: Machine, state: AgentState) -> bytes:
+        head = (b'{"policyName":' + msgspec.json.encode(machine.policy.cpu_policy)
+                + b',"defaultCpuSet":' + msgspec.json.encode(shared_pool(machine, state).format())
+                + b',"entries":{' + b",".join(self._cpu.values()) + b"}")
+        return with_checksum(head)
+
+    def _memory_document(self, machine: Machine, state: AgentState) -> bytes:
+        policy = _MEMORY_POLICY.get(machine.policy.memory_policy, machine.policy.memory_policy)
+        head = (b'{"policyName":' + msgspec.json.encode(policy)
+                + b',"machineState":' + msgspec.json.encode(machine_state(machine, state))
+                + b',"entries":{' + b",".join(self._memory.values()) + b"}")
+        return with_checksum(head)
+
+
+def documents(machine: Machine, state: AgentState) -> tuple[bytes, bytes]:
+    """Both documents built afresh (what `StateDocuments.update` must equal)."""
+    return StateDocuments().update(machine, state)
