@@ -49,15 +49,19 @@ class StateFiles:
                                   f"{exc.strerror or exc}") from None
 
     def publish(self, machine: Machine, state: AgentState) -> None:
-        """Write both documents for `state`. A failure is logged (once until
-        writes work again) and never fails the change that caused it: the
-        checkpoint, not these files, is the agent's record."""
+        """Write both documents for `state`, each only if it changed. A
+        failure is logged (once until writes work again) and never fails the
+        change that caused it: the checkpoint, not these files, is the
+        agent's record."""
         with self._lock:
             cpu, memory = self._documents.update(machine, state)
-            self.last = {CPU_MANAGER_STATE: cpu, MEMORY_MANAGER_STATE: memory}
+            written, self.last = self.last, {CPU_MANAGER_STATE: cpu, MEMORY_MANAGER_STATE: memory}
             try:
                 for name, data in self.last.items():
-                    self._replace(name, data)
+                    # A change that leaves a document as it was (a shared workload
+                    # without memory leaves both) writes nothing: the file holds it.
+                    if self._failing is not None or written.get(name) != data:
+                        self._replace(name, data)
             except OSError as exc:
                 if self._failing is None:
                     log.error("cannot write the kubelet state files in %s: %s; retried with the next "

@@ -4,8 +4,9 @@ grpcio serves from its own threads. They never take the service's lock:
 each answer is built from the (machine, state) pair the service last
 published (`AgentService.view`), an immutable value read in one step, so an
 admission never waits for a List, and a List never sees half of one. The
-encoded List answer is kept for the state it was built from: a hundred
-clients asking about one state cost one encoding.
+encoded List answer is kept per pod and encoded again only for the pods a
+change names: a hundred clients asking about one state cost one update, and
+an update after an admission costs that admission's pod.
 
 Who may connect is decided, as for the HTTP API, by the socket file's mode
 and group (the same `socket_mode` / `socket_group`), set before the path
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
@@ -53,8 +55,10 @@ class PodResourcesServer:
         self.service: Any = None
         self._server: Any = None
         self._inode: tuple[int, int] | None = None
-        # (machine, state, encoded answer) of the last List and (machine, answer) of the last allocatable
-        self._listed: tuple[object, object, bytes] | None = None
+        # The List answer, kept per pod and for the state it was last built
+        # for; the lock serialises its use by grpcio's workers.
+        self._encoder = pod_resources.ListEncoder(namespace)
+        self._list_lock = threading.Lock()
         self._allocatable: tuple[object, bytes] | None = None
 
     # ---- lifecycle ---------------------------------------------------------------
@@ -129,12 +133,8 @@ class PodResourcesServer:
 
     def _list(self, view: tuple[Any, Any], request: Any) -> bytes:
         machine, state = view
-        listed = self._listed
-        if listed is not None and listed[0] is machine and listed[1] is state:
-            return listed[2]
-        data = pod_resources.list_response(machine, state, self.namespace).SerializeToString()
-        self._listed = (machine, state, data)
-        return data
+        with self._list_lock:
+            return self._encoder.update(machine, state)
 
     def _allocatable_resources(self, view: tuple[Any, Any], request: Any) -> bytes:
         machine = view[0]

@@ -16,6 +16,7 @@ from typing import Iterable
 from numa_agent.admission.machine import Machine
 from numa_agent.kubelet import podresources_pb2 as pb
 from numa_agent.kubelet.state_files import (
+    changed_pods,
     container_cpus,
     containers_of,
     kubelet_resource,
@@ -64,6 +65,33 @@ def list_response(machine: Machine, state: AgentState, namespace: str) -> pb.Lis
         if p is not None:
             out.append(p)
     return pb.ListPodResourcesResponse(pod_resources=out)
+
+
+class ListEncoder:
+    """The encoded List answer for the latest state, each pod's part kept and
+    encoded again only when a change names it: a repeated field's encoding
+    is the concatenation of its elements', so the answer is the kept parts
+    joined. Not shared between threads without a lock."""
+
+    def __init__(self, namespace: str) -> None:
+        self.namespace = namespace
+        self._machine: Machine | None = None
+        self._state: AgentState | None = None
+        self._parts: dict[str, bytes] = {}
+
+    def update(self, machine: Machine, state: AgentState) -> bytes:
+        changed = changed_pods(self._machine, self._state, machine, state)
+        if changed is None:
+            self._parts = {}
+            changed = {pod_of(w) for w in state.workloads}
+        for name in changed:
+            p = pod(machine, state, name, self.namespace)
+            if p is None:
+                self._parts.pop(name, None)
+            else:
+                self._parts[name] = pb.ListPodResourcesResponse(pod_resources=[p]).SerializeToString()
+        self._machine, self._state = machine, state
+        return b"".join(self._parts.values())
 
 
 def allocatable_response(machine: Machine) -> pb.AllocatableResourcesResponse:

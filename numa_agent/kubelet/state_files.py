@@ -156,6 +156,27 @@ def machine_state(machine: Machine, state: AgentState) -> dict[str, Any]:
 
 
 # ---- the documents, kept per pod -------------------------------------------------
+def changed_pods(old_machine: Machine | None, old: AgentState | None, machine: Machine,
+                 state: AgentState) -> set[str] | None:
+    """The kubelet pods whose containers may differ between `old` and `state`
+    (derived from it by a few updates), or None when everything must be
+    built again (no old state, another machine, an unrelated state)."""
+    if old is None or machine is not old_machine:
+        return None
+    changes = state.changes_since(old)
+    if changes is None:
+        return None
+    workloads, pods = changes
+    out = set(pods)
+    for name in workloads:
+        for s in (old, state):
+            w = s.workload(name)
+            if w is not None:
+                out.add(pod_of(w))
+    return out
+
+
+
 class StateDocuments:
     """Both documents for the latest state, rebuilt for what changed since
     the previous one. One instance per writer; not shared between threads."""
@@ -169,7 +190,7 @@ class StateDocuments:
 
     def update(self, machine: Machine, state: AgentState) -> tuple[bytes, bytes]:
         """(cpu_manager_state, memory_manager_state) for `state`."""
-        changed = self._changed_pods(machine, state)
+        changed = changed_pods(self._machine, self._state, machine, state)
         if changed is None:
             self._cpu, self._memory = {}, {}
             changed = {pod_of(w) for w in state.workloads}
@@ -177,22 +198,6 @@ class StateDocuments:
             self._entries_of(machine, state, pod)
         self._machine, self._state = machine, state
         return self._cpu_document(machine, state), self._memory_document(machine, state)
-
-    def _changed_pods(self, machine: Machine, state: AgentState) -> set[str] | None:
-        old = self._state
-        if old is None or machine is not self._machine:
-            return None
-        changes = state.changes_since(old)
-        if changes is None:
-            return None
-        workloads, pods = changes
-        out = set(pods)
-        for name in workloads:
-            for s in (old, state):
-                w = s.workload(name)
-                if w is not None:
-                    out.add(pod_of(w))
-        return out
 
     def _entries_of(self, machine: Machine, state: AgentState, pod: str) -> None:
         cpus: dict[str, str] = {}

@@ -164,7 +164,23 @@ def test_list_get_and_allocatable_show_what_status_shows(agent, stub, launch):
         assert memory[("hugepages-2Mi", n["id"])] == (hp["capacity"] - hp["reserved"]) * (2 << 20)
 
     _check_state_files(agent, st, pods)
+    _check_cli(agent, listed)
     _check_decode_raw(agent, listed)
+
+
+def _check_cli(agent, listed):
+    """`numa-agent pod-resources list` (the API socket's directory names the service's) prints the same answer."""
+    from google.protobuf.json_format import MessageToDict
+
+    out = subprocess.run([sys.executable, "-m", "numa_agent.cli.numa_agent", "pod-resources", "list",
+                          "--socket", agent.socket], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == MessageToDict(listed, preserving_proto_field_name=True,
+                                                   always_print_fields_with_no_presence=True)
+    out = subprocess.run([sys.executable, "-m", "numa_agent.cli.numa_agent", "pod-resources", "get", "nope",
+                          "--namespace", "node-tools", "--socket", agent.socket], capture_output=True, text=True,
+                         timeout=30)
+    assert out.returncode == 1 and "NOT_FOUND: pod 'nope' not found in namespace 'node-tools'" in out.stderr
 
 
 def _check_state_files(agent, st, pods):

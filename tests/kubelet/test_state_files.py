@@ -1,5 +1,6 @@
-"""The kubelet-shaped state documents: kept per pod and rebuilt for what
-changed, they always equal the documents built afresh; the kubelet guide's
+"""The kubelet-shaped state documents and the PodResources List answer:
+kept per pod and rebuilt for what changed, they always equal what is built
+afresh; the kubelet guide's
 arithmetic holds; the checksum tells a whole file from a damaged one; the
 writer replaces each file whole."""
 
@@ -13,7 +14,9 @@ import pytest
 from numa_agent.admission.admit import decide, release
 from numa_agent.admission.machine import PolicyConfig, build_machine
 from numa_agent.admission.request import Request, Resources
+from numa_agent.kubelet import podresources_pb2 as pb
 from numa_agent.kubelet.files import StateFiles, StateFilesError
+from numa_agent.kubelet.pod_resources import ListEncoder, list_response
 from numa_agent.kubelet.state_files import StateDocuments, checksum_ok, documents, kubelet_resource
 from numa_agent.state.model import AgentState
 from numa_agent.testing.synthetic import make_topology
@@ -42,11 +45,12 @@ def test_hugepage_names_are_the_kubelets():
     assert kubelet_resource("memory") == "memory"
 
 
-def test_kept_documents_follow_admissions_and_releases_exactly():
+def test_kept_documents_and_list_answer_follow_admissions_and_releases_exactly():
     m = machine()
     rng = random.Random(7)
     state = AgentState(policy_fingerprint=m.policy.fingerprint())
     docs = StateDocuments()
+    listed = ListEncoder("ns")
     live: list[str] = []
     for step in range(120):
         name = f"w{step}"
@@ -68,6 +72,9 @@ def test_kept_documents_follow_admissions_and_releases_exactly():
             if type(exc).__name__ not in ("Refusal", "InvalidRequest"):
                 raise
         assert _parsed(docs.update(m, state)) == _parsed(documents(m, state)), step
+        kept = pb.ListPodResourcesResponse.FromString(listed.update(m, state))
+        assert sorted(kept.pod_resources, key=lambda p: p.name) == \
+            sorted(list_response(m, state, "ns").pod_resources, key=lambda p: p.name), step
 
 
 def _parsed(docs):
@@ -122,6 +129,20 @@ def test_files_are_replaced_whole_and_readable(tmp_path):
     assert cpu.stat().st_mode & 0o777 == 0o644
     assert json.loads(cpu.read_bytes())["entries"] == {}
     assert sorted(p.name for p in (tmp_path / "kubelet").iterdir()) == ["cpu_manager_state", "memory_manager_state"]
+
+
+def test_a_change_that_leaves_a_document_as_it_was_writes_nothing(tmp_path):
+    m = machine()
+    files = StateFiles(tmp_path)
+    state = admit(m, AgentState(policy_fingerprint=m.policy.fingerprint()), "a", cpus=2)
+    files.publish(m, state)
+    inodes = {p.name: p.stat().st_ino for p in tmp_path.iterdir()}
+    files.publish(m, admit(m, state, "shared", shared=True))  # no exclusive CPUs, no memory: both unchanged
+    assert {p.name: p.stat().st_ino for p in tmp_path.iterdir()} == inodes
+    files.publish(m, admit(m, state, "mem", shared=True, memory_bytes=1 << 20))  # only the memory document
+    after = {p.name: p.stat().st_ino for p in tmp_path.iterdir()}
+    assert after["cpu_manager_state"] == inodes["cpu_manager_state"]
+    assert after["memory_manager_state"] != inodes["memory_manager_state"]
 
 
 def test_a_directory_that_cannot_take_files_is_a_startup_error(tmp_path):
