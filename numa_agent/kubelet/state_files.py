@@ -63,8 +63,12 @@ def pod_of(w: Workload) -> str:
 def containers_of(state: AgentState, pod: str) -> tuple[Workload, ...]:
     """The containers of kubelet pod `pod`: an agent pod's members, and a
     workload outside pods of that name (names of pods and workloads may meet)."""
+    # By the pod's member names and the name index (handed on from state to
+    # state), not members_of, which groups every workload of a new state.
+    found = state.pod(pod)
+    members = tuple(w for w in map(state.workload, found.members if found is not None else ())
+                    if w is not None and w.pod == pod)
     alone = state.workload(pod)
-    members = state.members_of(pod)
     if alone is not None and alone.pod is None:
         return (*members, alone)
     return members

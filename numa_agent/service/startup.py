@@ -284,6 +284,8 @@ class Agent:
         for part in (self.api, self.pod_resources, self.loop, self.watcher, self.metrics):
             if part is not None:
                 part.stop()
+        if self.service is not None and self.service.kubelet_files is not None:
+            self.service.kubelet_files.close()  # the documents of the last change written
         if self.hotplug is not None:
             self.hotplug.close()
         if self.claim is not None:

@@ -18,31 +18,18 @@ import pytest
 from numa_agent.kubelet import podresources_pb2 as pb
 from numa_agent.kubelet import podresources_pb2_grpc as pb_grpc
 from numa_agent.kubelet.state_files import checksum_ok
-from numa_agent.testing.synthetic import make_topology
-from tests.support.agent_process import AgentProcess
-from tests.support.sysfs_writer import write_sysfs
+from tests.support.agent_process import DEVICES_CONFIG, AgentProcess, NumaRuns, machine_with_devices, wait_for
 
-GPU = ("0x030200", "0x10de", "0x20b0", 1, "nvidia")
-NIC = ("0x020000", "0x15b3", "0x1017", 2, "mlx5_core")
 CONFIG = """
 [kubelet]
 namespace = "node-tools"
-
-[devices.gpu]
-vendor = "0x10de"
-
-[devices.nic]
-class_prefixes = ["0x0200"]
-"""
+""" + DEVICES_CONFIG
 
 
 @pytest.fixture(scope="module")
 def agent(tmp_path_factory):
     work = tmp_path_factory.mktemp("podres-agent")
-    topo = make_topology(sockets=2, nodes_per_socket=2, cores_per_node=4, threads_per_core=2,
-                         memory_per_node_bytes=16 << 30, hugepages_2m_per_node=128,
-                         devices=(GPU, NIC))
-    root = write_sysfs(topo, work / "machine")
+    root = machine_with_devices(work / "machine")
     a = AgentProcess(work, "--sysfs-root", str(root), config=CONFIG).start()
     a.pod_resources = str(work / "pod-resources.sock")  # beside the API socket by default
     yield a
@@ -57,25 +44,9 @@ def stub(agent):
 
 @pytest.fixture
 def launch(agent):
-    """`numa-run OPTIONS -- sleep 60`, waited for until admitted; all stopped after the test."""
-    running = []
-
-    def start(*options):
-        proc = subprocess.Popen([sys.executable, "-m", "numa_agent.cli.numa_run", "--socket", agent.socket,
-                                 *options, "--", "sleep", "60"], stderr=subprocess.PIPE, text=True)
-        running.append(proc)
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            assert proc.poll() is None, proc.stderr.read()
-            if any(w["pid"] == proc.pid for w in status(agent)["workloads"]):
-                return proc
-            time.sleep(0.05)
-        raise AssertionError(f"numa-run {options} was not admitted in time")
-
-    yield start
-    for proc in running:
-        proc.kill()
-        proc.wait()
+    runs = NumaRuns(agent)
+    yield runs
+    runs.stop()
     deadline = time.monotonic() + 10
     while status(agent)["workloads"] and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -185,14 +156,19 @@ def _check_cli(agent, listed):
 
 def _check_state_files(agent, st, pods):
     """The files in the state directory, as `status --kubelet --json` prints them, agree with List."""
-    files = {name: (agent.state_dir / name).read_bytes() for name in ("cpu_manager_state", "memory_manager_state")}
-    assert all(checksum_ok(data) for data in files.values())
     out = subprocess.run([sys.executable, "-m", "numa_agent.cli.numa_agent", "status", "--kubelet", "--json",
                           "--socket", agent.socket], capture_output=True, text=True, timeout=30)
     assert out.returncode == 0, out.stderr
     shown = json.loads(out.stdout)
-    cpu, memory = json.loads(files["cpu_manager_state"]), json.loads(files["memory_manager_state"])
-    assert shown["cpu_manager_state"] == cpu and shown["memory_manager_state"] == memory
+    names = ("cpu_manager_state", "memory_manager_state")
+
+    def files():
+        return {name: (agent.state_dir / name).read_bytes() for name in names}
+
+    # the files are written by a thread of their own, just after the change
+    assert wait_for(lambda: {n: json.loads(d) for n, d in files().items()} == {n: shown[n] for n in names}, 10)
+    assert all(checksum_ok(data) for data in files().values())
+    cpu, memory = shown["cpu_manager_state"], shown["memory_manager_state"]
     assert cpu["policyName"] == "static" and cpu["defaultCpuSet"] == st["shared_pool"]
     from numa_agent.core.cpuset import CpuSet
     assert {(p, c): list(CpuSet.parse(v)) for p, cs in cpu["entries"].items() for c, v in cs.items()} == \

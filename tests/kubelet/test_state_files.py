@@ -122,8 +122,10 @@ def test_files_are_replaced_whole_and_readable(tmp_path):
     files.check()
     state = admit(m, AgentState(policy_fingerprint=m.policy.fingerprint()), "a", cpus=2)
     files.publish(m, state)
+    assert files.flush()
     first = (tmp_path / "kubelet" / "cpu_manager_state").stat().st_ino
     files.publish(m, release(state, "a")[0])
+    assert files.flush()
     cpu = tmp_path / "kubelet" / "cpu_manager_state"
     assert cpu.stat().st_ino != first  # renamed over, never written in place
     assert cpu.stat().st_mode & 0o777 == 0o644
@@ -136,13 +138,40 @@ def test_a_change_that_leaves_a_document_as_it_was_writes_nothing(tmp_path):
     files = StateFiles(tmp_path)
     state = admit(m, AgentState(policy_fingerprint=m.policy.fingerprint()), "a", cpus=2)
     files.publish(m, state)
+    assert files.flush()
     inodes = {p.name: p.stat().st_ino for p in tmp_path.iterdir()}
     files.publish(m, admit(m, state, "shared", shared=True))  # no exclusive CPUs, no memory: both unchanged
+    assert files.flush()
     assert {p.name: p.stat().st_ino for p in tmp_path.iterdir()} == inodes
     files.publish(m, admit(m, state, "mem", shared=True, memory_bytes=1 << 20))  # only the memory document
+    assert files.flush()
     after = {p.name: p.stat().st_ino for p in tmp_path.iterdir()}
     assert after["cpu_manager_state"] == inodes["cpu_manager_state"]
     assert after["memory_manager_state"] != inodes["memory_manager_state"]
+
+
+def test_a_failed_write_is_logged_once_and_made_good_by_the_next_change(tmp_path, caplog):
+    import shutil
+
+    m = machine()
+    where = tmp_path / "kubelet"
+    files = StateFiles(where)
+    files.check()
+    state = AgentState(policy_fingerprint=m.policy.fingerprint())
+    shutil.rmtree(where)  # the directory gone under the agent
+    for name in ("a", "b"):
+        state = admit(m, state, name, cpus=1)
+        files.publish(m, state)
+        assert files.flush()
+    assert [r.message for r in caplog.records].count(next(r.message for r in caplog.records
+                                                         if "cannot write" in r.message)) == 1
+    where.mkdir()
+    state = admit(m, state, "c", shared=True)  # changes neither document: both written all the same
+    files.publish(m, state)
+    assert files.flush()
+    assert set(json.loads((where / "cpu_manager_state").read_bytes())["entries"]) == {"a", "b"}
+    assert (where / "memory_manager_state").exists()
+    assert any("written again" in r.message for r in caplog.records)
 
 
 def test_a_directory_that_cannot_take_files_is_a_startup_error(tmp_path):

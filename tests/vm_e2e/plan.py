@@ -21,6 +21,7 @@ SCENARIOS = (
     "14-scale",
     "15-observe",
     "16-isolation",
+    "17-kubelet",
 )
 
 # The guest booted by systemd runs the agent as an installed service instead
