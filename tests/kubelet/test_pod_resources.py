@@ -116,6 +116,9 @@ def test_list_get_and_allocatable_show_what_status_shows(agent, stub, launch):
     logger = _seen(next(c for c in pods["trade"].containers if c.name == "logger"))
     assert len(logger["cpus"]) == 2  # the pod's shared part
 
+    # who may connect: the socket's mode and group, the API socket's
+    assert os.stat(agent.pod_resources).st_mode & 0o777 == os.stat(agent.socket).st_mode & 0o777 == 0o660
+
     got = stub.Get(pb.GetPodResourcesRequest(pod_name="trade", pod_namespace="node-tools"))
     assert got.pod_resources == pods["trade"]
     with pytest.raises(grpc.RpcError) as info:
