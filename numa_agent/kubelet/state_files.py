@@ -25,6 +25,7 @@ every workload again.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -43,6 +44,7 @@ _MEMORY_POLICY = {"static": "Static", "none": "None"}
 _BINARY = ((1 << 40, "Ti"), (1 << 30, "Gi"), (1 << 20, "Mi"), (1 << 10, "Ki"))
 
 
+@functools.lru_cache(maxsize=64)
 def kubelet_resource(resource: str) -> str:
     """The kubelet's name of a memory resource: "memory", or a hugepage size
     as a quantity ("hugepages-2048kB" -> "hugepages-2Mi")."""
@@ -124,6 +126,8 @@ class _Assignments(FollowsChanges):
                 yield node, len(resources)
 
     def after(self, removed: Sequence[Booking], added: Sequence[Booking]) -> "_Assignments":
+        if not any(b.memory for b in (*removed, *added)):
+            return self  # the same value: what is built from it may be kept
         counts = dict(self.counts)
         for bookings, sign in ((removed, -1), (added, 1)):
             for booking in bookings:
@@ -132,11 +136,11 @@ class _Assignments(FollowsChanges):
         return _Assignments({k: v for k, v in counts.items() if v})
 
 
-def _assignments(state: AgentState) -> Mapping[int, int]:
+def _assignments(state: AgentState) -> _Assignments:
     kept = state.memo.get("kubelet_assignments")
     if kept is None:
         kept = state.memo["kubelet_assignments"] = _Assignments({}).after((), list(state.top_level_bookings()))
-    return kept.counts
+    return kept
 
 
 def machine_state(machine: Machine, state: AgentState) -> dict[str, Any]:
@@ -144,7 +148,7 @@ def machine_state(machine: Machine, state: AgentState) -> dict[str, Any]:
     its group. reserved is what the bookings hold; free = allocatable - reserved
     (never below 0), so a group's free memory is the sum of its nodes' free."""
     usage = memory_usage(state)
-    assignments = _assignments(state)
+    assignments = _assignments(state).counts
     out: dict[str, Any] = {}
     for node, resource, cap in machine.memory.entries:
         entry = out.get(str(node))
@@ -191,12 +195,18 @@ class StateDocuments:
         # kubelet pod -> its encoded `"pod":{...}` piece in each document (absent: no entry)
         self._cpu: dict[str, bytes] = {}
         self._memory: dict[str, bytes] = {}
+        # Each document with what it was made of; made again only when that differs
+        # (a shared workload without memory changes neither).
+        self._cpu_made: tuple[Any, bytes] | None = None
+        self._memory_made: tuple[Any, bytes] | None = None
+        self._entries_changed = {"cpu": True, "memory": True}
 
     def update(self, machine: Machine, state: AgentState) -> tuple[bytes, bytes]:
         """(cpu_manager_state, memory_manager_state) for `state`."""
         changed = changed_pods(self._machine, self._state, machine, state)
         if changed is None:
             self._cpu, self._memory = {}, {}
+            self._entries_changed = {"cpu": True, "memory": True}
             changed = {pod_of(w) for w in state.workloads}
         for pod in changed:
             self._entries_of(machine, state, pod)
@@ -214,24 +224,39 @@ class StateDocuments:
             if blocks:
                 memory[w.name] = blocks
         key = msgspec.json.encode(pod) + b":"
-        for kept, value in ((self._cpu, cpus), (self._memory, memory)):
+        for which, kept, value in (("cpu", self._cpu, cpus), ("memory", self._memory, memory)):
+            before = kept.get(pod)
             if value:
                 kept[pod] = key + msgspec.json.encode(value)
             else:
                 kept.pop(pod, None)
+            if kept.get(pod) != before:
+                self._entries_changed[which] = True
 
     def _cpu_document(self, machine: Machine, state: AgentState) -> bytes:
+        made_of = (machine, shared_pool(machine, state))
+        kept = self._cpu_made
+        if kept is not None and not self._entries_changed["cpu"] and kept[0] == made_of:
+            return kept[1]
         head = (b'{"policyName":' + msgspec.json.encode(machine.policy.cpu_policy)
-                + b',"defaultCpuSet":' + msgspec.json.encode(shared_pool(machine, state).format())
+                + b',"defaultCpuSet":' + msgspec.json.encode(made_of[1].format())
                 + b',"entries":{' + b",".join(self._cpu.values()) + b"}")
-        return with_checksum(head)
+        self._cpu_made, self._entries_changed["cpu"] = (made_of, with_checksum(head)), False
+        return self._cpu_made[1]
 
     def _memory_document(self, machine: Machine, state: AgentState) -> bytes:
+        # The usage and the assignments are kept values, the same object while no memory changes.
+        made_of = (machine, memory_usage(state), _assignments(state))
+        kept = self._memory_made
+        if kept is not None and not self._entries_changed["memory"] and all(
+                a is b for a, b in zip(kept[0], made_of, strict=True)):
+            return kept[1]
         policy = _MEMORY_POLICY.get(machine.policy.memory_policy, machine.policy.memory_policy)
         head = (b'{"policyName":' + msgspec.json.encode(policy)
                 + b',"machineState":' + msgspec.json.encode(machine_state(machine, state))
                 + b',"entries":{' + b",".join(self._memory.values()) + b"}")
-        return with_checksum(head)
+        self._memory_made, self._entries_changed["memory"] = (made_of, with_checksum(head)), False
+        return self._memory_made[1]
 
 
 def documents(machine: Machine, state: AgentState) -> tuple[bytes, bytes]:
