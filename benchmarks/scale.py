@@ -11,8 +11,14 @@ through the same client, from a process that holds nothing else. Two modes:
   tests/fixtures/sysfs with its simulated cgroup tree, where some of the
   fill and of the probes can be exclusive.
 
-Prints p50/p99 per N, mode and kind of probe, and the ratio of the largest N's
-figure to the smallest N's. `--profile` runs the agent under cProfile (only
+Each mode runs twice, with the kubelet interfaces on (the state files written
+after every change, the PodResources gRPC server serving) and off
+(`--kubelet-state-dir '' --pod-resources-socket ''`), unless `--kubelet`
+picks one.
+
+Prints p50/p99 per N, mode, kubelet setting and kind of probe, the ratio of
+the largest N's figure to the smallest N's, and per N the p50 with the
+kubelet interfaces on over off. `--profile` runs the agent under cProfile (only
 while probes are timed) and prints its top functions. Figures only; nothing
 here asserts a timing.
 """
@@ -54,12 +60,18 @@ class BenchError(RuntimeError):
     """The benchmark could not measure; the message says what failed."""
 
 
+KUBELET = ("on", "off")
+# What turns the kubelet interfaces off (on is the default: beside the socket, in the state directory).
+KUBELET_OFF_ARGS = ("--kubelet-state-dir", "", "--pod-resources-socket", "")
+
+
 @dataclass(frozen=True)
 class Mode:
     name: str
     agent_args: tuple[str, ...]
     exclusive_fill_cap: int  # exclusive workloads among the fill, at most
     kinds: tuple[str, ...]  # kinds of probe timed
+    kubelet: str = "on"  # the kubelet state files and PodResources server: "on" or "off"
 
 
 @dataclass
@@ -67,12 +79,13 @@ class Row:
     mode: str
     kind: str
     workloads: int
+    kubelet: str = "on"
     admit_ms: list[float] = field(default_factory=list)
     release_ms: list[float] = field(default_factory=list)
     exclusive_live: int = 0
 
     def to_json(self) -> dict[str, Any]:
-        return {"mode": self.mode, "kind": self.kind, "workloads": self.workloads,
+        return {"mode": self.mode, "kind": self.kind, "workloads": self.workloads, "kubelet": self.kubelet,
                 "exclusive_live": self.exclusive_live, "samples": len(self.admit_ms),
                 "admit_p50_ms": percentile(self.admit_ms, 50),
                 "admit_p99_ms": percentile(self.admit_ms, 99),
@@ -95,16 +108,18 @@ def extract_snapshot(name: str, into: Path) -> Path:
 
 
 def modes(selected: Sequence[str], snapshot_root: Path | None,
-          kinds: Sequence[str] = KINDS) -> list[Mode]:
+          kinds: Sequence[str] = KINDS, kubelet: Sequence[str] = KUBELET) -> list[Mode]:
     out = []
     for name in selected:
-        if name == "affinity":
-            # 2 CPUs here: one reserved, one that an exclusive probe may take.
-            out.append(Mode("affinity", ("--cgroup-root", "none"), 0, tuple(kinds)))
-        else:
-            assert snapshot_root is not None
-            out.append(Mode("simulated", ("--sysfs-root", str(snapshot_root)), EXCLUSIVE_FILL_CAP,
-                            tuple(kinds)))
+        for setting in kubelet:
+            extra = KUBELET_OFF_ARGS if setting == "off" else ()
+            if name == "affinity":
+                # 2 CPUs here: one reserved, one that an exclusive probe may take.
+                out.append(Mode("affinity", ("--cgroup-root", "none", *extra), 0, tuple(kinds), setting))
+            else:
+                assert snapshot_root is not None
+                out.append(Mode("simulated", ("--sysfs-root", str(snapshot_root), *extra), EXCLUSIVE_FILL_CAP,
+                                tuple(kinds), setting))
     return out
 
 
@@ -322,7 +337,7 @@ def measure_mode(mode: Mode, counts: Sequence[int], samples: int, workdir: Path,
                 exclusive += take
                 progress.say(f"{mode.name}: filling {len(holders)}/{count} live workloads "
                              f"({time.monotonic() - started:.0f} s)")
-            progress.say(f"{mode.name}: {count} live workloads ({exclusive} exclusive) after "
+            progress.say(f"{mode.name} (kubelet {mode.kubelet}): {count} live workloads ({exclusive} exclusive) after "
                          f"{time.monotonic() - started:.0f} s; timing probes", final=True)
             _check_live(agent, foreign + count)
             for kind in kinds:
@@ -330,7 +345,7 @@ def measure_mode(mode: Mode, counts: Sequence[int], samples: int, workdir: Path,
                     (profile_dir / "flag").write_text(f"{mode.name}-{kind}-{count}")
                 admit_ms, release_ms = run_probes(agent.socket, kind, samples, f"{kind}-{count}")
                 (profile_dir / "flag").unlink() if profile_dir is not None else None
-                rows.append(Row(mode.name, kind, foreign + count, admit_ms, release_ms, exclusive))
+                rows.append(Row(mode.name, kind, foreign + count, mode.kubelet, admit_ms, release_ms, exclusive))
     finally:
         stop_holders(holders)
         agent.stop()
@@ -359,19 +374,39 @@ def _check_live(agent, count: int) -> None:
 def ratios(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per mode and kind: largest N's p50/p99 over the smallest N's."""
     out = []
-    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    groups: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
     for row in rows:
-        groups.setdefault((row["mode"], row["kind"]), []).append(row)
-    for (mode, kind), group in groups.items():
+        groups.setdefault((row["mode"], row["kind"], row.get("kubelet", "on")), []).append(row)
+    for (mode, kind, kubelet), group in groups.items():
         group = sorted(group, key=lambda r: r["workloads"])
         low, high = group[0], group[-1]
         if low is high:
             continue
-        entry: dict[str, Any] = {"mode": mode, "kind": kind, "low": low["workloads"],
+        entry: dict[str, Any] = {"mode": mode, "kind": kind, "kubelet": kubelet, "low": low["workloads"],
                                  "high": high["workloads"]}
         for key in ("admit_p50_ms", "admit_p99_ms", "release_p50_ms", "release_p99_ms"):
             entry[key.replace("_ms", "_ratio")] = high[key] / low[key] if low[key] else None
         out.append(entry)
+    return out
+
+
+def kubelet_ratios(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per mode, kind and live count measured both ways: p50 (and p99) with the
+    kubelet interfaces on over off."""
+    pairs: dict[tuple[str, str, int], dict[str, dict[str, Any]]] = {}
+    for row in rows:
+        pairs.setdefault((row["mode"], row["kind"], row["workloads"]), {})[row.get("kubelet", "on")] = row
+    out = []
+    for (mode, kind, live), pair in pairs.items():
+        if set(pair) != {"on", "off"}:
+            continue
+        on, off = pair["on"], pair["off"]
+        out.append({"mode": mode, "kind": kind, "workloads": live,
+                    "admit_p50_on_ms": on["admit_p50_ms"], "admit_p50_off_ms": off["admit_p50_ms"],
+                    "admit_p50_ratio": on["admit_p50_ms"] / off["admit_p50_ms"] if off["admit_p50_ms"] else None,
+                    "admit_p99_ratio": on["admit_p99_ms"] / off["admit_p99_ms"] if off["admit_p99_ms"] else None,
+                    "release_p50_ratio": (on["release_p50_ms"] / off["release_p50_ms"]
+                                          if off["release_p50_ms"] else None)})
     return out
 
 
@@ -388,19 +423,28 @@ def render(report: dict[str, Any]) -> str:
     rows = report["rows"]
     lines = [f"admission and release through the API, {report['samples']} probes per row "
              f"(after one warm-up); snapshot {report['snapshot']} for the simulated tree",
-             table(["mode", "kind", "live", "excl", "admit p50 ms", "admit p99 ms",
+             table(["mode", "kubelet", "kind", "live", "excl", "admit p50 ms", "admit p99 ms",
                     "release p50 ms", "release p99 ms"],
-                   [[r["mode"], r["kind"], str(r["workloads"]), str(r["exclusive_live"]),
+                   [[r["mode"], r.get("kubelet", "on"), r["kind"], str(r["workloads"]), str(r["exclusive_live"]),
                      fmt(r["admit_p50_ms"], 2), fmt(r["admit_p99_ms"], 2),
                      fmt(r["release_p50_ms"], 2), fmt(r["release_p99_ms"], 2)] for r in rows])]
     if report["ratios"]:
         lines += ["", "largest over smallest live count:",
-                  table(["mode", "kind", "live", "admit p50", "admit p99", "release p50", "release p99"],
-                        [[r["mode"], r["kind"], f"{r['high']}/{r['low']}",
+                  table(["mode", "kubelet", "kind", "live", "admit p50", "admit p99", "release p50", "release p99"],
+                        [[r["mode"], r.get("kubelet", "on"), r["kind"], f"{r['high']}/{r['low']}",
                           *(fmt(r[k], 2) + "x" if r[k] is not None else "-"
                             for k in ("admit_p50_ratio", "admit_p99_ratio",
                                       "release_p50_ratio", "release_p99_ratio"))]
                          for r in report["ratios"]])]
+    if report.get("kubelet_ratios"):
+        lines += ["", "kubelet interfaces (state files + PodResources gRPC) on over off, same run:",
+                  table(["mode", "kind", "live", "admit p50 on ms", "admit p50 off ms", "admit p50",
+                         "admit p99", "release p50"],
+                        [[r["mode"], r["kind"], str(r["workloads"]), fmt(r["admit_p50_on_ms"], 2),
+                          fmt(r["admit_p50_off_ms"], 2),
+                          *(fmt(r[k], 2) + "x" if r[k] is not None else "-"
+                            for k in ("admit_p50_ratio", "admit_p99_ratio", "release_p50_ratio"))]
+                         for r in report["kubelet_ratios"]])]
     for label, text in report.get("profiles", {}).items():
         lines += ["", f"agent profile while timing {label}:", text]
     return "\n".join(lines)
@@ -417,6 +461,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--modes", default=",".join(MODES), help="affinity, simulated or both (default %(default)s)")
     p.add_argument("--kinds", default=",".join(KINDS),
                    help="kinds of probe: shared, exclusive or both (default %(default)s)")
+    p.add_argument("--kubelet", default=",".join(KUBELET),
+                   help="run each mode with the kubelet state files and PodResources server on, off or both "
+                        "(default %(default)s)")
     p.add_argument("--snapshot", default=DEFAULT_SNAPSHOT,
                    help="tests/fixtures/sysfs snapshot of the simulated mode (default %(default)s)")
     p.add_argument("--profile", action="store_true",
@@ -438,6 +485,10 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     unknown = sorted(set(args.kinds) - set(KINDS))
     if unknown or not args.kinds:
         raise BenchError(f"--kinds: unknown {', '.join(unknown) or '(none given)'}; choose from {', '.join(KINDS)}")
+    args.kubelet = tuple(k.strip() for k in args.kubelet.split(",") if k.strip())
+    unknown = sorted(set(args.kubelet) - set(KUBELET))
+    if unknown or not args.kubelet:
+        raise BenchError(f"--kubelet: unknown {', '.join(unknown) or '(none given)'}; choose from on, off")
     if args.samples < 1:
         raise BenchError(f"--samples must be at least 1, got {args.samples}")
     return args
@@ -449,19 +500,21 @@ def measure(args: argparse.Namespace, progress: Progress) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="bench-scale-") as tmp:
         base = Path(tmp)
         snapshot = extract_snapshot(args.snapshot, base / "snapshot") if "simulated" in args.modes else None
-        for mode in modes(args.modes, snapshot, args.kinds):
+        for mode in modes(args.modes, snapshot, args.kinds, args.kubelet):
+            run = f"{mode.name}-kubelet-{mode.kubelet}"
             profile_dir = None
             if args.profile:
-                profile_dir = base / f"profile-{mode.name}"
+                profile_dir = base / f"profile-{run}"
                 profile_dir.mkdir()
-            rows += measure_mode(mode, args.counts, args.samples, base / mode.name, profile_dir, progress)
+            rows += measure_mode(mode, args.counts, args.samples, base / run, profile_dir, progress)
             if profile_dir is not None:
                 for kind in mode.kinds:
-                    label = f"{mode.name}-{kind}-{args.counts[-1]}"
-                    path = profile_dir / f"{label}.pstats"
-                    profiles[label] = top_functions(path) if path.is_file() else "(no profile written)"
+                    path = profile_dir / f"{mode.name}-{kind}-{args.counts[-1]}.pstats"
+                    profiles[f"{run}-{kind}-{args.counts[-1]}"] = \
+                        top_functions(path) if path.is_file() else "(no profile written)"
     data = [r.to_json() for r in rows]
     return {"samples": args.samples, "snapshot": args.snapshot, "rows": data, "ratios": ratios(data),
+            "kubelet_ratios": kubelet_ratios(data),
             **({"profiles": profiles} if profiles else {})}
 
 

@@ -7,7 +7,8 @@ the disk, the kernel or the other programs of a busy machine that make
 
 Prints p50 and min per N (ms per admission and release) and the ratio of the
 largest N to the smallest, for shared probes (the pool stays) and exclusive
-ones (the pool changes: every shared workload's layout entry follows it).
+ones (the pool changes: every shared workload's layout entry follows it),
+each with the kubelet state files off and on, and on over off.
 
 Run: python benchmarks/service_scale_micro.py [COUNTS...]   (default 10 100 1000)
 """
@@ -24,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.stats import table  # noqa: E402
 from numa_agent.admission.machine import PolicyConfig, build_machine  # noqa: E402
 from numa_agent.api.validation import AdmitRequest  # noqa: E402
+from numa_agent.kubelet.files import StateFiles  # noqa: E402
 from numa_agent.service.agent_service import AgentService  # noqa: E402
 from numa_agent.service.caller import Caller  # noqa: E402
 from numa_agent.state.checkpoint import CheckpointStore  # noqa: E402
@@ -50,39 +52,65 @@ class NoEnforcer:
         pass
 
 
+def measure(machine, counts: list[int], tmp: Path, kubelet: bool) -> dict[tuple[str, int], tuple[float, float]]:
+    """(kind, live) -> (p50, min) ms per admission and release; `kubelet`: with the
+    kubelet state files published after each change (written by their thread)."""
+    me = Caller(pid=os.getpid(), uid=1000, gid=1000)
+    figures = {}
+    service = AgentService(machine, CheckpointStore(tmp / "state"), NoEnforcer())
+    if kubelet:
+        service.kubelet_files = StateFiles(tmp / "kubelet")
+        service.kubelet_files.check()
+    service.install(AgentState(policy_fingerprint=machine.policy.fingerprint()))
+    live = 0
+    for count in counts:
+        while live < count:
+            service.admit(AdmitRequest(name=f"hold-{live:05d}", shared=True), me)
+            live += 1
+        for kind in ("shared", "exclusive"):
+            times = []
+            for i in range(PROBES):
+                name = f"probe-{kind}-{count}-{i}"
+                body = AdmitRequest(name=name, shared=True) if kind == "shared" else AdmitRequest(name=name, cpus=1)
+                t0 = time.perf_counter()
+                service.admit(body, me)
+                service.release(name, me)
+                times.append((time.perf_counter() - t0) * 1e3)
+            figures[kind, count] = (statistics.median(times), min(times))
+    if service.kubelet_files is not None:
+        service.kubelet_files.close()
+    return figures
+
+
 def main(argv: list[str]) -> int:
     counts = sorted(int(a) for a in argv) or [10, 100, 1000]
     os.fdatasync = os.fsync = lambda fd: None  # the disk is not what is measured here
-    me = Caller(pid=os.getpid(), uid=1000, gid=1000)
     machine = build_machine(make_topology(sockets=2, cores_per_node=4, threads_per_core=2,
                                           memory_per_node_bytes=8 << 30), PolicyConfig())
-    rows, figures = [], {}
     with tempfile.TemporaryDirectory(prefix="service-scale-") as tmp:
-        service = AgentService(machine, CheckpointStore(Path(tmp) / "state"), NoEnforcer())
-        service.install(AgentState(policy_fingerprint=machine.policy.fingerprint()))
-        live = 0
-        for count in counts:
-            while live < count:
-                service.admit(AdmitRequest(name=f"hold-{live:05d}", shared=True), me)
-                live += 1
-            for kind in ("shared", "exclusive"):
-                times = []
-                for i in range(PROBES):
-                    name = f"probe-{kind}-{count}-{i}"
-                    body = AdmitRequest(name=name, shared=True) if kind == "shared" else AdmitRequest(name=name, cpus=1)
-                    t0 = time.perf_counter()
-                    service.admit(body, me)
-                    service.release(name, me)
-                    times.append((time.perf_counter() - t0) * 1e3)
-                figures[kind, count] = (statistics.median(times), min(times))
-                rows.append([kind, str(count), f"{figures[kind, count][0]:.3f}", f"{figures[kind, count][1]:.3f}"])
-    print(f"admission + release through AgentService, no enforcement, no fsync; {PROBES} probes, ms")
-    print(table(["kind", "live", "p50", "min"], rows))
+        # Alternating, so that the machine's mood weighs on both alike.
+        runs = {setting: [] for setting in ("off", "on")}
+        for rep in range(2):
+            for setting in ("off", "on") if rep % 2 == 0 else ("on", "off"):
+                where = Path(tmp) / f"{setting}-{rep}"
+                runs[setting].append(measure(machine, counts, where, kubelet=setting == "on"))
+    figures = {setting: {key: min(run[key] for run in found) for key in found[0]} for setting, found in runs.items()}
+    rows = [[kind, str(count), setting, f"{figures[setting][kind, count][0]:.3f}",
+             f"{figures[setting][kind, count][1]:.3f}"]
+            for kind in ("shared", "exclusive") for count in counts for setting in ("off", "on")]
+    print(f"admission + release through AgentService, no enforcement, no fsync; {PROBES} probes, ms "
+          "(the better of two alternating runs per setting); kubelet: the state files published after each change")
+    print(table(["kind", "live", "kubelet", "p50", "min"], rows))
     if len(counts) > 1:
-        print(table(["kind", "live", "p50 ratio", "min ratio"],
-                    [[kind, f"{counts[-1]}/{counts[0]}",
-                      *(f"{figures[kind, counts[-1]][i] / figures[kind, counts[0]][i]:.2f}x" for i in (0, 1))]
-                     for kind in ("shared", "exclusive")]))
+        print(table(["kind", "kubelet", "live", "p50 ratio", "min ratio"],
+                    [[kind, setting, f"{counts[-1]}/{counts[0]}",
+                      *(f"{figures[setting][kind, counts[-1]][i] / figures[setting][kind, counts[0]][i]:.2f}x"
+                        for i in (0, 1))]
+                     for kind in ("shared", "exclusive") for setting in ("off", "on")]))
+    print(table(["kind", "live", "p50 on/off", "min on/off"],
+                [[kind, str(count), *(f"{figures['on'][kind, count][i] / figures['off'][kind, count][i]:.2f}x"
+                                      for i in (0, 1))]
+                 for kind in ("shared", "exclusive") for count in counts]))
     return 0
 
 

@@ -19,14 +19,12 @@ which is plain HTTP/1.1 and what `curl --unix-socket` and our client expect.
 from __future__ import annotations
 
 import errno
-import grp
 import logging
 import os
 import queue
 import resource
 import selectors
 import socket
-import stat
 import struct
 import threading
 import time
@@ -47,11 +45,14 @@ from numa_agent.api.errors import (
     RequestTimeout,
     ServerBusy,
 )
+from numa_agent.api.socket_file import SocketInUse, place_socket, remove_socket
 from numa_agent.api.validation import MAX_BODY_BYTES, parse_admit_request, validate_name
 from numa_agent.enforcement.processes import process_identity
 from numa_agent.service.caller import Caller
 
 log = logging.getLogger("numa_agent.api")
+
+__all__ = ["ApiServer", "SocketInUse"]
 
 MAX_HEAD_BYTES = 16 * 1024
 MAX_HEADERS = 64
@@ -64,10 +65,6 @@ _REASONS = {200: "OK", 201: "Created", 400: "Bad Request", 403: "Forbidden",
             409: "Conflict", 411: "Length Required", 413: "Payload Too Large",
             431: "Request Header Fields Too Large", 500: "Internal Server Error",
             503: "Service Unavailable"}
-
-
-class SocketInUse(RuntimeError):
-    """Another process is already serving on the socket path."""
 
 
 class _Request:
@@ -281,6 +278,7 @@ class _Router:
             "/v1/status": {"GET": lambda: (200, self.service.status(
                 caller.uid, memory=_query_flag(req.query, "memory")))},
             "/v1/allocatable": {"GET": lambda: (200, allocatable_view(self.service.status(caller.uid)))},
+            "/v1/kubelet": {"GET": lambda: (200, self.service.kubelet_state())},
             "/v1/workloads": {
                 "GET": lambda: (200, {"workloads": self.service.list_workloads(caller.uid)}),
                 "POST": lambda: self._admit(req, caller),
@@ -289,7 +287,7 @@ class _Router:
         methods = fixed.get(path)
         if methods is None:
             raise NotFound(f"no route {path[:100]!r}; see /v1/health, /v1/topology, "
-                           "/v1/status, /v1/allocatable, /v1/workloads")
+                           "/v1/status, /v1/allocatable, /v1/workloads, /v1/kubelet")
         handler = methods.get(req.method)
         if handler is None:
             raise MethodNotAllowed(f"{req.method[:20]} is not allowed on {path}",
@@ -518,75 +516,11 @@ class ApiServer:
         }
 
     # -- socket file ----------------------------------------------------
-    def _check_existing(self) -> None:
-        try:
-            st = os.lstat(self.socket_path)
-        except FileNotFoundError:
-            return
-        if not stat.S_ISSOCK(st.st_mode):
-            raise SocketInUse(f"{self.socket_path} exists and is not a socket; "
-                              "refusing to replace it")
-        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        probe.settimeout(1.0)
-        try:
-            probe.connect(self.socket_path)
-        except (ConnectionRefusedError, FileNotFoundError):
-            return  # stale: nobody listens; the bind below replaces it
-        except OSError as exc:
-            if exc.errno not in (errno.ECONNREFUSED, errno.ENOENT):
-                raise SocketInUse(f"cannot tell whether {self.socket_path} is in use: {exc}") from None
-            return
-        finally:
-            probe.close()
-        raise SocketInUse(f"another agent is already serving on {self.socket_path}; "
-                          "stop it first or choose another --socket")
-
     def _bind(self, sock: socket.socket) -> None:
-        self._check_existing()
-        parent = os.path.dirname(self.socket_path)
-        # Clients must reach the socket whatever the umask (the unit's is 0077).
-        old_umask = os.umask(0o022)
-        try:
-            os.makedirs(parent, mode=0o755, exist_ok=True)
-        finally:
-            os.umask(old_umask)
-        gid = -1
-        if self.socket_group is not None:
-            try:
-                gid = grp.getgrnam(self.socket_group).gr_gid
-            except KeyError:
-                raise ValueError(f"socket group {self.socket_group!r} does not exist") from None
-        # Bind under a temporary name with a private umask, fix owner and
-        # mode, then rename: the final path never exists with loose rights.
-        tmp = os.path.join(parent, f".{os.path.basename(self.socket_path)}.{os.getpid()}.tmp")
-        if os.path.lexists(tmp):
-            os.unlink(tmp)
-        old_umask = os.umask(0o177)
-        try:
-            sock.bind(tmp)
-        finally:
-            os.umask(old_umask)
-        try:
-            if gid != -1:
-                os.chown(tmp, -1, gid)
-            os.chmod(tmp, self.socket_mode)
-            os.rename(tmp, self.socket_path)
-        except BaseException:
-            os.unlink(tmp)
-            raise
-        st = os.stat(self.socket_path)
-        self._inode = (st.st_dev, st.st_ino)
+        self._inode = place_socket(self.socket_path, self.socket_mode, self.socket_group, sock.bind)
 
     def _remove_socket(self) -> None:
-        # Only unlink the path if it is still our socket (a successor may own it).
-        if self._inode is None:
-            return  # socket activated: the file is systemd's
-        try:
-            st = os.stat(self.socket_path)
-        except FileNotFoundError:
-            return
-        if self._inode == (st.st_dev, st.st_ino):
-            os.unlink(self.socket_path)
+        remove_socket(self.socket_path, self._inode)  # None when socket activated: the file is systemd's
 
     def _ensure_listener(self) -> socket.socket:
         if self._listener is not None:

@@ -21,6 +21,7 @@ SUBCOMMANDS = {
     "status": "status_cmd",
     "explain": "explain_cmd",
     "release": "release_cmd",
+    "pod-resources": "pod_resources_cmd",
 }
 
 

@@ -44,6 +44,11 @@ def add_parser(sub) -> None:
     p.add_argument("--socket-group", metavar="GROUP", help="group allowed to use the socket (mode 0660)")
     p.add_argument("--metrics-address", metavar="HOST:PORT",
                    help="Prometheus metrics (default 127.0.0.1:9464; '' disables)")
+    p.add_argument("--pod-resources-socket", metavar="PATH",
+                   help="PodResources v1 gRPC socket (default: pod-resources.sock beside --socket; '' disables)")
+    p.add_argument("--kubelet-state-dir", metavar="DIR",
+                   help="directory of cpu_manager_state and memory_manager_state (default: the state "
+                        "directory; '' disables)")
     p.add_argument("--log-level", metavar="LEVEL", help="debug, info (default), warning, error")
     p.add_argument("--no-hotplug", action="store_true", help="do not follow hardware changes: no kernel hotplug events "
                    "(CPUs, memory, NUMA nodes, PCI devices), no reading of the nodes' memory figures every 5 s")
@@ -57,7 +62,9 @@ def _effective_config(args):
     overrides = {}
     for flag, key in (("sysfs_root", "sysfs_root"), ("cgroup_root", "cgroup_root"),
                       ("state_dir", "state_dir"), ("socket", "socket"),
-                      ("socket_group", "socket_group"), ("log_level", "log_level")):
+                      ("socket_group", "socket_group"), ("log_level", "log_level"),
+                      ("pod_resources_socket", "pod_resources_socket"),
+                      ("kubelet_state_dir", "kubelet_state_dir")):
         value = getattr(args, flag)
         if value is not None:
             overrides[key] = value

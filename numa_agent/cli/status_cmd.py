@@ -23,12 +23,16 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--memory", action="store_true",
                         help="also read the memory per NUMA node of workloads without a cgroup "
                              "(affinity mode: /proc/PID/numa_maps, costly); with a cgroup it is always shown")
+    parser.add_argument("--kubelet", action="store_true",
+                        help="print the kubelet-shaped cpu_manager_state and memory_manager_state instead")
     common.add_socket_option(parser)
     parser.set_defaults(func=run)
     return parser
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.kubelet:
+        return _kubelet(args)
     try:
         _, status = common.call(args, "GET", "/v1/status?memory=1" if args.memory else "/v1/status")
     except common.CliError as exc:
@@ -38,6 +42,25 @@ def run(args: argparse.Namespace) -> int:
         common.print_json(status)
     else:
         print("\n".join(format_status(status, now=time.time())))
+    return 0
+
+
+def _kubelet(args: argparse.Namespace) -> int:
+    """Both kubelet-shaped documents, each under the path of its file (or
+    "not written" when the agent keeps no files); --json: one object."""
+    try:
+        _, docs = common.call(args, "GET", "/v1/kubelet")
+    except common.CliError as exc:
+        common.print_error(PROG, str(exc))
+        return 1
+    if args.json:
+        common.print_json(docs)
+        return 0
+    directory = docs.get("directory")
+    for name in ("cpu_manager_state", "memory_manager_state"):
+        where = f"{directory.rstrip('/')}/{name}" if directory else f"{name} (not written: files are off)"
+        print(f"# {where}")
+        common.print_json(docs.get(name))
     return 0
 
 

@@ -58,6 +58,9 @@ from numa_agent.enforcement.protocol import Enforcer, Layout
 from numa_agent.enforcement.record import LEDGER_RECORD, decode_ledger, encode_ledger
 from numa_agent.hotplug.rebase import memory_changes, rebase_state, shortfall_warnings
 from numa_agent.isolation.keeper import ISOLATE, STRICT, IsolationKeeper, isolation_asked
+from numa_agent.kubelet.files import StateFiles
+from numa_agent.kubelet.state_files import CPU_MANAGER_STATE, MEMORY_MANAGER_STATE
+from numa_agent.kubelet.state_files import documents as kubelet_documents
 from numa_agent.service.caller import Caller, UserNames, system_user_name
 from numa_agent.service.counters import Counters, ManagerOutcome
 from numa_agent.service.rebuild import REBUILT, is_quarantined
@@ -103,6 +106,9 @@ class AgentService:
         # Intruders and memory locality (numa_agent.observe), set at start-up;
         # None: status shows neither.
         self.observer: Any = None
+        # The kubelet-shaped state files (numa_agent.kubelet.files), set at
+        # start-up: told every new state under the lock; None: not written.
+        self.kubelet_files: StateFiles | None = None
 
     # ---- admission ---------------------------------------------------------
     def admit(self, request: AdmitRequest, caller: Caller, dry_run: bool = False) -> dict:
@@ -240,6 +246,7 @@ class AgentService:
         # The layout is the full layout of this state on this machine: the
         # next commit may start from it.
         self.state, self._layout, self._layout_machine = new_state, new_layout, self.machine
+        self._publish()
         self._isolate()
 
     def _isolate(self) -> None:
@@ -306,6 +313,32 @@ class AgentService:
                         self.store.directory, self.clock() - self._checkpoint_trouble[1])
             self._checkpoint_trouble = None
 
+    # (machine, state) as last installed, one value read in one step by
+    # readers on other threads (the PodResources server) without the lock.
+    _view: tuple[Machine, AgentState] | None = None
+
+    def view(self) -> tuple[Machine, AgentState] | None:
+        return self._view
+
+    def _publish(self) -> None:
+        """The kubelet state files and the readers' view for the state just
+        installed (the bookings only: what isolation records changes nothing
+        in them)."""
+        self._view = (self.machine, self.state)
+        if self.kubelet_files is not None:
+            self.kubelet_files.publish(self.machine, self.state)
+
+    def kubelet_state(self) -> dict[str, Any]:
+        """Both kubelet-shaped documents as last written, or (files off) as they
+        would be for the current state, with where they are."""
+        files = self.kubelet_files
+        last = dict(files.last) if files is not None else {}
+        if not last:
+            cpu, memory = kubelet_documents(self.machine, self.state)
+            last = {CPU_MANAGER_STATE: cpu, MEMORY_MANAGER_STATE: memory}
+        return {"directory": str(files.directory) if files is not None else None,
+                **{name: msgspec.json.decode(data) for name, data in last.items()}}
+
     _ledger_recorded: IsolationLedger | None = None
 
     def _record_isolation(self, state: AgentState) -> None:
@@ -341,6 +374,7 @@ class AgentService:
             self.state, self._layout = state, layout
             for text in shortfall_warnings(self.machine, state):  # memory gone while the agent was down
                 log.warning("%s", text)
+            self._publish()
             self._isolate()  # restores what workloads gone while the agent was down held
 
     def replace_machine(self, machine: Machine) -> list[tuple[str, str]]:

@@ -38,6 +38,8 @@ from numa_agent.views.metrics import parse_address
 DEFAULT_CONFIG = "/etc/numa-agent/config.toml"
 DEFAULT_STATE_DIR = "/var/lib/numa-agent"
 DEFAULT_METRICS = "127.0.0.1:9464"
+AUTO = "auto"
+POD_RESOURCES_SOCKET_NAME = "pod-resources.sock"
 
 
 class ConfigError(ValueError):
@@ -62,7 +64,24 @@ class AgentConfig:
     isolate_default: tuple[str, ...] = ()  # numa-run --isolate when a request does not say
     idle_latency_us: int = 0  # the PM QoS resume latency `idle` isolation sets; 0: none at all
     isolate_group: str | None = None  # who besides root may ask for --isolate; None: root only
+    # [kubelet]: "auto" = beside the API socket / in the state directory; "" = off
+    pod_resources_socket: str = AUTO
+    kubelet_state_dir: str = AUTO
+    pod_namespace: str = "numa-agent"
     policy: PolicyConfig = field(default_factory=PolicyConfig)
+
+    def pod_resources_path(self) -> str | None:
+        """Where PodResources is served: the configured path, or `pod-resources.sock`
+        beside the API socket; None when turned off."""
+        if self.pod_resources_socket == AUTO:
+            return str(Path(self.socket).parent / POD_RESOURCES_SOCKET_NAME)
+        return self.pod_resources_socket or None
+
+    def kubelet_state_path(self) -> str | None:
+        """The directory of cpu_manager_state and memory_manager_state, or None (off)."""
+        if self.kubelet_state_dir == AUTO:
+            return self.state_dir
+        return self.kubelet_state_dir or None
 
 
 # ---- the file, as declared types -------------------------------------------
@@ -141,8 +160,16 @@ class IsolationSection(_Section, frozen=True):
     isolate_group: str | UnsetType = msgspec.field(default=UNSET, name="group")
 
 
+class KubeletSection(_Section, frozen=True):
+    kubelet_state_dir: str | UnsetType = msgspec.field(default=UNSET, name="state_dir")
+    pod_resources_socket: str | UnsetType = UNSET
+    pod_namespace: Annotated[str, msgspec.Meta(min_length=1, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")] \
+        | UnsetType = msgspec.field(default=UNSET, name="namespace")
+
+
 class ConfigFile(_Section, frozen=True):
     agent: AgentSection = AgentSection()
+    kubelet: KubeletSection = KubeletSection()
     observe: ObserveSection = ObserveSection()
     cpu_manager: CpuManagerSection = CpuManagerSection()
     memory_manager: MemoryManagerSection = MemoryManagerSection()
@@ -180,7 +207,7 @@ def config_from_mapping(doc: Mapping[str, Any]) -> AgentConfig:
     if "isolate_default" in isolation:
         isolation["isolate_default"] = parse_kinds(isolation["isolate_default"])
     return AgentConfig(**_agent_fields(parsed.agent), **parsed.observe.given(), **isolation,
-                       policy=_policy(parsed))
+                       **parsed.kubelet.given(), policy=_policy(parsed))
 
 
 def _agent_fields(agent: AgentSection) -> dict[str, Any]:

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from numa_agent.api.server import ApiServer
     from numa_agent.enforcement.protocol import Enforcer
     from numa_agent.hotplug.events import EventSource
+    from numa_agent.kubelet.grpc_server import PodResourcesServer
     from numa_agent.observe.watcher import IntruderWatcher
     from numa_agent.service.agent_service import AgentService
     from numa_agent.service.config import AgentConfig
@@ -59,6 +60,7 @@ class Agent:
     def __init__(self, cfg: AgentConfig, hotplug_source: EventSource | None = None) -> None:
         self.cfg = cfg
         self.api: ApiServer | None = None
+        self.pod_resources: PodResourcesServer | None = None
         self.metrics: MetricsServer | None = None
         self.loop: EventLoop | None = None
         self.watcher: IntruderWatcher | None = None
@@ -83,9 +85,10 @@ class Agent:
             if self.watcher is not None:
                 self.watcher.stop()
                 self.watcher = None
-            if self.api is not None:
-                self.api.stop()  # bound but never served: removes the socket
-                self.api = None
+            for server in (self.api, self.pod_resources):
+                if server is not None:
+                    server.stop()  # bound but never served: removes the socket
+            self.api = self.pod_resources = None
             self._remove_snapshot()
             claim.abandon()
             raise
@@ -149,6 +152,7 @@ class Agent:
         service = AgentService(machine, store, enforcer, isolation=_isolation_keeper(cfg),
                                isolate_default=cfg.isolate_default, isolate_gid=isolate_gid,
                                mark_key=mark_key, pci_names=PciIdsFile())
+        service.kubelet_files = _kubelet_state_files(cfg)
         try:
             service.install(state)
         except Exception as exc:
@@ -172,11 +176,27 @@ class Agent:
                                  socket_group=cfg.socket_group).bind()
         except Exception as exc:
             raise StartupError(f"cannot serve the API on {cfg.socket}: {exc}") from None
+        self._claim_pod_resources()
         if cfg.metrics_address:
             try:
                 check_metrics_address(cfg.metrics_address)
             except (OSError, ValueError) as exc:
                 raise StartupError(f"metrics: {exc}") from None
+
+    def _claim_pod_resources(self) -> None:
+        """Bind the PodResources socket: a path taken or not writable stops the
+        start, never a silent absence."""
+        from numa_agent.kubelet.grpc_server import PodResourcesServer
+
+        cfg = self.cfg
+        path = cfg.pod_resources_path()
+        if path is None:
+            return
+        try:
+            self.pod_resources = PodResourcesServer(path, cfg.pod_namespace, socket_mode=cfg.socket_mode,
+                                                    socket_group=cfg.socket_group).bind()
+        except Exception as exc:
+            raise StartupError(f"cannot serve PodResources on {path}: {exc}") from None
 
     def _within_cgroup_root(self, machine, enforcer: Enforcer):
         """The agent hands out what the enforcer's root is granted when it
@@ -213,6 +233,9 @@ class Agent:
         self._start_observer(service)  # before the API serves: every status has its fields
         api.attach(service)
         api.start()
+        if self.pod_resources is not None:
+            self.pod_resources.attach(service)
+            self.pod_resources.start()
         if cfg.metrics_address:
             from numa_agent.views.metrics import build_registry, start_metrics_server
 
@@ -283,9 +306,11 @@ class Agent:
         from numa_agent.service import sdnotify
 
         sdnotify.stopping()
-        for part in (self.api, self.loop, self.watcher, self.metrics):
+        for part in (self.api, self.pod_resources, self.loop, self.watcher, self.metrics):
             if part is not None:
                 part.stop()
+        if self.service is not None and self.service.kubelet_files is not None:
+            self.service.kubelet_files.close()  # the documents of the last change written
         if self.hotplug is not None:
             self.hotplug.close()
         if self.claim is not None:
@@ -575,6 +600,21 @@ def _uid_of(pid: int) -> int:
 
 def _half(interval):
     return interval / 2 if interval else None
+
+
+def _kubelet_state_files(cfg):
+    """The kubelet-shaped state files' writer, its directory checked; None when off."""
+    from numa_agent.kubelet.files import StateFiles, StateFilesError
+
+    directory = cfg.kubelet_state_path()
+    if directory is None:
+        return None
+    files = StateFiles(directory)
+    try:
+        files.check()
+    except StateFilesError as exc:
+        raise StartupError(str(exc)) from None
+    return files
 
 
 def _isolate_gid(cfg) -> int | None:

@@ -7,39 +7,24 @@ import concurrent.futures
 import json
 import subprocess
 import sys
-import time
 import urllib.request
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from numa_agent.core.cpuset import CpuSet
-from numa_agent.testing.synthetic import make_topology
-from tests.support.agent_process import AgentProcess, numa_run
-from tests.support.sysfs_writer import write_sysfs
+from tests.support.agent_process import DEVICES_CONFIG, AgentProcess, NumaRuns, machine_with_devices, numa_run
 
-GPU = ("0x030200", "0x10de", "0x20b0", 1, "nvidia")
-NIC = ("0x020000", "0x15b3", "0x1017", 2, "mlx5_core")
 CONFIG = """
 [topology_manager]
 policy = "best-effort"
-
-[devices.gpu]
-vendor = "0x10de"
-class_prefixes = ["0x0302", "0x0300"]
-
-[devices.nic]
-class_prefixes = ["0x0200"]
-"""
+""" + DEVICES_CONFIG
 
 
 @pytest.fixture(scope="module")
 def agent(tmp_path_factory):
     work = tmp_path_factory.mktemp("synthetic-agent")
-    topo = make_topology(sockets=2, nodes_per_socket=2, cores_per_node=4, threads_per_core=2,
-                         memory_per_node_bytes=16 << 30, hugepages_2m_per_node=128,
-                         devices=(GPU, NIC))
-    root = write_sysfs(topo, work / "machine")
+    root = machine_with_devices(work / "machine")
     a = AgentProcess(work, "--sysfs-root", str(root), config=CONFIG).start()
     yield a
     a.stop()
@@ -58,28 +43,9 @@ def release_all(agent):
 
 @pytest.fixture
 def launch(agent):
-    """Start `numa-run ... -- sleep 60` and wait until it is admitted. The
-    workloads must outlive the checks: a workload whose process exits is
-    released (the simulated cgroup tree notices exits too)."""
-    running = []
-
-    def start(*options):
-        proc = subprocess.Popen([sys.executable, "-m", "numa_agent.cli.numa_run", "--socket", agent.socket,
-                                 *options, "--", "sleep", "60"], stderr=subprocess.PIPE, text=True)
-        running.append(proc)
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                return proc
-            if any(w["pid"] == proc.pid for w in status(agent)["workloads"]):
-                return proc
-            time.sleep(0.05)
-        raise AssertionError(f"numa-run {options} was not admitted in time")
-
-    yield start
-    for proc in running:
-        proc.kill()
-        proc.wait()
+    runs = NumaRuns(agent)
+    yield runs
+    runs.stop()
     release_all(agent)
 
 

@@ -45,7 +45,8 @@ def test_unknown_key_is_named_with_the_known_ones(tmp_path):
     assert _error(tmp_path, '[cpu_manager]\npolcy = "static"\n') == (
         "unknown key cpu_manager.polcy (known: options, policy, reserved_cpu_count, reserved_cpus)")
     assert _error(tmp_path, '[topology]\npolicy = "none"\n').startswith(
-        "unknown key topology (known: agent, cpu_manager, devices, isolation, memory_manager, observe, topology_manager)")
+        "unknown key topology (known: agent, cpu_manager, devices, isolation, kubelet, memory_manager, observe, "
+        "topology_manager)")
     assert _error(tmp_path, '[devices.gpu]\nvendr = "0x10de"\n').startswith("unknown key devices.gpu.vendr")
 
 

@@ -101,3 +101,57 @@ def wait_for(predicate, timeout: float = 5.0, interval: float = 0.02):
 
 def loads(text: str):
     return json.loads(text)
+
+
+# A written 4-node, 2-socket machine with a GPU on node 1 and a NIC on node 2, and
+# the configuration that makes them device resources.
+GPU = ("0x030200", "0x10de", "0x20b0", 1, "nvidia")
+NIC = ("0x020000", "0x15b3", "0x1017", 2, "mlx5_core")
+DEVICES_CONFIG = """
+[devices.gpu]
+vendor = "0x10de"
+class_prefixes = ["0x0302", "0x0300"]
+
+[devices.nic]
+class_prefixes = ["0x0200"]
+"""
+
+
+def machine_with_devices(where: Path) -> Path:
+    from numa_agent.testing.synthetic import make_topology
+    from tests.support.sysfs_writer import write_sysfs
+
+    topo = make_topology(sockets=2, nodes_per_socket=2, cores_per_node=4, threads_per_core=2,
+                         memory_per_node_bytes=16 << 30, hugepages_2m_per_node=128, devices=(GPU, NIC))
+    return write_sysfs(topo, where)
+
+
+class NumaRuns:
+    """`numa-run OPTIONS -- sleep 60` processes, each returned once the agent
+    lists it (or it exited); `stop()` kills them all. The workloads must
+    outlive the checks: a workload whose process exits is released (the
+    simulated cgroup tree notices exits too)."""
+
+    def __init__(self, agent: AgentProcess) -> None:
+        self.agent = agent
+        self.running: list[subprocess.Popen] = []
+
+    def __call__(self, *options: str) -> subprocess.Popen:
+        proc = subprocess.Popen([sys.executable, "-m", "numa_agent.cli.numa_run", "--socket", self.agent.socket,
+                                 *options, "--", "sleep", "60"], stderr=subprocess.PIPE, text=True)
+        self.running.append(proc)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                return proc
+            code, body = self.agent.call("GET", "/v1/workloads")
+            if code == 200 and any(w["pid"] == proc.pid for w in body["workloads"]):
+                return proc
+            time.sleep(0.05)
+        raise AssertionError(f"numa-run {options} was not admitted in time")
+
+    def stop(self) -> None:
+        for proc in self.running:
+            proc.kill()
+            proc.wait()
+        self.running.clear()

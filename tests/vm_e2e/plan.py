@@ -21,7 +21,8 @@ SCENARIOS = (
     "14-scale",
     "15-observe",
     "16-isolation",
-    "17-memhot",
+    "17-kubelet",
+    "18-memhot",  # last: its DIMM stays plugged
 )
 
 # The guest booted by systemd runs the agent as an installed service instead

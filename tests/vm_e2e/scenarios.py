@@ -1454,7 +1454,96 @@ def _s16(g: Guest, balancer: _Irqbalance | None) -> str | None:
     return note
 
 
-# ---------------------------------------------------------------- 17: memory hotplug
+def _kubelet_views(g: Guest) -> tuple[dict, dict, list]:
+    """The two state files (parsed, checksums checked) and List's pods, sorted by name."""
+    import grpc
+
+    from numa_agent.kubelet import podresources_pb2 as pb
+    from numa_agent.kubelet import podresources_pb2_grpc as pb_grpc
+    from numa_agent.kubelet.state_files import checksum_ok
+
+    names = ("cpu_manager_state", "memory_manager_state")
+    code, shown = g.agent.call("GET", "/v1/kubelet")
+    check(code == 200, f"GET /v1/kubelet answered {code}: {shown}")
+
+    def written() -> dict | None:  # the files follow the change from a thread of their own
+        data = {name: (g.agent.state_dir / name).read_bytes() for name in names}
+        docs = {name: json.loads(d) for name, d in data.items()}
+        return data if all(docs[n] == shown[n] for n in names) else None
+
+    data = wait_for(written, timeout=10)
+    check(data is not None, f"the state files do not hold what GET /v1/kubelet shows: {shown}")
+    for name in names:
+        check(checksum_ok(data[name]), f"{name}: the checksum does not match the file")
+    docs = {name: json.loads(data[name]) for name in names}
+    socket_path = Path(g.agent.socket).parent / "pod-resources.sock"
+    with grpc.insecure_channel(f"unix:{socket_path}") as channel:
+        listed = pb_grpc.PodResourcesListerStub(channel).List(pb.ListPodResourcesRequest(), timeout=ADMIT_TIMEOUT)
+    pods = sorted(([p.name, p.namespace, sorted((c.name, sorted(c.cpu_ids),
+                                                 sorted((m.memory_type, m.size, tuple(n.ID for n in m.topology.nodes))
+                                                        for m in c.memory))
+                                                for c in p.containers)] for p in listed.pod_resources))
+    return docs["cpu_manager_state"], docs["memory_manager_state"], pods
+
+
+def s17_kubelet(g: Guest) -> str | None:
+    """The kubelet-shaped state files and PodResources List agree, workload by
+    workload, with the kernel's cpuset.cpus.effective / cpuset.mems.effective,
+    and come back unchanged after kill -9 and a restart."""
+    node = g.kernel.cpu_nodes[-1]
+    budget = len(g.kernel.node_cpus[node])
+    n = one_core(g)
+    check(budget > n, f"node {node} has only {budget} CPUs, too few for a pod with a sidecar")
+    running = [g.launch("kmain", "--pod", "kp", "--pod-cpus", str(budget), "--cpus", str(n)),
+               g.launch("kside", "--pod", "kp"),
+               g.launch("kdb", "--cpus", str(n), "--memory", "64Mi"),
+               g.launch("kshared", "--shared")]
+
+    def agree(when: str) -> tuple[dict, dict, list]:
+        cpu, memory, pods = _kubelet_views(g)
+        containers = {c[0]: c for p in pods for c in p[2]}
+        for w in running:
+            rel = w.rel if w.name != "kshared" else f"shared/{w.name}"
+            cpus, mems = cg_cpus(rel), CpuSet.parse(cg_read(rel, "cpuset.mems.effective"))
+            pod = w.record.get("pod") or w.name
+            entry = cpu["entries"].get(pod, {}).get(w.name)
+            if w.name == "kshared":
+                check(entry is None and CpuSet.parse(cpu["defaultCpuSet"]) == cpus,
+                      f"{when}: kshared runs on {cpus.format()}, defaultCpuSet is {cpu['defaultCpuSet']}, "
+                      f"its entry {entry}")
+            else:
+                check(entry is not None and CpuSet.parse(entry) == cpus,
+                      f"{when}: {w.name}: cpu_manager_state says {entry}, {rel}/cpuset.cpus.effective {cpus.format()}")
+            listed = containers.get(w.name)
+            check(listed is not None, f"{when}: {w.name} is not in PodResources List")
+            check(listed[1] == ([] if w.name == "kshared" else list(cpus)),
+                  f"{when}: {w.name}: List cpu_ids {listed[1]}, cpuset.cpus.effective {cpus.format()}")
+            blocks = memory["entries"].get(pod, {}).get(w.name, [])
+            for block in blocks:
+                check(CpuSet(block["numaAffinity"]) == mems,
+                      f"{when}: {w.name}: numaAffinity {block['numaAffinity']}, cpuset.mems.effective "
+                      f"{mems.format()}")
+            for _, _, nodes in listed[2]:
+                check(CpuSet(nodes) == mems, f"{when}: {w.name}: List memory on {nodes}, cpuset.mems.effective "
+                                             f"{mems.format()}")
+            check(bool(blocks) == (w.name == "kdb") == bool(listed[2]),
+                  f"{when}: {w.name}: memory entries {blocks}, List memory {listed[2]}")
+        return cpu, memory, pods
+
+    before = agree("while running")
+    g.agent.kill()
+    g.start_agent()
+    after = agree("after kill -9 and restart")
+    for doc, a, b in zip(("cpu_manager_state", "memory_manager_state", "List"), before, after, strict=True):
+        if doc != "List":
+            a, b = {k: v for k, v in a.items() if k != "checksum"}, {k: v for k, v in b.items() if k != "checksum"}
+        check(a == b, f"{doc} changed across kill -9 and restart: {a} then {b}")
+    for w in running:
+        w.stop()
+    return f"{len(running)} workloads agree with the kernel before and after kill -9"
+
+
+# ---------------------------------------------------------------- 18: memory hotplug
 SYS_MEMORY = Path("/sys/devices/system/memory")
 DIMM_MIB = 256  # two memory blocks of 128 MiB in this guest
 
@@ -1514,7 +1603,7 @@ def _plug_dimm(node: int) -> list[int]:
     return new
 
 
-def s17_memhot(g: Guest) -> str | None:
+def s18_memhot(g: Guest) -> str | None:
     g.restart_agent("hotplug", hotplug=True)
     node = g.kernel.cpu_nodes[-1]
     before = _memory_node(g.status(), node)
@@ -1599,7 +1688,8 @@ RUNNERS = {
     "14-scale": s14_scale,
     "15-observe": s15_observe,
     "16-isolation": s16_isolation,
-    "17-memhot": s17_memhot,
+    "17-kubelet": s17_kubelet,
+    "18-memhot": s18_memhot,
 }
 assert tuple(RUNNERS) == SCENARIOS
 

@@ -1,0 +1,164 @@
+"""PodResources v1 over gRPC on its own Unix socket. Read-only.
+
+grpcio serves from its own threads. They never take the service's lock:
+each answer is built from the (machine, state) pair the service last
+published (`AgentService.view`), an immutable value read in one step, so an
+admission never waits for a List, and a List never sees half of one. The
+encoded List answer is kept per pod and encoded again only for the pods a
+change names: a hundred clients asking about one state cost one update, and
+an update after an admission costs that admission's pod.
+
+Who may connect is decided, as for the HTTP API, by the socket file's mode
+and group (the same `socket_mode` / `socket_group`), set before the path
+exists (numa_agent.api.socket_file). Bad input (garbage bytes, a client that
+never finishes its request) is grpcio's to refuse; it holds no worker thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable
+
+import grpc
+
+from numa_agent.api.socket_file import place_socket, remove_socket
+from numa_agent.kubelet import pod_resources
+from numa_agent.kubelet import podresources_pb2 as pb
+
+log = logging.getLogger("numa_agent.kubelet")
+
+SERVICE = "v1.PodResourcesLister"
+WORKERS = 2
+# Requests are empty or two names: anything larger is not a client of this API.
+MAX_REQUEST_BYTES = 64 * 1024
+# A connection lives at most this long (then is closed gracefully; clients
+# reconnect): a client that never finishes holds nothing for ever.
+MAX_CONNECTION_AGE_MS = 10 * 60 * 1000
+MAX_CONNECTION_IDLE_MS = 5 * 60 * 1000
+GRACE_MS = 30 * 1000
+
+
+class PodResourcesServer:
+    """bind() takes the socket path (start-up fails there if it cannot),
+    attach() names the service once it exists, start() serves, stop() ends."""
+
+    def __init__(self, socket_path: str, namespace: str = pod_resources.DEFAULT_NAMESPACE, *,
+                 socket_mode: int = 0o660, socket_group: str | None = None, workers: int = WORKERS) -> None:
+        self.socket_path = os.path.abspath(socket_path)
+        self.namespace = namespace
+        self.socket_mode = socket_mode
+        self.socket_group = socket_group
+        self.workers = workers
+        self.service: Any = None
+        self._server: Any = None
+        self._inode: tuple[int, int] | None = None
+        # The List answer, kept per pod and for the state it was last built
+        # for; the lock serialises its use by grpcio's workers.
+        self._encoder = pod_resources.ListEncoder(namespace)
+        self._list_lock = threading.Lock()
+        self._allocatable: tuple[object, bytes] | None = None
+
+    # ---- lifecycle ---------------------------------------------------------------
+    def bind(self) -> "PodResourcesServer":
+        server = grpc.server(
+            ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="numa-agent-podresources"),
+            handlers=[grpc.method_handlers_generic_handler(SERVICE, self._handlers())],
+            options=[("grpc.max_receive_message_length", MAX_REQUEST_BYTES),
+                     ("grpc.max_connection_age_ms", MAX_CONNECTION_AGE_MS),
+                     ("grpc.max_connection_age_grace_ms", GRACE_MS),
+                     ("grpc.max_connection_idle_ms", MAX_CONNECTION_IDLE_MS),
+                     ("grpc.so_reuseport", 0)])
+
+        def bind_at(path: str) -> None:
+            server.add_insecure_port(f"unix:{path}")  # raises RuntimeError when it cannot bind
+
+        try:
+            self._inode = place_socket(self.socket_path, self.socket_mode, self.socket_group, bind_at,
+                                       option="--pod-resources-socket")
+        except BaseException:
+            server.stop(None)
+            raise
+        self._server = server
+        return self
+
+    def attach(self, service: Any) -> None:
+        self.service = service
+
+    def start(self) -> "PodResourcesServer":
+        if self._server is None:
+            self.bind()
+        assert self._server is not None
+        self._server.start()
+        log.info("PodResources v1 listening on %s (mode %o, group %s, namespace %s)", self.socket_path,
+                 self.socket_mode, self.socket_group or "-", self.namespace)
+        return self
+
+    def stop(self) -> None:
+        server, self._server = self._server, None
+        if server is not None:
+            server.stop(1).wait(5)
+            remove_socket(self.socket_path, self._inode)
+            self._inode = None
+
+    # ---- the answers --------------------------------------------------------------
+    def _handlers(self) -> dict[str, Any]:
+        def handler(fn: Callable[[Any, Any], bytes], request_type: Any) -> Any:
+            return grpc.unary_unary_rpc_method_handler(
+                self._guarded(fn), request_deserializer=request_type.FromString,
+                response_serializer=_as_is)
+
+        return {"List": handler(self._list, pb.ListPodResourcesRequest),
+                "GetAllocatableResources": handler(self._allocatable_resources, pb.AllocatableResourcesRequest),
+                "Get": handler(self._get, pb.GetPodResourcesRequest)}
+
+    def _guarded(self, fn: Callable[[Any, Any], bytes]) -> Callable[[Any, Any], bytes]:
+        def call(request: Any, context: Any) -> bytes:
+            view = self.service.view() if self.service is not None else None
+            if view is None:
+                context.abort(grpc.StatusCode.UNAVAILABLE, "the agent is starting")
+            try:
+                return fn(view, request)
+            except _NotFound as exc:
+                context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
+            except Exception:  # an answer failed: said to the client and logged, never the agent's end
+                log.exception("PodResources %s failed", fn.__name__.lstrip("_"))
+                context.abort(grpc.StatusCode.INTERNAL, "the agent could not build the answer; see its log")
+            raise AssertionError("unreachable")  # context.abort raises
+
+        call.__name__ = fn.__name__
+        return call
+
+    def _list(self, view: tuple[Any, Any], request: Any) -> bytes:
+        machine, state = view
+        with self._list_lock:
+            return self._encoder.update(machine, state)
+
+    def _allocatable_resources(self, view: tuple[Any, Any], request: Any) -> bytes:
+        machine = view[0]
+        kept = self._allocatable
+        if kept is not None and kept[0] is machine:
+            return kept[1]
+        data = pod_resources.allocatable_response(machine).SerializeToString()
+        self._allocatable = (machine, data)
+        return data
+
+    def _get(self, view: tuple[Any, Any], request: Any) -> bytes:
+        machine, state = view
+        found = None
+        if request.pod_namespace == self.namespace:
+            found = pod_resources.pod(machine, state, request.pod_name, self.namespace)
+        if found is None:
+            raise _NotFound(f"pod {request.pod_name!r} not found in namespace {request.pod_namespace!r} "
+                            f"(this agent's pods are in {self.namespace!r})")
+        return pb.GetPodResourcesResponse(pod_resources=found).SerializeToString()
+
+
+class _NotFound(Exception):
+    pass
+
+
+def _as_is(data: bytes) -> bytes:
+    return data
