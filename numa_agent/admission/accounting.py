@@ -13,7 +13,7 @@ from typing import Any
 
 from numa_agent.admission.admit import memory_usage
 from numa_agent.admission.machine import Machine
-from numa_agent.admission.memory_manager import MEMORY, free_bytes, shortfalls
+from numa_agent.admission.memory_manager import MEMORY, free_bytes, hugepages_resource, shortfalls
 from numa_agent.core.cpuset import CpuSet
 from numa_agent.state.model import AgentState
 
@@ -51,7 +51,7 @@ def node_accounting(machine: Machine, state: AgentState) -> list[dict[str, Any]]
             "devices": {},
         }
         for hp in machine.topology.node(n).hugepages:
-            resource = f"hugepages-{hp.size_kb}kB"
+            resource = hugepages_resource(hp.size_kb)
             entry["hugepages"][f"{hp.size_kb}kB"] = _memory_states(
                 machine, usage, n, resource, hp.size_kb * 1024)
         for resource, devices in machine.devices.resources:

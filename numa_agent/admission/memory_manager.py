@@ -51,6 +51,15 @@ def hugepages_resource(size_kb: int) -> str:
     return f"{_HUGEPAGES_PREFIX}{int(size_kb)}kB"
 
 
+def hugepage_size_kb(resource: str) -> int | None:
+    """The page size in KiB a hugepage resource name gives ("hugepages-2048kB"
+    -> 2048); None for any other resource ("memory")."""
+    digits = resource.removeprefix(_HUGEPAGES_PREFIX).removesuffix("kB")
+    if len(digits) + len(_HUGEPAGES_PREFIX) + 2 != len(resource) or not digits.isdigit():
+        return None
+    return int(digits)
+
+
 def _fmt_mask(bits: int) -> str:
     return "{" + NumaMask.from_bits(bits).format() + "}"
 

@@ -29,6 +29,7 @@ from typing import Collection, Iterable, Iterator, Mapping, NamedTuple
 
 from numa_agent.admission.admit import effective_cpus, shared_pool
 from numa_agent.admission.machine import Machine
+from numa_agent.admission.memory_manager import hugepage_size_kb
 from numa_agent.core.cpuset import CpuSet
 from numa_agent.core.layered import Layered
 from numa_agent.core.names import is_workload_name
@@ -87,8 +88,8 @@ def _limits(w_request: Mapping, booking_memory: Mapping[int, Mapping[str, int]])
     hugetlb: dict[int, int] = {}
     for per in booking_memory.values():
         for resource, amount in per.items():
-            if resource.startswith("hugepages-") and resource.endswith("kB"):
-                size_kb = int(resource[len("hugepages-"):-2])
+            size_kb = hugepage_size_kb(resource)
+            if size_kb is not None:
                 hugetlb[size_kb] = hugetlb.get(size_kb, 0) + amount
     # What was asked for, where less is booked (a pod member, whose pages come
     # out of its pod's budget; a recovery that found part of them taken).

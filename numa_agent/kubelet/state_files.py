@@ -32,6 +32,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import msgspec
 
 from numa_agent.admission.machine import Machine
+from numa_agent.admission.memory_manager import hugepage_size_kb
 from numa_agent.admission.view import effective_cpus, memory_usage, shared_pool
 from numa_agent.core.cpuset import CpuSet
 from numa_agent.state.model import AgentState, Booking, FollowsChanges, Workload
@@ -48,9 +49,10 @@ _BINARY = ((1 << 40, "Ti"), (1 << 30, "Gi"), (1 << 20, "Mi"), (1 << 10, "Ki"))
 def kubelet_resource(resource: str) -> str:
     """The kubelet's name of a memory resource: "memory", or a hugepage size
     as a quantity ("hugepages-2048kB" -> "hugepages-2Mi")."""
-    if not resource.startswith("hugepages-") or not resource.endswith("kB"):
+    size_kb = hugepage_size_kb(resource)
+    if size_kb is None:
         return resource
-    size = int(resource[len("hugepages-"):-2]) << 10
+    size = size_kb << 10
     for unit, suffix in _BINARY:
         if size % unit == 0:
             return f"hugepages-{size // unit}{suffix}"

@@ -513,3 +513,12 @@ def test_search_budget_degrades_to_a_wider_mask_never_to_one_that_does_not_fit(m
         assert rough.total(resource) == need
     for n, r, b in rough.amounts:
         assert b <= free_bytes(cap, EMPTY_USAGE, n, r)
+
+
+def test_hugepage_size_kb_is_the_inverse_of_hugepages_resource():
+    from numa_agent.admission.memory_manager import hugepage_size_kb
+
+    for size_kb in (64, 2048, 1048576):
+        assert hugepage_size_kb(hugepages_resource(size_kb)) == size_kb
+    for other in ("memory", "hugepages-", "hugepages-kB", "hugepages-2Mi", "hugepages-20x8kB", "hugepages-2048KB"):
+        assert hugepage_size_kb(other) is None
