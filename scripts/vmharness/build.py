@@ -31,8 +31,9 @@ HOST_PACKAGES = {  # command that proves the package is there -> Debian package
 }
 BUSYBOX = Path("/bin/busybox")  # busybox-static installs a static binary here
 # nvme and e1000e: the guest's NVMe and NIC get their drivers, so their MSI interrupts exist
-# (the isolation scenario moves them).
-GUEST_MODULES = ("virtio_pci", "9pnet_virtio", "9p", "overlay", "nvme", "e1000e")
+# (the isolation scenario moves them); dummy gives the Slurm guest an address of its own
+# (its daemons refuse to bind while only loopback has one).
+GUEST_MODULES = ("virtio_pci", "9pnet_virtio", "9p", "overlay", "nvme", "e1000e", "dummy")
 KERNEL_PACKAGE = re.compile(r"^linux-image-(6\.1\.\d+-\d+-amd64)$")  # generic flavour only
 XZ_MAGIC = b"\xfd7zXZ\x00"
 

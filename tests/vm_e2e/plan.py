@@ -40,6 +40,20 @@ SYSTEMD_SCENARIOS = (
     "systemd-configerror",
 )
 
+# The engines, each in a 2node guest of its own (tests/vm_e2e/podman_scenarios.py,
+# tests/vm_e2e/slurm_scenarios.py): the engine's daemons and files stay out of the
+# standard guest's scenarios.
+PODMAN_SCENARIOS: tuple[str, ...] = ()
+SLURM_SCENARIOS: tuple[str, ...] = ()
+
+# shape -> (module run inside its guest, the scenarios it reports on); the rest
+# run tests.vm_e2e.scenarios.
+GUEST_MODULES: dict[str, tuple[str, tuple[str, ...]]] = {
+    "systemd": ("tests.vm_e2e.systemd_scenarios", SYSTEMD_SCENARIOS),
+    "podman": ("tests.vm_e2e.podman_scenarios", PODMAN_SCENARIOS),
+    "slurm": ("tests.vm_e2e.slurm_scenarios", SLURM_SCENARIOS),
+}
+
 # Shapes not named here run nothing (every scenario is a SKIP).
 PLAN: dict[str, tuple[str, ...]] = {
     "2node": SCENARIOS,
@@ -47,6 +61,8 @@ PLAN: dict[str, tuple[str, ...]] = {
     "cpuless": ("1-pin-core", "5-memory"),
     "snc": ("1-pin-core", "2-exclusive", "3-single-numa", "6-release"),
     "systemd": SYSTEMD_SCENARIOS,
+    "podman": PODMAN_SCENARIOS,
+    "slurm": SLURM_SCENARIOS,
 }
 
 DEFAULT_SHAPES = ("2node", "4node", "cpuless", "systemd")
@@ -54,12 +70,12 @@ DEFAULT_SHAPES = ("2node", "4node", "cpuless", "systemd")
 
 def scenarios_of(shape: str) -> tuple[str, ...]:
     """The scenarios a shape's guest reports on (PASS, FAIL or SKIP), in order."""
-    return SYSTEMD_SCENARIOS if shape == "systemd" else SCENARIOS
+    return GUEST_MODULES[shape][1] if shape in GUEST_MODULES else SCENARIOS
 
 
 def guest_module(shape: str) -> str:
     """The module that runs a shape's scenarios inside its guest."""
-    return "tests.vm_e2e.systemd_scenarios" if shape == "systemd" else "tests.vm_e2e.scenarios"
+    return GUEST_MODULES[shape][0] if shape in GUEST_MODULES else "tests.vm_e2e.scenarios"
 
 
 def planned(shape: str) -> tuple[str, ...]:
