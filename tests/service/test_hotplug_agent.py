@@ -80,7 +80,7 @@ def test_cpu_offline_under_a_workload_then_back(running):
     assert status["workloads"][0]["lost"] == list(w.lost)
     assert sum(n["cpus"]["capacity"] for n in status["nodes"]) == 15
     assert service.counters.hotplug_events["cpu"] == 1
-    cg = tmp / "state" / "cgroupfs"
+    cg = tmp / "state" / "cgroupfs" / "numa-agent"
     assert CpuSet.parse((cg / "wl-w" / "cpuset.cpus").read_text()) == cpus - CpuSet([gone])
     assert gone not in CpuSet.parse((cg / "shared" / "cpuset.cpus").read_text())
 
@@ -114,8 +114,8 @@ def test_a_trim_rewrites_the_booking_record(running):
     agent, topo, source, change, caller, tmp = running
     service = agent.service
     cpus = CpuSet.parse(service.admit(AdmitRequest(name="w", cpus=4), caller)["cpus"])
-    cg = tmp / "state" / "cgroupfs"
-    record = lambda: decode_record(FakeCgroupfs(cg).getxattr(cg / "wl-w", RECORD_XATTR))  # noqa: E731
+    cg = tmp / "state" / "cgroupfs" / "numa-agent"
+    record = lambda: decode_record(FakeCgroupfs(cg.parent).getxattr(cg / "wl-w", RECORD_XATTR))  # noqa: E731
     assert record().booking.cpus == cpus and record().lost == ()
     gone = cpus.max()
     offline = replace(topo, cpus=tuple(replace(c, online=False) if c.id == gone else c for c in topo.cpus))
