@@ -6,7 +6,6 @@ engine's cgroups side by side, as /sys/fs/cgroup does."""
 
 import os
 import subprocess
-import time
 
 import pytest
 
@@ -18,18 +17,10 @@ from numa_agent.service.caller import Caller
 from numa_agent.service.config import AgentConfig
 from numa_agent.service.startup import Agent
 from numa_agent.testing.synthetic import make_topology
+from tests.support.agent_process import wait_for
 from tests.support.sysfs_writer import write_sysfs
 
 CONTAINER = "/libpod_parent/libpod-0123456789ab"
-
-
-def wait_for(predicate, timeout=5.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.02)
-    return predicate()
 
 
 class Machine:

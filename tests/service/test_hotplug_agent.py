@@ -4,7 +4,6 @@ changes under it, the real event loop, rediscovery and the cgroup tree."""
 import os
 import shutil
 import subprocess
-import time
 from dataclasses import replace
 
 import pytest
@@ -24,19 +23,11 @@ from numa_agent.service.startup import Agent
 from numa_agent.state.model import replace as replace_value
 from numa_agent.testing.synthetic import make_topology, with_node_memory
 from numa_agent.views.metrics import build_registry
+from tests.support.agent_process import wait_for
 from tests.support.sysfs_writer import write_sysfs
 
 GPU = ("0x030200", "0x10de", "0x20b0", 1, "nvidia")
 GiB = 1 << 30
-
-
-def wait_for(predicate, timeout=5.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.02)
-    return predicate()
 
 
 @pytest.fixture
