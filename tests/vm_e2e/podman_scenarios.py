@@ -199,8 +199,8 @@ def s_aligned(g: PodmanGuest) -> str:
     record = g.admitted(cid)
     cgroup = f"{NUMA_PARENT}/libpod-{cid}"
     check(g.cgroup(cid) == cgroup, f"container {cid[:12]} is in {g.cgroup(cid)}, expected {cgroup}")
-    check(record.get("cgroup") == cgroup, f"{record['name']} is listed with cgroup {record.get('cgroup')!r}, "
-                                          f"expected {cgroup}")
+    check(record.get("engine_cgroup") == cgroup,
+          f"{record['name']} is listed with engine_cgroup {record.get('engine_cgroup')!r}, expected {cgroup}")
     cpus, mems = CpuSet.parse(record["cpus"]), CpuSet.parse(",".join(map(str, record["mems"])))
     check(len(cpus) == 2 and record["exclusive"], f"booked {record['cpus']} (exclusive {record['exclusive']})")
     nodes = g.kernel.nodes_of(cpus)
@@ -298,6 +298,9 @@ def s_refusal(g: PodmanGuest) -> str:
           f"refusal in a parent kept on the housekeeping CPUs does not name {PLAIN_PARENT}: {parent_said!r}")
     _, bad = _refused(g, {"numa-agent.io/memory": "12X"})
     check("annotation numa-agent.io/memory='12X'" in bad and "(syntax: SIZE" in bad, f"bad annotation: {bad!r}")
+    out = os.environ.get("NUMA_AGENT_VM_OUT")
+    if out:  # what the README shows of a refusal
+        Path(out, "podman-refusal.txt").write_text(f"$ podman run ...\n{engine}\n\n{said}\n\n{parent_said}\n")
     absent = g.work / "hooks-absent"
     g.render_hooks(absent, str(g.work / "absent.sock"), env=["NUMA_AGENT_RETRY_SECONDS=1"])
     _, unreachable = _refused(g, {"numa-agent.io/cpus": "1"}, hooks=absent)
@@ -341,7 +344,7 @@ def s_restart(g: PodmanGuest) -> str:
     record = next((w for w in status["workloads"] if w["name"] == ctr_name(cid)), None)
     check(record is not None, f"the restarted agent does not report {ctr_name(cid)}: "
                               f"{[w['name'] for w in status['workloads']]}")
-    check(CpuSet.parse(record["cpus"]) == cpus and record.get("cgroup") == g.cgroup(cid),
+    check(CpuSet.parse(record["cpus"]) == cpus and record.get("engine_cgroup") == g.cgroup(cid),
           f"restarted agent reports {record}")
     check(proc_allowed(pid)[0] == cpus, "the container's CPUs changed across the agent's restart")
     other = g.start({"numa-agent.io/cpus": "2"})
