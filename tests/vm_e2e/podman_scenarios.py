@@ -268,7 +268,19 @@ def s_release(g: PodmanGuest) -> str:
                                  f"(limit {RELEASE_LIMIT:g} s)")
     check(wait_for(lambda: cpus.issubset(g.shared_pool()), timeout=RELEASE_LIMIT, interval=0.02),
           f"CPUs {cpus.format()} not back in the shared pool {g.shared_pool().format()}")
-    return f"{ctr_name(cid)} released {took:.2f} s after its process exited; {cpus.format()} back in the pool"
+    # `podman restart`: the hook runs again for the same id; a fresh booking, enforced again.
+    again = g.start({"numa-agent.io/cpus": "1"}, ("sleep", "600"))
+    first_pid = g.pid(again)
+    done = g.podman("restart", "-t", "0", again)
+    check(done.returncode == 0, f"podman restart: {last_lines(done.stderr, 3)}")
+    check(wait_for(lambda: g.pid(again) != first_pid, timeout=PODMAN_TIMEOUT, interval=0.2),
+          "podman restart did not start a new process")
+    record = g.admitted(again)
+    check(proc_allowed(g.pid(again))[0] == CpuSet.parse(record["cpus"]),
+          f"after podman restart the container is allowed {proc_allowed(g.pid(again))[0].format()}, "
+          f"booked {record['cpus']}")
+    return (f"{ctr_name(cid)} released {took:.2f} s after its process exited; {cpus.format()} back in the pool; "
+            f"restarted container booked again ({record['cpus']})")
 
 
 def _refused(g: PodmanGuest, annotations: dict[str, str], *, parent: str | None = NUMA_PARENT,
