@@ -128,9 +128,10 @@ def admission(state: ContainerState, cgroup: str) -> dict[str, Any]:
 Requester = Callable[..., tuple[int, dict]]
 
 
-def run(stage: str, raw: bytes, socket_path: str, *, proc_root: str = "/proc",
-        send: Requester = request, refusal_lines: Callable[[str, dict], list[str]] | None = None) -> tuple[int, list[str]]:
-    """The hook: (exit status, lines for stderr)."""
+def run(stage: str, raw: bytes, socket_path: str, *, proc_root: str = "/proc", send: Requester = request,
+        refusal_lines: Callable[[str, dict], list[str]] | None = None) -> tuple[int, list[str]]:
+    """The hook: (exit status, lines for stderr). `refusal_lines` formats the agent's refusal
+    (the CLI's, with the explanation); without it, its message alone."""
     try:
         state = parse_state(raw)
     except HookError as exc:
