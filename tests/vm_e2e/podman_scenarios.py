@@ -111,11 +111,12 @@ class PodmanGuest(Guest):
             (where / shipped.name).write_text(json.dumps(doc, indent=2) + "\n")
 
     # -- podman
-    def podman(self, *args: str, hooks: Path | None = None, timeout: float = PODMAN_TIMEOUT
-               ) -> subprocess.CompletedProcess:
+    def podman(self, *args: str, hooks: Path | None = None, timeout: float = PODMAN_TIMEOUT,
+               env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
         argv = ["podman", "--storage-driver", "vfs", "--cgroup-manager", "cgroupfs", "--events-backend", "file",
                 "--runtime", "crun", "--hooks-dir", str(hooks or self.hooks), *args]
-        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL,
+                              env={**os.environ, **(env or {})})
 
     def run_argv(self, annotations: dict[str, str], command=STATUS_THEN_SLEEP, *, parent: str | None = NUMA_PARENT,
                  detach: bool = True) -> list[str]:
@@ -284,13 +285,18 @@ def s_release(g: PodmanGuest) -> str:
 
 
 def _refused(g: PodmanGuest, annotations: dict[str, str], *, parent: str | None = NUMA_PARENT,
-             hooks: Path | None = None) -> tuple[str, str]:
+             hooks: Path | None = None, in_containers_conf: bool = False) -> tuple[str, str]:
     """`podman run` of a container the hook refuses: (what podman printed, what the hook said).
-    crun sends a hook's stderr to /dev/null unless run.oci.hooks.stderr names a file."""
+    crun sends a hook's stderr to /dev/null unless run.oci.hooks.stderr names a file: on the
+    command line, or for every container in containers.conf (`in_containers_conf`)."""
     said = g.work / f"hook-{len(list(g.work.glob('hook-*.err')))}.err"
-    asked = {**annotations, "run.oci.hooks.stderr": str(said)}
+    asked, env = {**annotations, "run.oci.hooks.stderr": str(said)}, None
+    if in_containers_conf:
+        conf = g.work / "containers.conf"
+        conf.write_text(f'[containers]\nannotations = ["run.oci.hooks.stderr={said}"]\n')
+        asked, env = dict(annotations), {"CONTAINERS_CONF": str(conf)}
     before = {w["name"] for w in g.workloads()}
-    done = g.podman(*g.run_argv(asked, ("true",), parent=parent, detach=False), hooks=hooks)
+    done = g.podman(*g.run_argv(asked, ("true",), parent=parent, detach=False), hooks=hooks, env=env)
     check(done.returncode != 0, f"podman run {annotations} succeeded: {last_lines(done.stdout, 3)}")
     check("error executing hook" in done.stderr, f"podman printed {last_lines(done.stderr, 3)!r}")
     check({w["name"] for w in g.workloads()} == before, "a refused container left a workload listed")
@@ -308,7 +314,7 @@ def s_refusal(g: PodmanGuest) -> str:
     _, parent_said = _refused(g, {"numa-agent.io/cpus": "1"}, parent=None)
     check("refused" in parent_said and PLAIN_PARENT in parent_said,
           f"refusal in a parent kept on the housekeeping CPUs does not name {PLAIN_PARENT}: {parent_said!r}")
-    _, bad = _refused(g, {"numa-agent.io/memory": "12X"})
+    _, bad = _refused(g, {"numa-agent.io/memory": "12X"}, in_containers_conf=True)
     check("annotation numa-agent.io/memory='12X'" in bad and "(syntax: SIZE" in bad, f"bad annotation: {bad!r}")
     out = os.environ.get("NUMA_AGENT_VM_OUT")
     if out:  # what the README shows of a refusal
