@@ -300,6 +300,17 @@ class CgroupEnforcer:
         except CgroupMissingError:
             return []
 
+    def subtree_pids(self, relpath: str) -> list[int]:
+        out, todo = [], [relpath]
+        while todo:
+            rel = todo.pop()
+            out += self.pids(rel)
+            try:
+                todo += self.cgroup.children(rel)
+            except CgroupMissingError:
+                continue  # gone meanwhile
+        return sorted(out)
+
     def read_cpuset(self, relpath: str) -> tuple[CpuSet, tuple[int, ...]]:
         cpus, mems = self.cgroup.read_effective(relpath)
         return cpus, mems.nodes()
@@ -555,6 +566,9 @@ class AffinityEnforcer:
     def pids(self, relpath: str) -> list[int]:
         pid = self._pids.get(relpath)
         return [pid] if pid is not None and self._alive(relpath) else []
+
+    def subtree_pids(self, relpath: str) -> list[int]:
+        return self.pids(relpath)
 
     def read_cpuset(self, relpath: str) -> tuple[CpuSet, tuple[int, ...]]:
         """The tracked process's CPU affinity; its memory policy cannot be

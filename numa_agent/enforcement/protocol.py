@@ -101,6 +101,11 @@ class Enforcer(Protocol):
     def pids(self, relpath: str) -> list[int]:
         ...
 
+    def subtree_pids(self, relpath: str) -> list[int]:
+        """The processes of `relpath` and of every cgroup below it (what a
+        cpuset or limit written there governs)."""
+        ...
+
     def read_cpuset(self, relpath: str) -> tuple[CpuSet, tuple[int, ...]]:
         """(CPUs, memory nodes) `relpath` is confined to, as found."""
         ...

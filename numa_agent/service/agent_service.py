@@ -9,6 +9,7 @@ immutable snapshots and never wait for a long admission.
 
 from __future__ import annotations
 
+import bisect
 import logging
 import os
 import re
@@ -168,13 +169,15 @@ class AgentService:
                 # Checkpointed with the workload, so a retry after a restart finds it.
                 w = msgspec.structs.replace(w, request={**w.request, "request_id": request_id})
                 new_state = new_state.with_workload(w)
-            index = self._request_index()
+            index, engines = self._request_index(), self._engine_index()
             # On an engine's cgroup the processes are already where they belong.
             move = None if w.cgroup is not None else (workload_relpath(w), caller.pid)
             self._commit(new_state, move=move, caller=caller)
             if request_id is not None:
                 index[request_id] = w.name
-            self._request_index_state = self.state
+            if w.cgroup is not None:
+                bisect.insort(engines, w.cgroup)
+            self._request_index_state = self._engine_index_state = self.state
             self._refuse_if_not_isolated(w, started)
             self.counters.admitted(time.perf_counter() - started, decision.explanation.get("alignment", {}))
             log.info("admitted %s for uid %d pid %d: cpus %s mems %s devices %s | hints: %s | merged: %s",
@@ -205,10 +208,12 @@ class AgentService:
                 raise Forbidden(f"workload {name!r} belongs to uid {w.owner_uid}; only its owner "
                                 f"or root may release it")
             new_state, released, pod = release_workload(self.state, name)
-            index = self._request_index()
+            index, engines = self._request_index(), self._engine_index()
             self._commit(new_state, move=None, caller=None)
             index.pop(str(w.request.get("request_id")), None)
-            self._request_index_state = self.state
+            if w.cgroup is not None and w.cgroup in engines:
+                engines.remove(w.cgroup)
+            self._request_index_state = self._engine_index_state = self.state
             self.counters.releases_total += 1
             if is_quarantined(w):
                 log.warning("released the held CPUs %s of %s (pid %s at start-up) on an operator's "
@@ -413,6 +418,32 @@ class AgentService:
             self._request_index_state = state
         return self._request_ids
 
+    # The engine cgroups booked, sorted, for `_engine_index_state`: kept in
+    # step like the request ids, so that a clash is found by bisection.
+    _engine_index_state: AgentState | None = None
+    _engine_paths: list[str]
+
+    def _engine_index(self) -> list[str]:
+        state = self.state
+        if self._engine_index_state is not state:
+            self._engine_paths = sorted(w.cgroup for w in state.workloads if w.cgroup is not None)
+            self._engine_index_state = state
+        return self._engine_paths
+
+    def _check_engine_clash(self, cgroup: str) -> None:
+        """One workload per engine cgroup, and none in or around another's: a
+        cpuset or limit written on a cgroup governs its whole subtree, so an
+        exclusive workload below another would run on the outer one's CPUs."""
+        clash = engine_clash(self._engine_index(), cgroup)
+        if clash is None:
+            return
+        spec = self._layout.get(clash)
+        holder = spec.workload if spec is not None else None
+        where = "already holds" if clash == cgroup else \
+            ("lies below" if cgroup.startswith(clash + "/") else "lies above") + f" cgroup {clash}, which holds"
+        raise Conflict(f"cgroup {cgroup} {where} workload {holder or '(unknown)'}; one engine cgroup "
+                       "takes one workload, and none nests in another's")
+
     def _replay(self, request_id: str, caller: Caller) -> dict | None:
         """The admission already made under `request_id` (its answer was lost:
         the client retried after a restart or a dropped connection), or None."""
@@ -526,11 +557,12 @@ class AgentService:
                 raise InvalidRequest(f"in_place: pid {caller.pid} is in cgroup {cgroup or '(none)'}, "
                                      "not below an engine's cgroup")
             if not caller.is_root:
-                _check_owns_cgroup(self.enforcer.pids(cgroup), caller, cgroup)
+                _check_owns_cgroup(self.enforcer.subtree_pids(cgroup), caller, cgroup)
         try:
             cpus, mems = self.enforcer.engine_grant(cgroup)
         except EnforcementError as exc:
             raise InvalidRequest(f"cgroup {cgroup}: {exc}") from None
+        self._check_engine_clash(cgroup)
         return with_engine_grant(req, cgroup, cpus & self.machine.usable_cpus, mems.nodes())
 
     def _generate_name(self, body: AdmitRequest, caller: Caller) -> str:
@@ -710,9 +742,24 @@ class _NameTaken(InvalidRequest):
     pass
 
 
+def engine_clash(booked: list[str], cgroup: str) -> str | None:
+    """The engine cgroup among `booked` (sorted) that is `cgroup`, above it or
+    below it; None when there is none. O(depth log N)."""
+    parts = cgroup.strip("/").split("/")
+    for depth in range(1, len(parts) + 1):
+        path = "/" + "/".join(parts[:depth])
+        i = bisect.bisect_left(booked, path)
+        if i < len(booked) and booked[i] == path:
+            return path
+    # Below it: the paths that start with it and a "/" are together in sorted order.
+    below = cgroup.rstrip("/") + "/"
+    i = bisect.bisect_left(booked, below)
+    return booked[i] if i < len(booked) and booked[i].startswith(below) else None
+
+
 def _check_owns_cgroup(pids: list[int], caller: Caller, cgroup: str) -> None:
     """A caller other than root may have its own cgroup enforced only when every
-    process in it is its own: it cannot pin somebody else's."""
+    process in it, and below it, is its own: it cannot pin somebody else's."""
     for pid in pids:
         try:
             uid = os.stat(f"/proc/{pid}").st_uid

@@ -1,0 +1,104 @@
+"""Workloads on an engine's cgroup, attacked: one cgroup booked twice, engine
+workloads nested in one another, a cgroup whose subtree holds somebody else's
+process, the agent's own tree named as an engine's. On the simulated hierarchy
+of test_engine_cgroup (its `Machine`)."""
+
+import os
+import subprocess
+
+import pytest
+
+from numa_agent.api.errors import BadRequest, Conflict, Forbidden
+from numa_agent.api.validation import AdmitRequest
+from numa_agent.core.cpuset import CpuSet
+from numa_agent.service.caller import Caller
+from tests.service.test_engine_cgroup import CONTAINER, Machine, engine_cpus, root_caller
+
+NOBODY = 65534
+
+
+@pytest.fixture
+def machine(tmp_path):
+    m = Machine(tmp_path)
+    yield m
+    m.close()
+
+
+def test_two_workloads_cannot_be_booked_on_one_engine_cgroup(machine):
+    machine.container()
+    first = CpuSet.parse(machine.service.admit(AdmitRequest(name="a", cpus=2, cgroup=CONTAINER),
+                                               root_caller())["cpus"])
+    with pytest.raises(Conflict, match="already holds workload a"):
+        machine.service.admit(AdmitRequest(name="b", cpus=2, cgroup=CONTAINER), root_caller())
+    assert [w.name for w in machine.service.state.workloads] == ["a"]
+    assert engine_cpus(machine) == first
+
+
+def test_in_place_twice_from_one_cgroup_is_refused(machine):
+    task = "/system.slice/slurmstepd.scope/job_7/step_0/task_0"
+    proc = machine.container(task)
+    me = Caller(pid=proc.pid, uid=os.getuid(), gid=os.getgid())
+    machine.service.admit(AdmitRequest(name="t1", cpus=2, in_place=True), me)
+    with pytest.raises(Conflict, match="already holds workload t1"):
+        machine.service.admit(AdmitRequest(name="t2", cpus=2, in_place=True), me)
+    # Released by its name, the cgroup is the engine's again and nothing else stays booked.
+    machine.service.release("t1", me)
+    assert machine.service.state.workloads == ()
+
+
+@pytest.mark.parametrize("outer_first", [True, False])
+def test_engine_workloads_do_not_nest(machine, outer_first):
+    """A cpuset written on an engine cgroup governs every cgroup below it: an
+    exclusive workload below another's would run on the outer one's CPUs."""
+    outer, inner = "/kubepods/pod-1", "/kubepods/pod-1/ctr-1"
+    machine.container(inner)
+    machine.top.enable_controllers(outer.strip("/"), ["cpuset", "memory"])
+    first, second = (outer, inner) if outer_first else (inner, outer)
+    booked = CpuSet.parse(machine.service.admit(AdmitRequest(name="first", cpus=2, cgroup=first),
+                                                root_caller())["cpus"])
+    with pytest.raises(Conflict, match="first"):
+        machine.service.admit(AdmitRequest(name="second", cpus=2, cgroup=second), root_caller())
+    assert [w.name for w in machine.service.state.workloads] == ["first"]
+    assert engine_cpus(machine, first) == booked
+
+
+def _as_nobody() -> subprocess.Popen:
+    return subprocess.Popen(["sleep", "60"], user=NOBODY, group=NOBODY)
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="makes a process of another user")
+def test_in_place_refuses_a_cgroup_whose_subtree_holds_another_users_process(machine):
+    """Limits and cpusets on a cgroup govern its whole subtree (a child without
+    the cpuset controller runs on its parent's): every process below counts."""
+    task = "/system.slice/job_9/task_0"
+    mine = _as_nobody()
+    machine.procs.append(mine)
+    machine.container(task)  # the parents, and a root process in the task's child below
+    top = machine.top
+    theirs = machine.procs[-1]
+    top.create(task.strip("/") + "/helper")
+    top.move_pid(task.strip("/") + "/helper", theirs.pid)
+    top.move_pid(task.strip("/"), mine.pid)
+    me = Caller(pid=mine.pid, uid=NOBODY, gid=NOBODY)
+    with pytest.raises(Forbidden, match=f"pid {theirs.pid}"):
+        machine.service.admit(AdmitRequest(name="t", cpus=2, in_place=True), me)
+    assert machine.service.state.workloads == ()
+
+
+@pytest.mark.parametrize("below", ["shared", "shared/_released", "agent"])
+def test_the_agents_own_tree_is_not_an_engines_cgroup(machine, below):
+    cg = machine.service.enforcer.cgroup
+    cgroup = "/" + str(cg.root.relative_to(cg.mount)) + "/" + below
+    with pytest.raises(BadRequest, match="agent's own tree"):
+        machine.service.admit(AdmitRequest(name="x", cpus=1, cgroup=cgroup), root_caller())
+    assert machine.service.state.workloads == ()
+
+
+def test_in_place_from_inside_the_agents_tree_is_refused(machine):
+    """A workload's own process asking for its own cgroup: the agent's tree, a 400."""
+    proc = subprocess.Popen(["sleep", "60"])
+    machine.procs.append(proc)
+    machine.service.admit(AdmitRequest(name="w", cpus=2), root_caller(proc.pid))
+    with pytest.raises(BadRequest, match="agent's own tree"):
+        machine.service.admit(AdmitRequest(name="w2", cpus=2, in_place=True), root_caller(proc.pid))
+    assert [w.name for w in machine.service.state.workloads] == ["w"]
