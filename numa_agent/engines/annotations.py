@@ -18,6 +18,7 @@ from numa_agent.core.policy import POLICY_NAMES
 PREFIX = "numa-agent.io/"
 HUGEPAGES = "hugepages-"
 _SHOWN_VALUE_CHARS = 80
+_SHOWN_KEY_CHARS = 120
 MAX_VALUE_CHARS = 256  # no value of ours is longer; the parsers' messages repeat what they read
 
 # annotation (after the prefix) -> the syntax of its value, for error messages and the docs.
@@ -40,8 +41,15 @@ class AnnotationError(ValueError):
         shown = value if isinstance(value, str) else repr(value)
         if len(shown) > _SHOWN_VALUE_CHARS:
             shown = shown[:_SHOWN_VALUE_CHARS] + "..."
-        super().__init__(f"annotation {key}={shown!r}: {problem} (syntax: {expected})")
+        # The key is the container author's too: escaped and cut like the value, so that
+        # the engine's log gets one printable line (no forged line, no terminal escape).
+        super().__init__(f"annotation {_printable(key)}={shown!r}: {problem} (syntax: {expected})")
         self.key = key
+
+
+def _printable(key: str) -> str:
+    shown = key if key.isprintable() else repr(key)[1:-1]
+    return shown if len(shown) <= _SHOWN_KEY_CHARS else shown[:_SHOWN_KEY_CHARS] + "..."
 
 
 def ours(annotations: Mapping[str, Any] | None) -> dict[str, Any]:

@@ -85,9 +85,9 @@ def parse_state(raw: bytes) -> ContainerState:
                         "is this run by a container engine?")
     try:
         doc = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as exc:
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:  # (nested past the parser's limit)
         raise HookError(f"{PROG}: oci-hook: stdin is not an OCI state (JSON object with id, pid, "
-                        f"annotations): {exc}") from None
+                        f"annotations): {str(exc)[:200]}") from None
     if not isinstance(doc, dict):
         raise HookError(f"{PROG}: oci-hook: stdin is not an OCI state: a JSON {type(doc).__name__}, "
                         "expected an object with id, pid, annotations")

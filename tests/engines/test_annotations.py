@@ -87,3 +87,20 @@ def test_a_long_value_is_cut_in_the_message():
     with pytest.raises(AnnotationError) as caught:
         admission_body({"numa-agent.io/memory": "9" * 5000})
     assert len(str(caught.value)) < 1000
+
+
+@pytest.mark.parametrize("key, value", [
+    ("numa-agent.io/\x1b]0;owned\x07\nnuma-agent: admitted", "1"),  # unknown: the key is shown
+    ("numa-agent.io/cpus", "2\x1b[2J\n"),
+    ("numa-agent.io/memory", "1Gi\x00\x7f"),
+    ("numa-agent.io/policy", "best\x1b[8m-effort"),
+    ("numa-agent.io/hugepages-2Mi\x1b[1A", "1"),
+    ("numa-agent.io/" + "k" * 100_000, "1"),
+])
+def test_a_hostile_annotation_is_one_printable_bounded_line(key, value):
+    """What the engine logs or shows: no control character of the container's author's
+    (a forged log line, a terminal escape) and no megabyte of it."""
+    with pytest.raises(AnnotationError) as caught:
+        admission_body({key: value})
+    message = str(caught.value)
+    assert message.isprintable() and len(message) < 2000

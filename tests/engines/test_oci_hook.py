@@ -169,6 +169,8 @@ def test_poststop_says_when_the_agent_refuses_the_release(agent):
     (b'{"id": "x", "pid": -4}', "\"pid\" is -4"),
     (b"\xff\xfe", "stdin is not an OCI state"),
     (b" " * (oci_hook.MAX_STATE_BYTES + 1), "over 1048576 bytes"),
+    (b"[" * 200_000, "stdin is not an OCI state"),  # nested past the parser's recursion limit
+    (b'{"id": "x", "annotations": ' + b'{"a": ' * 100_000 + b"1" + b"}" * 100_001, "stdin is not an OCI state"),
 ])
 def test_malformed_state_is_one_clear_line_and_exit_1(agent, raw, says):
     status, lines = hook("createRuntime", raw, agent.path)
