@@ -142,13 +142,11 @@ class CgroupEnforcer:
                 if spec.workload is not None:
                     self.watcher.watch(spec.relpath)
             else:
-                before = old.get(change.relpath)
-                if before is None or (before.memory_max, before.hugetlb_max) != (spec.memory_max,
-                                                                                 spec.hugetlb_max):
-                    self._write_limits(spec)
-                if self._write_cpuset(spec, before):
-                    written.add(spec.relpath)
-                self._record(spec, before, recorded)
+                try:
+                    self._update(spec, old.get(change.relpath), written, recorded)
+                except CgroupMissingError:
+                    if not self._engine_gone(spec.relpath):
+                        raise
         if move is not None:
             relpath, pid = move
             cg.move_pid(relpath, pid)
@@ -156,6 +154,27 @@ class CgroupEnforcer:
         # cgroup that inherits the pool follows shared/, which is read back
         # whenever it changed).
         self.verify(new, None if changed is None else written)
+
+    def _update(self, spec: CgroupSpec, before: CgroupSpec | None, written: set[str],
+                recorded: set[str]) -> None:
+        if before is None or (before.memory_max, before.hugetlb_max) != (spec.memory_max, spec.hugetlb_max):
+            if is_engine_cgroup(spec.relpath):
+                self._tighten_limits(spec)  # the engine's own limits are never loosened
+            else:
+                self._write_limits(spec)
+        if self._write_cpuset(spec, before):
+            written.add(spec.relpath)
+        self._record(spec, before, recorded)
+
+    def _engine_gone(self, relpath: str) -> bool:
+        """An engine's cgroup removed with its container before the agent saw it
+        empty: nothing to write there, and its release follows (cgroup.events,
+        or the start-up reconciliation). Not a reason to fail, and roll back,
+        a change of the pool or of anybody else's booking."""
+        if not is_engine_cgroup(relpath) or self.cgroup.exists(relpath):
+            return False
+        log.info("cgroup %s is gone (its container exited); its release follows", self.path_of(relpath))
+        return True
 
     def _write_cpuset(self, spec: CgroupSpec, before: CgroupSpec | None) -> bool:
         """Write the cpuset of `spec`; False when there was nothing to write
@@ -258,7 +277,12 @@ class CgroupEnforcer:
         specs = layout.values() if relpaths is None else [layout[rel] for rel in sorted(relpaths) if rel in layout]
         for spec in specs:
             rel = spec.relpath
-            cpus, mems = self.cgroup.read_effective(rel)
+            try:
+                cpus, mems = self.cgroup.read_effective(rel)
+            except CgroupMissingError:
+                if self._engine_gone(rel):
+                    continue
+                raise
             if is_engine_cgroup(rel) and cpus and cpus.issubset(spec.cpus):
                 # The engine's parent may narrow a shared workload's pool to
                 # what it granted (an exclusive one was booked inside it).

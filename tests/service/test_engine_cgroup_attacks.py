@@ -102,3 +102,34 @@ def test_in_place_from_inside_the_agents_tree_is_refused(machine):
     with pytest.raises(BadRequest, match="agent's own tree"):
         machine.service.admit(AdmitRequest(name="w2", cpus=2, in_place=True), root_caller(proc.pid))
     assert [w.name for w in machine.service.state.workloads] == ["w"]
+
+
+def _vanish_unseen(machine, proc, cgroup):
+    """The container exits and the engine removes its cgroup before the agent notices."""
+    machine.service.enforcer.watcher.unwatch(cgroup)
+    proc.kill()
+    proc.wait()
+    machine.service.enforcer.cgroup.files.process_exited(proc.pid)
+    machine.top.remove(cgroup.strip("/"))
+
+
+@pytest.mark.parametrize("then", ["release", "admit"])
+def test_a_shared_containers_vanished_cgroup_blocks_no_change_of_the_pool(machine, then):
+    """The pool's follow-write into a shared container's cgroup that is already
+    gone: nothing to write there (its release is coming), not a failed change
+    rolled back for everybody else."""
+    shared = "/libpod_parent/libpod-5a5a5a5a5a5a"
+    gone = machine.container(shared)
+    machine.service.admit(AdmitRequest(name="s", cgroup=shared), root_caller())
+    worker = subprocess.Popen(["sleep", "60"])
+    machine.procs.append(worker)
+    machine.service.admit(AdmitRequest(name="x", cpus=2), root_caller(worker.pid))
+    _vanish_unseen(machine, gone, shared)
+    if then == "release":
+        machine.service.release("x", root_caller())
+        assert machine.service.state.workload("x") is None
+    else:
+        other = subprocess.Popen(["sleep", "60"])
+        machine.procs.append(other)
+        machine.service.admit(AdmitRequest(name="y", cpus=2), root_caller(other.pid))
+        assert machine.service.state.workload("y") is not None
