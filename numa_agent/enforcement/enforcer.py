@@ -397,8 +397,8 @@ class CgroupEnforcer:
             if here == cg.root:
                 dirs.clear()  # the agent's own tree: existing() lists it
                 continue
-            if here == cg.mount:
-                continue
+            if here == cg.mount or here.parent == cg.mount or here in cg.root.parents:
+                continue  # what no admission may name either (CgroupV2.path, engine_grant)
             try:
                 if here.stat().st_uid != 0 or cg.files.getxattr(here, RECORD_XATTR) is None:
                     continue

@@ -24,6 +24,7 @@ follows). It equals `desired_layout` of the new state.
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field, replace
 from typing import Collection, Iterable, Iterator, Mapping, NamedTuple
 
@@ -83,6 +84,21 @@ def workload_relpath(w: Workload) -> str:
     if w.shared:
         return f"{SHARED_CGROUP}/{name}"
     return f"{WORKLOAD_PREFIX}{name}"
+
+
+def engine_clash(booked: list[str], cgroup: str) -> str | None:
+    """The engine cgroup among `booked` (sorted) that is `cgroup`, above it or
+    below it; None when there is none. O(depth log N)."""
+    parts = cgroup.strip("/").split("/")
+    for depth in range(1, len(parts) + 1):
+        path = "/" + "/".join(parts[:depth])
+        i = bisect.bisect_left(booked, path)
+        if i < len(booked) and booked[i] == path:
+            return path
+    # Below it: the paths that start with it and a "/" are together in sorted order.
+    below = cgroup.rstrip("/") + "/"
+    i = bisect.bisect_left(booked, below)
+    return booked[i] if i < len(booked) and booked[i].startswith(below) else None
 
 
 def _limits(w_request: Mapping, booking_memory: Mapping[int, Mapping[str, int]]):

@@ -53,7 +53,7 @@ from numa_agent.core.names import NAME_RULE, is_workload_name
 from numa_agent.core.pci import NO_NAMES
 from numa_agent.discovery.pci_ids import PciNameSource
 from numa_agent.enforcement.errors import EnforcementError
-from numa_agent.enforcement.plan import CgroupLayout, desired_layout, update_layout, workload_relpath
+from numa_agent.enforcement.plan import CgroupLayout, desired_layout, engine_clash, update_layout, workload_relpath
 from numa_agent.enforcement.processes import pidfd_alive
 from numa_agent.enforcement.protocol import Enforcer, Layout
 from numa_agent.enforcement.record import LEDGER_RECORD, decode_ledger, encode_ledger
@@ -740,21 +740,6 @@ def _may_see_command(viewer_uid: int | None, owner_uid: int) -> bool:
 
 class _NameTaken(InvalidRequest):
     pass
-
-
-def engine_clash(booked: list[str], cgroup: str) -> str | None:
-    """The engine cgroup among `booked` (sorted) that is `cgroup`, above it or
-    below it; None when there is none. O(depth log N)."""
-    parts = cgroup.strip("/").split("/")
-    for depth in range(1, len(parts) + 1):
-        path = "/" + "/".join(parts[:depth])
-        i = bisect.bisect_left(booked, path)
-        if i < len(booked) and booked[i] == path:
-            return path
-    # Below it: the paths that start with it and a "/" are together in sorted order.
-    below = cgroup.rstrip("/") + "/"
-    i = bisect.bisect_left(booked, below)
-    return booked[i] if i < len(booked) and booked[i].startswith(below) else None
 
 
 def _check_owns_cgroup(pids: list[int], caller: Caller, cgroup: str) -> None:

@@ -26,6 +26,7 @@
 
 from __future__ import annotations
 
+import bisect
 import logging
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -37,7 +38,14 @@ from numa_agent.admission.memory_manager import MEMORY, free_bytes, hugepages_re
 from numa_agent.core.cpuset import CpuSet
 from numa_agent.core.hints import NumaMask
 from numa_agent.core.units import format_bytes
-from numa_agent.enforcement.plan import POD_PREFIX, SHARED_CGROUP, WORKLOAD_PREFIX, safe_component, workload_relpath
+from numa_agent.enforcement.plan import (
+    POD_PREFIX,
+    SHARED_CGROUP,
+    WORKLOAD_PREFIX,
+    engine_clash,
+    safe_component,
+    workload_relpath,
+)
 from numa_agent.enforcement.protocol import Enforcer, Limits
 from numa_agent.enforcement.record import decode_record
 from numa_agent.hotplug.rebase import rebase_state
@@ -224,10 +232,16 @@ def _adopt_engines(machine: Machine, state: AgentState, enforcer: Enforcer) -> t
     """Adopt the workloads enforced on engines' cgroups (containers, Slurm
     tasks) that the state lost, from the record on each: only one that names
     that very cgroup, while it still holds processes, never double-booking."""
-    known = {w.cgroup for w in state.workloads if w.cgroup is not None}
+    known = sorted(w.cgroup for w in state.workloads if w.cgroup is not None)
     adopted: list[str] = []
-    for rel in enforcer.engine_cgroups():
+    for rel in enforcer.engine_cgroups():  # parents before children
         if rel in known or not enforcer.populated(rel):
+            continue
+        clash = engine_clash(known, rel)
+        if clash is not None:
+            # A cpuset there governs the whole subtree: one workload in it at most.
+            log.warning("engine cgroup %s: a booking record below or above %s, which holds a workload; "
+                        "left alone", rel, clash)
             continue
         data = enforcer.read_record(rel)
         try:
@@ -251,6 +265,7 @@ def _adopt_engines(machine: Machine, state: AgentState, enforcer: Enforcer) -> t
         if pod is not None:
             state = state.with_pod(replace(pod, members=tuple(sorted({*pod.members, w.name}))))
         adopted.append(w.name)
+        bisect.insort(known, rel)
     return state, adopted
 
 
