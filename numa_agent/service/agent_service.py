@@ -451,7 +451,10 @@ class AgentService:
         w = self.state.workload(name) if name is not None else None
         if w is None or w.request.get("request_id") != request_id:
             return None
-        if w.owner_uid != caller.uid or (w.pid is not None and w.pid != caller.pid):
+        # A named engine cgroup's pid is the hook's that asked first: each hook run
+        # is a new process (a container restarted before its exit was seen asks again).
+        any_pid = w.cgroup is not None and caller.is_root
+        if w.owner_uid != caller.uid or (w.pid is not None and w.pid != caller.pid and not any_pid):
             raise RequestIdInUse(f"request id {request_id} belongs to another admission "
                                  "(another user or process); send a new random one")
         try:

@@ -232,3 +232,17 @@ def test_a_record_on_a_cgroup_no_admission_may_name_is_left_alone(machine):
     _lose_checkpoint(machine)
     assert [(w.name, w.cgroup) for w in machine.service.state.workloads] == [("c", CONTAINER)]
     assert engine_cpus(machine) == cpus
+
+
+def test_a_retried_hook_is_another_process_and_still_gets_its_booking(machine):
+    """Each hook run is a new process: a container restarted before its exit was
+    seen asks again with its id as request id, from another pid than the first."""
+    request = AdmitRequest(name="c", cpus=2, cgroup=CONTAINER, request_id="cd" * 32)
+    machine.container()
+    first_hook, second_hook = (subprocess.Popen(["sleep", "60"]) for _ in range(2))
+    machine.procs += [first_hook, second_hook]
+    cpus = machine.service.admit(request, root_caller(first_hook.pid))["cpus"]
+    first_hook.kill()
+    first_hook.wait()
+    again = machine.service.admit(request, root_caller(second_hook.pid))
+    assert again["replayed"] and again["cpus"] == cpus
