@@ -204,13 +204,13 @@ class CgroupLayout(Layered[str, CgroupSpec]):
         removed = list(removed)
         out = super().updated(changes, removed)
         assert isinstance(out, CgroupLayout)
-        bound = set(self._bound).difference(removed)
-        for rel, spec in changes.items():
-            if _bound_to_pool(spec):
-                bound.add(rel)
-            else:
-                bound.discard(rel)
-        out._bound = frozenset(bound)
+        # Kept, not copied, unless this change adds or drops one: an admission that
+        # leaves the pool alone costs nothing for a thousand shared containers.
+        bound = self._bound
+        drop = bound.intersection(removed).union(rel for rel, spec in changes.items()
+                                                 if rel in bound and not _bound_to_pool(spec))
+        add = [rel for rel, spec in changes.items() if rel not in bound and _bound_to_pool(spec)]
+        out._bound = bound.difference(drop).union(add) if drop or add else bound
         return out
 
 

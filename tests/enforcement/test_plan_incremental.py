@@ -143,3 +143,26 @@ def test_a_state_not_derived_from_the_base_names_no_changes():
     other = AgentState.from_json(base.to_json())
     assert other.changes_since(base) is None
     assert base.changes_since(base) == (frozenset(), frozenset())
+
+
+def test_a_change_away_from_the_pool_does_not_copy_the_bound_workloads():
+    """A thousand shared containers (bound to the pool, written one by one) cost
+    an admission that leaves the pool alone nothing: their set is kept, not copied."""
+    from numa_agent.core.cpuset import CpuSet
+    from numa_agent.enforcement.plan import CgroupLayout, CgroupSpec
+    from numa_agent.state.model import Workload
+
+    def shared_container(i):
+        rel = f"/libpod_parent/libpod-{i:012x}"
+        record = Workload(name=f"ctr-{i:012x}", owner_uid=0, shared=True, cgroup=rel)
+        return CgroupSpec(rel, CpuSet.parse("0-7"), (0,), workload=record.name, record=record)
+
+    layout = CgroupLayout({spec.relpath: spec for spec in map(shared_container, range(1000))})
+    assert len(layout.bound()) == 1000
+    exclusive = CgroupSpec("wl-x", CpuSet.parse("8-9"), (1,), workload="x")
+    after = layout.updated({"wl-x": exclusive})
+    assert after._bound is layout._bound
+    gone = after.updated({}, ["wl-x"])
+    assert gone._bound is layout._bound
+    fewer = gone.updated({}, ["/libpod_parent/libpod-000000000000"])
+    assert len(fewer.bound()) == 999 and len(layout.bound()) == 1000
