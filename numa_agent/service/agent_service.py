@@ -559,10 +559,11 @@ class AgentService:
             if cgroup is None or cgroup.count("/") < 2:
                 raise InvalidRequest(f"in_place: pid {caller.pid} is in cgroup {cgroup or '(none)'}, "
                                      "not below an engine's cgroup")
-            if not caller.is_root:
-                _check_owns_cgroup(self.enforcer.subtree_pids(cgroup), caller, cgroup)
         try:
+            # First: a path that is not an engine's (the agent's own tree) is a 400, whoever asks.
             cpus, mems = self.enforcer.engine_grant(cgroup)
+            if body.cgroup is None and not caller.is_root:
+                _check_owns_cgroup(self.enforcer.subtree_pids(cgroup), caller, cgroup)
         except EnforcementError as exc:
             raise InvalidRequest(f"cgroup {cgroup}: {exc}") from None
         self._check_engine_clash(cgroup)

@@ -283,3 +283,15 @@ def test_a_release_gives_back_the_cpuset_the_engine_wrote(machine):
     machine.service.admit(AdmitRequest(name="c", cpus=2, cgroup=CONTAINER), root_caller())
     machine.service.release("c", root_caller())
     assert engine_cpus(machine) == CpuSet.parse("8-11")
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="makes a process of another user")
+def test_in_place_by_a_user_inside_the_agents_tree_is_a_400(machine):
+    """Not an internal error: the owner check must not be what finds the path bad."""
+    mine = _as_nobody()
+    machine.procs.append(mine)
+    me = Caller(pid=mine.pid, uid=NOBODY, gid=NOBODY)
+    machine.service.admit(AdmitRequest(name="w", cpus=2), me)
+    with pytest.raises(BadRequest, match="agent's own tree"):
+        machine.service.admit(AdmitRequest(name="w2", cpus=2, in_place=True), me)
+    assert [w.name for w in machine.service.state.workloads] == ["w"]
