@@ -26,6 +26,7 @@ WHEEL_DATA = {
     "share/bash-completion/completions/numa-run": "completions/bash/numa-run",
     "share/zsh/site-functions/_numa-agent": "completions/zsh/_numa-agent",
     "share/zsh/site-functions/_numa-run": "completions/zsh/_numa-run",
+    "share/numa-agent/slurm/epilog": "contrib/slurm/epilog",
 }
 
 
@@ -38,7 +39,7 @@ def dist(tmp_path_factory):
     for name in ("pyproject.toml", "README.md", "LICENSE", "MANIFEST.in", "tests/test_lint.py"):
         shutil.copy(REPO / name, src / name)
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc", ".pytest_cache")
-    for tree in ("numa_agent", "systemd", "docs", "completions", "scripts", "tests/packaging"):
+    for tree in ("numa_agent", "systemd", "docs", "completions", "scripts", "contrib", "tests/packaging"):
         shutil.copytree(REPO / tree, src / tree, ignore=ignore)
     out = subprocess.run([sys.executable, "-m", "build", "--outdir", str(base / "dist"), str(src)],
                          capture_output=True, text=True, timeout=600)
