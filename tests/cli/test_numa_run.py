@@ -366,3 +366,65 @@ def test_a_launch_that_cannot_print_its_binding_does_not_claim_success(server, f
     finally:
         os.close(write_end)
     assert out.returncode == 125
+
+
+# ------------------------------------------------------------ inside a Slurm task
+SLURM_ENV = {"SLURM_JOB_ID": "12", "SLURM_STEP_ID": "0", "SLURM_PROCID": "2"}
+
+
+def test_a_slurm_task_is_named_after_its_job_step_and_rank_and_says_its_case(server, fake):
+    out = run_numa_run(server, "--shared", "true", env=SLURM_ENV)
+    assert out.returncode == 0, out.stderr
+    request, _ = fake.calls[0][1]
+    assert request.name == "slurm-12-0-2"
+    assert [line for line in out.stderr.splitlines() if line.startswith("numa-run: Slurm step 12.0 task 2: ")]
+
+
+def test_a_name_given_beats_the_slurm_name(server, fake):
+    out = run_numa_run(server, "--shared", "--name", "mine", "true", env=SLURM_ENV)
+    assert out.returncode == 0, out.stderr
+    assert fake.calls[0][1][0].name == "mine"
+
+
+def _slurm_body(argv, case):
+    from numa_agent.cli.numa_run import slurm_request
+    args = parse_args([*argv, "true"])
+    body = common.build_request(args, ["true"])
+    return slurm_request(args, body, case), body
+
+
+STEP_CGROUP = "/system.slice/slurmstepd.scope/job_12/step_0/user/task_2"
+
+
+def _case(cgroup, cgroup_cpus, affinity):
+    from numa_agent.core.cpuset import CpuSet
+    from numa_agent.core.slurm import SlurmTask, confinement
+    return confinement(SlurmTask("12", "0", "2"), cgroup, online=CpuSet.parse("0-7"),
+                       cgroup_cpus=CpuSet.parse(cgroup_cpus), cgroup_mems=CpuSet.parse("0"),
+                       affinity=CpuSet.parse(affinity))
+
+
+def test_in_a_step_cgroup_numa_run_asks_to_be_booked_in_place():
+    refused, body = _slurm_body(["--cpus", "2"], _case(STEP_CGROUP, "2-5", "2-5"))
+    assert refused is None
+    assert body["in_place"] is True and body["name"] == "slurm-12-0-2" and "physcpubind" not in body
+
+
+def test_without_a_step_cgroup_numa_run_is_placed_by_the_agent_as_before():
+    refused, body = _slurm_body(["--cpus", "2"], _case("/user.slice/session-3.scope", "0-7", "0-7"))
+    assert refused is None and "in_place" not in body and "physcpubind" not in body
+
+
+def test_task_affinity_binding_is_booked_exactly_when_the_count_matches():
+    refused, body = _slurm_body(["--cpus", "2"], _case(STEP_CGROUP, "0-7", "4-5"))
+    assert refused is None and body["physcpubind"] == "4-5" and body["in_place"] is True
+
+
+def test_task_affinity_binding_wider_than_the_count_is_refused_never_booked_outside():
+    refused, body = _slurm_body(["--cpus", "2"], _case("/user.slice/session-3.scope", "0-7", "2-5"))
+    assert refused is not None and "Slurm bound the task to CPUs 2-5" in refused and "--cpus 4" in refused
+
+
+def test_explicit_cpus_are_left_to_the_caller():
+    refused, body = _slurm_body(["-C", "6-7"], _case(STEP_CGROUP, "0-7", "2-5"))
+    assert refused is None and body["physcpubind"] == "6-7"
