@@ -44,7 +44,13 @@ SYSTEMD_SCENARIOS = (
 # tests/vm_e2e/slurm_scenarios.py): the engine's daemons and files stay out of the
 # standard guest's scenarios.
 PODMAN_SCENARIOS: tuple[str, ...] = ()
-SLURM_SCENARIOS: tuple[str, ...] = ()
+SLURM_SCENARIOS: tuple[str, ...] = (
+    "slurm-node",
+    "slurm-one-task",
+    "slurm-three-tasks",
+    "slurm-epilog",
+    "slurm-confined",  # last: it restarts the daemons with task/cgroup
+)
 
 # shape -> (module run inside its guest, the scenarios it reports on); the rest
 # run tests.vm_e2e.scenarios.
