@@ -353,8 +353,13 @@ def slurm_request(args: argparse.Namespace, body: dict[str, Any], case: Confinem
     """Fit the admission to the Slurm case: the task's workload name (unless --name), in
     place on Slurm's cgroup, and, where task/affinity bound the task more narrowly than its
     cgroup, exactly the bound CPUs. Returns why numa-run refuses, or None."""
+    from numa_agent.core.slurm import shared_cgroup_refusal, tasks_on_node
+
     body.setdefault("name", case.task.workload_name)
     if case.in_place:
+        shared = shared_cgroup_refusal(case.task, case.cgroup, tasks_on_node(os.environ))
+        if shared:
+            return shared
         body["in_place"] = True
     if args.physcpubind is not None or args.cpunodebind is not None or not args.cpus:
         return None  # numactl's explicit forms say where; --shared takes no CPUs

@@ -149,6 +149,38 @@ def slurm_task(env: Mapping[str, str], cgroup: str = "") -> SlurmTask | None:
     return SlurmTask(job, step, procid if _NUMBER.fullmatch(procid) else "0")
 
 
+SHARED_TASK_CGROUP = "task_special"  # Slurm 22.05's cgroup of a step's tasks on a node without per-task ones
+_TASKS_PER_NODE = re.compile(r"(\d+)(?:\(x(\d+)\))?")
+
+
+def tasks_on_node(env: Mapping[str, str]) -> int | None:
+    """How many tasks of this step run on this node: SLURM_STEP_TASKS_PER_NODE (`2(x3),1`:
+    three nodes with 2, one with 1) at index SLURM_NODEID. None when Slurm does not say."""
+    spec = (env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE") or "").strip()
+    node = (env.get("SLURM_NODEID") or "0").strip()
+    if not spec or not _NUMBER.fullmatch(node):
+        return None
+    counts: list[int] = []
+    for item in spec.split(","):
+        match = _TASKS_PER_NODE.fullmatch(item.strip())
+        if match is None:
+            return None
+        counts += [int(match.group(1))] * int(match.group(2) or 1)
+    index = int(node)
+    return counts[index] if index < len(counts) else None
+
+
+def shared_cgroup_refusal(task: SlurmTask, cgroup: str, tasks_here: int | None) -> str | None:
+    """Why numa-run cannot book this task in place, when Slurm keeps several tasks of the
+    step in one cgroup (22.05's `.../user/task_special` without per-task cgroups): one
+    cgroup takes one booking, and leaving it escapes Slurm (scancel no longer kills it)."""
+    if cgroup.rsplit("/", 1)[-1] != SHARED_TASK_CGROUP or not tasks_here or tasks_here < 2:
+        return None
+    return (f"{task.label}: Slurm keeps this step's {tasks_here} tasks on this node in one cgroup "
+            f"({cgroup}), which can hold one booking; give each task a cgroup of its own with "
+            "JobAcctGatherType=jobacct_gather/cgroup in slurm.conf, or run one task per node")
+
+
 @dataclass(frozen=True)
 class Confinement:
     """Which case applies to a numa-run inside Slurm."""
@@ -159,6 +191,7 @@ class Confinement:
     mems: CpuSet  # memory nodes, likewise (empty: not known)
     confined: bool  # Slurm narrowed the CPUs below the machine's online CPUs
     granted: CpuSet  # what the agent books within: the cgroup's effective CPUs in place, else all
+    cgroup: str = ""  # the task's cgroup, as /proc/self/cgroup names it
 
     @property
     def bound_narrower(self) -> bool:
@@ -192,4 +225,5 @@ def confinement(task: SlurmTask, cgroup: str, *, online: CpuSet, cgroup_cpus: Cp
     granted = cgroup_cpus if in_place and cgroup_cpus else online
     cpus = granted & affinity if affinity else granted
     mems = (cgroup_mems or CpuSet()) if in_place else CpuSet()
-    return Confinement(task, in_place, cpus, mems, confined=bool(online - cpus), granted=granted)
+    return Confinement(task, in_place, cpus, mems, confined=bool(online - cpus), granted=granted,
+                       cgroup=cgroup)

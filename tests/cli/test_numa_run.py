@@ -428,3 +428,10 @@ def test_task_affinity_binding_wider_than_the_count_is_refused_never_booked_outs
 def test_explicit_cpus_are_left_to_the_caller():
     refused, body = _slurm_body(["-C", "6-7"], _case(STEP_CGROUP, "0-7", "2-5"))
     assert refused is None and body["physcpubind"] == "6-7"
+
+
+def test_tasks_sharing_one_slurm_cgroup_are_refused_with_the_remedy(monkeypatch):
+    monkeypatch.setenv("SLURM_STEP_TASKS_PER_NODE", "3")
+    monkeypatch.setenv("SLURM_NODEID", "0")
+    refused, body = _slurm_body(["--cpus", "2"], _case(STEP_CGROUP.replace("task_2", "task_special"), "0-7", "0-7"))
+    assert refused is not None and "jobacct_gather/cgroup" in refused and "in_place" not in body

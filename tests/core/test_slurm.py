@@ -12,9 +12,11 @@ from numa_agent.core.slurm import (
     confinement,
     job_prefix,
     node_line,
+    shared_cgroup_refusal,
     slurm_node,
     slurm_task,
     step_of_cgroup,
+    tasks_on_node,
 )
 from numa_agent.discovery.sysfs import read_topology
 from tests.conftest import SNAPSHOT_NAMES
@@ -159,3 +161,20 @@ def test_task_affinity_narrows_what_the_task_may_use():
     case = confinement(SlurmTask("12", "0", "0"), TASK_CGROUP, online=ONLINE, cgroup_cpus=ONLINE,
                        cgroup_mems=None, affinity=CpuSet.parse("4-5"))
     assert case.in_place and case.confined and case.cpus.format() == "4-5"
+
+
+@pytest.mark.parametrize("spec,node,expected", [("3", "0", 3), ("2(x3),1", "2", 2), ("2(x3),1", "3", 1),
+                                                ("", "0", None), ("2(x3)", "5", None), ("x", "0", None)])
+def test_tasks_on_this_node(spec, node, expected):
+    assert tasks_on_node({"SLURM_STEP_TASKS_PER_NODE": spec, "SLURM_NODEID": node}) == expected
+
+
+SHARED = "/system.slice/numa1_slurmstepd.scope/job_5/step_0/user/task_special"
+
+
+def test_tasks_sharing_slurms_one_cgroup_cannot_each_be_booked_in_place():
+    task = SlurmTask("5", "0", "1")
+    why = shared_cgroup_refusal(task, SHARED, 3)
+    assert why is not None and "3 tasks" in why and "JobAcctGatherType=jobacct_gather/cgroup" in why
+    assert shared_cgroup_refusal(task, SHARED, 1) is None  # alone in it: booked in place
+    assert shared_cgroup_refusal(task, SHARED.replace("task_special", "task_1"), 3) is None  # a cgroup per task

@@ -16,6 +16,10 @@ controllers (slurmd's cgroup/v2 plugin outside systemd: IgnoreSystemd=yes), the 
 the default socket (the Epilog, run by slurmd with a bare environment, finds it there) and
 numa-agent in /usr/local/bin. The daemons run with TaskPlugin=task/none first, then are
 restarted once with task/cgroup and ConstrainCores=yes for the confined scenario.
+JobAcctGatherType=jobacct_gather/cgroup gives each task a cgroup of its own (task_<id>):
+without it Slurm 22.05 keeps all of a step's tasks on a node in one (user/task_special),
+which holds one booking, and a task that left it for a cgroup of its own would no longer
+be killed by scancel (both seen in this guest).
 """
 
 from __future__ import annotations
@@ -103,7 +107,7 @@ SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 ReturnToService=2
 MpiDefault=none
-JobAcctGatherType=jobacct_gather/none
+JobAcctGatherType=jobacct_gather/cgroup
 AccountingStorageType=accounting_storage/none
 KillWait=5
 Epilog={wrapper}
