@@ -49,7 +49,8 @@ SLURM_SCENARIOS: tuple[str, ...] = (
     "slurm-one-task",
     "slurm-three-tasks",
     "slurm-epilog",
-    "slurm-confined",  # last: it restarts the daemons with task/cgroup
+    "slurm-affinity",  # restarts the daemons with task/affinity
+    "slurm-confined",  # last: restarts them with task/cgroup
 )
 
 # shape -> (module run inside its guest, the scenarios it reports on); the rest

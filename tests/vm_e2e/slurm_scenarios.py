@@ -15,7 +15,7 @@ nothing leaves it), a munge key and munged, /sys/fs/cgroup/system.slice with its
 controllers (slurmd's cgroup/v2 plugin outside systemd: IgnoreSystemd=yes), the agent on
 the default socket (the Epilog, run by slurmd with a bare environment, finds it there) and
 numa-agent in /usr/local/bin. The daemons run with TaskPlugin=task/none first, then are
-restarted once with task/cgroup and ConstrainCores=yes for the confined scenario.
+restarted with task/affinity, then with task/cgroup and ConstrainCores=yes.
 JobAcctGatherType=jobacct_gather/cgroup gives each task a cgroup of its own (task_<id>):
 without it Slurm 22.05 keeps all of a step's tasks on a node in one (user/task_special),
 which holds one booking, and a task that left it for a cgroup of its own would no longer
@@ -374,6 +374,26 @@ def s_epilog(g: SlurmGuest) -> str:
     return f"job {job} cancelled; Epilog said: {said or '(nothing)'}; node {state}"
 
 
+def s_affinity(g: SlurmGuest) -> str:
+    """task/affinity alone: Slurm binds each task to its CPUs without confining the cgroup;
+    numa-run books exactly the bound CPUs (`--cpus` = their number), in place."""
+    g.slurm.start("task/affinity")
+    record = g.work / "affinity"
+    proc = g.srun("affinity", "-n2", "-c2", cpus=2, record=record)
+    ws = running_tasks(g, "affinity", proc, record, 2)
+    job = ws[0]["name"].split("-")[1]
+    lines = []
+    for i, w in enumerate(ws):
+        cpus, _, _ = check_task(g, w, record, i)
+        line = case_line(g, "affinity", job, i)
+        bound = re.search(r"confined by Slurm to CPUs (\S+?)[;,]", line)
+        check(bound is not None and CpuSet.parse(bound.group(1)) == cpus,
+              f"task {i}: booked {cpus.format()}, numa-run's case line: {line!r}")
+        lines.append(line)
+    check(not (CpuSet.parse(ws[0]["cpus"]) & CpuSet.parse(ws[1]["cpus"])), f"tasks share CPUs: {ws}")
+    return " | ".join(lines)
+
+
 def s_confined(g: SlurmGuest) -> str:
     """task/cgroup with ConstrainCores=yes: Slurm grants the step 4 CPUs; numa-run books 2,
     one aligned core inside them, in Slurm's cgroup. Asking for more than Slurm granted is
@@ -407,6 +427,7 @@ RUNNERS = {
     "slurm-one-task": s_one_task,
     "slurm-three-tasks": s_three_tasks,
     "slurm-epilog": s_epilog,
+    "slurm-affinity": s_affinity,
     "slurm-confined": s_confined,
 }
 assert tuple(RUNNERS) == SLURM_SCENARIOS
