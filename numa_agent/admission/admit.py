@@ -195,7 +195,7 @@ def _workload(req: Request, booking: Booking, shared: bool | None = None) -> Wor
         name=req.name, owner_uid=req.owner_uid, booking=booking, shared=shared,
         pod=req.pod, pid=req.pid, pid_identity=req.pid_identity, created_unix=req.created_unix,
         command=req.command,
-        cpunodebind=tuple(req.cpunodebind or ()), request=req.to_json())
+        cpunodebind=tuple(req.cpunodebind or ()), request=req.to_json(), cgroup=req.cgroup)
 
 
 def _book(view: AdmissionView, req: Request, policy_name: str,

@@ -63,9 +63,19 @@ class Request:
     pod_budget: Resources | None = None
     command: tuple[str, ...] = ()
     created_unix: float = 0.0
+    # An engine's cgroup to enforce on (Workload.cgroup), and what its engine
+    # granted there (the parent's effective CPUs and nodes): the booking lies
+    # inside them. None: the agent's own tree, the whole machine.
+    cgroup: str | None = None
+    within_cpus: CpuSet | None = None
+    within_mems: tuple[int, ...] | None = None
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {**self.resources.to_json(), "shared": self.shared}
+        if self.within_cpus is not None:
+            out["within_cpus"] = self.within_cpus.format()
+        if self.within_mems is not None:
+            out["within_mems"] = list(self.within_mems)
         if self.policy:
             out["policy"] = self.policy
         if self.physcpubind is not None:

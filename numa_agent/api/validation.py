@@ -25,6 +25,7 @@ from numa_agent.core.names import NAME_RULE, is_resource_name, is_workload_name
 from numa_agent.core.policy import TopologyPolicy
 from numa_agent.isolation.plan import IsolateSyntaxError, parse_kinds
 from numa_agent.service.caller import Caller
+from numa_agent.state.model import replace as replace_value
 
 MAX_BODY_BYTES = 64 * 1024
 MAX_CPUS = 4096
@@ -37,9 +38,12 @@ MAX_CPU_ID = 8191
 MAX_NODE_ID = 1023
 MAX_CPU_LIST_CHARS = 4096
 MAX_COMMAND_ARGS = 1024
+MAX_CGROUP_CHARS = 4096
 
 _HUGEPAGE_KEY_RE = re.compile(r"[1-9][0-9]{0,9}")
 _CPU_LIST_CHARS_RE = re.compile(r"[0-9,:\- ]*")
+# An absolute cgroup path as /proc/PID/cgroup writes it; each component checked below.
+_CGROUP_COMPONENT_RE = re.compile(r"[A-Za-z0-9_.:@-]{1,255}")
 
 Policy = TopologyPolicy
 CpuCount = Annotated[int, msgspec.Meta(ge=0, le=MAX_CPUS)]
@@ -84,6 +88,11 @@ class AdmitRequest(msgspec.Struct, forbid_unknown_fields=True):
     request_id: RequestId | None = None
     isolate: Annotated[list[ShortStr], msgspec.Meta(max_length=8)] | None = None  # irqs, idle, freq, all
     isolate_strict: bool = False
+    # Enforce on an engine's cgroup instead of moving the caller: `cgroup` names
+    # it (root only: a container's, from its OCI hook), `in_place` means the
+    # caller's own (numa-run inside a Slurm task's cgroup).
+    cgroup: Annotated[str, msgspec.Meta(max_length=MAX_CGROUP_CHARS)] | None = None
+    in_place: bool = False
 
 
 def validate_name(name: str, what: str = "name") -> str:
@@ -135,10 +144,23 @@ def _check(req: AdmitRequest) -> AdmitRequest:
         if "\x00" in arg:
             raise BadRequest("command arguments cannot contain NUL", details={"field": "command"})
     isolate = _isolate(req)
+    if req.cgroup is not None:
+        _check_cgroup(req.cgroup, req.in_place)
     return msgspec.structs.replace(
         req, isolate=isolate, hugepages=_hugepages(req.hugepages, "hugepages"), devices=_devices(req.devices, "devices"),
         physcpubind=physcpubind, cpunodebind=_nodes(req.cpunodebind, "cpunodebind"),
         membind=_nodes(req.membind, "membind"), pod_budget=budget)
+
+
+def _check_cgroup(cgroup: str, in_place: bool) -> None:
+    if in_place:
+        raise BadRequest("cgroup and in_place exclude each other (in_place: the caller's own cgroup)",
+                         details={"field": "cgroup"})
+    parts = cgroup.split("/")
+    if not cgroup.startswith("/") or len(parts) < 3 or not all(
+            _CGROUP_COMPONENT_RE.fullmatch(p) and p not in (".", "..") for p in parts[1:]):
+        raise BadRequest(f"cgroup {_shown(cgroup)} is not an engine's cgroup below the cgroup2 mount, "
+                         "like '/libpod_parent/libpod-<id>'", details={"field": "cgroup"})
 
 
 def _isolate(req: AdmitRequest) -> list[str] | None:
@@ -173,6 +195,11 @@ def to_admission_request(req: AdmitRequest, caller: Caller, *, name: str, create
         cpunodebind=_node_ids(req.cpunodebind), membind=_node_ids(req.membind), pod=req.pod,
         pod_budget=_resources(req.pod_budget) if req.pod_budget is not None else None,
         command=tuple(req.command), created_unix=created_unix)
+
+
+def with_engine_grant(req: Request, cgroup: str, cpus: CpuSet, mems: tuple[int, ...]) -> Request:
+    """`req` enforced on the engine's cgroup `cgroup`, booked inside what its engine granted."""
+    return replace_value(req, cgroup=cgroup, within_cpus=cpus, within_mems=mems)
 
 
 def _resources(r: AdmitRequest | PodBudget) -> Resources:

@@ -159,6 +159,10 @@ class CgroupFiles(Protocol):
         """Remove `name`; nothing happens when it is not set."""
         ...
 
+    def cgroup_of(self, pid: int) -> Path | None:
+        """The cgroup directory process `pid` is in; None when it is gone."""
+        ...
+
     def fds(self) -> list[int]:
         """Descriptors the agent's event loop must wait on for this backend
         to notice process exits (none on the kernel's tree, which notices
@@ -230,6 +234,19 @@ class KernelFiles:
             if exc.errno != errno.ENODATA:
                 raise
 
+    def cgroup_of(self, pid: int) -> Path | None:
+        # "0::<path>" is cgroup v2's line; the path is relative to the
+        # reader's cgroup namespace, which is the mount's for the agent.
+        try:
+            with open(f"/proc/{pid}/cgroup", "rb") as f:
+                lines = f.read().decode("utf-8", "replace").splitlines()
+        except (FileNotFoundError, ProcessLookupError):
+            return None
+        for line in lines:
+            if line.startswith("0::"):
+                return Path(line[3:])
+        return None
+
     def fds(self) -> list[int]:
         return []  # the kernel drops exited processes and rewrites cgroup.events itself
 
@@ -246,17 +263,42 @@ class CgroupV2:
     def __init__(self, root: str | os.PathLike, files: CgroupFiles) -> None:
         self.root = Path(os.path.abspath(root))
         self.files = files
+        self.mount = _mount_of(self.root)
 
     # ---- paths -----------------------------------------------------------
     def path(self, relpath: str = "") -> Path:
-        """Absolute directory of `relpath` ("" is the root), validated."""
+        """Absolute directory of `relpath` ("" is the root), validated. A path
+        that starts with "/" is an engine's cgroup (a container's, a Slurm
+        task's): below the cgroup2 mount, as /proc/PID/cgroup names it, and
+        outside the agent's own tree."""
         if not isinstance(relpath, str):
             raise CgroupPathError(f"cgroup path must be a string, got {type(relpath).__name__}")
         if relpath == "":
             return self.root
         if relpath.startswith("/"):
-            raise CgroupPathError(f"cgroup path {relpath!r} must be relative to {self.root}",
-                                  path=relpath)
+            return self._engine_path(relpath)
+        self._check_components(relpath)
+        full = self.root.joinpath(*relpath.split("/"))
+        # Belt and braces: the checks above already rule out escaping.
+        if os.path.commonpath([self.root, full]) != str(self.root):
+            raise CgroupPathError(f"cgroup path {relpath!r} escapes {self.root}", path=relpath)
+        return full
+
+    def _engine_path(self, cgroup: str) -> Path:
+        inner = cgroup[1:]
+        if self.mount == self.root:
+            raise CgroupPathError(f"cgroup path {cgroup!r}: the agent's root {self.root} is the top of its "
+                                  "hierarchy, so no engine's cgroup lies beside it", path=cgroup)
+        if not inner:
+            raise CgroupPathError("the cgroup root itself cannot hold a workload", path=cgroup)
+        self._check_components(inner)
+        full = self.mount.joinpath(*inner.split("/"))
+        if full == self.root or self.root in full.parents or full in self.root.parents:
+            raise CgroupPathError(f"cgroup {cgroup} is the agent's own tree ({self.root}) or "
+                                  "above it, not an engine's cgroup", path=cgroup)
+        return full
+
+    def _check_components(self, relpath: str) -> None:
         for part in relpath.split("/"):
             if part == "":
                 raise CgroupPathError(f"cgroup path {relpath!r} has an empty component",
@@ -274,11 +316,6 @@ class CgroupV2:
             if part.startswith(_INTERFACE_PREFIXES):
                 raise CgroupPathError(f"cgroup name {part!r} in {relpath!r} would collide "
                                       "with a cgroup interface file", path=relpath)
-        full = self.root.joinpath(*relpath.split("/"))
-        # Belt and braces: the checks above already rule out escaping.
-        if os.path.commonpath([self.root, full]) != str(self.root):
-            raise CgroupPathError(f"cgroup path {relpath!r} escapes {self.root}", path=relpath)
-        return full
 
     def _file(self, relpath: str, name: str) -> Path:
         return self.path(relpath) / name
@@ -417,6 +454,12 @@ class CgroupV2:
         self._write(self._file(relpath, "cpuset.mems"), mem_set.format())
         self._write(self._file(relpath, "cpuset.cpus"), "\n")
 
+    def clear_cpuset(self, relpath: str) -> None:
+        """Empty `cpuset.cpus` and `cpuset.mems`: the cgroup runs on its
+        parent's effective CPUs and nodes again, as one nobody wrote."""
+        self._write(self._file(relpath, "cpuset.cpus"), "\n")
+        self._write(self._file(relpath, "cpuset.mems"), "\n")
+
     def write_cpus_exclusive(self, relpath: str, cpus: CpuSet) -> None:
         """`cpuset.cpus.exclusive` (Linux 6.7+): CPUs handed down for a
         partition below a cgroup that is not itself a partition root."""
@@ -525,6 +568,16 @@ class CgroupV2:
             raise cgroup_error_from_oserror(exc, f"removexattr {name} of", str(directory)) from None
 
     # ---- processes ---------------------------------------------------------------------
+    def cgroup_of(self, pid: int) -> str | None:
+        """The cgroup of process `pid` as /proc/PID/cgroup names it ("/a/b",
+        below the mount); None when the process is gone."""
+        where = self.files.cgroup_of(pid)
+        if where is None:
+            return None
+        if where.is_absolute() and self.mount in (where, *where.parents):
+            where = where.relative_to(self.mount)  # a simulated tree names its directory
+        return "/" + str(where).strip("/")
+
     def move_pid(self, relpath: str, pid: int) -> None:
         if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0:
             raise CgroupInvalidError(f"pid must be a positive integer, got {pid!r}",
@@ -544,6 +597,21 @@ class CgroupV2:
             if key == "populated":
                 return value.strip() == "1"
         raise CgroupInvalidError(f"no 'populated' key in {file}", path=str(file))
+
+
+def _mount_of(root: Path) -> Path:
+    """The top of the cgroup2 hierarchy `root` lies in: its highest ancestor
+    that is still a cgroup (has `cgroup.controllers`); `root` itself when its
+    parent is not one."""
+    top = root
+    while top.parent != top and (top.parent / "cgroup.controllers").is_file():
+        top = top.parent
+    return top
+
+
+def is_engine_cgroup(relpath: str) -> bool:
+    """A workload enforced on an engine's own cgroup (see CgroupV2.path)."""
+    return relpath.startswith("/")
 
 
 def _limit_value(text: str, what: str, relpath: str) -> int | None:

@@ -18,10 +18,12 @@ import logging
 import os
 import select
 import threading
+from pathlib import Path
 from typing import Callable, Collection, Iterable
 
 from numa_agent.core.cpuset import CpuSet
-from numa_agent.enforcement.cgroup import CgroupV2, EventWatcher
+from numa_agent.core.hints import NumaMask
+from numa_agent.enforcement.cgroup import CgroupV2, EventWatcher, is_engine_cgroup
 from numa_agent.enforcement.errors import CgroupError, CgroupMissingError, EnforcementError
 from numa_agent.enforcement.marked import MarkedProcess, scan_marked
 from numa_agent.enforcement.plan import (
@@ -112,11 +114,19 @@ class CgroupEnforcer:
             spec = change.spec
             if change.kind == "remove":
                 self.watcher.unwatch(change.relpath)
-                if cg.exists(change.relpath):
+                if is_engine_cgroup(change.relpath):
+                    self._hand_back(change.relpath)
+                elif cg.exists(change.relpath):
                     self._evict(change.relpath, new)
                     cg.remove(change.relpath)
                 continue
             assert spec is not None
+            if is_engine_cgroup(spec.relpath) and change.kind == "create":
+                self._take_over(spec)
+                written.add(spec.relpath)
+                self._record(spec, None, recorded)
+                self.watcher.watch(spec.relpath)
+                continue
             if change.kind == "create":
                 cg.create(spec.relpath, exist_ok=True)
                 if spec.relpath == SHARED_CGROUP or (spec.relpath.startswith(POD_PREFIX)
@@ -177,6 +187,45 @@ class CgroupEnforcer:
             log.warning("workload cgroup %s stays a member, not a partition: %s",
                         self.path_of(relpath), exc)
 
+    def _take_over(self, spec: CgroupSpec) -> None:
+        """Enforce a workload on the cgroup an engine made for it (a container's,
+        a Slurm task's): never created here, so one that is gone is an error,
+        not a cgroup to make again."""
+        if not self.cgroup.exists(spec.relpath):
+            raise CgroupMissingError(f"cgroup {self.path_of(spec.relpath)} does not exist (the engine "
+                                     "removed it, or its process exited)", path=spec.relpath)
+        self._tighten_limits(spec)
+        self._write_cpuset(spec, None)
+
+    def _tighten_limits(self, spec: CgroupSpec) -> None:
+        """The booked limits on an engine's cgroup, where they are tighter than
+        the engine's own (`podman run --memory`): never loosened."""
+        cg = self.cgroup
+        if spec.memory_max is not None:
+            current = cg.read_memory_max(spec.relpath)
+            if current is None or current > spec.memory_max:
+                cg.write_memory_max(spec.relpath, spec.memory_max)
+        for size_kb, limit in sorted(spec.hugetlb_max.items()):
+            current = cg.read_hugetlb_max(spec.relpath, size_kb)
+            if current is None or current > limit:
+                cg.write_hugetlb_max(spec.relpath, size_kb, limit)
+
+    def _hand_back(self, relpath: str) -> None:
+        """Give an engine's cgroup back: its parent's CPUs and nodes again, no
+        record. Its processes stay (they are the engine's), and so do its
+        limits: which were the engine's is not known, and a limit is never
+        loosened. A cgroup already gone needs nothing."""
+        cg = self.cgroup
+        try:
+            cg.clear_cpuset(relpath)
+        except CgroupMissingError:
+            return
+        try:
+            cg.remove_xattr(relpath, RECORD_XATTR)
+        except CgroupError:
+            pass  # none was written, or it went with the cgroup
+        log.info("handed %s back to its engine", self.path_of(relpath))
+
     def _evict(self, relpath: str, new: Layout) -> None:
         """Move processes still in a released workload's cgroup to the
         shared pool, so the cgroup can go and its CPUs return."""
@@ -210,10 +259,30 @@ class CgroupEnforcer:
         for spec in specs:
             rel = spec.relpath
             cpus, mems = self.cgroup.read_effective(rel)
+            if is_engine_cgroup(rel) and cpus and cpus.issubset(spec.cpus):
+                # The engine's parent may narrow a shared workload's pool to
+                # what it granted (an exclusive one was booked inside it).
+                continue
             if cpus != spec.cpus:
                 raise EnforcementError(
                     f"cgroup {self.path_of(rel)}: cpuset.cpus.effective is {cpus.format() or 'empty'}, "
                     f"expected {spec.cpus.format()}")
+
+    def cgroup_of(self, pid: int) -> str | None:
+        return self.cgroup.cgroup_of(pid)
+
+    def engine_grant(self, cgroup: str) -> tuple[CpuSet, NumaMask]:
+        try:
+            path = self.cgroup.path(cgroup)
+            if not self.cgroup.exists(cgroup):
+                raise EnforcementError(f"cgroup {path} does not exist")
+            parent = "/" + cgroup.strip("/").rpartition("/")[0]
+            if parent == "/":
+                raise EnforcementError(f"cgroup {path} is a child of the root; an engine's cgroup "
+                                       "lies below a parent of the engine's")
+            return self.cgroup.read_effective(parent)
+        except CgroupError as exc:
+            raise EnforcementError(str(exc)) from None
 
     # ---- observation (restart, reconcile) ------------------------------------
     def exists(self, relpath: str) -> bool:
@@ -282,6 +351,26 @@ class CgroupEnforcer:
             out.append(rel)
             todo[0:0] = self.cgroup.children(rel)
         return out
+
+    def engine_cgroups(self) -> list[str]:
+        cg = self.cgroup
+        if cg.mount == cg.root:
+            return []
+        found = []
+        for directory, dirs, _files in os.walk(cg.mount):
+            here = Path(directory)
+            if here == cg.root:
+                dirs.clear()  # the agent's own tree: existing() lists it
+                continue
+            if here == cg.mount:
+                continue
+            try:
+                if here.stat().st_uid != 0 or cg.files.getxattr(here, RECORD_XATTR) is None:
+                    continue
+            except OSError:
+                continue  # gone meanwhile, or no attributes here
+            found.append("/" + str(here.relative_to(cg.mount)))
+        return found
 
     def prune(self, layout: Layout) -> list[str]:
         """Remove empty cgroups below the root that the layout does not name
@@ -368,6 +457,13 @@ class AffinityEnforcer:
 
     def path_of(self, relpath: str) -> str | None:
         return None
+
+    def cgroup_of(self, pid: int) -> str | None:
+        return None
+
+    def engine_grant(self, cgroup: str) -> tuple[CpuSet, NumaMask]:
+        raise EnforcementError(f"cannot enforce on the engine's cgroup {cgroup}: this agent pins "
+                               f"with sched_setaffinity ({self.reason}); that needs a cgroup v2 cpuset")
 
     def apply(self, old: Layout, new: Layout, move: tuple[str, int] | None = None,
               changed: Collection[str] | None = None) -> None:
@@ -485,6 +581,9 @@ class AffinityEnforcer:
         """Only the tracked workloads: nothing of a workload outlives the
         agent but its process, so there is never anything to adopt."""
         return sorted(self._pidfds)
+
+    def engine_cgroups(self) -> list[str]:
+        return []
 
     def prune(self, layout: Layout) -> list[str]:
         return []  # nothing is left behind by a released workload

@@ -162,6 +162,10 @@ class FakeCgroupfs:
         with self._lock, open(file, "rb") as f:
             return f.read()
 
+    def cgroup_of(self, pid: int) -> Path | None:
+        with self._lock:
+            return self._index().get(pid)
+
     def fs_type(self, path: Path) -> int | None:
         # The tree stands for a cgroup2 mount, whatever really holds it.
         return CGROUP2_SUPER_MAGIC

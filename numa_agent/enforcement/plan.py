@@ -75,6 +75,8 @@ def safe_component(name: str) -> str:
 
 
 def workload_relpath(w: Workload) -> str:
+    if w.cgroup is not None:
+        return w.cgroup  # an engine's (CgroupV2.path checks it)
     name = safe_component(w.name)
     if w.pod is not None:
         return f"{POD_PREFIX}{safe_component(w.pod)}/{name}"
@@ -124,7 +126,7 @@ def _pod_spec(machine: Machine, pod: Pod) -> CgroupSpec:
 
 def _follows_pool(w: Workload) -> bool:
     """Runs on the whole shared pool: its cgroup inherits the pool's CPUs."""
-    return w.shared and w.pod is None and not w.cpunodebind
+    return w.shared and w.pod is None and not w.cpunodebind and w.cgroup is None
 
 
 def _workload_spec(machine: Machine, state: AgentState, w: Workload) -> CgroupSpec:
@@ -197,8 +199,14 @@ class CgroupLayout(Layered[str, CgroupSpec]):
 
 
 def _bound_to_pool(spec: CgroupSpec) -> bool:
-    # A shared workload below the pool that does not inherit it: --cpunodebind.
-    return spec.workload is not None and not spec.inherit and spec.relpath.startswith(SHARED_CGROUP + "/")
+    # A shared workload below the pool that does not inherit it (--cpunodebind),
+    # or one in an engine's cgroup, which is not below shared/ (the pool is
+    # written into it).
+    if spec.workload is None or spec.inherit:
+        return False
+    if spec.relpath.startswith(SHARED_CGROUP + "/"):
+        return True
+    return spec.relpath.startswith("/") and spec.record is not None and getattr(spec.record, "shared", False)
 
 
 def desired_layout(machine: Machine, state: AgentState) -> CgroupLayout:

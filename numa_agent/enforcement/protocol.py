@@ -77,6 +77,19 @@ class Enforcer(Protocol):
         directory), None when there is no such place."""
         ...
 
+    def engine_grant(self, cgroup: str) -> tuple[CpuSet, NumaMask]:
+        """What an engine's cgroup (`cgroup`, as /proc/PID/cgroup names it: a
+        container's, a Slurm task's) may be given: its parent's effective CPUs
+        and memory nodes, which the engine decided. Raises EnforcementError
+        when the cgroup does not exist or the mechanism cannot enforce on an
+        engine's cgroup."""
+        ...
+
+    def cgroup_of(self, pid: int) -> str | None:
+        """The cgroup process `pid` is in, as /proc/PID/cgroup names it; None
+        when it is gone or the mechanism has no cgroups."""
+        ...
+
     # ---- observation (restart, reconcile) -----------------------------------
     def exists(self, relpath: str) -> bool:
         ...
@@ -112,6 +125,13 @@ class Enforcer(Protocol):
     def existing(self) -> list[str]:
         """Every path the mechanism holds, parents before children; start-up
         adopts those the checkpoint does not know."""
+        ...
+
+    def engine_cgroups(self) -> list[str]:
+        """Engines' cgroups (outside the agent's tree) holding a booking record
+        the agent wrote there, owned by root (a delegated cgroup's owner could
+        write one of its own): start-up adopts those the checkpoint lost. A
+        walk of the whole hierarchy: for start-up only."""
         ...
 
     def prune(self, layout: Layout) -> list[str]:

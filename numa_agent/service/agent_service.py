@@ -45,7 +45,7 @@ from numa_agent.api.errors import (
     ServiceUnavailable,
     TopologyAffinityError,
 )
-from numa_agent.api.validation import AdmitRequest, to_admission_request
+from numa_agent.api.validation import AdmitRequest, to_admission_request, with_engine_grant
 from numa_agent.core.hints import TopologyHint
 from numa_agent.core.mark import issue_mark, start_time_of
 from numa_agent.core.names import NAME_RULE, is_workload_name
@@ -110,6 +110,11 @@ class AgentService:
         # start-up: told every new state under the lock; None: not written.
         self.kubelet_files: StateFiles | None = None
 
+    @property
+    def layout(self) -> Layout:
+        """The cgroup layout enforced now (read without the lock: replaced whole)."""
+        return self._layout
+
     # ---- admission ---------------------------------------------------------
     def admit(self, request: AdmitRequest, caller: Caller, dry_run: bool = False) -> dict:
         started = time.perf_counter()
@@ -122,6 +127,7 @@ class AgentService:
             deciding = time.perf_counter()
             try:
                 req = self._request_from(request, caller)
+                req = self._on_engine_cgroup(req, request, caller)
                 deciding = time.perf_counter()
                 decision = decide(self.machine, self.state, req)
             except _NameTaken as exc:
@@ -163,7 +169,9 @@ class AgentService:
                 w = msgspec.structs.replace(w, request={**w.request, "request_id": request_id})
                 new_state = new_state.with_workload(w)
             index = self._request_index()
-            self._commit(new_state, move=(workload_relpath(w), caller.pid), caller=caller)
+            # On an engine's cgroup the processes are already where they belong.
+            move = None if w.cgroup is not None else (workload_relpath(w), caller.pid)
+            self._commit(new_state, move=move, caller=caller)
             if request_id is not None:
                 index[request_id] = w.name
             self._request_index_state = self.state
@@ -418,7 +426,8 @@ class AgentService:
         try:
             # The agent may have stopped between the checkpoint and the move.
             _check_alive(caller)
-            self.enforcer.apply(self._layout, self._layout, (workload_relpath(w), caller.pid))
+            if w.cgroup is None:
+                self.enforcer.apply(self._layout, self._layout, (workload_relpath(w), caller.pid))
         except (EnforcementError, OSError, ProcessLookupError) as exc:
             raise ServiceUnavailable(f"workload {w.name} is booked but the process could not be "
                                      f"moved into it: {exc}") from None
@@ -493,6 +502,30 @@ class AgentService:
             raise _NameTaken(name)
         return to_admission_request(body, caller, name=name, created_unix=self.clock())
 
+    def _on_engine_cgroup(self, req: Request, body: AdmitRequest, caller: Caller) -> Request:
+        """`req` enforced on an engine's cgroup when the body asks for one: a
+        named one for root only (a container's, from its OCI hook), or the
+        caller's own when every process there is the caller's (numa-run in a
+        Slurm task). Booked inside what the engine granted that cgroup."""
+        if body.cgroup is None and not body.in_place:
+            return req
+        cgroup = body.cgroup
+        if cgroup is not None and not caller.is_root:
+            raise Forbidden("only root may have a named cgroup enforced (an engine's hook runs as root); "
+                            "numa-run asks for its own with in_place")
+        if cgroup is None:
+            cgroup = self.enforcer.cgroup_of(caller.pid)
+            if cgroup is None or cgroup.count("/") < 2:
+                raise InvalidRequest(f"in_place: pid {caller.pid} is in cgroup {cgroup or '(none)'}, "
+                                     "not below an engine's cgroup")
+            if not caller.is_root:
+                _check_owns_cgroup(self.enforcer.pids(cgroup), caller, cgroup)
+        try:
+            cpus, mems = self.enforcer.engine_grant(cgroup)
+        except EnforcementError as exc:
+            raise InvalidRequest(f"cgroup {cgroup}: {exc}") from None
+        return with_engine_grant(req, cgroup, cpus & self.machine.usable_cpus, mems.nodes())
+
     def _generate_name(self, body: AdmitRequest, caller: Caller) -> str:
         command = body.command or ["workload"]
         base = re.sub(r"[^a-z0-9]+", "-", os.path.basename(str(command[0])).lower()).strip("-") or "workload"
@@ -556,6 +589,8 @@ class AgentService:
             "rebuilt": w.request.get(REBUILT),
             "unknown": list(w.request.get("unknown") or []),
             "isolation": self._isolation_view(w),
+            # The engine's cgroup it is enforced on (/proc/PID/cgroup's form), None: the agent's tree.
+            "engine_cgroup": w.cgroup,
         }
 
     def list_workloads(self, viewer_uid: int | None = None) -> list[dict]:
@@ -666,6 +701,19 @@ def _may_see_command(viewer_uid: int | None, owner_uid: int) -> bool:
 
 class _NameTaken(InvalidRequest):
     pass
+
+
+def _check_owns_cgroup(pids: list[int], caller: Caller, cgroup: str) -> None:
+    """A caller other than root may have its own cgroup enforced only when every
+    process in it is its own: it cannot pin somebody else's."""
+    for pid in pids:
+        try:
+            uid = os.stat(f"/proc/{pid}").st_uid
+        except FileNotFoundError:
+            continue  # exited meanwhile
+        if uid != caller.uid:
+            raise Forbidden(f"cgroup {cgroup} holds pid {pid} of uid {uid}; only root, or the owner "
+                            "of every process in it, may have it enforced")
 
 
 def _check_alive(caller: Caller) -> None:

@@ -107,6 +107,8 @@ def restore(machine: Machine, store, enforcer: Enforcer, on_policy_change: str =
         from numa_agent.admission.admit import release
         state, _, _ = release(state, name)
     state, adopted = _adopt(machine, state, enforcer, uid_of)
+    state, engines = _adopt_engines(machine, state, enforcer)
+    adopted += engines
     live = rebuild_from_live(machine, state, enforcer, marked, mark_key)
     state = live.state
     report = RecoveryReport(restored=len(state.workloads), released=tuple(released),
@@ -211,6 +213,40 @@ def _adopt(machine: Machine, state: AgentState, enforcer: Enforcer,
         if place.pod is not None and pod is None:
             continue
         w = _adopted_workload(machine, state, enforcer, rel, place, pod, uid_of)
+        state = state.with_workload(w)
+        if pod is not None:
+            state = state.with_pod(replace(pod, members=tuple(sorted({*pod.members, w.name}))))
+        adopted.append(w.name)
+    return state, adopted
+
+
+def _adopt_engines(machine: Machine, state: AgentState, enforcer: Enforcer) -> tuple[AgentState, list[str]]:
+    """Adopt the workloads enforced on engines' cgroups (containers, Slurm
+    tasks) that the state lost, from the record on each: only one that names
+    that very cgroup, while it still holds processes, never double-booking."""
+    known = {w.cgroup for w in state.workloads if w.cgroup is not None}
+    adopted: list[str] = []
+    for rel in enforcer.engine_cgroups():
+        if rel in known or not enforcer.populated(rel):
+            continue
+        data = enforcer.read_record(rel)
+        try:
+            record = decode_record(data) if data is not None else None
+        except ValueError as exc:
+            log.warning("engine cgroup %s: booking record unreadable (%s); left alone", rel, exc)
+            continue
+        if not isinstance(record, Workload) or record.cgroup != rel or state.workload(record.name) is not None:
+            log.warning("engine cgroup %s: its booking record does not name it, or names a workload "
+                        "that exists; left alone", rel)
+            continue
+        pod = state.pod(record.pod) if record.pod is not None else None
+        booking = (_claimable_in_pod(state, pod, rel, record.booking) if pod is not None
+                   else _claimable(machine, state, rel, record.booking))
+        pids = enforcer.pids(rel)
+        pid, identity = ((record.pid, record.pid_identity) if record.pid in pids
+                         else (pids[0] if pids else None, None))
+        w = replace(record, booking=booking, shared=record.shared or not booking.cpus,
+                    pod=record.pod if pod is not None else None, pid=pid, pid_identity=identity)
         state = state.with_workload(w)
         if pod is not None:
             state = state.with_pod(replace(pod, members=tuple(sorted({*pod.members, w.name}))))

@@ -31,11 +31,12 @@ import os
 import selectors
 import threading
 import time
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Mapping
 
 from numa_agent.api.errors import Conflict, NotFound
 from numa_agent.discovery.files import DiscoveryError
-from numa_agent.enforcement.plan import WORKLOAD_PREFIX, workload_relpath
+from numa_agent.enforcement.cgroup import is_engine_cgroup
+from numa_agent.enforcement.plan import WORKLOAD_PREFIX, CgroupSpec, workload_relpath
 from numa_agent.hotplug.events import EventsLost, HotplugEvent
 from numa_agent.state.model import AgentState, Workload
 
@@ -245,7 +246,7 @@ class EventLoop:
     def _release_paths(self, relpaths: Iterable[str], check: bool) -> None:
         state = self.service.state
         for rel in relpaths:
-            w = _workload_at(state, rel)
+            w = _workload_at(state, rel, self.service.layout)
             if w is None:
                 continue
             if check and self.service.enforcer.populated(rel):
@@ -324,10 +325,15 @@ class EventLoop:
         self._release_paths(paths, check=True)
 
 
-def _workload_at(state: AgentState, rel: str) -> Workload | None:
+def _workload_at(state: AgentState, rel: str, layout: Mapping[str, CgroupSpec]) -> Workload | None:
     """The workload whose path is `rel`: its name is the path's last part
     (`wl-NAME`, `shared/NAME`, `pod-POD/NAME`), found by bisection in the
     workloads (sorted by name), so an event costs O(log N), not a map of all."""
+    if is_engine_cgroup(rel):
+        # An engine's cgroup: its workload is whichever names it (the layout's entry).
+        spec = layout.get(rel)
+        w = state.workload(spec.workload) if spec is not None and spec.workload else None
+        return w if w is not None and w.cgroup == rel else None
     head, _, name = rel.rpartition("/")
     if not head:
         if not name.startswith(WORKLOAD_PREFIX):

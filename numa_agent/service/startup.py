@@ -364,6 +364,9 @@ def _lazy(target: str) -> EnforcerFactory:
     return factory
 
 
+SIMULATED_ROOT = "numa-agent"  # the agent's root in its simulated hierarchy, as `auto` names it
+
+
 def _simulated_cgroup(cfg, machine, why_not: str) -> Enforcer:
     """The topology is a snapshot of another machine: pinning real processes
     to its CPUs would be wrong. Simulate the cgroup tree."""
@@ -373,13 +376,20 @@ def _simulated_cgroup(cfg, machine, why_not: str) -> Enforcer:
     from numa_agent.enforcement.enforcer import CgroupEnforcer
     from numa_agent.enforcement.fake_cgroupfs import FakeCgroupfs, make_fake_cgroup_root
 
-    fake = Path(cfg.state_dir) / "cgroupfs"
+    # The simulated hierarchy's top, with the agent's root one level below it as
+    # on a kernel (/sys/fs/cgroup/numa-agent): engines' cgroups lie beside it.
+    mount = Path(cfg.state_dir) / "cgroupfs"
     _allow_many_descriptors()  # the simulated tree holds a pidfd per process in it
-    make_fake_cgroup_root(fake, machine.usable_cpus, machine.memory.memory_nodes.nodes()
+    make_fake_cgroup_root(mount, machine.usable_cpus, machine.memory.memory_nodes.nodes()
                           or machine.node_ids)
+    files = FakeCgroupfs(mount)
+    top = CgroupV2(mount, files)
+    top.enable_controllers("", top.controllers())
+    top.create(SIMULATED_ROOT, exist_ok=True)
+    fake = mount / SIMULATED_ROOT
     log.warning("sysfs root %s is not this machine: enforcing into a simulated cgroup tree at %s",
                 cfg.sysfs_root, fake)
-    return CgroupEnforcer(CgroupV2(fake, FakeCgroupfs(fake)))
+    return CgroupEnforcer(CgroupV2(fake, files))
 
 
 def _allow_many_descriptors() -> None:

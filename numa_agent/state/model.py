@@ -86,6 +86,9 @@ class Workload(_Value, frozen=True):
     cpunodebind: tuple[int, ...] = ()  # shared workloads restricted to these nodes' CPUs
     request: Mapping[str, Any] = {}  # as asked, for status/explain
     lost: tuple[str, ...] = ()  # resources taken away by hotplug ("cpu 5", "pci 0000:3b:00.0")
+    # An engine's cgroup the workload is enforced on, as /proc/PID/cgroup names it
+    # ("/libpod_parent/libpod-<id>"); None: a cgroup of the agent's own tree.
+    cgroup: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return _without_unknown_identity(_to_json(self))
@@ -391,9 +394,11 @@ def _dec_hook(typ: type, value: Any) -> Any:
 
 
 def _without_unknown_identity(workload: dict[str, Any]) -> dict[str, Any]:
-    """pid_identity is written only when known, so older checkpoints read back unchanged."""
-    if workload.get("pid_identity") is None:
-        workload.pop("pid_identity", None)
+    """pid_identity and an engine's cgroup are written only when there is one, so
+    older checkpoints read back unchanged."""
+    for key in ("pid_identity", "cgroup"):
+        if workload.get(key) is None:
+            workload.pop(key, None)
     return workload
 
 

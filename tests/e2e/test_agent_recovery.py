@@ -49,7 +49,7 @@ def test_checkpoint_lost_under_a_running_workload(agent, how, cpus):
             time.sleep(0.05)
         (before,) = status_json(agent)["workloads"]
         assert before["memory_bytes"] == {"0": LIMIT} and before["owner_uid"] == os.getuid()
-        cgroup = agent.state_dir / "cgroupfs" / ("wl-web" if cpus else "shared/web")
+        cgroup = agent.state_dir / "cgroupfs" / "numa-agent" / ("wl-web" if cpus else "shared/web")
         memory_max = cgroup / "memory.max"
         assert memory_max.read_text().strip() == str(LIMIT)
 

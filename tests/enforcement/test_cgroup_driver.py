@@ -31,7 +31,7 @@ from numa_agent.enforcement.fake_cgroupfs import FAKE_MARKER, FakeCgroupfs, make
 
 # ---- paths ------------------------------------------------------------------
 @pytest.mark.parametrize("relpath, message", [
-    ("/etc", "must be relative"),
+    ("/etc", "no engine.s cgroup lies beside it"),
     ("a//b", "empty component"),
     ("a/", "empty component"),
     ("..", "may not contain '..'"),

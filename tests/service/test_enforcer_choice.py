@@ -42,7 +42,7 @@ def test_a_sysfs_snapshot_enforces_into_a_simulated_tree(machine, tmp_path, clos
     close_after(enforcer)
     assert isinstance(enforcer, CgroupEnforcer) and enforcer.mode == "simulated"
     assert enforcer.cgroup.files.simulated and enforcer.granted() is None
-    assert enforcer.cgroup.root == tmp_path / "state" / "cgroupfs"
+    assert enforcer.cgroup.root == tmp_path / "state" / "cgroupfs" / "numa-agent"
 
 
 def test_an_explicit_cgroup_root_that_cannot_be_used_stops_the_start(machine, tmp_path):

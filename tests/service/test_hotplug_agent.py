@@ -4,7 +4,6 @@ changes under it, the real event loop, rediscovery and the cgroup tree."""
 import os
 import shutil
 import subprocess
-import time
 from dataclasses import replace
 
 import pytest
@@ -24,19 +23,11 @@ from numa_agent.service.startup import Agent
 from numa_agent.state.model import replace as replace_value
 from numa_agent.testing.synthetic import make_topology, with_node_memory
 from numa_agent.views.metrics import build_registry
+from tests.support.agent_process import wait_for
 from tests.support.sysfs_writer import write_sysfs
 
 GPU = ("0x030200", "0x10de", "0x20b0", 1, "nvidia")
 GiB = 1 << 30
-
-
-def wait_for(predicate, timeout=5.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.02)
-    return predicate()
 
 
 @pytest.fixture
@@ -80,7 +71,7 @@ def test_cpu_offline_under_a_workload_then_back(running):
     assert status["workloads"][0]["lost"] == list(w.lost)
     assert sum(n["cpus"]["capacity"] for n in status["nodes"]) == 15
     assert service.counters.hotplug_events["cpu"] == 1
-    cg = tmp / "state" / "cgroupfs"
+    cg = tmp / "state" / "cgroupfs" / "numa-agent"
     assert CpuSet.parse((cg / "wl-w" / "cpuset.cpus").read_text()) == cpus - CpuSet([gone])
     assert gone not in CpuSet.parse((cg / "shared" / "cpuset.cpus").read_text())
 
@@ -114,8 +105,8 @@ def test_a_trim_rewrites_the_booking_record(running):
     agent, topo, source, change, caller, tmp = running
     service = agent.service
     cpus = CpuSet.parse(service.admit(AdmitRequest(name="w", cpus=4), caller)["cpus"])
-    cg = tmp / "state" / "cgroupfs"
-    record = lambda: decode_record(FakeCgroupfs(cg).getxattr(cg / "wl-w", RECORD_XATTR))  # noqa: E731
+    cg = tmp / "state" / "cgroupfs" / "numa-agent"
+    record = lambda: decode_record(FakeCgroupfs(cg.parent).getxattr(cg / "wl-w", RECORD_XATTR))  # noqa: E731
     assert record().booking.cpus == cpus and record().lost == ()
     gone = cpus.max()
     offline = replace(topo, cpus=tuple(replace(c, online=False) if c.id == gone else c for c in topo.cpus))

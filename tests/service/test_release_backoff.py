@@ -13,6 +13,8 @@ import selectors
 import pytest
 
 from numa_agent.api.validation import AdmitRequest
+from numa_agent.core.cpuset import CpuSet
+from numa_agent.enforcement.plan import CgroupSpec
 from numa_agent.service.agent_service import AgentService
 from numa_agent.service.caller import Caller
 from numa_agent.service.runtime import RETRY_CAP, RETRY_FIRST, EventLoop, _sync_fds, _workload_at
@@ -257,15 +259,22 @@ def test_a_descriptor_number_closed_and_reused_at_once_is_watched_as_the_new_fil
 def test_a_workload_is_found_from_its_path_without_a_map_of_all():
     state = AgentState()
     for w in (Workload(name="db", owner_uid=0), Workload(name="wl-x", owner_uid=0),
-              Workload(name="web", owner_uid=0, shared=True), Workload(name="m", owner_uid=0, pod="p")):
+              Workload(name="web", owner_uid=0, shared=True), Workload(name="m", owner_uid=0, pod="p"),
+              Workload(name="ctr", owner_uid=0, cgroup="/libpod_parent/libpod-1")):
         state = state.with_workload(w)
-    assert _workload_at(state, "wl-db").name == "db"
-    assert _workload_at(state, "wl-wl-x").name == "wl-x"
-    assert _workload_at(state, "shared/web").name == "web"
-    assert _workload_at(state, "pod-p/m").name == "m"
-    assert _workload_at(state, "wl-web") is None  # web is shared: not its path
-    assert _workload_at(state, "shared/db") is None and _workload_at(state, "pod-q/m") is None
-    assert _workload_at(state, "nobody") is None and _workload_at(state, "wl-zz") is None
+    # An engine's cgroup says no name: the layout's entry for it does.
+    layout = {"/libpod_parent/libpod-1": CgroupSpec("/libpod_parent/libpod-1", CpuSet(), (0,), workload="ctr"),
+              "/libpod_parent/libpod-2": CgroupSpec("/libpod_parent/libpod-2", CpuSet(), (0,), workload="db")}
+    assert _workload_at(state, "/libpod_parent/libpod-1", layout).name == "ctr"
+    assert _workload_at(state, "/libpod_parent/libpod-2", layout) is None  # db is not enforced there
+    assert _workload_at(state, "/libpod_parent/libpod-3", layout) is None
+    assert _workload_at(state, "wl-db", layout).name == "db"
+    assert _workload_at(state, "wl-wl-x", layout).name == "wl-x"
+    assert _workload_at(state, "shared/web", layout).name == "web"
+    assert _workload_at(state, "pod-p/m", layout).name == "m"
+    assert _workload_at(state, "wl-web", layout) is None  # web is shared: not its path
+    assert _workload_at(state, "shared/db", layout) is None and _workload_at(state, "pod-q/m", layout) is None
+    assert _workload_at(state, "nobody", layout) is None and _workload_at(state, "wl-zz", layout) is None
 
 
 def test_a_pending_workload_that_is_populated_again_is_not_released(rig):

@@ -72,8 +72,9 @@ def reference_json(state):
     out = msgspec.to_builtins(state, enc_hook=lambda v: v.format(), str_keys=True)
     out["workloads"] = list(out["workloads"])
     for w in out["workloads"]:
-        if w.get("pid_identity") is None:
-            w.pop("pid_identity", None)
+        for key in ("pid_identity", "cgroup"):  # written only when there is one
+            if w.get(key) is None:
+                w.pop(key, None)
     if not out["isolation"]["originals"]:
         del out["isolation"]  # written only when the agent holds an isolation knob
     return {"schema": STATE_SCHEMA, **out}
@@ -86,7 +87,8 @@ def test_the_payload_equals_one_conversion_of_the_whole_state_along_any_updates(
         name = f"w{rng.randint(0, 20)}"
         if rng.random() < 0.6:
             state = state.with_workload(Workload(name=name, owner_uid=step, booking=Booking(cpus=CpuSet([step % 8])),
-                                                 pid_identity=rng.choice([None, "b:1"]), request={"n": step}))
+                                                 pid_identity=rng.choice([None, "b:1"]), request={"n": step},
+                                                 cgroup=rng.choice([None, "/engine/ctr"])))
         else:
             state = state.without_workload(name)
         if step % 3 == 0:

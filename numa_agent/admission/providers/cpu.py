@@ -29,7 +29,19 @@ def _available(request: Request, view: AdmissionView) -> CpuSet:
     available = view.allocatable_cpus
     if request.cpunodebind is not None:
         available = available & view.machine.cpus_of_nodes(request.cpunodebind)
+    if request.within_cpus is not None:
+        available = available & request.within_cpus
     return available
+
+
+def _outside_grant(request: Request, view: AdmissionView, count: int) -> str:
+    """Too few CPUs inside what the workload's engine granted it."""
+    granted = request.within_cpus or CpuSet()
+    parent = (request.cgroup or "").rstrip("/").rpartition("/")[0] or "/"
+    free = _available(request, view)
+    return (f"not enough CPUs: requested {count}, {len(free)} free for exclusive use inside the CPUs "
+            f"its engine granted ({granted.format() or 'none'}, the cpuset of cgroup {parent}); "
+            f"free there: {free.format() or 'none'}")
 
 
 def _per_node_cpu_text(machine: Machine, available: CpuSet) -> str:
@@ -63,6 +75,8 @@ class CpuProvider:
         cpus = request.resources.cpus
         if not cpus:
             return None
+        if request.within_cpus is not None and cpus > len(_available(request, view)):
+            return _outside_grant(request, view, cpus)
         per_node = [v["cpus"] for v in view.free.values()]
         if cpus <= max(per_node, default=0):
             return None  # they fit on one node: another provider's part is the reason
@@ -82,6 +96,8 @@ def _pick(request: Request, view: AdmissionView, affinity: NumaMask | None) -> C
     if not _wants_exclusive(request, machine):
         return CpuSet()
     count = request.resources.cpus
+    if count > len(available) and request.within_cpus is not None:
+        raise CpuAllocationError(_outside_grant(request, view, count))
     if count > len(available):
         raise CpuAllocationError(f"not enough CPUs: requested {count}, {len(available)} free for exclusive use"
                                  f"{_per_node_cpu_text(machine, available)}")

@@ -39,6 +39,8 @@ class MemoryProvider:
             return None
         machine, fenced = view.machine, view.fenced_nodes
         nodes = [n for n in machine.node_ids if n not in fenced] if fenced else machine.node_ids
+        if request.within_mems is not None:
+            nodes = [n for n in nodes if n in request.within_mems]
         return memory_hints(machine.memory, view.memory_usage, mem_request, nodes)
 
     def allocate(self, request: Request, view: AdmissionView, affinity: NumaMask | None) -> Allocation:
