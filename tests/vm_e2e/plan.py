@@ -72,7 +72,7 @@ PLAN: dict[str, tuple[str, ...]] = {
     "slurm": SLURM_SCENARIOS,
 }
 
-DEFAULT_SHAPES = ("2node", "4node", "cpuless", "systemd")
+DEFAULT_SHAPES = ("2node", "4node", "cpuless", "systemd", "slurm")
 
 
 def scenarios_of(shape: str) -> tuple[str, ...]:

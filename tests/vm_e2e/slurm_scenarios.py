@@ -275,7 +275,7 @@ def check_task(g: SlurmGuest, w: dict, record: Path, procid: int) -> tuple[CpuSe
     job = w["name"].split("-")[1]
     check(f"/job_{job}/step_0/" in cgroup,
           f"{w['name']}: the task runs in {cgroup!r}, not in Slurm's job_{job}/step_0 (it left Slurm's tracking)")
-    check(w.get("cgroup") == cgroup, f"{w['name']}: the agent enforces on {w.get('cgroup')!r}, the task is in "
+    check(w.get("engine_cgroup") == cgroup, f"{w['name']}: the agent enforces on {w.get('engine_cgroup')!r}, the task is in "
                                      f"{cgroup!r}")
     live = proc_cgroup(w["pid"]) if Path(f"/proc/{w['pid']}").exists() else ""
     check(live == cgroup, f"{w['name']}: pid {w['pid']} is in {live!r} now")
@@ -346,27 +346,32 @@ def s_three_tasks(g: SlurmGuest) -> str:
 
 def s_epilog(g: SlurmGuest) -> str:
     """A job killed with scancel: slurmd runs the shipped Epilog, which exits 0, and the agent
-    lists nothing of the job afterwards. The Epilog also exits 0 for a job with nothing booked."""
+    lists nothing of the job afterwards. Besides the task (released when its cgroup empties),
+    the job left a workload whose process escaped Slurm (started outside srun under the job's
+    name): only the Epilog releases that one. For a job with nothing booked it exits 0 too."""
     g.slurm.start("task/none")
-    before = g.slurm.epilog_log.read_text() if g.slurm.epilog_log.exists() else ""
+    before = len(_output(g.slurm.epilog_log))
     record = g.work / "epilog"
     proc = g.srun("epilog", "-n1", "-c2", cpus=2, record=record)
     (w,) = running_tasks(g, "epilog", proc, record, 1)
     job = w["name"].split("-")[1]
+    stray = f"slurm-{job}-extern-9"
+    g.launch(stray, "--cpus", "2")  # moved into the agent's own tree: scancel does not reach it
     sh("scancel", job, env=g.slurm.env)
+
     def epilog_output() -> str:
-        return _output(g.slurm.epilog_log)[len(before):]
+        return _output(g.slurm.epilog_log)[before:]
     ran = wait_for(lambda: f"epilog job {job}\n" in epilog_output() and "epilog exit" in epilog_output(),
                    timeout=SLURM_TIMEOUT, interval=0.5)
     log = epilog_output()
     check(ran, f"slurmd did not run the Epilog for job {job} within {SLURM_TIMEOUT:g} s: "
                f"epilog.log {last_lines(log, 4)!r}; slurmd: {g.slurm.tail('slurmd.log')}")
     check("epilog exit 0" in log, f"the Epilog did not exit 0: {last_lines(log, 4)}")
+    check(f"released {stray}" in log, f"the Epilog did not release {stray}: {last_lines(log, 4)}")
     check(wait_for(lambda: not g.slurm_workloads(job), timeout=30, interval=0.2),
           f"the agent still lists {[x['name'] for x in g.slurm_workloads(job)]} after the Epilog")
     state = g.slurm.node_state()
     check(state in ("idle", "mixed", "allocated"), f"the node is {state!r} after the Epilog (drained?)")
-    # Nothing booked for a job: still 0, saying so.
     nothing = sh(str(EPILOG), check_rc=False, env={"SLURM_JOB_ID": "999999"})
     check(nothing.returncode == 0 and "no workloads of Slurm job 999999" in nothing.stdout,
           f"the Epilog for a job with nothing booked exited {nothing.returncode}: {nothing.stdout}{nothing.stderr}")
@@ -415,6 +420,7 @@ def s_confined(g: SlurmGuest) -> str:
     # The refusal a user sees: more CPUs than the step was granted.
     refused = sh("srun", "-n1", "-c2", str(g.numa_run), "--cpus", "4", "--", "true", check_rc=False,
                  env=g.slurm.env)
+    (g.slurm.logs / "refusal.txt").write_text(refused.stdout + refused.stderr)  # what the README shows
     check(refused.returncode != 0 and "numa-run: refused" in refused.stdout + refused.stderr,
           f"srun -c2 numa-run --cpus 4 exited {refused.returncode}: {last_lines(refused.stderr, 6)}")
     return (f"step cpuset {granted.format()}, booked {cpus.format()} (node {mems.format()}); {line}; "
