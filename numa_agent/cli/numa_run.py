@@ -352,7 +352,7 @@ def slurm_case(env: Mapping[str, str] | None = None) -> Confinement | None:
 def slurm_request(args: argparse.Namespace, body: dict[str, Any], case: Confinement) -> str | None:
     """Fit the admission to the Slurm case: the task's workload name (unless --name), in
     place on Slurm's cgroup, and, where task/affinity bound the task more narrowly than its
-    cgroup, exactly the bound CPUs. Returns why numa-run refuses, or None."""
+    cgroup grants, within the bound CPUs. Returns why numa-run refuses, or None."""
     from numa_agent.core.slurm import shared_cgroup_refusal, tasks_on_node
 
     body.setdefault("name", case.task.workload_name)
@@ -361,18 +361,9 @@ def slurm_request(args: argparse.Namespace, body: dict[str, Any], case: Confinem
         if shared:
             return shared
         body["in_place"] = True
-    if args.physcpubind is not None or args.cpunodebind is not None or not args.cpus:
-        return None  # numactl's explicit forms say where; --shared takes no CPUs
-    bound = case.cpus
-    if not case.bound_narrower:
-        return None  # the agent books within what the cgroup grants (or its pool)
-    if args.cpus == len(bound):
-        body["physcpubind"] = bound.format()
-        return None
-    return (f"{case.task.label}: Slurm bound the task to CPUs {bound.format()} (task/affinity) without "
-            f"confining its cgroup to them; numa-run books inside such a binding all of it "
-            f"(--cpus {len(bound)}), not {args.cpus}: ask for --cpus {len(bound)}, or let Slurm confine "
-            "the step (TaskPlugin=task/cgroup with ConstrainCores=yes)")
+    if case.bound_narrower and args.physcpubind is None and args.cpunodebind is None:
+        body["within_cpus"] = case.cpus.format()  # never outside what Slurm bound the task to
+    return None
 
 
 def _admit(args: argparse.Namespace,

@@ -415,19 +415,20 @@ def test_without_a_step_cgroup_numa_run_is_placed_by_the_agent_as_before():
     assert refused is None and "in_place" not in body and "physcpubind" not in body
 
 
-def test_task_affinity_binding_is_booked_exactly_when_the_count_matches():
-    refused, body = _slurm_body(["--cpus", "2"], _case(STEP_CGROUP, "0-7", "4-5"))
-    assert refused is None and body["physcpubind"] == "4-5" and body["in_place"] is True
+def test_task_affinity_binding_bounds_the_booking():
+    refused, body = _slurm_body(["--cpus", "2"], _case(STEP_CGROUP, "0-7", "4-7"))
+    assert refused is None and body["within_cpus"] == "4-7" and body["in_place"] is True
+    assert "physcpubind" not in body
 
 
-def test_task_affinity_binding_wider_than_the_count_is_refused_never_booked_outside():
+def test_task_affinity_without_a_step_cgroup_bounds_it_too():
     refused, body = _slurm_body(["--cpus", "2"], _case("/user.slice/session-3.scope", "0-7", "2-5"))
-    assert refused is not None and "Slurm bound the task to CPUs 2-5" in refused and "--cpus 4" in refused
+    assert refused is None and body["within_cpus"] == "2-5" and "in_place" not in body
 
 
 def test_explicit_cpus_are_left_to_the_caller():
     refused, body = _slurm_body(["-C", "6-7"], _case(STEP_CGROUP, "0-7", "2-5"))
-    assert refused is None and body["physcpubind"] == "6-7"
+    assert refused is None and body["physcpubind"] == "6-7" and "within_cpus" not in body
 
 
 def test_tasks_sharing_one_slurm_cgroup_are_refused_with_the_remedy(monkeypatch):

@@ -380,23 +380,21 @@ def s_epilog(g: SlurmGuest) -> str:
 
 
 def s_affinity(g: SlurmGuest) -> str:
-    """task/affinity alone: Slurm binds each task to its CPUs without confining the cgroup;
-    numa-run books exactly the bound CPUs (`--cpus` = their number), in place."""
+    """task/affinity alone: Slurm binds the task to its 4 CPUs without confining its cgroup;
+    numa-run books 2 of them, one aligned core, in place (within_cpus: never outside)."""
     g.slurm.start("task/affinity")
     record = g.work / "affinity"
-    proc = g.srun("affinity", "-n2", "-c2", cpus=2, record=record)
-    ws = running_tasks(g, "affinity", proc, record, 2)
-    job = ws[0]["name"].split("-")[1]
-    lines = []
-    for i, w in enumerate(ws):
-        cpus, _, _ = check_task(g, w, record, i)
-        line = case_line(g, "affinity", job, i)
-        bound = re.search(r"confined by Slurm to CPUs (\S+?)[;,]", line)
-        check(bound is not None and CpuSet.parse(bound.group(1)) == cpus,
-              f"task {i}: booked {cpus.format()}, numa-run's case line: {line!r}")
-        lines.append(line)
-    check(not (CpuSet.parse(ws[0]["cpus"]) & CpuSet.parse(ws[1]["cpus"])), f"tasks share CPUs: {ws}")
-    return " | ".join(lines)
+    proc = g.srun("affinity", "-n1", "-c4", cpus=2, record=record)
+    (w,) = running_tasks(g, "affinity", proc, record, 1)
+    job = w["name"].split("-")[1]
+    cpus, mems, _ = check_task(g, w, record, 0)
+    line = case_line(g, "affinity", job, 0)
+    bound = re.search(r"confined by Slurm to CPUs (\S+?)[;,]", line)
+    check(bound is not None, f"numa-run's case line names no binding: {line!r}")
+    assert bound is not None
+    check(len(CpuSet.parse(bound.group(1))) == 4 and cpus.issubset(CpuSet.parse(bound.group(1))),
+          f"booked {cpus.format()}, Slurm bound the task to {bound.group(1)}: {line!r}")
+    return f"booked {cpus.format()} (node {mems.format()}); {line}"
 
 
 def s_confined(g: SlurmGuest) -> str:
