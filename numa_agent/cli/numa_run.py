@@ -351,8 +351,8 @@ def slurm_case(env: Mapping[str, str] | None = None) -> Confinement | None:
 
 def slurm_request(args: argparse.Namespace, body: dict[str, Any], case: Confinement) -> str | None:
     """Fit the admission to the Slurm case: the task's workload name (unless --name), in
-    place on Slurm's cgroup, and, where task/affinity bound the task more narrowly than its
-    cgroup grants, within the bound CPUs. Returns why numa-run refuses, or None."""
+    place on Slurm's cgroup, and, where Slurm confined the task (its cgroup, task/affinity's
+    binding), within those CPUs. Returns why numa-run refuses, or None."""
     from numa_agent.core.slurm import shared_cgroup_refusal, tasks_on_node
 
     body.setdefault("name", case.task.workload_name)
@@ -361,9 +361,23 @@ def slurm_request(args: argparse.Namespace, body: dict[str, Any], case: Confinem
         if shared:
             return shared
         body["in_place"] = True
-    if case.bound_narrower and args.physcpubind is None and args.cpunodebind is None:
-        body["within_cpus"] = case.cpus.format()  # never outside what Slurm bound the task to
+    if case.confined and args.physcpubind is None and args.cpunodebind is None:
+        # Never outside what Slurm gave the task: its binding, or its cgroup's grant (which
+        # the agent reads itself in place, and cannot in the affinity fallback).
+        body["within_cpus"] = case.cpus.format()
     return None
+
+
+def _post(args: argparse.Namespace, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    """POST the admission. An agent that cannot enforce on the caller's own cgroup (the
+    affinity fallback pins with sched_setaffinity and moves nobody anyway) refuses in_place;
+    then ask again without it, still within what Slurm granted (within_cpus)."""
+    try:
+        return common.call(args, "POST", path, body)[1]
+    except common.AgentError as exc:
+        if not (body.get("in_place") and exc.status == 400 and "in_place" in str(exc)):
+            raise
+    return common.call(args, "POST", path, {k: v for k, v in body.items() if k != "in_place"})[1]
 
 
 def _admit(args: argparse.Namespace,
@@ -388,7 +402,7 @@ def _admit(args: argparse.Namespace,
             # agent answers a repeated id with the booking it already made.
             body["request_id"] = new_request_id()
         path = "/v1/workloads?dry_run=1" if args.dry_run else "/v1/workloads"
-        _, record = common.call(args, "POST", path, body)
+        record = _post(args, path, body)
     except common.AgentError as exc:
         message = name_policy_nodes(asked, args.membind is not None, exc.error.get("message", ""))
         if message != exc.error.get("message"):

@@ -408,11 +408,13 @@ def test_in_a_step_cgroup_numa_run_asks_to_be_booked_in_place():
     refused, body = _slurm_body(["--cpus", "2"], _case(STEP_CGROUP, "2-5", "2-5"))
     assert refused is None
     assert body["in_place"] is True and body["name"] == "slurm-12-0-2" and "physcpubind" not in body
+    assert body["within_cpus"] == "2-5"  # also for an agent that cannot read the grant itself
 
 
 def test_without_a_step_cgroup_numa_run_is_placed_by_the_agent_as_before():
     refused, body = _slurm_body(["--cpus", "2"], _case("/user.slice/session-3.scope", "0-7", "0-7"))
     assert refused is None and "in_place" not in body and "physcpubind" not in body
+    assert "within_cpus" not in body
 
 
 def test_task_affinity_binding_bounds_the_booking():
@@ -436,3 +438,22 @@ def test_tasks_sharing_one_slurm_cgroup_are_refused_with_the_remedy(monkeypatch)
     monkeypatch.setenv("SLURM_NODEID", "0")
     refused, body = _slurm_body(["--cpus", "2"], _case(STEP_CGROUP.replace("task_2", "task_special"), "0-7", "0-7"))
     assert refused is not None and "jobacct_gather/cgroup" in refused and "in_place" not in body
+
+
+def test_an_agent_that_cannot_book_in_place_is_asked_again_without_it(server, fake, monkeypatch):
+    from numa_agent.api.errors import BadRequest
+    from numa_agent.cli import numa_run
+
+    sent = []
+    real_admit = fake.admit
+
+    def admit(request, caller, dry_run=False):
+        sent.append(request)
+        if request.in_place:  # as the affinity fallback answers
+            raise BadRequest(f"in_place: pid {caller.pid} is in cgroup (none), not below an engine's cgroup")
+        return real_admit(request, caller, dry_run)
+    monkeypatch.setattr(fake, "admit", admit)
+    args = parse_args(["--socket", server.socket_path, "--cpus", "1", "true"])
+    record = numa_run._post(args, "/v1/workloads", {"cpus": 1, "in_place": True, "within_cpus": "1-2"})
+    assert [r.in_place for r in sent] == [True, False] and sent[1].within_cpus == "1-2"
+    assert record["name"]
