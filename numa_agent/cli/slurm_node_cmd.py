@@ -35,7 +35,7 @@ def add_parser(subparsers) -> None:
 
 def run(args) -> int:
     from numa_agent.admission.machine import MachineConfigError, build_machine
-    from numa_agent.core.slurm import SlurmShapeError, node_line
+    from numa_agent.core.slurm import SlurmShapeError, node_line, spec_note
     from numa_agent.discovery.sysfs import DiscoveryError, read_topology
     from numa_agent.service.config import ConfigError, load_config
     from numa_agent.service.snapshot import SnapshotError, extract_snapshot, is_archive, remove_snapshot
@@ -54,6 +54,7 @@ def run(args) -> int:
         reserved_memory = sum(per_node.get("memory", 0) for per_node in cfg.policy.reserved_memory.values())
         name = args.node_name or socket.gethostname().split(".")[0]
         line = node_line(name, topology, machine.reserved_cpus, reserved_memory)
+        note = spec_note(topology, machine.reserved_cpus)
     except (ConfigError, DiscoveryError, SnapshotError) as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return 1
@@ -70,4 +71,6 @@ def run(args) -> int:
         if scratch is not None:
             remove_snapshot(scratch)
     print(line)
+    if note:
+        print(f"{PROG}: note: {note}", file=sys.stderr)
     return 0

@@ -94,6 +94,24 @@ def node_line(name: str, topology: Topology, reserved_cpus: CpuSet, reserved_mem
     return " ".join(fields)
 
 
+def widened_to_cores(topology: Topology, cpus: CpuSet) -> CpuSet:
+    """`cpus` with every other online thread of their cores: what Slurm keeps for a
+    CpuSpecList naming them."""
+    return CpuSet.union_of(core for core in topology.cores if core & cpus) | cpus
+
+
+def spec_note(topology: Topology, reserved_cpus: CpuSet) -> str | None:
+    """What to say when the agent reserves part of a core: Slurm will keep the whole core
+    from its jobs while the agent hands its other threads out (to anybody, Slurm's tasks
+    included)."""
+    whole = widened_to_cores(topology, reserved_cpus)
+    if whole == reserved_cpus:
+        return None
+    return (f"Slurm keeps whole cores: CpuSpecList reserves the kernel's CPUs {whole.format()}, the agent "
+            f"only {reserved_cpus.format()} (it hands out {(whole - reserved_cpus).format()}); reserve whole "
+            f"cores in the agent too (cpu_manager.reserved_cpus = \"{whole.format()}\") so both keep the same")
+
+
 # ---------------------------------------------------------------- a Slurm task
 # slurm.h's special step ids, as SLURM_STEP_ID may carry them; the cgroup says them in words.
 SPECIAL_STEPS = {"4294967290": "interactive", "4294967291": "batch", "4294967292": "extern",

@@ -111,8 +111,11 @@ def test_slurm_node_default_reservation_is_the_agents_one_cpu(tmp_path, capsys):
     config.write_text("")
     assert numa_agent_main(["slurm-node", "--config", str(config), "--sysfs-root", str(SKX),
                             "--node-name", "c1"]) == 0
-    fields = dict(item.split("=", 1) for item in capsys.readouterr().out.split())
+    out, err = capsys.readouterr()
+    fields = dict(item.split("=", 1) for item in out.split())
     assert fields["CpuSpecList"] == "0" and "MemSpecLimit" not in fields
+    # CPU 0's core is 0,16: Slurm keeps both, the agent hands out 16
+    assert err.startswith("numa-agent slurm-node: note: Slurm keeps whole cores") and "0,16" in err
 
 
 @pytest.mark.parametrize("config_text,message", [

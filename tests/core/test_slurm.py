@@ -15,6 +15,7 @@ from numa_agent.core.slurm import (
     shared_cgroup_refusal,
     slurm_node,
     slurm_task,
+    spec_note,
     step_of_cgroup,
     tasks_on_node,
 )
@@ -178,3 +179,11 @@ def test_tasks_sharing_slurms_one_cgroup_cannot_each_be_booked_in_place():
     assert why is not None and "3 tasks" in why and "JobAcctGatherType=jobacct_gather/cgroup" in why
     assert shared_cgroup_refusal(task, SHARED, 1) is None  # alone in it: booked in place
     assert shared_cgroup_refusal(task, SHARED.replace("task_special", "task_1"), 3) is None  # a cgroup per task
+
+
+def test_a_reservation_of_part_of_a_core_is_noted_with_the_whole_core(topo):
+    t = topo("intel-skx-2s-ht-2numa-pci-nec-ve")
+    note = spec_note(t, CpuSet.parse("0"))
+    assert note is not None and "kernel's CPUs 0,16" in note and 'reserved_cpus = "0,16"' in note
+    assert spec_note(t, CpuSet.parse("0,16")) is None
+    assert spec_note(topo("intel-snb-2s-2numa-pci-nvme-nic"), CpuSet.parse("0")) is None  # no SMT
