@@ -50,7 +50,8 @@ SLURM_SCENARIOS: tuple[str, ...] = (
     "slurm-three-tasks",
     "slurm-epilog",
     "slurm-affinity",  # restarts the daemons with task/affinity
-    "slurm-confined",  # last: restarts them with task/cgroup
+    "slurm-confined",  # restarts them with task/cgroup
+    "slurm-shared-cgroup",  # last: restarts them without per-task cgroups
 )
 
 # shape -> (module run inside its guest, the scenarios it reports on); the rest

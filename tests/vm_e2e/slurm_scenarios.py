@@ -15,8 +15,9 @@ nothing leaves it), a munge key and munged, /sys/fs/cgroup/system.slice with its
 controllers (slurmd's cgroup/v2 plugin outside systemd: IgnoreSystemd=yes), the agent on
 the default socket (the Epilog, run by slurmd with a bare environment, finds it there) and
 numa-agent in /usr/local/bin. The daemons run with TaskPlugin=task/none first, then are
-restarted with task/affinity, then with task/cgroup and ConstrainCores=yes.
-JobAcctGatherType=jobacct_gather/cgroup gives each task a cgroup of its own (task_<id>):
+restarted with task/affinity, then with task/cgroup and ConstrainCores=yes, and last with
+task/none again but without per-task cgroups.
+JobAcctGatherType=jobacct_gather/{'cgroup' if per_task_cgroups else 'none'} gives each task a cgroup of its own (task_<id>):
 without it Slurm 22.05 keeps all of a step's tasks on a node in one (user/task_special),
 which holds one booking, and a task that left it for a cgroup of its own would no longer
 be killed by scancel (both seen in this guest).
@@ -79,10 +80,10 @@ class Slurm:
         self.conf = work / "slurm.conf"
         self.env = {"SLURM_CONF": str(self.conf)}
         self.daemons: list[subprocess.Popen] = []
-        self.task_plugin: str | None = None
+        self.task_plugin: tuple[str, bool] | None = None
         self.epilog_log = logs / "epilog.log"
 
-    def write_config(self, task_plugin: str) -> None:
+    def write_config(self, task_plugin: str, per_task_cgroups: bool = True) -> None:
         wrapper = self.work / "epilog"
         # The shipped Epilog, its output and exit status kept where the scenarios read them.
         wrapper.write_text(f"#!/bin/sh\n{{ echo \"epilog job $SLURM_JOB_ID\"; {EPILOG}; "
@@ -107,7 +108,7 @@ SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 ReturnToService=2
 MpiDefault=none
-JobAcctGatherType=jobacct_gather/cgroup
+JobAcctGatherType=jobacct_gather/{'cgroup' if per_task_cgroups else 'none'}
 AccountingStorageType=accounting_storage/none
 KillWait=5
 Epilog={wrapper}
@@ -117,14 +118,15 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
         (w / "cgroup.conf").write_text("CgroupPlugin=cgroup/v2\nIgnoreSystemd=yes\n"
                                        f"ConstrainCores={'yes' if task_plugin == 'task/cgroup' else 'no'}\n")
 
-    def start(self, task_plugin: str) -> None:
-        """The daemons running with this TaskPlugin and the node idle."""
-        if self.task_plugin == task_plugin and all(d.poll() is None for d in self.daemons):
+    def start(self, task_plugin: str, per_task_cgroups: bool = True) -> None:
+        """The daemons running with this TaskPlugin and the node idle; without per-task
+        cgroups (no jobacct_gather/cgroup) a step's tasks share one."""
+        if self.task_plugin == (task_plugin, per_task_cgroups) and all(d.poll() is None for d in self.daemons):
             return
         self.stop()
         for sub in ("ctld", "d"):
             (self.work / sub).mkdir(parents=True, exist_ok=True)
-        self.write_config(task_plugin)
+        self.write_config(task_plugin, per_task_cgroups)
         for daemon in ("slurmctld", "slurmd"):
             out = open(self.logs / f"{daemon}.out", "a")
             self.daemons.append(subprocess.Popen([daemon, "-D"], stdout=out, stderr=subprocess.STDOUT,
@@ -133,7 +135,7 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
         check(state, f"the node is not idle within {SLURM_TIMEOUT:g} s with {task_plugin} "
                      f"(sinfo: {self.node_state()!r}); slurmctld: {self.tail('slurmctld.log')}; "
                      f"slurmd: {self.tail('slurmd.log')}")
-        self.task_plugin = task_plugin
+        self.task_plugin = (task_plugin, per_task_cgroups)
 
     def stop(self) -> None:
         for daemon in self.daemons:
@@ -426,6 +428,26 @@ def s_confined(g: SlurmGuest) -> str:
             f"{last_lines(refused.stderr, 8)}")
 
 
+def s_shared_cgroup(g: SlurmGuest) -> str:
+    """Without per-task cgroups Slurm 22.05 keeps a step's tasks on a node in one cgroup
+    (user/task_special): a lone task is still booked in place there, but of two tasks each
+    is refused with the remedy rather than booked on top of the other."""
+    g.slurm.start("task/none", per_task_cgroups=False)
+    record = g.work / "lone"
+    proc = g.srun("lone", "-n1", "-c2", cpus=2, record=record)
+    (w,) = running_tasks(g, "lone", proc, record, 1)
+    _, _, cgroup = check_task(g, w, record, 0)
+    check(cgroup.endswith("/user/task_special"), f"the lone task runs in {cgroup!r}, not Slurm's shared cgroup")
+    g.slurm.cancel_all()
+    two = sh("srun", "-n2", "-c2", str(g.numa_run), "--cpus", "2", "--", "true", check_rc=False, env=g.slurm.env)
+    said = two.stdout + two.stderr
+    check(two.returncode != 0 and said.count("jobacct_gather/cgroup") == 2,
+          f"srun -n2 exited {two.returncode}; each task should be refused naming the remedy: {last_lines(said, 6)}")
+    check(not g.slurm_workloads(), f"the agent lists {[x['name'] for x in g.slurm_workloads()]}")
+    first = next(ln for ln in said.splitlines() if "jobacct_gather/cgroup" in ln)
+    return f"{w['name']} in place on {cgroup}; two tasks: {first}"
+
+
 RUNNERS = {
     "slurm-node": s_node,
     "slurm-one-task": s_one_task,
@@ -433,6 +455,7 @@ RUNNERS = {
     "slurm-epilog": s_epilog,
     "slurm-affinity": s_affinity,
     "slurm-confined": s_confined,
+    "slurm-shared-cgroup": s_shared_cgroup,
 }
 assert tuple(RUNNERS) == SLURM_SCENARIOS
 
