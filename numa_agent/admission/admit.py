@@ -437,7 +437,8 @@ def _topology_reason(view: AdmissionView, req: Request, providers: Providers, po
     rule = TopologyPolicy(policy_name).rule
     merged = result.merged
     if merged.mask is None:
-        merged_text = "merged hint: none (no NUMA node set satisfies every provider)"
+        # The kubelet's "any" hint: no NUMA node set satisfies every provider.
+        merged_text = "merged hint: any, not preferred (no NUMA node set satisfies every provider)"
     else:
         merged_text = f"merged hint {{{merged.mask.format()}}} {'preferred' if merged.preferred else 'not preferred'}"
     return f"TopologyAffinityError: {what}; {merged_text}; {rule}".rstrip("; ")

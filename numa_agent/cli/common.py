@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from numa_agent.api.client import ClientError, request
-from numa_agent.core import units
+from numa_agent.core import request_syntax, units
 from numa_agent.core.cpuset import EMPTY, CpuSet
 from numa_agent.core.listforms import ListForm, ListFormError, parse_list_form, resolve
 from numa_agent.core.names import DEFAULT_SOCKET
@@ -86,13 +86,16 @@ def parse_size(text: str) -> int:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _argument(parse, *args):
+    """A request_syntax parser for argparse: its ValueError as argparse's error."""
+    try:
+        return parse(*args)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def parse_count(text: str, what: str, low: int = 0) -> int:
-    text = text.strip()
-    if not (text.isascii() and text.isdigit()) or int(text) < low:
-        raise argparse.ArgumentTypeError(f"invalid {what} {text!r}: expected a whole number >= {low}")
-    if len(text) > 18:  # what the API's 64-bit counts hold
-        raise argparse.ArgumentTypeError(f"invalid {what} {text!r}: at most 18 digits")
-    return int(text)
+    return _argument(request_syntax.parse_count, text, what, low)
 
 
 def cpu_count(text: str) -> int:
@@ -101,22 +104,12 @@ def cpu_count(text: str) -> int:
 
 def hugepages_item(text: str) -> tuple[str, int]:
     """"2Mi=512" -> ("2048", 512): page size in kB as the API wants it."""
-    size_text, sep, count_text = text.partition("=")
-    if not sep:
-        raise argparse.ArgumentTypeError(f"invalid hugepages {text!r}: expected SIZE=COUNT, e.g. 2Mi=512")
-    try:
-        size_kb = units.parse_hugepage_size(size_text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    return str(size_kb), parse_count(count_text, "hugepage count")
+    return _argument(request_syntax.parse_hugepages_item, text)
 
 
 def device_item(text: str) -> tuple[str, int]:
     """"gpu=1" -> ("gpu", 1); a bare "gpu" means one."""
-    resource, sep, count_text = text.partition("=")
-    if not resource.strip():
-        raise argparse.ArgumentTypeError(f"invalid device {text!r}: expected RESOURCE=COUNT, e.g. gpu=1")
-    return resource.strip(), parse_count(count_text, "device count", low=1) if sep else 1
+    return _argument(request_syntax.parse_device_item, text)
 
 
 def node_list(text: str) -> ListForm:

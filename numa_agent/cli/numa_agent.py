@@ -22,6 +22,7 @@ SUBCOMMANDS = {
     "explain": "explain_cmd",
     "release": "release_cmd",
     "pod-resources": "pod_resources_cmd",
+    "oci-hook": "oci_hook_cmd",
     "slurm-node": "slurm_node_cmd",
 }
 

@@ -52,7 +52,7 @@ from numa_agent.core.names import NAME_RULE, is_workload_name
 from numa_agent.core.pci import NO_NAMES
 from numa_agent.discovery.pci_ids import PciNameSource
 from numa_agent.enforcement.errors import EnforcementError
-from numa_agent.enforcement.plan import desired_layout, update_layout, workload_relpath
+from numa_agent.enforcement.plan import CgroupLayout, desired_layout, update_layout, workload_relpath
 from numa_agent.enforcement.processes import pidfd_alive
 from numa_agent.enforcement.protocol import Enforcer, Layout
 from numa_agent.enforcement.record import LEDGER_RECORD, decode_ledger, encode_ledger
@@ -428,6 +428,13 @@ class AgentService:
             _check_alive(caller)
             if w.cgroup is None:
                 self.enforcer.apply(self._layout, self._layout, (workload_relpath(w), caller.pid))
+            else:
+                # The engine may have made its cgroup again meanwhile (a container
+                # restarted before its exit was seen): take it over once more.
+                rel = workload_relpath(w)
+                before = {k: v for k, v in self._layout.items() if k != rel} \
+                    if not isinstance(self._layout, CgroupLayout) else self._layout.updated({}, [rel])
+                self.enforcer.apply(before, self._layout, None, changed={rel})
         except (EnforcementError, OSError, ProcessLookupError) as exc:
             raise ServiceUnavailable(f"workload {w.name} is booked but the process could not be "
                                      f"moved into it: {exc}") from None

@@ -18,7 +18,7 @@ def _copy_sources(dest: Path) -> Path:
     for name in ("pyproject.toml", "README.md", "LICENSE"):
         shutil.copy(REPO / name, dest / name)
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
-    for tree in ("numa_agent", "systemd", "docs/man", "completions", "contrib/slurm"):
+    for tree in ("numa_agent", "systemd", "docs/man", "completions", "oci", "contrib/slurm"):
         shutil.copytree(REPO / tree, dest / tree, ignore=ignore)
     (dest / "scripts").mkdir()
     shutil.copy2(REPO / "scripts" / "install", dest / "scripts" / "install")
@@ -74,6 +74,17 @@ def test_links_units_and_config(installed):
         (src / "systemd/affinity-fallback.conf").read_text()
     epilog = root / "usr/local/libexec/numa-agent/slurm-epilog"
     assert epilog.read_text() == (src / "contrib/slurm/epilog").read_text() and os.access(epilog, os.X_OK)
+
+
+def test_the_oci_hooks_are_where_podman_and_cri_o_look(installed):
+    src, root, _ = installed
+    hooks = sorted((src / "oci/hooks.d").glob("*.json"))
+    assert [h.name for h in hooks] == ["numa-agent-create.json", "numa-agent-poststop.json"]
+    for hook in hooks:
+        installed_hook = root / "usr/share/containers/oci/hooks.d" / hook.name
+        assert installed_hook.read_text() == hook.read_text()
+        assert '"path": "/usr/local/bin/numa-agent"' in installed_hook.read_text()  # the link made above
+    assert (root / "opt/numa-agent/share/containers/oci/hooks.d" / hooks[0].name).is_file()  # the wheel's copy
 
 
 def test_the_man_pages_the_unit_names_are_installed(installed):

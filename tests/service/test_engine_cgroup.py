@@ -232,3 +232,22 @@ def test_a_lost_checkpoint_is_rebuilt_from_the_record_on_the_engines_cgroup(mach
     # Booked again, not twice: a new admission cannot take those CPUs.
     other = machine.service.admit(AdmitRequest(name="n", cpus=2), root_caller(proc.pid))
     assert not CpuSet.parse(other["cpus"]) & cpus
+
+
+def test_a_replayed_admission_takes_a_remade_cgroup_over_again(machine):
+    """A container restarted before its exit was seen: same id (request id), a fresh cgroup."""
+    request = AdmitRequest(name="c", cpus=2, cgroup=CONTAINER, request_id="ab" * 32)
+    proc = machine.container()
+    cpus = CpuSet.parse(machine.service.admit(request, root_caller())["cpus"])
+    # The engine removes and makes the cgroup again faster than the agent notices.
+    machine.service.enforcer.watcher.unwatch(CONTAINER)
+    rel = CONTAINER.strip("/")
+    proc.kill()
+    proc.wait()
+    machine.service.enforcer.cgroup.files.process_exited(proc.pid)
+    machine.top.remove(rel)
+    machine.container()
+    assert engine_cpus(machine) != cpus  # a new cgroup: nothing written yet
+    again = machine.service.admit(request, root_caller())
+    assert again["replayed"] and CpuSet.parse(again["cpus"]) == cpus
+    assert engine_cpus(machine) == cpus

@@ -43,7 +43,14 @@ SYSTEMD_SCENARIOS = (
 # The engines, each in a 2node guest of its own (tests/vm_e2e/podman_scenarios.py,
 # tests/vm_e2e/slurm_scenarios.py): the engine's daemons and files stay out of the
 # standard guest's scenarios.
-PODMAN_SCENARIOS: tuple[str, ...] = ()
+PODMAN_SCENARIOS: tuple[str, ...] = (
+    "podman-aligned",
+    "podman-excluded",
+    "podman-release",
+    "podman-refusal",
+    "podman-concurrent",
+    "podman-restart",
+)
 SLURM_SCENARIOS: tuple[str, ...] = (
     "slurm-node",
     "slurm-one-task",
@@ -73,7 +80,7 @@ PLAN: dict[str, tuple[str, ...]] = {
     "slurm": SLURM_SCENARIOS,
 }
 
-DEFAULT_SHAPES = ("2node", "4node", "cpuless", "systemd", "slurm")
+DEFAULT_SHAPES = ("2node", "4node", "cpuless", "systemd", "podman", "slurm")
 
 
 def scenarios_of(shape: str) -> tuple[str, ...]:

@@ -1,0 +1,1 @@
+"""Container engines (podman, CRI-O): their annotations and the OCI hook."""

@@ -1,0 +1,98 @@
+"""A container's `numa-agent.io/` annotations -> the admission request (pure).
+
+The values are numa-run's syntax, read by the parsers numa-run uses
+(core.request_syntax, core.units, core.policy): `numa-agent.io/memory: 16Gi`
+means what `numa-run --memory 16Gi` means. Any error names the annotation,
+its value and the expected syntax, because it is all a container's author sees.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from numa_agent.core import request_syntax, units
+from numa_agent.core.names import NAME_RULE, is_workload_name
+from numa_agent.core.policy import POLICY_NAMES
+
+PREFIX = "numa-agent.io/"
+HUGEPAGES = "hugepages-"
+_SHOWN_VALUE_CHARS = 80
+MAX_VALUE_CHARS = 256  # no value of ours is longer; the parsers' messages repeat what they read
+
+# annotation (after the prefix) -> the syntax of its value, for error messages and the docs.
+SYNTAX: dict[str, str] = {
+    "cpus": "N, a whole number of exclusive CPUs (whole cores first; 0: the shared pool), e.g. 4",
+    "memory": "SIZE, e.g. 16Gi or 512Mi (binary), 512M (decimal: 1000s), or plain bytes",
+    "hugepages-<size>": "COUNT pages of the size the name gives, e.g. numa-agent.io/hugepages-2Mi: 512 "
+                        "(sizes as numa-run --hugepages: 2Mi, 1Gi, the kernel's 2048kB)",
+    "devices": "RESOURCE=COUNT[,RESOURCE=COUNT...], e.g. gpu=1 or gpu=2,nic=1 (a bare RESOURCE means 1)",
+    "policy": "one of " + ", ".join(POLICY_NAMES),
+    "pod": f"a pod name ({NAME_RULE})",
+}
+KNOWN = tuple(PREFIX + key for key in SYNTAX)
+
+
+class AnnotationError(ValueError):
+    """One bad annotation: which, its value, what is wrong and what is expected."""
+
+    def __init__(self, key: str, value: object, problem: str, expected: str) -> None:
+        shown = value if isinstance(value, str) else repr(value)
+        if len(shown) > _SHOWN_VALUE_CHARS:
+            shown = shown[:_SHOWN_VALUE_CHARS] + "..."
+        super().__init__(f"annotation {key}={shown!r}: {problem} (syntax: {expected})")
+        self.key = key
+
+
+def ours(annotations: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The annotations addressed to numa-agent (empty: the container is not ours)."""
+    return {k: v for k, v in (annotations or {}).items() if isinstance(k, str) and k.startswith(PREFIX)}
+
+
+def admission_body(annotations: Mapping[str, Any]) -> dict[str, Any]:
+    """The POST /v1/workloads body the annotations ask for (AnnotationError if one is bad).
+    Annotations without the prefix are ignored."""
+    body: dict[str, Any] = {"cpus": 0, "memory_bytes": 0, "hugepages": {}, "devices": {}}
+    for key, value in sorted(ours(annotations).items()):
+        name = key[len(PREFIX):]
+        syntax_key = "hugepages-<size>" if name.startswith(HUGEPAGES) else name
+        if syntax_key not in SYNTAX:
+            raise AnnotationError(key, value, "unknown numa-agent annotation",
+                                  "one of " + ", ".join(KNOWN))
+        expected = SYNTAX[syntax_key]
+        if not isinstance(value, str):
+            raise AnnotationError(key, value, "not a string", expected)
+        if len(value) > MAX_VALUE_CHARS:
+            raise AnnotationError(key, value, f"longer than {MAX_VALUE_CHARS} characters", expected)
+        try:
+            _apply(body, name, value.strip())
+        except ValueError as exc:
+            raise AnnotationError(key, value, str(exc), expected) from None
+    body["shared"] = body["cpus"] == 0  # what numa-run does without --cpus
+    return body
+
+
+def _apply(body: dict[str, Any], name: str, value: str) -> None:
+    if name == "cpus":
+        body["cpus"] = request_syntax.parse_count(value, "CPU count")
+    elif name == "memory":
+        body["memory_bytes"] = units.parse_size(value)
+    elif name.startswith(HUGEPAGES):
+        size_kb, count = request_syntax.parse_hugepages_item(f"{name[len(HUGEPAGES):]}={value}")
+        if size_kb in body["hugepages"]:  # hugepages-2Mi and hugepages-2048kB
+            raise ValueError(f"hugepages of {units.page_size_text(int(size_kb))} given twice")
+        body["hugepages"][size_kb] = count
+    elif name == "devices":
+        for item in value.split(","):
+            resource, count = request_syntax.parse_device_item(item)
+            if resource in body["devices"]:
+                raise ValueError(f"device {resource} given twice")
+            body["devices"][resource] = count
+    elif name == "policy":
+        if value not in POLICY_NAMES:
+            raise ValueError(f"unknown topology manager policy {value!r}")
+        body["policy"] = value
+    elif name == "pod":
+        if not is_workload_name(value):
+            raise ValueError(f"invalid pod name {value!r}")
+        body["pod"] = value
