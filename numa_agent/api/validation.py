@@ -93,6 +93,9 @@ class AdmitRequest(msgspec.Struct, forbid_unknown_fields=True):
     # caller's own (numa-run inside a Slurm task's cgroup).
     cgroup: Annotated[str, msgspec.Meta(max_length=MAX_CGROUP_CHARS)] | None = None
     in_place: bool = False
+    # The caller's own bound on where its CPUs may lie (numa-run: the CPUs Slurm's
+    # task/affinity bound the task to); narrows, never widens, what is booked.
+    within_cpus: Annotated[str, msgspec.Meta(max_length=MAX_CPU_LIST_CHARS)] | None = None
 
 
 def validate_name(name: str, what: str = "name") -> str:
@@ -146,8 +149,9 @@ def _check(req: AdmitRequest) -> AdmitRequest:
     isolate = _isolate(req)
     if req.cgroup is not None:
         _check_cgroup(req.cgroup, req.in_place)
+    within = None if req.within_cpus is None else parse_cpu_list(req.within_cpus, "within_cpus").format()
     return msgspec.structs.replace(
-        req, isolate=isolate, hugepages=_hugepages(req.hugepages, "hugepages"), devices=_devices(req.devices, "devices"),
+        req, isolate=isolate, within_cpus=within, hugepages=_hugepages(req.hugepages, "hugepages"), devices=_devices(req.devices, "devices"),
         physcpubind=physcpubind, cpunodebind=_nodes(req.cpunodebind, "cpunodebind"),
         membind=_nodes(req.membind, "membind"), pod_budget=budget)
 
@@ -194,7 +198,8 @@ def to_admission_request(req: AdmitRequest, caller: Caller, *, name: str, create
         shared=req.shared, policy=req.policy, physcpubind=physcpubind,
         cpunodebind=_node_ids(req.cpunodebind), membind=_node_ids(req.membind), pod=req.pod,
         pod_budget=_resources(req.pod_budget) if req.pod_budget is not None else None,
-        command=tuple(req.command), created_unix=created_unix)
+        command=tuple(req.command), created_unix=created_unix,
+        within_cpus=CpuSet.parse(req.within_cpus) if req.within_cpus is not None else None)
 
 
 def with_engine_grant(req: Request, cgroup: str, cpus: CpuSet, mems: tuple[int, ...]) -> Request:

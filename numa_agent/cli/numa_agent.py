@@ -23,6 +23,7 @@ SUBCOMMANDS = {
     "release": "release_cmd",
     "pod-resources": "pod_resources_cmd",
     "oci-hook": "oci_hook_cmd",
+    "slurm-node": "slurm_node_cmd",
 }
 
 

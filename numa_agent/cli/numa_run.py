@@ -13,7 +13,7 @@ import argparse
 import os
 import sys
 import textwrap
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, Mapping, NoReturn
 
 from numa_agent import __version__
 from numa_agent.api.client import new_request_id
@@ -28,6 +28,9 @@ from numa_agent.core.mempolicy import (
     name_policy_nodes,
     request_membind,
 )
+
+if TYPE_CHECKING:
+    from numa_agent.core.slurm import Confinement
 
 PROG = "numa-run"
 EXIT_FAILURE = 125       # numa-run's own failure (unreachable, refused, bad option)
@@ -301,6 +304,82 @@ def _print_binding(record: dict[str, Any], env: dict[str, str], memory_note: str
         print(f"{PROG}:{line[1:]}", file=sys.stderr)
 
 
+CGROUP_MOUNT = "/sys/fs/cgroup"
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def _own_cgroup() -> str:
+    """This process's cgroup v2 path (the `0::` line of /proc/self/cgroup), or ""."""
+    for line in (_read("/proc/self/cgroup") or "").splitlines():
+        if line.startswith("0::"):
+            return line[3:]
+    return ""
+
+
+def slurm_case(env: Mapping[str, str] | None = None) -> Confinement | None:
+    """Inside a Slurm task: which case applies (numa_agent.core.slurm.Confinement), read
+    from the task's cgroup, its affinity and the online CPUs. None outside Slurm."""
+    from numa_agent.core.cpuset import CpuSet
+    from numa_agent.core.slurm import confinement, slurm_task
+
+    cgroup = _own_cgroup()
+    task = slurm_task(os.environ if env is None else env, cgroup)
+    if task is None:
+        return None
+
+    def cpuset(path: str) -> CpuSet | None:
+        text = _read(path)
+        try:
+            return CpuSet.parse(text) if text else None
+        except ValueError:
+            return None
+
+    affinity = CpuSet(os.sched_getaffinity(0))
+    own = f"{CGROUP_MOUNT}{cgroup}" if cgroup else None
+    return confinement(task, cgroup, online=cpuset("/sys/devices/system/cpu/online") or affinity,
+                       cgroup_cpus=cpuset(f"{own}/cpuset.cpus.effective") if own else None,
+                       cgroup_mems=cpuset(f"{own}/cpuset.mems.effective") if own else None,
+                       affinity=affinity)
+
+
+def slurm_request(args: argparse.Namespace, body: dict[str, Any], case: Confinement) -> str | None:
+    """Fit the admission to the Slurm case: the task's workload name (unless --name), in
+    place on Slurm's cgroup, and, where Slurm confined the task (its cgroup, task/affinity's
+    binding), within those CPUs. Returns why numa-run refuses, or None."""
+    from numa_agent.core.slurm import shared_cgroup_refusal, tasks_on_node
+
+    body.setdefault("name", case.task.workload_name)
+    if case.in_place:
+        shared = shared_cgroup_refusal(case.task, case.cgroup, tasks_on_node(os.environ))
+        if shared:
+            return shared
+        body["in_place"] = True
+    if case.confined and args.physcpubind is None and args.cpunodebind is None:
+        # Never outside what Slurm gave the task: its binding, or its cgroup's grant (which
+        # the agent reads itself in place, and cannot in the affinity fallback).
+        body["within_cpus"] = case.cpus.format()
+    return None
+
+
+def _post(args: argparse.Namespace, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    """POST the admission. An agent that cannot enforce on the caller's own cgroup (the
+    affinity fallback pins with sched_setaffinity and moves nobody anyway) refuses in_place;
+    then ask again without it, still within what Slurm granted (within_cpus)."""
+    try:
+        return common.call(args, "POST", path, body)[1]
+    except common.AgentError as exc:
+        if not (body.get("in_place") and exc.status == 400 and "in_place" in str(exc)):
+            raise
+    return common.call(args, "POST", path, {k: v for k, v in body.items() if k != "in_place"})[1]
+
+
 def _admit(args: argparse.Namespace,
            command: list[str]) -> tuple[dict[str, Any], MemoryPolicy | None] | int:
     """Ask the agent: (its answer, the memory policy asked for), or an exit status."""
@@ -313,12 +392,17 @@ def _admit(args: argparse.Namespace,
         if args.membind is not None:
             decide(asked, membind or [])  # an explicit -m that leaves the nodes out: refuse now
         body = common.build_request(args, command, context, membind)
+        if args.slurm_case is not None:
+            refused = slurm_request(args, body, args.slurm_case)
+            if refused:
+                common.print_error(PROG, refused)
+                return EXIT_FAILURE
         if not args.dry_run:
             # Makes the admission safe to retry across an agent restart: the
             # agent answers a repeated id with the booking it already made.
             body["request_id"] = new_request_id()
         path = "/v1/workloads?dry_run=1" if args.dry_run else "/v1/workloads"
-        _, record = common.call(args, "POST", path, body)
+        record = _post(args, path, body)
     except common.AgentError as exc:
         message = name_policy_nodes(asked, args.membind is not None, exc.error.get("message", ""))
         if message != exc.error.get("message"):
@@ -393,10 +477,14 @@ def run(args: argparse.Namespace) -> int:
             what = "not found" if unusable == EXIT_NOT_FOUND else "not executable"
             common.print_error(PROG, f"{command[0]}: command {what}")
             return unusable
+    args.slurm_case = slurm_case()
     admitted = _admit(args, command)
     if isinstance(admitted, int):
         return admitted
     record, asked = admitted
+    if args.slurm_case is not None:  # which case applied, in one line
+        mems = ",".join(str(n) for n in record.get("mems") or [])
+        print(f"{PROG}: {args.slurm_case.line(str(record.get('cpus') or ''), mems)}", file=sys.stderr)
     try:
         policy = decide(asked, record.get("mems") or [])
     except PolicyRefused as exc:

@@ -567,7 +567,10 @@ class AgentService:
         except EnforcementError as exc:
             raise InvalidRequest(f"cgroup {cgroup}: {exc}") from None
         self._check_engine_clash(cgroup)
-        return with_engine_grant(req, cgroup, cpus & self.machine.usable_cpus, mems.nodes())
+        granted = cpus & self.machine.usable_cpus
+        if req.within_cpus is not None:  # the caller's own bound narrows the engine's grant
+            granted = granted & req.within_cpus
+        return with_engine_grant(req, cgroup, granted, mems.nodes())
 
     def _generate_name(self, body: AdmitRequest, caller: Caller) -> str:
         command = body.command or ["workload"]

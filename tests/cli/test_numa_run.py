@@ -366,3 +366,94 @@ def test_a_launch_that_cannot_print_its_binding_does_not_claim_success(server, f
     finally:
         os.close(write_end)
     assert out.returncode == 125
+
+
+# ------------------------------------------------------------ inside a Slurm task
+SLURM_ENV = {"SLURM_JOB_ID": "12", "SLURM_STEP_ID": "0", "SLURM_PROCID": "2"}
+
+
+def test_a_slurm_task_is_named_after_its_job_step_and_rank_and_says_its_case(server, fake):
+    out = run_numa_run(server, "--shared", "true", env=SLURM_ENV)
+    assert out.returncode == 0, out.stderr
+    request, _ = fake.calls[0][1]
+    assert request.name == "slurm-12-0-2"
+    assert [line for line in out.stderr.splitlines() if line.startswith("numa-run: Slurm step 12.0 task 2: ")]
+
+
+def test_a_name_given_beats_the_slurm_name(server, fake):
+    out = run_numa_run(server, "--shared", "--name", "mine", "true", env=SLURM_ENV)
+    assert out.returncode == 0, out.stderr
+    assert fake.calls[0][1][0].name == "mine"
+
+
+def _slurm_body(argv, case):
+    from numa_agent.cli.numa_run import slurm_request
+    args = parse_args([*argv, "true"])
+    body = common.build_request(args, ["true"])
+    return slurm_request(args, body, case), body
+
+
+STEP_CGROUP = "/system.slice/slurmstepd.scope/job_12/step_0/user/task_2"
+
+
+def _case(cgroup, cgroup_cpus, affinity):
+    from numa_agent.core.cpuset import CpuSet
+    from numa_agent.core.slurm import SlurmTask, confinement
+    return confinement(SlurmTask("12", "0", "2"), cgroup, online=CpuSet.parse("0-7"),
+                       cgroup_cpus=CpuSet.parse(cgroup_cpus), cgroup_mems=CpuSet.parse("0"),
+                       affinity=CpuSet.parse(affinity))
+
+
+def test_in_a_step_cgroup_numa_run_asks_to_be_booked_in_place():
+    refused, body = _slurm_body(["--cpus", "2"], _case(STEP_CGROUP, "2-5", "2-5"))
+    assert refused is None
+    assert body["in_place"] is True and body["name"] == "slurm-12-0-2" and "physcpubind" not in body
+    assert body["within_cpus"] == "2-5"  # also for an agent that cannot read the grant itself
+
+
+def test_without_a_step_cgroup_numa_run_is_placed_by_the_agent_as_before():
+    refused, body = _slurm_body(["--cpus", "2"], _case("/user.slice/session-3.scope", "0-7", "0-7"))
+    assert refused is None and "in_place" not in body and "physcpubind" not in body
+    assert "within_cpus" not in body
+
+
+def test_task_affinity_binding_bounds_the_booking():
+    refused, body = _slurm_body(["--cpus", "2"], _case(STEP_CGROUP, "0-7", "4-7"))
+    assert refused is None and body["within_cpus"] == "4-7" and body["in_place"] is True
+    assert "physcpubind" not in body
+
+
+def test_task_affinity_without_a_step_cgroup_bounds_it_too():
+    refused, body = _slurm_body(["--cpus", "2"], _case("/user.slice/session-3.scope", "0-7", "2-5"))
+    assert refused is None and body["within_cpus"] == "2-5" and "in_place" not in body
+
+
+def test_explicit_cpus_are_left_to_the_caller():
+    refused, body = _slurm_body(["-C", "6-7"], _case(STEP_CGROUP, "0-7", "2-5"))
+    assert refused is None and body["physcpubind"] == "6-7" and "within_cpus" not in body
+
+
+def test_tasks_sharing_one_slurm_cgroup_are_refused_with_the_remedy(monkeypatch):
+    monkeypatch.setenv("SLURM_STEP_TASKS_PER_NODE", "3")
+    monkeypatch.setenv("SLURM_NODEID", "0")
+    refused, body = _slurm_body(["--cpus", "2"], _case(STEP_CGROUP.replace("task_2", "task_special"), "0-7", "0-7"))
+    assert refused is not None and "jobacct_gather/cgroup" in refused and "in_place" not in body
+
+
+def test_an_agent_that_cannot_book_in_place_is_asked_again_without_it(server, fake, monkeypatch):
+    from numa_agent.api.errors import BadRequest
+    from numa_agent.cli import numa_run
+
+    sent = []
+    real_admit = fake.admit
+
+    def admit(request, caller, dry_run=False):
+        sent.append(request)
+        if request.in_place:  # as the affinity fallback answers
+            raise BadRequest(f"in_place: pid {caller.pid} is in cgroup (none), not below an engine's cgroup")
+        return real_admit(request, caller, dry_run)
+    monkeypatch.setattr(fake, "admit", admit)
+    args = parse_args(["--socket", server.socket_path, "--cpus", "1", "true"])
+    record = numa_run._post(args, "/v1/workloads", {"cpus": 1, "in_place": True, "within_cpus": "1-2"})
+    assert [r.in_place for r in sent] == [True, False] and sent[1].within_cpus == "1-2"
+    assert record["name"]

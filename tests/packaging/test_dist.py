@@ -28,6 +28,7 @@ WHEEL_DATA = {
     "share/zsh/site-functions/_numa-run": "completions/zsh/_numa-run",
     **{f"share/containers/oci/hooks.d/{name}": f"oci/hooks.d/{name}"
        for name in ("numa-agent-create.json", "numa-agent-poststop.json")},
+    "share/numa-agent/slurm/epilog": "contrib/slurm/epilog",
 }
 
 
@@ -40,7 +41,7 @@ def dist(tmp_path_factory):
     for name in ("pyproject.toml", "README.md", "LICENSE", "MANIFEST.in", "tests/test_lint.py"):
         shutil.copy(REPO / name, src / name)
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc", ".pytest_cache")
-    for tree in ("numa_agent", "systemd", "docs", "completions", "oci", "scripts", "tests/packaging"):
+    for tree in ("numa_agent", "systemd", "docs", "completions", "oci", "contrib", "scripts", "tests/packaging"):
         shutil.copytree(REPO / tree, src / tree, ignore=ignore)
     out = subprocess.run([sys.executable, "-m", "build", "--outdir", str(base / "dist"), str(src)],
                          capture_output=True, text=True, timeout=600)

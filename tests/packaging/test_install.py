@@ -18,7 +18,7 @@ def _copy_sources(dest: Path) -> Path:
     for name in ("pyproject.toml", "README.md", "LICENSE"):
         shutil.copy(REPO / name, dest / name)
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
-    for tree in ("numa_agent", "systemd", "docs/man", "completions", "oci"):
+    for tree in ("numa_agent", "systemd", "docs/man", "completions", "oci", "contrib/slurm"):
         shutil.copytree(REPO / tree, dest / tree, ignore=ignore)
     (dest / "scripts").mkdir()
     shutil.copy2(REPO / "scripts" / "install", dest / "scripts" / "install")
@@ -72,6 +72,8 @@ def test_links_units_and_config(installed):
     assert (root / "etc/numa-agent/config.toml").read_text() == (src / "systemd/config.example.toml").read_text()
     assert (root / "opt/numa-agent/affinity-fallback.conf").read_text() == \
         (src / "systemd/affinity-fallback.conf").read_text()
+    epilog = root / "usr/local/libexec/numa-agent/slurm-epilog"
+    assert epilog.read_text() == (src / "contrib/slurm/epilog").read_text() and os.access(epilog, os.X_OK)
 
 
 def test_the_oci_hooks_are_where_podman_and_cri_o_look(installed):

@@ -8,7 +8,7 @@ REPO = Path(__file__).resolve().parents[2]
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 _LINK = re.compile(r"\]\(([^)\s]+)\)")
 # A path of the repository as the README writes it (`scripts/test`), not a glob (`bench-*`).
-_REPO_PATH = re.compile(r"(?<![\w./-])((?:scripts|docs|systemd|benchmarks|tests|numa_agent|completions|monitoring)/[\w./-]*)(?![\w./*<-])")
+_REPO_PATH = re.compile(r"(?<![\w./-])((?:scripts|docs|systemd|benchmarks|tests|numa_agent|completions|monitoring|contrib)/[\w./-]*)(?![\w./*<-])")
 
 
 def broken_references(doc: Path) -> list[str]:

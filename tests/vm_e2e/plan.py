@@ -51,7 +51,15 @@ PODMAN_SCENARIOS: tuple[str, ...] = (
     "podman-concurrent",
     "podman-restart",
 )
-SLURM_SCENARIOS: tuple[str, ...] = ()
+SLURM_SCENARIOS: tuple[str, ...] = (
+    "slurm-node",
+    "slurm-one-task",
+    "slurm-three-tasks",
+    "slurm-epilog",
+    "slurm-affinity",  # restarts the daemons with task/affinity
+    "slurm-confined",  # restarts them with task/cgroup
+    "slurm-shared-cgroup",  # last: restarts them without per-task cgroups
+)
 
 # shape -> (module run inside its guest, the scenarios it reports on); the rest
 # run tests.vm_e2e.scenarios.
@@ -72,7 +80,7 @@ PLAN: dict[str, tuple[str, ...]] = {
     "slurm": SLURM_SCENARIOS,
 }
 
-DEFAULT_SHAPES = ("2node", "4node", "cpuless", "systemd", "podman")
+DEFAULT_SHAPES = ("2node", "4node", "cpuless", "systemd", "podman", "slurm")
 
 
 def scenarios_of(shape: str) -> tuple[str, ...]:

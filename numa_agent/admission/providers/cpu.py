@@ -35,12 +35,16 @@ def _available(request: Request, view: AdmissionView) -> CpuSet:
 
 
 def _outside_grant(request: Request, view: AdmissionView, count: int) -> str:
-    """Too few CPUs inside what the workload's engine granted it."""
+    """Too few CPUs inside what the workload's engine granted it (or its own within_cpus)."""
     granted = request.within_cpus or CpuSet()
-    parent = (request.cgroup or "").rstrip("/").rpartition("/")[0] or "/"
     free = _available(request, view)
-    return (f"not enough CPUs: requested {count}, {len(free)} free for exclusive use inside the CPUs "
-            f"its engine granted ({granted.format() or 'none'}, the cpuset of cgroup {parent}); "
+    if request.cgroup is None:  # the caller's own within_cpus, in the agent's tree
+        where = f"inside within_cpus {granted.format() or 'none'}"
+    else:
+        parent = request.cgroup.rstrip("/").rpartition("/")[0] or "/"
+        where = (f"inside the CPUs its engine granted ({granted.format() or 'none'}, the cpuset of cgroup "
+                 f"{parent})")
+    return (f"not enough CPUs: requested {count}, {len(free)} free for exclusive use {where}; "
             f"free there: {free.format() or 'none'}")
 
 

@@ -1,0 +1,247 @@
+"""Slurm, as plain functions: the node line Slurm must be given, and what numa-run makes
+of a Slurm task's environment and cgroup. Nothing here reads a file.
+
+Slurm names CPUs by its own *abstract* ids (slurm.conf `CpuSpecList`, `scontrol show job
+-d`): socket by socket, core by core within a socket, thread by thread within a core, as
+slurmd's hwloc orders them (by their first CPU). The kernel numbers threads otherwise on
+most x86 machines (CPU 0's sibling is CPU 16, not 1), so the agent's reserved CPUs are
+converted, never copied.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Mapping
+
+from numa_agent.core.cpuset import CpuSet
+from numa_agent.core.topology import Topology
+
+MIB = 1 << 20
+
+
+class SlurmShapeError(ValueError):
+    """The machine has no shape Slurm's NodeName line can describe (uneven cores)."""
+
+
+@dataclass(frozen=True)
+class SlurmNode:
+    """What slurm.conf's NodeName line says of a machine, and Slurm's CPU numbering."""
+
+    sockets: int
+    cores_per_socket: int
+    threads_per_core: int
+    abstract: Mapping[int, int]  # kernel CPU id -> Slurm abstract CPU id
+
+    @property
+    def cpus(self) -> int:
+        return self.sockets * self.cores_per_socket * self.threads_per_core
+
+    def abstract_ids(self, cpus: CpuSet) -> CpuSet:
+        """Slurm's ids of these kernel CPUs (KeyError for one it does not count)."""
+        return CpuSet(self.abstract[c] for c in cpus)
+
+    def kernel_ids(self, abstract: CpuSet) -> CpuSet:
+        back = {a: k for k, a in self.abstract.items()}
+        return CpuSet(back[a] for a in abstract)
+
+
+def slurm_node(topology: Topology) -> SlurmNode:
+    """Sockets, cores and threads of the online CPUs, and their abstract ids.
+    SlurmShapeError when sockets differ in cores or cores in threads: Slurm's line has
+    one number for each (slurmd would number such a machine inconsistently)."""
+    online = topology.online_cpus
+    by_socket: dict[int, list[CpuSet]] = {}
+    for core in topology.cores:  # every online sibling group, by first CPU
+        package = topology.cpu(core.min()).package
+        by_socket.setdefault(-1 if package is None else package, []).append(core)
+    if not online or not by_socket:
+        raise SlurmShapeError("no online CPU")
+    sockets = sorted(by_socket.values(), key=lambda cores: cores[0].min())
+    cores_per_socket = {len(cores) for cores in sockets}
+    threads_per_core = {len(core) for cores in sockets for core in cores}
+    if len(cores_per_socket) > 1 or len(threads_per_core) > 1:
+        raise SlurmShapeError(
+            f"the online CPUs are not evenly shaped ({_span(cores_per_socket)} cores per socket, "
+            f"{_span(threads_per_core)} threads per core): a NodeName line has one number for each")
+    cores, threads = cores_per_socket.pop(), threads_per_core.pop()
+    abstract = {}
+    for s, socket_cores in enumerate(sockets):
+        for c, core in enumerate(socket_cores):
+            for t, cpu in enumerate(core.ids()):
+                abstract[cpu] = (s * cores + c) * threads + t
+    return SlurmNode(len(sockets), cores, threads, abstract)
+
+
+def _span(values: set[int]) -> str:
+    return f"{min(values)}-{max(values)}" if len(values) > 1 else str(min(values))
+
+
+def node_line(name: str, topology: Topology, reserved_cpus: CpuSet, reserved_memory_bytes: int = 0) -> str:
+    """slurm.conf's NodeName line for this machine, with the agent's reserved CPUs as
+    `CpuSpecList` (abstract ids; Slurm widens them to whole cores) and its reserved memory
+    as `MemSpecLimit`. RealMemory is the nodes' MemTotal in whole MiB, rounded down:
+    slurmd drains a node configured with more than it finds."""
+    node = slurm_node(topology)
+    real_mib = sum(n.memory_total_bytes for n in topology.numa_nodes) // MIB
+    fields = [f"NodeName={name}", f"CPUs={node.cpus}", "Boards=1", f"SocketsPerBoard={node.sockets}",
+              f"CoresPerSocket={node.cores_per_socket}", f"ThreadsPerCore={node.threads_per_core}",
+              f"RealMemory={real_mib}"]
+    if reserved_cpus:
+        fields.append(f"CpuSpecList={node.abstract_ids(reserved_cpus).format()}")
+    if reserved_memory_bytes > 0:
+        fields.append(f"MemSpecLimit={-(-reserved_memory_bytes // MIB)}")  # rounded up: never less
+    return " ".join(fields)
+
+
+def widened_to_cores(topology: Topology, cpus: CpuSet) -> CpuSet:
+    """`cpus` with every other online thread of their cores: what Slurm keeps for a
+    CpuSpecList naming them."""
+    return CpuSet.union_of(core for core in topology.cores if core & cpus) | cpus
+
+
+def spec_note(topology: Topology, reserved_cpus: CpuSet) -> str | None:
+    """What to say when the agent reserves part of a core: Slurm will keep the whole core
+    from its jobs while the agent hands its other threads out (to anybody, Slurm's tasks
+    included)."""
+    whole = widened_to_cores(topology, reserved_cpus)
+    if whole == reserved_cpus:
+        return None
+    return (f"Slurm keeps whole cores: CpuSpecList reserves the kernel's CPUs {whole.format()}, the agent "
+            f"only {reserved_cpus.format()} (it hands out {(whole - reserved_cpus).format()}); reserve whole "
+            f"cores in the agent too (cpu_manager.reserved_cpus = \"{whole.format()}\") so both keep the same")
+
+
+# ---------------------------------------------------------------- a Slurm task
+# slurm.h's special step ids, as SLURM_STEP_ID may carry them; the cgroup says them in words.
+SPECIAL_STEPS = {"4294967290": "interactive", "4294967291": "batch", "4294967292": "extern",
+                 "4294967293": "pending"}
+_STEP_CGROUP = re.compile(r"/job_(\d+)/step_([a-z0-9]+)(/|$)")
+_NUMBER = re.compile(r"\d+")
+
+
+@dataclass(frozen=True)
+class SlurmTask:
+    job: str
+    step: str  # "0", "1"... or "batch", "extern", "interactive"
+    procid: str
+
+    @property
+    def workload_name(self) -> str:
+        """`slurm-<job>-<step>-<procid>`: what `release --slurm-job` finds by its prefix."""
+        return f"{job_prefix(self.job)}{self.step}-{self.procid}"
+
+    @property
+    def label(self) -> str:
+        return f"Slurm step {self.job}.{self.step} task {self.procid}"
+
+
+def job_prefix(job: str) -> str:
+    """The name prefix of every workload of a Slurm job."""
+    return f"slurm-{job}-"
+
+
+def is_job_id(text: str) -> bool:
+    return _NUMBER.fullmatch(text) is not None
+
+
+def step_of_cgroup(cgroup: str, job: str) -> str | None:
+    """The step a cgroup path (as /proc/PID/cgroup's `0::` line gives it) belongs to, when
+    it lies inside Slurm's cgroup of that job: `.../job_12/step_0/user/task_1` -> "0"."""
+    match = _STEP_CGROUP.search(cgroup)
+    return match.group(2) if match and match.group(1) == job else None
+
+
+def slurm_task(env: Mapping[str, str], cgroup: str = "") -> SlurmTask | None:
+    """The Slurm task this process is, from srun's/slurmstepd's environment (None outside
+    Slurm). The step is the cgroup's when Slurm tracks the task in one (it names batch and
+    extern steps in words), else SLURM_STEP_ID's."""
+    job = env.get("SLURM_JOB_ID", "").strip()
+    if not is_job_id(job):
+        return None
+    step = step_of_cgroup(cgroup, job)
+    if step is None:
+        raw = (env.get("SLURM_STEP_ID") or env.get("SLURM_STEPID") or "").strip()
+        step = SPECIAL_STEPS.get(raw, raw) if _NUMBER.fullmatch(raw) else "batch"
+    procid = (env.get("SLURM_PROCID") or "0").strip()
+    return SlurmTask(job, step, procid if _NUMBER.fullmatch(procid) else "0")
+
+
+SHARED_TASK_CGROUP = "task_special"  # Slurm 22.05's cgroup of a step's tasks on a node without per-task ones
+_TASKS_PER_NODE = re.compile(r"(\d+)(?:\(x(\d+)\))?")
+
+
+def tasks_on_node(env: Mapping[str, str]) -> int | None:
+    """How many tasks of this step run on this node: SLURM_STEP_TASKS_PER_NODE (`2(x3),1`:
+    three nodes with 2, one with 1) at index SLURM_NODEID. None when Slurm does not say."""
+    spec = (env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE") or "").strip()
+    node = (env.get("SLURM_NODEID") or "0").strip()
+    if not spec or not _NUMBER.fullmatch(node):
+        return None
+    counts: list[int] = []
+    for item in spec.split(","):
+        match = _TASKS_PER_NODE.fullmatch(item.strip())
+        if match is None:
+            return None
+        counts += [int(match.group(1))] * int(match.group(2) or 1)
+    index = int(node)
+    return counts[index] if index < len(counts) else None
+
+
+def shared_cgroup_refusal(task: SlurmTask, cgroup: str, tasks_here: int | None) -> str | None:
+    """Why numa-run cannot book this task in place, when Slurm keeps several tasks of the
+    step in one cgroup (22.05's `.../user/task_special` without per-task cgroups): one
+    cgroup takes one booking, and leaving it escapes Slurm (scancel no longer kills it)."""
+    if cgroup.rsplit("/", 1)[-1] != SHARED_TASK_CGROUP or not tasks_here or tasks_here < 2:
+        return None
+    return (f"{task.label}: Slurm keeps this step's {tasks_here} tasks on this node in one cgroup "
+            f"({cgroup}), which can hold one booking; give each task a cgroup of its own with "
+            "JobAcctGatherType=jobacct_gather/cgroup in slurm.conf, or run one task per node")
+
+
+@dataclass(frozen=True)
+class Confinement:
+    """Which case applies to a numa-run inside Slurm."""
+
+    task: SlurmTask
+    in_place: bool  # Slurm tracks the task in a cgroup: book on it, do not leave it
+    cpus: CpuSet  # what Slurm lets the task use (the cgroup's effective CPUs, or its affinity)
+    mems: CpuSet  # memory nodes, likewise (empty: not known)
+    confined: bool  # Slurm narrowed the CPUs below the machine's online CPUs
+    granted: CpuSet  # what the agent books within: the cgroup's effective CPUs in place, else all
+    cgroup: str = ""  # the task's cgroup, as /proc/self/cgroup names it
+
+    @property
+    def bound_narrower(self) -> bool:
+        """task/affinity bound the task to fewer CPUs than the agent would book within."""
+        return self.cpus != self.granted
+
+    def line(self, booked_cpus: str = "", booked_mems: str = "") -> str:
+        """numa-run's one line saying which case applied."""
+        booked = f" (CPUs {booked_cpus}, memory node{_plural(booked_mems)} {booked_mems})" if booked_cpus else ""
+        if not self.confined:
+            how = "in its cgroup" if self.in_place else "without a cgroup of the step"
+            return (f"{self.task.label}: Slurm did not confine the step (CPUs {self.cpus.format()}): "
+                    f"booked from the agent's pool{booked}, {how}")
+        where = f"CPUs {self.cpus.format()}"
+        if self.mems:
+            where += f", memory node{_plural(self.mems.format())} {self.mems.format()}"
+        return f"{self.task.label}: confined by Slurm to {where}; booked inside them{booked}"
+
+
+def _plural(nodes: str) -> str:
+    return "s" if ("," in nodes or "-" in nodes) else ""
+
+
+def confinement(task: SlurmTask, cgroup: str, *, online: CpuSet, cgroup_cpus: CpuSet | None,
+                cgroup_mems: CpuSet | None, affinity: CpuSet) -> Confinement:
+    """The case of a numa-run inside Slurm: in place when the task's cgroup is in Slurm's
+    job/step tree (task/cgroup, or proctrack/cgroup alone), confined when what the task may
+    use (the cgroup's effective CPUs, narrowed by task/affinity's binding) is less than every
+    online CPU."""
+    in_place = step_of_cgroup(cgroup, task.job) is not None
+    granted = cgroup_cpus if in_place and cgroup_cpus else online
+    cpus = granted & affinity if affinity else granted
+    mems = (cgroup_mems or CpuSet()) if in_place else CpuSet()
+    return Confinement(task, in_place, cpus, mems, confined=bool(online - cpus), granted=granted,
+                       cgroup=cgroup)

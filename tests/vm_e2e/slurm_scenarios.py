@@ -1,0 +1,477 @@
+"""The Slurm scenarios (shape `slurm`: the 2node machine), run INSIDE its guest by scripts/vm-e2e:
+
+    .venv/bin/python -m tests.vm_e2e.slurm_scenarios --shape slurm
+
+The real engine: Debian's slurmctld and slurmd 22.05 with munge, one node, started here
+(the guest's root is a throwaway overlay of the host's, where they are installed but not
+started). The node line slurm.conf gets is `numa-agent slurm-node`'s, the Epilog is the
+shipped contrib/slurm/epilog, and every task runs `srun ... numa-run --cpus N -- ...` as a
+user would write it. The oracle is the kernel (/proc/PID/status, the cgroup files) and
+Slurm itself (`slurmd -C`, `scontrol show node`, slurmd's log), not the agent.
+
+Set-up (once): a hostname, `dummy0` with 192.0.2.1/32 named in /etc/hosts (both daemons
+refuse to start while only loopback has an address; the guest has no network backend, so
+nothing leaves it), a munge key and munged, /sys/fs/cgroup/system.slice with its
+controllers (slurmd's cgroup/v2 plugin outside systemd: IgnoreSystemd=yes), the agent on
+the default socket (the Epilog, run by slurmd with a bare environment, finds it there) and
+numa-agent in /usr/local/bin. The daemons run with TaskPlugin=task/none first, then are
+restarted with task/affinity, then with task/cgroup and ConstrainCores=yes, and last with
+task/none again but without per-task cgroups.
+JobAcctGatherType=jobacct_gather/{'cgroup' if per_task_cgroups else 'none'} gives each task a cgroup of its own (task_<id>):
+without it Slurm 22.05 keeps all of a step's tasks on a node in one (user/task_special),
+which holds one booking, and a task that left it for a cgroup of its own would no longer
+be killed by scancel (both seen in this guest).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from numa_agent.core.cpuset import CpuSet
+from tests.support.agent_process import wait_for
+from tests.vm_e2e.plan import SLURM_SCENARIOS
+from tests.vm_e2e.scenarios import (
+    CGROUP_MOUNT,
+    Guest,
+    Kernel,
+    ScenarioFailed,
+    bring_loopback_up,
+    check,
+    guest_main,
+    last_lines,
+    parse_allowed,
+    proc_cgroup,
+    stop_all,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+NODE = "numa1"
+ADDRESS = "192.0.2.1"
+SOCKET = "/run/numa-agent/agent.sock"  # the default: the Epilog's numa-agent finds it
+EPILOG = REPO / "contrib" / "slurm" / "epilog"
+SLURM_TIMEOUT = 120.0  # daemons and steps under emulation
+SLEEP = 600
+
+
+def sh(*argv: str, timeout: float = SLURM_TIMEOUT, check_rc: bool = True,
+       env: dict | None = None) -> subprocess.CompletedProcess:
+    done = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})})
+    if check_rc and done.returncode != 0:
+        raise ScenarioFailed(f"`{' '.join(argv)}` exited {done.returncode}: "
+                             f"{last_lines(done.stderr or done.stdout, 4)}")
+    return done
+
+
+def node_fields(line: str) -> dict[str, str]:
+    return dict(item.split("=", 1) for item in line.split() if "=" in item)
+
+
+class Slurm:
+    """slurmctld, slurmd and munged for one node, configured under `work`."""
+
+    def __init__(self, work: Path, logs: Path, node_line: str) -> None:
+        self.work, self.logs, self.node_line = work, logs, node_line
+        self.conf = work / "slurm.conf"
+        self.env = {"SLURM_CONF": str(self.conf)}
+        self.daemons: list[subprocess.Popen] = []
+        self.task_plugin: tuple[str, bool] | None = None
+        self.epilog_log = logs / "epilog.log"
+
+    def write_config(self, task_plugin: str, per_task_cgroups: bool = True) -> None:
+        wrapper = self.work / "epilog"
+        # The shipped Epilog, its output and exit status kept where the scenarios read them.
+        wrapper.write_text(f"#!/bin/sh\n{{ echo \"epilog job $SLURM_JOB_ID\"; {EPILOG}; "
+                           f"echo \"epilog exit $?\"; }} >> {self.epilog_log} 2>&1\nexit 0\n")
+        wrapper.chmod(0o755)
+        w, logs = self.work, self.logs
+        self.conf.write_text(f"""\
+ClusterName=numa
+SlurmctldHost={NODE}
+SlurmUser=root
+AuthType=auth/munge
+StateSaveLocation={w}/ctld
+SlurmdSpoolDir={w}/d
+SlurmctldPidFile={w}/slurmctld.pid
+SlurmdPidFile={w}/slurmd.pid
+SlurmctldLogFile={logs}/slurmctld.log
+SlurmdLogFile={logs}/slurmd.log
+SlurmdDebug=debug
+ProctrackType=proctrack/cgroup
+TaskPlugin={task_plugin}
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+ReturnToService=2
+MpiDefault=none
+JobAcctGatherType=jobacct_gather/{'cgroup' if per_task_cgroups else 'none'}
+AccountingStorageType=accounting_storage/none
+KillWait=5
+Epilog={wrapper}
+{self.node_line}
+PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+""")
+        (w / "cgroup.conf").write_text("CgroupPlugin=cgroup/v2\nIgnoreSystemd=yes\n"
+                                       f"ConstrainCores={'yes' if task_plugin == 'task/cgroup' else 'no'}\n")
+
+    def start(self, task_plugin: str, per_task_cgroups: bool = True) -> None:
+        """The daemons running with this TaskPlugin and the node idle; without per-task
+        cgroups (no jobacct_gather/cgroup) a step's tasks share one."""
+        if self.task_plugin == (task_plugin, per_task_cgroups) and all(d.poll() is None for d in self.daemons):
+            return
+        self.stop()
+        for sub in ("ctld", "d"):
+            (self.work / sub).mkdir(parents=True, exist_ok=True)
+        self.write_config(task_plugin, per_task_cgroups)
+        for daemon in ("slurmctld", "slurmd"):
+            out = open(self.logs / f"{daemon}.out", "a")
+            self.daemons.append(subprocess.Popen([daemon, "-D"], stdout=out, stderr=subprocess.STDOUT,
+                                                 stdin=subprocess.DEVNULL, env={**os.environ, **self.env}))
+        state = wait_for(lambda: self.node_state() == "idle" or None, timeout=SLURM_TIMEOUT, interval=1)
+        check(state, f"the node is not idle within {SLURM_TIMEOUT:g} s with {task_plugin} "
+                     f"(sinfo: {self.node_state()!r}); slurmctld: {self.tail('slurmctld.log')}; "
+                     f"slurmd: {self.tail('slurmd.log')}")
+        self.task_plugin = (task_plugin, per_task_cgroups)
+
+    def stop(self) -> None:
+        for daemon in self.daemons:
+            if daemon.poll() is None:
+                daemon.terminate()
+        for daemon in self.daemons:
+            try:
+                daemon.wait(30)
+            except subprocess.TimeoutExpired:
+                daemon.kill()
+        self.daemons.clear()
+        self.task_plugin = None
+
+    def node_state(self) -> str:
+        try:
+            return sh("sinfo", "-h", "-o", "%T", timeout=20, check_rc=False, env=self.env).stdout.strip()
+        except subprocess.TimeoutExpired:
+            return ""
+
+    def tail(self, name: str, n: int = 4) -> str:
+        path = self.logs / name
+        return last_lines(path.read_text(errors="replace"), n) if path.exists() else "(no log)"
+
+    def jobs(self) -> list[str]:
+        return sh("squeue", "-h", "-o", "%i", env=self.env).stdout.split()
+
+    def cancel_all(self) -> None:
+        if self.jobs():
+            sh("scancel", "--user", "root", check_rc=False, env=self.env)
+        wait_for(lambda: not self.jobs(), timeout=SLURM_TIMEOUT, interval=1)
+
+
+class SlurmGuest(Guest):
+    def __init__(self, shape: str, work: Path) -> None:
+        bring_loopback_up()
+        super().__init__(shape, work, Kernel.read())
+        # The agent on the default socket, as installed: the Epilog and srun's tasks find it.
+        Path(SOCKET).parent.mkdir(parents=True, exist_ok=True)
+        for args in (self.agent.args, self.standard_args):
+            args[args.index("--socket") + 1] = SOCKET
+        self.agent.socket = SOCKET
+        out = os.environ.get("NUMA_AGENT_VM_OUT")
+        logs = Path(out) / "slurm" if out else work / "slurm-logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        self.slurm_work = work / "slurm"
+        self.slurm_work.mkdir(parents=True, exist_ok=True)
+        self.numa_agent = Path(sys.executable).parent / "numa-agent"
+        self.numa_run = Path(sys.executable).parent / "numa-run"
+        self.bring_up_node()
+        self.node_line = sh(str(self.numa_agent), "slurm-node", "--config", str(work / "agent" / "config.toml"),
+                            "--node-name", NODE).stdout.strip()
+        self.slurm = Slurm(self.slurm_work, logs, self.node_line)
+
+    def bring_up_node(self) -> None:
+        """Hostname, an address of its own, munge, cgroups for slurmd, numa-agent on PATH."""
+        sh("hostname", NODE)
+        if sh("ip", "link", "show", "dummy0", check_rc=False).returncode != 0:
+            sh("ip", "link", "add", "dummy0", "type", "dummy")
+        sh("ip", "link", "set", "dummy0", "up")
+        if ADDRESS not in sh("ip", "-4", "addr", "show", "dummy0").stdout:
+            sh("ip", "addr", "add", f"{ADDRESS}/32", "dev", "dummy0")
+        with open("/etc/hosts", "a") as hosts:
+            hosts.write(f"{ADDRESS} {NODE}\n")
+        key = Path("/etc/munge/munge.key")
+        key.write_bytes(os.urandom(1024))
+        shutil.chown(key, "munge", "munge")
+        key.chmod(0o400)
+        for d in ("/run/munge", "/var/log/munge", "/var/lib/munge"):
+            Path(d).mkdir(parents=True, exist_ok=True)
+            shutil.chown(d, "munge", "munge")
+        sh("runuser", "-u", "munge", "--", "/usr/sbin/munged")
+        system_slice = CGROUP_MOUNT / "system.slice"
+        system_slice.mkdir(exist_ok=True)
+        (system_slice / "cgroup.subtree_control").write_text("+cpuset +cpu +memory +pids")
+        # The Epilog looks where scripts/install links it.
+        link = Path("/usr/local/bin/numa-agent")
+        link.unlink(missing_ok=True)
+        link.symlink_to(self.numa_agent)
+
+    def srun(self, name: str, *srun_args: str, cpus: int, record: str) -> subprocess.Popen:
+        """`srun SRUN_ARGS numa-run --cpus N -- sh -c ...`: each task writes its
+        /proc/self/status lines and cgroup to record.<procid>, then sleeps."""
+        script = (f"grep _allowed_list /proc/self/status > {record}.$SLURM_PROCID.tmp; "
+                  f"cat /proc/self/cgroup >> {record}.$SLURM_PROCID.tmp; "
+                  f"mv {record}.$SLURM_PROCID.tmp {record}.$SLURM_PROCID; exec sleep {SLEEP}")
+        out = open(self.work / f"{name}.srun", "w+")
+        proc = subprocess.Popen(["srun", *srun_args, str(self.numa_run), "--cpus", str(cpus), "--",
+                                 "sh", "-c", script], stdout=out, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, env={**os.environ, **self.slurm.env})
+        self.launched.append(proc)
+        return proc
+
+    def slurm_workloads(self, job: str | None = None) -> list[dict]:
+        prefix = f"slurm-{job}-" if job else "slurm-"
+        return [w for w in self.workloads() if w["name"].startswith(prefix)]
+
+    def cleanup(self) -> str:
+        self.slurm.cancel_all()
+        stop_all(self.launched)
+        return super().cleanup()
+
+
+def _output(path: Path) -> str:
+    return path.read_text(errors="replace") if path.exists() else ""
+
+
+def running_tasks(g: SlurmGuest, name: str, proc: subprocess.Popen, record: Path, tasks: int) -> list[dict]:
+    """Until `tasks` workloads slurm-<job>-0-<procid> are listed and each task wrote its
+    record; returns the listed workloads by procid."""
+    def ready():
+        if proc.poll() is not None:
+            return "exited"
+        listed = g.slurm_workloads()
+        written = all(Path(f"{record}.{i}").exists() for i in range(tasks))
+        return listed if len(listed) == tasks and written else None
+    got = wait_for(ready, timeout=SLURM_TIMEOUT, interval=0.5)
+    srun_out = _output(g.work / f"{name}.srun")
+    check(isinstance(got, list), f"srun exited {proc.poll()} or {tasks} task(s) were not admitted within "
+                                 f"{SLURM_TIMEOUT:g} s: listed {[w['name'] for w in g.slurm_workloads()]}; "
+                                 f"srun: {last_lines(srun_out, 6)}; slurmd: {g.slurm.tail('slurmd.log')}")
+    assert isinstance(got, list)
+    return sorted(got, key=lambda w: int(w["name"].rsplit("-", 1)[1]))
+
+
+def check_task(g: SlurmGuest, w: dict, record: Path, procid: int) -> tuple[CpuSet, CpuSet, str]:
+    """The task's own view (what it wrote before exec'ing sleep) and the agent's agree: whole
+    cores on one NUMA node, memory of that node; the task stayed in Slurm's step cgroup.
+    Returns (cpus, mems, its cgroup)."""
+    text = Path(f"{record}.{procid}").read_text()
+    cpus, mems = parse_allowed(text)
+    cgroup = next((line[3:] for line in text.splitlines() if line.startswith("0::")), "")
+    booked = CpuSet.parse(w["cpus"])
+    check(cpus == booked, f"{w['name']}: the task's Cpus_allowed_list is {cpus.format()}, the agent booked "
+                          f"{booked.format()}")
+    check(g.kernel.whole_cores(cpus), f"{w['name']}: CPUs {cpus.format()} are not whole cores")
+    nodes = g.kernel.nodes_of(cpus)
+    check(len(nodes) == 1, f"{w['name']}: CPUs {cpus.format()} span NUMA nodes {nodes}")
+    check(mems == CpuSet(nodes), f"{w['name']}: Mems_allowed_list {mems.format()}, its CPUs are on node {nodes}")
+    job = w["name"].split("-")[1]
+    check(f"/job_{job}/step_0/" in cgroup,
+          f"{w['name']}: the task runs in {cgroup!r}, not in Slurm's job_{job}/step_0 (it left Slurm's tracking)")
+    check(w.get("engine_cgroup") == cgroup, f"{w['name']}: the agent enforces on {w.get('engine_cgroup')!r}, the task is in "
+                                     f"{cgroup!r}")
+    live = proc_cgroup(w["pid"]) if Path(f"/proc/{w['pid']}").exists() else ""
+    check(live == cgroup, f"{w['name']}: pid {w['pid']} is in {live!r} now")
+    return cpus, mems, cgroup
+
+
+def case_line(g: SlurmGuest, name: str, job: str, procid: int) -> str:
+    srun_out = _output(g.work / f"{name}.srun")
+    line = next((ln for ln in srun_out.splitlines() if ln.startswith(f"numa-run: Slurm step {job}.0 task {procid}: ")), "")
+    check(line, f"numa-run said nothing of its Slurm case for task {procid}: {last_lines(srun_out, 4)}")
+    return line
+
+
+# ---------------------------------------------------------------- scenarios
+def s_node(g: SlurmGuest) -> str:
+    """The NodeName line numa-agent prints agrees with slurmd's own view of the machine and
+    with the agent's reservation: Slurm reserves the agent's CPU (widened to its core)."""
+    g.slurm.start("task/none")
+    ours = node_fields(g.node_line)
+    seen = node_fields(sh("slurmd", "-C", env=g.slurm.env).stdout.splitlines()[0])
+    for key in ("CPUs", "Boards", "SocketsPerBoard", "CoresPerSocket", "ThreadsPerCore", "RealMemory"):
+        check(ours.get(key) == seen.get(key), f"{key}: numa-agent slurm-node says {ours.get(key)}, "
+                                              f"slurmd -C {seen.get(key)} ({g.node_line})")
+    shown = sh("scontrol", "show", "node", NODE, env=g.slurm.env).stdout
+    spec = re.search(r"CPUSpecList=(\S+)", shown)
+    check(spec is not None, f"scontrol show node has no CPUSpecList: {last_lines(shown, 4)}")
+    assert spec is not None
+    # Abstract ids as Slurm shows them, whole cores; on this shape they equal the kernel's.
+    slurm_reserved = CpuSet.parse(spec.group(1))
+    agent_reserved = CpuSet.parse(g.status()["reserved_cpus"])
+    widened = CpuSet.union_of(g.kernel.siblings[c] for c in agent_reserved.ids())
+    check(slurm_reserved == widened, f"Slurm reserves CPUSpecList={slurm_reserved.format()}, the agent's "
+                                     f"reserved CPUs {agent_reserved.format()} are the cores {widened.format()}")
+    effective = re.search(r"CPUEfctv=(\d+)", shown)
+    return f"{g.node_line}; Slurm: CPUSpecList={spec.group(1)}, CPUEfctv={effective.group(1) if effective else '?'}"
+
+
+def s_one_task(g: SlurmGuest) -> str:
+    """task/none: `srun -n1 -c2 numa-run --cpus 2` books 2 CPUs of one core from the agent's
+    pool, enforced on the task's own Slurm cgroup; the shared pool gives them up."""
+    g.slurm.start("task/none")
+    record = g.work / "one"
+    proc = g.srun("one", "-n1", "-c2", cpus=2, record=record)
+    (w,) = running_tasks(g, "one", proc, record, 1)
+    cpus, mems, cgroup = check_task(g, w, record, 0)
+    job = w["name"].split("-")[1]
+    check(w["name"] == f"slurm-{job}-0-0", f"the workload is named {w['name']}")
+    check(not (g.shared_pool() & cpus), f"the shared pool {g.shared_pool().format()} still has {cpus.format()}")
+    line = case_line(g, "one", job, 0)
+    check("did not confine" in line, f"numa-run's case line: {line!r}")
+    return f"{w['name']} on CPUs {cpus.format()}, memory node {mems.format()}, in {cgroup}; {line}"
+
+
+def s_three_tasks(g: SlurmGuest) -> str:
+    """task/none: `srun -n3 -c2`, started at once: three workloads on distinct whole cores."""
+    g.slurm.start("task/none")
+    record = g.work / "three"
+    proc = g.srun("three", "-n3", "-c2", cpus=2, record=record)
+    ws = running_tasks(g, "three", proc, record, 3)
+    seen: list[CpuSet] = []
+    for i, w in enumerate(ws):
+        cpus, _, _ = check_task(g, w, record, i)
+        for other in seen:
+            check(not (other & cpus), f"tasks share CPUs {(other & cpus).format()}: {[x['cpus'] for x in ws]}")
+        seen.append(cpus)
+    return ", ".join(f"{w['name']}: {w['cpus']}" for w in ws)
+
+
+def s_epilog(g: SlurmGuest) -> str:
+    """A job killed with scancel: slurmd runs the shipped Epilog, which exits 0, and the agent
+    lists nothing of the job afterwards. Besides the task (released when its cgroup empties),
+    the job left a workload whose process escaped Slurm (started outside srun under the job's
+    name): only the Epilog releases that one. For a job with nothing booked it exits 0 too."""
+    g.slurm.start("task/none")
+    before = len(_output(g.slurm.epilog_log))
+    record = g.work / "epilog"
+    proc = g.srun("epilog", "-n1", "-c2", cpus=2, record=record)
+    (w,) = running_tasks(g, "epilog", proc, record, 1)
+    job = w["name"].split("-")[1]
+    stray = f"slurm-{job}-extern-9"
+    g.launch(stray, "--cpus", "2")  # moved into the agent's own tree: scancel does not reach it
+    sh("scancel", job, env=g.slurm.env)
+
+    def epilog_output() -> str:
+        return _output(g.slurm.epilog_log)[before:]
+    ran = wait_for(lambda: f"epilog job {job}\n" in epilog_output() and "epilog exit" in epilog_output(),
+                   timeout=SLURM_TIMEOUT, interval=0.5)
+    log = epilog_output()
+    check(ran, f"slurmd did not run the Epilog for job {job} within {SLURM_TIMEOUT:g} s: "
+               f"epilog.log {last_lines(log, 4)!r}; slurmd: {g.slurm.tail('slurmd.log')}")
+    check("epilog exit 0" in log, f"the Epilog did not exit 0: {last_lines(log, 4)}")
+    check(f"released {stray}" in log, f"the Epilog did not release {stray}: {last_lines(log, 4)}")
+    check(wait_for(lambda: not g.slurm_workloads(job), timeout=30, interval=0.2),
+          f"the agent still lists {[x['name'] for x in g.slurm_workloads(job)]} after the Epilog")
+    state = g.slurm.node_state()
+    check(state in ("idle", "mixed", "allocated"), f"the node is {state!r} after the Epilog (drained?)")
+    nothing = sh(str(EPILOG), check_rc=False, env={"SLURM_JOB_ID": "999999"})
+    check(nothing.returncode == 0 and "no workloads of Slurm job 999999" in nothing.stdout,
+          f"the Epilog for a job with nothing booked exited {nothing.returncode}: {nothing.stdout}{nothing.stderr}")
+    said = " | ".join(ln for ln in log.splitlines() if not ln.startswith("epilog "))
+    return f"job {job} cancelled; Epilog said: {said or '(nothing)'}; node {state}"
+
+
+def s_affinity(g: SlurmGuest) -> str:
+    """task/affinity alone: Slurm binds the task to its 4 CPUs without confining its cgroup;
+    numa-run books 2 of them, one aligned core, in place (within_cpus: never outside)."""
+    g.slurm.start("task/affinity")
+    record = g.work / "affinity"
+    proc = g.srun("affinity", "-n1", "-c4", cpus=2, record=record)
+    (w,) = running_tasks(g, "affinity", proc, record, 1)
+    job = w["name"].split("-")[1]
+    cpus, mems, _ = check_task(g, w, record, 0)
+    line = case_line(g, "affinity", job, 0)
+    bound = re.search(r"confined by Slurm to CPUs (\S+?)[;,]", line)
+    check(bound is not None, f"numa-run's case line names no binding: {line!r}")
+    assert bound is not None
+    check(len(CpuSet.parse(bound.group(1))) == 4 and cpus.issubset(CpuSet.parse(bound.group(1))),
+          f"booked {cpus.format()}, Slurm bound the task to {bound.group(1)}: {line!r}")
+    return f"booked {cpus.format()} (node {mems.format()}); {line}"
+
+
+def s_confined(g: SlurmGuest) -> str:
+    """task/cgroup with ConstrainCores=yes: Slurm grants the step 4 CPUs; numa-run books 2,
+    one aligned core inside them, in Slurm's cgroup. Asking for more than Slurm granted is
+    refused, exit 125, and srun shows why."""
+    g.slurm.start("task/cgroup")
+    record = g.work / "confined"
+    proc = g.srun("confined", "-n1", "-c4", cpus=2, record=record)
+    (w,) = running_tasks(g, "confined", proc, record, 1)
+    cpus, mems, cgroup = check_task(g, w, record, 0)
+    job = w["name"].split("-")[1]
+    step = cgroup.split("/step_0/")[0] + "/step_0"
+    granted = CpuSet.parse((CGROUP_MOUNT / step.lstrip("/") / "cpuset.cpus.effective").read_text().strip())
+    check(len(granted) == 4, f"Slurm's step cpuset is {granted.format()}, expected 4 CPUs")
+    check(cpus.issubset(granted), f"booked {cpus.format()} outside Slurm's step cpuset {granted.format()}")
+    check(not (g.shared_pool() & cpus), f"the shared pool {g.shared_pool().format()} still has {cpus.format()}")
+    line = case_line(g, "confined", job, 0)
+    check(f"confined by Slurm to CPUs {granted.format()}" in line, f"numa-run's case line: {line!r}")
+    spec = re.search(r"Resource spec: Reserved machine CPU IDs: (\S+)", (g.slurm.logs / "slurmd.log").read_text())
+    # The refusal a user sees: more CPUs than the step was granted.
+    refused = sh("srun", "-n1", "-c2", str(g.numa_run), "--cpus", "4", "--", "true", check_rc=False,
+                 env=g.slurm.env)
+    (g.slurm.logs / "refusal.txt").write_text(refused.stdout + refused.stderr)  # what the README shows
+    check(refused.returncode != 0 and "numa-run: refused" in refused.stdout + refused.stderr,
+          f"srun -c2 numa-run --cpus 4 exited {refused.returncode}: {last_lines(refused.stderr, 6)}")
+    return (f"step cpuset {granted.format()}, booked {cpus.format()} (node {mems.format()}); {line}; "
+            f"slurmd reserved machine CPUs {spec.group(1) if spec else '?'}; refusal: "
+            f"{last_lines(refused.stderr, 8)}")
+
+
+def s_shared_cgroup(g: SlurmGuest) -> str:
+    """Without per-task cgroups Slurm 22.05 keeps a step's tasks on a node in one cgroup
+    (user/task_special): a lone task is still booked in place there, but of two tasks each
+    is refused with the remedy rather than booked on top of the other."""
+    g.slurm.start("task/none", per_task_cgroups=False)
+    record = g.work / "lone"
+    proc = g.srun("lone", "-n1", "-c2", cpus=2, record=record)
+    (w,) = running_tasks(g, "lone", proc, record, 1)
+    _, _, cgroup = check_task(g, w, record, 0)
+    check(cgroup.endswith("/user/task_special"), f"the lone task runs in {cgroup!r}, not Slurm's shared cgroup")
+    g.slurm.cancel_all()
+    two = sh("srun", "-n2", "-c2", str(g.numa_run), "--cpus", "2", "--", "true", check_rc=False, env=g.slurm.env)
+    said = two.stdout + two.stderr
+    check(two.returncode != 0 and said.count("jobacct_gather/cgroup") == 2,
+          f"srun -n2 exited {two.returncode}; each task should be refused naming the remedy: {last_lines(said, 6)}")
+    check(not g.slurm_workloads(), f"the agent lists {[x['name'] for x in g.slurm_workloads()]}")
+    first = next(ln for ln in said.splitlines() if "jobacct_gather/cgroup" in ln)
+    return f"{w['name']} in place on {cgroup}; two tasks: {first}"
+
+
+RUNNERS = {
+    "slurm-node": s_node,
+    "slurm-one-task": s_one_task,
+    "slurm-three-tasks": s_three_tasks,
+    "slurm-epilog": s_epilog,
+    "slurm-affinity": s_affinity,
+    "slurm-confined": s_confined,
+    "slurm-shared-cgroup": s_shared_cgroup,
+}
+assert tuple(RUNNERS) == SLURM_SCENARIOS
+
+
+def main(argv: list[str] | None = None) -> int:
+    guest: list[SlurmGuest] = []
+
+    def make(shape: str, work: Path) -> SlurmGuest:
+        guest.append(SlurmGuest(shape, work))
+        return guest[0]
+    try:
+        return guest_main(argv, RUNNERS, make, prog="python -m tests.vm_e2e.slurm_scenarios")
+    finally:
+        if guest:
+            guest[0].slurm.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
