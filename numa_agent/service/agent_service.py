@@ -563,6 +563,7 @@ class AgentService:
             # First: a path that is not an engine's (the agent's own tree) is a 400, whoever asks.
             cpus, mems = self.enforcer.engine_grant(cgroup)
             if body.cgroup is None and not caller.is_root:
+                _check_root_owned(self.enforcer.path_of(cgroup), cgroup)
                 _check_owns_cgroup(self.enforcer.subtree_pids(cgroup), caller, cgroup)
         except EnforcementError as exc:
             raise InvalidRequest(f"cgroup {cgroup}: {exc}") from None
@@ -747,6 +748,20 @@ def _may_see_command(viewer_uid: int | None, owner_uid: int) -> bool:
 
 class _NameTaken(InvalidRequest):
     pass
+
+
+def _check_root_owned(path: str | None, cgroup: str) -> None:
+    """A cgroup delegated to a user (owned by it) could carry a booking record of
+    the user's own making, so start-up trusts none there after a lost checkpoint:
+    a booking on it would not survive one. Refused up front instead."""
+    try:
+        owner = os.stat(path).st_uid if path is not None else 0
+    except FileNotFoundError:
+        return  # gone: the grant's read already said so, or the take-over will
+    if owner != 0:
+        raise Forbidden(f"cgroup {cgroup} is delegated to uid {owner}; in_place is for cgroups root "
+                        "made for the caller (a Slurm task's), whose booking record survives a lost "
+                        "checkpoint")
 
 
 def _check_owns_cgroup(pids: list[int], caller: Caller, cgroup: str) -> None:

@@ -198,13 +198,8 @@ def test_records_nested_in_one_another_are_not_both_adopted(machine):
     assert len(engines) == 1
 
 
-@pytest.mark.xfail(strict=True, reason="a non-root in_place workload on a cgroup its user owns (a systemd "
-                   "delegation) keeps its record there, which only root-owned cgroups are trusted for: after "
-                   "a lost checkpoint it is neither adopted nor handed back, and its exclusive CPUs, still "
-                   "written in its cpuset, go back to the shared pool. Refusing in_place on a cgroup "
-                   "not owned by root, or handing such a cgroup back, is a decision for the lead")
 @pytest.mark.skipif(os.getuid() != 0, reason="chowns a cgroup to another user")
-def test_an_in_place_workload_on_a_users_own_cgroup_survives_a_lost_checkpoint(machine):
+def test_in_place_on_a_cgroup_delegated_to_its_user_is_refused(machine):
     task = "/user.slice/user-65534.slice/app.scope"
     mine = _as_nobody()
     machine.procs.append(mine)
@@ -214,12 +209,12 @@ def test_an_in_place_workload_on_a_users_own_cgroup_survives_a_lost_checkpoint(m
     top.move_pid(task.strip("/"), mine.pid)
     os.chown(top.path(task.strip("/")), NOBODY, NOBODY)  # delegated to its user
     me = Caller(pid=mine.pid, uid=NOBODY, gid=NOBODY)
-    theirs = CpuSet.parse(machine.service.admit(AdmitRequest(name="t", cpus=4, in_place=True), me)["cpus"])
-    _lose_checkpoint(machine)
-    still = engine_cpus(machine, task)
-    assert still == theirs  # the kernel still holds what was written
-    pool = CpuSet.parse(machine.service.status()["shared_pool"])
-    assert not pool & still, "its exclusive CPUs are back in the shared pool"
+    # Its record there would not be trusted after a lost checkpoint (a user can
+    # write one): refused up front rather than lost with the checkpoint.
+    with pytest.raises(Forbidden, match="delegated to uid"):
+        machine.service.admit(AdmitRequest(name="t", cpus=4, in_place=True), me)
+    assert machine.service.state.workloads == ()
+    assert engine_cpus(machine, task) == machine.top.read_effective("user.slice/user-65534.slice")[0]
 
 
 def test_a_record_on_a_cgroup_no_admission_may_name_is_left_alone(machine):
