@@ -317,10 +317,9 @@ def _read(path: str) -> str | None:
 
 def _own_cgroup() -> str:
     """This process's cgroup v2 path (the `0::` line of /proc/self/cgroup), or ""."""
-    for line in (_read("/proc/self/cgroup") or "").splitlines():
-        if line.startswith("0::"):
-            return line[3:]
-    return ""
+    from numa_agent.enforcement.processes import parse_cgroup
+
+    return parse_cgroup(_read("/proc/self/cgroup") or "") or ""
 
 
 def slurm_case(env: Mapping[str, str] | None = None) -> Confinement | None:

@@ -48,6 +48,7 @@ from numa_agent.enforcement.errors import (
     cgroup_error_from_oserror,
 )
 from numa_agent.enforcement.libc import libc
+from numa_agent.enforcement.processes import parse_cgroup
 
 CGROUP2_SUPER_MAGIC = 0x63677270
 PARTITION_TYPES = ("root", "isolated", "member")
@@ -239,13 +240,10 @@ class KernelFiles:
         # reader's cgroup namespace, which is the mount's for the agent.
         try:
             with open(f"/proc/{pid}/cgroup", "rb") as f:
-                lines = f.read().decode("utf-8", "replace").splitlines()
+                path = parse_cgroup(f.read().decode("utf-8", "replace"))
         except (FileNotFoundError, ProcessLookupError):
             return None
-        for line in lines:
-            if line.startswith("0::"):
-                return Path(line[3:])
-        return None
+        return None if path is None else Path(path)
 
     def fds(self) -> list[int]:
         return []  # the kernel drops exited processes and rewrites cgroup.events itself

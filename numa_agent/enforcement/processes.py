@@ -24,6 +24,14 @@ CAPABILITIES = (
 AFFINITY_CAPABILITIES = ("CAP_DAC_READ_SEARCH", "CAP_SYS_PTRACE", "CAP_SYS_NICE")
 
 
+def parse_cgroup(text: str) -> str | None:
+    """The cgroup v2 path ("0::/a/b") of /proc/PID/cgroup's text; None without one."""
+    for line in text.splitlines():
+        if line.startswith("0::"):
+            return line[3:].strip()
+    return None
+
+
 def process_alive(pid: int) -> bool:
     """True while `pid` names a process (even one we may not signal)."""
     try:

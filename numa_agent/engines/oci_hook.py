@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from numa_agent.api.client import AgentUnreachable, ClientError, request
+from numa_agent.enforcement.processes import parse_cgroup
 from numa_agent.engines.annotations import AnnotationError, admission_body, ours
 
 PROG = "numa-agent"
@@ -110,11 +111,8 @@ def parse_state(raw: bytes) -> ContainerState:
 
 def cgroup_from_proc(text: str) -> str | None:
     """The cgroup v2 path in /proc/PID/cgroup's text (its `0::` line), or None."""
-    for line in text.splitlines():
-        if line.startswith("0::"):
-            path = line[3:].strip()
-            return path if path.startswith("/") else None
-    return None
+    path = parse_cgroup(text)
+    return path if path is not None and path.startswith("/") else None
 
 
 def admission(state: ContainerState, cgroup: str) -> dict[str, Any]:

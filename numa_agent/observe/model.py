@@ -82,14 +82,6 @@ def parse_uid(status_text: str) -> int | None:
     return None
 
 
-def parse_cgroup(text: str) -> str | None:
-    """The cgroup v2 path ("0::/a/b") of /proc/PID/cgroup."""
-    for line in text.splitlines():
-        if line.startswith("0::"):
-            return line[3:].strip()
-    return None
-
-
 @dataclass(frozen=True)
 class Guarded:
     """One workload holding exclusive CPUs, and how its own tasks are known:

@@ -11,7 +11,8 @@ import os
 from typing import Iterator, Protocol
 
 from numa_agent.core.cpuset import CpuSet
-from numa_agent.observe.model import parse_allowed, parse_cgroup, parse_numa_maps, parse_numa_stat, parse_uid
+from numa_agent.enforcement.processes import parse_cgroup
+from numa_agent.observe.model import parse_allowed, parse_numa_maps, parse_numa_stat, parse_uid
 
 WORKLOAD_ENV = b"NUMA_AGENT_WORKLOAD="  # numa-run's mark, inherited by what a workload forks
 

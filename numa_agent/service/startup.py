@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from numa_agent.enforcement.plan import AGENT_CGROUP
+from numa_agent.enforcement.processes import parse_cgroup
 from numa_agent.service.mark_key import KEY_NAME
 
 if TYPE_CHECKING:
@@ -568,7 +569,7 @@ def _workloads_unit_cgroup(mount: str, own: str, unit: str) -> tuple[str | None,
 def _own_cgroup() -> str | None:
     """This process's cgroup v2 path ("0::" line of /proc/self/cgroup), or None."""
     with open("/proc/self/cgroup") as f:
-        return next((line.split("::", 1)[1].strip() for line in f if line.startswith("0::")), None)
+        return parse_cgroup(f.read())
 
 
 def _may_use_domain_controllers(root: str, environ: Mapping[str, str] = os.environ,

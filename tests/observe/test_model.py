@@ -4,6 +4,7 @@ and judging a task on an exclusive CPU."""
 from __future__ import annotations
 
 from numa_agent.core.cpuset import CpuSet
+from numa_agent.enforcement.processes import parse_cgroup
 from numa_agent.observe.model import (
     Guarded,
     Intruder,
@@ -13,7 +14,6 @@ from numa_agent.observe.model import (
     last_cpu,
     locality,
     parse_allowed,
-    parse_cgroup,
     parse_numa_maps,
     parse_numa_stat,
     parse_stat,
