@@ -36,6 +36,19 @@ _RESOURCE = re.compile(r"([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[a-z0-9]([-a-z0-9.]*[
 _PCI_ADDRESS = re.compile(r"[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]")
 
 
+def is_engine_cgroup(path: str) -> bool:
+    """An engine's cgroup (a container's, a Slurm task's) as /proc/PID/cgroup names
+    it: absolute below the cgroup2 mount. The agent's own cgroups are relative to
+    its root ("wl-db", "shared/web")."""
+    return path.startswith("/")
+
+
+def engine_cgroup_parent(path: str) -> str:
+    """The cgroup whose grant bounds an engine's cgroup: "/libpod_parent/libpod-1"
+    -> "/libpod_parent"; "/" for a child of the top."""
+    return "/" + path.strip("/").rpartition("/")[0]
+
+
 def is_workload_name(value: object) -> bool:
     """A valid workload or pod name (it is also a safe path component)."""
     return isinstance(value, str) and _NAME.fullmatch(value) is not None and ".." not in value

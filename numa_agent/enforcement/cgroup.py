@@ -39,6 +39,7 @@ from typing import Collection, Iterable, Protocol, runtime_checkable
 
 from numa_agent.core.cpuset import CpuSet, CpuSetParseError
 from numa_agent.core.hints import NumaMask
+from numa_agent.core.names import is_engine_cgroup
 from numa_agent.enforcement.errors import (
     CgroupError,
     CgroupInvalidError,
@@ -273,7 +274,7 @@ class CgroupV2:
             raise CgroupPathError(f"cgroup path must be a string, got {type(relpath).__name__}")
         if relpath == "":
             return self.root
-        if relpath.startswith("/"):
+        if is_engine_cgroup(relpath):
             return self._engine_path(relpath)
         self._check_components(relpath)
         full = self.root.joinpath(*relpath.split("/"))
@@ -605,11 +606,6 @@ def _mount_of(root: Path) -> Path:
     while top.parent != top and (top.parent / "cgroup.controllers").is_file():
         top = top.parent
     return top
-
-
-def is_engine_cgroup(relpath: str) -> bool:
-    """A workload enforced on an engine's own cgroup (see CgroupV2.path)."""
-    return relpath.startswith("/")
 
 
 def _limit_value(text: str, what: str, relpath: str) -> int | None:

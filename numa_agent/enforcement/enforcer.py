@@ -23,7 +23,8 @@ from typing import Callable, Collection, Iterable
 
 from numa_agent.core.cpuset import CpuSet
 from numa_agent.core.hints import NumaMask
-from numa_agent.enforcement.cgroup import CgroupV2, EventWatcher, is_engine_cgroup
+from numa_agent.core.names import engine_cgroup_parent, is_engine_cgroup
+from numa_agent.enforcement.cgroup import CgroupV2, EventWatcher
 from numa_agent.enforcement.errors import CgroupError, CgroupMissingError, EnforcementError
 from numa_agent.enforcement.marked import MarkedProcess, scan_marked
 from numa_agent.enforcement.plan import (
@@ -300,7 +301,7 @@ class CgroupEnforcer:
             path = self.cgroup.path(cgroup)
             if not self.cgroup.exists(cgroup):
                 raise EnforcementError(f"cgroup {path} does not exist")
-            parent = "/" + cgroup.strip("/").rpartition("/")[0]
+            parent = engine_cgroup_parent(cgroup)
             if parent == "/":
                 raise EnforcementError(f"cgroup {path} is a child of the root; an engine's cgroup "
                                        "lies below a parent of the engine's")

@@ -33,7 +33,7 @@ from numa_agent.admission.machine import Machine
 from numa_agent.admission.memory_manager import hugepage_size_kb
 from numa_agent.core.cpuset import CpuSet
 from numa_agent.core.layered import Layered
-from numa_agent.core.names import is_workload_name
+from numa_agent.core.names import is_engine_cgroup, is_workload_name
 from numa_agent.state.model import AgentState, Pod, Workload
 from numa_agent.state.model import replace as replace_value
 
@@ -222,7 +222,7 @@ def _bound_to_pool(spec: CgroupSpec) -> bool:
         return False
     if spec.relpath.startswith(SHARED_CGROUP + "/"):
         return True
-    return spec.relpath.startswith("/") and spec.record is not None and getattr(spec.record, "shared", False)
+    return is_engine_cgroup(spec.relpath) and isinstance(spec.record, Workload) and spec.record.shared
 
 
 def desired_layout(machine: Machine, state: AgentState) -> CgroupLayout:

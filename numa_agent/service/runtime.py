@@ -34,8 +34,8 @@ import time
 from typing import Callable, Iterable, Mapping
 
 from numa_agent.api.errors import Conflict, NotFound
+from numa_agent.core.names import is_engine_cgroup
 from numa_agent.discovery.files import DiscoveryError
-from numa_agent.enforcement.cgroup import is_engine_cgroup
 from numa_agent.enforcement.plan import WORKLOAD_PREFIX, CgroupSpec, workload_relpath
 from numa_agent.hotplug.events import EventsLost, HotplugEvent
 from numa_agent.state.model import AgentState, Workload

@@ -19,6 +19,7 @@ from numa_agent.admission.request import Request
 from numa_agent.admission.view import AdmissionView
 from numa_agent.core.cpuset import CpuSet
 from numa_agent.core.hints import HintSet, NumaMask
+from numa_agent.core.names import engine_cgroup_parent
 
 
 def _wants_exclusive(request: Request, machine: Machine) -> bool:
@@ -41,7 +42,7 @@ def _outside_grant(request: Request, view: AdmissionView, count: int) -> str:
     if request.cgroup is None:  # the caller's own within_cpus, in the agent's tree
         where = f"inside within_cpus {granted.format() or 'none'}"
     else:
-        parent = request.cgroup.rstrip("/").rpartition("/")[0] or "/"
+        parent = engine_cgroup_parent(request.cgroup)
         where = (f"inside the CPUs its engine granted ({granted.format() or 'none'}, the cpuset of cgroup "
                  f"{parent})")
     return (f"not enough CPUs: requested {count}, {len(free)} free for exclusive use {where}; "
