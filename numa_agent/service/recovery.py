@@ -254,13 +254,7 @@ def _adopt_engines(machine: Machine, state: AgentState, enforcer: Enforcer) -> t
                         "that exists; left alone", rel)
             continue
         pod = state.pod(record.pod) if record.pod is not None else None
-        booking = (_claimable_in_pod(state, pod, rel, record.booking) if pod is not None
-                   else _claimable(machine, state, rel, record.booking))
-        pids = enforcer.pids(rel)
-        pid, identity = ((record.pid, record.pid_identity) if record.pid in pids
-                         else (pids[0] if pids else None, None))
-        w = replace(record, booking=booking, shared=record.shared or not booking.cpus,
-                    pod=record.pod if pod is not None else None, pid=pid, pid_identity=identity)
+        w = _from_record(machine, state, rel, record, pod, enforcer.pids(rel))
         state = state.with_workload(w)
         if pod is not None:
             state = state.with_pod(replace(pod, members=tuple(sorted({*pod.members, w.name}))))
@@ -350,15 +344,7 @@ def _adopted_workload(machine: Machine, state: AgentState, enforcer: Enforcer, r
     pids = enforcer.pids(rel)
     record = _record_of(enforcer, rel, place, cpus)
     if isinstance(record, Workload):
-        if pod is not None:
-            booking = _claimable_in_pod(state, pod, rel, record.booking)
-        else:
-            booking = _claimable(machine, state, rel, record.booking)
-        shared = record.shared or not booking.cpus
-        # The recorded process while it is still there; else whoever is.
-        pid, identity = ((record.pid, record.pid_identity) if record.pid in pids
-                         else (pids[0] if pids else None, None))
-        return replace(record, booking=booking, shared=shared, pid=pid, pid_identity=identity)
+        return _from_record(machine, state, rel, record, pod, pids)
     limits = enforcer.read_limits(rel)
     if pod is not None:
         # A member's memory is a limit inside its pod's budget, not a booking.
@@ -379,6 +365,20 @@ def _adopted_workload(machine: Machine, state: AgentState, enforcer: Enforcer, r
     return Workload(name=place.name, owner_uid=owner, booking=booking, shared=shared, pod=place.pod,
                     pid=pids[0] if pids else None,
                     request={"adopted": True, **_limits_request(limits)})
+
+
+def _from_record(machine: Machine, state: AgentState, rel: str, record: Workload, pod: Pod | None,
+                 pids: list[int]) -> Workload:
+    """A workload adopted from the booking record on its cgroup: what nobody else
+    holds now (out of its pod's budget when its pod is known; outside any pod when
+    the record's pod is gone), and the recorded process while it is still there,
+    else whoever is."""
+    booking = (_claimable_in_pod(state, pod, rel, record.booking) if pod is not None
+               else _claimable(machine, state, rel, record.booking))
+    pid, identity = ((record.pid, record.pid_identity) if record.pid in pids
+                     else (pids[0] if pids else None, None))
+    return replace(record, booking=booking, shared=record.shared or not booking.cpus,
+                   pod=record.pod if pod is not None else None, pid=pid, pid_identity=identity)
 
 
 def _unbooked(machine: Machine, state: AgentState, cpus: CpuSet, rel: str) -> CpuSet:
