@@ -465,10 +465,9 @@ class AgentService:
             else:
                 # The engine may have made its cgroup again meanwhile (a container
                 # restarted before its exit was seen): take it over once more.
-                rel = workload_relpath(w)
-                before = {k: v for k, v in self._layout.items() if k != rel} \
-                    if not isinstance(self._layout, CgroupLayout) else self._layout.updated({}, [rel])
-                self.enforcer.apply(before, self._layout, None, changed={rel})
+                rel, layout = workload_relpath(w), self._layout
+                base = layout if isinstance(layout, CgroupLayout) else CgroupLayout(layout)
+                self.enforcer.apply(base.updated({}, [rel]), layout, None, changed={rel})
         except (EnforcementError, OSError, ProcessLookupError) as exc:
             raise ServiceUnavailable(f"workload {w.name} is booked but the process could not be "
                                      f"moved into it: {exc}") from None
