@@ -1,8 +1,10 @@
 """Writing the kubelet-shaped state files (numa_agent.kubelet.state_files).
 
-Each file is replaced whole: written to a private temporary name in the same
-directory, then renamed over the old one, so a reader sees the previous
-document or the next, never a part. No fsync: the files are a view of the
+Each file is replaced whole: written to a new, unpredictably named temporary
+file in the same directory, then renamed over the old one, so a reader sees
+the previous document or the next, never a part. The directory is checked and
+held open at start (state/trusted_dir.py): a root agent writing in a
+directory another user can change could be made to overwrite any file. No fsync: the files are a view of the
 checkpoint, not a record; the agent writes them again from the state it
 restores at every start.
 
@@ -24,6 +26,7 @@ from pathlib import Path
 from numa_agent.admission.machine import Machine
 from numa_agent.kubelet.state_files import CPU_MANAGER_STATE, MEMORY_MANAGER_STATE, StateDocuments
 from numa_agent.state.model import AgentState
+from numa_agent.state.trusted_dir import TrustedDir, UntrustedDirectory, open_directory
 
 log = logging.getLogger("numa_agent.kubelet")
 
@@ -34,11 +37,16 @@ class StateFilesError(Exception):
     pass
 
 
+class StateFilesUntrusted(StateFilesError):
+    """The directory could be changed by someone but root or the agent's user."""
+
+
 class StateFiles:
     """The two files in `directory`; `publish` after every change of state."""
 
     def __init__(self, directory: str | os.PathLike[str]) -> None:
         self.directory = Path(directory)
+        self._held: TrustedDir | None = None
         self._documents = StateDocuments()
         self._cond = threading.Condition()
         self._pending: dict[str, bytes] = {}  # file name -> the document it is to hold next
@@ -49,15 +57,24 @@ class StateFiles:
         self.last: dict[str, bytes] = {}
 
     def check(self) -> None:
-        """At start: the directory exists (made 0755 if missing) and takes files."""
+        """At start: the directory exists (made 0755 if missing), nobody but
+        root or the agent's user can change it, and it takes files."""
         try:
-            self.directory.mkdir(mode=0o755, parents=True, exist_ok=True)
-            probe = self.directory / f".{CPU_MANAGER_STATE}.{os.getpid()}.probe"
-            probe.write_bytes(b"")
-            probe.unlink()
+            held = open_directory(self.directory, "kubelet state directory", create_mode=0o755)
+        except UntrustedDirectory as exc:
+            raise StateFilesUntrusted(str(exc)) from None
         except OSError as exc:
             raise StateFilesError(f"cannot write the kubelet state files in {self.directory}: "
                                   f"{exc.strerror or exc}") from None
+        try:
+            fd, probe = held.create_temporary(CPU_MANAGER_STATE, FILE_MODE)
+            os.close(fd)
+            held.unlink(probe)
+        except OSError as exc:
+            held.close()
+            raise StateFilesError(f"cannot write the kubelet state files in {self.directory}: "
+                                  f"{exc.strerror or exc}") from None
+        self._held = held
 
     def publish(self, machine: Machine, state: AgentState) -> None:
         """The documents for `state`; each that changed is handed to the
@@ -94,6 +111,8 @@ class StateFiles:
             self._cond.notify_all()
         if self._thread is not None:
             self._thread.join(5)
+        if self._held is not None:
+            self._held.close()
 
     def _write_loop(self) -> None:
         while True:
@@ -122,13 +141,14 @@ class StateFiles:
         self._failing = failure
 
     def _replace(self, name: str, data: bytes) -> None:
-        tmp = self.directory / f".{name}.{os.getpid()}.tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, FILE_MODE)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-            os.fchmod(fd, FILE_MODE)  # whatever the umask
-        finally:
-            os.close(fd)
-        os.replace(tmp, self.directory / name)
+        if self._held is None or self._held.removed():
+            # Removed under the agent: written again once someone makes it
+            # again, and only if it passes the same check as at start.
+            if self._held is not None:
+                self._held.close()
+                self._held = None
+            try:
+                self._held = open_directory(self.directory, "kubelet state directory")
+            except UntrustedDirectory as exc:
+                raise OSError(str(exc)) from None
+        self._held.replace_file(name, data, FILE_MODE)
