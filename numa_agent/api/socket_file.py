@@ -10,9 +10,12 @@ from __future__ import annotations
 import errno
 import grp
 import os
+import secrets
 import socket
 import stat
 from typing import Callable
+
+from numa_agent.state.trusted_dir import TrustedDir, open_directory
 
 
 class SocketInUse(RuntimeError):
@@ -47,39 +50,47 @@ def place_socket(path: str, mode: int, group: str | None, bind_at: Callable[[str
     """Bind a socket at `path` with `mode` and `group`: `bind_at(name)` binds
     it at a temporary name under a private umask, owner and mode are fixed,
     then it is renamed into place, so the path never exists with loose
-    rights. Returns the file's (device, inode), for `remove_socket`."""
+    rights. The directory is made (0755) if missing and must be one only
+    root or the agent's user can change (state/trusted_dir.py): the chown and
+    chmod of a name another user could replace by a link would land on any
+    file. Returns the file's (device, inode), for `remove_socket`."""
     check_socket_path(path, option)
-    parent = os.path.dirname(path)
-    # Clients must reach the socket whatever the umask (the unit's is 0077).
-    old_umask = os.umask(0o022)
-    try:
-        os.makedirs(parent, mode=0o755, exist_ok=True)
-    finally:
-        os.umask(old_umask)
     gid = -1
     if group is not None:
         try:
             gid = grp.getgrnam(group).gr_gid
         except KeyError:
             raise ValueError(f"socket group {group!r} does not exist") from None
-    tmp = os.path.join(parent, f".{os.path.basename(path)}.{os.getpid()}.tmp")
-    if os.path.lexists(tmp):
-        os.unlink(tmp)
-    old_umask = os.umask(0o177)
-    try:
-        bind_at(tmp)
-    finally:
-        os.umask(old_umask)
-    try:
-        if gid != -1:
-            os.chown(tmp, -1, gid)
-        os.chmod(tmp, mode)
-        os.rename(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
-    st = os.stat(path)
+    with open_directory(os.path.dirname(os.path.abspath(path)), "socket directory", create_mode=0o755) as held:
+        tmp = f".{os.path.basename(path)}.{secrets.token_hex(6)}.tmp"
+        old_umask = os.umask(0o177)
+        try:
+            bind_at(held.proc_path(tmp))  # in the directory held, whatever its name leads to now
+        finally:
+            os.umask(old_umask)
+        try:
+            _set_owner_and_mode(held, tmp, gid, mode)
+            held.rename(tmp, os.path.basename(path))
+            st = held.lstat(os.path.basename(path))
+        except BaseException:
+            held.unlink(tmp, missing_ok=True)
+            raise
     return st.st_dev, st.st_ino
+
+
+def _set_owner_and_mode(held: TrustedDir, name: str, gid: int, mode: int) -> None:
+    """chown and chmod the socket just bound, never through a symlink: chmod
+    has no flag for that, so it goes through an O_PATH descriptor of the
+    socket itself."""
+    fd = held.open(name, os.O_PATH)
+    try:
+        if not stat.S_ISSOCK(os.fstat(fd).st_mode):
+            raise SocketInUse(f"{held / name} is no longer the socket just bound; refusing to use it")
+        if gid != -1:
+            os.chown(f"/proc/self/fd/{fd}", -1, gid)
+        os.chmod(f"/proc/self/fd/{fd}", mode)
+    finally:
+        os.close(fd)
 
 
 def remove_socket(path: str, inode: tuple[int, int] | None) -> None:
@@ -87,7 +98,7 @@ def remove_socket(path: str, inode: tuple[int, int] | None) -> None:
     if inode is None:
         return
     try:
-        st = os.stat(path)
+        st = os.lstat(path)
     except FileNotFoundError:
         return
     if inode == (st.st_dev, st.st_ino):

@@ -193,7 +193,7 @@ class KernelFiles:
     def write(self, file: Path, value: str) -> None:
         # No O_CREAT: a missing interface file means a missing controller,
         # which must surface as ENOENT rather than create a regular file.
-        fd = os.open(file, os.O_WRONLY | os.O_TRUNC | os.O_CLOEXEC)
+        fd = os.open(file, os.O_WRONLY | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC)
         try:
             data = value.encode("ascii")
             # cgroupfs parses one write() as one value; never split it.
@@ -207,7 +207,12 @@ class KernelFiles:
         os.mkdir(cgroup_dir)
         # 0755 whatever the umask (the unit's is 0077): a workload's own processes
         # and monitoring read their cgroup's files (memory.max, cpu.max, ...).
-        os.chmod(cgroup_dir, CGROUP_DIR_MODE)
+        # Through the directory's own descriptor: chmod by name follows a link.
+        fd = os.open(cgroup_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            os.fchmod(fd, CGROUP_DIR_MODE)
+        finally:
+            os.close(fd)
 
     def rmdir(self, cgroup_dir: Path) -> None:
         os.rmdir(cgroup_dir)
@@ -219,11 +224,11 @@ class KernelFiles:
         return _statfs_type(path)
 
     def setxattr(self, cgroup_dir: Path, name: str, value: bytes) -> None:
-        os.setxattr(cgroup_dir, name, value)
+        os.setxattr(cgroup_dir, name, value, follow_symlinks=False)
 
     def getxattr(self, cgroup_dir: Path, name: str) -> bytes | None:
         try:
-            return os.getxattr(cgroup_dir, name)
+            return os.getxattr(cgroup_dir, name, follow_symlinks=False)
         except OSError as exc:
             if exc.errno == errno.ENODATA:
                 return None
@@ -231,7 +236,7 @@ class KernelFiles:
 
     def removexattr(self, cgroup_dir: Path, name: str) -> None:
         try:
-            os.removexattr(cgroup_dir, name)
+            os.removexattr(cgroup_dir, name, follow_symlinks=False)
         except OSError as exc:
             if exc.errno != errno.ENODATA:
                 raise

@@ -82,7 +82,8 @@ class ProcSysKnobs:
         if key == IRQBALANCE:
             return self.irqbalance.write(value)
         # One write(2) of the whole value, as the kernel's store functions expect.
-        fd = os.open(self.path(key), os.O_WRONLY | os.O_TRUNC | os.O_CLOEXEC)  # as a shell's `>`
+        # As a shell's `>`, but never through a link (procfs and sysfs knobs are none).
+        fd = os.open(self.path(key), os.O_WRONLY | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC)
         try:
             os.write(fd, value.encode() + b"\n")
         finally:

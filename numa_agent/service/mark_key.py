@@ -2,17 +2,20 @@
 
 It lives in the runtime directory (tmpfs: a reboot clears it, and no workload
 survives a reboot either), mode 0600. Made atomically so that two agents
-starting at once end with the same key: written to a private temporary file,
-then linked into place, which fails if another agent got there first.
+starting at once end with the same key: written to a new temporary file
+(an unpredictable name, O_EXCL), then linked into place, which fails if
+another agent got there first.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import stat
 from pathlib import Path
 
 from numa_agent.core.mark import KEY_BYTES
+from numa_agent.state.trusted_dir import TrustedDir, open_directory, write_all
 
 log = logging.getLogger("numa_agent.service")
 
@@ -25,32 +28,44 @@ class MarkKeyError(Exception):
 
 def load_or_create_key(path: Path) -> bytes:
     """The key at `path`; a new one if it is missing, or damaged (then the
-    marks made with the old one no longer verify)."""
+    marks made with the old one no longer verify). Its directory must be one
+    only root or the agent's user can change (state/trusted_dir.py), and every
+    step works in it through its descriptor, never through a symlink."""
+    try:
+        held = open_directory(path.parent, "mark key directory", create_mode=0o755)
+    except OSError as exc:  # UntrustedDirectory goes up as it is: a configuration to fix
+        raise MarkKeyError(f"cannot open the mark key's directory {path.parent}: {exc.strerror or exc}") from None
+    with held:
+        return _load_or_create(held, path.name)
+
+
+def _load_or_create(held: TrustedDir, name: str) -> bytes:
+    path = held / name
     for _ in range(3):
-        found, key = _read(path)
+        found, key = _read(held, name)
         if key is not None:
             return key
         if found:  # decided on what was read, not on a second look another agent may race
             log.warning("mark key %s is damaged; replacing it (marks issued with it no longer verify)", path)
-            _replace(path)
-        elif _create(path):
+            held.rename(_temporary(held, name), name)
+        elif _create(held, name):
             log.info("mark key %s created", path)
         # else another agent made it first: read theirs
-    found, key = _read(path)
+    found, key = _read(held, name)
     if key is None:
         raise MarkKeyError(f"cannot make a usable mark key at {path}")
     return key
 
 
-def _read(path: Path) -> tuple[bool, bytes | None]:
-    """(whether something is at `path`, the key if it is a usable one)."""
+def _read(held: TrustedDir, name: str) -> tuple[bool, bytes | None]:
+    """(whether something is at `name`, the key if it is a usable one)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        fd = held.open(name, os.O_RDONLY)
     except FileNotFoundError:
         return False, None
     except OSError as exc:
-        if not path.is_symlink():
-            raise MarkKeyError(f"cannot read the mark key {path}: {exc}") from None
+        if not stat.S_ISLNK(held.lstat(name).st_mode):
+            raise MarkKeyError(f"cannot read the mark key {held / name}: {exc}") from None
         return True, None  # a symlink is not ours: damaged
     try:
         st = os.fstat(fd)
@@ -63,32 +78,26 @@ def _read(path: Path) -> tuple[bool, bytes | None]:
     return True, data
 
 
-def _temporary(path: Path) -> Path:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+def _temporary(held: TrustedDir, name: str) -> str:
+    fd, tmp = held.create_temporary(name, 0o600)
     try:
-        os.write(fd, os.urandom(KEY_BYTES))
+        write_all(fd, os.urandom(KEY_BYTES))
         os.fsync(fd)
     finally:
         os.close(fd)
     return tmp
 
 
-def _create(path: Path) -> bool:
+def _create(held: TrustedDir, name: str) -> bool:
     """Link a new key into place; False if one appeared meanwhile."""
-    tmp = _temporary(path)
+    tmp = _temporary(held, name)
     try:
-        os.link(tmp, path)
+        held.link(tmp, name)
         return True
     except FileExistsError:
         return False
     finally:
-        tmp.unlink(missing_ok=True)
-
-
-def _replace(path: Path) -> None:
-    tmp = _temporary(path)
-    os.replace(tmp, path)
+        held.unlink(tmp, missing_ok=True)
 
 
 __all__ = ["KEY_NAME", "MarkKeyError", "load_or_create_key"]

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 from numa_agent.enforcement.plan import AGENT_CGROUP
 from numa_agent.enforcement.processes import parse_cgroup
 from numa_agent.service.mark_key import KEY_NAME
+from numa_agent.state.trusted_dir import UntrustedDirectory
 
 if TYPE_CHECKING:
     from numa_agent.api.server import ApiServer
@@ -72,11 +73,13 @@ class Agent:
 
     def start(self) -> "Agent":
         """Start, or raise StartupError having released whatever was taken."""
-        from numa_agent.state.directory import StateDirError, claim_state_dir
+        from numa_agent.state.directory import StateDirError, StateDirUntrusted, claim_state_dir
 
         try:
             # First of all: one agent per state directory, and only a private one.
             claim = self.claim = claim_state_dir(self.cfg.state_dir)
+        except StateDirUntrusted as exc:
+            raise StartupConfigError(str(exc)) from None
         except StateDirError as exc:
             raise StartupError(str(exc)) from None
         try:
@@ -140,7 +143,7 @@ class Agent:
         machine = self._within_cgroup_root(machine, enforcer)
         self._claim_endpoints()
         # Only now is anything written: cgroups, the checkpoint.
-        store = CheckpointStore(cfg.state_dir)
+        store = CheckpointStore(self.claim.held if self.claim is not None else cfg.state_dir)
         mark_key = _mark_key(cfg)
         try:
             enforcer.setup()
@@ -175,6 +178,8 @@ class Agent:
         try:
             self.api = ApiServer(None, cfg.socket, socket_mode=cfg.socket_mode,
                                  socket_group=cfg.socket_group).bind()
+        except UntrustedDirectory as exc:
+            raise StartupConfigError(str(exc)) from None
         except Exception as exc:
             raise StartupError(f"cannot serve the API on {cfg.socket}: {exc}") from None
         self._claim_pod_resources()
@@ -196,6 +201,8 @@ class Agent:
         try:
             self.pod_resources = PodResourcesServer(path, cfg.pod_namespace, socket_mode=cfg.socket_mode,
                                                     socket_group=cfg.socket_group).bind()
+        except UntrustedDirectory as exc:
+            raise StartupConfigError(str(exc)) from None
         except Exception as exc:
             raise StartupError(f"cannot serve PodResources on {path}: {exc}") from None
 
@@ -420,6 +427,7 @@ def _kernel_cgroup(cfg, machine, why_not: str) -> Enforcer:
         if root is None:
             raise EnforcerUnavailable(why)
     _refuse_foreign_cpus(cfg, machine, f"--cgroup-root {root}")
+    _check_cgroup_root(root)
     cg = CgroupV2(root, KernelFiles())
     caps = cg.probe()
     if not caps.usable:
@@ -429,6 +437,19 @@ def _kernel_cgroup(cfg, machine, why_not: str) -> Enforcer:
     log.info("enforcing with cgroup v2 below %s", root)
     return CgroupEnforcer(cg, domain_controllers=_may_use_domain_controllers(root),
                           partitions=cfg.cpuset_partitions)
+
+
+def _check_cgroup_root(root: str) -> None:
+    """A root another user can change is refused: the agent makes and writes
+    cgroups below it as root (state/trusted_dir.py)."""
+    from numa_agent.state.trusted_dir import open_directory
+
+    try:
+        open_directory(root, "cgroup root").close()
+    except UntrustedDirectory as exc:
+        raise StartupConfigError(str(exc)) from None
+    except OSError:
+        pass  # missing or unreadable: the probe says so, in its words
 
 
 def _affinity(cfg, machine, why_not: str) -> Enforcer:
@@ -544,6 +565,8 @@ def _mark_key(cfg) -> bytes:
 
     try:
         return load_or_create_key(mark_key_path(cfg))
+    except UntrustedDirectory as exc:
+        raise StartupConfigError(str(exc)) from None
     except (MarkKeyError, OSError) as exc:
         raise StartupError(f"cannot set up the workload mark key: {exc}") from None
 
@@ -615,7 +638,7 @@ def _half(interval):
 
 def _kubelet_state_files(cfg):
     """The kubelet-shaped state files' writer, its directory checked; None when off."""
-    from numa_agent.kubelet.files import StateFiles, StateFilesError
+    from numa_agent.kubelet.files import StateFiles, StateFilesError, StateFilesUntrusted
 
     directory = cfg.kubelet_state_path()
     if directory is None:
@@ -623,6 +646,8 @@ def _kubelet_state_files(cfg):
     files = StateFiles(directory)
     try:
         files.check()
+    except StateFilesUntrusted as exc:
+        raise StartupConfigError(str(exc)) from None
     except StateFilesError as exc:
         raise StartupError(str(exc)) from None
     return files

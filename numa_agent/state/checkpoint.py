@@ -35,9 +35,9 @@ by recovery).
 from __future__ import annotations
 
 import errno
+import fnmatch
 import hashlib
 import os
-import tempfile
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -46,6 +46,7 @@ import msgspec
 
 from numa_agent.state import journal
 from numa_agent.state.model import AgentState
+from numa_agent.state.trusted_dir import TrustedDir, UntrustedDirectory, open_directory, write_all
 
 VERSION = 1
 FILE_NAME = "checkpoint.json"
@@ -109,8 +110,14 @@ def checksum_of(data: object) -> str:
 
 
 class CheckpointStore:
-    def __init__(self, directory: str | os.PathLike, compact_every: int = COMPACT_EVERY) -> None:
-        self.directory = Path(directory)
+    """The checkpoint files in one directory: the agent's held state directory
+    (a TrustedDir: every file is opened relative to it, never through a
+    symlink), or a path, checked and opened on first use."""
+
+    def __init__(self, directory: str | os.PathLike | TrustedDir, compact_every: int = COMPACT_EVERY) -> None:
+        self._held = directory if isinstance(directory, TrustedDir) else None
+        self._given = self._held is not None
+        self.directory = directory.path if isinstance(directory, TrustedDir) else Path(directory)
         # (device, inode, size, mtime) of the checkpoint this store last wrote:
         # while the file still matches, it is known good without reading it.
         self._written: tuple[int, int, int, int] | None = None
@@ -164,12 +171,12 @@ class CheckpointStore:
         """The snapshot and the journal are the files this store wrote last
         (one stat each): nobody replaced, truncated or appended to them."""
         try:
-            if self._written is None or _signature(os.stat(self.path)) != self._written:
+            if self._written is None or _signature(self._dir().lstat(FILE_NAME)) != self._written:
                 return False
             if self._journal_sig is None:
-                return not os.path.lexists(self.journal_path)
-            st = os.stat(self.journal_path)
-        except OSError:
+                return not self._dir().exists(JOURNAL_NAME)
+            st = self._dir().lstat(JOURNAL_NAME)
+        except (OSError, CheckpointError):
             return False
         return (st.st_dev, st.st_ino, st.st_size) == self._journal_sig
 
@@ -179,7 +186,7 @@ class CheckpointStore:
         fd = -1
         try:
             fd = self._open_journal()
-            _write_all(fd, line)
+            write_all(fd, line)
             os.fdatasync(fd)
         except OSError as exc:
             # Part of the entry may be there: cut it off so no later entry
@@ -201,14 +208,13 @@ class CheckpointStore:
         self._journal_sig = (dev, ino, self._journal_size)
 
     def _open_journal(self) -> int:
-        fd = os.open(self.journal_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
-                     0o600)
+        fd = self._dir().open(JOURNAL_NAME, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         try:
             st = os.fstat(fd)
             if st.st_size != self._journal_size:
                 os.ftruncate(fd, self._journal_size)
             if self._journal_sig is None:
-                _fsync_directory(self.directory)  # a new journal's name is on disk before an entry counts
+                self._dir().fsync()  # a new journal's name is on disk before an entry counts
         except OSError:
             os.close(fd)
             raise
@@ -231,7 +237,7 @@ class CheckpointStore:
         content = msgspec.json.format(canonical_json(document), indent=1) + b"\n"
 
         self._last = None  # a payload, not a state: the next commit is a snapshot
-        self._ensure_directory()
+        held = self._dir()
         self._remove_stale_temps()
         empty_first = self._journal_names(checksum)
         if empty_first:
@@ -239,29 +245,28 @@ class CheckpointStore:
         fd = -1
         temp = ""
         try:
-            fd, temp = tempfile.mkstemp(prefix=_TEMP_PREFIX, suffix=_TEMP_SUFFIX,
-                                        dir=self.directory)
-            _write_all(fd, content)
+            fd, temp = held.create_temporary(FILE_NAME)
+            write_all(fd, content)
             os.fsync(fd)
             os.close(fd)
             fd = -1
             self._keep_previous()
-            os.replace(temp, self.path)
+            held.rename(temp, FILE_NAME)
             temp = ""
         except OSError as exc:
             if fd >= 0:
                 os.close(fd)
             if temp:
-                _unlink_quietly(temp)
+                _unlink_quietly(held, temp)
             raise CheckpointWriteError(f"saving checkpoint {self.path} failed: {_describe(exc)}; "
                                        "the previous checkpoint is unchanged") from None
         self._base = None  # until the journal is known to follow this snapshot
         try:
-            self._written = _signature(os.stat(self.path))
+            self._written = _signature(held.lstat(FILE_NAME))
         except OSError:
             self._written = None  # the next save reads it back instead
         try:
-            _fsync_directory(self.directory)
+            held.fsync()
         except OSError as exc:
             raise CheckpointWriteError(
                 f"checkpoint {self.path} was replaced but fsync of {self.directory} failed: "
@@ -276,7 +281,7 @@ class CheckpointStore:
         if self._base is not None and self._files_as_left():
             return self._seq > 0 and self._base == checksum
         try:
-            raw = self.journal_path.read_bytes()
+            raw = self._dir().read_bytes(JOURNAL_NAME)
         except FileNotFoundError:
             return False
         except OSError:
@@ -288,7 +293,7 @@ class CheckpointStore:
         self._seq = self._journal_size = 0
         self._journal_sig = None
         try:
-            fd = os.open(self.journal_path, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            fd = self._dir().open(JOURNAL_NAME, os.O_WRONLY)
         except FileNotFoundError:
             return
         except OSError as exc:
@@ -312,7 +317,7 @@ class CheckpointStore:
         """The checkpoint in place verifies: the one this store wrote and nobody
         touched since (one stat per save), else read and checked."""
         try:
-            if self._written is not None and _signature(os.stat(self.path)) == self._written:
+            if self._written is not None and _signature(self._dir().lstat(FILE_NAME)) == self._written:
                 return True
         except OSError:
             return False
@@ -321,12 +326,29 @@ class CheckpointStore:
         except (CheckpointCorruptError, CheckpointReadError):
             return False
 
-    def _ensure_directory(self) -> None:
+    def _dir(self, create: bool = True) -> TrustedDir:
+        """The directory, held open: the one given, or this path's checked and
+        made (0700) on first use, and again if it was removed meanwhile.
+        FileNotFoundError when it is missing and not to be made (a load)."""
+        if self._held is not None and (self._given or not self._held.removed()):
+            return self._held
+        if self._held is not None:
+            self._held.close()
+            self._held = None
         try:
-            self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+            self._held = open_directory(self.directory, "state directory",
+                                        create_mode=0o700 if create else None)
+        except UntrustedDirectory as exc:
+            raise CheckpointWriteError(str(exc)) from None
+        except FileNotFoundError:
+            if not create:
+                raise
+            raise CheckpointWriteError(f"cannot create state directory {self.directory}: "
+                                       "a directory above it is missing") from None
         except OSError as exc:
             raise CheckpointWriteError(f"cannot create state directory {self.directory}: "
                                        f"{_describe(exc)}") from None
+        return self._held
 
     def _keep_previous(self) -> None:
         """Make the current checkpoint the previous generation, if it is a good
@@ -334,25 +356,26 @@ class CheckpointStore:
         linked, not copied: it was fsynced when it was written."""
         if not self._current_is_good():
             return
-        staged = self.directory / _PREVIOUS_TEMP
-        _unlink_quietly(str(staged))
+        held = self._dir()
+        _unlink_quietly(held, _PREVIOUS_TEMP)
         try:
-            os.link(self.path, staged)
+            held.link(FILE_NAME, _PREVIOUS_TEMP)
         except OSError:
             # No hard links here: an fsynced copy instead.
-            _copy_synced(self.path, staged)
+            _copy_synced(held, FILE_NAME, _PREVIOUS_TEMP)
         try:
-            os.replace(staged, self.previous_path)
+            held.rename(_PREVIOUS_TEMP, PREVIOUS_NAME)
         except OSError:
-            _unlink_quietly(str(staged))
+            _unlink_quietly(held, _PREVIOUS_TEMP)
             raise
         # `.prev` is on disk before the current checkpoint is replaced.
-        _fsync_directory(self.directory)
+        held.fsync()
 
     def _remove_stale_temps(self) -> None:
         # Left by a crash between mkstemp and rename; never a live checkpoint.
-        for entry in sorted(self.directory.glob(f"{_TEMP_PREFIX}*{_TEMP_SUFFIX}")):
-            _unlink_quietly(str(entry))
+        held = self._dir()
+        for name in sorted(fnmatch.filter(held.listdir(), f"{_TEMP_PREFIX}*{_TEMP_SUFFIX}")):
+            _unlink_quietly(held, name)
 
     # ---- load -----------------------------------------------------------------
     def load(self) -> dict | None:
@@ -385,8 +408,8 @@ class CheckpointStore:
                 return Loaded(data, path, tuple(damaged))
             return self._replayed(data, checksum, path, damaged)
         try:
-            orphan = self.journal_path.stat().st_size > 0
-        except OSError:
+            orphan = self._dir(create=False).lstat(JOURNAL_NAME).st_size > 0
+        except (OSError, CheckpointError):
             orphan = False
         if orphan:
             # Changes after a snapshot that is gone: moved aside, never emptied.
@@ -396,7 +419,7 @@ class CheckpointStore:
     def _replayed(self, data: dict, checksum: str, path: Path,
                   damaged: list[CheckpointCorruptError]) -> Loaded:
         try:
-            raw = self.journal_path.read_bytes()
+            raw = self._dir(create=False).read_bytes(JOURNAL_NAME)
         except FileNotFoundError:
             return Loaded(data, path, tuple(damaged))
         except OSError as exc:
@@ -426,9 +449,11 @@ class CheckpointStore:
     def _read_document(self, path: Path) -> tuple[dict, str] | None:
         """(verified payload, its checksum) of one generation; None if absent."""
         try:
-            raw = path.read_bytes()
+            raw = self._dir(create=False).read_bytes(path.name)
         except FileNotFoundError:
             return None
+        except CheckpointWriteError as exc:  # an untrusted directory: not read
+            raise CheckpointReadError(str(exc)) from None
         except OSError as exc:
             raise CheckpointReadError(f"cannot read checkpoint {path}: "
                                       f"{_describe(exc)}") from None
@@ -465,7 +490,11 @@ class CheckpointStore:
         previous one or the journal) aside as `<its name>.corrupt-<UTC time>`,
         never deleting it, and return the new path; None if there is none."""
         source = self.path if path is None else path
-        if not source.exists():
+        try:
+            held = self._dir(create=False)
+        except FileNotFoundError:
+            return None
+        if not held.exists(source.name):
             return None
         if source == self.journal_path:
             self._base = None  # the next commit starts over with a snapshot
@@ -473,51 +502,34 @@ class CheckpointStore:
         base = f"{source.name}.corrupt-{stamp.strftime('%Y%m%dT%H%M%SZ')}"
         target = self.directory / base
         counter = 1
-        while target.exists():
+        while held.exists(target.name):
             target = self.directory / f"{base}.{counter}"
             counter += 1
         try:
-            os.rename(source, target)
-            _fsync_directory(self.directory)
+            held.rename(source.name, target.name)
+            held.fsync()
         except OSError as exc:
             raise CheckpointWriteError(f"cannot move {source} aside to {target}: "
                                        f"{_describe(exc)}") from None
         return target
 
 
-def _write_all(fd: int, content: bytes) -> None:
-    view = memoryview(content)
-    while view:
-        written = os.write(fd, view)
-        if written <= 0:
-            raise OSError(errno.EIO, "write returned no progress")
-        view = view[written:]
-
-
-def _copy_synced(source: Path, target: Path) -> None:
-    content = source.read_bytes()
-    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+def _copy_synced(held: TrustedDir, source: str, target: str) -> None:
+    content = held.read_bytes(source)
+    fd = held.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
-        _write_all(fd, content)
+        write_all(fd, content)
         os.fsync(fd)
     except OSError:
         os.close(fd)
-        _unlink_quietly(str(target))
+        _unlink_quietly(held, target)
         raise
     os.close(fd)
 
 
-def _fsync_directory(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+def _unlink_quietly(held: TrustedDir, name: str) -> None:
     try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _unlink_quietly(path: str) -> None:
-    try:
-        os.unlink(path)
+        held.unlink(name)
     except OSError:
         pass
 

@@ -3,9 +3,9 @@ the agent's user can write.
 
 `claim_state_dir` is the agent's very first step, before discovery, recovery
 or any write. It creates the directory 0700 if missing, refuses one that
-another user owns or that the group or the world may write (anyone who can
-write the checkpoint can forge bookings: its checksum detects damage, not
-intent), and takes an exclusive `flock` on `lock` inside it. The lock lives as
+another user owns or that the group or the world may write, or below such a
+directory (anyone who can write the checkpoint can forge bookings: its
+checksum detects damage, not intent; state/trusted_dir.py), and takes an exclusive `flock` on `lock` inside it. The lock lives as
 long as the returned object's descriptor, so it is released by the kernel
 when the agent exits however it exits; a second agent on the same directory
 fails at once naming the holder's PID.
@@ -19,6 +19,8 @@ import os
 import stat
 from pathlib import Path
 
+from numa_agent.state.trusted_dir import TrustedDir, UntrustedDirectory, agent_owners, open_directory
+
 LOCK_NAME = "lock"
 # Files in the directory the agent reads back; each must be as private as the directory.
 GUARDED_FILES = ("checkpoint.json", "checkpoint.json.prev", "checkpoint.journal", LOCK_NAME)
@@ -26,6 +28,11 @@ GUARDED_FILES = ("checkpoint.json", "checkpoint.json.prev", "checkpoint.journal"
 
 class StateDirError(Exception):
     """The state directory cannot be trusted or used; the message has the remedy."""
+
+
+class StateDirUntrusted(StateDirError):
+    """Someone but root or the agent's user could change the directory or a
+    file in it: a configuration to fix, which no restart cures."""
 
 
 class StateDirLocked(StateDirError):
@@ -39,10 +46,12 @@ class StateDirLocked(StateDirError):
 
 
 class StateDirClaim:
-    """The held lock; `release()` (or process exit) gives it up."""
+    """The held lock and the directory, held open (`held`: what the checkpoint
+    writes through); `release()` (or process exit) gives both up."""
 
-    def __init__(self, directory: Path, fd: int, created: bool) -> None:
-        self.directory = directory
+    def __init__(self, held: TrustedDir, fd: int, created: bool) -> None:
+        self.held = held
+        self.directory = held.path
         self._fd = fd
         self._created = created
 
@@ -50,66 +59,71 @@ class StateDirClaim:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
+        self.held.close()
 
     def abandon(self) -> None:
         """Release after a failed start: a directory this claim created is
         removed again if nothing but the lock was put in it."""
         if self._fd >= 0 and self._created:
             try:
-                if os.listdir(self.directory) == [LOCK_NAME]:
-                    os.unlink(self.directory / LOCK_NAME)
+                if self.held.listdir() == [LOCK_NAME]:
+                    self.held.unlink(LOCK_NAME)
                     os.rmdir(self.directory)
             except OSError:
                 pass  # something else appeared: leave it
         self.release()
 
 
-def claim_state_dir(directory: str | os.PathLike, *, uid: int | None = None) -> StateDirClaim:
+def claim_state_dir(directory: str | os.PathLike) -> StateDirClaim:
     """Create (0700), check and lock the state directory; see the module doc."""
     path = Path(directory).absolute()
-    owner = os.geteuid() if uid is None else uid
     created = not os.path.lexists(path)
     try:
-        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        held = open_directory(path, "state directory", create_mode=0o700)
+    except UntrustedDirectory as exc:
+        raise StateDirUntrusted(str(exc)) from None
     except OSError as exc:
         raise StateDirError(f"cannot create state directory {path}: {exc.strerror or exc}") from None
-    _check_private(path, owner, "state directory", directory=True)
-    for name in GUARDED_FILES:
-        _check_private(path / name, owner, "file", directory=False)
     try:
-        fd = os.open(path / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    except OSError as exc:
-        raise StateDirError(f"cannot open {path / LOCK_NAME}: {exc.strerror or exc}") from None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as exc:
-        holder = _read_pid(fd)
-        os.close(fd)
-        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-            raise StateDirLocked(path, holder) from None
-        raise StateDirError(f"cannot lock {path / LOCK_NAME}: {exc.strerror or exc}") from None
+        for name in GUARDED_FILES:
+            _check_private(held, name)
+        try:
+            fd = held.open(LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as exc:
+            raise StateDirError(f"cannot open {path / LOCK_NAME}: {exc.strerror or exc}") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            holder = _read_pid(fd)
+            os.close(fd)
+            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                raise StateDirLocked(path, holder) from None
+            raise StateDirError(f"cannot lock {path / LOCK_NAME}: {exc.strerror or exc}") from None
+    except BaseException:
+        held.close()
+        raise
     # Ours now: say who holds it, for the next agent's message.
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-    return StateDirClaim(path, fd, created)
+    return StateDirClaim(held, fd, created)
 
 
-def _check_private(path: Path, owner: int, what: str, *, directory: bool) -> None:
+def _check_private(directory: TrustedDir, name: str) -> None:
+    path = directory / name
     try:
-        st = os.lstat(path)
+        st = directory.lstat(name)
     except FileNotFoundError:
         return
     except OSError as exc:
         raise StateDirError(f"cannot inspect {path}: {exc.strerror or exc}") from None
-    kind_ok = stat.S_ISDIR(st.st_mode) if directory else stat.S_ISREG(st.st_mode)
-    if not kind_ok:
-        expected = "a directory" if directory else "a regular file"
-        raise StateDirError(f"{what} {path} is not {expected} (a symlink or device is refused)")
-    if st.st_uid != owner:
-        raise StateDirError(f"{what} {path} is owned by uid {st.st_uid}, not by the agent's uid {owner}; "
-                            f"anyone who can write it can forge bookings: chown {owner} {path}")
+    if not stat.S_ISREG(st.st_mode):
+        raise StateDirUntrusted(f"file {path} is not a regular file (a symlink or device is refused)")
+    if st.st_uid not in agent_owners():
+        raise StateDirUntrusted(f"file {path} is owned by uid {st.st_uid}, not by root or the agent's uid "
+                            f"{os.geteuid()}; anyone who can write it can forge bookings: "
+                            f"chown {os.geteuid()} {path}")
     if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        raise StateDirError(f"{what} {path} is writable by its group or by others (mode "
+        raise StateDirUntrusted(f"file {path} is writable by its group or by others (mode "
                             f"{stat.S_IMODE(st.st_mode):04o}); anyone who can write it can forge bookings: "
                             f"chmod go-w {path}")
 

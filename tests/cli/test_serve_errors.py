@@ -162,8 +162,24 @@ def test_world_writable_state_dir_is_refused(tmp_path):
     state = tmp_path / "state"
     state.mkdir()
     os.chmod(state, 0o777)
-    one_clear_line(serve(tmp_path, "--cgroup-root", "none"), "writable by its group or by others", "chmod go-w")
+    one_clear_line(serve(tmp_path, "--cgroup-root", "none"), "writable by its group or by others", "chmod go-w",
+                   "owner root (uid 0), mode 0777", code=EX_CONFIG)
     assert os.listdir(state) == []
+
+
+@pytest.mark.parametrize("what,option", [("kubelet state directory", "--kubelet-state-dir"),
+                                         ("socket directory", "--socket"),
+                                         ("socket directory", "--pod-resources-socket")])
+def test_a_directory_others_can_write_is_refused_before_anything_is_written(tmp_path, what, option):
+    """Exit 78, one line naming the directory, its owner and mode; nothing made in it."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o777)
+    value = str(shared) if option == "--kubelet-state-dir" else str(shared / "x.sock")
+    r = serve(tmp_path, "--cgroup-root", "none", option, value)
+    one_clear_line(r, f"{what} {shared} is writable by its group or by others", "mode 0777", code=EX_CONFIG)
+    assert os.listdir(shared) == []
+    assert not (tmp_path / "state").exists()
 
 
 def test_failed_start_leaves_no_state_dir(tmp_path):

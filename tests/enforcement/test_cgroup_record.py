@@ -49,7 +49,7 @@ def test_kernel_files_errors_are_typed_by_the_driver(tmp_path, monkeypatch):
     (tmp_path / "w").mkdir()
     cg = CgroupV2(tmp_path, KernelFiles())
 
-    def unsupported(path, name, value):
+    def unsupported(path, name, value, **kwargs):
         raise OSError(errno.EOPNOTSUPP, os.strerror(errno.EOPNOTSUPP))
 
     monkeypatch.setattr(os, "setxattr", unsupported)
@@ -93,7 +93,7 @@ def test_fake_keeps_real_xattrs_where_the_file_system_takes_them(cg, fake_root):
 def test_fake_falls_back_to_a_sidecar_that_is_no_cgroup(cg, fake_root, monkeypatch):
     cg.create("wl-a")
 
-    def unsupported(*args):
+    def unsupported(*args, **kwargs):
         raise OSError(errno.EOPNOTSUPP, os.strerror(errno.EOPNOTSUPP))
 
     for name in ("setxattr", "getxattr", "removexattr"):
@@ -114,7 +114,7 @@ def test_fake_sidecar_never_shadowed_by_an_older_attribute(cg, fake_root, monkey
     cg.write_xattr("wl-a", NAME, b"old")
     real = os.setxattr
 
-    def too_big(path, name, value):  # e.g. ext4 without ea_inode: one block at most
+    def too_big(path, name, value, **kwargs):  # e.g. ext4 without ea_inode: one block at most
         if len(value) > 8:
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         real(path, name, value)

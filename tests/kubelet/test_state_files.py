@@ -177,5 +177,68 @@ def test_a_failed_write_is_logged_once_and_made_good_by_the_next_change(tmp_path
 def test_a_directory_that_cannot_take_files_is_a_startup_error(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("")
-    with pytest.raises(StateFilesError, match="cannot write the kubelet state files in .*file/sub"):
+    with pytest.raises(StateFilesError, match="kubelet state directory .*file/sub: .*file is not a directory"):
         StateFiles(blocker / "sub").check()
+
+
+def _published(files, name="a"):
+    m = machine()
+    state = admit(m, AgentState(policy_fingerprint=m.policy.fingerprint()), name, cpus=1)
+    files.publish(m, state)
+    assert files.flush()
+
+
+def test_links_planted_in_the_directory_are_never_written_through(tmp_path):
+    """At the files' names and at the temporary names an older agent used
+    (`.<name>.<pid>.tmp`): replaced or left, the files they lead to untouched."""
+    import os
+
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"precious")
+    where = tmp_path / "kubelet"
+    files = StateFiles(where)
+    files.check()
+    for name in ("cpu_manager_state", "memory_manager_state"):
+        os.symlink(victim, where / name)
+        os.symlink(victim, where / f".{name}.{os.getpid()}.tmp")
+    _published(files)
+    files.close()
+    assert victim.read_bytes() == b"precious"
+    assert "a" in json.loads((where / "cpu_manager_state").read_bytes())["entries"]
+
+
+def test_a_directory_swapped_for_a_link_after_start_is_not_followed(tmp_path):
+    import os
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    where = tmp_path / "kubelet"
+    files = StateFiles(where)
+    files.check()
+    os.rename(where, tmp_path / "moved")
+    os.symlink(elsewhere, where)
+    _published(files)
+    files.close()
+    assert os.listdir(elsewhere) == []
+    assert (tmp_path / "moved" / "cpu_manager_state").exists()
+
+
+@pytest.mark.parametrize("setup", ["world-writable", "above world-writable", "another owner"])
+def test_a_directory_others_can_change_is_refused_at_start(tmp_path, setup):
+    import os
+
+    from numa_agent.kubelet.files import StateFilesUntrusted
+
+    if setup == "another owner" and os.geteuid() != 0:
+        pytest.skip("chown to another user needs root")
+    where = tmp_path / "above" / "kubelet"
+    where.mkdir(parents=True)
+    if setup == "world-writable":
+        os.chmod(where, 0o777)
+    elif setup == "above world-writable":
+        os.chmod(where.parent, 0o777)
+    else:
+        os.chown(where, 54321, -1)
+    with pytest.raises(StateFilesUntrusted, match="kubelet state directory .*kubelet.* is (writable|owned)"):
+        StateFiles(where).check()
+    assert os.listdir(where) == []

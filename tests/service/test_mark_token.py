@@ -206,11 +206,11 @@ def test_a_key_made_by_another_agent_right_after_we_found_none_is_taken_not_repl
     from numa_agent.service import mark_key
     path, theirs, real_read = tmp_path / "mark.key", [], mark_key._read
 
-    def read_then_race(p):
-        seen = real_read(p)
+    def read_then_race(held, name):
+        seen = real_read(held, name)
         if not theirs:
             monkeypatch.setattr(mark_key, "_read", real_read)
-            theirs.append(load_or_create_key(p))  # the other agent, in between
+            theirs.append(load_or_create_key(path))  # the other agent, in between
             monkeypatch.setattr(mark_key, "_read", read_then_race)
         return seen
 

@@ -11,7 +11,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from numa_agent.state import checkpoint as checkpoint_module
 from numa_agent.state.checkpoint import (
     CheckpointCorruptError,
     CheckpointReadError,
@@ -19,6 +18,7 @@ from numa_agent.state.checkpoint import (
     CheckpointWriteError,
     checksum_of,
 )
+from numa_agent.state.trusted_dir import TrustedDir
 
 PAYLOAD = {"workloads": {"db": {"cpus": "2-3", "mems": [0]}}, "epoch": 7}
 
@@ -172,10 +172,10 @@ def test_quarantine_failure_is_reported(tmp_path, monkeypatch):
     store = CheckpointStore(tmp_path)
     store.path.write_text("x")
 
-    def refuse(*args):
+    def refuse(*args, **kwargs):
         raise PermissionError(13, "Permission denied")
 
-    monkeypatch.setattr(os, "rename", refuse)
+    monkeypatch.setattr(os, "replace", refuse)
     with pytest.raises(CheckpointWriteError, match="cannot move .* aside .*EACCES"):
         store.quarantine()
     monkeypatch.undo()
@@ -201,7 +201,7 @@ def test_failed_rename_keeps_previous_and_leaves_no_temp(tmp_path, monkeypatch):
     store = CheckpointStore(tmp_path)
     store.save({"n": 1})
 
-    def refuse(src, dst):
+    def refuse(src, dst, **kwargs):
         raise PermissionError(13, "Permission denied")
 
     monkeypatch.setattr(os, "replace", refuse)
@@ -257,7 +257,7 @@ def test_unwritable_directory(tmp_path, monkeypatch):
         raise PermissionError(13, "Permission denied")
 
     # Root ignores directory permission bits, so refuse the temp file itself.
-    monkeypatch.setattr(checkpoint_module.tempfile, "mkstemp", refuse)
+    monkeypatch.setattr(TrustedDir, "create_temporary", refuse)
     with pytest.raises(CheckpointWriteError, match="EACCES"):
         store.save({"n": 2})
     monkeypatch.undo()
@@ -267,7 +267,7 @@ def test_unwritable_directory(tmp_path, monkeypatch):
 def test_state_directory_that_cannot_be_created(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("")
-    with pytest.raises(CheckpointWriteError, match="cannot create state directory .*ENOTDIR"):
+    with pytest.raises(CheckpointWriteError, match="state directory .*file is not a directory"):
         CheckpointStore(blocker / "state").save({})
 
 

@@ -130,7 +130,7 @@ def test_quarantine_of_the_previous_generation(tmp_path):
 def test_without_hard_links_the_previous_is_a_copy(tmp_path, monkeypatch):
     store = two_generations(tmp_path)
 
-    def no_links(src, dst):
+    def no_links(src, dst, **kwargs):
         raise PermissionError(1, "Operation not permitted")
 
     monkeypatch.setattr(os, "link", no_links)

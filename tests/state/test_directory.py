@@ -6,7 +6,7 @@ import stat
 
 import pytest
 
-from numa_agent.state.directory import StateDirError, StateDirLocked, claim_state_dir
+from numa_agent.state.directory import StateDirError, StateDirLocked, StateDirUntrusted, claim_state_dir
 
 
 def test_created_private_and_locked_with_our_pid(tmp_path):
@@ -57,12 +57,25 @@ def test_symlinked_checkpoint_is_refused(tmp_path):
         claim_state_dir(state)
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="chown to another user needs root")
 def test_directory_of_another_user_is_refused(tmp_path):
     state = tmp_path / "state"
     state.mkdir(mode=0o700)
-    other = os.geteuid() + 1
-    with pytest.raises(StateDirError, match=f"owned by uid {os.geteuid()}, not by the agent's uid {other}"):
-        claim_state_dir(state, uid=other)
+    os.chown(state, 54321, -1)
+    with pytest.raises(StateDirUntrusted, match="owned by another user \\(owner uid 54321, mode 0700\\)"):
+        claim_state_dir(state)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="chown to another user needs root")
+def test_directory_below_one_another_user_may_write_is_refused(tmp_path):
+    """Whoever can write a directory above it can swap the state directory for another."""
+    above = tmp_path / "above"
+    above.mkdir()
+    os.chown(above, 54321, -1)
+    (above / "state").mkdir(mode=0o700)
+    with pytest.raises(StateDirUntrusted, match=f"{above} above it is owned by another user"):
+        claim_state_dir(above / "state")
+    assert not (above / "state" / "lock").exists()
 
 
 def test_a_writable_or_symlinked_journal_is_refused(tmp_path):

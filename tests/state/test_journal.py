@@ -248,7 +248,7 @@ def test_a_snapshot_equal_to_the_journals_base_empties_the_journal_first(tmp_pat
     assert store.commit(x.with_workload(workload("a", 60))) == "journal"
     assert store.journal_path.stat().st_size > 0
 
-    def crash(*args):
+    def crash(*args, **kwargs):
         raise Crash()
 
     monkeypatch.setattr(checkpoint_module.os, "replace", crash)
