@@ -99,3 +99,16 @@ def test_metrics_only_for_owners_with_a_quota(env, sleepers):
     assert quota == {
         ("numa_agent_quota_used", (("owner", "alice"), ("resource", "cpus"))): 2.0,
         ("numa_agent_quota_limit", (("owner", "alice"), ("resource", "cpus"))): 8.0}
+
+
+def test_the_user_database_gives_an_owners_name_and_groups():
+    from numa_agent.service.caller import system_owner, unknown_quota_names
+
+    root = system_owner(0)
+    assert root.uid == 0 and root.name == "root" and "root" in root.groups
+    unknown = 2**31 - 7  # no passwd entry: no name, no group, so only `default` applies
+    assert system_owner(unknown) == Owner(unknown)
+    assert unknown_quota_names(Quotas(users={"root": Limits(), "no-such-user-q25": Limits()},
+                                      groups={"root": Limits(), "no-such-group-q25": Limits()})) == [
+        "quotas.users.no-such-user-q25: no user named 'no-such-user-q25' in the user database",
+        "quotas.groups.no-such-group-q25: no group named 'no-such-group-q25' in the user database"]
