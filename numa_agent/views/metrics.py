@@ -31,6 +31,7 @@ from prometheus_client.core import (
 from prometheus_client.exposition import start_http_server
 from prometheus_client.utils import floatToGoString
 
+from numa_agent.admission.quota import limited
 from numa_agent.core.cpuset import CpuSet
 
 log = logging.getLogger("numa_agent.metrics")
@@ -339,8 +340,6 @@ def _quota_families(owners: list[Mapping[str, Any]]) -> list[Metric]:
     """What each owner holds and may hold, for the resources a [quotas] entry limits it
     in: `resource` is cpus (exclusive CPUs), memory_bytes or a device resource's name
     (devices); `owner` the user name, else the uid."""
-    from numa_agent.admission.quota import limited
-
     labels = ["owner", "resource"]
     used = GaugeMetricFamily(PREFIX + "quota_used", "What an owner with a quota holds, by resource: "
                              "exclusive CPUs (cpus), booked memory and hugepages in bytes (memory_bytes), "
