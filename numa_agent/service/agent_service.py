@@ -686,14 +686,14 @@ class AgentService:
         status["quotas"] = self._quota_views(state, names)
         return self._observed(state, status, memory)
 
-    def _quota_views(self, state: AgentState, names: Mapping[int, str | None] | None = None) -> list[dict[str, Any]]:
+    def _quota_views(self, state: AgentState, names: Mapping[int, str | None]) -> list[dict[str, Any]]:
         """Per owner holding anything, what it holds and its limits (quota.quota_view).
-        The user database is asked here, outside the lock: for each owner's groups
-        when there are quotas, else for its name unless `names` has it."""
+        The user database is asked here, outside the lock: for each owner's name and
+        groups when there are quotas, else for its name unless `names` has it."""
         def owner(uid: int) -> Owner:
             if self.quotas:
                 return self.owner(uid)
-            return Owner(uid, names[uid] if names is not None and uid in names else self.user_name(uid))
+            return Owner(uid, names[uid] if uid in names else self.user_name(uid))
 
         return [quota_view(self.quotas, owner(uid), usage) for uid, usage in sorted(owner_usage(state).items())]
 
@@ -764,7 +764,7 @@ class AgentService:
             state = self.state
             status, counters = self._status(state, None), self.counters.snapshot()
             knobs = self.isolation.knob_counts(state) if self.isolation else {}
-        status["quotas"] = self._quota_views(state) if self.quotas else []  # metrics: only owners with one
+        status["quotas"] = self._quota_views(state, {}) if self.quotas else []  # metrics: only owners with one
         return {"status": self._observed(state, status), "counters": counters, "isolation_knobs": knobs,
                 "info": {"version": VERSION, "enforcement": self.enforcer.mode}}
 

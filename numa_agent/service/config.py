@@ -231,12 +231,12 @@ def config_from_mapping(doc: Mapping[str, Any]) -> AgentConfig:
 def _quotas(section: QuotasSection, device_resources: set[str]) -> Quotas:
     """[quotas], each entry converted under its own key so that an error names it.
     Whether the users and groups named exist is asked at start (service/caller.py)."""
-    entries = (("users", section.users), ("groups", section.groups))
+    def entries(kind: str, table: dict[str, Any]) -> dict[str, Limits]:
+        return {name: _quota_entry(entry, f"quotas.{kind}.{name}", device_resources) for name, entry in table.items()}
+
     default = None if section.default is UNSET else _quota_entry(section.default, "quotas.default",
                                                                    device_resources)
-    users, groups = ({name: _quota_entry(entry, f"quotas.{kind}.{name}", device_resources)
-                      for name, entry in table.items()} for kind, table in entries)
-    return Quotas(default=default, users=users, groups=groups)
+    return Quotas(default=default, users=entries("users", section.users), groups=entries("groups", section.groups))
 
 
 def _quota_entry(table: Any, where: str, device_resources: set[str]) -> Limits:
