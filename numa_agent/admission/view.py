@@ -24,7 +24,7 @@ from numa_agent.admission.memory_manager import (
 )
 from numa_agent.core.cpuset import CpuSet
 from numa_agent.core.hints import NumaMask
-from numa_agent.state.model import AgentState, Booking, FollowsChanges, Pod, Workload
+from numa_agent.state.model import AgentState, Booking, FollowsChanges, Holder, Pod, Workload
 
 
 def shared_pool(machine: Machine, state: AgentState) -> CpuSet:
@@ -92,13 +92,13 @@ def _booked(b: Booking) -> tuple[Iterable[int], Mapping[int, Mapping[str, int]]]
 class _KeptUsage(FollowsChanges):
     usage: MemoryUsage
 
-    def after(self, removed: Sequence[Booking], added: Sequence[Booking]) -> "_KeptUsage | None":
+    def after(self, removed: Sequence[Holder], added: Sequence[Holder]) -> "_KeptUsage | None":
         usage = self.usage
         try:
-            for b in removed:
+            for b in (h.booking for h in removed):
                 if b.memory:
                     usage = usage_without(usage, _allocation(b))
-            for b in added:
+            for b in (h.booking for h in added):
                 if b.memory:
                     usage = usage_with(usage, _allocation(b))
         except (ValueError, AllocationError):

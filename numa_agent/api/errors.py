@@ -73,6 +73,19 @@ class TopologyAffinityError(AdmissionRefused):
     code = "topology_affinity_error"
 
 
+class QuotaExceeded(ApiError):
+    """The request would take its owner over a [quotas] limit. `details` is the
+    explanation, with the quota (entry, resource, limit, held, asked)."""
+
+    status = 403
+    code = "quota_exceeded"
+
+
+# The codes of an admission the agent could decide and refused: their details
+# are the explanation, with its reason (the CLI prints them as such).
+REFUSAL_CODES = (AdmissionRefused.code, TopologyAffinityError.code, QuotaExceeded.code)
+
+
 class ServiceUnavailable(ApiError):
     """The service could not checkpoint or enforce; nothing was booked."""
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from numa_agent.api.errors import REFUSAL_CODES
 from numa_agent.cli import common
 
 PROG = "numa-agent explain"
@@ -33,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
     except common.AgentError as exc:
         if args.json:
             common.print_json({"error": exc.error})
-        elif exc.error.get("code") in ("admission_refused", "topology_affinity_error"):
+        elif exc.error.get("code") in REFUSAL_CODES:
             lines = common.refusal_lines("would refuse", exc.error)
             print("\n".join(lines))
         else:

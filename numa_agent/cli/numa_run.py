@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Mapping, NoReturn
 
 from numa_agent import __version__
 from numa_agent.api.client import new_request_id
+from numa_agent.api.errors import REFUSAL_CODES
 from numa_agent.cli import common
 from numa_agent.core import names
 from numa_agent.core.mempolicy import (
@@ -283,7 +284,7 @@ def _release(args: argparse.Namespace, name: str) -> None:
 def _report_agent_error(args: argparse.Namespace, exc: common.AgentError) -> None:
     if args.json:
         common.print_json({"error": exc.error})
-    elif exc.error.get("code") in ("admission_refused", "topology_affinity_error"):
+    elif exc.error.get("code") in REFUSAL_CODES:
         print("\n".join(common.refusal_lines(f"{PROG}: refused", exc.error)), file=sys.stderr)
     else:
         common.print_error(PROG, str(exc))

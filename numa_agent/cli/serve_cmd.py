@@ -56,9 +56,13 @@ def add_parser(sub) -> None:
 
 
 def _effective_config(args):
-    from numa_agent.service.config import load_config
+    from numa_agent.service.caller import unknown_quota_names
+    from numa_agent.service.config import DEFAULT_CONFIG, ConfigError, load_config
 
     cfg = load_config(args.config, required=args.config is not None)
+    unknown = unknown_quota_names(cfg.quotas)  # the user database: asked once, at start
+    if unknown:
+        raise ConfigError(f"{args.config or DEFAULT_CONFIG}: {unknown[0]}")
     overrides = {}
     for flag, key in (("sysfs_root", "sysfs_root"), ("cgroup_root", "cgroup_root"),
                       ("state_dir", "state_dir"), ("socket", "socket"),

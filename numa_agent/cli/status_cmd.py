@@ -134,6 +134,24 @@ def workload_rows(workloads: list[dict[str, Any]], now: float) -> list[list[str]
     return rows
 
 
+def owner_lines(owners: list[dict[str, Any]]) -> list[str]:
+    """What each owner holds, and of what limit ([quotas]: which entry)."""
+    if not owners:
+        return []
+
+    def cell(part: dict[str, Any], fmt=str) -> str:
+        if part.get("limit") is None:
+            return fmt(part.get("used", 0))
+        return f"{fmt(part.get('used', 0))} of {fmt(part['limit'])} ({part.get('entry')})"
+
+    rows = [["OWNER", "CPUS", "MEMORY", "DEVICES"]]
+    for owner in owners:
+        devices = ", ".join(f"{resource} {cell(part)}" for resource, part in (owner.get("devices") or {}).items())
+        rows.append([str(owner.get("owner") or owner.get("owner_uid", "-")), cell(owner.get("cpus") or {}),
+                     cell(owner.get("memory_bytes") or {}, format_bytes), devices or "-"])
+    return ["", "use per owner:"] + _table(rows, right_from=4)
+
+
 def observation_lines(workloads: list[dict[str, Any]]) -> list[str]:
     """Memory per node (and how much lies outside the booked nodes), then intruders."""
     lines = []
@@ -175,6 +193,7 @@ def format_status(status: dict[str, Any], now: float) -> list[str]:
         lines.append(f"pod {pod.get('name')}: cpus {pod.get('cpus') or '-'} nodes "
                      f"{','.join(str(n) for n in pod.get('numa_nodes') or []) or '-'} members "
                      f"{','.join(pod.get('members') or []) or '-'}{budget}")
+    lines += owner_lines(status.get("quotas") or [])
     lines += observation_lines(workloads)
     rebuilt = [wl for wl in workloads if wl.get("rebuilt")]
     if rebuilt:

@@ -35,7 +35,7 @@ from numa_agent.admission.machine import Machine
 from numa_agent.admission.memory_manager import hugepage_size_kb
 from numa_agent.admission.view import effective_cpus, memory_usage, shared_pool
 from numa_agent.core.cpuset import CpuSet
-from numa_agent.state.model import AgentState, Booking, FollowsChanges, Workload
+from numa_agent.state.model import AgentState, Booking, FollowsChanges, Holder, Workload
 
 CPU_MANAGER_STATE = "cpu_manager_state"
 MEMORY_MANAGER_STATE = "memory_manager_state"
@@ -127,13 +127,13 @@ class _Assignments(FollowsChanges):
             for node in booking.memory_group or booking.memory:
                 yield node, len(resources)
 
-    def after(self, removed: Sequence[Booking], added: Sequence[Booking]) -> "_Assignments":
-        if not any(b.memory for b in (*removed, *added)):
+    def after(self, removed: Sequence[Holder], added: Sequence[Holder]) -> "_Assignments":
+        if not any(h.booking.memory for h in (*removed, *added)):
             return self  # the same value: what is built from it may be kept
         counts = dict(self.counts)
-        for bookings, sign in ((removed, -1), (added, 1)):
-            for booking in bookings:
-                for node, n in self._blocks(booking):
+        for holders, sign in ((removed, -1), (added, 1)):
+            for holder in holders:
+                for node, n in self._blocks(holder.booking):
                     counts[node] = counts.get(node, 0) + sign * n
         return _Assignments({k: v for k, v in counts.items() if v})
 
@@ -141,7 +141,7 @@ class _Assignments(FollowsChanges):
 def _assignments(state: AgentState) -> _Assignments:
     kept = state.memo.get("kubelet_assignments")
     if kept is None:
-        kept = state.memo["kubelet_assignments"] = _Assignments({}).after((), list(state.top_level_bookings()))
+        kept = state.memo["kubelet_assignments"] = _Assignments({}).after((), list(state.top_level_holders()))
     return kept
 
 

@@ -36,12 +36,15 @@ from numa_agent.admission.admit import (
     release as release_workload,
 )
 from numa_agent.admission.machine import Machine
+from numa_agent.admission.quota import NO_QUOTAS, Owner, Quotas, check_quota, owner_usage, quota_view
+from numa_agent.admission.quota import REASON_CODE as QUOTA_EXCEEDED
 from numa_agent.api.errors import (
     AdmissionRefused,
     BadRequest,
     Conflict,
     Forbidden,
     NotFound,
+    QuotaExceeded,
     RequestIdInUse,
     ServiceUnavailable,
     TopologyAffinityError,
@@ -62,7 +65,7 @@ from numa_agent.isolation.keeper import ISOLATE, STRICT, IsolationKeeper, isolat
 from numa_agent.kubelet.files import StateFiles
 from numa_agent.kubelet.state_files import CPU_MANAGER_STATE, MEMORY_MANAGER_STATE
 from numa_agent.kubelet.state_files import documents as kubelet_documents
-from numa_agent.service.caller import Caller, UserNames, system_user_name
+from numa_agent.service.caller import Caller, Owners, UserNames, system_owner, system_user_name
 from numa_agent.service.counters import Counters, ManagerOutcome
 from numa_agent.service.rebuild import REBUILT, is_quarantined
 from numa_agent.state.checkpoint import CheckpointError
@@ -80,8 +83,13 @@ class AgentService:
                  isolation: IsolationKeeper | None = None, isolate_default: tuple[str, ...] = (),
                  isolate_gid: int | None = None, mark_key: bytes | None = None,
                  pci_names: PciNameSource | None = None,
-                 user_name: UserNames = system_user_name) -> None:
+                 user_name: UserNames = system_user_name, quotas: Quotas = NO_QUOTAS,
+                 owner: Owners = system_owner) -> None:
         self.machine = machine
+        # [quotas]: what each owner may hold; `owner` says who a uid is (its name
+        # and groups), asked outside the lock: the user database may be remote.
+        self.quotas = quotas
+        self.owner = owner
         # Vendor, device and class names of /v1/topology's devices (None: ids only).
         self.pci_names = pci_names
         # Owners by name in status (a lookup: asked outside the lock, once per uid and view).
@@ -119,6 +127,7 @@ class AgentService:
     # ---- admission ---------------------------------------------------------
     def admit(self, request: AdmitRequest, caller: Caller, dry_run: bool = False) -> dict:
         started = time.perf_counter()
+        owner = self.owner(caller.uid) if self.quotas else None
         with self._lock:
             request_id = None if dry_run else request.request_id
             if request_id is not None:
@@ -131,6 +140,8 @@ class AgentService:
                 req = self._on_engine_cgroup(req, request, caller)
                 deciding = time.perf_counter()
                 decision = decide(self.machine, self.state, req)
+                if owner is not None:
+                    check_quota(self.quotas, owner, self.state, decision.state, decision.explanation)
             except _NameTaken as exc:
                 self.counters.refused("name_in_use", time.perf_counter() - started)
                 raise Conflict(f"a workload named {exc.args[0]!r} already exists; choose another --name") from None
@@ -138,7 +149,9 @@ class AgentService:
                 self.counters.refused("bad_request", time.perf_counter() - started)
                 raise BadRequest(str(exc)) from None
             except Refusal as exc:
-                if exc.code != "forbidden" and not dry_run:  # forbidden: no manager was asked
+                # forbidden: no manager was asked; over a quota: refused after the managers
+                # decided, as the kubelet's never see a pod its namespace's quota refused.
+                if exc.code not in ("forbidden", QUOTA_EXCEEDED) and not dry_run:
                     outcome = self._manager_outcome(request, exc.explanation, exc.pinned, exc.provider,
                                                     merge_refused=exc.provider is None)
                     self.counters.decided(outcome, time.perf_counter() - deciding)
@@ -148,8 +161,8 @@ class AgentService:
                             _hints_text(exc.explanation), _merged_text(exc.explanation))
                 if exc.code == "forbidden":
                     raise Forbidden(exc.message) from None
-                refused = TopologyAffinityError if exc.code == TopologyAffinityError.code \
-                    else AdmissionRefused
+                refused = {TopologyAffinityError.code: TopologyAffinityError,
+                           QUOTA_EXCEEDED: QuotaExceeded}.get(exc.code, AdmissionRefused)
                 raise refused(exc.message, details={**exc.explanation, "reason": exc.message,
                                                     "reason_code": exc.code}) from None
             if not dry_run:
@@ -641,15 +654,17 @@ class AgentService:
 
     def list_workloads(self, viewer_uid: int | None = None) -> list[dict]:
         state = self.state
-        return self._with_owner_names([self._workload_view(state, w, viewer_uid) for w in state.workloads
-                                       if not is_quarantined(w)])
+        views = [self._workload_view(state, w, viewer_uid) for w in state.workloads if not is_quarantined(w)]
+        self._with_owner_names(views)
+        return views
 
-    def _with_owner_names(self, views: list[dict]) -> list[dict]:
-        """Each view's `owner`: its `owner_uid`'s user name, None when it has none."""
+    def _with_owner_names(self, views: list[dict]) -> dict[int, str | None]:
+        """Each view's `owner`: its `owner_uid`'s user name, None when it has none;
+        returns the names by uid."""
         names = {uid: self.user_name(uid) for uid in {v["owner_uid"] for v in views}}
         for v in views:
             v["owner"] = names[v["owner_uid"]]
-        return views
+        return names
 
     @staticmethod
     def _quarantined_views(state: AgentState) -> list[dict]:
@@ -667,8 +682,20 @@ class AgentService:
         cgroup (/proc/PID/numa_maps, costly)."""
         state = self.state  # one immutable snapshot for the whole view
         status = self._status(state, viewer_uid)
-        self._with_owner_names(status["workloads"] + status["pods"])
+        names = self._with_owner_names(status["workloads"] + status["pods"])
+        status["quotas"] = self._quota_views(state, names)
         return self._observed(state, status, memory)
+
+    def _quota_views(self, state: AgentState, names: Mapping[int, str | None]) -> list[dict[str, Any]]:
+        """Per owner holding anything, what it holds and its limits (quota.quota_view).
+        The user database is asked here, outside the lock: for each owner's name and
+        groups when there are quotas, else for its name unless `names` has it."""
+        def owner(uid: int) -> Owner:
+            if self.quotas:
+                return self.owner(uid)
+            return Owner(uid, names[uid] if uid in names else self.user_name(uid))
+
+        return [quota_view(self.quotas, owner(uid), usage) for uid, usage in sorted(owner_usage(state).items())]
 
     def _observed(self, state: AgentState, status: dict, memory: bool = False) -> dict:
         """Intruders and memory per node added (files read: never under the lock)."""
@@ -737,6 +764,7 @@ class AgentService:
             state = self.state
             status, counters = self._status(state, None), self.counters.snapshot()
             knobs = self.isolation.knob_counts(state) if self.isolation else {}
+        status["quotas"] = self._quota_views(state, {}) if self.quotas else []  # metrics: only owners with one
         return {"status": self._observed(state, status), "counters": counters, "isolation_knobs": knobs,
                 "info": {"version": VERSION, "enforcement": self.enforcer.mode}}
 

@@ -26,6 +26,7 @@ from numa_agent.admission.cpu_options import CpuManagerOptions
 from numa_agent.admission.device_manager import DeviceResource
 from numa_agent.admission.machine import PolicyConfig, device_selector
 from numa_agent.admission.memory_manager import MEMORY, hugepages_resource
+from numa_agent.admission.quota import Limits, Quotas
 from numa_agent.admission.topology_manager import TopologyManagerOptions
 from numa_agent.core.cpuset import CpuSet, CpuSetParseError
 from numa_agent.core.names import DEFAULT_SOCKET
@@ -68,6 +69,7 @@ class AgentConfig:
     pod_resources_socket: str = AUTO
     kubelet_state_dir: str = AUTO
     pod_namespace: str = "numa-agent"
+    quotas: Quotas = field(default_factory=Quotas)  # [quotas]; empty: nobody is limited
     policy: PolicyConfig = field(default_factory=PolicyConfig)
 
     def pod_resources_path(self) -> str | None:
@@ -167,6 +169,20 @@ class KubeletSection(_Section, frozen=True):
         | UnsetType = msgspec.field(default=UNSET, name="namespace")
 
 
+class QuotaEntry(_Section, frozen=True):
+    """One [quotas] entry: `default`, `users.<name>` or `groups.<name>`."""
+
+    cpus: Count | UnsetType = UNSET
+    memory: Size | UnsetType = UNSET
+    devices: dict[str, Any] | UnsetType = UNSET  # device resource -> count
+
+
+class QuotasSection(_Section, frozen=True):
+    default: dict[str, Any] | UnsetType = UNSET  # a QuotaEntry, converted with its key
+    users: dict[str, Any] = {}  # user name -> QuotaEntry
+    groups: dict[str, Any] = {}  # group name -> QuotaEntry
+
+
 class ConfigFile(_Section, frozen=True):
     agent: AgentSection = AgentSection()
     kubelet: KubeletSection = KubeletSection()
@@ -176,6 +192,7 @@ class ConfigFile(_Section, frozen=True):
     topology_manager: TopologyManagerSection = TopologyManagerSection()
     isolation: IsolationSection = IsolationSection()
     devices: dict[str, Any] = {}  # resource name -> DeviceSelectorSection
+    quotas: QuotasSection = QuotasSection()
 
 
 # ---- loading -----------------------------------------------------------------
@@ -207,7 +224,36 @@ def config_from_mapping(doc: Mapping[str, Any]) -> AgentConfig:
     if "isolate_default" in isolation:
         isolation["isolate_default"] = parse_kinds(isolation["isolate_default"])
     return AgentConfig(**_agent_fields(parsed.agent), **parsed.observe.given(), **isolation,
-                       **parsed.kubelet.given(), policy=_policy(parsed))
+                       **parsed.kubelet.given(), quotas=_quotas(parsed.quotas, set(parsed.devices)),
+                       policy=_policy(parsed))
+
+
+def _quotas(section: QuotasSection, device_resources: set[str]) -> Quotas:
+    """[quotas], each entry converted under its own key so that an error names it.
+    Whether the users and groups named exist is asked at start (service/caller.py)."""
+    def entries(kind: str, table: dict[str, Any]) -> dict[str, Limits]:
+        return {name: _quota_entry(entry, f"quotas.{kind}.{name}", device_resources) for name, entry in table.items()}
+
+    default = None if section.default is UNSET else _quota_entry(section.default, "quotas.default",
+                                                                   device_resources)
+    return Quotas(default=default, users=entries("users", section.users), groups=entries("groups", section.groups))
+
+
+def _quota_entry(table: Any, where: str, device_resources: set[str]) -> Limits:
+    entry = _convert(table, QuotaEntry, where)
+    memory = None
+    if entry.memory is not UNSET:
+        try:
+            memory = parse_size(entry.memory)
+        except ValueError as exc:
+            raise ConfigError(f"{where}.memory: {exc}") from None
+    devices = {}
+    for resource, count in ({} if entry.devices is UNSET else entry.devices).items():
+        if resource not in device_resources:
+            known = ", ".join(sorted(device_resources)) or "none configured"
+            raise ConfigError(f"{where}.devices.{resource}: no such device resource in [devices] (known: {known})")
+        devices[resource] = _convert(count, Count, f"{where}.devices.{resource}")
+    return Limits(cpus=None if entry.cpus is UNSET else entry.cpus, memory_bytes=memory, devices=devices)
 
 
 def _agent_fields(agent: AgentSection) -> dict[str, Any]:

@@ -155,7 +155,7 @@ class Agent:
             raise StartupError(f"cannot restore state: {exc}") from None
         service = AgentService(machine, store, enforcer, isolation=_isolation_keeper(cfg),
                                isolate_default=cfg.isolate_default, isolate_gid=isolate_gid,
-                               mark_key=mark_key, pci_names=PciIdsFile())
+                               mark_key=mark_key, pci_names=PciIdsFile(), quotas=cfg.quotas)
         service.kubelet_files = _kubelet_state_files(cfg)
         try:
             service.install(state)

@@ -118,14 +118,18 @@ class Pod(_Value, frozen=True):
         return _with_booking(p, _sorted_devices(p.booking))
 
 
+# What holds a top-level booking: a pod (its budget) or a workload outside pods.
+Holder = Workload | Pod
+
+
 class FollowsChanges:
     """A value kept in a state's memo that a state derived from it by a few
-    updates takes on, told the top-level bookings that left and came
-    (AgentState._derive): what depends on every booking then costs the
-    change, not the state. `after` returns None when it cannot follow; the
-    derived state then computes the value afresh."""
+    updates takes on, told the top-level holders (see top_level_holders) that
+    left and came (AgentState._derive): what depends on every booking (or on
+    who holds it) then costs the change, not the state. `after` returns None
+    when it cannot follow; the derived state then computes the value afresh."""
 
-    def after(self, removed: Sequence[Booking], added: Sequence[Booking]) -> "FollowsChanges | None":
+    def after(self, removed: Sequence[Holder], added: Sequence[Holder]) -> "FollowsChanges | None":
         raise NotImplementedError
 
 
@@ -211,14 +215,19 @@ class AgentState(_Value, frozen=True, dict=True, weakref=True):
         the values that FollowsChanges, followed."""
         return {}
 
-    def top_level_bookings(self) -> Iterable[Booking]:
-        """Bookings against the machine: pod budgets and workloads outside pods
-        (a pod member's resources come out of its pod's budget)."""
-        for p in self.pods:
-            yield p.booking
+    def top_level_holders(self) -> Iterable[Holder]:
+        """What holds bookings against the machine: pods (their budgets) and
+        workloads outside pods (a pod member's resources come out of its pod's
+        budget)."""
+        yield from self.pods
         for w in self.workloads:
             if w.pod is None:
-                yield w.booking
+                yield w
+
+    def top_level_bookings(self) -> Iterable[Booking]:
+        """Bookings against the machine: those of the top-level holders."""
+        for holder in self.top_level_holders():
+            yield holder.booking
 
     @cached_property
     def _cpu_holders(self) -> dict[int, int]:
@@ -302,10 +311,10 @@ class AgentState(_Value, frozen=True, dict=True, weakref=True):
         followers = [(key, value) for key, value in self.memo.items() if isinstance(value, FollowsChanges)]
         if (counted or followers) and self._workloads_sorted and self._pods_sorted:
             # (sorted: one value per name, so the named ones are all that changed)
-            removed, added = _top_level_bookings_of(self, workloads, pods), \
-                _top_level_bookings_of(new, workloads, pods)
+            removed, added = _top_level_of(self, workloads, pods), _top_level_of(new, workloads, pods)
             for key, held in counted:
-                theirs[key] = _holders_after(mine[key], removed, added, held)
+                theirs[key] = _holders_after(mine[key], [h.booking for h in removed],
+                                             [h.booking for h in added], held)
             for key, value in followers:
                 followed = value.after(removed, added)
                 if followed is not None:
@@ -434,10 +443,10 @@ def _index(values: tuple[_Named, ...]) -> dict[str, _Named]:
     return out
 
 
-def _top_level_bookings_of(state: AgentState, workloads: tuple[str, ...], pods: tuple[str, ...]) -> list[Booking]:
-    """The top-level bookings (see top_level_bookings) of the named workloads and pods."""
-    held = [w.booking for w in map(state.workload, workloads) if w is not None and w.pod is None]
-    return held + [p.booking for p in map(state.pod, pods) if p is not None]
+def _top_level_of(state: AgentState, workloads: tuple[str, ...], pods: tuple[str, ...]) -> list[Holder]:
+    """The top-level holders (see top_level_holders) among the named workloads and pods."""
+    held: list[Holder] = [w for w in map(state.workload, workloads) if w is not None and w.pod is None]
+    return held + [p for p in map(state.pod, pods) if p is not None]
 
 
 def _cpus_of(booking: Booking) -> Iterable[int]:

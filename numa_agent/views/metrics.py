@@ -31,6 +31,7 @@ from prometheus_client.core import (
 from prometheus_client.exposition import start_http_server
 from prometheus_client.utils import floatToGoString
 
+from numa_agent.admission.quota import limited
 from numa_agent.core.cpuset import CpuSet
 
 log = logging.getLogger("numa_agent.metrics")
@@ -134,6 +135,7 @@ class AgentCollector:
             value=sum(1 for w in workloads if w.get("lost"))))
 
         families += self._observe_families(workloads, status.get("observe") or {})
+        families += _quota_families(status.get("quotas") or [])
 
         aligned = CounterMetricFamily(
             PREFIX + "aligned_allocations", "Admissions whose allocation was aligned, by level.",
@@ -332,6 +334,24 @@ def _memory_short_family(nodes: list[Mapping[str, Any]]) -> Metric:
         for resource in sorted({"memory", *missing}):
             short.add_metric([str(node["id"]), resource], float(missing.get(resource, 0)))
     return short
+
+
+def _quota_families(owners: list[Mapping[str, Any]]) -> list[Metric]:
+    """What each owner holds and may hold, for the resources a [quotas] entry limits it
+    in: `resource` is cpus (exclusive CPUs), memory_bytes or a device resource's name
+    (devices); `owner` the user name, else the uid."""
+    labels = ["owner", "resource"]
+    used = GaugeMetricFamily(PREFIX + "quota_used", "What an owner with a quota holds, by resource: "
+                             "exclusive CPUs (cpus), booked memory and hugepages in bytes (memory_bytes), "
+                             "devices (by resource name).", labels=labels)
+    limit = GaugeMetricFamily(PREFIX + "quota_limit", "An owner's limit from [quotas], by resource "
+                              "(units as numa_agent_quota_used).", labels=labels)
+    for owner in owners:
+        name = str(owner["owner"] if owner.get("owner") is not None else owner["owner_uid"])
+        for resource, part in limited(owner):
+            used.add_metric([name, resource], float(part["used"]))
+            limit.add_metric([name, resource], float(part["limit"]))
+    return [used, limit]
 
 
 def _page_size_key(size: str) -> tuple[int, str]:

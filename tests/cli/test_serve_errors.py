@@ -63,6 +63,15 @@ def test_a_spelling_mistake_is_a_configuration_error_not_a_misfit(tmp_path, text
     assert not (tmp_path / "s.sock").exists() and not (tmp_path / "state").exists()
 
 
+@pytest.mark.parametrize("key", ["users.no-such-user-q25", "groups.no-such-group-q25"])
+def test_a_quota_for_a_user_or_group_that_does_not_exist(tmp_path, key):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f"[quotas]\n{key} = {{ cpus = 1 }}\n")
+    r = serve(tmp_path, "--config", str(cfg))
+    one_clear_line(r, f"{cfg}: quotas.{key}: no ", "in the user database", code=EX_CONFIG)
+    assert not (tmp_path / "s.sock").exists() and not (tmp_path / "state").exists()
+
+
 def test_missing_config_file_that_was_asked_for(tmp_path):
     one_clear_line(serve(tmp_path, "--config", str(tmp_path / "nope.toml")), "does not exist", code=EX_CONFIG)
 

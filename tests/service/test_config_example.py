@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+from numa_agent.admission.quota import Limits, Quotas
 from numa_agent.service.config import AgentConfig, ConfigError, load_config
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "systemd" / "config.example.toml"
@@ -18,7 +19,7 @@ def test_commented_examples_are_valid_when_enabled(tmp_path):
     # Uncomment every "# key = value" / "# [table]" line: the hints must be real syntax.
     lines = []
     for line in EXAMPLE.read_text().splitlines():
-        m = re.match(r"^# ((\[\[?[a-z_.]+\]\]?)|([\"A-Za-z_0-9-]+ = .+))$", line)
+        m = re.match(r"^# ((\[\[?[a-z_.]+\]\]?)|([\"A-Za-z_0-9.-]+ = .+))$", line)
         lines.append(m.group(1) if m else line)
     enabled = tmp_path / "config.toml"
     enabled.write_text("\n".join(lines) + "\n")
@@ -30,6 +31,9 @@ def test_commented_examples_are_valid_when_enabled(tmp_path):
     assert cfg.policy.cpu_options == {"full-pcpus-only": "true"}
     assert set(cfg.policy.devices) == {"gpu", "nic"}
     assert cfg.policy.devices["nic"] == {"driver": "mlx5_core"}
+    assert cfg.quotas == Quotas(default=Limits(cpus=8, memory_bytes=64 << 30),
+                                users={"alice": Limits(cpus=32)},
+                                groups={"hpc": Limits(cpus=48, memory_bytes=256 << 30, devices={"gpu": 2})})
 
 
 def _error(tmp_path, text):
@@ -46,7 +50,7 @@ def test_unknown_key_is_named_with_the_known_ones(tmp_path):
         "unknown key cpu_manager.polcy (known: options, policy, reserved_cpu_count, reserved_cpus)")
     assert _error(tmp_path, '[topology]\npolicy = "none"\n').startswith(
         "unknown key topology (known: agent, cpu_manager, devices, isolation, kubelet, memory_manager, observe, "
-        "topology_manager)")
+        "quotas, topology_manager)")
     assert _error(tmp_path, '[devices.gpu]\nvendr = "0x10de"\n').startswith("unknown key devices.gpu.vendr")
 
 
@@ -260,3 +264,20 @@ def test_an_agent_value_that_is_right_loads(tmp_path):
                       required=True)
     assert (cfg.metrics_address, cfg.cgroup_root) == ("[::1]:9464", "/sys/fs/cgroup/x")
     assert load_config(_write(tmp_path, '[agent]\nmetrics_address = ""\n'), required=True).metrics_address is None
+
+
+def test_quota_entries_are_read_and_a_bad_one_named(tmp_path):
+    path = tmp_path / "ok.toml"
+    path.write_text('[devices.gpu]\nvendor = "0x10de"\n[quotas]\ndefault = { memory = "1Gi" }\n'
+                    'groups.hpc = { devices = { gpu = 0 } }\n')
+    assert load_config(path, required=True).quotas == Quotas(default=Limits(memory_bytes=1 << 30),
+                                                            groups={"hpc": Limits(devices={"gpu": 0})})
+    assert load_config(tmp_path / "none.toml").quotas == Quotas()
+    assert _error(tmp_path, "[quotas]\nusers.alice = { cpu = 1 }\n") == \
+        "unknown key quotas.users.alice.cpu (known: cpus, devices, memory)"
+    assert _error(tmp_path, "[quotas]\ngroups.hpc = { cpus = -1 }\n") == "quotas.groups.hpc.cpus: expected `int` >= 0"
+    assert _error(tmp_path, '[quotas]\ndefault = { memory = "1x" }\n').startswith("quotas.default.memory: invalid size '1x'")
+    assert _error(tmp_path, "[quotas]\nusers.bob = { devices = { gpu = 1 } }\n") == \
+        "quotas.users.bob.devices.gpu: no such device resource in [devices] (known: none configured)"
+    assert _error(tmp_path, "[quotas]\nuser.bob = { cpus = 1 }\n") == \
+        "unknown key quotas.user (known: default, groups, users)"

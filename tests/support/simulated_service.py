@@ -11,12 +11,13 @@ from numa_agent.service.recovery import restore
 from numa_agent.state.checkpoint import CheckpointStore
 
 
-def start(machine, state_dir, cg_root, partitions="off", isolation=None, **kw):
+def start(machine, state_dir, cg_root, partitions="off", isolation=None, service_options=None, **kw):
+    """`service_options`: AgentService's keyword arguments (quotas, owner, ...); `kw`: restore's."""
     enforcer = CgroupEnforcer(CgroupV2(cg_root, FakeCgroupfs(cg_root)), partitions=partitions)
     store = CheckpointStore(state_dir)
     enforcer.setup()
     state, report = restore(machine, store, enforcer, **kw)
-    service = AgentService(machine, store, enforcer, isolation=isolation)
+    service = AgentService(machine, store, enforcer, isolation=isolation, **(service_options or {}))
     service.install(state)
     return service, report
 
