@@ -976,6 +976,52 @@ def _process_with_pid(pid: int, attempts: int = 20) -> subprocess.Popen | None:
     return None
 
 
+def s19_release_sticks(g: Guest) -> str | None:
+    """In the affinity fallback an operator releases a running `--cpus 1` workload, and
+    the agent is killed and restarted: the workload stays gone and its process runs on
+    the shared pool, unmanaged."""
+    b = AgentProcess(g.work / "agent-release", "--cgroup-root", "none", "--metrics-address", "")
+    b.start(timeout=AGENT_START_TIMEOUT)
+    try:
+        proc = subprocess.Popen([*g.numa_run_argv, "--socket", b.socket, "--name", "let-go", "--cpus", "1",
+                                 "--", *SLEEP], stdin=subprocess.DEVNULL)
+        g.launched.append(proc)
+
+        def listed(name: str) -> dict | None:
+            return next((x for x in b.call("GET", "/v1/workloads")[1]["workloads"] if x["name"] == name), None)
+
+        check(wait_for(lambda: listed("let-go") and "NUMA_AGENT_MARK" in proc_env(proc.pid),
+                       timeout=ADMIT_TIMEOUT, interval=0.1), "let-go was not admitted and exec'd by the affinity agent")
+        cpus = CpuSet.parse(listed("let-go")["cpus"])
+        check(proc_allowed(proc.pid)[0] == cpus, f"let-go runs on {proc_allowed(proc.pid)[0].format()}, booked "
+                                                 f"{cpus.format()}")
+        released = subprocess.run([sys.executable, "-m", "numa_agent.cli.numa_agent", "release", "let-go",
+                                   "--socket", b.socket], capture_output=True, text=True, timeout=ADMIT_TIMEOUT)
+        check(released.returncode == 0, f"numa-agent release let-go: exit {released.returncode} {released.stderr}")
+        pool = CpuSet.parse(b.call("GET", "/v1/status")[1]["shared_pool"])
+        check(cpus.issubset(pool) and proc_allowed(proc.pid)[0] == pool,
+              f"after the release let-go runs on {proc_allowed(proc.pid)[0].format()}, the pool is {pool.format()}")
+        b.kill()  # kill -9
+        b.start(timeout=AGENT_START_TIMEOUT)
+        status = b.call("GET", "/v1/status")[1]
+        names = [x["name"] for x in status["workloads"]] + [q["name"] for q in status["quarantined"]]
+        check("let-go" not in names, f"after kill -9 and a restart the released let-go is back: {names}")
+        check([r["pid"] for r in status["released"] if r["name"] == "let-go"] == [proc.pid],
+              f"status does not list pid {proc.pid} as released: {status['released']}")
+        pool = CpuSet.parse(status["shared_pool"])
+        allowed = proc_allowed(proc.pid)[0]
+        check(allowed == pool, f"after the restart let-go runs on {allowed.format()}, the pool is {pool.format()}")
+        text = subprocess.run([sys.executable, "-m", "numa_agent.cli.numa_agent", "status", "--socket", b.socket],
+                              capture_output=True, text=True, timeout=ADMIT_TIMEOUT).stdout
+        check(f"UNMANAGED pid {proc.pid}: was workload let-go" in text, f"numa-agent status says: {last_lines(text, 4)}")
+        proc.kill()
+        proc.wait()
+        return (f"let-go (CPUs {cpus.format()}) released while it ran, agent killed and restarted: not listed, "
+                f"pid {proc.pid} unmanaged on the shared pool {pool.format()}")
+    finally:
+        b.stop()
+
+
 INFLIGHT_CLIENTS = 40
 # Under TCG 40 numa-runs starting together saturate the guest: the restarted agent took
 # 3.5 min to start in a first run. numa-run's retry budget (30 s by default) is the one
@@ -1689,6 +1735,7 @@ RUNNERS = {
     "15-observe": s15_observe,
     "16-isolation": s16_isolation,
     "17-kubelet": s17_kubelet,
+    "19-release-sticks": s19_release_sticks,
     "18-memhot": s18_memhot,
 }
 assert tuple(RUNNERS) == SCENARIOS
