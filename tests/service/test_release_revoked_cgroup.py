@@ -73,3 +73,25 @@ def test_a_later_workload_of_the_same_name_is_not_taken_for_the_released_one(env
     service2, report = start(machine, state_dir, root)
     assert report.adopted == ("db",) and len(service2.state.workload("db").booking.cpus) == 1
     assert CheckpointStore(state_dir).load()["workloads"][0]["name"] == "db"
+
+
+def test_a_crash_before_an_engines_cgroup_is_handed_back_does_not_bring_its_workload_back(tmp_path, monkeypatch):
+    from tests.service.test_engine_cgroup import CONTAINER, Machine, engine_cpus, root_caller
+    machine = Machine(tmp_path)
+    try:
+        proc = machine.container()
+        machine.service.admit(AdmitRequest(name="c", cpus=2, cgroup=CONTAINER), root_caller())
+
+        def die(*args, **kwargs):
+            raise Crash()
+
+        monkeypatch.setattr(machine.service.enforcer, "apply", die)  # kill -9 after the checkpoint
+        with pytest.raises(Crash):
+            machine.service.release("c", root_caller())
+        machine.restart()
+        assert machine.service.state.workload("c") is None
+        assert engine_cpus(machine) == machine.top.read_effective("libpod_parent")[0]  # handed back
+        assert machine.service.enforcer.read_record(CONTAINER) is None
+        assert machine.top.cgroup_of(proc.pid) == CONTAINER  # the engine's process, left where it is
+    finally:
+        machine.close()
