@@ -215,8 +215,9 @@ def _rebuild(machine: Machine, state: AgentState, p: MarkedProcess, cpus: CpuSet
         unknown.append("devices")
     request: dict[str, Any] = {REBUILT: PARTIAL, "rebuilt_from": f"pid {p.pid}", "unknown": unknown}
     w = Workload(name=p.name, owner_uid=p.uid, shared=shared, pid=p.pid, pid_identity=p.identity,
-                 created_unix=p.started_unix or 0.0, booking=Booking(cpus=exclusive, numa_nodes=machine.nodes_of(exclusive) if exclusive else (),
+                 booking=Booking(cpus=exclusive, numa_nodes=machine.nodes_of(exclusive) if exclusive else (),
                                  mems=mems, devices=devices),
+                 created_unix=p.started_unix or 0.0,  # its process's start: not known, 0 as before
                  request=request)
     notes.append((logging.WARNING,
                   f"rebuilt workload {p.name} from {p.describe()}: "
