@@ -111,7 +111,7 @@ def memory_note_lines(nodes: list[dict[str, Any]]) -> list[str]:
 
 
 def _age(created: float | None, now: float) -> str:
-    if created is None:
+    if not created:  # None, or 0 from an agent that did not know it
         return "-"
     seconds = max(0, int(now - created))
     for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
@@ -201,6 +201,9 @@ def format_status(status: dict[str, Any], now: float) -> list[str]:
         lines += [f"rebuilt from its process after the checkpoint was lost: {wl.get('name')} "
                   f"(not known: {', '.join(wl.get('unknown') or []) or '-'})" for wl in rebuilt]
     lines += isolation_status_lines(status, workloads)
+    for r in status.get("released") or []:
+        lines.append(f"UNMANAGED pid {r.get('pid')}: was workload {r.get('name')}, {r.get('reason')} "
+                     f"{_age(r.get('released_unix'), now)} ago while it ran; it runs on the shared pool")
     for q in status.get("quarantined") or []:
         lines.append(f"HELD {q.get('name')}: CPUs {q.get('cpus') or 'none'} not handed out: pid "
                      f"{q.get('pid')} ({q.get('marked')}, affinity {q.get('affinity')}): "

@@ -263,6 +263,19 @@ class CgroupEnforcer:
                 continue  # exited meanwhile
         log.info("released %s: %d process(es) moved to the shared pool", relpath, len(pids))
 
+    def evict(self, relpath: str | None, pid: int | None, identity: str | None, layout: Layout) -> None:
+        """The cgroup left by a release that was not enforced: emptied into
+        `shared/_released` (which follows the pool: `pid` needs nothing) and
+        removed, or an engine's handed back."""
+        if relpath is None:
+            return
+        self.watcher.unwatch(relpath)
+        if is_engine_cgroup(relpath):
+            self._hand_back(relpath)
+        elif self.cgroup.exists(relpath):
+            self._evict(relpath, layout)
+            self.cgroup.remove(relpath)
+
     def _write_limits(self, spec: CgroupSpec) -> None:
         # Limits go in before any process can be moved in.
         if self.has_memory:
@@ -536,6 +549,21 @@ class AffinityEnforcer:
             # it forks from now on inherits the mask; a re-pin takes the tree).
             _pin_trees((pid,), spec.cpus, descendants=False)
             self.track(relpath, pid)
+
+    def evict(self, relpath: str | None, pid: int | None, identity: str | None, layout: Layout) -> None:
+        """Re-pin a released workload's process and its descendants to the
+        shared pool, while its pidfd vouches that it is still `identity`."""
+        if pid is None or SHARED_CGROUP not in layout:
+            return
+        try:
+            fd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            return
+        try:
+            if identity is None or process_identity(pid) == identity:
+                _pin_trees((pid,), layout[SHARED_CGROUP].cpus)
+        finally:
+            os.close(fd)
 
     def verify(self, layout: Layout, relpaths: Collection[str] | None = None) -> None:
         """Nothing to read back: sched_setaffinity either pinned a task or

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from numa_agent.core.cpuset import CpuSet, CpuSetParseError
 from numa_agent.core.names import ENV_CPUS, ENV_DEVICES, ENV_EXCLUSIVE, ENV_MARK, ENV_MEMS, ENV_WORKLOAD
-from numa_agent.enforcement.processes import identity_of, stat_fields
+from numa_agent.enforcement.processes import boot_time, identity_of, started_unix, stat_fields
 
 MARK = ENV_WORKLOAD
 _ENV_KEYS = (MARK, ENV_CPUS, ENV_MEMS, ENV_DEVICES, ENV_EXCLUSIVE, ENV_MARK)
@@ -39,6 +39,7 @@ class MarkedProcess:
     env_devices: str | None = None
     env_exclusive: bool | None = None  # NUMA_AGENT_EXCLUSIVE; None from a numa-run that did not set it
     mark: str | None = None  # NUMA_AGENT_MARK: the agent's token for (name, pid, start time)
+    started_unix: float | None = None  # when it started, seconds since the epoch (None: not known)
 
     def describe(self) -> str:
         return f"pid {self.pid} ({MARK}={self.name}, CPUs {self.affinity.format() or 'none'})"
@@ -52,18 +53,19 @@ def scan_marked(proc_root: str = "/proc", exclude: tuple[int, ...] = ()) -> list
         entries = os.listdir(proc_root)
     except OSError:
         return []
+    btime = boot_time(proc_root)
     for entry in entries:
         if not entry.isdigit() or int(entry) in exclude:
             continue
-        process = read_marked(int(entry), proc_root)
+        process = read_marked(int(entry), proc_root, btime)
         if process is not None:
             found.append(process)
     return sorted(found, key=lambda p: (p.start_time, p.pid))
 
 
-def read_marked(pid: int, proc_root: str = "/proc") -> MarkedProcess | None:
+def read_marked(pid: int, proc_root: str = "/proc", btime: int | None = None) -> MarkedProcess | None:
     """`pid` as a MarkedProcess; None if it carries no mark, has exited or
-    cannot be read."""
+    cannot be read. `btime`: the boot's (read here when not given)."""
     base = f"{proc_root}/{pid}"
     try:
         with open(f"{base}/environ", "rb") as f:
@@ -92,7 +94,8 @@ def read_marked(pid: int, proc_root: str = "/proc") -> MarkedProcess | None:
                          identity=identity_of(start_time, proc_root), affinity=affinity,
                          env_cpus=env.get(ENV_CPUS), env_mems=env.get(ENV_MEMS),
                          env_devices=env.get(ENV_DEVICES), env_exclusive=_flag(env.get(ENV_EXCLUSIVE)),
-                         mark=env.get(ENV_MARK))
+                         mark=env.get(ENV_MARK),
+                         started_unix=started_unix(start_time, btime if btime is not None else boot_time(proc_root)))
 
 
 def _environment(raw: bytes) -> dict[str, str]:

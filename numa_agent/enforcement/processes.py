@@ -107,6 +107,29 @@ def boot_id(proc_root: str = "/proc") -> str | None:
         return None
 
 
+def boot_time(proc_root: str = "/proc") -> int | None:
+    """When this boot began, in seconds since the epoch (the `btime` line of
+    /proc/stat); None if it cannot be read."""
+    try:
+        with open(f"{proc_root}/stat", "rb") as f:
+            text = f.read().decode("ascii", "replace")
+    except OSError:
+        return None
+    for line in text.splitlines():
+        key, _, value = line.partition(" ")
+        if key == "btime" and value.strip().isdigit():
+            return int(value)
+    return None
+
+
+def started_unix(start_time: int, btime: int | None) -> float | None:
+    """A process's start in seconds since the epoch, from its start time
+    (clock ticks after boot, /proc/PID/stat field 22) and the boot's btime."""
+    if btime is None:
+        return None
+    return btime + start_time / os.sysconf("SC_CLK_TCK")
+
+
 def identity_of(start_time: int, proc_root: str = "/proc") -> str | None:
     """process_identity for a process whose start time is known; None if the
     boot id cannot be read."""

@@ -67,6 +67,14 @@ class Enforcer(Protocol):
         (plan.pool_followers). Raises EnforcementError."""
         ...
 
+    def evict(self, relpath: str | None, pid: int | None, identity: str | None, layout: Layout) -> None:
+        """Hand what a released workload left running to the shared pool of
+        `layout`: the processes of its cgroup `relpath` (the cgroup is then
+        removed, an engine's handed back), and where nothing follows the pool
+        by itself, the process `pid` (while it is still `identity`) with its
+        descendants. None: nothing there. Raises EnforcementError."""
+        ...
+
     def verify(self, layout: Layout, relpaths: Collection[str] | None = None) -> None:
         """Raise EnforcementError where the machine does not match `layout`
         (only at `relpaths`, when given)."""

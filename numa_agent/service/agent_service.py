@@ -56,7 +56,14 @@ from numa_agent.core.names import NAME_RULE, is_workload_name
 from numa_agent.core.pci import NO_NAMES
 from numa_agent.discovery.pci_ids import PciNameSource
 from numa_agent.enforcement.errors import EnforcementError
-from numa_agent.enforcement.plan import CgroupLayout, desired_layout, engine_clash, update_layout, workload_relpath
+from numa_agent.enforcement.plan import (
+    SHARED_CGROUP,
+    CgroupLayout,
+    desired_layout,
+    engine_clash,
+    update_layout,
+    workload_relpath,
+)
 from numa_agent.enforcement.processes import pidfd_alive
 from numa_agent.enforcement.protocol import Enforcer, Layout
 from numa_agent.enforcement.record import LEDGER_RECORD, decode_ledger, encode_ledger
@@ -68,6 +75,7 @@ from numa_agent.kubelet.state_files import documents as kubelet_documents
 from numa_agent.service.caller import Caller, Owners, UserNames, system_owner, system_user_name
 from numa_agent.service.counters import Counters, ManagerOutcome
 from numa_agent.service.rebuild import REBUILT, is_quarantined
+from numa_agent.service.revocations import hand_to_pool, process_lives, pruned, released_views, revocation_of
 from numa_agent.state.checkpoint import CheckpointError
 from numa_agent.state.model import AgentState, IsolationLedger, Workload
 
@@ -221,6 +229,7 @@ class AgentService:
                 raise Forbidden(f"workload {name!r} belongs to uid {w.owner_uid}; only its owner "
                                 f"or root may release it")
             new_state, released, pod = release_workload(self.state, name)
+            new_state = self._revoked_after(new_state, w, reason, asked=caller is not None)
             index, engines = self._request_index(), self._engine_index()
             self._commit(new_state, move=None, caller=None)
             index.pop(str(w.request.get("request_id")), None)
@@ -234,6 +243,28 @@ class AgentService:
             log.info("released %s (%s)%s", name, reason, f"; pod {pod.name} budget freed" if pod else "")
             return {"name": name, "released": True, "reason": reason,
                     "pod_released": pod.name if pod else None}
+
+    def _revoked_after(self, state: AgentState, w: Workload, reason: str, asked: bool) -> AgentState:
+        """`state` (without `w`) with the revocations of which a trace remains,
+        and `w`'s own when it was `asked` (not the agent's own release of an
+        exit or a refusal) and its process still runs: released, it must not
+        come back at a restart (service/revocations.py). A hold names no
+        process the agent follows: its own is the one it was held for."""
+        state = pruned(state, self.enforcer)
+        if not asked:
+            return state
+        if is_quarantined(w):
+            pid, identity = w.request.get("pid"), w.request.get("pid_identity")
+            w = msgspec.structs.replace(w, pid=pid if isinstance(pid, int) else None,
+                                        pid_identity=identity if isinstance(identity, str) else None)
+            running = process_lives(revocation_of(w, 0.0))
+        else:
+            running = self.enforcer.populated(workload_relpath(w))
+        if not running:
+            return state
+        log.warning("released %s (%s) while pid %s still runs: it stays on the shared pool, no longer "
+                    "managed, and is never taken for a workload again", w.name, reason, w.pid)
+        return state.with_revoked((*state.revoked, revocation_of(w, self.clock())))
 
     def _commit(self, new_state: AgentState, move, caller: Caller | None) -> None:
         """Checkpoint, then enforce; undo both if enforcement fails.
@@ -269,6 +300,8 @@ class AgentService:
             msg = str(exc) if not isinstance(exc, ProcessLookupError) else \
                 "the requesting process exited before it could be moved into its workload"
             raise ServiceUnavailable(f"enforcement failed, nothing was booked: {msg}") from None
+        if new_state.revoked and new_layout.get(SHARED_CGROUP) != old_layout.get(SHARED_CGROUP):
+            hand_to_pool(new_state, self.enforcer, new_layout)  # released processes follow the pool
         # The layout is the full layout of this state on this machine: the
         # next commit may start from it.
         self.state, self._layout, self._layout_machine = new_state, new_layout, self.machine
@@ -387,6 +420,7 @@ class AgentService:
                 recorded = decode_ledger(self.enforcer.read_record(LEDGER_RECORD)) \
                     if self.enforcer.exists(LEDGER_RECORD) else None  # a first start: nothing kept yet
                 state = self.isolation.prepare(self.isolation.recovered(state, recorded))
+            state = pruned(state, self.enforcer)
             try:
                 self.store.commit(state, snapshot=True)
             except CheckpointError as exc:
@@ -394,6 +428,9 @@ class AgentService:
                 raise ServiceUnavailable(f"cannot write the checkpoint: {exc}") from None
             self.counters.checkpoint_writes_total += 1
             self.counters.checkpoint_snapshots_total += 1
+            # Before the layout: a released workload's cgroup left by a crash
+            # still holds its CPUs (a partition would keep them from the pool).
+            hand_to_pool(state, self.enforcer, layout)
             self.enforcer.apply({}, layout, None)
             self.enforcer.prune(layout)
             self._record_isolation(state)  # its cgroup exists now; before any knob is written
@@ -716,6 +753,7 @@ class AgentService:
             "workloads": [self._workload_view(state, w, viewer_uid) for w in state.workloads
                           if not is_quarantined(w)],
             "quarantined": self._quarantined_views(state),
+            "released": released_views(state),
             "pods": [{"name": p.name, "owner_uid": p.owner_uid, "cpus": p.booking.cpus.format(),
                       "numa_nodes": list(p.booking.numa_nodes), "mems": list(p.booking.mems),
                       "members": list(p.members), "shared_cpus": pod_shared_cpus(state, p).format(),

@@ -39,6 +39,12 @@ the leader's token and are passed over silently. The one exception is a
 process of root with no token at all (a numa-run older than the token),
 trusted as before so that an upgrade keeps root's workloads.
 
+A process the state's revocations name (a workload an operator released while
+it ran: `AgentState.revoked`) is neither rebuilt nor held, nor are its
+children (they carry its token): the release stands.
+
+A rebuilt workload was created when its process started (`created_unix`).
+
 `reconcile` is the rule, a pure function; `rebuild_from_live` is the glue
 restore calls with what the enforcer's `live_marked()` returned.
 """
@@ -102,13 +108,16 @@ def reconcile(machine: Machine, state: AgentState, processes: Iterable[MarkedPro
     None: only root's unsigned marks are trusted); see the module doc."""
     known = {w.name for w in state.workloads}
     followed = {w.pid for w in state.workloads if w.pid is not None}
+    messages: list[tuple[int, str]] = []
+    processes, released = _without_revoked(state, processes)
+    messages += [(logging.INFO, f"{p.describe()} was released by an operator while it ran; not rebuilt")
+                 for p in released]
     ordered = [p for p in sorted(processes, key=lambda p: (p.start_time, p.pid))
                if p.name not in known and p.pid not in followed]
     leaders: dict[str, MarkedProcess] = {}
     for p in ordered:
         if is_trusted(key, p):
             leaders.setdefault(p.name, p)  # the oldest: younger ones are its children
-    messages: list[tuple[int, str]] = []
     for p in ordered:
         leader = leaders.get(p.name)
         if leader is None or (p is not leader and p.mark != leader.mark):
@@ -137,6 +146,18 @@ def reconcile(machine: Machine, state: AgentState, processes: Iterable[MarkedPro
         rebuilt.append(made)
         messages.extend(notes)
     return Rebuild(state, tuple(rebuilt), tuple(held), tuple(messages))
+
+
+def _without_revoked(state: AgentState, processes: Iterable[MarkedProcess],
+                     ) -> tuple[list[MarkedProcess], list[MarkedProcess]]:
+    """(the processes no revocation names, the revoked workloads' own): a
+    revoked process's children carry its token, and go with it unnamed."""
+    processes = list(processes)
+    if not state.revoked:
+        return processes, []
+    released = [p for p in processes if any(r.covers_process(p.pid, p.identity) for r in state.revoked)]
+    pids, tokens = {p.pid for p in released}, {p.mark for p in released if p.mark}
+    return [p for p in processes if p.pid not in pids and p.mark not in tokens], released
 
 
 def _classify(machine: Machine, state: AgentState, p: MarkedProcess, cpus: CpuSet,
@@ -196,6 +217,7 @@ def _rebuild(machine: Machine, state: AgentState, p: MarkedProcess, cpus: CpuSet
     w = Workload(name=p.name, owner_uid=p.uid, shared=shared, pid=p.pid, pid_identity=p.identity,
                  booking=Booking(cpus=exclusive, numa_nodes=machine.nodes_of(exclusive) if exclusive else (),
                                  mems=mems, devices=devices),
+                 created_unix=p.started_unix or 0.0,  # its process's start: not known, 0 as before
                  request=request)
     notes.append((logging.WARNING,
                   f"rebuilt workload {p.name} from {p.describe()}: "
@@ -231,7 +253,7 @@ def _hold(machine: Machine, state: AgentState, p: MarkedProcess, cpus: CpuSet,
     while state.workload(name) is not None:
         n += 1
         name = f"quarantined-{p.pid}-{n}"
-    request = {REBUILT: QUARANTINED, "reason": why, "pid": p.pid, "uid": p.uid,
+    request = {REBUILT: QUARANTINED, "reason": why, "pid": p.pid, "pid_identity": p.identity, "uid": p.uid,
                "affinity": p.affinity.format(), "marked": p.name}
     w = Workload(name=name, owner_uid=0, booking=Booking(cpus=held, numa_nodes=machine.nodes_of(held) if held else ()),
                  request=request)

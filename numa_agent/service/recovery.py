@@ -51,6 +51,7 @@ from numa_agent.enforcement.record import decode_record
 from numa_agent.hotplug.rebase import rebase_state
 from numa_agent.service.config import ConfigError
 from numa_agent.service.rebuild import rebuild_from_live, source_text
+from numa_agent.service.revocations import revoked_by
 from numa_agent.state.checkpoint import CheckpointCorruptError, Loaded
 from numa_agent.state.model import AgentState, Booking, Pod, Workload, replace
 
@@ -220,6 +221,8 @@ def _adopt(machine: Machine, state: AgentState, enforcer: Enforcer,
         pod = state.pod(place.pod) if place.pod is not None else None
         if place.pod is not None and pod is None:
             continue
+        if _revoked(state, rel, enforcer.read_record(rel) if state.revoked else None):
+            continue
         w = _adopted_workload(machine, state, enforcer, rel, place, pod, uid_of)
         state = state.with_workload(w)
         if pod is not None:
@@ -249,6 +252,8 @@ def _adopt_engines(machine: Machine, state: AgentState, enforcer: Enforcer) -> t
         except ValueError as exc:
             log.warning("engine cgroup %s: booking record unreadable (%s); left alone", rel, exc)
             continue
+        if _revoked(state, rel, data):
+            continue
         if not isinstance(record, Workload) or record.cgroup != rel or state.workload(record.name) is not None:
             log.warning("engine cgroup %s: its booking record does not name it, or names a workload "
                         "that exists; left alone", rel)
@@ -261,6 +266,18 @@ def _adopt_engines(machine: Machine, state: AgentState, enforcer: Enforcer) -> t
         adopted.append(w.name)
         bisect.insort(known, rel)
     return state, adopted
+
+
+def _revoked(state: AgentState, rel: str, data: bytes | None) -> bool:
+    """The booking record `data` found on `rel` is of a workload an operator
+    released while it ran (a crash came before the release was enforced):
+    not adopted; start-up hands what runs there to the shared pool."""
+    revocation = revoked_by(state.revoked, data)
+    if revocation is None:
+        return False
+    log.warning("cgroup %s: its workload %s was released by an operator; not adopted, its processes go "
+                "to the shared pool", rel, revocation.name)
+    return True
 
 
 class _Place(NamedTuple):

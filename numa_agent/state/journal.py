@@ -4,8 +4,9 @@ store (state/checkpoint.py) appends and reads the file.
 
 A delta is JSON-ready: `{"workloads": [<Workload JSON>...], "removed_workloads":
 [name...], "pods": [...], "removed_pods": [...], "policy_fingerprint": "...",
-"isolation": {"originals": {...}}}`,
-each key present only when it changed. Upserted entries are the values'
+"isolation": {"originals": {...}}, "revoked": [<Revocation JSON>...]}`,
+each key present only when it changed (the ledger and the revocations whole:
+both are small). Upserted entries are the values'
 own `to_json()`, so replaying deltas onto a state's JSON gives exactly the
 JSON of the new state (same checksum as a whole save of it).
 
@@ -56,6 +57,8 @@ def state_delta(old: AgentState, new: AgentState) -> Delta | None:
         delta["policy_fingerprint"] = new.policy_fingerprint
     if old.isolation != new.isolation:
         delta["isolation"] = new.isolation.to_json()  # small: the whole ledger
+    if old.revoked is not new.revoked and old.revoked != new.revoked:
+        delta["revoked"] = [r.to_json() for r in new.revoked]  # small: pruned at each release
     return delta or None
 
 
@@ -103,6 +106,7 @@ def replay(data: dict[str, Any], deltas: Iterable[Delta]) -> dict[str, Any]:
     pods = _by_name(data.get("pods", []), "pod")
     fingerprint = data.get("policy_fingerprint", "")
     isolation = data.get("isolation")
+    revoked = data.get("revoked")
     for delta in deltas:
         if not isinstance(delta, dict) or not delta.keys() <= _DELTA_KEYS:
             raise ValueError(f"not a state delta: {_short(delta)}")
@@ -120,6 +124,10 @@ def replay(data: dict[str, Any], deltas: Iterable[Delta]) -> dict[str, Any]:
             isolation = delta["isolation"]
             if not isinstance(isolation, dict):
                 raise ValueError(f"isolation {_short(isolation)} is not an object")
+        if "revoked" in delta:
+            revoked = delta["revoked"]
+            if not isinstance(revoked, list):
+                raise ValueError(f"revoked {_short(revoked)} is not a list")
     out = dict(data)
     out["workloads"] = [workloads[name] for name in sorted(workloads)]
     out["pods"] = [pods[name] for name in sorted(pods)]
@@ -127,11 +135,14 @@ def replay(data: dict[str, Any], deltas: Iterable[Delta]) -> dict[str, Any]:
     out.pop("isolation", None)
     if isolation and isolation.get("originals"):  # as AgentState.to_json writes it
         out["isolation"] = isolation
+    out.pop("revoked", None)
+    if revoked:
+        out["revoked"] = revoked
     return out
 
 
 _DELTA_KEYS = frozenset({"workloads", "removed_workloads", "pods", "removed_pods", "policy_fingerprint",
-                         "isolation"})
+                         "isolation", "revoked"})
 
 
 def _by_name(values: Any, kind: str) -> dict[str, dict[str, Any]]:

@@ -159,6 +159,34 @@ class IsolationLedger(_Value, frozen=True):
         return _from_json(d, cls)
 
 
+class Revocation(_Value, frozen=True):
+    """A workload an operator released while its process still ran. Its
+    process keeps its mark (the affinity fallback) and its cgroup may keep its
+    booking record until the release is enforced, either of which start-up
+    would otherwise take for a workload the checkpoint lost and bring back.
+    Kept while a trace of it may remain (see `service/revocations.py`): the
+    process (pid, start time: a pid is never reused for a process with the
+    same start time in one boot), or the record on its cgroup."""
+
+    name: str
+    pid: int | None = None  # the workload's process when it was released
+    pid_identity: str | None = None  # "<boot id>:<start time>" of that process
+    created_unix: float = 0.0  # with name and pid, tells its record from a later workload's
+    cgroup: str = ""  # where it was enforced (plan.workload_relpath)
+    released_unix: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return _to_json(self)
+
+    def covers(self, w: Workload) -> bool:
+        """`w` (a booking record found on a cgroup) is the revoked booking itself."""
+        return (w.name, w.pid, w.created_unix) == (self.name, self.pid, self.created_unix)
+
+    def covers_process(self, pid: int, identity: str | None) -> bool:
+        """The process (`pid`, its process_identity) is the revoked workload's own."""
+        return pid == self.pid and (self.pid_identity is None or identity == self.pid_identity)
+
+
 class AgentState(_Value, frozen=True, dict=True, weakref=True):
     # dict=True: room for the cached properties; weakref=True: a derived state
     # names the state it came from without keeping it alive (changes_since).
@@ -168,6 +196,8 @@ class AgentState(_Value, frozen=True, dict=True, weakref=True):
     # policy must reconcile explicitly (see numa_agent.service.config).
     policy_fingerprint: str = ""
     isolation: IsolationLedger = IsolationLedger()
+    # Workloads released while their process ran: never rebuilt or adopted again.
+    revoked: tuple[Revocation, ...] = ()
 
     # ---- lookups ---------------------------------------------------------
     # By name through an index made once per state (and handed on to the
@@ -299,6 +329,11 @@ class AgentState(_Value, frozen=True, dict=True, weakref=True):
             return self
         return self._derive(replace(self, isolation=ledger), index=("", "", None))
 
+    def with_revoked(self, revoked: tuple[Revocation, ...]) -> "AgentState":
+        if revoked == self.revoked:
+            return self
+        return self._derive(replace(self, revoked=revoked), index=("", "", None))
+
     def _derive(self, new: "AgentState", *, workloads: tuple[str, ...] = (), pods: tuple[str, ...] = (),
                 index: tuple[str, str, Any]) -> "AgentState":
         """Hand on what this state knows that still holds for `new`, which
@@ -366,6 +401,8 @@ class AgentState(_Value, frozen=True, dict=True, weakref=True):
                "pods": _to_json_value(self.pods), "policy_fingerprint": self.policy_fingerprint}
         if self.isolation:  # only when there is one: older checkpoints read back unchanged
             out["isolation"] = self.isolation.to_json()
+        if self.revoked:  # likewise
+            out["revoked"] = _to_json_value(self.revoked)
         return out
 
     @cached_property

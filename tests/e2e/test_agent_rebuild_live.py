@@ -138,3 +138,28 @@ def test_a_forged_mark_of_another_user_gets_nothing_at_a_rebuild(tmp_path):
         forger.kill()
         forger.wait()
         agent.stop()
+
+
+def test_a_workload_released_while_it_runs_is_not_rebuilt_after_a_kill(tmp_path):
+    """`numa-agent release` of a running --cpus 1 workload, then kill -9 and a
+    restart of the real agent: the process stays on the shared pool, unmanaged."""
+    agent = AgentProcess(tmp_path / "agent", "--cgroup-root", "none").start()
+    proc = subprocess.Popen([sys.executable, "-m", "numa_agent.cli.numa_run", "--socket", agent.socket,
+                             "--name", "let-go", "--cpus", "1", "--", "sleep", "60"])
+    try:
+        assert wait_for(lambda: workloads(agent, proc.pid) and
+                        b"NUMA_AGENT_MARK=" in open(f"/proc/{proc.pid}/environ", "rb").read(), timeout=10)
+        env = {**os.environ, "PYTHONPATH": str(os.getcwd())}
+        r = subprocess.run([sys.executable, "-m", "numa_agent.cli.numa_agent", "release", "let-go",
+                            "--socket", agent.socket], capture_output=True, text=True, env=env)
+        assert r.returncode == 0, r.stderr
+        agent.kill()  # kill -9
+        agent.start()
+        status = agent.call("GET", "/v1/status")[1]
+        assert workloads(agent, proc.pid) == [] and not [q for q in status["quarantined"] if q["pid"] == proc.pid]
+        assert [r["name"] for r in status["released"] if r["pid"] == proc.pid] == ["let-go"]
+        assert allowed_cpus(proc.pid) == CpuSet.parse(status["shared_pool"])
+    finally:
+        proc.kill()
+        proc.wait()
+        agent.stop()

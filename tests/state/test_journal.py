@@ -15,7 +15,7 @@ from numa_agent.core.cpuset import CpuSet
 from numa_agent.state import checkpoint as checkpoint_module
 from numa_agent.state.checkpoint import CheckpointStore, CheckpointWriteError, checksum_of
 from numa_agent.state.journal import apply_delta, encode_entry, parse_journal, replay, state_delta
-from numa_agent.state.model import AgentState, Booking, Pod, Workload, replace
+from numa_agent.state.model import AgentState, Booking, Pod, Revocation, Workload, replace
 
 
 def workload(name: str, cpu: int = 0, **kw) -> Workload:
@@ -38,7 +38,8 @@ def as_read(value):
 
 
 # ---- the change, pure ---------------------------------------------------------------------
-OPS = st.lists(st.tuples(st.sampled_from(["admit", "change", "release", "pod", "unpod", "policy"]),
+OPS = st.lists(st.tuples(st.sampled_from(["admit", "change", "release", "pod", "unpod", "policy", "revoke",
+                                          "unrevoke"]),
                          st.integers(0, 5)), max_size=12)
 
 
@@ -61,6 +62,10 @@ def test_replaying_the_delta_gives_the_new_state_exactly(ops):
             state = state.without_pod(f"p{i}")
         elif op == "policy":
             state = replace(state, policy_fingerprint=f"fp{i}")
+        elif op == "revoke":
+            state = state.with_revoked((*state.revoked, Revocation(name=name, pid=100 + i, cgroup=f"wl-{name}")))
+        elif op == "unrevoke":
+            state = state.with_revoked(state.revoked[1:])
         delta = state_delta(old, state)
         assert (delta is None) == (as_read(old.to_json()) == as_read(state.to_json()))
         if delta is not None:

@@ -77,6 +77,8 @@ def reference_json(state):
                 w.pop(key, None)
     if not out["isolation"]["originals"]:
         del out["isolation"]  # written only when the agent holds an isolation knob
+    if not out["revoked"]:
+        del out["revoked"]  # written only when a released workload's process runs
     return {"schema": STATE_SCHEMA, **out}
 
 

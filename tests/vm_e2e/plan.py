@@ -22,6 +22,7 @@ SCENARIOS = (
     "15-observe",
     "16-isolation",
     "17-kubelet",
+    "19-release-sticks",
     "18-memhot",  # last: its DIMM stays plugged
 )
 

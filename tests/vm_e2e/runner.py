@@ -32,14 +32,22 @@ def parse_results(stdout: str, shape: str) -> dict[str, tuple[str, str]]:
     return found
 
 
-def shape_results(shape: str, stdout: str, why_missing: str) -> tuple[list[tuple[str, str, str]], list[str]]:
+NOT_SELECTED = "not selected (--scenario)"
+
+
+def shape_results(shape: str, stdout: str, why_missing: str,
+                  selected: tuple[str, ...] | None = None) -> tuple[list[tuple[str, str, str]], list[str]]:
     """Every scenario's (name, status, reason) for one shape, and the lines the guest did not
-    print itself: a planned scenario with no result line failed for `why_missing`."""
+    print itself: a planned scenario with no result line failed for `why_missing`, unless
+    `--scenario` left it out (`selected`: the names chosen; None: all)."""
     got = parse_results(stdout, shape)
     results, extra_lines = [], []
     for scenario in scenarios_of(shape):
         if scenario in got:
             status, reason = got[scenario]
+        elif selected is not None and scenario not in selected:
+            status, reason = "SKIP", NOT_SELECTED
+            extra_lines.append(result_line(status, scenario, shape, reason))
         elif scenario in planned(shape):
             status, reason = "FAIL", why_missing
             extra_lines.append(result_line(status, scenario, shape, reason))
@@ -102,24 +110,21 @@ def main(argv: list[str] | None = None, *, run_in_guest=None, venv_check=ensure_
                         help=f"comma-separated shapes (default {','.join(DEFAULT_SHAPES)})")
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT,
                         help=f"seconds the scenarios may run in one guest (default {DEFAULT_TIMEOUT:g})")
+    parser.add_argument("--scenario", default="",
+                        help="comma-separated scenario names: only these run (the others are reported SKIP); "
+                             "a shape that plans none of them is not booted")
     parser.add_argument("--out-dir", default=str(REPO / ".cache" / "vm-e2e"),
                         help="host directory for report-<shape>.json and agent-<shape>.log "
                              "(default .cache/vm-e2e; emptied first)")
     args = parser.parse_args(argv)
     if run_in_guest is None:
         from vmharness import run_in_guest
-    from vmharness import GuestError, SetupError, ShapeError, get_shape
+    from vmharness import GuestError, SetupError, get_shape
 
-    shapes = [s.strip() for s in args.shape.split(",") if s.strip()]
-    if not shapes:
-        parser.error("--shape names no shape")
-    for shape in shapes:
-        try:
-            get_shape(shape)
-        except ShapeError as exc:
-            parser.error(str(exc))
+    shapes = _shapes(parser, args.shape)
     if args.timeout <= 0:
         parser.error(f"--timeout must be positive, got {args.timeout:g}")
+    shapes, selected = _selected(parser, shapes, args.scenario)
     problem = venv_check() or (wheelhouse_check() if any(get_shape(s).boots_systemd for s in shapes) else None)
     if problem:
         print(f"vm-e2e: {problem}", file=sys.stderr)
@@ -133,12 +138,12 @@ def main(argv: list[str] | None = None, *, run_in_guest=None, venv_check=ensure_
         out_dir = out_root / shape
         t0 = time.monotonic()
         try:
-            result = _boot_shape(run_in_guest, shape, args.timeout, out_dir)
+            result = _boot_shape(run_in_guest, shape, args.timeout, out_dir, selected)
         except (GuestError, SetupError) as exc:
             # The guest never reached the command (or died): every planned scenario failed with its message.
             # What the guest reported before dying was streamed already; its report file keeps it.
             results, lines = shape_results(shape, _report_lines(out_dir / f"report-{shape}.json"),
-                                           f"guest: {exc}")
+                                           f"guest: {exc}", selected)
             timings.append(f"{shape}: no result after {time.monotonic() - t0:.1f} s")
         else:
             stdout = result.stdout.decode("utf-8", "replace")
@@ -149,7 +154,7 @@ def main(argv: list[str] | None = None, *, run_in_guest=None, venv_check=ensure_
                 tail = result.stderr.decode("utf-8", "replace").strip().splitlines()[-3:]
                 if tail:
                     why += " (" + " | ".join(tail) + ")"
-            results, lines = shape_results(shape, stdout, why)
+            results, lines = shape_results(shape, stdout, why, selected)
             timings.append(f"{shape}: {result.total_seconds:.1f} s (boot {result.boot_seconds:.1f} s, "
                            f"scenarios {result.run_seconds:.1f} s{_scenario_times(out_dir / f'report-{shape}.json')})")
         for line in lines:
@@ -164,11 +169,42 @@ def main(argv: list[str] | None = None, *, run_in_guest=None, venv_check=ensure_
     return 1 if totals["FAIL"] else 0
 
 
-def _boot_shape(run_in_guest, shape: str, timeout: float, out_dir: Path):
-    """One guest run of the shape's scenarios; booted once more when the first guest hung
-    before it reported a single scenario (seen under emulation: the guest kernel's timer
-    stops and RCU stalls), which is the emulator's trouble, not a scenario's."""
+def _shapes(parser: argparse.ArgumentParser, text: str) -> list[str]:
+    from vmharness import ShapeError, get_shape
+
+    shapes = [s.strip() for s in text.split(",") if s.strip()]
+    if not shapes:
+        parser.error("--shape names no shape")
+    for shape in shapes:
+        try:
+            get_shape(shape)
+        except ShapeError as exc:
+            parser.error(str(exc))
+    return shapes
+
+
+def _selected(parser: argparse.ArgumentParser, shapes: list[str],
+              text: str) -> tuple[list[str], tuple[str, ...] | None]:
+    """The shapes to boot and the scenarios `--scenario` names (None: every planned one)."""
+    selected = tuple(s.strip() for s in text.split(",") if s.strip()) or None
+    if selected is None:
+        return shapes, None
+    unknown = sorted(set(selected) - {name for shape in shapes for name in scenarios_of(shape)})
+    if unknown:
+        parser.error(f"unknown scenario(s) {', '.join(unknown)} for shape(s) {', '.join(shapes)}")
+    booted = [shape for shape in shapes if set(selected) & set(planned(shape))]
+    if not booted:
+        parser.error(f"no shape given plans {', '.join(selected)}")
+    return booted, selected
+
+
+def _boot_shape(run_in_guest, shape: str, timeout: float, out_dir: Path, selected: tuple[str, ...] | None):
+    """One guest run of the shape's scenarios (`selected`: only those); booted once more when
+    the first guest hung before it reported a single scenario (seen under emulation: the guest
+    kernel's timer stops and RCU stalls), which is the emulator's trouble, not a scenario's."""
     argv_guest = [str(REPO / ".venv" / "bin" / "python"), "-m", guest_module(shape), "--shape", shape]
+    if selected is not None:
+        argv_guest += ["--only", ",".join(s for s in selected if s in scenarios_of(shape))]
 
     def once():
         shutil.rmtree(out_dir, ignore_errors=True)

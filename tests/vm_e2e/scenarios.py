@@ -920,19 +920,25 @@ def _recycled_pid(g: Guest) -> str:
         b.stop()
 
 
+def _listed_by(b: AgentProcess, name: str) -> dict | None:
+    return next((x for x in b.call("GET", "/v1/workloads")[1]["workloads"] if x["name"] == name), None)
+
+
+def _marked_on(g: Guest, b: AgentProcess, name: str) -> tuple[subprocess.Popen, CpuSet]:
+    """`numa-run --cpus 1` of a sleeper on the affinity agent `b`, admitted and exec'd
+    with its mark; the process and its CPUs."""
+    proc = subprocess.Popen([*g.numa_run_argv, "--socket", b.socket, "--name", name, "--cpus", "1",
+                             "--", *SLEEP], stdin=subprocess.DEVNULL)
+    g.launched.append(proc)
+    check(wait_for(lambda: _listed_by(b, name) and "NUMA_AGENT_MARK" in proc_env(proc.pid),
+                   timeout=ADMIT_TIMEOUT, interval=0.1), f"{name} was not admitted and exec'd by the affinity agent")
+    return proc, CpuSet.parse(_listed_by(b, name)["cpus"])
+
+
 def _rebuilt_from_process(g: Guest, b: AgentProcess) -> str:
     """The affinity agent's checkpoint truncated and its previous generation gone
     under a running workload: rebuilt from the process, its CPU never handed out again."""
-    keeper = subprocess.Popen([*g.numa_run_argv, "--socket", b.socket, "--name", "keeper", "--cpus", "1",
-                               "--", *SLEEP], stdin=subprocess.DEVNULL)
-    g.launched.append(keeper)
-
-    def listed(name: str) -> dict | None:
-        return next((x for x in b.call("GET", "/v1/workloads")[1]["workloads"] if x["name"] == name), None)
-
-    check(wait_for(lambda: listed("keeper") and "NUMA_AGENT_MARK" in proc_env(keeper.pid),
-                   timeout=ADMIT_TIMEOUT, interval=0.1), "keeper was not admitted and exec'd by the affinity agent")
-    cpus = CpuSet.parse(listed("keeper")["cpus"])
+    keeper, cpus = _marked_on(g, b, "keeper")
     # Another user copies keeper's mark, token included, into a process of theirs on
     # a CPU of the shared pool: the token is keeper's pid's, so it books nothing.
     pool = CpuSet(os.sched_getaffinity(0)) - cpus
@@ -945,12 +951,12 @@ def _rebuilt_from_process(g: Guest, b: AgentProcess) -> str:
     checkpoint.write_bytes(checkpoint.read_bytes()[:40])
     (b.state_dir / "checkpoint.json.prev").unlink(missing_ok=True)
     b.start(timeout=AGENT_START_TIMEOUT)
-    again = listed("keeper")
+    again = _listed_by(b, "keeper")
     check(again is not None and CpuSet.parse(again["cpus"]) == cpus and again["pid"] == keeper.pid,
           f"keeper was not rebuilt from its process with CPUs {cpus.format()}: {again}")
     held = [q for q in b.call("GET", "/v1/status")[1]["quarantined"] if q["pid"] == forger.pid]
-    check(listed("forged") is None and not held and f"unverified mark on pid {forger.pid}" in b.log(),
-          f"a forged mark was rebuilt or held: {listed('forged')} {held}")
+    check(_listed_by(b, "forged") is None and not held and f"unverified mark on pid {forger.pid}" in b.log(),
+          f"a forged mark was rebuilt or held: {_listed_by(b, 'forged')} {held}")
     other = subprocess.run([*g.numa_run_argv, "--socket", b.socket, "--cpus", "1", "--", "sh", "-c",
                             "grep Cpus_allowed_list /proc/self/status"],
                            capture_output=True, text=True, timeout=ADMIT_TIMEOUT)
@@ -974,6 +980,43 @@ def _process_with_pid(pid: int, attempts: int = 20) -> subprocess.Popen | None:
         proc.kill()
         proc.wait()
     return None
+
+
+def s19_release_sticks(g: Guest) -> str | None:
+    """In the affinity fallback an operator releases a running `--cpus 1` workload, and
+    the agent is killed and restarted: the workload stays gone and its process runs on
+    the shared pool, unmanaged."""
+    b = AgentProcess(g.work / "agent-release", "--cgroup-root", "none", "--metrics-address", "")
+    b.start(timeout=AGENT_START_TIMEOUT)
+    try:
+        proc, cpus = _marked_on(g, b, "let-go")
+        check(proc_allowed(proc.pid)[0] == cpus, f"let-go runs on {proc_allowed(proc.pid)[0].format()}, booked "
+                                                 f"{cpus.format()}")
+        released = subprocess.run([sys.executable, "-m", "numa_agent.cli.numa_agent", "release", "let-go",
+                                   "--socket", b.socket], capture_output=True, text=True, timeout=ADMIT_TIMEOUT)
+        check(released.returncode == 0, f"numa-agent release let-go: exit {released.returncode} {released.stderr}")
+        pool = CpuSet.parse(b.call("GET", "/v1/status")[1]["shared_pool"])
+        check(cpus.issubset(pool) and proc_allowed(proc.pid)[0] == pool,
+              f"after the release let-go runs on {proc_allowed(proc.pid)[0].format()}, the pool is {pool.format()}")
+        b.kill()  # kill -9
+        b.start(timeout=AGENT_START_TIMEOUT)
+        status = b.call("GET", "/v1/status")[1]
+        names = [x["name"] for x in status["workloads"]] + [q["name"] for q in status["quarantined"]]
+        check("let-go" not in names, f"after kill -9 and a restart the released let-go is back: {names}")
+        check([r["pid"] for r in status["released"] if r["name"] == "let-go"] == [proc.pid],
+              f"status does not list pid {proc.pid} as released: {status['released']}")
+        pool = CpuSet.parse(status["shared_pool"])
+        allowed = proc_allowed(proc.pid)[0]
+        check(allowed == pool, f"after the restart let-go runs on {allowed.format()}, the pool is {pool.format()}")
+        text = subprocess.run([sys.executable, "-m", "numa_agent.cli.numa_agent", "status", "--socket", b.socket],
+                              capture_output=True, text=True, timeout=ADMIT_TIMEOUT).stdout
+        check(f"UNMANAGED pid {proc.pid}: was workload let-go" in text, f"numa-agent status says: {last_lines(text, 4)}")
+        proc.kill()
+        proc.wait()
+        return (f"let-go (CPUs {cpus.format()}) released while it ran, agent killed and restarted: not listed, "
+                f"pid {proc.pid} unmanaged on the shared pool {pool.format()}")
+    finally:
+        b.stop()
 
 
 INFLIGHT_CLIENTS = 40
@@ -1689,6 +1732,7 @@ RUNNERS = {
     "15-observe": s15_observe,
     "16-isolation": s16_isolation,
     "17-kubelet": s17_kubelet,
+    "19-release-sticks": s19_release_sticks,
     "18-memhot": s18_memhot,
 }
 assert tuple(RUNNERS) == SCENARIOS

@@ -162,3 +162,30 @@ def test_a_guest_that_hangs_before_reporting_anything_is_booted_once_more(tmp_pa
     fake = guest_answering("PASS 1-pin-core 2node\n", timed_out=True)
     code, _, _ = run(["--shape", "2node"], fake, tmp_path, capsys)
     assert code == 1 and len(fake.calls) == 1
+
+
+def test_scenario_boots_only_the_shapes_that_plan_it_and_asks_the_guest_for_it_alone(tmp_path, capsys):
+    fake = guest_answering("PASS 19-release-sticks 2node\n")
+    code, lines, _ = run(["--shape", "2node,4node", "--scenario", "19-release-sticks"], fake, tmp_path, capsys)
+    assert code == 0 and [c[0] for c in fake.calls] == ["2node"]  # 4node does not plan it: not booted
+    assert fake.calls[0][1][-2:] == ["--only", "19-release-sticks"]
+    assert "SKIP 1-pin-core 2node: not selected (--scenario)" in lines
+    assert lines[-1] == f"1 passed, 0 failed, {ALL - 1} skipped"
+
+
+def test_an_unselected_scenario_is_not_failed_when_the_guest_dies(tmp_path, capsys):
+    fake = guest_answering(raises=GuestBootError("2node: the guest never started the command in 2 boot(s)"))
+    code, lines, _ = run(["--shape", "2node", "--scenario", "7-restart"], fake, tmp_path, capsys)
+    assert code == 1 and [line for line in lines if line.startswith("FAIL")] == [
+        "FAIL 7-restart 2node: guest: 2node: the guest never started the command in 2 boot(s)"]
+
+
+def test_an_unknown_or_unplanned_scenario_stops_before_any_boot(tmp_path, capsys):
+    fake = guest_answering(all_pass)
+    with pytest.raises(SystemExit):
+        runner.main(["--shape", "2node", "--scenario", "99-nope"], run_in_guest=fake, venv_check=lambda: None)
+    assert "unknown scenario(s) 99-nope for shape(s) 2node" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        runner.main(["--shape", "4node", "--scenario", "7-restart"], run_in_guest=fake, venv_check=lambda: None)
+    assert "no shape given plans 7-restart" in capsys.readouterr().err
+    assert fake.calls == []

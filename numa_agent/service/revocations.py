@@ -1,0 +1,113 @@
+"""Revocations: a workload released while its process ran stays released.
+
+`numa-agent release NAME` frees a workload's booking whatever its processes
+do. They carry on, on the shared pool, but a trace of the workload remains
+that start-up takes for a workload the checkpoint lost: its process's mark
+(`NUMA_AGENT_MARK`, which the affinity fallback rebuilds workloads from:
+service/rebuild.py) and, until the release is enforced, its cgroup with its
+booking record (which start-up adopts from: service/recovery.py). So the
+release also records a `Revocation` in the state, checkpointed with it
+(snapshot and journal) before anything is enforced. Start-up neither
+rebuilds nor adopts what a revocation names, and hands what it left running
+to the shared pool again (the agent may have died before it did); in the
+affinity fallback, where nothing follows the pool by itself, a released
+process is re-pinned whenever the pool changes, as the cgroup tree's
+`shared/_released` follows it.
+
+The cost stays bounded: a revocation is kept only while a trace of it
+remains, its process (pid and start time: no later process of this boot has
+both, and a mark never verifies in another boot, whose key is new) or the
+cgroup carrying its record. Each release and each start drop those without
+one, so the list holds the released processes still running and at most
+those that exited since the last release.
+
+What it cannot survive: a checkpoint lost entirely (both generations and the
+journal) takes the revocations with it, and in the affinity fallback, which
+has no cgroup to keep a copy on, the next start rebuilds a released workload
+whose process still runs, as it rebuilds every other. In cgroup mode a
+released workload's cgroup and record are gone once its release is enforced;
+only a crash between the release's checkpoint and its enforcement together
+with the loss of that checkpoint brings it back.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Iterable
+
+from numa_agent.enforcement.errors import EnforcementError
+from numa_agent.enforcement.plan import workload_relpath
+from numa_agent.enforcement.processes import process_alive, process_identity
+from numa_agent.enforcement.protocol import Enforcer, Layout
+from numa_agent.enforcement.record import decode_record
+from numa_agent.state.model import AgentState, Revocation, Workload
+
+log = logging.getLogger("numa_agent.service")
+
+REASON = "released by an operator"
+
+
+def revocation_of(w: Workload, now: float) -> Revocation:
+    return Revocation(name=w.name, pid=w.pid, pid_identity=w.pid_identity, created_unix=w.created_unix,
+                      cgroup=workload_relpath(w), released_unix=now)
+
+
+def process_lives(r: Revocation) -> bool:
+    """The revoked workload's own process still runs (not one that reuses its pid)."""
+    if r.pid is None:
+        return False
+    if r.pid_identity is None:
+        return process_alive(r.pid)
+    return process_identity(r.pid) == r.pid_identity
+
+
+def record_remains(r: Revocation, enforcer: Enforcer) -> bool:
+    """Its cgroup still carries the revoked booking's record (its release was
+    not enforced yet); never a later workload's of the same name."""
+    if not r.cgroup or not enforcer.exists(r.cgroup):
+        return False
+    return revoked_by((r,), enforcer.read_record(r.cgroup)) is not None
+
+
+def revoked_by(revoked: Iterable[Revocation], data: bytes | None) -> Revocation | None:
+    """The revocation of the booking whose record is `data` (a cgroup's), if any."""
+    try:
+        record = decode_record(data) if data is not None else None
+    except ValueError:
+        return None
+    if not isinstance(record, Workload):
+        return None
+    return next((r for r in revoked if r.covers(record)), None)
+
+
+def pruned(state: AgentState, enforcer: Enforcer) -> AgentState:
+    """`state` without the revocations of which no trace remains."""
+    kept = tuple(r for r in state.revoked if process_lives(r) or record_remains(r, enforcer))
+    return state.with_revoked(kept)
+
+
+def hand_to_pool(state: AgentState, enforcer: Enforcer, layout: Layout) -> None:
+    """What the revoked workloads left running goes to the shared pool of
+    `layout`: a cgroup still carrying a revoked record is emptied into it and
+    removed, a live revoked process (the affinity fallback) re-pinned to it.
+    A failure is logged: the start or the change it belongs to goes on."""
+    for r in state.revoked:
+        cgroup = r.cgroup if record_remains(r, enforcer) else None
+        pid = r.pid if process_lives(r) else None
+        if cgroup is None and pid is None:
+            continue
+        try:
+            enforcer.evict(cgroup, pid, r.pid_identity, layout)
+        except (EnforcementError, OSError) as exc:
+            log.error("cannot move what the released workload %s left running to the shared pool: %s",
+                      r.name, exc)
+
+
+def released_views(state: AgentState) -> list[dict[str, Any]]:
+    """The processes of revoked workloads still running: unmanaged, on the shared pool."""
+    return [{"name": r.name, "pid": r.pid, "released_unix": r.released_unix, "reason": REASON}
+            for r in state.revoked if process_lives(r)]
+
+
+__all__ = ["REASON", "hand_to_pool", "process_lives", "pruned", "record_remains", "released_views",
+           "revocation_of", "revoked_by"]
