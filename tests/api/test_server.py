@@ -203,6 +203,10 @@ HOSTILE_BODIES = {
     "shared with cpus": b'{"shared": true, "cpus": 2}',
     "budget without pod": b'{"pod_budget": {"cpus": 2}}',
     "NUL in command": b'{"command": ["a\\u0000b"]}',
+    # Past any parser's depth (Python's recursion limit is 1000): refused, never a RecursionError.
+    "nested arrays": b"[" * 30_000 + b"]" * 30_000,
+    "nested in a field": b'{"devices": {"gpu": ' + b"[" * 30_000 + b"]" * 30_000 + b"}}",
+    "nested objects": b'{"name": ' + b'{"a": ' * 8_000 + b"1" + b"}" * 8_000 + b"}",
 }
 
 
