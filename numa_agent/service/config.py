@@ -17,7 +17,7 @@ import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Literal, Mapping
+from typing import Annotated, Any, Callable, Literal, Mapping
 
 import msgspec
 from msgspec import UNSET, UnsetType
@@ -193,8 +193,12 @@ def load_config(path: str | Path | None, *, required: bool = False) -> AgentConf
         raise ConfigError(f"cannot read config file {file}: {exc.strerror}") from None
     try:
         doc = tomllib.loads(raw.decode("utf-8"))
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{file}: not UTF-8 text (byte {exc.start}); TOML files are UTF-8") from None
+    except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{file}: not valid TOML: {exc}") from None
+    except RecursionError:  # tomllib recurses per level of nesting
+        raise ConfigError(f"{file}: not valid TOML: arrays or tables nested too deeply") from None
     try:
         return config_from_mapping(doc)
     except ConfigError as exc:
@@ -212,25 +216,67 @@ def config_from_mapping(doc: Mapping[str, Any]) -> AgentConfig:
 
 def _agent_fields(agent: AgentSection) -> dict[str, Any]:
     fields = agent.given()
-    if "socket_mode" in fields:
-        fields["socket_mode"] = _socket_mode(fields["socket_mode"])
-    if "metrics_address" in fields:
-        fields["metrics_address"] = fields["metrics_address"] or None
-        if fields["metrics_address"] is not None:
-            try:
-                parse_address(fields["metrics_address"])
-            except ValueError as exc:
-                raise ConfigError(f"agent.metrics_address: {exc}") from None
-    root = fields.get("cgroup_root")
-    if root is not None and root not in ("auto", "none") and not root.startswith("/"):
-        # a relative directory here is a misspelt keyword, not a cgroup found from the cwd
-        raise ConfigError(f"agent.cgroup_root: {root!r} is not auto, none or an absolute directory")
-    if "log_level" in fields:  # checked here so that the error names the key, not --log-level
+    for key, value in fields.items():
         try:
-            check_level(fields["log_level"])
+            fields[key] = agent_value(key, value)
         except ValueError as exc:
-            raise ConfigError(f"agent.log_level: {exc}") from None
+            raise ConfigError(f"agent.{key}: {exc}") from None
     return fields
+
+
+def agent_value(key: str, value: Any) -> Any:
+    """An [agent] value (or the `serve` flag that overrides it) as AgentConfig
+    holds it; ValueError saying what is wrong, for the caller to name the key."""
+    check = _AGENT_CHECKS.get(key)
+    return value if check is None else check(value)
+
+
+def _metrics_address(address: str) -> str | None:
+    if address:
+        parse_address(address)
+    return address or None
+
+
+def _cgroup_root(root: str) -> str:
+    if root not in ("auto", "none") and not root.startswith("/"):
+        # a relative directory here is a misspelt keyword, not a cgroup found from the cwd
+        raise ValueError(f"{root!r} is not auto, none or an absolute directory")
+    return root
+
+
+def _socket_mode(value: str | int) -> int:
+    try:
+        mode = int(value, 8) if isinstance(value, str) else value
+    except ValueError:
+        raise ValueError(f"{value!r} is not an octal mode like \"0660\"") from None
+    if not 0 <= mode <= 0o777:
+        raise ValueError(f"{value!r} is not a file mode")
+    return mode
+
+
+def _log_level(level: str) -> str:
+    check_level(level)
+    return level  # as written: logging_setup reads any case
+
+
+def _not_empty(value: str) -> str:
+    if not value.strip():
+        raise ValueError("must not be empty")
+    if "\0" in value:
+        raise ValueError(f"{value!r} holds a NUL character")
+    return value
+
+
+_AGENT_CHECKS: dict[str, Callable[[Any], Any]] = {
+    "socket_mode": _socket_mode,
+    "metrics_address": _metrics_address,
+    "cgroup_root": _cgroup_root,
+    "log_level": _log_level,
+    "sysfs_root": _not_empty,
+    "state_dir": _not_empty,
+    "socket": _not_empty,
+    "socket_group": _not_empty,
+}
 
 
 def _policy(parsed: ConfigFile) -> PolicyConfig:
@@ -259,8 +305,12 @@ def _policy(parsed: ConfigFile) -> PolicyConfig:
             listed = len(CpuSet.parse(fields["reserved_cpus"]))
         except CpuSetParseError as exc:
             raise ConfigError(f"cpu_manager.reserved_cpus: {fields['reserved_cpus']!r}: {exc}") from None
+        if "reserved_cpu_count" in fields:
+            # Two answers to one question; which one was meant cannot be guessed.
+            raise ConfigError("cpu_manager.reserved_cpus and cpu_manager.reserved_cpu_count: give one "
+                              "of them (the list sets the count, as the kubelet's reservedSystemCPUs)")
         # As the kubelet's reservedSystemCPUs: the list alone sets how many are reserved.
-        fields.setdefault("reserved_cpu_count", listed)
+        fields["reserved_cpu_count"] = listed
     if parsed.devices:
         fields["devices"] = {name: _device(name, sel) for name, sel in parsed.devices.items()}
     return PolicyConfig(**fields)
@@ -275,16 +325,6 @@ def _device(name: str, table: Any) -> dict[str, Any]:
     except ValueError as exc:
         raise ConfigError(f"devices.{name}: {exc}") from None
     return fields
-
-
-def _socket_mode(value: str | int) -> int:
-    try:
-        mode = int(value, 8) if isinstance(value, str) else value
-    except ValueError:
-        raise ConfigError(f"agent.socket_mode: {value!r} is not an octal mode like \"0660\"") from None
-    if not 0 <= mode <= 0o777:
-        raise ConfigError(f"agent.socket_mode: {value!r} is not a file mode")
-    return mode
 
 
 def _options(options: Options, where: str) -> dict[str, str]:
