@@ -284,6 +284,14 @@ def test_release_with_hostile_name_is_400(server, fake, target):
     assert "release" not in fake.service_calls()
 
 
+@pytest.mark.parametrize("query", ["?request_id=XYZ", "?request_id=" + "a" * 65, "?request_id=", "?force=1",
+                                   "?request_id=" + "a" * 32 + "&force=1"])
+def test_release_with_a_bad_request_id_query_is_400(server, fake, query):
+    status, body = request(server.socket_path, "DELETE", "/v1/workloads/web" + query)
+    assert status == 400, body
+    assert "release" not in fake.service_calls()
+
+
 def test_slow_client_does_not_block_others(fake, sock_dir):
     srv = ApiServer(fake, f"{sock_dir}/agent.sock", request_deadline=5.0).start()
     try:
