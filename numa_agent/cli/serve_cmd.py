@@ -42,8 +42,10 @@ def add_parser(sub) -> None:
     p.add_argument("--state-dir", metavar="DIR", help="checkpoint directory (default /var/lib/numa-agent)")
     p.add_argument("--socket", metavar="PATH", help="API socket path (default /run/numa-agent/agent.sock)")
     p.add_argument("--socket-group", metavar="GROUP", help="group allowed to use the socket (mode 0660)")
-    p.add_argument("--metrics-address", metavar="HOST:PORT",
-                   help="Prometheus metrics (default 127.0.0.1:9464; '' disables)")
+    p.add_argument("--metrics-address", metavar="HOST:PORT|unix:PATH",
+                   help="Prometheus metrics (default 127.0.0.1:9464, readable by every local user; "
+                        "unix:PATH, a socket with the API socket's mode and group, limits it to that group; "
+                        "'' disables)")
     p.add_argument("--pod-resources-socket", metavar="PATH",
                    help="PodResources v1 gRPC socket (default: pod-resources.sock beside --socket; '' disables)")
     p.add_argument("--kubelet-state-dir", metavar="DIR",

@@ -33,7 +33,7 @@ from numa_agent.core.policy import TopologyPolicy, TopologyScope
 from numa_agent.core.units import parse_hugepage_size, parse_size
 from numa_agent.isolation.plan import parse_kinds
 from numa_agent.service.logging_setup import check_level
-from numa_agent.views.metrics import parse_address
+from numa_agent.views.metrics import check_address_form
 
 DEFAULT_CONFIG = "/etc/numa-agent/config.toml"
 DEFAULT_STATE_DIR = "/var/lib/numa-agent"
@@ -112,7 +112,7 @@ class AgentSection(_Section, frozen=True):
     socket: str | UnsetType = UNSET
     socket_mode: str | int | UnsetType = UNSET  # "0660" or 432
     socket_group: str | UnsetType = UNSET
-    metrics_address: str | UnsetType = UNSET  # "" disables
+    metrics_address: str | UnsetType = UNSET  # HOST:PORT or unix:PATH; "" disables
     log_level: str | UnsetType = UNSET
     on_policy_change: Literal["refuse", "reconcile"] | UnsetType = UNSET
     hotplug: bool | UnsetType = UNSET
@@ -233,7 +233,7 @@ def agent_value(key: str, value: Any) -> Any:
 
 def _metrics_address(address: str) -> str | None:
     if address:
-        parse_address(address)
+        check_address_form(address)
     return address or None
 
 

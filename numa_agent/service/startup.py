@@ -254,9 +254,10 @@ class Agent:
 
             try:
                 self.metrics = start_metrics_server(cfg.metrics_address,
-                                                    build_registry(service.metrics_snapshot))
+                                                    build_registry(service.metrics_snapshot),
+                                                    socket_mode=cfg.socket_mode, socket_group=cfg.socket_group)
             except (OSError, ValueError) as exc:  # taken since it was checked
-                raise StartupError(f"metrics: {exc}") from None
+                raise StartupError(f"{exc} (agent.metrics_address, --metrics-address)") from None
         if self.hotplug is None and cfg.hotplug and os.path.abspath(cfg.sysfs_root) == "/":
             from numa_agent.hotplug.events import HotplugUnavailable, UdevEventSource
 
