@@ -65,7 +65,13 @@ _FLAGS = ("sysfs_root", "cgroup_root", "state_dir", "socket", "socket_group", "l
 def _effective_config(args):
     """The file's settings with the flags over them; ConfigError naming the
     flag, or the file and the key, of a wrong value."""
-    from numa_agent.service.config import DEFAULT_CONFIG, ConfigError, agent_value, load_config
+    from numa_agent.service.config import (
+        DEFAULT_CONFIG,
+        ConfigError,
+        agent_value,
+        check_endpoints_apart,
+        load_config,
+    )
 
     cfg = load_config(args.config, required=args.config is not None)
     overrides = {}
@@ -85,6 +91,7 @@ def _effective_config(args):
         if group is not None and not _group_exists(group):
             named = flag if key in overrides else f"{args.config or DEFAULT_CONFIG}: {where}"
             raise ConfigError(f"{named}: no group named {group!r}")
+    check_endpoints_apart(cfg)
     return cfg
 
 

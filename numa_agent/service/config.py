@@ -13,6 +13,7 @@ UNSET, so the defaults live in one place: the dataclasses.
 
 from __future__ import annotations
 
+import os
 import re
 import tomllib
 from dataclasses import dataclass, field
@@ -33,7 +34,7 @@ from numa_agent.core.policy import TopologyPolicy, TopologyScope
 from numa_agent.core.units import parse_hugepage_size, parse_size
 from numa_agent.isolation.plan import parse_kinds
 from numa_agent.service.logging_setup import check_level
-from numa_agent.views.metrics import check_address_form
+from numa_agent.views.metrics import check_address_form, socket_path_of
 
 DEFAULT_CONFIG = "/etc/numa-agent/config.toml"
 DEFAULT_STATE_DIR = "/var/lib/numa-agent"
@@ -150,7 +151,19 @@ class DeviceSelectorSection(_Section, frozen=True):
 
 
 class ObserveSection(_Section, frozen=True):
-    intruder_scan_seconds: Annotated[float, msgspec.Meta(ge=0)] | UnsetType = UNSET
+    # 0 (off), else at least a tenth of a second (a scan reads every task) and at most a day
+    # (inf would overflow the timer's wait)
+    intruder_scan_seconds: Annotated[float, msgspec.Meta(ge=0, le=86_400)] | UnsetType = UNSET
+
+    def given(self) -> dict[str, Any]:
+        fields = super().given()
+        if 0 < fields.get("intruder_scan_seconds", 0) < MIN_SCAN_SECONDS:
+            raise ConfigError(f"observe.intruder_scan_seconds: {fields['intruder_scan_seconds']!r} is 0 (off) "
+                              f"or at least {MIN_SCAN_SECONDS}")
+        return fields
+
+
+MIN_SCAN_SECONDS = 0.1
 
 
 class IsolationSection(_Section, frozen=True):
@@ -277,6 +290,22 @@ _AGENT_CHECKS: dict[str, Callable[[Any], Any]] = {
     "socket": _not_empty,
     "socket_group": _not_empty,
 }
+
+
+def check_endpoints_apart(cfg: AgentConfig) -> None:
+    """ConfigError when two of the agent's sockets would be placed at one path (the
+    second would take the first for another agent's)."""
+    paths = {"agent.socket (--socket)": cfg.socket,
+             "kubelet.pod_resources_socket (--pod-resources-socket)": cfg.pod_resources_path(),
+             "agent.metrics_address (--metrics-address)": socket_path_of(cfg.metrics_address or "")}
+    seen: dict[str, str] = {}
+    for key, path in paths.items():
+        if path is None:
+            continue
+        where = os.path.abspath(path)
+        if where in seen:
+            raise ConfigError(f"{seen[where]} and {key} are the same path {path}: each needs its own")
+        seen[where] = key
 
 
 def _policy(parsed: ConfigFile) -> PolicyConfig:

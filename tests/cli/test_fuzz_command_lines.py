@@ -199,6 +199,7 @@ def test_serve_never_shows_a_traceback(tmp_path_factory):
         finally:
             os.chdir(cwd)
         assert code in SERVE_EXITS, (code, argv, stderr.getvalue())
+        assert "Traceback" not in stderr.getvalue()  # nor from a thread of a started agent
         if code != 0:
             _one_line_failure(stderr.getvalue(), "numa-agent")
 
@@ -245,6 +246,7 @@ def test_numa_run_never_shows_a_traceback(tmp_path_factory, monkeypatch):
             except SystemExit as exc:  # argparse: usage errors, --help
                 code = exc.code
         assert code in NUMA_RUN_EXITS, (code, argv, stderr.getvalue())
+        assert "Traceback" not in stderr.getvalue()
         if code != 0:
             _one_line_failure(stderr.getvalue(), "numa-run")
 

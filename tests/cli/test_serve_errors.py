@@ -88,6 +88,16 @@ def test_the_flag_is_named_not_the_file_it_overrides(tmp_path):
     assert str(cfg) not in r.stderr
 
 
+@pytest.mark.parametrize("args", [["--pod-resources-socket", "{tmp}/s.sock"],
+                                  ["--metrics-address", "unix:{tmp}/s.sock"],
+                                  ["--pod-resources-socket", "{tmp}/p.sock", "--metrics-address", "unix:{tmp}/p.sock"]])
+def test_two_endpoints_on_one_path_are_a_configuration_error(tmp_path, args):
+    """Not "another agent is already serving" from the second bind: the configuration says it twice."""
+    r = serve(tmp_path, *[a.format(tmp=tmp_path) for a in args])
+    one_clear_line(r, "are the same path", "each needs its own", code=EX_CONFIG)
+    assert not (tmp_path / "state").exists()
+
+
 def test_too_few_file_descriptors_is_one_line(tmp_path):
     import resource
 

@@ -78,6 +78,11 @@ def test_observe_section(tmp_path):
     assert _error(tmp_path, "[observe]\nintruder_scan_seconds = -1\n").startswith(
         "observe.intruder_scan_seconds:")
     assert _error(tmp_path, "[observe]\nscan = 1\n") == "unknown key observe.scan (known: intruder_scan_seconds)"
+    # inf would overflow the scan timer's wait; a tiny interval would scan without pause
+    assert _error(tmp_path, "[observe]\nintruder_scan_seconds = inf\n") == \
+        "observe.intruder_scan_seconds: expected `float` <= 86400.0"
+    assert _error(tmp_path, "[observe]\nintruder_scan_seconds = 1e-300\n") == \
+        "observe.intruder_scan_seconds: 1e-300 is 0 (off) or at least 0.1"
     path = tmp_path / "ok.toml"
     path.write_text("[observe]\nintruder_scan_seconds = 0\n")
     assert load_config(path, required=True).intruder_scan_seconds == 0
