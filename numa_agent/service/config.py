@@ -197,6 +197,8 @@ def load_config(path: str | Path | None, *, required: bool = False) -> AgentConf
     defaults; a missing file that was asked for is an error."""
     file = Path(path or DEFAULT_CONFIG)
     try:
+        if file.exists() and not (file.is_file() or file.is_dir()):  # a FIFO would block the start
+            raise ConfigError(f"config file {file} is not a regular file")
         raw = file.read_bytes()
     except FileNotFoundError:
         if required:
@@ -224,7 +226,18 @@ def config_from_mapping(doc: Mapping[str, Any]) -> AgentConfig:
     if "isolate_default" in isolation:
         isolation["isolate_default"] = parse_kinds(isolation["isolate_default"])
     return AgentConfig(**_agent_fields(parsed.agent), **parsed.observe.given(), **isolation,
-                       **parsed.kubelet.given(), policy=_policy(parsed))
+                       **_kubelet_fields(parsed.kubelet), policy=_policy(parsed))
+
+
+def _kubelet_fields(kubelet: KubeletSection) -> dict[str, Any]:
+    fields = kubelet.given()
+    for key, value in fields.items():
+        try:
+            agent_value(key, value)
+        except ValueError as exc:
+            name = kubelet.__struct_encode_fields__[kubelet.__struct_fields__.index(key)]
+            raise ConfigError(f"kubelet.{name}: {exc}") from None
+    return fields
 
 
 def _agent_fields(agent: AgentSection) -> dict[str, Any]:
@@ -275,6 +288,10 @@ def _log_level(level: str) -> str:
 def _not_empty(value: str) -> str:
     if not value.strip():
         raise ValueError("must not be empty")
+    return _no_nul(value)
+
+
+def _no_nul(value: str) -> str:
     if "\0" in value:
         raise ValueError(f"{value!r} holds a NUL character")
     return value
@@ -289,6 +306,8 @@ _AGENT_CHECKS: dict[str, Callable[[Any], Any]] = {
     "state_dir": _not_empty,
     "socket": _not_empty,
     "socket_group": _not_empty,
+    "pod_resources_socket": _no_nul,  # "" turns these off
+    "kubelet_state_dir": _no_nul,
 }
 
 

@@ -288,6 +288,14 @@ def test_a_file_not_in_utf8_is_named_with_the_byte(tmp_path):
     assert str(info.value) == f"{path}: not UTF-8 text (byte 22); TOML files are UTF-8"
 
 
+def test_a_fifo_is_refused_rather_than_waited_on(tmp_path):
+    import os
+
+    os.mkfifo(tmp_path / "config.toml")
+    with pytest.raises(ConfigError, match=f"config file {tmp_path}/config.toml is not a regular file"):
+        load_config(tmp_path / "config.toml", required=True)
+
+
 def test_a_directory_or_unreadable_file_is_named(tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match=f"cannot read config file {tmp_path}: Is a directory"):
         load_config(tmp_path, required=True)
@@ -306,6 +314,8 @@ def test_a_directory_or_unreadable_file_is_named(tmp_path, monkeypatch):
     ('[agent]\nstate_dir = " "\n', "agent.state_dir: must not be empty"),
     ('[agent]\nsocket = "/run/a\\u0000b"\n', "agent.socket: '/run/a\\x00b' holds a NUL character"),
     ('[agent]\nsocket_group = ""\n', "agent.socket_group: must not be empty"),
+    ('[kubelet]\nstate_dir = "/var/a\\u0000"\n', "kubelet.state_dir: '/var/a\\x00' holds a NUL character"),
+    ('[kubelet]\npod_resources_socket = "\\u0000"\n', "kubelet.pod_resources_socket: '\\x00' holds a NUL"),
     ('[agent]\nmetrics_address = "localhost"\n', "agent.metrics_address: metrics address 'localhost' has no port"),
 ])
 def test_paths_and_names_that_cannot_be_used_are_named(tmp_path, text, message):
