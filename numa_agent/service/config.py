@@ -197,7 +197,7 @@ def load_config(path: str | Path | None, *, required: bool = False) -> AgentConf
     defaults; a missing file that was asked for is an error."""
     file = Path(path or DEFAULT_CONFIG)
     try:
-        if file.exists() and not (file.is_file() or file.is_dir()):  # a FIFO would block the start
+        if file.is_fifo() or file.is_socket():  # opening a FIFO would block the start
             raise ConfigError(f"config file {file} is not a regular file")
         raw = file.read_bytes()
     except FileNotFoundError:
