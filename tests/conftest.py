@@ -31,3 +31,20 @@ def snapshot(snapshots_dir):
         return root, json.loads((root / "EXPECTED.json").read_text())
 
     return get
+
+
+@pytest.fixture(autouse=True)
+def _inotify_exhausted_when_asked(monkeypatch):
+    """NUMA_AGENT_TESTS_NO_INOTIFY=1: no inotify instance can be had, here and in
+    the agents the tests start (tests/support/inotify_exhausted.py)."""
+    import os
+
+    from tests.support.inotify_exhausted import ENV, SITE_DIR, exhausted_libc
+
+    if not os.environ.get(ENV):
+        return
+    from numa_agent.enforcement import libc
+
+    monkeypatch.setattr(libc, "_handle", exhausted_libc())
+    path = os.environ.get("PYTHONPATH")
+    monkeypatch.setenv("PYTHONPATH", f"{SITE_DIR}{os.pathsep}{path}" if path else str(SITE_DIR))

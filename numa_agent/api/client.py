@@ -256,7 +256,7 @@ def _parse_response(raw: bytes, socket_path: str) -> tuple[int, dict]:
         return status, {}
     try:
         data = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):  # (nested past the parser's depth)
         raise BadResponse(f"response from {socket_path} is not JSON (status {status})") from None
     if not isinstance(data, dict):
         data = {"items": data}

@@ -46,7 +46,7 @@ from numa_agent.api.errors import (
     ServerBusy,
 )
 from numa_agent.api.socket_file import SocketInUse, place_socket, remove_socket
-from numa_agent.api.validation import MAX_BODY_BYTES, parse_admit_request, validate_name
+from numa_agent.api.validation import MAX_BODY_BYTES, parse_admit_request, parse_request_id, validate_name
 from numa_agent.enforcement.processes import process_identity
 from numa_agent.service.caller import Caller
 
@@ -242,6 +242,17 @@ def _query_flag(query: str, name: str) -> bool:
     return flag
 
 
+def _query_request_id(query: str) -> str | None:
+    """DELETE's one optional parameter, `?request_id=ID`: release the workload
+    only if that admission made it (an OCI hook names its container so)."""
+    if not query:
+        return None
+    key, _, value = query.partition("=")
+    if key != "request_id" or "&" in value:
+        raise BadRequest(f"unknown query parameter {query[:40]!r}; this route takes request_id=ID")
+    return parse_request_id(value)
+
+
 def _no_query(query: str) -> None:
     if query:
         raise BadRequest("this route takes no query parameters")
@@ -306,13 +317,15 @@ class _Router:
         if req.method != "DELETE":
             raise MethodNotAllowed(f"{req.method[:20]} is not allowed on /v1/workloads/NAME",
                                    details={"allowed": ["DELETE"]})
-        _no_query(req.query)
+        request_id = _query_request_id(req.query)
         try:
             name = unquote(raw_name, errors="strict")
         except UnicodeDecodeError:
             raise BadRequest("workload name is not valid UTF-8") from None
         validate_name(name, "workload name")
-        return 200, self.service.release(name, caller)
+        if request_id is None:
+            return 200, self.service.release(name, caller)
+        return 200, self.service.release(name, caller, request_id=request_id)
 
 
 # ---------------------------------------------------------------- activation

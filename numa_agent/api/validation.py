@@ -71,6 +71,15 @@ class PodBudget(msgspec.Struct, forbid_unknown_fields=True):
 RequestId = Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{32,64}$")]
 
 
+def parse_request_id(value: str, what: str = "request_id") -> str:
+    """`value` if it is a request id (the RequestId form), else BadRequest."""
+    try:
+        return msgspec.convert(value, RequestId)
+    except msgspec.ValidationError:
+        raise BadRequest(f"{what} must be 32 to 64 lower-case hex digits, got {_shown(value)}",
+                         details={"field": what}) from None
+
+
 class AdmitRequest(msgspec.Struct, forbid_unknown_fields=True):
     name: ShortStr | None = None
     pod: ShortStr | None = None

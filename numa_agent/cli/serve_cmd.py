@@ -42,8 +42,10 @@ def add_parser(sub) -> None:
     p.add_argument("--state-dir", metavar="DIR", help="checkpoint directory (default /var/lib/numa-agent)")
     p.add_argument("--socket", metavar="PATH", help="API socket path (default /run/numa-agent/agent.sock)")
     p.add_argument("--socket-group", metavar="GROUP", help="group allowed to use the socket (mode 0660)")
-    p.add_argument("--metrics-address", metavar="HOST:PORT",
-                   help="Prometheus metrics (default 127.0.0.1:9464; '' disables)")
+    p.add_argument("--metrics-address", metavar="HOST:PORT|unix:PATH",
+                   help="Prometheus metrics (default 127.0.0.1:9464, readable by every local user; "
+                        "unix:PATH, a socket with the API socket's mode and group, limits it to that group; "
+                        "'' disables)")
     p.add_argument("--pod-resources-socket", metavar="PATH",
                    help="PodResources v1 gRPC socket (default: pod-resources.sock beside --socket; '' disables)")
     p.add_argument("--kubelet-state-dir", metavar="DIR",
@@ -55,28 +57,56 @@ def add_parser(sub) -> None:
     p.set_defaults(func=run)
 
 
+# flag (argparse dest) -> the AgentConfig field it overrides
+_FLAGS = ("sysfs_root", "cgroup_root", "state_dir", "socket", "socket_group", "log_level",
+          "metrics_address", "pod_resources_socket", "kubelet_state_dir")
+
+
 def _effective_config(args):
+    """The file's settings with the flags over them; ConfigError naming the
+    flag, or the file and the key, of a wrong value."""
     from numa_agent.service.caller import unknown_quota_names
-    from numa_agent.service.config import DEFAULT_CONFIG, ConfigError, load_config
+    from numa_agent.service.config import (
+        DEFAULT_CONFIG,
+        ConfigError,
+        agent_value,
+        check_endpoints_apart,
+        load_config,
+    )
 
     cfg = load_config(args.config, required=args.config is not None)
     unknown = unknown_quota_names(cfg.quotas)  # the user database: asked once, at start
     if unknown:
         raise ConfigError(f"{args.config or DEFAULT_CONFIG}: {unknown[0]}")
     overrides = {}
-    for flag, key in (("sysfs_root", "sysfs_root"), ("cgroup_root", "cgroup_root"),
-                      ("state_dir", "state_dir"), ("socket", "socket"),
-                      ("socket_group", "socket_group"), ("log_level", "log_level"),
-                      ("pod_resources_socket", "pod_resources_socket"),
-                      ("kubelet_state_dir", "kubelet_state_dir")):
-        value = getattr(args, flag)
-        if value is not None:
-            overrides[key] = value
-    if args.metrics_address is not None:
-        overrides["metrics_address"] = args.metrics_address or None
+    for key in _FLAGS:
+        value = getattr(args, key)
+        if value is None:
+            continue
+        try:
+            overrides[key] = agent_value(key, value)
+        except ValueError as exc:
+            raise ConfigError(f"--{key.replace('_', '-')}: {exc}") from None
     if args.no_hotplug:
         overrides["hotplug"] = False
-    return replace(cfg, **overrides)
+    cfg = replace(cfg, **overrides)
+    for key, flag, where, group in (("socket_group", "--socket-group", "agent.socket_group", cfg.socket_group),
+                                    ("isolate_group", None, "isolation.group", cfg.isolate_group)):
+        if group is not None and not _group_exists(group):
+            named = flag if key in overrides else f"{args.config or DEFAULT_CONFIG}: {where}"
+            raise ConfigError(f"{named}: no group named {group!r}")
+    check_endpoints_apart(cfg)
+    return cfg
+
+
+def _group_exists(name: str) -> bool:
+    import grp
+
+    try:
+        grp.getgrnam(name)
+    except KeyError:
+        return False
+    return True
 
 
 def run(args) -> int:
@@ -85,21 +115,28 @@ def run(args) -> int:
     try:
         cfg = _effective_config(args)
     except ConfigError as exc:
-        print(f"numa-agent: {exc}", file=sys.stderr)
-        return EX_CONFIG
+        return _refused(exc, EX_CONFIG)
     from numa_agent.service.logging_setup import setup_logging
 
-    try:
-        setup_logging(cfg.log_level)
-    except ValueError as exc:
-        where = "--log-level" if args.log_level is not None else "agent.log_level"
-        print(f"numa-agent: {where}: {exc}", file=sys.stderr)
-        return EX_CONFIG
+    setup_logging(cfg.log_level)  # checked with the configuration
     from numa_agent.service.startup import Agent, StartupConfigError, StartupError
 
     try:
         return Agent(cfg).run_until_signal()
     except StartupError as exc:
-        log.error("%s", exc)
-        print(f"numa-agent: {exc}", file=sys.stderr)
-        return EX_CONFIG if isinstance(exc, StartupConfigError) else 1
+        log.error("%s", _one_line(exc))
+        return _refused(exc, EX_CONFIG if isinstance(exc, StartupConfigError) else 1)
+    except Exception as exc:  # a bug: one line for the operator, the trace at debug level
+        log.debug("start-up failed", exc_info=True)
+        return _refused(f"start-up failed unexpectedly: {type(exc).__name__}: {exc} "
+                        "(run with --log-level debug for the trace)", 1)
+
+
+def _refused(what: object, code: int) -> int:
+    print(f"numa-agent: {_one_line(what)}", file=sys.stderr)
+    return code
+
+
+def _one_line(what: object) -> str:
+    """Whatever a library's message holds, the operator's line is one line."""
+    return "; ".join(line.strip() for line in str(what).splitlines() if line.strip())

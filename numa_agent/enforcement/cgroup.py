@@ -696,6 +696,9 @@ class EventWatcher:
         self._wd_to_rel[wd] = relpath
         self._rel_to_wd[relpath] = wd
 
+    def occupied(self, relpath: str) -> None:
+        """A process was moved in: inotify saw the change itself."""
+
     def unwatch(self, relpath: str) -> None:
         wd = self._rel_to_wd.pop(relpath, None)
         if wd is not None:

@@ -24,7 +24,7 @@ from typing import Callable, Collection, Iterable
 from numa_agent.core.cpuset import CpuSet
 from numa_agent.core.hints import NumaMask
 from numa_agent.core.names import engine_cgroup_parent, is_engine_cgroup
-from numa_agent.enforcement.cgroup import CgroupV2, EventWatcher
+from numa_agent.enforcement.cgroup import CgroupV2
 from numa_agent.enforcement.errors import CgroupError, CgroupMissingError, EnforcementError
 from numa_agent.enforcement.marked import MarkedProcess, scan_marked
 from numa_agent.enforcement.plan import (
@@ -37,6 +37,7 @@ from numa_agent.enforcement.plan import (
     order_changes,
     pool_followers,
 )
+from numa_agent.enforcement.polling import open_watcher
 from numa_agent.enforcement.processes import process_identity
 from numa_agent.enforcement.protocol import NO_LIMITS, Grant, Layout, Limits
 from numa_agent.enforcement.record import RECORD_XATTR, encode_record
@@ -56,7 +57,7 @@ class CgroupEnforcer:
         # "isolated" or "root": exclusive workloads become cpuset partitions,
         # when the agent's root is itself a partition root (see setup).
         self.partitions = partitions
-        self.watcher = EventWatcher(cgroup)
+        self.watcher = open_watcher(cgroup)  # inotify, or polling when none can be had
         caps = cgroup.probe()
         self.has_memory = caps.memory and domain_controllers
         self.has_hugetlb = caps.hugetlb and domain_controllers
@@ -151,6 +152,7 @@ class CgroupEnforcer:
         if move is not None:
             relpath, pid = move
             cg.move_pid(relpath, pid)
+            self.watcher.occupied(relpath)
         # Everything after a full apply; after a change, what was written (a
         # cgroup that inherits the pool follows shared/, which is read back
         # whenever it changed).

@@ -51,6 +51,8 @@ def decode_record(data: bytes) -> Workload | Pod:
         doc: Any = msgspec.json.decode(data)
     except msgspec.DecodeError as exc:
         raise ValueError(f"not JSON: {exc}") from None
+    except RecursionError:  # one damaged attribute must not stop the agent's recovery
+        raise ValueError("not JSON: nested too deeply") from None
     if not isinstance(doc, dict) or doc.get("schema") != RECORD_SCHEMA:
         schema = doc.get("schema") if isinstance(doc, dict) else None
         raise ValueError(f"unknown record schema {schema!r} (this agent reads {RECORD_SCHEMA})")
@@ -78,6 +80,6 @@ def decode_ledger(data: bytes | None) -> IsolationLedger | None:
         doc: Any = msgspec.json.decode(data) if data else None
         if isinstance(doc, dict) and doc.get("schema") == RECORD_SCHEMA and isinstance(doc.get("isolation"), dict):
             return IsolationLedger.from_json(doc["isolation"])
-    except (msgspec.DecodeError, ValueError, TypeError):
+    except (msgspec.DecodeError, ValueError, TypeError, RecursionError):
         pass
     return None

@@ -10,8 +10,9 @@ reads its state and exits 0 without connecting to the agent. For an annotated on
   which makes the engine fail the container: annotated containers fail closed.
   The request id is derived from the container id, so a retried hook gets the
   booking already made instead of a second one.
-- poststop: release that workload (already gone: fine). The agent also releases
-  it when the cgroup empties, since an engine that dies skips poststop.
+- poststop: release that workload if this container's request id made it (already
+  gone, or another container's of the same 12-digit name: fine). The agent also
+  releases it when the cgroup empties, since an engine that dies skips poststop.
 
 The pure part (state, names, cgroup line) is apart from `run`, the edge.
 """
@@ -179,8 +180,10 @@ def _container_cgroup(state: ContainerState, proc_root: str) -> str:
 def _release(state: ContainerState, socket_path: str, send: Requester, retry: float) -> tuple[int, list[str]]:
     name = state.workload_name
     try:
-        status, answer = send(socket_path, "DELETE", f"/v1/workloads/{name}", None,
-                              timeout=ANSWER_TIMEOUT, busy_retry=retry)
+        # By the whole id: two containers whose ids share the first 12 digits share the
+        # name, and one's poststop must not release the other (404 for it: not ours).
+        status, answer = send(socket_path, "DELETE", f"/v1/workloads/{name}?request_id={state.request_id}",
+                              None, timeout=ANSWER_TIMEOUT, busy_retry=retry)
     except ClientError as exc:
         # The agent releases it itself when the cgroup empties, and reconciles on restart.
         return EXIT_FAILED, [f"{PROG}: cannot release {name} (container {state.short_id}): {exc}"]

@@ -216,11 +216,16 @@ class AgentService:
                               scope="pod" if body.pod else "container",
                               full_pcpus_only=self.machine.cpu_options.full_pcpus_only)
 
-    def release(self, name: str, caller: Caller | None, reason: str = "requested") -> dict:
+    def release(self, name: str, caller: Caller | None, reason: str = "requested",
+                request_id: str | None = None) -> dict:
+        """Release `name`; with `request_id`, only if that admission made it (a
+        workload recorded without one, from before ids were kept, is taken by name)."""
         with self._lock:
             w = self.state.workload(name)
             if w is None:
                 raise NotFound(f"no workload named {name!r}")
+            if request_id is not None and w.request.get("request_id") not in (None, request_id):
+                raise NotFound(f"no workload named {name!r} admitted under request id {request_id}")
             if caller is None and is_quarantined(w):
                 # Not the exit of a followed process: the hold stays until an operator asks.
                 raise Conflict(f"{name} holds CPUs {w.booking.cpus.format() or '(none)'} for an "

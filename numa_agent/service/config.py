@@ -13,11 +13,12 @@ UNSET, so the defaults live in one place: the dataclasses.
 
 from __future__ import annotations
 
+import os
 import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Literal, Mapping
+from typing import Annotated, Any, Callable, Literal, Mapping
 
 import msgspec
 from msgspec import UNSET, UnsetType
@@ -34,7 +35,7 @@ from numa_agent.core.policy import TopologyPolicy, TopologyScope
 from numa_agent.core.units import parse_hugepage_size, parse_size
 from numa_agent.isolation.plan import parse_kinds
 from numa_agent.service.logging_setup import check_level
-from numa_agent.views.metrics import parse_address
+from numa_agent.views.metrics import check_address_form, socket_path_of
 
 DEFAULT_CONFIG = "/etc/numa-agent/config.toml"
 DEFAULT_STATE_DIR = "/var/lib/numa-agent"
@@ -114,7 +115,7 @@ class AgentSection(_Section, frozen=True):
     socket: str | UnsetType = UNSET
     socket_mode: str | int | UnsetType = UNSET  # "0660" or 432
     socket_group: str | UnsetType = UNSET
-    metrics_address: str | UnsetType = UNSET  # "" disables
+    metrics_address: str | UnsetType = UNSET  # HOST:PORT or unix:PATH; "" disables
     log_level: str | UnsetType = UNSET
     on_policy_change: Literal["refuse", "reconcile"] | UnsetType = UNSET
     hotplug: bool | UnsetType = UNSET
@@ -152,7 +153,19 @@ class DeviceSelectorSection(_Section, frozen=True):
 
 
 class ObserveSection(_Section, frozen=True):
-    intruder_scan_seconds: Annotated[float, msgspec.Meta(ge=0)] | UnsetType = UNSET
+    # 0 (off), else at least a tenth of a second (a scan reads every task) and at most a day
+    # (inf would overflow the timer's wait)
+    intruder_scan_seconds: Annotated[float, msgspec.Meta(ge=0, le=86_400)] | UnsetType = UNSET
+
+    def given(self) -> dict[str, Any]:
+        fields = super().given()
+        if 0 < fields.get("intruder_scan_seconds", 0) < MIN_SCAN_SECONDS:
+            raise ConfigError(f"observe.intruder_scan_seconds: {fields['intruder_scan_seconds']!r} is 0 (off) "
+                              f"or at least {MIN_SCAN_SECONDS}")
+        return fields
+
+
+MIN_SCAN_SECONDS = 0.1
 
 
 class IsolationSection(_Section, frozen=True):
@@ -201,6 +214,8 @@ def load_config(path: str | Path | None, *, required: bool = False) -> AgentConf
     defaults; a missing file that was asked for is an error."""
     file = Path(path or DEFAULT_CONFIG)
     try:
+        if file.is_fifo() or file.is_socket():  # opening a FIFO would block the start
+            raise ConfigError(f"config file {file} is not a regular file")
         raw = file.read_bytes()
     except FileNotFoundError:
         if required:
@@ -210,8 +225,12 @@ def load_config(path: str | Path | None, *, required: bool = False) -> AgentConf
         raise ConfigError(f"cannot read config file {file}: {exc.strerror}") from None
     try:
         doc = tomllib.loads(raw.decode("utf-8"))
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{file}: not UTF-8 text (byte {exc.start}); TOML files are UTF-8") from None
+    except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{file}: not valid TOML: {exc}") from None
+    except RecursionError:  # tomllib recurses per level of nesting
+        raise ConfigError(f"{file}: not valid TOML: arrays or tables nested too deeply") from None
     try:
         return config_from_mapping(doc)
     except ConfigError as exc:
@@ -224,8 +243,19 @@ def config_from_mapping(doc: Mapping[str, Any]) -> AgentConfig:
     if "isolate_default" in isolation:
         isolation["isolate_default"] = parse_kinds(isolation["isolate_default"])
     return AgentConfig(**_agent_fields(parsed.agent), **parsed.observe.given(), **isolation,
-                       **parsed.kubelet.given(), quotas=_quotas(parsed.quotas, set(parsed.devices)),
+                       **_kubelet_fields(parsed.kubelet), quotas=_quotas(parsed.quotas, set(parsed.devices)),
                        policy=_policy(parsed))
+
+
+def _kubelet_fields(kubelet: KubeletSection) -> dict[str, Any]:
+    fields = kubelet.given()
+    for key, value in fields.items():
+        try:
+            agent_value(key, value)
+        except ValueError as exc:
+            name = kubelet.__struct_encode_fields__[kubelet.__struct_fields__.index(key)]
+            raise ConfigError(f"kubelet.{name}: {exc}") from None
+    return fields
 
 
 def _quotas(section: QuotasSection, device_resources: set[str]) -> Quotas:
@@ -258,25 +288,89 @@ def _quota_entry(table: Any, where: str, device_resources: set[str]) -> Limits:
 
 def _agent_fields(agent: AgentSection) -> dict[str, Any]:
     fields = agent.given()
-    if "socket_mode" in fields:
-        fields["socket_mode"] = _socket_mode(fields["socket_mode"])
-    if "metrics_address" in fields:
-        fields["metrics_address"] = fields["metrics_address"] or None
-        if fields["metrics_address"] is not None:
-            try:
-                parse_address(fields["metrics_address"])
-            except ValueError as exc:
-                raise ConfigError(f"agent.metrics_address: {exc}") from None
-    root = fields.get("cgroup_root")
-    if root is not None and root not in ("auto", "none") and not root.startswith("/"):
-        # a relative directory here is a misspelt keyword, not a cgroup found from the cwd
-        raise ConfigError(f"agent.cgroup_root: {root!r} is not auto, none or an absolute directory")
-    if "log_level" in fields:  # checked here so that the error names the key, not --log-level
+    for key, value in fields.items():
         try:
-            check_level(fields["log_level"])
+            fields[key] = agent_value(key, value)
         except ValueError as exc:
-            raise ConfigError(f"agent.log_level: {exc}") from None
+            raise ConfigError(f"agent.{key}: {exc}") from None
     return fields
+
+
+def agent_value(key: str, value: Any) -> Any:
+    """An [agent] value (or the `serve` flag that overrides it) as AgentConfig
+    holds it; ValueError saying what is wrong, for the caller to name the key."""
+    check = _AGENT_CHECKS.get(key)
+    return value if check is None else check(value)
+
+
+def _metrics_address(address: str) -> str | None:
+    if address:
+        check_address_form(address)
+    return address or None
+
+
+def _cgroup_root(root: str) -> str:
+    if root not in ("auto", "none") and not root.startswith("/"):
+        # a relative directory here is a misspelt keyword, not a cgroup found from the cwd
+        raise ValueError(f"{root!r} is not auto, none or an absolute directory")
+    return root
+
+
+def _socket_mode(value: str | int) -> int:
+    try:
+        mode = int(value, 8) if isinstance(value, str) else value
+    except ValueError:
+        raise ValueError(f"{value!r} is not an octal mode like \"0660\"") from None
+    if not 0 <= mode <= 0o777:
+        raise ValueError(f"{value!r} is not a file mode")
+    return mode
+
+
+def _log_level(level: str) -> str:
+    check_level(level)
+    return level  # as written: logging_setup reads any case
+
+
+def _not_empty(value: str) -> str:
+    if not value.strip():
+        raise ValueError("must not be empty")
+    return _no_nul(value)
+
+
+def _no_nul(value: str) -> str:
+    if "\0" in value:
+        raise ValueError(f"{value!r} holds a NUL character")
+    return value
+
+
+_AGENT_CHECKS: dict[str, Callable[[Any], Any]] = {
+    "socket_mode": _socket_mode,
+    "metrics_address": _metrics_address,
+    "cgroup_root": _cgroup_root,
+    "log_level": _log_level,
+    "sysfs_root": _not_empty,
+    "state_dir": _not_empty,
+    "socket": _not_empty,
+    "socket_group": _not_empty,
+    "pod_resources_socket": _no_nul,  # "" turns these off
+    "kubelet_state_dir": _no_nul,
+}
+
+
+def check_endpoints_apart(cfg: AgentConfig) -> None:
+    """ConfigError when two of the agent's sockets would be placed at one path (the
+    second would take the first for another agent's)."""
+    paths = {"agent.socket (--socket)": cfg.socket,
+             "kubelet.pod_resources_socket (--pod-resources-socket)": cfg.pod_resources_path(),
+             "agent.metrics_address (--metrics-address)": socket_path_of(cfg.metrics_address or "")}
+    seen: dict[str, str] = {}
+    for key, path in paths.items():
+        if path is None:
+            continue
+        where = os.path.abspath(path)
+        if where in seen:
+            raise ConfigError(f"{seen[where]} and {key} are the same path {path}: each needs its own")
+        seen[where] = key
 
 
 def _policy(parsed: ConfigFile) -> PolicyConfig:
@@ -305,8 +399,12 @@ def _policy(parsed: ConfigFile) -> PolicyConfig:
             listed = len(CpuSet.parse(fields["reserved_cpus"]))
         except CpuSetParseError as exc:
             raise ConfigError(f"cpu_manager.reserved_cpus: {fields['reserved_cpus']!r}: {exc}") from None
+        if "reserved_cpu_count" in fields:
+            # Two answers to one question; which one was meant cannot be guessed.
+            raise ConfigError("cpu_manager.reserved_cpus and cpu_manager.reserved_cpu_count: give one "
+                              "of them (the list sets the count, as the kubelet's reservedSystemCPUs)")
         # As the kubelet's reservedSystemCPUs: the list alone sets how many are reserved.
-        fields.setdefault("reserved_cpu_count", listed)
+        fields["reserved_cpu_count"] = listed
     if parsed.devices:
         fields["devices"] = {name: _device(name, sel) for name, sel in parsed.devices.items()}
     return PolicyConfig(**fields)
@@ -321,16 +419,6 @@ def _device(name: str, table: Any) -> dict[str, Any]:
     except ValueError as exc:
         raise ConfigError(f"devices.{name}: {exc}") from None
     return fields
-
-
-def _socket_mode(value: str | int) -> int:
-    try:
-        mode = int(value, 8) if isinstance(value, str) else value
-    except ValueError:
-        raise ConfigError(f"agent.socket_mode: {value!r} is not an octal mode like \"0660\"") from None
-    if not 0 <= mode <= 0o777:
-        raise ConfigError(f"agent.socket_mode: {value!r} is not a file mode")
-    return mode
 
 
 def _options(options: Options, where: str) -> dict[str, str]:

@@ -44,8 +44,10 @@ def extract_snapshot(archive: str) -> tuple[Path, Path]:
                 kwargs = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
                 tar.extractall(scratch, members=members, **kwargs)  # type: ignore[arg-type]
         except (tarfile.TarError, EOFError, zlib.error) as exc:
+            # tarfile lists every method it tried, one per line: the first says enough.
+            reason = str(exc).splitlines()[0].rstrip(":") if str(exc) else type(exc).__name__
             raise SnapshotError(f"sysfs snapshot {archive} is not a readable tar archive "
-                                f"(.tar.gz, .tgz or .tar): {exc}") from None
+                                f"(.tar.gz, .tgz or .tar): {reason}") from None
         except OSError as exc:
             raise SnapshotError(f"cannot extract sysfs snapshot {archive}: {exc}") from None
         return scratch, _sysfs_root(scratch, archive)

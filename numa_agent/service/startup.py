@@ -75,27 +75,37 @@ class Agent:
         """Start, or raise StartupError having released whatever was taken."""
         from numa_agent.state.directory import StateDirError, StateDirUntrusted, claim_state_dir
 
+        _check_descriptors(_allow_many_descriptors())
         try:
             # First of all: one agent per state directory, and only a private one.
             claim = self.claim = claim_state_dir(self.cfg.state_dir)
         except StateDirUntrusted as exc:
             raise StartupConfigError(str(exc)) from None
         except StateDirError as exc:
-            raise StartupError(str(exc)) from None
+            raise StartupError(f"{exc} (agent.state_dir, --state-dir)") from None
+        except OSError as exc:
+            raise _system_refused(exc) from None
         try:
             self._open_snapshot()
             return self._start()
+        except OSError as exc:
+            self._abandon(claim)
+            raise _system_refused(exc) from None
         except BaseException:
-            if self.watcher is not None:
-                self.watcher.stop()
-                self.watcher = None
-            for server in (self.api, self.pod_resources):
-                if server is not None:
-                    server.stop()  # bound but never served: removes the socket
-            self.api = self.pod_resources = None
-            self._remove_snapshot()
-            claim.abandon()
+            self._abandon(claim)
             raise
+
+    def _abandon(self, claim: StateDirClaim) -> None:
+        """Give back whatever a failed start took."""
+        if self.watcher is not None:
+            self.watcher.stop()
+            self.watcher = None
+        for server in (self.api, self.pod_resources):
+            if server is not None:
+                server.stop()  # bound but never served: removes the socket
+        self.api = self.pod_resources = None
+        self._remove_snapshot()
+        claim.abandon()
 
     def _open_snapshot(self) -> None:
         """`--sysfs-root` naming an archive: discovery reads its extracted tree."""
@@ -181,13 +191,14 @@ class Agent:
         except UntrustedDirectory as exc:
             raise StartupConfigError(str(exc)) from None
         except Exception as exc:
-            raise StartupError(f"cannot serve the API on {cfg.socket}: {exc}") from None
+            raise StartupError(f"cannot serve the API on {cfg.socket} (agent.socket, --socket): {exc}") from None
         self._claim_pod_resources()
         if cfg.metrics_address:
             try:
                 check_metrics_address(cfg.metrics_address)
             except (OSError, ValueError) as exc:
-                raise StartupError(f"metrics: {exc}") from None
+                what = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+                raise StartupError(f"{what} (agent.metrics_address, --metrics-address)") from None
 
     def _claim_pod_resources(self) -> None:
         """Bind the PodResources socket: a path taken or not writable stops the
@@ -204,7 +215,8 @@ class Agent:
         except UntrustedDirectory as exc:
             raise StartupConfigError(str(exc)) from None
         except Exception as exc:
-            raise StartupError(f"cannot serve PodResources on {path}: {exc}") from None
+            raise StartupError(f"cannot serve PodResources on {path} (kubelet.pod_resources_socket, "
+                               f"--pod-resources-socket): {exc}") from None
 
     def _within_cgroup_root(self, machine, enforcer: Enforcer):
         """The agent hands out what the enforcer's root is granted when it
@@ -249,9 +261,10 @@ class Agent:
 
             try:
                 self.metrics = start_metrics_server(cfg.metrics_address,
-                                                    build_registry(service.metrics_snapshot))
+                                                    build_registry(service.metrics_snapshot),
+                                                    socket_mode=cfg.socket_mode, socket_group=cfg.socket_group)
             except (OSError, ValueError) as exc:  # taken since it was checked
-                raise StartupError(f"metrics: {exc}") from None
+                raise StartupError(f"{exc} (agent.metrics_address, --metrics-address)") from None
         if self.hotplug is None and cfg.hotplug and os.path.abspath(cfg.sysfs_root) == "/":
             from numa_agent.hotplug.events import HotplugUnavailable, UdevEventSource
 
@@ -387,7 +400,6 @@ def _simulated_cgroup(cfg, machine, why_not: str) -> Enforcer:
     # The simulated hierarchy's top, with the agent's root one level below it as
     # on a kernel (/sys/fs/cgroup/numa-agent): engines' cgroups lie beside it.
     mount = Path(cfg.state_dir) / "cgroupfs"
-    _allow_many_descriptors()  # the simulated tree holds a pidfd per process in it
     make_fake_cgroup_root(mount, machine.usable_cpus, machine.memory.memory_nodes.nodes()
                           or machine.node_ids)
     files = FakeCgroupfs(mount)
@@ -400,18 +412,47 @@ def _simulated_cgroup(cfg, machine, why_not: str) -> Enforcer:
     return CgroupEnforcer(CgroupV2(fake, files))
 
 
-def _allow_many_descriptors() -> None:
+def _allow_many_descriptors() -> int:
     """Raise the soft limit on open files to the hard one (a thousand
-    workloads are a thousand pidfds, more than the usual soft 1024)."""
+    workloads are a thousand pidfds, more than the usual soft 1024); the
+    soft limit now."""
     import resource
 
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     try:
-        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         if hard == resource.RLIM_INFINITY or hard > soft:
             resource.setrlimit(resource.RLIMIT_NOFILE, (hard if hard != resource.RLIM_INFINITY
                                                         else max(soft, 1 << 16), hard))
     except (ValueError, OSError) as exc:
         log.warning("cannot raise the open-files limit: %s", exc)
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+
+
+# What an idle agent holds (about 20: sockets, epoll and event descriptors, the
+# state directory's lock) and a few clients; each followed workload holds more.
+MIN_OPEN_FILES = 64
+
+
+def _check_descriptors(limit: int) -> None:
+    if limit < MIN_OPEN_FILES:
+        raise StartupConfigError(
+            f"the open-files limit (RLIMIT_NOFILE) is {limit}, too few to start: the agent needs at "
+            f"least {MIN_OPEN_FILES}, and one more per workload it follows; raise it (LimitNOFILE= "
+            "in the unit, `ulimit -n` in a shell)")
+
+
+def _system_refused(exc: OSError) -> StartupError:
+    """An OSError no step of the start expected, as one line: running out of
+    descriptors says which limit."""
+    import errno
+
+    if exc.errno == errno.EMFILE:
+        return StartupError(f"ran out of file descriptors while starting ({exc}); raise the open-files "
+                            "limit (LimitNOFILE= in the unit, `ulimit -n` in a shell)")
+    if exc.errno == errno.ENFILE:
+        return StartupError(f"the system ran out of file descriptors while starting ({exc}); see "
+                            "fs.file-max")
+    return StartupError(f"cannot start: {exc}")
 
 
 def _kernel_cgroup(cfg, machine, why_not: str) -> Enforcer:
@@ -457,12 +498,27 @@ def _affinity(cfg, machine, why_not: str) -> Enforcer:
     from numa_agent.enforcement.enforcer import AffinityEnforcer
 
     _refuse_foreign_cpus(cfg, machine, "--cgroup-root none")
-
+    _require_pidfd(why_not)
     log.warning("no usable cgroup v2 cpuset (%s): enforcing with CPU affinity instead; "
                 "bookkeeping is identical, but child processes forked before admission "
                 "and memory placement of other processes are not controlled", why_not)
     _warn_missing_affinity_capabilities()
     return AffinityEnforcer(why_not)
+
+
+def _require_pidfd(why_not: str) -> None:
+    """The fallback follows each workload's process through a pidfd (exits,
+    and a PID taken by another process): without one it cannot run."""
+    import errno
+
+    try:
+        os.close(os.pidfd_open(os.getpid()))
+    except (AttributeError, OSError) as exc:
+        if isinstance(exc, OSError) and exc.errno != errno.ENOSYS:
+            raise  # out of descriptors, say: the start reports it
+        what = getattr(exc, "strerror", None) or "not in this Python"
+        raise StartupError(f"no enforcer can run here: no usable cgroup v2 cpuset ({why_not}), and the "
+                           f"CPU-affinity fallback needs pidfd_open (Linux 5.3 or later): {what}") from None
 
 
 def _warn_missing_affinity_capabilities(status_path: str = "/proc/self/status") -> None:
@@ -649,7 +705,7 @@ def _kubelet_state_files(cfg):
     except StateFilesUntrusted as exc:
         raise StartupConfigError(str(exc)) from None
     except StateFilesError as exc:
-        raise StartupError(str(exc)) from None
+        raise StartupError(f"{exc} (kubelet.state_dir, --kubelet-state-dir)") from None
     return files
 
 
@@ -662,7 +718,7 @@ def _isolate_gid(cfg) -> int | None:
     try:
         return grp.getgrnam(cfg.isolate_group).gr_gid
     except KeyError:
-        raise StartupError(f"isolation.group: no group named {cfg.isolate_group!r}") from None
+        raise StartupConfigError(f"isolation.group: no group named {cfg.isolate_group!r}") from None
 
 
 def _isolation_keeper(cfg):

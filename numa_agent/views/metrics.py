@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import logging
 import math
+import socketserver
+import threading
 from importlib import metadata
 from typing import Any, Callable, Iterator, Mapping
 
@@ -28,7 +30,7 @@ from prometheus_client.core import (
     HistogramMetricFamily,
     Metric,
 )
-from prometheus_client.exposition import start_http_server
+from prometheus_client.exposition import MetricsHandler, start_http_server
 from prometheus_client.utils import floatToGoString
 
 from numa_agent.admission.quota import limited
@@ -396,15 +398,21 @@ def parse_address(address: str) -> tuple[str, int]:
 class MetricsServer:
     """A running /metrics endpoint; `stop()` closes the socket and joins its thread."""
 
-    def __init__(self, httpd, thread) -> None:
+    def __init__(self, httpd, thread, url: str | None = None,
+                 on_stop: Callable[[], None] | None = None) -> None:
         self._httpd = httpd
         self._thread = thread
+        self._on_stop = on_stop
         sockaddr = httpd.server_address
-        self.host: str = sockaddr[0]
-        self.port: int = sockaddr[1]
+        tcp = isinstance(sockaddr, tuple)
+        self.host: str = sockaddr[0] if tcp else ""
+        self.port: int = sockaddr[1] if tcp else 0
+        self._url = url
 
     @property
     def url(self) -> str:
+        if self._url is not None:
+            return self._url
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"http://{host}:{self.port}/metrics"
 
@@ -412,13 +420,45 @@ class MetricsServer:
         self._httpd.shutdown()
         self._httpd.server_close()
         self._thread.join(timeout=5)
+        if self._on_stop is not None:
+            self._on_stop()
+
+
+UNIX_PREFIX = "unix:"
+
+
+def socket_path_of(address: str) -> str | None:
+    """The path of a "unix:PATH" address (ValueError unless absolute), None for HOST:PORT."""
+    if not address.startswith(UNIX_PREFIX):
+        return None
+    path = address[len(UNIX_PREFIX):]
+    if not path.startswith("/"):
+        raise ValueError(f"metrics address {address!r}: expected unix:/ABSOLUTE/PATH, e.g. "
+                         "unix:/run/numa-agent/metrics.sock")
+    return path
+
+
+def check_address_form(address: str) -> None:
+    """ValueError unless `address` is HOST:PORT, [IPV6]:PORT or unix:/PATH."""
+    if socket_path_of(address) is None:
+        parse_address(address)
 
 
 def check_metrics_address(address: str) -> None:
     """Fail now, before anything is written, if `address` cannot be listened
-    on (bad form, port taken); OSError or ValueError naming it."""
+    on (bad form, port taken, another server on the socket path); OSError or
+    ValueError naming it."""
     import socket
 
+    from numa_agent.api.socket_file import SocketInUse, check_socket_path
+
+    path = socket_path_of(address)
+    if path is not None:
+        try:
+            check_socket_path(path, "agent.metrics_address")
+        except SocketInUse as exc:
+            raise OSError(f"metrics: cannot listen on {address}: {exc}") from None
+        return
     host, port = parse_address(address)
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     probe = socket.socket(family, socket.SOCK_STREAM)
@@ -431,13 +471,39 @@ def check_metrics_address(address: str) -> None:
         probe.close()
 
 
-def start_metrics_server(address: str, registry: CollectorRegistry) -> MetricsServer:
-    """Serve `registry` on `address` ("HOST:PORT"; port 0 picks a free one) in a thread."""
-    host, port = parse_address(address)
-    try:
-        httpd, thread = start_http_server(port, addr=host, registry=registry)
-    except OSError as exc:
-        raise OSError(exc.errno, f"metrics: cannot listen on {address}: {exc.strerror or exc}") from exc
-    server = MetricsServer(httpd, thread)
+def start_metrics_server(address: str, registry: CollectorRegistry, *, socket_mode: int = 0o660,
+                         socket_group: str | None = None) -> MetricsServer:
+    """Serve `registry` on `address` in a thread: "HOST:PORT" (port 0 picks a free
+    one), or "unix:PATH", a Unix socket placed with `socket_mode` and
+    `socket_group` as the API's is, so only that group can read the workloads' names."""
+    path = socket_path_of(address)
+    if path is not None:
+        server = _serve_unix(path, registry, socket_mode, socket_group)
+    else:
+        host, port = parse_address(address)
+        try:
+            httpd, thread = start_http_server(port, addr=host, registry=registry)
+        except OSError as exc:
+            raise OSError(exc.errno, f"metrics: cannot listen on {address}: {exc.strerror or exc}") from exc
+        server = MetricsServer(httpd, thread)
     log.info("serving metrics on %s", server.url)
     return server
+
+
+class _UnixHTTPServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    daemon_threads = True
+
+
+def _serve_unix(path: str, registry: CollectorRegistry, mode: int, group: str | None) -> MetricsServer:
+    from numa_agent.api.socket_file import SocketInUse, place_socket, remove_socket
+
+    httpd = _UnixHTTPServer(path, MetricsHandler.factory(registry), bind_and_activate=False)
+    try:
+        inode = place_socket(path, mode, group, httpd.socket.bind, option="agent.metrics_address")
+        httpd.server_activate()
+    except (OSError, ValueError, SocketInUse) as exc:
+        httpd.server_close()
+        raise OSError(f"metrics: cannot listen on {UNIX_PREFIX}{path}: {exc}") from None
+    thread = threading.Thread(target=httpd.serve_forever, name="numa-agent-metrics", daemon=True)
+    thread.start()
+    return MetricsServer(httpd, thread, url=f"{UNIX_PREFIX}{path}", on_stop=lambda: remove_socket(path, inode))

@@ -308,3 +308,24 @@ def test_an_answer_not_in_time_is_asked_again_only_when_safe(fake, sock_dir):
         for conn in held:
             conn.close()
     assert out["value"][0] == 201 and len(fake.workloads) == 1
+
+
+def test_an_answer_nested_past_the_parsers_depth_is_a_bad_response(sock_dir):
+    """Whatever listens on the socket path, numa-run says one line, not a RecursionError."""
+    path = f"{sock_dir}/agent.sock"
+    impostor = listening_socket(path)
+    body = b"[" * 100_000 + b"]" * 100_000
+
+    def answer():
+        conn, _ = impostor.accept()
+        conn.recv(65536)
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+        conn.close()
+    t = threading.Thread(target=answer)
+    t.start()
+    try:
+        with pytest.raises(BadResponse, match="is not JSON"):
+            request(path, "GET", "/v1/health", busy_retry=0)
+    finally:
+        t.join(10)
+        impostor.close()

@@ -203,6 +203,10 @@ HOSTILE_BODIES = {
     "shared with cpus": b'{"shared": true, "cpus": 2}',
     "budget without pod": b'{"pod_budget": {"cpus": 2}}',
     "NUL in command": b'{"command": ["a\\u0000b"]}',
+    # Past any parser's depth (Python's recursion limit is 1000): refused, never a RecursionError.
+    "nested arrays": b"[" * 30_000 + b"]" * 30_000,
+    "nested in a field": b'{"devices": {"gpu": ' + b"[" * 30_000 + b"]" * 30_000 + b"}}",
+    "nested objects": b'{"name": ' + b'{"a": ' * 8_000 + b"1" + b"}" * 8_000 + b"}",
 }
 
 
@@ -276,6 +280,14 @@ def test_malformed_head_is_400(server, fake, raw):
                                     "/v1/workloads/"])
 def test_release_with_hostile_name_is_400(server, fake, target):
     status, body = request(server.socket_path, "DELETE", target)
+    assert status == 400, body
+    assert "release" not in fake.service_calls()
+
+
+@pytest.mark.parametrize("query", ["?request_id=XYZ", "?request_id=" + "a" * 65, "?request_id=", "?force=1",
+                                   "?request_id=" + "a" * 32 + "&force=1"])
+def test_release_with_a_bad_request_id_query_is_400(server, fake, query):
+    status, body = request(server.socket_path, "DELETE", "/v1/workloads/web" + query)
     assert status == 400, body
     assert "release" not in fake.service_calls()
 

@@ -49,7 +49,12 @@ def test_bad_config_value(tmp_path):
      ["topology_manager.options", "'prefer-closest-numa-node'", "known: prefer-closest-numa-nodes"]),
     ('[cpu_manager]\noptions = { "full-pcpu-only" = true }\n',
      ["cpu_manager.options", "'full-pcpu-only'", "known:"]),
-    ('[cpu_manager]\nreserved_cpus = "0-"\nreserved_cpu_count = 1\n', ["cpu_manager.reserved_cpus", "'0-'"]),
+    ('[cpu_manager]\nreserved_cpus = "0-"\n', ["cpu_manager.reserved_cpus", "'0-'"]),
+    ('[cpu_manager]\nreserved_cpus = "0"\nreserved_cpu_count = 1\n',
+     ["cpu_manager.reserved_cpus and cpu_manager.reserved_cpu_count: give one of them"]),
+    ('[agent]\nsocket_group = "no-such-group-here"\n', ["agent.socket_group: no group named 'no-such-group-here'"]),
+    ('[isolation]\ngroup = "no-such-group-here"\n', ["isolation.group: no group named 'no-such-group-here'"]),
+    ("[agent]\nsocket = " + "[" * 100_000 + "]" * 100_000 + "\n", ["nested too deeply"]),
     ('[[memory_manager.reserved_memory]]\nnuma_node = 0\n"hugepages-2M" = "1Gi"\n',
      ["memory_manager.reserved_memory[0].hugepages-2M", "did you mean 2Mi?"]),
     ('[devices.GPU]\nvendor = "0x10de"\n', ["devices.GPU", "invalid device resource name 'GPU'"]),
@@ -70,6 +75,58 @@ def test_a_quota_for_a_user_or_group_that_does_not_exist(tmp_path, key):
     r = serve(tmp_path, "--config", str(cfg))
     one_clear_line(r, f"{cfg}: quotas.{key}: no ", "in the user database", code=EX_CONFIG)
     assert not (tmp_path / "s.sock").exists() and not (tmp_path / "state").exists()
+
+
+@pytest.mark.parametrize("args,needles", [
+    (["--socket-group", "no-such-group-here"], ["--socket-group: no group named 'no-such-group-here'"]),
+    (["--metrics-address", "9464"], ["--metrics-address: metrics address '9464' has no port"]),
+    (["--cgroup-root", "numa"], ["--cgroup-root: 'numa' is not auto, none or an absolute directory"]),
+    (["--state-dir", ""], ["--state-dir: must not be empty"]),
+    (["--socket", " "], ["--socket: must not be empty"]),
+])
+def test_a_bad_flag_value_is_named_by_its_flag(tmp_path, args, needles):
+    one_clear_line(serve(tmp_path, *args), *needles, code=EX_CONFIG)
+    assert not (tmp_path / "s.sock").exists() and not (tmp_path / "state").exists()
+
+
+def test_the_flag_is_named_not_the_file_it_overrides(tmp_path):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('[agent]\nsocket_group = "root"\n')
+    r = serve(tmp_path, "--config", str(cfg), "--socket-group", "no-such-group-here")
+    one_clear_line(r, "--socket-group: no group named", code=EX_CONFIG)
+    assert str(cfg) not in r.stderr
+
+
+@pytest.mark.parametrize("args", [["--pod-resources-socket", "{tmp}/s.sock"],
+                                  ["--metrics-address", "unix:{tmp}/s.sock"],
+                                  ["--pod-resources-socket", "{tmp}/p.sock", "--metrics-address", "unix:{tmp}/p.sock"]])
+def test_two_endpoints_on_one_path_are_a_configuration_error(tmp_path, args):
+    """Not "another agent is already serving" from the second bind: the configuration says it twice."""
+    r = serve(tmp_path, *[a.format(tmp=tmp_path) for a in args])
+    one_clear_line(r, "are the same path", "each needs its own", code=EX_CONFIG)
+    assert not (tmp_path / "state").exists()
+
+
+def test_too_few_file_descriptors_is_one_line(tmp_path):
+    import resource
+
+    def few():
+        resource.setrlimit(resource.RLIMIT_NOFILE, (16, 16))
+
+    r = subprocess.run([sys.executable, "-m", "numa_agent.cli.numa_agent", "serve",
+                        "--state-dir", str(tmp_path / "state"), "--socket", str(tmp_path / "s.sock"),
+                        "--metrics-address", "", "--no-hotplug", "--cgroup-root", "none"],
+                       capture_output=True, text=True, timeout=60, preexec_fn=few)
+    one_clear_line(r, "open-files limit (RLIMIT_NOFILE) is 16", "LimitNOFILE=", code=EX_CONFIG)
+    assert not (tmp_path / "state").exists()
+
+
+def test_a_snapshot_that_is_no_archive_is_one_line(tmp_path):
+    junk = tmp_path / "machine.tar.gz"
+    junk.write_text("not an archive\n")
+    r = serve(tmp_path, "--sysfs-root", str(junk))
+    one_clear_line(r, "is not a readable tar archive")
+    assert len([l for l in r.stderr.splitlines() if not l.startswith("20")]) == 1, r.stderr
 
 
 def test_missing_config_file_that_was_asked_for(tmp_path):
@@ -97,7 +154,7 @@ def test_a_configuration_that_does_not_fit_this_machine_is_restarted(tmp_path):
     """Judged against the hardware (CPUs may still come online during boot),
     not a configuration error: exit 1, which the unit restarts."""
     cfg = tmp_path / "c.toml"
-    cfg.write_text('[cpu_manager]\nreserved_cpus = "4095"\nreserved_cpu_count = 1\n')
+    cfg.write_text('[cpu_manager]\nreserved_cpus = "4095"\n')
     one_clear_line(serve(tmp_path, "--config", str(cfg), "--cgroup-root", "none"),
                    "configuration does not fit this machine", "cpu_manager.reserved_cpus")
 

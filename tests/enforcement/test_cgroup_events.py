@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import selectors
 
 import pytest
@@ -10,6 +11,20 @@ from numa_agent.core.cpuset import CpuSet
 from numa_agent.enforcement import cgroup as cgroup_module
 from numa_agent.enforcement.cgroup import EventWatcher
 from numa_agent.enforcement.errors import CgroupError, CgroupMissingError, CgroupUnsupportedError
+
+
+@pytest.fixture(autouse=True)
+def _inotify_to_be_had(request, cg, _inotify_exhausted_when_asked):
+    """These test inotify itself: where no instance can be had (a busy machine's
+    max_user_instances taken, NUMA_AGENT_TESTS_NO_INOTIFY) they are skipped, and the
+    agent's fallback is tested in test_polling.py. Those that stand in a libc of
+    their own (through monkeypatch) run everywhere."""
+    if "monkeypatch" in inspect.signature(request.function).parameters:
+        return
+    try:
+        EventWatcher(cg).close()
+    except CgroupError as exc:
+        pytest.skip(f"no inotify instance to be had here: {exc}")
 
 
 def ready(watcher, timeout=2.0):

@@ -253,3 +253,12 @@ def test_affinity_keeps_no_record():
         assert enforcer.read_limits("wl-a") == NO_LIMITS
     finally:
         enforcer.close()
+
+
+def test_a_record_nested_past_the_parsers_depth_is_not_a_record():
+    from numa_agent.enforcement.record import decode_ledger
+
+    deep = b"[" * 100_000 + b"]" * 100_000
+    with pytest.raises(ValueError, match="nested too deeply"):
+        decode_record(deep)
+    assert decode_ledger(deep) is None

@@ -150,7 +150,7 @@ def test_a_process_without_a_cgroup_v2_line_is_an_error(agent, tmp_path):
 def test_poststop_releases_and_a_workload_already_gone_is_fine(agent, answer):
     agent.answer = answer
     assert hook("poststop", state({"numa-agent.io/cpus": "1"}, pid=None, status="stopped"), agent.path) == (0, [])
-    assert agent.requests == [("DELETE", f"/v1/workloads/ctr-{CID[:12]}", None)]
+    assert agent.requests == [("DELETE", f"/v1/workloads/ctr-{CID[:12]}?request_id={CID}", None)]
 
 
 def test_poststop_says_when_the_agent_refuses_the_release(agent):

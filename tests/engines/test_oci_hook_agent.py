@@ -29,13 +29,13 @@ def no_retry(monkeypatch):
     monkeypatch.setenv("NUMA_AGENT_RETRY_SECONDS", "0")
 
 
-def hook(m: Machine, stage: str, pid: int | None, annotations: dict[str, str], tmp_path):
+def hook(m: Machine, stage: str, pid: int | None, annotations: dict[str, str], tmp_path, cid: str = CID):
     """The hook with a /proc where `pid` is in the container's cgroup (the engine's view)."""
     proc = tmp_path / "proc"
     if pid is not None:
         (proc / str(pid)).mkdir(parents=True, exist_ok=True)
         (proc / str(pid) / "cgroup").write_text(f"0::{m.top.cgroup_of(pid)}\n")
-    raw = json.dumps({"ociVersion": "1.0", "id": CID, "pid": pid, "status": "created",
+    raw = json.dumps({"ociVersion": "1.0", "id": cid, "pid": pid, "status": "created",
                       "annotations": annotations}).encode()
     return oci_hook.run(stage, raw, m.cfg.socket, proc_root=str(proc), refusal_lines=common.refusal_lines)
 
@@ -73,3 +73,36 @@ def test_a_single_numa_node_refusal_says_topology_affinity_error(machine, tmp_pa
                          {"numa-agent.io/cpus": "12", "numa-agent.io/policy": "single-numa-node"}, tmp_path)
     assert status == 1 and "TopologyAffinityError" in lines[0]
     assert any(line.startswith("  merged hint:") for line in lines)
+
+
+def test_poststop_of_a_container_sharing_the_first_12_digits_leaves_the_other_booked(machine, tmp_path):
+    """Both would be named ctr-<12 digits>; the whole id says whose booking it is."""
+    twin = CID[:12] + "f" * 52
+    annotations = {"numa-agent.io/cpus": "1"}
+    pid = machine.container(CONTAINER).pid
+    assert hook(machine, "createRuntime", pid, annotations, tmp_path) == (0, [])
+    twin_pid = machine.container(f"/libpod_parent/libpod-{twin}").pid
+    status, lines = hook(machine, "createRuntime", twin_pid, annotations, tmp_path, cid=twin)
+    assert status == 1 and f"ctr-{CID[:12]}" in lines[0]  # the name is taken: the twin fails closed
+    assert hook(machine, "poststop", None, annotations, tmp_path, cid=twin) == (0, [])  # not its booking
+    (listed,) = machine.service.list_workloads()
+    assert listed["engine_cgroup"] == CONTAINER
+    assert hook(machine, "poststop", None, annotations, tmp_path) == (0, [])
+    assert machine.service.list_workloads() == []
+
+
+@pytest.mark.parametrize("request_id", [CID, None], ids=["as-the-previous-hook-asked", "recorded-without-id"])
+def test_poststop_after_an_upgrade_releases_what_the_previous_version_admitted(machine, tmp_path, request_id):
+    """The previous hook admitted ctr-<12 digits> with the container id as request id and
+    released by name; the name is unchanged, so the checkpoint's booking is found, and one
+    recorded without a request id is released by its name alone."""
+    from numa_agent.api.validation import AdmitRequest
+    from tests.service.test_engine_cgroup import root_caller
+
+    pid = machine.container(CONTAINER).pid
+    machine.service.admit(AdmitRequest(name=f"ctr-{CID[:12]}", cpus=1, cgroup=CONTAINER, request_id=request_id),
+                          root_caller(pid))
+    machine.restart()  # the upgraded agent, from the previous one's checkpoint
+    assert [w["name"] for w in machine.service.list_workloads()] == [f"ctr-{CID[:12]}"]
+    assert hook(machine, "poststop", None, {"numa-agent.io/cpus": "1"}, tmp_path) == (0, [])
+    assert machine.service.list_workloads() == []

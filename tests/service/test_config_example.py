@@ -21,6 +21,8 @@ def test_commented_examples_are_valid_when_enabled(tmp_path):
     for line in EXAMPLE.read_text().splitlines():
         m = re.match(r"^# ((\[\[?[a-z_.]+\]\]?)|([\"A-Za-z_0-9.-]+ = .+))$", line)
         lines.append(m.group(1) if m else line)
+    # The example shows the count's default and a list: one of the two, not both.
+    lines.remove("reserved_cpu_count = 1")
     enabled = tmp_path / "config.toml"
     enabled.write_text("\n".join(lines) + "\n")
     cfg = load_config(enabled, required=True)
@@ -80,6 +82,11 @@ def test_observe_section(tmp_path):
     assert _error(tmp_path, "[observe]\nintruder_scan_seconds = -1\n").startswith(
         "observe.intruder_scan_seconds:")
     assert _error(tmp_path, "[observe]\nscan = 1\n") == "unknown key observe.scan (known: intruder_scan_seconds)"
+    # inf would overflow the scan timer's wait; a tiny interval would scan without pause
+    assert _error(tmp_path, "[observe]\nintruder_scan_seconds = inf\n") == \
+        "observe.intruder_scan_seconds: expected `float` <= 86400.0"
+    assert _error(tmp_path, "[observe]\nintruder_scan_seconds = 1e-300\n") == \
+        "observe.intruder_scan_seconds: 1e-300 is 0 (off) or at least 0.1"
     path = tmp_path / "ok.toml"
     path.write_text("[observe]\nintruder_scan_seconds = 0\n")
     assert load_config(path, required=True).intruder_scan_seconds == 0
@@ -103,13 +110,15 @@ def test_a_reserved_cpu_list_alone_sets_the_count_as_the_kubelets_reserved_syste
     path = tmp_path / "config.toml"
     path.write_text('[cpu_manager]\nreserved_cpus = "0-1,8"\n')
     assert load_config(path, required=True).policy.reserved_cpu_count == 3
-    path.write_text('[cpu_manager]\nreserved_cpus = "0-1"\nreserved_cpu_count = 1\n')
-    assert load_config(path, required=True).policy.reserved_cpu_count == 1  # both given: checked later
     assert _error(tmp_path, '[cpu_manager]\nreserved_cpus = "zero"\n').startswith(
         "cpu_manager.reserved_cpus: 'zero': ")
-    # With the count given too the list is still read here, not when the machine is built.
-    assert _error(tmp_path, '[cpu_manager]\nreserved_cpus = "0-"\nreserved_cpu_count = 1\n').startswith(
-        "cpu_manager.reserved_cpus: '0-': ")
+
+
+@pytest.mark.parametrize("count", [1, 2])
+def test_a_reserved_cpu_list_and_a_count_together_are_refused_even_when_they_agree(tmp_path, count):
+    assert _error(tmp_path, f'[cpu_manager]\nreserved_cpus = "0"\nreserved_cpu_count = {count}\n') == (
+        "cpu_manager.reserved_cpus and cpu_manager.reserved_cpu_count: give one of them "
+        "(the list sets the count, as the kubelet's reservedSystemCPUs)")
 
 
 def test_isolation_keys_are_read_and_a_bad_one_named(tmp_path):
@@ -281,3 +290,54 @@ def test_quota_entries_are_read_and_a_bad_one_named(tmp_path):
         "quotas.users.bob.devices.gpu: no such device resource in [devices] (known: none configured)"
     assert _error(tmp_path, "[quotas]\nuser.bob = { cpus = 1 }\n") == \
         "unknown key quotas.user (known: default, groups, users)"
+
+
+# ---- files that are not a configuration --------------------------------------------
+def test_nesting_past_the_parsers_depth_is_a_configuration_error(tmp_path):
+    deep = "[" * 100_000 + "]" * 100_000
+    assert _error(tmp_path, f"[agent]\nsocket = {deep}\n") == \
+        "not valid TOML: arrays or tables nested too deeply"
+    assert _error(tmp_path, "a = " + "{ b = " * 3000 + "1" + " }" * 3000 + "\n") == \
+        "not valid TOML: arrays or tables nested too deeply"
+
+
+def test_a_file_not_in_utf8_is_named_with_the_byte(tmp_path):
+    path = tmp_path / "latin1.toml"
+    path.write_bytes(b'[agent]\nlog_level = "d\xe9bug"\n')
+    with pytest.raises(ConfigError) as info:
+        load_config(path, required=True)
+    assert str(info.value) == f"{path}: not UTF-8 text (byte 22); TOML files are UTF-8"
+
+
+def test_a_fifo_is_refused_rather_than_waited_on(tmp_path):
+    import os
+
+    os.mkfifo(tmp_path / "config.toml")
+    with pytest.raises(ConfigError, match=f"config file {tmp_path}/config.toml is not a regular file"):
+        load_config(tmp_path / "config.toml", required=True)
+
+
+def test_a_directory_or_unreadable_file_is_named(tmp_path, monkeypatch):
+    with pytest.raises(ConfigError, match=f"cannot read config file {tmp_path}: Is a directory"):
+        load_config(tmp_path, required=True)
+    path = _write(tmp_path, "")
+
+    def refused(self):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(Path, "read_bytes", refused)  # root reads a mode-000 file all the same
+    with pytest.raises(ConfigError, match=f"cannot read config file {path}: Permission denied"):
+        load_config(path, required=True)
+
+
+@pytest.mark.parametrize("text,message", [
+    ('[agent]\nsocket = ""\n', "agent.socket: must not be empty"),
+    ('[agent]\nstate_dir = " "\n', "agent.state_dir: must not be empty"),
+    ('[agent]\nsocket = "/run/a\\u0000b"\n', "agent.socket: '/run/a\\x00b' holds a NUL character"),
+    ('[agent]\nsocket_group = ""\n', "agent.socket_group: must not be empty"),
+    ('[kubelet]\nstate_dir = "/var/a\\u0000"\n', "kubelet.state_dir: '/var/a\\x00' holds a NUL character"),
+    ('[kubelet]\npod_resources_socket = "\\u0000"\n', "kubelet.pod_resources_socket: '\\x00' holds a NUL"),
+    ('[agent]\nmetrics_address = "localhost"\n', "agent.metrics_address: metrics address 'localhost' has no port"),
+])
+def test_paths_and_names_that_cannot_be_used_are_named(tmp_path, text, message):
+    assert _error(tmp_path, text).startswith(message)

@@ -94,3 +94,18 @@ def test_root_agent_in_the_affinity_fallback_names_the_capabilities_its_unit_too
     with caplog.at_level("WARNING", logger=startup.log.name):
         startup._warn_missing_affinity_capabilities(str(status))
     assert caplog.text == ""
+
+
+def test_without_pidfd_the_affinity_fallback_says_what_it_needs(machine, monkeypatch):
+    import errno
+    import os
+
+    def no_pidfd(pid):
+        raise OSError(errno.ENOSYS, "Function not implemented")
+
+    monkeypatch.setattr(os, "pidfd_open", no_pidfd)
+    with pytest.raises(StartupError) as info:
+        choose_enforcer(AgentConfig(cgroup_root="none"), machine)
+    assert str(info.value) == (
+        "no enforcer can run here: no usable cgroup v2 cpuset (cgroup enforcement disabled (cgroup_root = "
+        "none)), and the CPU-affinity fallback needs pidfd_open (Linux 5.3 or later): Function not implemented")
