@@ -40,7 +40,8 @@ def test_a_path_another_server_answers_on_stops_the_start(tmp_path, machine):
     finally:
         listener.close()
     assert r.returncode == 1
-    assert f"numa-agent: cannot serve PodResources on {taken}: another agent is already serving on {taken}" in r.stderr
+    assert f"numa-agent: cannot serve PodResources on {taken} (kubelet.pod_resources_socket, " \
+           f"--pod-resources-socket): another agent is already serving on {taken}" in r.stderr
     assert "Traceback" not in r.stderr
     assert not (tmp_path / "agent.sock").exists()  # the API socket bound before it is taken back
 
@@ -52,7 +53,8 @@ def test_a_path_that_cannot_be_a_socket_stops_the_start(tmp_path, machine, where
     path = blocker if where == "file" else blocker / "pod-resources.sock"
     r = serve(tmp_path, machine, "--pod-resources-socket", str(path))
     last = r.stderr.strip().splitlines()[-1]  # the log goes to stderr too; the error is the last line
-    assert r.returncode == 1 and last.startswith(f"numa-agent: cannot serve PodResources on {path}: ")
+    assert r.returncode == 1 and last.startswith(
+        f"numa-agent: cannot serve PodResources on {path} (kubelet.pod_resources_socket, --pod-resources-socket): ")
     assert ("exists and is not a socket" if where == "file" else "Not a directory") in last
     assert blocker.read_text() == "not a socket"
 
