@@ -75,6 +75,7 @@ from numa_agent.kubelet.state_files import documents as kubelet_documents
 from numa_agent.service.caller import Caller, Owners, UserNames, system_owner, system_user_name
 from numa_agent.service.counters import Counters, ManagerOutcome
 from numa_agent.service.rebuild import REBUILT, is_quarantined
+from numa_agent.service.revocation_copy import RevocationCopy
 from numa_agent.service.revocations import hand_to_pool, process_lives, pruned, released_views, revocation_of
 from numa_agent.state.checkpoint import CheckpointError
 from numa_agent.state.model import AgentState, IsolationLedger, Workload
@@ -126,6 +127,8 @@ class AgentService:
         # The kubelet-shaped state files (numa_agent.kubelet.files), set at
         # start-up: told every new state under the lock; None: not written.
         self.kubelet_files: StateFiles | None = None
+        # The revocations' copy beside the mark key, set at start-up; None: none kept.
+        self.revocation_copy: RevocationCopy | None = None
 
     @property
     def layout(self) -> Layout:
@@ -271,6 +274,12 @@ class AgentService:
                     "managed, and is never taken for a workload again", w.name, reason, w.pid)
         return state.with_revoked((*state.revoked, revocation_of(w, self.clock())))
 
+    def _copy_revocations(self, state: AgentState) -> None:
+        """After the checkpoint: the revocations' copy beside the mark key, which
+        a lost checkpoint does not take along (service/revocation_copy.py)."""
+        if self.revocation_copy is not None:
+            self.revocation_copy.save(state.revoked)
+
     def _commit(self, new_state: AgentState, move, caller: Caller | None) -> None:
         """Checkpoint, then enforce; undo both if enforcement fails.
 
@@ -291,6 +300,8 @@ class AgentService:
         if self.isolation is not None:
             new_state = self.isolation.prepare(new_state)  # originals checkpointed before any write
         self._save(new_state)
+        if new_state.revoked != old_state.revoked:
+            self._copy_revocations(new_state)
         try:
             if move is not None and caller is not None:
                 _check_alive(caller)
@@ -302,6 +313,8 @@ class AgentService:
             except (EnforcementError, OSError) as undo_exc:
                 log.error("rollback of the cgroup tree failed too: %s", undo_exc)
             self._save(old_state)
+            if new_state.revoked != old_state.revoked:
+                self._copy_revocations(old_state)
             msg = str(exc) if not isinstance(exc, ProcessLookupError) else \
                 "the requesting process exited before it could be moved into its workload"
             raise ServiceUnavailable(f"enforcement failed, nothing was booked: {msg}") from None
@@ -433,6 +446,7 @@ class AgentService:
                 raise ServiceUnavailable(f"cannot write the checkpoint: {exc}") from None
             self.counters.checkpoint_writes_total += 1
             self.counters.checkpoint_snapshots_total += 1
+            self._copy_revocations(state)  # the copy as pruned, or made from the checkpoint's
             # Before the layout: a released workload's cgroup left by a crash
             # still holds its CPUs (a partition would keep them from the pool).
             hand_to_pool(state, self.enforcer, layout)

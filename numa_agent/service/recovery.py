@@ -51,9 +51,10 @@ from numa_agent.enforcement.record import decode_record
 from numa_agent.hotplug.rebase import rebase_state
 from numa_agent.service.config import ConfigError
 from numa_agent.service.rebuild import rebuild_from_live, source_text
+from numa_agent.service.revocation_copy import merged
 from numa_agent.service.revocations import revoked_by
 from numa_agent.state.checkpoint import CheckpointCorruptError, Loaded
-from numa_agent.state.model import AgentState, Booking, Pod, Workload, replace
+from numa_agent.state.model import AgentState, Booking, Pod, Revocation, Workload, replace
 
 log = logging.getLogger("numa_agent.recovery")
 
@@ -71,7 +72,11 @@ class RecoveryReport:
 
 
 def restore(machine: Machine, store, enforcer: Enforcer, on_policy_change: str = "refuse",
-            uid_of=None, mark_key: bytes | None = None) -> tuple[AgentState, RecoveryReport]:
+            uid_of=None, mark_key: bytes | None = None,
+            revoked_copy: tuple[Revocation, ...] = ()) -> tuple[AgentState, RecoveryReport]:
+    """The state to start from, and what was done to find it. `revoked_copy`:
+    the revocations kept beside the mark key (service/revocation_copy.py),
+    which outlive a lost checkpoint."""
     fingerprint = machine.policy.fingerprint()
     marked = enforcer.live_marked()
     quarantined = generation = None
@@ -104,6 +109,7 @@ def restore(machine: Machine, store, enforcer: Enforcer, on_policy_change: str =
                         "new admissions follow the new policies", len(state.workloads))
             reconciled = True
     state = replace(state, policy_fingerprint=fingerprint)
+    state = state.with_revoked(merged(state.revoked, revoked_copy))  # before anything is adopted or rebuilt
 
     # CPUs or devices that disappeared while the agent was down.
     state, lost = rebase_state(machine, state)

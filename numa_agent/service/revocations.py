@@ -21,13 +21,10 @@ cgroup carrying its record. Each release and each start drop those without
 one, so the list holds the released processes still running and at most
 those that exited since the last release.
 
-What it cannot survive: a checkpoint lost entirely (both generations and the
-journal) takes the revocations with it, and in the affinity fallback, which
-has no cgroup to keep a copy on, the next start rebuilds a released workload
-whose process still runs, as it rebuilds every other. In cgroup mode a
-released workload's cgroup and record are gone once its release is enforced;
-only a crash between the release's checkpoint and its enforcement together
-with the loss of that checkpoint brings it back.
+A checkpoint lost entirely (both generations and the journal) would take
+them along; a copy beside the mark key (service/revocation_copy.py) outlives
+it. Only the loss of both lets the next start in the affinity fallback
+rebuild a released workload whose process still runs.
 """
 
 from __future__ import annotations

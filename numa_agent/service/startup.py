@@ -136,6 +136,7 @@ class Agent:
         from numa_agent.service.agent_service import AgentService
         from numa_agent.service.config import ConfigError
         from numa_agent.service.recovery import restore
+        from numa_agent.service.revocation_copy import RevocationCopy
         from numa_agent.state.checkpoint import CheckpointStore
 
         cfg = self.cfg
@@ -155,10 +156,11 @@ class Agent:
         # Only now is anything written: cgroups, the checkpoint.
         store = CheckpointStore(self.claim.held if self.claim is not None else cfg.state_dir)
         mark_key = _mark_key(cfg)
+        revocation_copy = RevocationCopy(mark_key_path(cfg).parent)
         try:
             enforcer.setup()
             state, report = restore(machine, store, enforcer, cfg.on_policy_change, uid_of=_uid_of,
-                                    mark_key=mark_key)
+                                    mark_key=mark_key, revoked_copy=revocation_copy.load())
         except ConfigError as exc:
             raise StartupConfigError(str(exc)) from None
         except Exception as exc:
@@ -167,6 +169,7 @@ class Agent:
                                isolate_default=cfg.isolate_default, isolate_gid=isolate_gid,
                                mark_key=mark_key, pci_names=PciIdsFile(), quotas=cfg.quotas)
         service.kubelet_files = _kubelet_state_files(cfg)
+        service.revocation_copy = revocation_copy
         try:
             service.install(state)
         except Exception as exc:
