@@ -140,9 +140,11 @@ def test_a_forged_mark_of_another_user_gets_nothing_at_a_rebuild(tmp_path):
         agent.stop()
 
 
-def test_a_workload_released_while_it_runs_is_not_rebuilt_after_a_kill(tmp_path):
+@pytest.mark.parametrize("checkpoint", ["kept", "lost"])
+def test_a_workload_released_while_it_runs_is_not_rebuilt_after_a_kill(tmp_path, checkpoint):
     """`numa-agent release` of a running --cpus 1 workload, then kill -9 and a
-    restart of the real agent: the process stays on the shared pool, unmanaged."""
+    restart of the real agent: the process stays on the shared pool, unmanaged.
+    Also with every checkpoint file gone: the release is kept beside the mark key too."""
     agent = AgentProcess(tmp_path / "agent", "--cgroup-root", "none").start()
     proc = subprocess.Popen([sys.executable, "-m", "numa_agent.cli.numa_run", "--socket", agent.socket,
                              "--name", "let-go", "--cpus", "1", "--", "sleep", "60"])
@@ -154,30 +156,9 @@ def test_a_workload_released_while_it_runs_is_not_rebuilt_after_a_kill(tmp_path)
                             "--socket", agent.socket], capture_output=True, text=True, env=env)
         assert r.returncode == 0, r.stderr
         agent.kill()  # kill -9
-        agent.start()
-        status = agent.call("GET", "/v1/status")[1]
-        assert workloads(agent, proc.pid) == [] and not [q for q in status["quarantined"] if q["pid"] == proc.pid]
-        assert [r["name"] for r in status["released"] if r["pid"] == proc.pid] == ["let-go"]
-        assert allowed_cpus(proc.pid) == CpuSet.parse(status["shared_pool"])
-    finally:
-        proc.kill()
-        proc.wait()
-        agent.stop()
-
-
-def test_a_released_workload_is_not_rebuilt_after_its_checkpoint_is_lost(tmp_path):
-    """The release is kept beside the mark key too: with every checkpoint file
-    gone, the restarted agent still leaves the released process unmanaged."""
-    agent = AgentProcess(tmp_path / "agent", "--cgroup-root", "none").start()
-    proc = subprocess.Popen([sys.executable, "-m", "numa_agent.cli.numa_run", "--socket", agent.socket,
-                             "--name", "let-go", "--cpus", "1", "--", "sleep", "60"])
-    try:
-        assert wait_for(lambda: workloads(agent, proc.pid) and
-                        b"NUMA_AGENT_MARK=" in open(f"/proc/{proc.pid}/environ", "rb").read(), timeout=10)
-        assert agent.call("DELETE", "/v1/workloads/let-go")[0] == 200
-        agent.kill()  # kill -9
-        for name in ("checkpoint.json", "checkpoint.json.prev", "checkpoint.journal"):
-            (agent.state_dir / name).unlink(missing_ok=True)
+        if checkpoint == "lost":
+            for name in ("checkpoint.json", "checkpoint.json.prev", "checkpoint.journal"):
+                (agent.state_dir / name).unlink(missing_ok=True)
         agent.start()
         status = agent.call("GET", "/v1/status")[1]
         assert workloads(agent, proc.pid) == [] and not [q for q in status["quarantined"] if q["pid"] == proc.pid]
