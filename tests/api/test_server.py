@@ -364,6 +364,10 @@ def test_stale_socket_is_replaced(fake, sock_dir):
     dead.bind(path)  # a crashed agent leaves the file behind, nobody listening
     dead.close()
     assert os.path.exists(path)
+    assert_served_on(fake, path)
+
+
+def assert_served_on(fake, path):
     srv = ApiServer(fake, path).start()
     try:
         assert request(path, "GET", "/v1/health")[0] == 200
@@ -387,18 +391,19 @@ def test_non_socket_file_is_not_replaced(fake, sock_dir):
     assert open(path).read() == "precious"
 
 
-@pytest.mark.xfail(strict=True, reason="the temporary bound through /proc/self/fd/N/.NAME.HEX.tmp is "
-                   "longer than the path itself when the directory is short: a path that fits is refused")
 def test_a_socket_path_that_fits_sun_path_is_served(fake, sock_dir):
     """Any path of up to 107 bytes (sun_path holds 108 with its NUL) is served,
     however the agent names the socket before it is moved into place."""
     path = f"{sock_dir}/" + "a" * (107 - len(sock_dir) - len("/.sock")) + ".sock"
     assert len(path) == 107
-    srv = ApiServer(fake, path).start()
-    try:
-        assert request(path, "GET", "/v1/health")[0] == 200
-    finally:
-        srv.stop()
+    assert_served_on(fake, path)
+
+
+def test_a_socket_path_too_long_for_sun_path_is_a_clear_error(fake, sock_dir):
+    path = f"{sock_dir}/" + "a" * (108 - len(sock_dir) - len("/.sock")) + ".sock"
+    with pytest.raises(ValueError, match=r"is 108 bytes, longer than a Unix socket's 107: choose a shorter --socket"):
+        ApiServer(fake, path).start()
+    assert os.listdir(sock_dir) == []
 
 
 # ------------------------------------------------------------ client
