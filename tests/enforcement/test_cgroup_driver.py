@@ -598,8 +598,6 @@ def _as_another_user(action) -> bool:
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="another user's process needs root")
-@pytest.mark.xfail(strict=True, reason="the simulated tree takes the umask's modes (0777 dirs, 0666 files "
-                   "under umask 0) and writes its files by name following symlinks")
 def test_the_simulated_tree_cannot_be_redirected_by_another_user_whatever_the_umask(tmp_path):
     """`--sysfs-root` mode keeps its tree in the state directory, which may be
     0755: another user must not be able to swap an interface file for a link
