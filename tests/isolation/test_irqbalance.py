@@ -248,8 +248,6 @@ def test_a_plan_lists_proc_once_to_find_irqbalance(tree, run_dir, monkeypatch):
     again.stop()
 
 
-@pytest.mark.xfail(strict=True, reason="irqbalance is found by its comm alone: any user's process named "
-                   "irqbalance with a lower pid is taken for it")
 def test_another_users_process_named_irqbalance_is_not_taken_for_it(tree, run_dir):
     """Anyone can run a program called irqbalance (its comm is the file's
     name): found first, it would stand for the daemon, which the agent then
