@@ -92,8 +92,6 @@ def test_a_writable_or_symlinked_journal_is_refused(tmp_path):
         claim_state_dir(state)
 
 
-@pytest.mark.xfail(strict=True, reason="a lock taken on a file the first agent's abandon unlinked (and in "
-                   "the directory it removed) is believed: the second agent holds a deleted directory")
 def test_a_lock_won_on_a_directory_a_failed_agent_removed_is_not_believed(tmp_path, monkeypatch):
     """Two agents start at once on a missing directory: the first makes it and
     locks it, fails its start and removes the directory again (abandon) while
@@ -126,3 +124,20 @@ def test_a_lock_won_on_a_directory_a_failed_agent_removed_is_not_believed(tmp_pa
         assert (state / "lock").read_text().strip() == str(os.getpid())
     finally:
         second.release()
+
+
+def test_a_directory_removed_at_every_claim_is_a_clear_error(tmp_path, monkeypatch):
+    import fcntl
+
+    from numa_agent.state import directory as directory_module
+
+    state = tmp_path / "state"
+    real_flock = fcntl.flock
+
+    def flock_of_a_removed_file(fd, operation):
+        os.unlink(state / "lock")
+        return real_flock(fd, operation)
+
+    monkeypatch.setattr(directory_module.fcntl, "flock", flock_of_a_removed_file)
+    with pytest.raises(StateDirError, match=f"state directory {state} was removed each time it was claimed"):
+        claim_state_dir(state)
