@@ -406,8 +406,6 @@ def test_a_socket_path_too_long_for_sun_path_is_a_clear_error(fake, sock_dir):
     assert os.listdir(sock_dir) == []
 
 
-@pytest.mark.xfail(strict=True, reason="the name is looked at (and connected to) before its directory is "
-                   "checked: what another user planted there decides the error, not the directory")
 @pytest.mark.parametrize("planted", ["a file", "a live socket"])
 def test_a_socket_directory_others_can_write_is_refused_whatever_was_planted_in_it(fake, sock_dir, planted):
     """The directory is the configuration to fix (exit 78 naming it): a file or
