@@ -66,7 +66,7 @@ def place_socket(path: str, mode: int, group: str | None, bind_at: Callable[[str
             gid = grp.getgrnam(group).gr_gid
         except KeyError:
             raise ValueError(f"socket group {group!r} does not exist") from None
-    with open_directory(os.path.dirname(os.path.abspath(path)), "socket directory", create_mode=0o755) as held:
+    with open_directory(os.path.dirname(path) or ".", "socket directory", create_mode=0o755) as held:
         # The directory first: what another user could have put at the name
         # must not stand for the error to fix.
         check_socket_path(path, option)
