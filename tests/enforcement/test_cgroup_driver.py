@@ -577,8 +577,6 @@ def test_kernel_files_make_cgroup_directories_readable_whatever_the_umask(tmp_pa
     assert (tmp_path / "wl-x").stat().st_mode & 0o777 == 0o755
 
 
-@pytest.mark.xfail(strict=True, reason="mkdir takes the default 0777 less the umask, and is narrowed to 0755 "
-                   "only by the fchmod after it: under umask 0 others may make cgroups in it meanwhile")
 def test_kernel_files_never_make_a_cgroup_directory_others_can_write(tmp_path, monkeypatch):
     """Not even between the mkdir and the chmod: another user who makes a
     child cgroup in a workload's there keeps the agent from removing it."""
