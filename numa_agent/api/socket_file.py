@@ -17,6 +17,9 @@ from typing import Callable
 
 from numa_agent.state.trusted_dir import TrustedDir, open_directory
 
+# sun_path is 108 bytes; clients in C (and most languages) need its closing NUL.
+SUN_PATH_MAX = 107
+
 
 class SocketInUse(RuntimeError):
     """Another process is already serving on the socket path."""
@@ -54,15 +57,22 @@ def place_socket(path: str, mode: int, group: str | None, bind_at: Callable[[str
     root or the agent's user can change (state/trusted_dir.py): the chown and
     chmod of a name another user could replace by a link would land on any
     file. Returns the file's (device, inode), for `remove_socket`."""
-    check_socket_path(path, option)
+    if len(os.fsencode(path)) > SUN_PATH_MAX:
+        raise ValueError(f"socket path {path} is {len(os.fsencode(path))} bytes, longer than a Unix socket's "
+                         f"{SUN_PATH_MAX}: choose a shorter {option}")
     gid = -1
     if group is not None:
         try:
             gid = grp.getgrnam(group).gr_gid
         except KeyError:
             raise ValueError(f"socket group {group!r} does not exist") from None
-    with open_directory(os.path.dirname(os.path.abspath(path)), "socket directory", create_mode=0o755) as held:
-        tmp = f".{os.path.basename(path)}.{secrets.token_hex(6)}.tmp"
+    with open_directory(os.path.dirname(path) or ".", "socket directory", create_mode=0o755) as held:
+        # The directory first: what another user could have put at the name
+        # must not stand for the error to fix.
+        check_socket_path(path, option)
+        # Not named after the socket: /proc/self/fd/N/ plus a long name would
+        # not fit in sun_path where the path itself does.
+        tmp = f".sock.{secrets.token_hex(6)}.tmp"
         old_umask = os.umask(0o177)
         try:
             bind_at(held.proc_path(tmp))  # in the directory held, whatever its name leads to now

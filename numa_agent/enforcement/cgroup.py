@@ -204,7 +204,7 @@ class KernelFiles:
             os.close(fd)
 
     def mkdir(self, cgroup_dir: Path) -> None:
-        os.mkdir(cgroup_dir)
+        os.mkdir(cgroup_dir, CGROUP_DIR_MODE)  # never more, not even until the chmod below
         # 0755 whatever the umask (the unit's is 0077): a workload's own processes
         # and monitoring read their cgroup's files (memory.max, cpu.max, ...).
         # Through the directory's own descriptor: chmod by name follows a link.

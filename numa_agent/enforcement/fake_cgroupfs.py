@@ -90,6 +90,8 @@ _READ_ONLY = {
 }
 _PARTITION_TYPES = ("root", "isolated")
 _SIDECAR_PREFIX = ".xattr."
+# As cgroupfs makes them; at most these bits, whatever the umask.
+_DIR_MODE, _FILE_MODE = 0o755, 0o644
 # What a file system says when it cannot hold an attribute (or one this size).
 _NO_XATTR_HERE = frozenset({errno.EOPNOTSUPP, errno.ENOSPC, errno.E2BIG, errno.EPERM})
 
@@ -107,7 +109,11 @@ def make_fake_cgroup_root(path: str | os.PathLike, cpus: CpuSet, mems: Iterable[
     cgroup in the tree may request.
     """
     root = Path(path)
-    root.mkdir(parents=True, exist_ok=True)
+    root.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.mkdir(root, _DIR_MODE)
+    except FileExistsError:
+        pass
     mems_set = CpuSet(mems)
     enabled = _ordered(controllers)
     unknown = sorted(set(enabled) - set(_CONTROLLER_ORDER))
@@ -118,7 +124,7 @@ def make_fake_cgroup_root(path: str | os.PathLike, cpus: CpuSet, mems: Iterable[
         "machine_mems": (CpuSet(machine_mems) if machine_mems is not None else mems_set).format(),
         "hugepage_sizes": list(hugepage_sizes),
     }
-    (root / FAKE_MARKER).write_text(json.dumps(marker, sort_keys=True) + "\n")
+    _put(root / FAKE_MARKER, json.dumps(marker, sort_keys=True))
     fake = FakeCgroupfs(root)
     fake._write_core_files(root, enabled)
     fake._write_controller_files(root, enabled)
@@ -173,7 +179,7 @@ class FakeCgroupfs:
     def mkdir(self, cgroup_dir: Path) -> None:
         with self._lock:
             self._dependents()  # of the tree without it
-            os.mkdir(cgroup_dir)
+            os.mkdir(cgroup_dir, _DIR_MODE)
             enabled = _words(_get(cgroup_dir.parent / "cgroup.subtree_control"))
             self._write_core_files(cgroup_dir, enabled)
             self._write_controller_files(cgroup_dir, enabled)
@@ -261,7 +267,7 @@ class FakeCgroupfs:
             sidecar.unlink(missing_ok=True)
             return
         temporary = sidecar.with_name(sidecar.name + ".tmp")
-        temporary.write_bytes(value)
+        _put_bytes(temporary, value)
         os.replace(temporary, sidecar)
         try:
             os.removexattr(cgroup_dir, name)  # an older value must not shadow the sidecar
@@ -827,8 +833,13 @@ def _put(file: Path, value: str) -> None:
     # Overwrite in place, then cut to length: never open with O_TRUNC, on
     # which ext4 (auto_da_alloc) flushes the file at close, a millisecond a
     # write. In place also keeps the inode that inotify watches.
-    data = (value + "\n").encode() if value else b""
-    fd = os.open(file, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o666)
+    _put_bytes(file, (value + "\n").encode() if value else b"")
+
+
+def _put_bytes(file: Path, data: bytes) -> None:
+    # Never through a link, and never writable by others whatever the umask:
+    # the tree may lie in a state directory others can read, and the agent is root.
+    fd = os.open(file, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, _FILE_MODE)
     try:
         if data:
             os.pwrite(fd, data, 0)

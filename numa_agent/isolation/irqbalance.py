@@ -46,8 +46,8 @@ class IrqbalanceSocket:
 
     def pid(self) -> int | None:
         """The pid of the running irqbalance (one runs per machine): the one
-        found last while its comm still says so, else the lowest pid whose comm
-        is irqbalance. One plan asks several times (its knobs, read, write):
+        found last while it is still that, else the lowest pid whose comm is
+        irqbalance and that runs as root. One plan asks several times (its knobs, read, write):
         /proc is listed again only when that daemon is gone."""
         if self._found is not None and self._is_irqbalance(self._found):
             return self._found
@@ -59,8 +59,10 @@ class IrqbalanceSocket:
         return self._found
 
     def _is_irqbalance(self, pid: int) -> bool:
+        """Named irqbalance and root's: anyone can run a program of that name."""
         try:
-            return (self.proc / str(pid) / "comm").read_text().strip() == "irqbalance"
+            return ((self.proc / str(pid) / "comm").read_text().strip() == "irqbalance"
+                    and _real_uid((self.proc / str(pid) / "status").read_text()) == 0)
         except OSError:
             return False
 
@@ -106,6 +108,15 @@ class IrqbalanceSocket:
             while chunk := s.recv(4096):
                 reply += chunk
             return reply
+
+
+def _real_uid(status: str) -> int | None:
+    """The real uid in /proc/PID/status text (its `Uid:` line), or None."""
+    for line in status.splitlines():
+        if line.startswith("Uid:"):
+            fields = line.split()
+            return int(fields[1]) if len(fields) > 1 and fields[1].isdigit() else None
+    return None
 
 
 def _banned(reply: bytes) -> str:

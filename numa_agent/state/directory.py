@@ -77,6 +77,22 @@ class StateDirClaim:
 def claim_state_dir(directory: str | os.PathLike) -> StateDirClaim:
     """Create (0700), check and lock the state directory; see the module doc."""
     path = Path(directory).absolute()
+    for _ in range(_CLAIM_ATTEMPTS):
+        claim = _claim_once(path)
+        if claim is not None:
+            return claim
+    raise StateDirError(f"state directory {path} was removed each time it was claimed: "
+                        "is another agent starting and failing on it?")
+
+
+# Two agents starting at once on a missing directory: the one that made it may
+# fail its start and remove it (abandon) just as the other takes the lock.
+_CLAIM_ATTEMPTS = 3
+
+
+def _claim_once(path: Path) -> StateDirClaim | None:
+    """The claim, or None when the lock was won on a file (or in a directory)
+    removed meanwhile, which guards nothing: to be tried again."""
     created = not os.path.lexists(path)
     try:
         held = open_directory(path, "state directory", create_mode=0o700)
@@ -99,6 +115,10 @@ def claim_state_dir(directory: str | os.PathLike) -> StateDirClaim:
             if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
                 raise StateDirLocked(path, holder) from None
             raise StateDirError(f"cannot lock {path / LOCK_NAME}: {exc.strerror or exc}") from None
+        if os.fstat(fd).st_nlink == 0 or held.removed():
+            os.close(fd)
+            held.close()
+            return None
     except BaseException:
         held.close()
         raise

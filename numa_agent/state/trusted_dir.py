@@ -51,7 +51,10 @@ def open_directory(path: str | os.PathLike[str], what: str, *, create_mode: int 
     when `create_mode` is given: 0755 on the way, `create_mode` at the end.
     Raises UntrustedDirectory naming `what`, the offending directory, its owner
     and mode; OSError for what the kernel refuses (ENOENT, EACCES, ...)."""
-    display = os.path.abspath(os.fspath(path))
+    # Not normalised as text (os.path.abspath): '..' after a symlink goes up
+    # from the link's target, as the kernel's (and the agent's other) lookups do.
+    given = os.fspath(path)
+    display = given if os.path.isabs(given) else os.path.join(os.getcwd(), given)
     trusted = frozenset(agent_owners() if owners is None else owners)
     walk = _Walk(display, what, trusted)
     try:
@@ -144,12 +147,13 @@ class _Walk:
 
     def _check(self, real: str, st: os.stat_result, *, final: bool) -> None:
         if st.st_uid not in self.owners:
-            raise UntrustedDirectory(self._message(real, st, "owned by another user"))
+            raise UntrustedDirectory(self._message(real, st, "owned by another user", final))
         if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and (final or not _shared(st)):
-            raise UntrustedDirectory(self._message(real, st, "writable by its group or by others"))
+            raise UntrustedDirectory(self._message(real, st, "writable by its group or by others", final))
 
-    def _message(self, real: str, st: os.stat_result, why: str) -> str:
-        where = "" if real == self.display else f": {real} above it"
+    def _message(self, real: str, st: os.stat_result, why: str, final: bool = False) -> str:
+        # The directory itself (reached through a symlink: its real path too), or one above it.
+        where = ("" if real == self.display else f" ({real})") if final else f": {real} above it"
         owner = _user_name(st.st_uid)
         mode = f"{stat.S_IMODE(st.st_mode):04o}"
         fix = (f"chown root {real}" if "owned" in why

@@ -376,6 +376,10 @@ def test_stale_socket_is_replaced(fake, sock_dir):
     dead.bind(path)  # a crashed agent leaves the file behind, nobody listening
     dead.close()
     assert os.path.exists(path)
+    assert_served_on(fake, path)
+
+
+def assert_served_on(fake, path):
     srv = ApiServer(fake, path).start()
     try:
         assert request(path, "GET", "/v1/health")[0] == 200
@@ -397,6 +401,43 @@ def test_non_socket_file_is_not_replaced(fake, sock_dir):
     with pytest.raises(SocketInUse, match="exists and is not a socket"):
         ApiServer(fake, path).start()
     assert open(path).read() == "precious"
+
+
+def test_a_socket_path_that_fits_sun_path_is_served(fake, sock_dir):
+    """Any path of up to 107 bytes (sun_path holds 108 with its NUL) is served,
+    however the agent names the socket before it is moved into place."""
+    path = f"{sock_dir}/" + "a" * (107 - len(sock_dir) - len("/.sock")) + ".sock"
+    assert len(path) == 107
+    assert_served_on(fake, path)
+
+
+def test_a_socket_path_too_long_for_sun_path_is_a_clear_error(fake, sock_dir):
+    path = f"{sock_dir}/" + "a" * (108 - len(sock_dir) - len("/.sock")) + ".sock"
+    with pytest.raises(ValueError, match=r"is 108 bytes, longer than a Unix socket's 107: choose a shorter --socket"):
+        ApiServer(fake, path).start()
+    assert os.listdir(sock_dir) == []
+
+
+@pytest.mark.parametrize("planted", ["a file", "a live socket"])
+def test_a_socket_directory_others_can_write_is_refused_whatever_was_planted_in_it(fake, sock_dir, planted):
+    """The directory is the configuration to fix (exit 78 naming it): a file or
+    a listening socket another user put at the name must not turn that into
+    'exists and is not a socket' or 'another agent is already serving'."""
+    from numa_agent.state.trusted_dir import UntrustedDirectory
+
+    os.chmod(sock_dir, 0o777)
+    path = f"{sock_dir}/agent.sock"
+    listener = socket.socket(socket.AF_UNIX)
+    if planted == "a file":
+        open(path, "w").close()
+    else:
+        listener.bind(path)
+        listener.listen(1)
+    try:
+        with pytest.raises(UntrustedDirectory, match=f"socket directory {sock_dir} is writable by its group"):
+            ApiServer(fake, path).start()
+    finally:
+        listener.close()
 
 
 # ------------------------------------------------------------ client

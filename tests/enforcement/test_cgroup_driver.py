@@ -575,3 +575,77 @@ def test_kernel_files_make_cgroup_directories_readable_whatever_the_umask(tmp_pa
     finally:
         os.umask(old)
     assert (tmp_path / "wl-x").stat().st_mode & 0o777 == 0o755
+
+
+def test_kernel_files_never_make_a_cgroup_directory_others_can_write(tmp_path, monkeypatch):
+    """Not even between the mkdir and the chmod: another user who makes a
+    child cgroup in a workload's there keeps the agent from removing it."""
+    seen = []
+    real_open = os.open
+
+    def open_noting_the_mode(path, *args, **kwargs):
+        seen.append(os.stat(path).st_mode & 0o777)
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(cgroup_module.os, "open", open_noting_the_mode)
+    old = os.umask(0)
+    try:
+        KernelFiles().mkdir(tmp_path / "wl-x")
+    finally:
+        os.umask(old)
+    assert seen and not [mode for mode in seen if mode & 0o022]
+
+
+def _as_another_user(action) -> bool:
+    """Run `action()` in a child with the uid and gid of another user (neither
+    root nor the agent's): True if it went through, False if the kernel refused."""
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        try:
+            os.setgroups([])
+            os.setresgid(54321, 54321, 54321)
+            os.setresuid(54321, 54321, 54321)
+            action()
+            os._exit(0)
+        except OSError:
+            os._exit(1)
+        except BaseException:
+            os._exit(2)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) in (0, 1), status
+    return os.WEXITSTATUS(status) == 0
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="another user's process needs root")
+def test_the_simulated_tree_cannot_be_redirected_by_another_user_whatever_the_umask(tmp_path):
+    """`--sysfs-root` mode keeps its tree in the state directory, which may be
+    0755: another user must not be able to swap an interface file for a link
+    to a file of root's, which the agent's next write would then overwrite."""
+    import tempfile
+
+    victim = tmp_path / "victim"
+    victim.write_text("precious")
+    state = tempfile.mkdtemp(prefix="na-fake-", dir="/tmp")  # as a state directory: root's, 0755
+    os.chmod(state, 0o755)
+    old = os.umask(0)
+    try:
+        root = make_fake_cgroup_root(f"{state}/cgroupfs", CpuSet.parse("0-3"), [0])
+        driver = CgroupV2(root, FakeCgroupfs(root))
+        driver.enable_controllers("", ["cpuset", "memory"])
+        driver.create("wl")
+
+        def plant() -> None:
+            os.rename(root / "wl" / "memory.max", root / "wl" / ".gone")
+            os.symlink(victim, root / "wl" / "memory.max")
+
+        planted = _as_another_user(plant)
+        try:
+            driver.write_memory_max("wl", 1 << 30)
+        except CgroupError:
+            pass  # refusing the link is as good as never seeing one
+        assert not planted and victim.read_text() == "precious"
+    finally:
+        os.umask(old)
+        import shutil
+
+        shutil.rmtree(state, ignore_errors=True)

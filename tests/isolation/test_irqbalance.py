@@ -246,3 +246,21 @@ def test_a_plan_lists_proc_once_to_find_irqbalance(tree, run_dir, monkeypatch):
     again = FakeIrqbalance(tree / "proc", run_dir, 4343)  # restarted: the old pid is gone
     assert keeper.files.irqbalance.pid() == 4343 and len(listed) == 2
     again.stop()
+
+
+def test_another_users_process_named_irqbalance_is_not_taken_for_it(tree, run_dir):
+    """Anyone can run a program called irqbalance (its comm is the file's
+    name): found first, it would stand for the daemon, which the agent then
+    never tells (a restarted irqbalance with a higher pid keeps interrupts on
+    isolated CPUs) and, with no socket to answer, fails --isolate-strict."""
+    impostor = tree / "proc" / "100"
+    impostor.mkdir(parents=True)
+    (impostor / "comm").write_text("irqbalance\n")
+    (impostor / "status").write_text("Name:\tirqbalance\nUid:\t54321\t54321\t54321\t54321\n"
+                                     "Gid:\t54321\t54321\t54321\t54321\n")
+    fake = FakeIrqbalance(tree / "proc", run_dir, 4242)
+    keeper = keeper_for(tree, run_dir)
+    state = step(keeper, AgentState().with_workload(workload("a", "4-5", "irqs")))
+    assert fake.banned == CpuSet.parse("4-5")
+    assert not [n for n in keeper.report(state.workload("a")).failed() if n.startswith(IRQBALANCE)]
+    fake.stop()

@@ -90,3 +90,54 @@ def test_a_writable_or_symlinked_journal_is_refused(tmp_path):
     os.symlink(tmp_path / "elsewhere", state / "checkpoint.journal")
     with pytest.raises(StateDirError, match="not a regular file"):
         claim_state_dir(state)
+
+
+def test_a_lock_won_on_a_directory_a_failed_agent_removed_is_not_believed(tmp_path, monkeypatch):
+    """Two agents start at once on a missing directory: the first makes it and
+    locks it, fails its start and removes the directory again (abandon) while
+    the second is between opening the lock file and locking it. The second
+    must end up holding a live directory, not the removed one (where every
+    file it makes fails), or say it could not."""
+    import fcntl
+
+    from numa_agent.state import directory as directory_module
+
+    state = tmp_path / "state"
+    first = claim_state_dir(state)
+    real_flock = fcntl.flock
+    calls = []
+
+    def flock_after_the_first_gave_up(fd, operation):
+        if not calls:
+            first.abandon()  # unlinks the lock, removes the directory, lets go of the lock
+        calls.append(fd)
+        return real_flock(fd, operation)
+
+    monkeypatch.setattr(directory_module.fcntl, "flock", flock_after_the_first_gave_up)
+    try:
+        second = claim_state_dir(state)
+    except StateDirError:
+        return  # said it could not: as good
+    try:
+        assert not second.held.removed()
+        assert os.path.samestat(os.stat(state), os.fstat(second.held.fd))
+        assert (state / "lock").read_text().strip() == str(os.getpid())
+    finally:
+        second.release()
+
+
+def test_a_directory_removed_at_every_claim_is_a_clear_error(tmp_path, monkeypatch):
+    import fcntl
+
+    from numa_agent.state import directory as directory_module
+
+    state = tmp_path / "state"
+    real_flock = fcntl.flock
+
+    def flock_of_a_removed_file(fd, operation):
+        os.unlink(state / "lock")
+        return real_flock(fd, operation)
+
+    monkeypatch.setattr(directory_module.fcntl, "flock", flock_of_a_removed_file)
+    with pytest.raises(StateDirError, match=f"state directory {state} was removed each time it was claimed"):
+        claim_state_dir(state)

@@ -134,3 +134,26 @@ def test_nothing_is_made_below_a_refused_directory(tmp_path):
     with pytest.raises(UntrustedDirectory):
         open_directory(tmp_path / "a" / "b", "test directory", create_mode=0o700)
     assert not (tmp_path / "a").exists()
+
+
+def test_dot_dot_after_a_symlink_is_where_the_kernel_goes(tmp_path):
+    """The agent's other calls by path (the socket's liveness probe, its
+    removal, clients) resolve '..' after a symlink in the link's target, as
+    the kernel does: so must the directory held."""
+    (tmp_path / "real" / "sub").mkdir(parents=True)
+    (tmp_path / "real" / "x").mkdir()
+    os.symlink(tmp_path / "real" / "sub", tmp_path / "link")
+    with open_directory(f"{tmp_path}/link/../x", "test directory", create_mode=0o755) as held:
+        assert os.path.samestat(os.fstat(held.fd), os.stat(f"{tmp_path}/link/../x"))
+    assert not (tmp_path / "x").exists()
+
+
+def test_a_directory_refused_through_a_symlink_is_named_as_itself(tmp_path):
+    (tmp_path / "loose").mkdir()
+    os.chmod(tmp_path / "loose", 0o777)
+    os.symlink("loose", tmp_path / "alias")
+    with pytest.raises(UntrustedDirectory) as refused:
+        open_directory(tmp_path / "alias", "test directory")
+    assert "above it" not in str(refused.value)
+    assert f"test directory {tmp_path}/alias ({tmp_path}/loose) is writable by its group or by others" \
+        in str(refused.value)

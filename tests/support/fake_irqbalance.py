@@ -27,6 +27,7 @@ class FakeIrqbalance:
         self.requests: list[str] = []
         (proc / str(pid)).mkdir(parents=True, exist_ok=True)
         (proc / str(pid) / "comm").write_text("irqbalance\n")
+        (proc / str(pid) / "status").write_text("Name:\tirqbalance\nUid:\t0\t0\t0\t0\n")  # root's, as the daemon
         run.mkdir(parents=True, exist_ok=True)
         self.path = run / f"irqbalance{pid}.sock"
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -67,4 +68,5 @@ class FakeIrqbalance:
         self.path.unlink(missing_ok=True)
         if remove_comm:
             (self.proc / str(self.pid) / "comm").unlink()
+            (self.proc / str(self.pid) / "status").unlink()
             (self.proc / str(self.pid)).rmdir()
