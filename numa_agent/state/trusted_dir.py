@@ -156,7 +156,7 @@ class _Walk:
         where = ("" if real == self.display else f" ({real})") if final else f": {real} above it"
         owner = _user_name(st.st_uid)
         mode = f"{stat.S_IMODE(st.st_mode):04o}"
-        fix = (f"chown root {real}" if "owned" in why
+        fix = (f"chown {_agent_user()} {real}" if "owned" in why
                else "remove a symlink planted there" if "symlink" in why else f"chmod go-w {real}")
         return (f"{self.what} {self.display}{where} is {why} (owner {owner}, mode {mode}); "
                 f"anyone who can write it can redirect the agent's files: {fix}, or choose another directory")
@@ -170,6 +170,14 @@ def _shared(st: os.stat_result) -> bool:
 
 def _join(real: str, name: str) -> str:
     return f"{real.rstrip('/')}/{name}"
+
+
+def _agent_user() -> str:
+    """Who the remedy should make the owner: the agent's own user."""
+    try:
+        return pwd.getpwuid(os.geteuid()).pw_name
+    except KeyError:
+        return str(os.geteuid())
 
 
 def _user_name(uid: int) -> str:

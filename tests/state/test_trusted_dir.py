@@ -157,3 +157,17 @@ def test_a_directory_refused_through_a_symlink_is_named_as_itself(tmp_path):
     assert "above it" not in str(refused.value)
     assert f"test directory {tmp_path}/alias ({tmp_path}/loose) is writable by its group or by others" \
         in str(refused.value)
+
+
+@as_root
+def test_the_remedy_names_the_agents_own_user(tmp_path, monkeypatch):
+    """An agent running as a dedicated user is told to chown to that user, not to root."""
+    import pwd
+
+    nobody = pwd.getpwnam("nobody")
+    target = tmp_path / "d"
+    target.mkdir()
+    os.chown(target, OTHER, -1)
+    monkeypatch.setattr(os, "geteuid", lambda: nobody.pw_uid)
+    with pytest.raises(UntrustedDirectory, match=f"chown nobody {target}"):
+        open_directory(target, "test directory")
