@@ -53,9 +53,13 @@ def test_a_path_that_cannot_be_a_socket_stops_the_start(tmp_path, machine, where
     path = blocker if where == "file" else blocker / "pod-resources.sock"
     r = serve(tmp_path, machine, "--pod-resources-socket", str(path))
     last = r.stderr.strip().splitlines()[-1]  # the log goes to stderr too; the error is the last line
-    assert r.returncode == 1 and last.startswith(
-        f"numa-agent: cannot serve PodResources on {path} (kubelet.pod_resources_socket, --pod-resources-socket): ")
-    assert ("exists and is not a socket" if where == "file" else "Not a directory") in last
+    if where == "file":
+        assert r.returncode == 1 and last.startswith(
+            f"numa-agent: cannot serve PodResources on {path} (kubelet.pod_resources_socket, "
+            "--pod-resources-socket): ")
+        assert "exists and is not a socket" in last
+    else:  # the socket's directory is checked first: a configuration to fix
+        assert r.returncode == 78 and last == f"numa-agent: socket directory {blocker}: {blocker} is not a directory"
     assert blocker.read_text() == "not a socket"
 
 
