@@ -112,3 +112,18 @@ def test_the_user_database_gives_an_owners_name_and_groups():
                                       groups={"root": Limits(), "no-such-group-q25": Limits()})) == [
         "quotas.users.no-such-user-q25: no user named 'no-such-user-q25' in the user database",
         "quotas.groups.no-such-group-q25: no group named 'no-such-group-q25' in the user database"]
+
+
+def test_a_pod_counts_its_budget_once_against_its_first_members_owner(env, sleepers):
+    from numa_agent.api.validation import PodBudget
+
+    service = env(Quotas(groups={"hpc": Limits(cpus=4)}))
+    service.admit(AdmitRequest(name="main", pod="p", cpus=2, pod_budget=PodBudget(cpus=4)), alice(sleepers))
+    service.admit(AdmitRequest(name="side", pod="p", cpus=2), alice(sleepers))  # inside the budget
+    with pytest.raises(QuotaExceeded) as err:
+        service.admit(AdmitRequest(name="solo", cpus=1), alice(sleepers))
+    assert err.value.details["quota"] == {"entry": "groups.hpc", "resource": "cpus", "limit": 4, "held": 4,
+                                          "asked": 1}
+    with pytest.raises(QuotaExceeded):
+        service.admit(AdmitRequest(name="big", pod="q", cpus=1, pod_budget=PodBudget(cpus=5)), alice(sleepers))
+    assert service.state.workload("big") is None and service.state.pod("q") is None
