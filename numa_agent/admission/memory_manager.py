@@ -776,6 +776,18 @@ def memory_refusal_reason(
     return _refusal(state)
 
 
+def narrowest_fit(
+    capacity: MemoryCapacity,
+    usage: MemoryUsage,
+    request: MemoryRequest,
+    nodes: NumaMask | Iterable[int],
+) -> NumaMask | None:
+    """The narrowest mask over `nodes` that can hold the request now (fewest
+    nodes, then lowest ids), or None."""
+    bits = _State(capacity, usage, request, NumaMask.bits_of(nodes)).narrowest_fit()
+    return None if bits is None else NumaMask.from_bits(bits)
+
+
 # ------------------------------------------------------------- allocation
 
 
@@ -785,6 +797,7 @@ def allocate_memory(
     request: MemoryRequest,
     affinity: NumaMask | None,
     *,
+    nodes: NumaMask | Iterable[int] | None = None,
     require_preferred: bool = False,
 ) -> MemoryAllocation:
     """Take the request's bytes, filling the group's nodes lowest id first.
@@ -799,10 +812,12 @@ def allocate_memory(
 
     With ``require_preferred`` (the topology manager's hint was preferred)
     an extension to a non-preferred size is refused, as the kubelet does.
+    ``nodes`` (default: every memory node) bounds where the request may go
+    beyond the affinity's own nodes: the nodes it may use without naming them.
     Raises MemoryAllocationError naming the resource, requested bytes and
     free bytes per node.
     """
-    state = _State(capacity, usage, request, capacity.memory_nodes.bits | (affinity.bits if affinity else 0))
+    state = _State(capacity, usage, request, _universe(nodes, capacity) | (affinity.bits if affinity else 0))
     if not state.resources:
         return EMPTY_ALLOCATION
     aff_bits = affinity.bits if affinity is not None else 0
