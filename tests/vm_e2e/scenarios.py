@@ -606,6 +606,7 @@ def _memory_only_nodes(g: Guest, n: int) -> str:
     anon = numa_maps_anon(w.proc.pid)
     check(anon.get(only, 0) >= 30 * MIB, f"-m {near},{only} -p {only}: anon per node {anon}")
     w.stop()
+    check(g.wait_released([w.name]), f"{w.name} still listed 30 s after it exited")  # its booking counts till then
     free = sum(node["memory_bytes"]["free"] for node in g.status()["nodes"] if node["id"] in cpu_nodes)
     r = g.numa_run("--cpus", "1", "--memory", str(free + 64 * MIB), command=("true",))
     check(r.returncode == 125 and "TopologyAffinityError" in r.stderr
