@@ -594,6 +594,8 @@ class _State:
         self.need = tuple(b for _, b in self.amounts)
         self.universe = universe_bits
         self.mem_bits = capacity.memory_nodes.bits & universe_bits
+        # Every memory node in reach: a refusal may then speak of the whole machine.
+        self.whole = self.mem_bits == capacity.memory_nodes.bits
         ids = _nodes_of(self.mem_bits)
         # free_bytes() and ResourceCapacity.allocatable, read straight from
         # the indexes: this runs for every node on every memory request.
@@ -747,7 +749,8 @@ def _refusal(state: _State, required_bits: int = 0) -> str:
     for resource, need in zip(state.resources, state.need, strict=True):
         allocatable = _column(state.allocatable, state, resource)
         if sum(v for _, v in allocatable) < need:
-            return (f"{resource}: requested {format_bytes(need)}, more than the machine can ever hold "
+            held_by = "the machine" if state.whole else "the nodes it may use"
+            return (f"{resource}: requested {format_bytes(need)}, more than {held_by} can ever hold "
                     f"({nodes_have(allocatable, 'allocatable')}); "
                     f"{nodes_have(_column(state.free, state, resource))}")
     for resource, need in zip(state.resources, state.need, strict=True):

@@ -50,6 +50,7 @@ def test_power9_a_request_over_ordinary_memory_is_refused_naming_the_gpu_nodes(p
         decide(m, AgentState(), req("big", cpus=2, memory_bytes=300 * GiB))
     assert refused.value.code == "topology_affinity_error"
     assert refused.value.message.startswith("TopologyAffinityError: ")
+    assert "requested 300 GiB, more than the nodes it may use can ever hold (node 0 has" in refused.value.message
     assert refused.value.message.endswith(
         "it fits only with memory-only node(s) 250,251,252,253, which a booking uses "
         "only when it names them: add -m 0,8,250,251,252,253 to use memory-only node(s) 250,251,252,253 "
