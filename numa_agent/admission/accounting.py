@@ -38,6 +38,9 @@ def node_accounting(machine: Machine, state: AgentState) -> list[dict[str, Any]]
         allocated = node_cpus & exclusive
         entry: dict[str, Any] = {
             "id": n,
+            "kind": machine.topology.node_kind(n),
+            # Discovery's distances to every node, as `numa-agent topology` shows them.
+            "distances": {str(k): v for k, v in sorted(machine.distances.get(n, {}).items())},
             "cpus": {"capacity": len(node_cpus), "reserved": len(reserved),
                      "allocated": len(allocated), "free": len(node_cpus - reserved - allocated)},
             "memory_bytes": _memory_states(machine, usage, n, MEMORY, 1),

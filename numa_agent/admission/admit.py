@@ -327,17 +327,19 @@ def _mems_source(machine: Machine, req: Request, cpus: CpuSet, affinity: NumaMas
         return tuple(req.cpunodebind)
     if affinity is not None:
         return affinity.nodes()
-    return machine.node_ids
+    return machine.ordinary_node_ids
 
 
 def _memory_nodes_near(machine: Machine, nodes) -> tuple[int, ...]:
-    """Nodes with memory among `nodes`; a CPU-only view (a node with no memory)
-    falls back to the closest nodes that have memory."""
+    """Nodes with memory among `nodes`, memory-only nodes left out (no provider
+    named them); a CPU-only view (a node with no memory) falls back to the
+    closest nodes that have memory."""
     memory_nodes = machine.memory.memory_nodes
-    with_mem = tuple(n for n in nodes if n in memory_nodes)
+    held = machine.explicit_nodes
+    with_mem = tuple(n for n in nodes if n in memory_nodes and n not in held)
     if with_mem:
         return tuple(sorted(with_mem))
-    candidates = [n for n in machine.node_ids if n in memory_nodes]
+    candidates = [n for n in machine.ordinary_node_ids if n in memory_nodes]
     if not candidates:
         return tuple(sorted(nodes))
     best = min(candidates, key=lambda n: (min(machine.distances.get(a, {}).get(n, 255) for a in nodes), n))

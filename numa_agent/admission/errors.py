@@ -60,6 +60,14 @@ class MemoryAllocationError(AllocationError):
     reason = "insufficient_memory"
 
 
+class MemoryOnlyNodesError(MemoryAllocationError):
+    """A memory request that fits only with memory-only NUMA nodes (GPU memory,
+    CXL) it does not name: a topology affinity error, as its reason says how to
+    name them."""
+
+    reason = "topology_affinity_error"
+
+
 class DeviceAllocationError(AllocationError):
     """A device request cannot be satisfied."""
 

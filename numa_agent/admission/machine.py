@@ -25,6 +25,10 @@ from numa_agent.core.topology import Topology
 TOPOLOGY_POLICIES = POLICY_NAMES
 TOPOLOGY_SCOPES = SCOPE_NAMES
 DEFAULT_MAX_NUMA_NODES = 64
+# [memory_manager] memory_only_nodes: "explicit" keeps memory-only nodes (GPU memory,
+# CXL) out of every booking that does not name them; "ordinary" treats them as any
+# other node, as the kubelet does.
+MEMORY_ONLY_MODES = ("explicit", "ordinary")
 # prefer-closest-numa-nodes is on by default (the kubelet's is off) on machines of up to
 # this many NUMA nodes, the kubelet's own limit: there it costs nothing, while on larger
 # ones sorting every equally wide mask by distance can outgrow the merge's budget.
@@ -48,6 +52,7 @@ class PolicyConfig:
     reserved_cpus: str | None = None  # explicit list; wins over the count
     reserved_cpu_count: int = 1  # like the kubelet's static policy: keep >= 1 for the system
     memory_policy: str = "static"  # "static" | "none"
+    memory_only_nodes: str = "explicit"  # one of MEMORY_ONLY_MODES
     # node id -> resource ("memory", "hugepages-2048kB") -> bytes
     reserved_memory: Mapping[int, Mapping[str, int]] = field(default_factory=dict)
     # resource name -> selector fields (vendor, device, class_prefixes, driver, addresses)
@@ -65,6 +70,7 @@ class PolicyConfig:
     def describe(self) -> dict[str, Any]:
         return {"topology": self.topology_policy, "scope": self.topology_scope,
                 "cpu": self.cpu_policy, "memory": self.memory_policy,
+                "memory_only_nodes": self.memory_only_nodes,
                 "cpu_options": dict(self.cpu_options),
                 "topology_options": dict(self.topology_options)}
 
@@ -82,6 +88,15 @@ class Machine:
     devices: DeviceInventory
     node_ids: tuple[int, ...]  # usable NUMA nodes
     distances: Mapping[int, Mapping[int, int]]
+    # Memory-only nodes (Topology.memory_only_node_ids with usable memory) that only a
+    # request naming them may use: none under memory_only_nodes = "ordinary".
+    explicit_nodes: tuple[int, ...] = ()
+
+    @cached_property
+    def ordinary_node_ids(self) -> tuple[int, ...]:
+        """The usable nodes a request may use without naming them."""
+        held = set(self.explicit_nodes)
+        return tuple(n for n in self.node_ids if n not in held)
 
     def node_of_cpu(self, cpu: int) -> int:
         return self.topology.cpu(cpu).numa_node
@@ -158,10 +173,12 @@ def build_machine(topology: Topology, policy: PolicyConfig) -> Machine:
     except ValueError as exc:
         raise MachineConfigError(f"memory_manager.reserved_memory: {exc}") from None
     devices = _device_inventory(topology, policy)
+    explicit = () if policy.memory_only_nodes == "ordinary" else tuple(
+        n for n in topology.memory_only_node_ids if n in memory.memory_nodes)
     return Machine(topology=topology, policy=policy, cpu_topology=cpu_topology,
                    cpu_options=cpu_options, tm_options=tm_options, reserved_cpus=reserved,
                    usable_cpus=usable, memory=memory, devices=devices, node_ids=node_ids,
-                   distances=distances)
+                   distances=distances, explicit_nodes=explicit)
 
 
 def _topology_defaults(node_ids: tuple[int, ...], distances: Mapping[int, Mapping[int, int]]) -> dict[str, Any]:
@@ -185,6 +202,9 @@ def _check_policy_names(policy: PolicyConfig) -> None:
         raise MachineConfigError(f"cpu_manager.policy: {policy.cpu_policy!r} is not 'static' or 'none'")
     if policy.memory_policy not in ("static", "none"):
         raise MachineConfigError(f"memory_manager.policy: {policy.memory_policy!r} is not 'static' or 'none'")
+    if policy.memory_only_nodes not in MEMORY_ONLY_MODES:
+        raise MachineConfigError(f"memory_manager.memory_only_nodes: {policy.memory_only_nodes!r} is not one of "
+                                 f"{', '.join(MEMORY_ONLY_MODES)}")
 
 
 def _reserved_cpus(cpu_topology: CpuTopology, policy: PolicyConfig, usable: CpuSet) -> CpuSet:

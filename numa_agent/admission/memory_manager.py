@@ -594,6 +594,8 @@ class _State:
         self.need = tuple(b for _, b in self.amounts)
         self.universe = universe_bits
         self.mem_bits = capacity.memory_nodes.bits & universe_bits
+        # Every memory node in reach: a refusal may then speak of the whole machine.
+        self.whole = self.mem_bits == capacity.memory_nodes.bits
         ids = _nodes_of(self.mem_bits)
         # free_bytes() and ResourceCapacity.allocatable, read straight from
         # the indexes: this runs for every node on every memory request.
@@ -747,7 +749,8 @@ def _refusal(state: _State, required_bits: int = 0) -> str:
     for resource, need in zip(state.resources, state.need, strict=True):
         allocatable = _column(state.allocatable, state, resource)
         if sum(v for _, v in allocatable) < need:
-            return (f"{resource}: requested {format_bytes(need)}, more than the machine can ever hold "
+            held_by = "the machine" if state.whole else "the nodes it may use"
+            return (f"{resource}: requested {format_bytes(need)}, more than {held_by} can ever hold "
                     f"({nodes_have(allocatable, 'allocatable')}); "
                     f"{nodes_have(_column(state.free, state, resource))}")
     for resource, need in zip(state.resources, state.need, strict=True):
@@ -776,6 +779,18 @@ def memory_refusal_reason(
     return _refusal(state)
 
 
+def narrowest_fit(
+    capacity: MemoryCapacity,
+    usage: MemoryUsage,
+    request: MemoryRequest,
+    nodes: NumaMask | Iterable[int],
+) -> NumaMask | None:
+    """The narrowest mask over `nodes` that can hold the request now (fewest
+    nodes, then lowest ids), or None."""
+    bits = _State(capacity, usage, request, NumaMask.bits_of(nodes)).narrowest_fit()
+    return None if bits is None else NumaMask.from_bits(bits)
+
+
 # ------------------------------------------------------------- allocation
 
 
@@ -785,6 +800,7 @@ def allocate_memory(
     request: MemoryRequest,
     affinity: NumaMask | None,
     *,
+    nodes: NumaMask | Iterable[int] | None = None,
     require_preferred: bool = False,
 ) -> MemoryAllocation:
     """Take the request's bytes, filling the group's nodes lowest id first.
@@ -799,10 +815,12 @@ def allocate_memory(
 
     With ``require_preferred`` (the topology manager's hint was preferred)
     an extension to a non-preferred size is refused, as the kubelet does.
+    ``nodes`` (default: every memory node) bounds where the request may go
+    beyond the affinity's own nodes: the nodes it may use without naming them.
     Raises MemoryAllocationError naming the resource, requested bytes and
     free bytes per node.
     """
-    state = _State(capacity, usage, request, capacity.memory_nodes.bits | (affinity.bits if affinity else 0))
+    state = _State(capacity, usage, request, _universe(nodes, capacity) | (affinity.bits if affinity else 0))
     if not state.resources:
         return EMPTY_ALLOCATION
     aff_bits = affinity.bits if affinity is not None else 0

@@ -262,7 +262,7 @@ def allocatable_view(status: dict[str, Any]) -> dict[str, Any]:
     """Per-node capacity and free amounts, cut from the service's status()."""
     nodes = []
     for node in status.get("nodes", []):
-        entry: dict[str, Any] = {"id": node["id"]}
+        entry: dict[str, Any] = {key: node[key] for key in ("id", "kind", "distances") if key in node}
         for key in ("cpus", "memory_bytes"):
             if key in node:
                 entry[key] = {"capacity": node[key].get("capacity"), "free": node[key].get("free")}

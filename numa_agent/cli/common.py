@@ -21,6 +21,7 @@ from numa_agent.core.cpuset import EMPTY, CpuSet
 from numa_agent.core.listforms import ListForm, ListFormError, parse_list_form, resolve
 from numa_agent.core.names import DEFAULT_SOCKET
 from numa_agent.core.policy import POLICY_NAMES
+from numa_agent.core.topology import MEMORY_ONLY
 
 
 class CliError(Exception):
@@ -131,7 +132,8 @@ def cpu_list(text: str) -> ListForm:
 @dataclass(frozen=True)
 class ListContext:
     """What numactl's "all", "+" and "!" are relative to: the machine's CPUs and
-    nodes and the allowed ones (the agent's view: what its cpuset allows)."""
+    nodes and the allowed ones (the agent's view: what its cpuset allows, less
+    the memory-only nodes a request must name by number)."""
 
     cpus: CpuSet
     allowed_cpus: CpuSet
@@ -146,10 +148,13 @@ class ListContext:
                 else CpuSet.union_of(CpuSet.parse(n.get("cpus") or "")
                                      for n in doc.get("numa_nodes") or []))
         allowed_cpus, allowed_mems = doc.get("allowed_cpus"), doc.get("allowed_mems")
+        allowed_nodes = nodes if allowed_mems is None else CpuSet.parse(allowed_mems)
+        if doc.get("memory_only_nodes") != "ordinary":  # "all" does not name them
+            allowed_nodes -= CpuSet(int(n["id"]) for n in doc.get("numa_nodes") or []
+                                    if n.get("kind") == MEMORY_ONLY)
         return cls(cpus=cpus,
                    allowed_cpus=cpus if allowed_cpus is None else CpuSet.parse(allowed_cpus),
-                   nodes=nodes,
-                   allowed_nodes=nodes if allowed_mems is None else CpuSet.parse(allowed_mems))
+                   nodes=nodes, allowed_nodes=allowed_nodes)
 
 
 def needs_list_context(*values: Any) -> bool:

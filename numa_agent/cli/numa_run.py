@@ -52,6 +52,7 @@ examples:
   numa-run --dry-run --cpus 16                     show the decision, book nothing
   numa-run --cpus 4 --isolate irqs,idle -v ./app   interrupts off its CPUs, no deep idle
   numa-run -i all --cpus 8 ./db              memory booked on every allowed node, interleaved
+  numa-run -m 0,250 --cpus 2 ./app           node 0's memory, then memory-only node 250's
   numa-run -m 0,1 -p 0 --cpus 2 ./app        memory on nodes 0-1, node 0 preferred
   numa-run -N 0 -l --cpus 2 ./app            CPUs of node 0, memory from the running CPU's node
   numa-run -C '!0' --dry-run                 every CPU but 0 (quoted for the shell)
@@ -60,6 +61,8 @@ examples:
 Memory policies (-i, -p, -l, -w) are set with set_mempolicy(2) right before
 exec, inside the booking: their nodes must lie within the booked memory nodes
 (NUMA_AGENT_MEMS). Without -m, -i/-w/-p book memory on the nodes they name.
+Memory-only nodes (GPU or CXL memory, no usable CPU) are booked only when named
+by number: "all" leaves them out, and so does every booking that does not name them.
 
 The command sees NUMA_AGENT_WORKLOAD, NUMA_AGENT_CPUS, NUMA_AGENT_MEMS,
 NUMA_AGENT_DEVICES, NUMA_AGENT_MARK (and CUDA_VISIBLE_DEVICES for NVIDIA GPUs).

@@ -8,6 +8,7 @@ from typing import Any
 
 from numa_agent.admission.request import describe_amounts
 from numa_agent.cli import common
+from numa_agent.core.topology import MEMORY_ONLY
 from numa_agent.core.units import format_bytes
 
 PROG = "numa-agent status"
@@ -175,6 +176,17 @@ def observation_lines(workloads: list[dict[str, Any]]) -> list[str]:
     return [""] + lines if lines else []
 
 
+def memory_only_lines(nodes: list[dict[str, Any]], policy: dict[str, Any]) -> list[str]:
+    """Which nodes are memory-only, and whether a booking must name them."""
+    memory_only = [str(n.get("id")) for n in nodes if n.get("kind") == MEMORY_ONLY]
+    if not memory_only:
+        return []
+    listed = ",".join(memory_only)
+    if policy.get("memory_only_nodes") == "ordinary":
+        return [f"node(s) {listed} memory-only (no usable CPU), booked like any node (memory_only_nodes = \"ordinary\")"]
+    return [f"node(s) {listed} memory-only (no usable CPU): booked only for a request naming them (-m)"]
+
+
 def format_status(status: dict[str, Any], now: float) -> list[str]:
     policy = status.get("policy") or {}
     lines = [f"enforcement: {status.get('enforcement', '-')}   topology policy: "
@@ -182,6 +194,7 @@ def format_status(status: dict[str, Any], now: float) -> list[str]:
              f"shared pool: {status.get('shared_pool') or '-'}", ""]
     lines += _table(node_rows(status.get("nodes") or []), right_from=2)
     lines += memory_note_lines(status.get("nodes") or [])
+    lines += memory_only_lines(status.get("nodes") or [], policy)
     workloads = status.get("workloads") or []
     lines.append("")
     if workloads:

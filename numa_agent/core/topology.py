@@ -15,6 +15,9 @@ from typing import Mapping
 from numa_agent.core.cpuset import CpuSet
 
 UNKNOWN_NODE = -1
+# A NUMA node's kind, as `topology --json` and /v1/allocatable give it (stable keys).
+CPU_NODE = "cpu"
+MEMORY_ONLY = "memory-only"
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,6 +163,19 @@ class Topology:
         left out: a workload there would never have local memory."""
         nodes = set(self.usable_node_ids)
         return CpuSet(c for c in self.allowed_online_cpus if self.cpu(c).numa_node in nodes)
+
+    @cached_property
+    def memory_only_node_ids(self) -> tuple[int, ...]:
+        """Nodes with memory and none of the usable CPUs: GPU memory
+        (Grace-Hopper, MI300A, POWER9 with NVLink), CXL expanders, or a node
+        whose every CPU is offline or outside the agent's cpuset. No workload
+        runs next to that memory, so it is far (and often another tier) for all."""
+        with_cpus = {self.cpu(c).numa_node for c in self.usable_cpus}
+        return tuple(n.id for n in self.numa_nodes if n.id not in with_cpus and n.memory_total_bytes > 0)
+
+    def node_kind(self, node_id: int) -> str:
+        """"memory-only" for a node of `memory_only_node_ids`, else "cpu"."""
+        return MEMORY_ONLY if node_id in self.memory_only_node_ids else CPU_NODE
 
     def node_cpus(self, node_id: int, online_only: bool = True) -> CpuSet:
         if online_only:

@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from numa_agent.core import request_syntax, units
+from numa_agent.core.cpuset import EMPTY
+from numa_agent.core.listforms import parse_list_form, resolve
 from numa_agent.core.names import NAME_RULE, is_workload_name
 from numa_agent.core.policy import POLICY_NAMES
 
@@ -28,6 +30,8 @@ SYNTAX: dict[str, str] = {
     "hugepages-<size>": "COUNT pages of the size the name gives, e.g. numa-agent.io/hugepages-2Mi: 512 "
                         "(sizes as numa-run --hugepages: 2Mi, 1Gi, the kernel's 2048kB)",
     "devices": "RESOURCE=COUNT[,RESOURCE=COUNT...], e.g. gpu=1 or gpu=2,nic=1 (a bare RESOURCE means 1)",
+    "membind": "NODES, NUMA node ids as numa-run -m takes them, e.g. 0,250 or 0-1 (numactl's all, + and ! "
+               "are not taken here); the only way to book a memory-only node",
     "policy": "one of " + ", ".join(POLICY_NAMES),
     "pod": f"a pod name ({NAME_RULE})",
 }
@@ -96,6 +100,11 @@ def _apply(body: dict[str, Any], name: str, value: str) -> None:
             if resource in body["devices"]:
                 raise ValueError(f"device {resource} given twice")
             body["devices"][resource] = count
+    elif name == "membind":
+        form = parse_list_form(value, what="NUMA node", highest=1023)
+        if form.needs_context:  # the hook knows the machine no better than the container's author
+            raise ValueError("name the nodes by number")
+        body["membind"] = list(resolve(form, machine=EMPTY, allowed=EMPTY, what="NUMA node").ids())
     elif name == "policy":
         if value not in POLICY_NAMES:
             raise ValueError(f"unknown topology manager policy {value!r}")

@@ -787,7 +787,9 @@ class AgentService:
         from numa_agent.views.topology_report import topology_to_json
         topology = self.machine.topology
         names = NO_NAMES if self.pci_names is None else self.pci_names.names(topology.pci_devices)
-        return topology_to_json(topology, names)
+        # numa-run's "all" leaves memory-only nodes out unless this says "ordinary".
+        return {**topology_to_json(topology, names),
+                "memory_only_nodes": self.machine.policy.memory_only_nodes}
 
     def health(self) -> dict:
         state = self.state

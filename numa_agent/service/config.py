@@ -134,6 +134,8 @@ class MemoryManagerSection(_Section, frozen=True):
     # [[memory_manager.reserved_memory]] tables: numa_node plus resource = size, or the
     # kubelet's reservedMemory entry: numaNode plus a limits table
     reserved_memory: list[dict[str, Any]] | UnsetType = UNSET
+    # "explicit": memory-only NUMA nodes (GPU memory, CXL) only where a request names them
+    memory_only_nodes: Literal["explicit", "ordinary"] | UnsetType = UNSET
 
 
 class TopologyManagerSection(_Section, frozen=True):

@@ -13,7 +13,7 @@ from typing import Callable, Iterable
 
 from numa_agent.core.cpuset import CpuSet
 from numa_agent.core.pci import NO_NAMES, PciNames, device_kind, os_names
-from numa_agent.core.topology import UNKNOWN_NODE, Cache, Cpu, NumaNode, PciDevice, Topology
+from numa_agent.core.topology import CPU_NODE, UNKNOWN_NODE, Cache, Cpu, NumaNode, PciDevice, Topology
 from numa_agent.core.units import format_bytes
 
 
@@ -88,6 +88,7 @@ def _node_json(topo: Topology, node: NumaNode) -> dict:
         "hugepages": {h.label: {"total": h.total, "free": h.free, "surplus": h.surplus}
                       for h in sorted(node.hugepages, key=lambda h: h.size_kb)},
         "distances": {str(k): node.distances[k] for k in sorted(node.distances)},
+        "kind": topo.node_kind(node.id),
     }
 
 
@@ -221,7 +222,9 @@ def _node_lines(topo: Topology, node: NumaNode) -> list[str]:
              if h.total or h.free]
     if pools:
         desc.append("hugepages " + ", ".join(pools))
-    lines = [f"NUMA node {node.id}: " + ", ".join(desc)]
+    # Only the odd kind is named: a plain node reads as numactl's reader expects.
+    kind = "" if topo.node_kind(node.id) == CPU_NODE else f" ({topo.node_kind(node.id)})"
+    lines = [f"NUMA node {node.id}{kind}: " + ", ".join(desc)]
     lines.extend(_cpu_tree(topo, online, "  "))
     return lines
 

@@ -89,6 +89,17 @@ def test_format_status_ages_and_shared():
     assert "pod p2: cpus 10-11 nodes 1 members c (budget 2 CPUs, 1 GiB of memory)" in lines
 
 
+@pytest.mark.parametrize("mode,line", [
+    ("explicit", "node(s) 2,3 memory-only (no usable CPU): booked only for a request naming them (-m)"),
+    ("ordinary", 'node(s) 2,3 memory-only (no usable CPU), booked like any node (memory_only_nodes = "ordinary")'),
+])
+def test_format_status_names_the_memory_only_nodes(mode, line):
+    status = {"policy": {"memory_only_nodes": mode},
+              "nodes": [{"id": 0, "kind": "cpu"}, {"id": 2, "kind": "memory-only"}, {"id": 3, "kind": "memory-only"}]}
+    assert line in format_status(status, now=0)
+    assert not any("memory-only" in text for text in format_status({"nodes": [{"id": 0, "kind": "cpu"}]}, now=0))
+
+
 def test_status_memory_asks_for_numa_maps(server, fake, capsys):
     assert run(status_cmd, ["status", "--memory", "--json"], server) == 0
     assert fake.calls[-1] == ("status", True)

@@ -34,6 +34,37 @@ def test_dry_run_with_a_memory_policy(server, fake, options, policy_line, membin
     assert fake.workloads == {}
 
 
+def with_memory_only_node(fake, monkeypatch, mode=None):
+    """The fake machine plus node 2, memory-only (a GPU's or a CXL expander's memory)."""
+    topology = fake.topology
+
+    def grown():
+        doc = topology()
+        nodes = [{**n, "kind": "cpu"} for n in doc["numa_nodes"]] + [{"id": 2, "cpus": "", "kind": "memory-only"}]
+        return {**doc, "numa_nodes": nodes, **({"memory_only_nodes": mode} if mode else {})}
+    monkeypatch.setattr(fake, "topology", grown)
+
+
+@pytest.mark.parametrize("option", ["-i", "-w", "-m"])
+def test_all_leaves_memory_only_nodes_out(server, fake, monkeypatch, option):
+    with_memory_only_node(fake, monkeypatch, "explicit")
+    out = run_numa_run(server, "--dry-run", option, "all", "--cpus", "1", "--", "true")
+    assert out.returncode == 0, out.stderr
+    assert admitted_request(fake).membind == [0, 1]
+
+
+def test_all_takes_memory_only_nodes_when_they_are_ordinary(server, fake, monkeypatch):
+    with_memory_only_node(fake, monkeypatch, "ordinary")
+    run_numa_run(server, "--dry-run", "-i", "all", "--cpus", "1", "--", "true")
+    assert admitted_request(fake).membind == [0, 1, 2]
+
+
+def test_a_memory_only_node_named_by_number_is_asked_for(server, fake, monkeypatch):
+    with_memory_only_node(fake, monkeypatch)
+    run_numa_run(server, "--dry-run", "-i", "0,2", "--cpus", "1", "--", "true")
+    assert admitted_request(fake).membind == [0, 2]
+
+
 def test_all_asks_the_agent_for_its_topology_only_when_needed(server, fake):
     assert run_numa_run(server, "--dry-run", "-i", "0", "--cpus", "1").returncode == 0
     assert "topology" not in fake.service_calls()

@@ -58,6 +58,8 @@ def test_bad_config_value(tmp_path):
     ('[[memory_manager.reserved_memory]]\nnuma_node = 0\n"hugepages-2M" = "1Gi"\n',
      ["memory_manager.reserved_memory[0].hugepages-2M", "did you mean 2Mi?"]),
     ('[devices.GPU]\nvendor = "0x10de"\n', ["devices.GPU", "invalid device resource name 'GPU'"]),
+    ('[memory_manager]\nmemory_only_nodes = "kubelet"\n',
+     ["memory_manager.memory_only_nodes", "'kubelet' is not one of explicit, ordinary"]),
 ])
 def test_a_spelling_mistake_is_a_configuration_error_not_a_misfit(tmp_path, text, needles):
     cfg = tmp_path / "c.toml"

@@ -18,9 +18,11 @@ def test_every_annotation_to_the_body():
     body = admission_body({
         "numa-agent.io/cpus": "4", "numa-agent.io/memory": "1Gi", "numa-agent.io/hugepages-2Mi": "16",
         "numa-agent.io/hugepages-1Gi": "1", "numa-agent.io/devices": "gpu=1, nic", "numa-agent.io/policy":
-        "single-numa-node", "numa-agent.io/pod": "p1", "io.podman.annotations.init": "FALSE"})
+        "single-numa-node", "numa-agent.io/pod": "p1", "numa-agent.io/membind": "0,250",
+        "io.podman.annotations.init": "FALSE"})
     assert body == {"cpus": 4, "shared": False, "memory_bytes": 1 << 30, "hugepages": {"2048": 16, "1048576": 1},
-                    "devices": {"gpu": 1, "nic": 1}, "policy": "single-numa-node", "pod": "p1"}
+                    "devices": {"gpu": 1, "nic": 1}, "policy": "single-numa-node", "pod": "p1",
+                    "membind": [0, 250]}
 
 
 def test_no_cpus_is_the_shared_pool():
@@ -36,12 +38,14 @@ def test_no_cpus_is_the_shared_pool():
     (["--device", "gpu=2", "--device", "nic=1"], "numa-agent.io/devices", "gpu=2,nic=1"),
     (["--policy", "restricted"], "numa-agent.io/policy", "restricted"),
     (["--pod", "web"], "numa-agent.io/pod", "web"),
+    (["-m", "0,250"], "numa-agent.io/membind", "0,250"),
+    (["-m", "0-1"], "numa-agent.io/membind", "0-1"),
 ])
 def test_an_annotation_means_what_numa_run_means(option, key, value):
     """The same words give the same request fields as numa-run's option."""
     expected = common.build_request(numa_run.parse_args([*option, "true"]))
     body = admission_body({key: value})
-    for field in ("cpus", "memory_bytes", "hugepages", "devices", "policy", "pod"):
+    for field in ("cpus", "memory_bytes", "hugepages", "devices", "policy", "pod", "membind"):
         assert body.get(field) == expected.get(field), field
 
 
@@ -57,6 +61,8 @@ def test_an_annotation_means_what_numa_run_means(option, key, value):
     ("numa-agent.io/devices", "=1", "invalid device '=1'", "RESOURCE=COUNT"),
     ("numa-agent.io/policy", "strict", "unknown topology manager policy 'strict'", "one of none, best-effort"),
     ("numa-agent.io/pod", "Web/1", "invalid pod name 'Web/1'", "a pod name (1-63 characters"),
+    ("numa-agent.io/membind", "all", "name the nodes by number", "NODES, NUMA node ids"),
+    ("numa-agent.io/membind", "0,x", "NUMA node", "NODES, NUMA node ids"),
     ("numa-agent.io/cpu", "2", "unknown numa-agent annotation", "one of numa-agent.io/cpus, numa-agent.io/memory"),
 ])
 def test_a_bad_annotation_names_itself_its_value_and_the_syntax(key, value, problem, syntax):

@@ -76,6 +76,13 @@ def test_bad_enum_value_lists_the_choices(tmp_path):
         "cpu_manager.policy: 'dynamic' is not one of None, Static, none, static"
     assert _error(tmp_path, '[agent]\ncpuset_partitions = "on"\n') == \
         "agent.cpuset_partitions: 'on' is not one of isolated, off, root"
+    assert _error(tmp_path, '[memory_manager]\nmemory_only_nodes = "kubelet"\n') == \
+        "memory_manager.memory_only_nodes: 'kubelet' is not one of explicit, ordinary"
+
+
+def test_memory_only_nodes_reaches_the_policy(tmp_path):
+    path = _write(tmp_path, '[memory_manager]\nmemory_only_nodes = "ordinary"\n')
+    assert load_config(path, required=True).policy.memory_only_nodes == "ordinary"
 
 
 def test_observe_section(tmp_path):

@@ -34,6 +34,19 @@ def test_json_output_matches_expected_node_cpulists(snapshot, capsys, name):
     assert CpuSet(online) == CpuSet.parse(exp["online_cpus"])
 
 
+def test_power9_gpu_memory_nodes_are_memory_only_in_json_and_text(snapshot, capsys):
+    root, _ = snapshot("power9-2s-smt4-gpu-numa-nodes")
+    assert main(["topology", "--sysfs-root", str(root), "--json"]) == 0
+    nodes = json.loads(capsys.readouterr().out)["numa_nodes"]
+    assert {n["id"]: n["kind"] for n in nodes} == {0: "cpu", 8: "cpu", 250: "memory-only", 251: "memory-only",
+                                                    252: "memory-only", 253: "memory-only",
+                                                    254: "memory-only", 255: "memory-only"}
+    assert nodes[2]["distances"]["0"] == 80
+    text = _topology_text(capsys, root)
+    assert "\nNUMA node 250 (memory-only): cpus (none), memory 15 GiB" in text
+    assert "\nNUMA node 0: cpus " in text
+
+
 @pytest.mark.parametrize("name", ["intel-snb-2s-2numa-pci-nvme-nic", "intel-haswell-2s-offline-cpus-node0"])
 def test_text_output(snapshot, capsys, name):
     root, exp = snapshot(name)
@@ -186,7 +199,7 @@ def test_json_keys_follow_the_design_contract():
                     "memory_total_bytes": 64 << 30, "memory_free_bytes": (64 << 30) - 16 * (1 << 20),
                     "hugepages": {"2048kB": {"total": 8, "free": 8, "surplus": 0},
                                   "1048576kB": {"total": 0, "free": 0, "surplus": 0}},
-                    "distances": {"0": 10, "1": 21}}
+                    "distances": {"0": 10, "1": 21}, "kind": "cpu"}
     assert out["cpus"][0] == {"id": 0, "online": True, "package": 0, "die": 0, "cluster": None, "core_id": 0,
                               "core": 0, "numa_node": 0, "l3": 0, "siblings": "0,8", "isolated": False}
     assert out["packages"] == [{"id": 0, "cpus": "0-3,8-11"}, {"id": 1, "cpus": "4-7,12-15"}]
@@ -253,7 +266,7 @@ def test_render_text_numactl_part_and_tree():
            "  package 0: cpus 0-1,4-5\n    die 0: cpus 0-1,4-5\n      L3 0 (<32768K>): cpus 0-1,4-5\n"
            "        L2 (<2048K>) + L1d (<48K>) + L1i (<32K>) + core 0: threads 0,4\n"
            "        L2 (<2048K>) + L1d (<48K>) + L1i (<32K>) + core 1: threads 1,5\n") in text
-    assert "NUMA node 250: cpus (none), memory 8 GiB" in text
+    assert "NUMA node 250 (memory-only): cpus (none), memory 8 GiB" in text
 
 
 def test_render_text_of_a_topology_made_without_caches_shows_its_l3_groups():

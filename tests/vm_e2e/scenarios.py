@@ -558,11 +558,63 @@ def s5_memory(g: Guest) -> str | None:
         check(anon.get(only, 0) < MIB, f"memory landed on CPU-less node {only} unasked: {anon}")
     w.stop()
     if g.kernel.memory_only_nodes:
-        # Asked explicitly, memory goes to the CPU-less node.
-        only = g.kernel.memory_only_nodes[0]
-        w, anon = _memory_workload(g, "mem-far", "--cpus", str(n), "--memory", "64Mi", "--membind", str(only))
-        g.check_pinned(w, expect_mems=CpuSet([only]))
-        check(anon.get(only, 0) >= 30 * MIB, f"--membind {only}: anon per node {anon}")
+        return _memory_only_nodes(g, n)
+    return None
+
+
+def numa_maps_anon(pid: int) -> dict[int, int]:
+    """A process's anonymous memory per NUMA node in bytes, from /proc/PID/numa_maps: the
+    mappings with no file behind them (heap, stacks, anonymous mmap), whose pages the
+    process itself placed (a file's page cache may sit where an earlier reader put it)."""
+    out: dict[int, int] = {}
+    for line in Path(f"/proc/{pid}/numa_maps").read_text().splitlines():
+        fields = dict(f.split("=", 1) for f in line.split()[2:] if "=" in f)
+        if "anon" not in fields or "file" in fields:
+            continue
+        page = int(fields.get("kernelpagesize_kB", "4")) << 10
+        for key, pages in fields.items():
+            if key[0] == "N" and key[1:].isdigit():
+                out[int(key[1:])] = out.get(int(key[1:]), 0) + int(pages) * page
+    return out
+
+
+def _memory_only_nodes(g: Guest, n: int) -> str:
+    """The CPU-less node is memory-only: out of a plain booking and of `-i all` (pages read
+    from /proc/PID/numa_maps), used when -m and -p name it, and a request over the CPU
+    nodes' memory is refused naming it."""
+    only, cpu_nodes = g.kernel.memory_only_nodes[0], g.kernel.cpu_nodes
+    memory_only = set(g.kernel.memory_only_nodes)
+
+    def pages_apart(w: Running, what: str) -> dict[int, int]:
+        anon = numa_maps_anon(w.proc.pid)
+        check(not memory_only & set(w.record["mems"]), f"{what}: booked memory nodes {w.record['mems']}")
+        check(all(anon.get(m, 0) == 0 for m in memory_only), f"{what}: pages on a memory-only node: {anon}")
+        return anon
+
+    w, _ = _memory_workload(g, "mem-plain", "--cpus", str(n), "--memory", "64Mi")
+    pages_apart(w, "a plain --memory booking")
+    w.stop()
+    w, _ = _memory_workload(g, "mem-all", "-i", "all", "--cpus", str(n))
+    anon = pages_apart(w, "-i all")
+    check(sorted(w.record["mems"]) == cpu_nodes and all(anon.get(c, 0) >= 8 * MIB for c in cpu_nodes),
+          f"-i all: mems {w.record['mems']}, anon per node {anon}: not interleaved over {cpu_nodes}")
+    w.stop()
+    near = cpu_nodes[0]
+    w, _ = _memory_workload(g, "mem-named", "--cpus", str(n), "--memory", "64Mi", "-m", f"{near},{only}",
+                            "-p", str(only))
+    g.check_pinned(w, expect_mems=CpuSet([near, only]))
+    anon = numa_maps_anon(w.proc.pid)
+    check(anon.get(only, 0) >= 30 * MIB, f"-m {near},{only} -p {only}: anon per node {anon}")
+    w.stop()
+    check(g.wait_released([w.name]), f"{w.name} still listed 30 s after it exited")  # its booking counts till then
+    free = sum(node["memory_bytes"]["free"] for node in g.status()["nodes"] if node["id"] in cpu_nodes)
+    r = g.numa_run("--cpus", "1", "--memory", str(free + 64 * MIB), command=("true",))
+    check(r.returncode == 125 and "TopologyAffinityError" in r.stderr
+          and f"to use memory-only node(s) {only}" in r.stderr,
+          f"--memory {(free + 64 * MIB) >> 20} MiB (over nodes {cpu_nodes}' free): exit {r.returncode}: "
+          f"{last_lines(r.stderr, 4)}")
+    return (f"node {only} memory-only: plain booking and -i all kept off it (numa_maps), "
+            f"-m {near},{only} -p {only} put {anon[only] >> 20} MiB there, an over-large request refused")
 
 
 def s6_release(g: Guest) -> str | None:

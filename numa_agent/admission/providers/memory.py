@@ -1,18 +1,31 @@
 """The memory manager as a provider: regular memory and hugepages (static
-policy), membind, and a pod member's memory limit inside its pod's budget."""
+policy), membind, and a pod member's memory limit inside its pod's budget.
+
+Memory-only nodes (`Machine.explicit_nodes`: GPU memory, CXL) are left out of
+the hints and the allocation of every request that does not name them in its
+membind; a request that would fit only with them is refused, saying how to
+name them."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Mapping
 
-from numa_agent.admission.errors import MemoryAllocationError
-from numa_agent.admission.memory_manager import MemoryRequest, allocate_memory, memory_hints, nodes_have
+from numa_agent.admission.errors import MemoryAllocationError, MemoryOnlyNodesError
+from numa_agent.admission.memory_manager import (
+    MemoryRequest,
+    allocate_memory,
+    memory_hints,
+    narrowest_fit,
+    nodes_have,
+)
 from numa_agent.admission.provider import NOTHING, Allocation
 from numa_agent.admission.request import Request
 from numa_agent.admission.view import AdmissionView
 from numa_agent.core.hints import HintSet, NumaMask
 from numa_agent.core.units import format_bytes
+
+TOPOLOGY_AFFINITY_ERROR = "TopologyAffinityError"
 
 
 def _memory_request(request: Request, view: AdmissionView) -> MemoryRequest:
@@ -38,9 +51,11 @@ class MemoryProvider:
         if request.membind is not None or not _wants_memory(request, view):
             return None
         machine, fenced = view.machine, view.fenced_nodes
-        nodes = [n for n in machine.node_ids if n not in fenced] if fenced else machine.node_ids
+        nodes = machine.ordinary_node_ids
+        if fenced:
+            nodes = tuple(n for n in nodes if n not in fenced)
         if request.within_mems is not None:
-            nodes = [n for n in nodes if n in request.within_mems]
+            nodes = tuple(n for n in nodes if n in request.within_mems)
         return memory_hints(machine.memory, view.memory_usage, mem_request, nodes)
 
     def allocate(self, request: Request, view: AdmissionView, affinity: NumaMask | None) -> Allocation:
@@ -50,18 +65,72 @@ class MemoryProvider:
         membind = None if request.membind is None else tuple(request.membind)
         if not _wants_memory(request, view):
             return NOTHING if membind is None else Allocation(mems=membind)
-        where = NumaMask(membind) if membind is not None else affinity
-        alloc = allocate_memory(view.machine.memory, view.memory_usage, _memory_request(request, view), where)
+        machine = view.machine
+        if membind is not None:
+            where: NumaMask | None = NumaMask(membind)
+        else:
+            where = _without_explicit(affinity, machine.explicit_nodes)
+        try:
+            alloc = allocate_memory(machine.memory, view.memory_usage, _memory_request(request, view), where,
+                                    nodes=machine.ordinary_node_ids)
+        except MemoryAllocationError as exc:
+            hint = None if membind is not None else memory_only_hint(request, view)
+            if hint is None:
+                raise
+            raise MemoryOnlyNodesError(f"{TOPOLOGY_AFFINITY_ERROR}: {exc}; {hint}") from None
         mems = membind if membind is not None else tuple(sorted({n for n, _, _ in alloc.amounts}))
         return Allocation(memory=alloc.amounts, memory_group=alloc.group.nodes(), mems=mems)
 
     def refusal_reason(self, request: Request, view: AdmissionView) -> str | None:
         wanted = request.resources.memory_bytes
+        hint = memory_only_hint(request, view) if request.membind is None else None
         if not wanted:
-            return None
-        memory_nodes = view.machine.memory.memory_nodes
-        free = [(int(n), v["memory_bytes"]) for n, v in view.free.items() if int(n) in memory_nodes]
-        return f"memory: requested {format_bytes(wanted)}, {nodes_have(free)}"
+            return hint
+        machine = view.machine
+        ordinary = set(machine.ordinary_node_ids)
+        memory_nodes = machine.memory.memory_nodes
+        free = [(int(n), v["memory_bytes"]) for n, v in view.free.items()
+                if int(n) in memory_nodes and int(n) in ordinary]
+        why = f"memory: requested {format_bytes(wanted)}, {nodes_have(free)}"
+        return why if hint is None else f"{why}; {hint}"
+
+
+def _without_explicit(affinity: NumaMask | None, explicit: tuple[int, ...]) -> NumaMask | None:
+    """The merged affinity less the memory-only nodes a request did not name."""
+    if affinity is None or not explicit:
+        return affinity
+    kept = affinity.bits & ~NumaMask.bits_of(explicit)
+    return NumaMask.from_bits(kept) if kept else None
+
+
+def memory_only_hint(request: Request, view: AdmissionView) -> str | None:
+    """When the request's memory fits only with memory-only nodes: which ones
+    would hold it and the -m that names them (with an ordinary node, so the
+    program's pages fill ordinary memory first); else None."""
+    machine = view.machine
+    if not machine.explicit_nodes or not _wants_memory(request, view):
+        return None
+    mem_request = _memory_request(request, view)
+    usage = view.memory_usage
+    if narrowest_fit(machine.memory, usage, mem_request, machine.ordinary_node_ids) is not None:
+        return None
+    fit = narrowest_fit(machine.memory, usage, mem_request, machine.node_ids)
+    if fit is None:
+        return None
+    held = set(machine.explicit_nodes)
+    memory_only = [n for n in fit.nodes() if n in held]
+    named = set(fit.nodes())
+    if not named - held:
+        first = memory_only[0]
+        candidates = [n for n in machine.ordinary_node_ids if n in machine.memory.memory_nodes]
+        if candidates:
+            named.add(min(candidates, key=lambda n: (machine.distances.get(first, {}).get(n, 255), n)))
+    listed = NumaMask(memory_only).format()
+    head = f"it fits only with memory-only node(s) {listed}, which a booking uses only when it names them"
+    if request.pod is not None:
+        return (f"{head}, and a pod's budget cannot name nodes (memory_manager.memory_only_nodes = "
+                f"\"ordinary\" lets every booking use them)")
+    return f"{head}: add -m {NumaMask(named).format()} to use memory-only node(s) {listed} (membind in the API)"
 
 
 def _check_pod_limit(request: Request, view: AdmissionView) -> None:
