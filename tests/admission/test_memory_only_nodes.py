@@ -86,6 +86,7 @@ def test_best_effort_spill_does_not_reach_the_memory_only_node():
     m = cxl_machine()
     with pytest.raises(Refusal) as refused:
         decide(m, spill_state(m), req("spill", cpus=2, memory_bytes=12 * GiB))
+    assert refused.value.code == "topology_affinity_error"  # as under the stricter policies
     assert "memory-only node(s) 2 " in refused.value.message
     assert "add -m 0,2 to use memory-only node(s) 2" in refused.value.message
 
