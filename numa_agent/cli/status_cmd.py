@@ -13,6 +13,7 @@ from numa_agent.core.units import format_bytes
 
 PROG = "numa-agent status"
 _COLUMNS = ("capacity", "reserved", "allocated", "free")
+INTRUDERS_SHOWN = 3  # per workload, without --intruders: more are counted, not listed
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -24,6 +25,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--memory", action="store_true",
                         help="also read the memory per NUMA node of workloads without a cgroup "
                              "(affinity mode: /proc/PID/numa_maps, costly); with a cgroup it is always shown")
+    parser.add_argument("--intruders", action="store_true",
+                        help="list every intruder and kernel thread on exclusive CPUs (by default: "
+                             f"the first {INTRUDERS_SHOWN} intruders of each workload, and counts)")
     parser.add_argument("--kubelet", action="store_true",
                         help="print the kubelet-shaped cpu_manager_state and memory_manager_state instead")
     common.add_socket_option(parser)
@@ -42,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         common.print_json(status)
     else:
-        print("\n".join(format_status(status, now=time.time())))
+        print("\n".join(format_status(status, now=time.time(), intruders=args.intruders)))
     return 0
 
 
@@ -153,8 +157,10 @@ def owner_lines(owners: list[dict[str, Any]]) -> list[str]:
     return ["", "use per owner:"] + _table(rows, right_from=4)
 
 
-def observation_lines(workloads: list[dict[str, Any]]) -> list[str]:
-    """Memory per node (and how much lies outside the booked nodes), then intruders."""
+def observation_lines(workloads: list[dict[str, Any]], intruders: bool = False) -> list[str]:
+    """Memory per node (and how much lies outside the booked nodes), then intruders:
+    every one with `intruders`, else the first few of each workload and a count, and
+    the kernel's threads as a count, so the workload table stays in sight."""
     lines = []
     for wl in workloads:
         numa = wl.get("memory_numa")
@@ -165,14 +171,24 @@ def observation_lines(workloads: list[dict[str, Any]]) -> list[str]:
         lines.append(f"memory {wl.get('name')}: {per_node or 'none'}" + (
             f"; outside booked nodes {format_bytes(outside)} ({numa['outside_ratio']:.1%})"
             if outside is not None else ""))
+    held_back = 0
     for wl in workloads:
-        for i in wl.get("intruders") or []:
+        found = wl.get("intruders") or []
+        shown = found if intruders else found[:INTRUDERS_SHOWN]
+        for i in shown:
             lines.append(f"INTRUDER on {wl.get('name')}'s CPU {i.get('cpu')}: pid {i.get('pid')} tid "
                          f"{i.get('tid')} ({i.get('command')})")
+        if len(found) > len(shown):
+            lines.append(f"INTRUDERS on {wl.get('name')}'s CPUs: {len(found) - len(shown)} more")
         kernel = wl.get("kernel_threads") or []
-        if kernel:
+        if kernel and intruders:
             lines.append(f"kernel threads on {wl.get('name')}'s CPUs: " + ", ".join(
                 f"{k.get('command')} (pid {k.get('pid')}, CPU {k.get('cpu')})" for k in kernel))
+        elif kernel:
+            lines.append(f"kernel threads on {wl.get('name')}'s CPUs: {len(kernel)}")
+        held_back += len(found) - len(shown) + (0 if intruders else len(kernel))
+    if held_back:
+        lines.append("(numa-agent status --intruders lists every intruder and kernel thread)")
     return [""] + lines if lines else []
 
 
@@ -187,7 +203,7 @@ def memory_only_lines(nodes: list[dict[str, Any]], policy: dict[str, Any]) -> li
     return [f"node(s) {listed} memory-only (no usable CPU): booked only for a request naming them (-m)"]
 
 
-def format_status(status: dict[str, Any], now: float) -> list[str]:
+def format_status(status: dict[str, Any], now: float, intruders: bool = False) -> list[str]:
     policy = status.get("policy") or {}
     lines = [f"enforcement: {status.get('enforcement', '-')}   topology policy: "
              f"{policy.get('topology', '-')} (scope {policy.get('scope', '-')})   "
@@ -207,7 +223,7 @@ def format_status(status: dict[str, Any], now: float) -> list[str]:
                      f"{','.join(str(n) for n in pod.get('numa_nodes') or []) or '-'} members "
                      f"{','.join(pod.get('members') or []) or '-'}{budget}")
     lines += owner_lines(status.get("quotas") or [])
-    lines += observation_lines(workloads)
+    lines += observation_lines(workloads, intruders)
     rebuilt = [wl for wl in workloads if wl.get("rebuilt")]
     if rebuilt:
         lines.append("")

@@ -100,6 +100,36 @@ def test_format_status_names_the_memory_only_nodes(mode, line):
     assert not any("memory-only" in text for text in format_status({"nodes": [{"id": 0, "kind": "cpu"}]}, now=0))
 
 
+def _crowded_workload(intruders: int, kernel_threads: int) -> dict:
+    return {"name": "web", "cpus": "2-3", "exclusive": True,
+            "intruders": [{"pid": 500 + i, "tid": 500 + i, "command": f"spin{i}", "cpu": 2}
+                          for i in range(intruders)],
+            "kernel_threads": [{"pid": 700 + i, "tid": 700 + i, "command": f"kworker/{i}", "cpu": 3}
+                               for i in range(kernel_threads)]}
+
+
+def test_format_status_keeps_the_table_in_sight_with_many_intruders():
+    lines = format_status({"workloads": [_crowded_workload(40, 80)]}, now=0)
+    assert sum(line.startswith("INTRUDER on web's CPU 2") for line in lines) == status_cmd.INTRUDERS_SHOWN
+    assert f"INTRUDERS on web's CPUs: {40 - status_cmd.INTRUDERS_SHOWN} more" in lines
+    assert "kernel threads on web's CPUs: 80" in lines
+    assert "(numa-agent status --intruders lists every intruder and kernel thread)" in lines
+    assert len(lines) < 20
+
+
+def test_format_status_intruders_lists_every_one():
+    lines = format_status({"workloads": [_crowded_workload(40, 2)]}, now=0, intruders=True)
+    assert sum(line.startswith("INTRUDER on web's CPU 2") for line in lines) == 40
+    assert "kernel threads on web's CPUs: kworker/0 (pid 700, CPU 3), kworker/1 (pid 701, CPU 3)" in lines
+    assert not any("more" in line or "--intruders" in line for line in lines)
+
+
+def test_format_status_a_few_intruders_need_no_flag():
+    lines = format_status({"workloads": [_crowded_workload(2, 0)]}, now=0)
+    assert "INTRUDER on web's CPU 2: pid 501 tid 501 (spin1)" in lines
+    assert not any("--intruders" in line for line in lines)
+
+
 def test_status_memory_asks_for_numa_maps(server, fake, capsys):
     assert run(status_cmd, ["status", "--memory", "--json"], server) == 0
     assert fake.calls[-1] == ("status", True)

@@ -96,7 +96,7 @@ def test_status_and_metrics_show_intruders_and_memory_per_node(tmp_path, make):
     assert values[("numa_agent_workload_memory_outside_bytes", (("workload", "web"),))] == 16 * MIB
     assert values[("numa_agent_workload_memory_outside_ratio", (("workload", "web"),))] == 0.2
 
-    text = "\n".join(format_status(status, now=0))
+    text = "\n".join(format_status(status, now=0, intruders=True))
     assert f"INTRUDER on web's CPU {cpu}: pid 500 tid 500 (spinner)" in text
     assert f"kernel threads on web's CPUs: kworker/u16:2 (pid 700, CPU {cpu})" in text
     assert f"memory web: node {min(node, other)} " in text and "outside booked nodes 16 MiB (20.0%)" in text
