@@ -4,8 +4,11 @@ what discovery sees."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 
+from numa_agent.api.client import ClientError, request
+from numa_agent.cli import common
 from numa_agent.discovery.pci_ids import PCI_IDS_PATHS, PciIdsFile
 from numa_agent.discovery.sysfs import DiscoveryError, read_topology
 from numa_agent.service.snapshot import SnapshotError, extract_snapshot, is_archive, remove_snapshot
@@ -19,9 +22,10 @@ def add_parser(subparsers) -> None:
         description="Discover NUMA nodes, CPUs, caches, memory, hugepages and PCI devices "
                     "from sysfs/procfs and print them.",
     )
-    p.add_argument("--sysfs-root", default="/", metavar="DIR|ARCHIVE",
-                   help="directory holding sys/ and proc/ (default: /), or a snapshot archive of one "
-                        "(.tar.gz, .tgz, .tar), as serve takes it")
+    p.add_argument("--sysfs-root", default=None, metavar="DIR|ARCHIVE",
+                   help="directory holding sys/ and proc/ (default: /, this host), or a snapshot archive "
+                        "of one (.tar.gz, .tgz, .tar), as serve takes it; without it, a note on stderr says "
+                        "when the agent at --socket simulates another machine")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
     p.add_argument("--all-devices", action="store_true",
                    help="list every PCI device (bridges, uncore, DMA engines, USB ...), not only "
@@ -29,11 +33,31 @@ def add_parser(subparsers) -> None:
     p.add_argument("--pci-ids", metavar="FILE", action="append",
                    help="the PCI ids database for vendor and device names (as lspci -i; default: the "
                         f"first of {', '.join(PCI_IDS_PATHS)}; if none is readable, ids are shown)")
+    common.add_socket_option(p)
     p.set_defaults(func=run)
+
+
+def agent_machine_note(args) -> str | None:
+    """When the agent at --socket simulates another machine than this host, which one
+    (None when it does not, or when no agent answers within a moment)."""
+    try:
+        status, health = request(common.resolve_socket(args), "GET", "/v1/health", timeout=2, busy_retry=0)
+    except ClientError:
+        return None
+    source = health.get("sysfs_root") if status == 200 else None
+    if not isinstance(source, str) or os.path.abspath(source) == "/":
+        return None
+    return (f"note: this is this host's machine; the agent at {common.resolve_socket(args)} simulates "
+            f"{source}: add --sysfs-root {source} to see it")
 
 
 def run(args) -> int:
     scratch = None
+    if args.sysfs_root is None:
+        args.sysfs_root = "/"
+        note = agent_machine_note(args)
+        if note is not None:
+            print(f"numa-agent topology: {note}", file=sys.stderr)
     try:
         root = args.sysfs_root
         if is_archive(root):

@@ -95,6 +95,9 @@ class AgentService:
                  user_name: UserNames = system_user_name, quotas: Quotas = NO_QUOTAS,
                  owner: Owners = system_owner) -> None:
         self.machine = machine
+        # Where the machine was discovered ("/": this host; else a captured sysfs tree or
+        # archive it simulates), so `numa-agent topology` can say which machine it shows.
+        self.sysfs_root = "/"
         # [quotas]: what each owner may hold; `owner` says who a uid is (its name
         # and groups), asked outside the lock: the user database may be remote.
         self.quotas = quotas
@@ -796,6 +799,7 @@ class AgentService:
         held = self._quarantined_views(state)
         out: dict[str, Any] = {"status": "ok", "enforcement": self.enforcer.mode, "reason": self.enforcer.reason,
                "uptime_seconds": round(self.clock() - self.started, 3), "version": VERSION,
+               "sysfs_root": self.sysfs_root,
                "workloads": len(state.workloads) - len(held),
                "quarantined": [{"name": q["name"], "cpus": q["cpus"], "pid": q["pid"]} for q in held]}
         trouble = self._checkpoint_trouble

@@ -70,6 +70,7 @@ class Agent:
         self.service: AgentService | None = None
         self.claim: StateDirClaim | None = None
         self.snapshot_dir: Path | None = None  # an extracted --sysfs-root archive
+        self.machine_source: str | None = None  # that archive, as health names the machine
 
     def start(self) -> "Agent":
         """Start, or raise StartupError having released whatever was taken."""
@@ -120,6 +121,7 @@ class Agent:
         except SnapshotError as exc:
             raise StartupError(str(exc)) from None
         log.info("sysfs snapshot %s extracted to %s", self.cfg.sysfs_root, root)
+        self.machine_source = os.path.abspath(self.cfg.sysfs_root)
         self.cfg = replace(self.cfg, sysfs_root=str(root))
 
     def _remove_snapshot(self) -> None:
@@ -169,6 +171,7 @@ class Agent:
                                isolate_default=cfg.isolate_default, isolate_gid=isolate_gid,
                                mark_key=mark_key, pci_names=PciIdsFile(), quotas=cfg.quotas)
         service.kubelet_files = _kubelet_state_files(cfg)
+        service.sysfs_root = self.machine_source or os.path.abspath(cfg.sysfs_root)
         service.revocation_copy = revocation_copy
         try:
             service.install(state)

@@ -23,6 +23,7 @@ GPU = {"resource": "gpu", "address": "0000:3b:00.0", "numa_node": 1, "vendor": "
 
 
 class FakeService:
+    sysfs_root = "/"  # the machine it answers for: this host
     def __init__(self, enforcement: str = "cgroup") -> None:
         self.enforcement = enforcement
         self.calls: list[tuple[str, Any]] = []
@@ -151,7 +152,7 @@ class FakeService:
     def health(self) -> dict:
         self._record("health", None)
         return {"status": "ok", "enforcement": self.enforcement, "reason": None,
-                "uptime_seconds": 1.0}
+                "uptime_seconds": 1.0, "sysfs_root": self.sysfs_root}
 
     def metrics_snapshot(self) -> dict:
         return {"status": self.status(), "counters": {}}

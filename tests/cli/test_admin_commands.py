@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from numa_agent.api.client import request
-from numa_agent.cli import explain_cmd, release_cmd, status_cmd
+from numa_agent.cli import explain_cmd, release_cmd, status_cmd, topology_cmd
 from numa_agent.cli.status_cmd import format_status
 
 
@@ -229,3 +229,31 @@ def test_status_says_which_isolation_setting_someone_else_changed():
     status = {"isolation": {"changed_by_others": [{"knob": "irq/24", "original": "0-7", "found": "0-1"}]}}
     assert isolation_status_lines(status, []) == [
         "", "isolation: irq/24 changed by someone else to '0-1' while held: left so, its original '0-7' not restored"]
+
+
+# ------------------------------------------------------------ topology
+def test_topology_says_when_the_agent_simulates_another_machine(server, fake, capsys):
+    fake.sysfs_root = "/srv/snapshots/intel-2s.tar.gz"
+    assert run(topology_cmd, ["topology", "--json"], server) == 0
+    err = capsys.readouterr().err
+    assert "the agent at " in err and "simulates /srv/snapshots/intel-2s.tar.gz" in err
+    assert "--sysfs-root /srv/snapshots/intel-2s.tar.gz" in err
+
+
+def test_topology_is_quiet_when_the_agent_reads_this_host(server, fake, capsys):
+    assert run(topology_cmd, ["topology", "--json"], server) == 0
+    assert capsys.readouterr().err == ""
+
+
+def test_topology_without_an_agent_is_quiet(sock_dir, capsys):
+    args = parse(topology_cmd, ["topology", "--json", "--socket", f"{sock_dir}/nobody.sock"])
+    assert args.func(args) == 0
+    assert capsys.readouterr().err == ""
+
+
+def test_topology_naming_a_root_does_not_ask_the_agent(server, fake, snapshot, capsys):
+    fake.sysfs_root = "/elsewhere"
+    root, _ = snapshot("intel-snb-2s-2numa-pci-nvme-nic")
+    assert run(topology_cmd, ["topology", "--json", "--sysfs-root", str(root)], server) == 0
+    assert "health" not in fake.service_calls()
+    assert capsys.readouterr().err == ""

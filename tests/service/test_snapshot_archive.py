@@ -44,6 +44,8 @@ def test_the_agent_serves_a_snapshot_archive_and_removes_its_extraction(tmp_path
         code, status = agent.call("GET", "/v1/status")
         assert code == 200 and status["enforcement"] == "simulated"
         assert [n["id"] for n in status["nodes"]] == [0, 1]
+        # health names the archive, not its temporary extraction: `topology` shows it
+        assert agent.call("GET", "/v1/health")[1]["sysfs_root"] == os.path.abspath(ARCHIVE)
         run = numa_run(agent.socket, "--cpus", "2", "--", "true")
         assert run.returncode == 0, run.stderr
     finally:
