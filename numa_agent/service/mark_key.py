@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import stat
+from typing import NamedTuple
 from pathlib import Path
 
 from numa_agent.core.mark import KEY_BYTES
@@ -26,7 +27,12 @@ class MarkKeyError(Exception):
     pass
 
 
-def load_or_create_key(path: Path) -> bytes:
+class MarkKey(NamedTuple):
+    secret: bytes
+    new: bool  # made by this call: no live mark can have been issued with it
+
+
+def load_or_create_key(path: Path) -> MarkKey:
     """The key at `path`; a new one if it is missing, or damaged (then the
     marks made with the old one no longer verify). Its directory must be one
     only root or the agent's user can change (state/trusted_dir.py), and every
@@ -39,22 +45,25 @@ def load_or_create_key(path: Path) -> bytes:
         return _load_or_create(held, path.name)
 
 
-def _load_or_create(held: TrustedDir, name: str) -> bytes:
+def _load_or_create(held: TrustedDir, name: str) -> MarkKey:
     path = held / name
+    made = False
     for _ in range(3):
         found, key = _read(held, name)
         if key is not None:
-            return key
+            return MarkKey(key, made)
         if found:  # decided on what was read, not on a second look another agent may race
             log.warning("mark key %s is damaged; replacing it (marks issued with it no longer verify)", path)
             held.rename(_temporary(held, name), name)
+            made = True
         elif _create(held, name):
             log.info("mark key %s created", path)
+            made = True
         # else another agent made it first: read theirs
     found, key = _read(held, name)
     if key is None:
         raise MarkKeyError(f"cannot make a usable mark key at {path}")
-    return key
+    return MarkKey(key, made)
 
 
 def _read(held: TrustedDir, name: str) -> tuple[bool, bytes | None]:
@@ -100,4 +109,4 @@ def _create(held: TrustedDir, name: str) -> bool:
         held.unlink(tmp, missing_ok=True)
 
 
-__all__ = ["KEY_NAME", "MarkKeyError", "load_or_create_key"]
+__all__ = ["KEY_NAME", "MarkKey", "MarkKeyError", "load_or_create_key"]

@@ -102,10 +102,12 @@ def is_trusted(key: bytes | None, p: MarkedProcess) -> bool:
 
 
 def reconcile(machine: Machine, state: AgentState, processes: Iterable[MarkedProcess], *,
-              key: bytes | None) -> Rebuild:
+              key: bytes | None, key_new: bool = False) -> Rebuild:
     """`state` with a workload rebuilt, or an entry held, for every trusted
     marked process whose workload it does not know (`key`: the mark key;
-    None: only root's unsigned marks are trusted); see the module doc."""
+    None: only root's unsigned marks are trusted); see the module doc.
+    `key_new`: the key was made at this start, so the marks that do not verify
+    are another agent's or an earlier key's, not forgeries: said once, quietly."""
     known = {w.name for w in state.workloads}
     followed = {w.pid for w in state.workloads if w.pid is not None}
     messages: list[tuple[int, str]] = []
@@ -118,12 +120,16 @@ def reconcile(machine: Machine, state: AgentState, processes: Iterable[MarkedPro
     for p in ordered:
         if is_trusted(key, p):
             leaders.setdefault(p.name, p)  # the oldest: younger ones are its children
-    for p in ordered:
-        leader = leaders.get(p.name)
-        if leader is None or (p is not leader and p.mark != leader.mark):
-            messages.append((logging.WARNING, f"unverified mark on pid {p.pid} uid {p.uid} name "
-                                              f"{p.name!r}: not issued by this agent for this process; "
-                                              "not rebuilt"))
+    unverified = [p for p in ordered if (leader := leaders.get(p.name)) is None
+                  or (p is not leader and p.mark != leader.mark)]
+    if key_new and unverified:
+        messages.append((logging.INFO, f"{len(unverified)} process(es) carry a {MARK} this agent's new mark "
+                                       "key did not sign (another agent's, or one made before the key was "
+                                       "replaced): not rebuilt; pids "
+                                       + ", ".join(str(p.pid) for p in unverified)))
+    elif unverified:
+        messages += [(logging.WARNING, f"unverified mark on pid {p.pid} uid {p.uid} name {p.name!r}: not "
+                                       "issued by this agent for this process; not rebuilt") for p in unverified]
     candidates = list(leaders.values())
     seen = {p.pid: p.affinity & machine.usable_cpus for p in candidates}
     rebuilt: list[str] = []
@@ -289,13 +295,14 @@ def _parse_nodes(text: str | None) -> tuple[int, ...]:
 
 
 def rebuild_from_live(machine: Machine, state: AgentState, enforcer: Enforcer,
-                      marked: Sequence[MarkedProcess] | None, key: bytes | None) -> Rebuild:
+                      marked: Sequence[MarkedProcess] | None, key: bytes | None,
+                      key_new: bool = False) -> Rebuild:
     """Reconcile `state` with the marked processes (None: the enforcer keeps
     its own record, nothing to do), log what was done, and follow each
     rebuilt workload's process; one that exited meanwhile is dropped."""
     if marked is None:
         return Rebuild(state)
-    result = reconcile(machine, state, marked, key=key)
+    result = reconcile(machine, state, marked, key=key, key_new=key_new)
     for level, text in result.messages:
         log.log(level, "%s", text)
     state, rebuilt = result.state, []

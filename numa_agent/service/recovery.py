@@ -72,11 +72,12 @@ class RecoveryReport:
 
 
 def restore(machine: Machine, store, enforcer: Enforcer, on_policy_change: str = "refuse",
-            uid_of=None, mark_key: bytes | None = None,
+            uid_of=None, mark_key: bytes | None = None, key_new: bool = False,
             revoked_copy: tuple[Revocation, ...] = ()) -> tuple[AgentState, RecoveryReport]:
     """The state to start from, and what was done to find it. `revoked_copy`:
     the revocations kept beside the mark key (service/revocation_copy.py),
-    which outlive a lost checkpoint."""
+    which outlive a lost checkpoint; `key_new`: the mark key was made at this
+    start, so no live mark can be this agent's."""
     fingerprint = machine.policy.fingerprint()
     marked = enforcer.live_marked()
     quarantined = generation = None
@@ -124,7 +125,7 @@ def restore(machine: Machine, store, enforcer: Enforcer, on_policy_change: str =
     state, adopted = _adopt(machine, state, enforcer, uid_of)
     state, engines = _adopt_engines(machine, state, enforcer)
     adopted += engines
-    live = rebuild_from_live(machine, state, enforcer, marked, mark_key)
+    live = rebuild_from_live(machine, state, enforcer, marked, mark_key, key_new=key_new)
     state = live.state
     report = RecoveryReport(restored=len(state.workloads), released=tuple(released),
                             adopted=tuple(adopted), quarantined=quarantined,

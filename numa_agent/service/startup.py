@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from numa_agent.enforcement.plan import AGENT_CGROUP
 from numa_agent.enforcement.processes import parse_cgroup
-from numa_agent.service.mark_key import KEY_NAME
+from numa_agent.service.mark_key import KEY_NAME, MarkKey
 from numa_agent.state.trusted_dir import UntrustedDirectory
 
 if TYPE_CHECKING:
@@ -157,12 +157,12 @@ class Agent:
         self._claim_endpoints()
         # Only now is anything written: cgroups, the checkpoint.
         store = CheckpointStore(self.claim.held if self.claim is not None else cfg.state_dir)
-        mark_key = _mark_key(cfg)
+        mark_key, key_new = _mark_key(cfg)
         revocation_copy = RevocationCopy(mark_key_path(cfg).parent)
         try:
             enforcer.setup()
             state, report = restore(machine, store, enforcer, cfg.on_policy_change, uid_of=_uid_of,
-                                    mark_key=mark_key, revoked_copy=revocation_copy.load())
+                                    mark_key=mark_key, key_new=key_new, revoked_copy=revocation_copy.load())
         except ConfigError as exc:
             raise StartupConfigError(str(exc)) from None
         except Exception as exc:
@@ -622,7 +622,7 @@ def mark_key_path(cfg) -> Path:
     return directory / KEY_NAME
 
 
-def _mark_key(cfg) -> bytes:
+def _mark_key(cfg) -> MarkKey:
     from numa_agent.service.mark_key import MarkKeyError, load_or_create_key
 
     try:

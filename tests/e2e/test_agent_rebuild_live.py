@@ -120,11 +120,13 @@ def test_a_forged_mark_of_another_user_gets_nothing_at_a_rebuild(tmp_path):
         os.setgid(65534)
         os.setuid(65534)
 
+    agent = AgentProcess(tmp_path / "agent", "--cgroup-root", "none")
+    agent.start()  # its mark key made, so the next start's marks are forged or its own
+    assert agent.stop() == 0
     forger = subprocess.Popen(["sleep", "60"], preexec_fn=as_nobody,
                               env={"PATH": os.environ.get("PATH", "/bin"), "NUMA_AGENT_WORKLOAD": "forged",
                                    "NUMA_AGENT_CPUS": "1", "NUMA_AGENT_EXCLUSIVE": "1",
                                    "NUMA_AGENT_MARK": "00" * 32})
-    agent = AgentProcess(tmp_path / "agent", "--cgroup-root", "none")
     try:
         agent.start()
         assert workloads(agent, forger.pid) == []

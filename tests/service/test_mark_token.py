@@ -83,21 +83,31 @@ def test_without_a_key_nothing_but_roots_unsigned_marks_is_trusted():
     assert out.rebuilt == () and out.state.workloads == ()
 
 
+def test_marks_under_a_new_key_are_said_once_and_quietly():
+    others = [marked(300 + i, f"w{i}", "2-3", uid=1000, mark=issue_mark(b"k" * 32, f"w{i}", 300 + i, 100))
+              for i in range(5)]
+    out = reconcile(machine_of(), AgentState(), others, key=KEY, key_new=True)
+    assert out.rebuilt == () and out.held == () and out.state.workloads == ()
+    assert not [text for level, text in out.messages if level >= logging.WARNING]
+    (said,) = [text for level, text in out.messages if level == logging.INFO]
+    assert said.startswith("5 process(es)") and "pids 300, 301, 302, 303, 304" in said
+
+
 # ---- the key -----------------------------------------------------------------------
 
 def test_the_key_is_private_and_survives_a_restart(tmp_path):
     path = tmp_path / "run" / "mark.key"
     path.parent.mkdir()
-    key = load_or_create_key(path)
-    assert len(key) == 32 and stat.S_IMODE(path.stat().st_mode) == 0o600
-    assert load_or_create_key(path) == key  # the next agent start reads it back
+    key, new = load_or_create_key(path)
+    assert new and len(key) == 32 and stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert load_or_create_key(path) == (key, False)  # the next agent start reads it back
     assert [p.name for p in path.parent.iterdir()] == ["mark.key"]  # no temporary left
 
 
 @pytest.mark.parametrize("damage", ["short", "empty", "readable by others", "symlink"])
 def test_a_damaged_key_is_replaced(tmp_path, damage):
     path = tmp_path / "mark.key"
-    old = load_or_create_key(path)
+    old = load_or_create_key(path).secret
     if damage == "short":
         path.write_bytes(old[:7])
     elif damage == "empty":
@@ -108,14 +118,14 @@ def test_a_damaged_key_is_replaced(tmp_path, damage):
         path.unlink()
         (tmp_path / "elsewhere").write_bytes(old)
         path.symlink_to(tmp_path / "elsewhere")
-    new = load_or_create_key(path)
-    assert len(new) == 32 and new != old and not path.is_symlink()
-    assert stat.S_IMODE(path.stat().st_mode) == 0o600 and load_or_create_key(path) == new
+    new, made = load_or_create_key(path)
+    assert made and len(new) == 32 and new != old and not path.is_symlink()
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600 and load_or_create_key(path).secret == new
 
 
 def _make_key(path: str, barrier, out) -> None:
     barrier.wait()
-    out.put(load_or_create_key(__import__("pathlib").Path(path)))
+    out.put(load_or_create_key(__import__("pathlib").Path(path)).secret)
 
 
 def test_two_agents_making_the_key_at_once_end_with_one_key(tmp_path):
@@ -210,9 +220,9 @@ def test_a_key_made_by_another_agent_right_after_we_found_none_is_taken_not_repl
         seen = real_read(held, name)
         if not theirs:
             monkeypatch.setattr(mark_key, "_read", real_read)
-            theirs.append(load_or_create_key(path))  # the other agent, in between
+            theirs.append(load_or_create_key(path).secret)  # the other agent, in between
             monkeypatch.setattr(mark_key, "_read", read_then_race)
         return seen
 
     monkeypatch.setattr(mark_key, "_read", read_then_race)
-    assert load_or_create_key(path) == theirs[0] == path.read_bytes()
+    assert load_or_create_key(path).secret == theirs[0] == path.read_bytes()
