@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
+from numa_agent.admission.allocation_score import resource_figures, tie_rank
 from numa_agent.admission.errors import AllocationError, NodeFencedError
 from numa_agent.admission.machine import Machine
 from numa_agent.admission.provider import NOTHING, Allocation, HintProvider
@@ -37,7 +38,7 @@ from numa_agent.admission.view import (
 )
 from numa_agent.core.cpuset import CpuSet
 from numa_agent.core.hints import HintSet, NumaMask
-from numa_agent.core.policy import POLICY_NAMES, TopologyPolicy
+from numa_agent.core.policy import POLICY_NAMES, STRATEGY_NAMES, AllocationStrategy, TopologyPolicy
 from numa_agent.core.units import format_bytes, page_size_text
 from numa_agent.state.model import AgentState, Booking, Pod, Workload, replace
 
@@ -125,6 +126,27 @@ def _policy(machine: Machine, req: Request) -> str:
     return req.policy or machine.policy.topology_policy
 
 
+def _strategy(machine: Machine, req: Request) -> AllocationStrategy:
+    if req.numa_allocation_strategy:
+        return AllocationStrategy(req.numa_allocation_strategy)
+    return machine.tm_options.numa_allocation_strategy
+
+
+def _tie_break(strategy: AllocationStrategy, tie, asked, machine: Machine, policy_name: str,
+               chosen: NumaMask) -> dict[str, Any]:
+    """What the numa-allocation-strategy did: the chosen set's score and, when it
+    broke a tie, the set the lowest-mask rule would have taken and its score."""
+    sign = 1 if strategy is AllocationStrategy.LEAST_ALLOCATED else -1
+    out: dict[str, Any] = {"strategy": strategy.value, "nodes": list(chosen.nodes()),
+                           "score": sign * tie(chosen.bits)}
+    plain = merge_decide([hints for _, hints in asked], machine.node_ids, policy_name,
+                         machine.tm_options, machine.distances).merged.mask
+    if plain is not None and plain != chosen:
+        out["instead_of"] = list(plain.nodes())
+        out["instead_of_score"] = sign * tie(plain.bits)
+    return out
+
+
 def _check_request(machine: Machine, req: Request) -> None:
     r = req.resources
     if r.cpus < 0 or r.memory_bytes < 0:
@@ -140,6 +162,10 @@ def _check_request(machine: Machine, req: Request) -> None:
     policy = _policy(machine, req)
     if policy not in POLICY_NAMES:
         raise InvalidRequest(f"unknown topology policy {policy!r}")
+    strategy = req.numa_allocation_strategy
+    if strategy is not None and strategy not in STRATEGY_NAMES:
+        raise InvalidRequest(f"unknown numa-allocation-strategy {strategy!r}; expected one of "
+                             f"{', '.join(STRATEGY_NAMES)}")
 
 
 def _check_node_lists(machine: Machine, req: Request) -> None:
@@ -256,11 +282,15 @@ def _merge(view: AdmissionView, req: Request, policy_name: str, providers: Provi
         hints = provider.hints(req, view)
         if hints is not None:
             asked.append((provider.name, hints))
+    strategy = _strategy(machine, req)
+    tie = tie_rank(strategy, [[resource_figures(view, name, r) for r in hints] for name, hints in asked])
     result = merge_decide([hints for _, hints in asked], machine.node_ids, policy_name,
-                          machine.tm_options, machine.distances)
+                          machine.tm_options, machine.distances, tie=tie)
     explanation["providers"] = _provider_summaries(asked, result)
     merged = result.merged
     explanation["merged"] = merged.to_json()
+    if tie is not None and merged.mask is not None:
+        explanation["tie_break"] = _tie_break(strategy, tie, asked, machine, policy_name, merged.mask)
     explanation["topology"] = _topology(policy_name, machine.policy.topology_scope, result.verdict)
     if not result.admit:
         reason = _topology_reason(view, req, providers, policy_name, result)

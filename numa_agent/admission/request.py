@@ -56,6 +56,7 @@ class Request:
     pid: int | None = None
     pid_identity: str | None = None  # see Workload.pid_identity
     policy: str | None = None  # overrides the configured topology policy
+    numa_allocation_strategy: str | None = None  # overrides the configured one
     physcpubind: CpuSet | None = None
     cpunodebind: tuple[int, ...] | None = None
     membind: tuple[int, ...] | None = None
@@ -78,6 +79,8 @@ class Request:
             out["within_mems"] = list(self.within_mems)
         if self.policy:
             out["policy"] = self.policy
+        if self.numa_allocation_strategy:
+            out["numa_allocation_strategy"] = self.numa_allocation_strategy
         if self.physcpubind is not None:
             out["physcpubind"] = self.physcpubind.format()
         if self.cpunodebind is not None:

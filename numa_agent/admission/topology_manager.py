@@ -70,10 +70,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 from numa_agent.core.hints import HintSet, NumaMask, TopologyHint
-from numa_agent.core.policy import POLICY_NAMES, SCOPE_NAMES, TopologyPolicy, TopologyScope
+from numa_agent.core.policy import POLICY_NAMES, SCOPE_NAMES, AllocationStrategy, TopologyPolicy, TopologyScope
 
 POLICIES = POLICY_NAMES
 SCOPES = SCOPE_NAMES
@@ -81,7 +81,7 @@ SCOPES = SCOPE_NAMES
 # fits() calls one merge may spend before it gives up exactness (see module doc).
 FITS_BUDGET = 200_000
 
-_KNOWN_OPTIONS = ("prefer-closest-numa-nodes", "max-allowable-numa-nodes")
+_KNOWN_OPTIONS = ("prefer-closest-numa-nodes", "max-allowable-numa-nodes", "numa-allocation-strategy")
 
 
 class TopologyConfigError(ValueError):
@@ -123,6 +123,7 @@ class TopologyManagerOptions:
 
     prefer_closest_numa_nodes: bool = False
     max_allowable_numa_nodes: int = 8
+    numa_allocation_strategy: AllocationStrategy = AllocationStrategy.NONE
 
     def __post_init__(self) -> None:
         if isinstance(self.max_allowable_numa_nodes, bool) or not isinstance(self.max_allowable_numa_nodes, int) \
@@ -149,12 +150,20 @@ class TopologyManagerOptions:
         if max_nodes is None or (isinstance(raw_max, float) and raw_max != max_nodes):
             raise TopologyConfigError(
                 f"topology manager option max-allowable-numa-nodes: expected a positive integer, got {raw_max!r}")
-        return cls(prefer_closest_numa_nodes=closest, max_allowable_numa_nodes=max_nodes)
+        raw_strategy = mapping.get("numa-allocation-strategy", AllocationStrategy.NONE.value)
+        try:
+            strategy = AllocationStrategy.parse(raw_strategy if isinstance(raw_strategy, str) else repr(raw_strategy))
+        except ValueError as exc:
+            raise TopologyConfigError(f"topology manager option {exc.args[0].removeprefix('unknown topology manager ')}"
+                                      ) from None
+        return cls(prefer_closest_numa_nodes=closest, max_allowable_numa_nodes=max_nodes,
+                   numa_allocation_strategy=strategy)
 
     def to_mapping(self) -> dict[str, str]:
         """The options in effect, by their kubelet names (as the config writes them)."""
         return {"prefer-closest-numa-nodes": "true" if self.prefer_closest_numa_nodes else "false",
-                "max-allowable-numa-nodes": str(self.max_allowable_numa_nodes)}
+                "max-allowable-numa-nodes": str(self.max_allowable_numa_nodes),
+                "numa-allocation-strategy": self.numa_allocation_strategy.value}
 
     def check_machine(self, policy: str, numa_node_count: int) -> None:
         """Refuse a machine with more NUMA nodes than allowed (policy none exempt)."""
@@ -203,11 +212,21 @@ def missing_distance(distances: Mapping[int, Mapping[int, int]] | None, nodes: S
     return None
 
 
-class _Order:
-    """The kubelet's order on merged masks as sort keys (smaller is better)."""
+TieScore = Callable[[int], int]
+"""A NUMA node set (bits) -> its numa-allocation-strategy rank among equally good
+sets (smaller first; see admission/allocation_score.py)."""
 
-    def __init__(self, closest: bool, distances: Mapping[int, Mapping[int, int]] | None, all_bits: int):
+
+class _Order:
+    """The kubelet's order on merged masks as sort keys (smaller is better):
+    width, then distance under prefer-closest-numa-nodes, then the
+    numa-allocation-strategy's rank (`tie`), then the lowest mask."""
+
+    def __init__(self, closest: bool, distances: Mapping[int, Mapping[int, int]] | None, all_bits: int,
+                 tie: TieScore | None = None):
         self.closest = closest
+        self.tie = tie
+        self._tie_cache: dict[int, int] = {}
         self._dist_cache: dict[int, int] = {}
         self._rows: dict[int, Mapping[int, int]] = {}
         if closest:
@@ -227,17 +246,25 @@ class _Order:
             self._dist_cache[bits] = cached
         return cached
 
-    def key(self, bits: int) -> tuple[int, int, int]:
-        return (bits.bit_count(), self.distance_sum(bits) if self.closest else 0, bits)
+    def rank(self, bits: int) -> int:
+        if self.tie is None:
+            return 0
+        cached = self._tie_cache.get(bits)
+        if cached is None:
+            cached = self._tie_cache[bits] = self.tie(bits)
+        return cached
 
-    def non_preferred_key(self, bits: int, best_count: int) -> tuple[int, int, int, int]:
+    def key(self, bits: int) -> tuple[int, int, int, int]:
+        return (bits.bit_count(), self.distance_sum(bits) if self.closest else 0, self.rank(bits), bits)
+
+    def non_preferred_key(self, bits: int, best_count: int) -> tuple[int, int, int, int, int]:
         count = bits.bit_count()
         tie = self.distance_sum(bits) if self.closest else 0
         if count == best_count:
-            return (0, 0, tie, bits)
+            return (0, 0, tie, self.rank(bits), bits)
         if count < best_count:
-            return (1, -count, tie, bits)
-        return (2, count, tie, bits)
+            return (1, -count, tie, self.rank(bits), bits)
+        return (2, count, tie, self.rank(bits), bits)
 
     def subsets(self, universe: int, width: int, budget: "_Budget") -> Iterator[int]:
         """Every `width`-node subset of `universe`, best first for this order."""
@@ -245,7 +272,7 @@ class _Order:
         n = len(positions)
         if width < 1 or width > n:
             return
-        if self.closest:
+        if self.closest or self.tie is not None:
             budget.spend(math.comb(n, width))
             yield from sorted(_gosper(positions, width), key=self.key)
         else:
@@ -584,7 +611,7 @@ def _non_preferred_phase(finite: list[Finite], gens: list[_Gen], all_bits: int, 
 
 def _merge(providers: Sequence[ProviderInput], numa_nodes: Sequence[int], policy: str,
            options: TopologyManagerOptions | None, distances, budget_limit: int = FITS_BUDGET,
-           ) -> tuple[TopologyHint, bool]:
+           tie: TieScore | None = None) -> tuple[TopologyHint, bool]:
     check_policy(policy)
     options = options or TopologyManagerOptions()
     if policy == "none":
@@ -592,7 +619,7 @@ def _merge(providers: Sequence[ProviderInput], numa_nodes: Sequence[int], policy
     all_bits = NumaMask.bits_of(numa_nodes)
     if not all_bits:
         raise ValueError("merge needs at least one NUMA node")
-    order = _Order(options.prefer_closest_numa_nodes and policy != "single-numa-node", distances, all_bits)
+    order = _Order(options.prefer_closest_numa_nodes and policy != "single-numa-node", distances, all_bits, tie)
     budget = _Budget(budget_limit)
     finite: list[Finite] = []
     gens: list[_Gen] = []
@@ -630,9 +657,10 @@ def _merge(providers: Sequence[ProviderInput], numa_nodes: Sequence[int], policy
 
 def merge(providers: Sequence[ProviderInput], numa_nodes: Sequence[int], policy: str,
           options: TopologyManagerOptions | None = None,
-          distances: Mapping[int, Mapping[int, int]] | None = None) -> TopologyHint:
-    """The merged hint for the providers' hints (see the module doc)."""
-    return _merge(providers, numa_nodes, policy, options, distances)[0]
+          distances: Mapping[int, Mapping[int, int]] | None = None, tie: TieScore | None = None) -> TopologyHint:
+    """The merged hint for the providers' hints (see the module doc); `tie`: the
+    numa-allocation-strategy's rank of equally good sets (None: the lowest mask)."""
+    return _merge(providers, numa_nodes, policy, options, distances, tie=tie)[0]
 
 
 def admit(policy: str, merged: TopologyHint) -> bool:
@@ -753,9 +781,9 @@ class MergeResult:
 
 def decide(providers: Sequence[ProviderInput], numa_nodes: Sequence[int], policy: str,
            options: TopologyManagerOptions | None = None,
-           distances: Mapping[int, Mapping[int, int]] | None = None) -> MergeResult:
+           distances: Mapping[int, Mapping[int, int]] | None = None, tie: TieScore | None = None) -> MergeResult:
     """Merge, admit, and summarise every provider's hints for explanations."""
-    merged, exact = _merge(providers, numa_nodes, policy, options, distances)
+    merged, exact = _merge(providers, numa_nodes, policy, options, distances, tie=tie)
     summaries = tuple(_summarize(i, name, hs) for i, name, hs in provider_resources(providers))
     return MergeResult(merged, admit(policy, merged), policy, summaries, exact)
 

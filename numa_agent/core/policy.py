@@ -66,5 +66,21 @@ class TopologyScope(StrEnum):
         return _parse(cls, value, "scope")
 
 
+class AllocationStrategy(StrEnum):
+    """The topology manager's numa-allocation-strategy (KEP-6007): how a tie
+    between equally good NUMA node sets is broken. Ties are those of equal width
+    (and, under prefer-closest-numa-nodes, equal distance); the strategy never
+    makes a hint preferred or narrower."""
+
+    NONE = "none"  # the lowest-numbered set, as ever
+    LEAST_ALLOCATED = "least-allocated"  # the emptiest: spread out
+    MOST_ALLOCATED = "most-allocated"  # the busiest: pack, leaving whole nodes free
+
+    @classmethod
+    def parse(cls, value: str) -> AllocationStrategy:
+        return _parse(cls, value, "numa-allocation-strategy")
+
+
 POLICY_NAMES: tuple[str, ...] = tuple(p.value for p in TopologyPolicy)
+STRATEGY_NAMES: tuple[str, ...] = tuple(s.value for s in AllocationStrategy)
 SCOPE_NAMES: tuple[str, ...] = tuple(s.value for s in TopologyScope)

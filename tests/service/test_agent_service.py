@@ -270,7 +270,8 @@ def test_status_accounting_adds_up(env):
     assert status["workloads"][0]["devices"][0]["numa_node"] == 1
     # The options in effect, with this product's defaults (none set in the config here).
     assert status["policy"]["topology_options"] == {"prefer-closest-numa-nodes": "true",
-                                                    "max-allowable-numa-nodes": "64"}
+                                                    "max-allowable-numa-nodes": "64",
+                                                    "numa-allocation-strategy": "none"}
     snap = service.metrics_snapshot()
     assert snap["counters"]["admission_requests_total"]["admitted"] == 1
 
