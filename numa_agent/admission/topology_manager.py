@@ -73,7 +73,14 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 from numa_agent.core.hints import HintSet, NumaMask, TopologyHint
-from numa_agent.core.policy import POLICY_NAMES, SCOPE_NAMES, AllocationStrategy, TopologyPolicy, TopologyScope
+from numa_agent.core.policy import (
+    POLICY_NAMES,
+    SCOPE_NAMES,
+    STRATEGY_NAMES,
+    AllocationStrategy,
+    TopologyPolicy,
+    TopologyScope,
+)
 
 POLICIES = POLICY_NAMES
 SCOPES = SCOPE_NAMES
@@ -151,11 +158,10 @@ class TopologyManagerOptions:
             raise TopologyConfigError(
                 f"topology manager option max-allowable-numa-nodes: expected a positive integer, got {raw_max!r}")
         raw_strategy = mapping.get("numa-allocation-strategy", AllocationStrategy.NONE.value)
-        try:
-            strategy = AllocationStrategy.parse(raw_strategy if isinstance(raw_strategy, str) else repr(raw_strategy))
-        except ValueError as exc:
-            raise TopologyConfigError(f"topology manager option {exc.args[0].removeprefix('unknown topology manager ')}"
-                                      ) from None
+        if raw_strategy not in STRATEGY_NAMES:
+            raise TopologyConfigError(f"topology manager option numa-allocation-strategy: unknown value "
+                                      f"{raw_strategy!r}; expected one of {', '.join(STRATEGY_NAMES)}")
+        strategy = AllocationStrategy(raw_strategy)
         return cls(prefer_closest_numa_nodes=closest, max_allowable_numa_nodes=max_nodes,
                    numa_allocation_strategy=strategy)
 

@@ -22,7 +22,7 @@ from numa_agent.admission.admit import InvalidRequest, Request, Resources
 from numa_agent.api.errors import BadRequest
 from numa_agent.core.cpuset import CpuSet, CpuSetParseError
 from numa_agent.core.names import NAME_RULE, is_resource_name, is_workload_name
-from numa_agent.core.policy import TopologyPolicy
+from numa_agent.core.policy import AllocationStrategy, TopologyPolicy
 from numa_agent.isolation.plan import IsolateSyntaxError, parse_kinds
 from numa_agent.service.caller import Caller
 from numa_agent.state.model import replace as replace_value
@@ -89,6 +89,7 @@ class AdmitRequest(msgspec.Struct, forbid_unknown_fields=True):
     hugepages: Hugepages = {}
     devices: Devices = {}
     policy: Policy | None = None
+    numa_allocation_strategy: AllocationStrategy | None = None
     physcpubind: Annotated[str, msgspec.Meta(max_length=MAX_CPU_LIST_CHARS)] | None = None
     cpunodebind: NodeList | None = None
     membind: NodeList | None = None
@@ -205,6 +206,7 @@ def to_admission_request(req: AdmitRequest, caller: Caller, *, name: str, create
     return Request(
         name=name, owner_uid=caller.uid, pid=caller.pid, pid_identity=caller.identity, resources=_resources(req),
         shared=req.shared, policy=req.policy, physcpubind=physcpubind,
+        numa_allocation_strategy=req.numa_allocation_strategy,
         cpunodebind=_node_ids(req.cpunodebind), membind=_node_ids(req.membind), pod=req.pod,
         pod_budget=_resources(req.pod_budget) if req.pod_budget is not None else None,
         command=tuple(req.command), created_unix=created_unix,

@@ -20,7 +20,7 @@ from numa_agent.core import request_syntax, units
 from numa_agent.core.cpuset import EMPTY, CpuSet
 from numa_agent.core.listforms import ListForm, ListFormError, parse_list_form, resolve
 from numa_agent.core.names import DEFAULT_SOCKET
-from numa_agent.core.policy import POLICY_NAMES
+from numa_agent.core.policy import POLICY_NAMES, STRATEGY_NAMES
 from numa_agent.core.topology import MEMORY_ONLY
 
 
@@ -224,6 +224,10 @@ def add_allocation_options(parser: argparse.ArgumentParser) -> None:
                      help="devices of one resource, e.g. gpu=1 (repeatable)")
     res.add_argument("--policy", choices=POLICY_NAMES,
                      help="topology manager policy for this request")
+    res.add_argument("--numa-allocation-strategy", choices=STRATEGY_NAMES, metavar="STRATEGY",
+                     help="how to choose among equally good NUMA nodes for this request: least-allocated "
+                          "(the emptiest: spread), most-allocated (the busiest: pack), none (the lowest); "
+                          "default: the agent's [topology_manager] option")
     res.add_argument("--name", help="workload name (default: chosen by the agent)")
     numactl = parser.add_argument_group(
         "explicit placement (numactl forms)",
@@ -283,7 +287,7 @@ def build_request(args: argparse.Namespace, command: list[str] | None = None,
     placement = {"physcpubind": resolve_cpus(args.physcpubind, context),
                  "cpunodebind": resolve_nodes(args.cpunodebind, context),
                  "membind": membind if membind is not None else resolve_nodes(args.membind, context)}
-    for key in ("name", "pod", "policy"):
+    for key in ("name", "pod", "policy", "numa_allocation_strategy"):
         value = getattr(args, key)
         if value is not None:
             req[key] = value
@@ -355,6 +359,12 @@ def explanation_lines(explanation: dict[str, Any]) -> list[str]:
     if merged:
         pref = "preferred" if merged.get("preferred") else "not preferred"
         lines.append(f"  merged hint: {_mask(merged.get('mask'))} {pref}")
+    tie = explanation.get("tie_break")
+    if tie:
+        text = f"  numa-allocation-strategy {tie.get('strategy')}: {_mask(tie.get('nodes'))} (allocated score {tie.get('score')})"
+        if tie.get("instead_of") is not None:
+            text += f", chosen over the lowest {_mask(tie['instead_of'])} (score {tie.get('instead_of_score')})"
+        lines.append(text)
     return lines
 
 

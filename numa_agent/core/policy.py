@@ -76,10 +76,6 @@ class AllocationStrategy(StrEnum):
     LEAST_ALLOCATED = "least-allocated"  # the emptiest: spread out
     MOST_ALLOCATED = "most-allocated"  # the busiest: pack, leaving whole nodes free
 
-    @classmethod
-    def parse(cls, value: str) -> AllocationStrategy:
-        return _parse(cls, value, "numa-allocation-strategy")
-
 
 POLICY_NAMES: tuple[str, ...] = tuple(p.value for p in TopologyPolicy)
 STRATEGY_NAMES: tuple[str, ...] = tuple(s.value for s in AllocationStrategy)

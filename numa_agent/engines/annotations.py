@@ -15,7 +15,7 @@ from numa_agent.core import request_syntax, units
 from numa_agent.core.cpuset import EMPTY
 from numa_agent.core.listforms import parse_list_form, resolve
 from numa_agent.core.names import NAME_RULE, is_workload_name
-from numa_agent.core.policy import POLICY_NAMES
+from numa_agent.core.policy import POLICY_NAMES, STRATEGY_NAMES
 
 PREFIX = "numa-agent.io/"
 HUGEPAGES = "hugepages-"
@@ -33,6 +33,8 @@ SYNTAX: dict[str, str] = {
     "membind": "NODES, NUMA node ids as numa-run -m takes them, e.g. 0,250 or 0-1 (numactl's all, + and ! "
                "are not taken here); the only way to book a memory-only node",
     "policy": "one of " + ", ".join(POLICY_NAMES),
+    "numa-allocation-strategy": "one of " + ", ".join(STRATEGY_NAMES)
+                                + " (how equally good NUMA nodes are chosen: spread, pack, or the lowest)",
     "pod": f"a pod name ({NAME_RULE})",
 }
 KNOWN = tuple(PREFIX + key for key in SYNTAX)
@@ -84,6 +86,13 @@ def admission_body(annotations: Mapping[str, Any]) -> dict[str, Any]:
     return body
 
 
+# annotation -> (body field, the names it takes, what it is)
+_CHOICES: dict[str, tuple[str, tuple[str, ...], str]] = {
+    "policy": ("policy", POLICY_NAMES, "topology manager policy"),
+    "numa-allocation-strategy": ("numa_allocation_strategy", STRATEGY_NAMES, "numa-allocation-strategy"),
+}
+
+
 def _apply(body: dict[str, Any], name: str, value: str) -> None:
     if name == "cpus":
         body["cpus"] = request_syntax.parse_count(value, "CPU count")
@@ -105,10 +114,11 @@ def _apply(body: dict[str, Any], name: str, value: str) -> None:
         if form.needs_context:  # the hook knows the machine no better than the container's author
             raise ValueError("name the nodes by number")
         body["membind"] = list(resolve(form, machine=EMPTY, allowed=EMPTY, what="NUMA node").ids())
-    elif name == "policy":
-        if value not in POLICY_NAMES:
-            raise ValueError(f"unknown topology manager policy {value!r}")
-        body["policy"] = value
+    elif name in _CHOICES:
+        field, names, what = _CHOICES[name]
+        if value not in names:
+            raise ValueError(f"unknown {what} {value!r}")
+        body[field] = value
     elif name == "pod":
         if not is_workload_name(value):
             raise ValueError(f"invalid pod name {value!r}")

@@ -157,7 +157,7 @@ def test_the_option_is_parsed_with_the_kubelets_spelling():
     assert opts.numa_allocation_strategy is AllocationStrategy.MOST_ALLOCATED
     assert opts.to_mapping()["numa-allocation-strategy"] == "most-allocated"
     assert TopologyManagerOptions.from_mapping({}).numa_allocation_strategy is AllocationStrategy.NONE
-    with pytest.raises(TopologyConfigError, match="numa-allocation-strategy 'spread'"):
+    with pytest.raises(TopologyConfigError, match="numa-allocation-strategy: unknown value 'spread'"):
         TopologyManagerOptions.from_mapping({"numa-allocation-strategy": "spread"})
 
 

@@ -195,6 +195,7 @@ HOSTILE_BODIES = {
     "pod name with slash": b'{"pod": "../etc"}',
     "bad utf-8": b'{"name": "\xff\xfe"}',
     "bad policy": b'{"policy": "always"}',
+    "bad numa-allocation-strategy": b'{"numa_allocation_strategy": "spread"}',
     "cpu list garbage": b'{"physcpubind": "0-3;rm"}',
     "cpu list huge id": b'{"physcpubind": "0-99999999"}',
     "duplicate node": b'{"membind": [0, 0]}',

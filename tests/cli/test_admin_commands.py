@@ -108,6 +108,14 @@ def _crowded_workload(intruders: int, kernel_threads: int) -> dict:
                                for i in range(kernel_threads)]}
 
 
+def test_the_explanation_says_the_strategy_broke_a_tie():
+    from numa_agent.cli.common import explanation_lines
+    lines = explanation_lines({"tie_break": {"strategy": "least-allocated", "nodes": [1], "score": 1,
+                                             "instead_of": [0], "instead_of_score": 33}})
+    assert lines == ["  numa-allocation-strategy least-allocated: {1} (allocated score 1), "
+                     "chosen over the lowest {0} (score 33)"]
+
+
 def test_format_status_keeps_the_table_in_sight_with_many_intruders():
     lines = format_status({"workloads": [_crowded_workload(40, 80)]}, now=0)
     assert sum(line.startswith("INTRUDER on web's CPU 2") for line in lines) == status_cmd.INTRUDERS_SHOWN

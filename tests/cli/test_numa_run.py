@@ -61,6 +61,8 @@ PARSE_TABLE = [
     (["--policy", "single-numa-node", "--name", "web-1", "x"],
      {"policy": "single-numa-node", "name": "web-1"}, ["x"]),
     (["--shared", "x"], {"shared": True}, ["x"]),
+    (["--numa-allocation-strategy", "least-allocated", "--cpus", "1", "x"],
+     {"numa_allocation_strategy": "least-allocated", "cpus": 1}, ["x"]),
     (["--pod", "p1", "--pod-cpus", "6", "--pod-memory", "1Gi", "--pod-device", "gpu=1",
       "--pod-hugepages", "2Mi=4", "--cpus", "2", "x"],
      {"pod": "p1", "cpus": 2, "pod_budget": {"cpus": 6, "memory_bytes": 1 << 30,

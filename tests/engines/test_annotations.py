@@ -37,6 +37,7 @@ def test_no_cpus_is_the_shared_pool():
     (["--hugepages", "2048kB=8"], "numa-agent.io/hugepages-2048kB", "8"),
     (["--device", "gpu=2", "--device", "nic=1"], "numa-agent.io/devices", "gpu=2,nic=1"),
     (["--policy", "restricted"], "numa-agent.io/policy", "restricted"),
+    (["--numa-allocation-strategy", "most-allocated"], "numa-agent.io/numa-allocation-strategy", "most-allocated"),
     (["--pod", "web"], "numa-agent.io/pod", "web"),
     (["-m", "0,250"], "numa-agent.io/membind", "0,250"),
     (["-m", "0-1"], "numa-agent.io/membind", "0-1"),
@@ -45,7 +46,8 @@ def test_an_annotation_means_what_numa_run_means(option, key, value):
     """The same words give the same request fields as numa-run's option."""
     expected = common.build_request(numa_run.parse_args([*option, "true"]))
     body = admission_body({key: value})
-    for field in ("cpus", "memory_bytes", "hugepages", "devices", "policy", "pod", "membind"):
+    for field in ("cpus", "memory_bytes", "hugepages", "devices", "policy", "pod", "membind",
+                  "numa_allocation_strategy"):
         assert body.get(field) == expected.get(field), field
 
 
@@ -57,6 +59,8 @@ def test_an_annotation_means_what_numa_run_means(option, key, value):
     ("numa-agent.io/hugepages-2M", "4", "did you mean 2Mi?", "COUNT pages"),
     ("numa-agent.io/hugepages-2Mi", "x", "invalid hugepage count 'x'", "COUNT pages"),
     ("numa-agent.io/devices", "gpu=0", "invalid device count '0'", "RESOURCE=COUNT"),
+    ("numa-agent.io/numa-allocation-strategy", "spread", "unknown numa-allocation-strategy 'spread'",
+     "one of none, least-allocated, most-allocated"),
     ("numa-agent.io/devices", "gpu=1,gpu=2", "device gpu given twice", "RESOURCE=COUNT"),
     ("numa-agent.io/devices", "=1", "invalid device '=1'", "RESOURCE=COUNT"),
     ("numa-agent.io/policy", "strict", "unknown topology manager policy 'strict'", "one of none, best-effort"),

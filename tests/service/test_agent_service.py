@@ -406,3 +406,17 @@ def test_topology_document_names_devices_from_the_pci_ids_given(env, tmp_path):
     keys = ("kind", "class_name", "vendor_name", "device_name")
     assert [plain[k] for k in keys] == ["gpu", None, None, None]
     assert [named[k] for k in keys] == ["gpu", "3D controller", "NVIDIA Corporation", "GA100 [A100 SXM4 40GB]"]
+
+
+def test_a_requests_numa_allocation_strategy_places_and_is_kept(env):
+    """The API's numa_allocation_strategy reaches the merge and the workload's
+    request; the next admission under the configured none goes back to node 0."""
+    machine, state_dir, root = env
+    service, _ = start(machine, state_dir, root)
+    first = service.admit(AdmitRequest(name="a", cpus=2), ME)
+    spread = service.admit(AdmitRequest(name="b", cpus=2, numa_allocation_strategy="least-allocated"), ME)
+    assert machine.nodes_of(CpuSet.parse(first["cpus"])) == (0,)
+    assert machine.nodes_of(CpuSet.parse(spread["cpus"])) == (1,)
+    saved = {w["name"]: w for w in CheckpointStore(state_dir).load()["workloads"]}
+    assert saved["b"]["request"]["numa_allocation_strategy"] == "least-allocated"
+    assert "numa_allocation_strategy" not in saved["a"]["request"]

@@ -220,7 +220,11 @@ def test_a_reserved_memory_mistake_names_the_key_and_the_value(tmp_path, entry, 
 @pytest.mark.parametrize("text,message", [
     ('[topology_manager]\noptions = { "prefer-closest-numa-node" = true }\n',
      "topology_manager.options: unknown topology manager option(s) 'prefer-closest-numa-node'; "
-     "known: prefer-closest-numa-nodes, max-allowable-numa-nodes"),
+     "known: prefer-closest-numa-nodes, max-allowable-numa-nodes, numa-allocation-strategy"),
+    ('[topology_manager]\noptions = { "numa-allocation-strategy" = "spread" }\n',
+     "topology_manager.options: topology manager option numa-allocation-strategy: unknown value 'spread'; "
+     "expected one of "
+     "none, least-allocated, most-allocated"),
     ('[topology_manager]\noptions = { "prefer-closest-numa-nodes" = "yes" }\n',
      "topology_manager.options: topology manager option prefer-closest-numa-nodes: expected true or "
      "false, got 'yes'"),

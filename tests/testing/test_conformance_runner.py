@@ -15,6 +15,7 @@ from numa_agent.testing.conformance.runner import ConformanceFileError, run
 
 ROOT = Path(__file__).resolve().parents[2]
 VECTORS = ROOT / "tests" / "fixtures" / "conformance" / "kubelet-vectors.json"
+KEP_6007 = ROOT / "tests" / "fixtures" / "conformance" / "kep-6007-vectors.json"
 SCRIPT = ROOT / "scripts" / "kubelet-conformance"
 
 
@@ -22,6 +23,23 @@ def test_every_kubelet_vector_passes():
     passed, failed, lines = run([VECTORS])
     assert lines[-1] == f"{passed} passed, 0 failed", "\n".join(lines)
     assert passed == 33 + 24 + 13 + 11
+
+
+def test_every_numa_allocation_strategy_vector_passes():
+    passed, failed, lines = run([KEP_6007])
+    assert lines[-1] == f"{passed} passed, 0 failed", "\n".join(lines)
+    assert passed == 9
+
+
+def test_the_strategy_vectors_depend_on_the_strategy(tmp_path):
+    """Under none, the vectors whose answer is not the lowest mask fail: they test the strategy."""
+    doc = json.loads(KEP_6007.read_text())
+    for case in doc["numa_allocation_strategy_merge"]:
+        case["policy_options"]["numa-allocation-strategy"] = "none"
+    path = tmp_path / "none.json"
+    path.write_text(json.dumps(doc))
+    _, failed, lines = run([path])
+    assert {line.split()[1] for line in lines[:-1]} == {"kep6007-001", "kep6007-005", "kep6007-007"}
 
 
 def _copy_with(tmp_path, mutate) -> Path:

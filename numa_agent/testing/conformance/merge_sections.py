@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from numa_agent.admission.allocation_score import tie_rank
 from numa_agent.admission.topology_manager import TopologyManagerOptions, decide
 from numa_agent.core.hints import HintSet, NumaMask, TopologyHint
 
@@ -48,15 +49,22 @@ def _expected(case: dict) -> TopologyHint:
     return TopologyHint(None if mask is None else NumaMask(mask), bool(raw["preferred"]))
 
 
+def _allocation(case: dict) -> list[list[dict[int, tuple[int, int]]]]:
+    """The scored providers' figures: per provider, per resource, node -> (assigned, allocatable)."""
+    return [[{int(node): (int(pair[0]), int(pair[1])) for node, pair in resource.items()} for resource in provider]
+            for provider in case.get("allocation") or []]
+
+
 def run_merge(case: dict, doc: dict) -> str | None:
     opts = {k: v for k, v in (case.get("policy_options") or {}).items() if k not in _VECTOR_ONLY_OPTIONS}
     options = TopologyManagerOptions.from_mapping(opts)
     providers = _providers(case)
     distances = _distances(case, doc)
     expected = _expected(case)
+    tie = tie_rank(options.numa_allocation_strategy, _allocation(case))
     problems = []
     for policy in case["policies"]:
-        result = decide(providers, case["numa_nodes"], policy, options, distances)
+        result = decide(providers, case["numa_nodes"], policy, options, distances, tie=tie)
         if result.merged != expected:
             problems.append(f"{policy}: merged {result.merged}, expected {expected}")
         want_admit = case["expected_admit"][policy]
@@ -67,4 +75,6 @@ def run_merge(case: dict, doc: dict) -> str | None:
 
 SECTIONS: dict[str, Section] = {
     "topology_manager_merge": run_merge,
+    # the same merge with numa-allocation-strategy and each scored provider's figures ("allocation")
+    "numa_allocation_strategy_merge": run_merge,
 }
