@@ -89,6 +89,8 @@ class Workload(_Value, frozen=True):
     # An engine's cgroup the workload is enforced on, as /proc/PID/cgroup names it
     # ("/libpod_parent/libpod-<id>"); None: a cgroup of the agent's own tree.
     cgroup: str | None = None
+    # Exclusive CPUs resizes added, oldest first: a shrink gives back the last first.
+    cpus_added: tuple[int, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return _without_unknown_identity(_to_json(self))
@@ -440,11 +442,13 @@ def _dec_hook(typ: type, value: Any) -> Any:
 
 
 def _without_unknown_identity(workload: dict[str, Any]) -> dict[str, Any]:
-    """pid_identity and an engine's cgroup are written only when there is one, so
-    older checkpoints read back unchanged."""
+    """pid_identity, an engine's cgroup and the CPUs resizes added are written only
+    when there are some, so older checkpoints read back unchanged."""
     for key in ("pid_identity", "cgroup"):
         if workload.get(key) is None:
             workload.pop(key, None)
+    if not workload.get("cpus_added"):
+        workload.pop("cpus_added", None)
     return workload
 
 

@@ -75,6 +75,8 @@ def reference_json(state):
         for key in ("pid_identity", "cgroup"):  # written only when there is one
             if w.get(key) is None:
                 w.pop(key, None)
+        if not w.get("cpus_added"):
+            w.pop("cpus_added", None)  # written only when a resize added CPUs
     if not out["isolation"]["originals"]:
         del out["isolation"]  # written only when the agent holds an isolation knob
     if not out["revoked"]:
