@@ -46,7 +46,13 @@ from numa_agent.api.errors import (
     ServerBusy,
 )
 from numa_agent.api.socket_file import SocketInUse, place_socket, remove_socket
-from numa_agent.api.validation import MAX_BODY_BYTES, parse_admit_request, parse_request_id, validate_name
+from numa_agent.api.validation import (
+    MAX_BODY_BYTES,
+    parse_admit_request,
+    parse_request_id,
+    parse_resize_request,
+    validate_name,
+)
 from numa_agent.enforcement.processes import process_identity
 from numa_agent.service.caller import Caller
 
@@ -142,8 +148,8 @@ def _body_length(method: str, headers: dict[str, str]) -> int:
         raise LengthRequired("chunked or other transfer encodings are not accepted; send Content-Length")
     raw = headers.get("content-length")
     if raw is None:
-        if method == "POST":
-            raise LengthRequired("POST needs a Content-Length header")
+        if method in ("POST", "PATCH"):
+            raise LengthRequired(f"{method} needs a Content-Length header")
         return 0
     if not raw.isascii() or not raw.isdigit() or len(raw) > 12:
         raise BadRequest(f"invalid Content-Length {raw[:20]!r}")
@@ -314,15 +320,19 @@ class _Router:
         return (200 if dry_run else 201), result
 
     def _workload(self, req: _Request, caller: Caller, raw_name: str) -> tuple[int, Any]:
-        if req.method != "DELETE":
+        if req.method not in ("DELETE", "PATCH"):
             raise MethodNotAllowed(f"{req.method[:20]} is not allowed on /v1/workloads/NAME",
-                                   details={"allowed": ["DELETE"]})
-        request_id = _query_request_id(req.query)
+                                   details={"allowed": ["DELETE", "PATCH"]})
         try:
             name = unquote(raw_name, errors="strict")
         except UnicodeDecodeError:
             raise BadRequest("workload name is not valid UTF-8") from None
         validate_name(name, "workload name")
+        if req.method == "PATCH":
+            _no_query(req.query)
+            resize = parse_resize_request(req.body)
+            return 200, self.service.resize(name, caller, cpus=resize.cpus, memory_bytes=resize.memory_bytes)
+        request_id = _query_request_id(req.query)
         if request_id is None:
             return 200, self.service.release(name, caller)
         return 200, self.service.release(name, caller, request_id=request_id)

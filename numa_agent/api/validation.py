@@ -118,6 +118,19 @@ def validate_name(name: str, what: str = "name") -> str:
 
 def parse_admit_request(body: bytes) -> AdmitRequest:
     """Decode and check a POST /v1/workloads body; return it normalised."""
+    return _check(_decoded_json(body, AdmitRequest))
+
+
+class ResizeRequest(msgspec.Struct, forbid_unknown_fields=True):
+    """PATCH /v1/workloads/NAME: the workload's new exclusive CPU count, its new
+    memory booking, or both."""
+
+    cpus: CpuCount | None = None
+    memory_bytes: Bytes | None = None
+
+
+def _decoded_json(body: bytes, kind: type):
+    """`body` decoded as `kind`; BadRequest saying what is wrong otherwise."""
     if len(body) > MAX_BODY_BYTES:
         raise BadRequest(f"request body is {len(body)} bytes; the limit is {MAX_BODY_BYTES}")
     try:
@@ -127,12 +140,19 @@ def parse_admit_request(body: bytes) -> AdmitRequest:
     if not body.strip():
         raise BadRequest("request body is empty; expected a JSON object")
     try:
-        req: AdmitRequest = msgspec.json.decode(body, type=AdmitRequest)
+        return msgspec.json.decode(body, type=kind)
     except msgspec.ValidationError as exc:
         raise BadRequest(f"invalid request: {exc}") from None
     except msgspec.DecodeError as exc:
         raise BadRequest(f"malformed JSON: {exc}") from None
-    return _check(req)
+
+
+def parse_resize_request(body: bytes) -> ResizeRequest:
+    """Decode and check a PATCH /v1/workloads/NAME body."""
+    req: ResizeRequest = _decoded_json(body, ResizeRequest)
+    if req.cpus is None and req.memory_bytes is None:
+        raise BadRequest("a resize names cpus, memory_bytes or both")
+    return req
 
 
 def _check(req: AdmitRequest) -> AdmitRequest:

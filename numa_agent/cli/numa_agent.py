@@ -21,6 +21,7 @@ SUBCOMMANDS = {
     "status": "status_cmd",
     "explain": "explain_cmd",
     "release": "release_cmd",
+    "resize": "resize_cmd",
     "pod-resources": "pod_resources_cmd",
     "oci-hook": "oci_hook_cmd",
     "slurm-node": "slurm_node_cmd",

@@ -35,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
         common.print_error(PROG, f"invalid workload name {args.name!r}")
         return 1
     try:
-        _, answer = common.call(args, "DELETE", f"/v1/workloads/{_quote(args.name)}")
+        _, answer = common.call(args, "DELETE", f"/v1/workloads/{quote_name(args.name)}")
     except common.CliError as exc:
         common.print_error(PROG, str(exc))
         return 1
@@ -66,7 +66,7 @@ def release_slurm_job(args: argparse.Namespace, job: str) -> int:
     released, failed = [], 0
     for name in names:
         try:
-            _, answer = common.call(args, "DELETE", f"/v1/workloads/{_quote(name)}")
+            _, answer = common.call(args, "DELETE", f"/v1/workloads/{quote_name(name)}")
         except common.AgentError as exc:
             if exc.status == 404:  # released meanwhile (its cgroup emptied): nothing left to do
                 continue
@@ -88,7 +88,7 @@ def release_slurm_job(args: argparse.Namespace, job: str) -> int:
     return 1 if failed else 0
 
 
-def _quote(name: str) -> str:
+def quote_name(name: str) -> str:
     # The agent rejects anything outside its name rule; percent-encode so the
     # request line stays well-formed and the agent's message names the input.
     return "".join(c if c.isascii() and (c.isalnum() or c in "-_.") else

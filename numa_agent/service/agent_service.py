@@ -38,6 +38,7 @@ from numa_agent.admission.admit import (
 from numa_agent.admission.machine import Machine
 from numa_agent.admission.quota import NO_QUOTAS, Owner, Quotas, check_quota, owner_usage, quota_view
 from numa_agent.admission.quota import REASON_CODE as QUOTA_EXCEEDED
+from numa_agent.admission.resize import resize as resize_workload
 from numa_agent.api.errors import (
     AdmissionRefused,
     BadRequest,
@@ -254,6 +255,42 @@ class AgentService:
             log.info("released %s (%s)%s", name, reason, f"; pod {pod.name} budget freed" if pod else "")
             return {"name": name, "released": True, "reason": reason,
                     "pod_released": pod.name if pod else None}
+
+    def resize(self, name: str, caller: Caller, cpus: int | None = None,
+               memory_bytes: int | None = None) -> dict:
+        """Grow or shrink `name`'s exclusive CPUs and memory in place: decided by the
+        pure core, then committed as an admission is (checkpoint, then enforcement,
+        kubelet files and isolation), so a crash leaves the old booking or the new."""
+        started = time.perf_counter()
+        owner = self.owner(caller.uid) if self.quotas else None
+        with self._lock:
+            w = self.state.workload(name)
+            if w is None:
+                raise NotFound(f"no workload named {name!r}")
+            if not caller.is_root and caller.uid != w.owner_uid:
+                raise Forbidden(f"workload {name!r} belongs to uid {w.owner_uid}; only its owner or root may resize it")
+            if is_quarantined(w):
+                raise Conflict(f"{name} is held for an operator, not a workload to resize")
+            try:
+                decision = resize_workload(self.machine, self.state, name, cpus=cpus, memory_bytes=memory_bytes)
+                if owner is not None:
+                    check_quota(self.quotas, owner, self.state, decision.state, decision.explanation)
+            except Refusal as exc:
+                self.counters.refused(exc.code, time.perf_counter() - started)
+                log.warning("resize of %s refused for uid %d: %s", name, caller.uid, exc.message)
+                refused = {"not_found": NotFound, "bad_request": BadRequest, "not_resizable": Conflict}.get(exc.code)
+                if refused is not None:
+                    raise refused(exc.message) from None
+                refused = {TopologyAffinityError.code: TopologyAffinityError,
+                           QUOTA_EXCEEDED: QuotaExceeded}.get(exc.code, AdmissionRefused)
+                raise refused(exc.message, details={**exc.explanation, "reason": exc.message,
+                                                    "reason_code": exc.code}) from None
+            self._commit(decision.state, move=None, caller=None)
+            resized = decision.workload
+            log.info("resized %s for uid %d: cpus %s -> %s, memory %s -> %s", name, caller.uid,
+                     w.booking.cpus.format() or "-", resized.booking.cpus.format() or "-",
+                     w.booking.memory_total("memory"), resized.booking.memory_total("memory"))
+            return self._admission_view(self.state, resized, decision.explanation, dry_run=False)
 
     def _revoked_after(self, state: AgentState, w: Workload, reason: str, asked: bool) -> AgentState:
         """`state` (without `w`) with the revocations of which a trace remains,

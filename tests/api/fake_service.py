@@ -106,6 +106,18 @@ class FakeService:
             del self.workloads[name]
             return {"name": name, "released": True, "cpus": wl["cpus"]}
 
+    def resize(self, name: str, caller: Caller, cpus: int | None = None, memory_bytes: int | None = None) -> dict:
+        self._record("resize", {"name": name, "cpus": cpus, "memory_bytes": memory_bytes}, caller)
+        with self.lock:
+            wl = self.workloads.get(name)
+            if wl is None:
+                raise NotFound(f"no workload named {name!r}")
+            if caller.uid != 0 and caller.uid != wl["owner_uid"]:
+                raise Forbidden(f"workload {name!r} belongs to uid {wl['owner_uid']}")
+            if cpus is not None:
+                wl["cpus"] = f"0-{cpus - 1}"
+            return {"name": name, "cpus": wl["cpus"], "memory_limit_bytes": memory_bytes}
+
     def list_workloads(self, viewer_uid: int | None = None) -> list[dict]:
         self._record("list_workloads", None)
         self.viewers.append(viewer_uid)

@@ -67,6 +67,30 @@ def test_admit_list_release(server, fake):
     assert fake.workloads == {}
 
 
+def test_patch_resizes_a_workload(server, fake):
+    request(server.socket_path, "POST", "/v1/workloads", {"name": "web-1", "cpus": 2})
+    status, body = request(server.socket_path, "PATCH", "/v1/workloads/web-1", {"cpus": 4, "memory_bytes": 1 << 30})
+    assert status == 200 and body["cpus"] == "0-3"
+    assert fake.calls[-1] == ("resize", {"name": "web-1", "cpus": 4, "memory_bytes": 1 << 30})
+
+
+@pytest.mark.parametrize("body,says", [
+    ({}, "names cpus, memory_bytes or both"),
+    ({"cpus": -1}, "invalid request"),
+    ({"cpus": 2, "memory": "1Gi"}, "invalid request"),
+])
+def test_a_bad_patch_is_400_and_the_service_is_not_asked(server, fake, body, says):
+    request(server.socket_path, "POST", "/v1/workloads", {"name": "web-1", "cpus": 2})
+    status, answer = request(server.socket_path, "PATCH", "/v1/workloads/web-1", body)
+    assert status == 400 and says in answer["error"]["message"]
+    assert fake.calls[-1][0] != "resize"
+
+
+def test_patch_of_an_unknown_workload_is_404(server):
+    status, _ = request(server.socket_path, "PATCH", "/v1/workloads/nope", {"cpus": 2})
+    assert status == 404
+
+
 def test_service_receives_normalized_request(server, fake):
     request(server.socket_path, "POST", "/v1/workloads",
             {"cpus": 1, "hugepages": {"2048": 4}, "physcpubind": "3,1-2", "membind": [1, 0]})

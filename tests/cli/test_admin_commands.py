@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from numa_agent.api.client import request
-from numa_agent.cli import explain_cmd, release_cmd, status_cmd, topology_cmd
+from numa_agent.cli import explain_cmd, release_cmd, resize_cmd, status_cmd, topology_cmd
 from numa_agent.cli.status_cmd import format_status
 
 
@@ -265,3 +265,22 @@ def test_topology_naming_a_root_does_not_ask_the_agent(server, fake, snapshot, c
     assert run(topology_cmd, ["topology", "--json", "--sysfs-root", str(root)], server) == 0
     assert "health" not in fake.service_calls()
     assert capsys.readouterr().err == ""
+
+
+# ------------------------------------------------------------ resize
+def test_resize(server, fake, capsys):
+    admit(server, {"name": "web-1", "cpus": 2})
+    assert run(resize_cmd, ["resize", "web-1", "--cpus", "4", "--memory", "2Gi"], server) == 0
+    assert capsys.readouterr().out.strip() == "resized web-1: cpus 0-3, memory 2 GiB"
+    assert fake.calls[-1] == ("resize", {"name": "web-1", "cpus": 4, "memory_bytes": 2 << 30})
+
+
+def test_resize_needs_something_to_change(server, capsys):
+    assert run(resize_cmd, ["resize", "web-1"], server) == 2
+    assert "give --cpus N, --memory SIZE or both" in capsys.readouterr().err
+
+
+def test_resize_of_an_unknown_workload_is_one_line_exit_1(server, capsys):
+    assert run(resize_cmd, ["resize", "nope", "--cpus", "2"], server) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "nope" in err[0]
