@@ -23,6 +23,7 @@ SCENARIOS = (
     "16-isolation",
     "17-kubelet",
     "19-release-sticks",
+    "20-resize",
     "18-memhot",  # last: its DIMM stays plugged
 )
 

@@ -1071,6 +1071,64 @@ def s19_release_sticks(g: Guest) -> str | None:
         b.stop()
 
 
+def _resize(g: Guest, socket: str, name: str, cpus: int) -> None:
+    done = subprocess.run([sys.executable, "-m", "numa_agent.cli.numa_agent", "resize", name, "--cpus", str(cpus),
+                           "--socket", socket], capture_output=True, text=True, timeout=ADMIT_TIMEOUT)
+    check(done.returncode == 0, f"numa-agent resize {name} --cpus {cpus}: exit {done.returncode} "
+                                f"{last_lines(done.stderr, 3)}")
+
+
+def s20_resize(g: Guest) -> str | None:
+    """A running workload is resized in place: its process's Cpus_allowed_list and its
+    cgroup follow a grow and a shrink (and its affinity in the fallback); kill -9 of the
+    agent while a resize is under way leaves one booking, old or new, that the process,
+    the cgroup and the shared pool agree on after the restart."""
+    w = g.launch("stretch", "--cpus", "1")
+    first, _ = g.check_pinned(w)
+    pid = w.proc.pid
+    _resize(g, g.agent.socket, "stretch", 2)
+    grown = CpuSet.parse(g.listed("stretch")["cpus"])
+    check(len(grown) == 2 and first.issubset(grown), f"grown to {grown.format()} from {first.format()}")
+    check(proc_allowed(pid)[0] == grown == cg_cpus(w.rel, "cpuset.cpus"),
+          f"after the grow pid {pid} runs on {proc_allowed(pid)[0].format()}, booked {grown.format()}")
+    _resize(g, g.agent.socket, "stretch", 1)
+    check(proc_allowed(pid)[0] == first == cg_cpus(w.rel, "cpuset.cpus"),
+          f"after the shrink pid {pid} runs on {proc_allowed(pid)[0].format()}, expected {first.format()}")
+    # kill -9 while a resize is on its way: whichever booking the checkpoint kept is the one enforced
+    racing = subprocess.Popen([sys.executable, "-m", "numa_agent.cli.numa_agent", "resize", "stretch", "--cpus",
+                               "2", "--socket", g.agent.socket], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(0.3)
+    g.agent.kill()
+    racing.wait(timeout=ADMIT_TIMEOUT)
+    g.start_agent()
+    after = CpuSet.parse(g.listed("stretch")["cpus"])
+    pool = CpuSet.parse(g.status()["shared_pool"])
+    check(after in (first, grown) or (len(after) == 2 and first.issubset(after)),
+          f"after kill -9 during a resize stretch holds {after.format()}, neither {first.format()} nor a grow of it")
+    check(proc_allowed(pid)[0] == after == cg_cpus(w.rel, "cpuset.cpus") and pool.isdisjoint(after),
+          f"after the restart pid {pid} runs on {proc_allowed(pid)[0].format()}, booked {after.format()}, "
+          f"pool {pool.format()}")
+    w.stop()
+    # the affinity fallback: the threads' affinity follows
+    b = AgentProcess(g.work / "agent-resize", "--cgroup-root", "none", "--metrics-address", "")
+    b.start(timeout=AGENT_START_TIMEOUT)
+    try:
+        proc, cpus = _marked_on(g, b, "stretch-affinity")
+        _resize(g, b.socket, "stretch-affinity", 2)
+        wide = CpuSet.parse(_listed_by(b, "stretch-affinity")["cpus"])
+        check(len(wide) == 2 and proc_allowed(proc.pid)[0] == wide,
+              f"affinity fallback: pid {proc.pid} runs on {proc_allowed(proc.pid)[0].format()}, booked {wide.format()}")
+        _resize(g, b.socket, "stretch-affinity", 1)
+        check(proc_allowed(proc.pid)[0] == cpus, f"affinity fallback: after the shrink pid {proc.pid} runs on "
+                                                  f"{proc_allowed(proc.pid)[0].format()}, expected {cpus.format()}")
+        proc.kill()
+        proc.wait()
+    finally:
+        b.stop()
+    return (f"stretch {first.format()} -> {grown.format()} -> {first.format()}; after kill -9 mid-resize "
+            f"{after.format()}; affinity fallback {cpus.format()} -> {wide.format()} -> {cpus.format()}")
+
+
 INFLIGHT_CLIENTS = 40
 # Under TCG 40 numa-runs starting together saturate the guest: the restarted agent took
 # 3.5 min to start in a first run. numa-run's retry budget (30 s by default) is the one
@@ -1785,6 +1843,7 @@ RUNNERS = {
     "16-isolation": s16_isolation,
     "17-kubelet": s17_kubelet,
     "19-release-sticks": s19_release_sticks,
+    "20-resize": s20_resize,
     "18-memhot": s18_memhot,
 }
 assert tuple(RUNNERS) == SCENARIOS
