@@ -12,8 +12,8 @@ from __future__ import annotations
 import logging
 import os
 import stat
-from typing import NamedTuple
 from pathlib import Path
+from typing import NamedTuple
 
 from numa_agent.core.mark import KEY_BYTES
 from numa_agent.state.trusted_dir import TrustedDir, open_directory, write_all
