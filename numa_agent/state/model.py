@@ -362,12 +362,12 @@ class AgentState(_Value, frozen=True, dict=True, weakref=True):
                 followed = value.after(removed, added)
                 if followed is not None:
                     new.memo[key] = followed
-        counting = [(key, value) for key, value in self.memo.items() if isinstance(value, FollowsWorkloads)]
+        counting = [(key, v) for key, v in self.memo.items() if isinstance(v, FollowsWorkloads)]
         if counting and self._workloads_sorted:
             gone = [w for w in map(self.workload, workloads) if w is not None]
             came = [w for w in map(new.workload, workloads) if w is not None]
-            for key, value in counting:
-                kept = value.after_workloads(gone, came)
+            for key, tally in counting:
+                kept = tally.after_workloads(gone, came)
                 if kept is not None:
                     new.memo[key] = kept
         for key in ("_workloads_sorted", "_pods_sorted"):
