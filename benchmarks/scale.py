@@ -83,6 +83,7 @@ class Row:
     admit_ms: list[float] = field(default_factory=list)
     release_ms: list[float] = field(default_factory=list)
     exclusive_live: int = 0
+    scrape_ms: list[float] = field(default_factory=list)  # GET /metrics at this live count
 
     def to_json(self) -> dict[str, Any]:
         return {"mode": self.mode, "kind": self.kind, "workloads": self.workloads, "kubelet": self.kubelet,
@@ -90,7 +91,9 @@ class Row:
                 "admit_p50_ms": percentile(self.admit_ms, 50),
                 "admit_p99_ms": percentile(self.admit_ms, 99),
                 "release_p50_ms": percentile(self.release_ms, 50),
-                "release_p99_ms": percentile(self.release_ms, 99)}
+                "release_p99_ms": percentile(self.release_ms, 99),
+                **({"scrape_p50_ms": percentile(self.scrape_ms, 50),
+                    "scrape_p99_ms": percentile(self.scrape_ms, 99)} if self.scrape_ms else {})}
 
 
 # ---------------------------------------------------------------------------
@@ -340,16 +343,32 @@ def measure_mode(mode: Mode, counts: Sequence[int], samples: int, workdir: Path,
             progress.say(f"{mode.name} (kubelet {mode.kubelet}): {count} live workloads ({exclusive} exclusive) after "
                          f"{time.monotonic() - started:.0f} s; timing probes", final=True)
             _check_live(agent, foreign + count)
+            scrapes = time_scrapes(agent.metrics_port, samples)
             for kind in kinds:
                 if profile_dir is not None:
                     (profile_dir / "flag").write_text(f"{mode.name}-{kind}-{count}")
                 admit_ms, release_ms = run_probes(agent.socket, kind, samples, f"{kind}-{count}")
                 (profile_dir / "flag").unlink() if profile_dir is not None else None
-                rows.append(Row(mode.name, kind, foreign + count, mode.kubelet, admit_ms, release_ms, exclusive))
+                rows.append(Row(mode.name, kind, foreign + count, mode.kubelet, admit_ms, release_ms, exclusive,
+                                scrapes))
     finally:
         stop_holders(holders)
         agent.stop()
     return rows
+
+
+def time_scrapes(port: int, samples: int) -> list[float]:
+    """Milliseconds per GET /metrics (after one warm-up), the same live workloads held."""
+    import urllib.request
+
+    out = []
+    for i in range(samples + 1):
+        started = time.perf_counter()
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as answer:
+            answer.read()
+        if i:
+            out.append((time.perf_counter() - started) * 1000)
+    return out
 
 
 def _live(agent) -> int:
@@ -384,8 +403,9 @@ def ratios(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             continue
         entry: dict[str, Any] = {"mode": mode, "kind": kind, "kubelet": kubelet, "low": low["workloads"],
                                  "high": high["workloads"]}
-        for key in ("admit_p50_ms", "admit_p99_ms", "release_p50_ms", "release_p99_ms"):
-            entry[key.replace("_ms", "_ratio")] = high[key] / low[key] if low[key] else None
+        for key in ("admit_p50_ms", "admit_p99_ms", "release_p50_ms", "release_p99_ms",
+                    "scrape_p50_ms", "scrape_p99_ms"):
+            entry[key.replace("_ms", "_ratio")] = high[key] / low[key] if low.get(key) and key in high else None
         out.append(entry)
     return out
 
@@ -436,6 +456,15 @@ def render(report: dict[str, Any]) -> str:
                             for k in ("admit_p50_ratio", "admit_p99_ratio",
                                       "release_p50_ratio", "release_p99_ratio"))]
                          for r in report["ratios"]])]
+        lines += ["", "GET /metrics per live count, and largest over smallest:",
+                  table(["mode", "kubelet", "live", "scrape p50 ms", "scrape p99 ms"],
+                        [[r["mode"], r.get("kubelet", "on"), str(r["workloads"]), fmt(r.get("scrape_p50_ms"), 2),
+                          fmt(r.get("scrape_p99_ms"), 2)] for r in rows if r["kind"] == rows[0]["kind"]]),
+                  table(["mode", "kubelet", "live", "scrape p50", "scrape p99"],
+                        [[r["mode"], r.get("kubelet", "on"), f"{r['high']}/{r['low']}",
+                          *(fmt(r[k], 2) + "x" if r.get(k) is not None else "-"
+                            for k in ("scrape_p50_ratio", "scrape_p99_ratio"))]
+                         for r in report["ratios"] if r["kind"] == rows[0]["kind"]])]
     if report.get("kubelet_ratios"):
         lines += ["", "kubelet interfaces (state files + PodResources gRPC) on over off, same run:",
                   table(["mode", "kind", "live", "admit p50 on ms", "admit p50 off ms", "admit p50",

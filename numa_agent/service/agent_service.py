@@ -78,6 +78,7 @@ from numa_agent.service.counters import Counters, ManagerOutcome
 from numa_agent.service.rebuild import REBUILT, is_quarantined
 from numa_agent.service.revocation_copy import RevocationCopy
 from numa_agent.service.revocations import hand_to_pool, process_lives, pruned, released_views, revocation_of
+from numa_agent.service.tally import workload_tally
 from numa_agent.state.checkpoint import CheckpointError
 from numa_agent.state.model import AgentState, IsolationLedger, Workload
 
@@ -821,6 +822,23 @@ class AgentService:
             "isolation": self.isolation.status(state) if self.isolation is not None else None,
         }
 
+    def _metrics_status(self, state: AgentState) -> dict:
+        """What the metrics read of status: the node figures and counts kept in
+        the state's memo (O(nodes), not O(workloads)), and per workload only
+        its name and exclusiveness, for the per-workload families the observer
+        fills (intruders, memory per node: a series per workload by nature)."""
+        tally = workload_tally(state)
+        return {
+            "enforcement": self.enforcer.mode,
+            "shared_pool": shared_pool(self.machine, state).format(),
+            "nodes": node_accounting(self.machine, state),
+            "workloads": [{"name": w.name, "exclusive": not w.shared} for w in state.workloads
+                          if not is_quarantined(w)] if self.observer is not None else [],
+            "workload_tally": {"held": tally.held, "lost": tally.lost},
+            "pod_count": len(state.pods),
+            "isolation": self.isolation.status(state) if self.isolation is not None else None,
+        }
+
     def topology(self) -> dict:
         if self._topology_json is not None:
             return self._topology_json()
@@ -862,7 +880,7 @@ class AgentService:
     def metrics_snapshot(self) -> dict:
         with self._lock:
             state = self.state
-            status, counters = self._status(state, None), self.counters.snapshot()
+            status, counters = self._metrics_status(state), self.counters.snapshot()
             knobs = self.isolation.knob_counts(state) if self.isolation else {}
         status["quotas"] = self._quota_views(state, {}) if self.quotas else []  # metrics: only owners with one
         return {"status": self._observed(state, status), "counters": counters, "isolation_knobs": knobs,

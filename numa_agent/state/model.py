@@ -135,6 +135,14 @@ class FollowsChanges:
         raise NotImplementedError
 
 
+class FollowsWorkloads:
+    """Like FollowsChanges, but told every workload that left and came, pod
+    members included (what counts workloads rather than bookings)."""
+
+    def after_workloads(self, removed: Sequence["Workload"], added: Sequence["Workload"]) -> "FollowsWorkloads | None":
+        raise NotImplementedError
+
+
 class IsolationLedger(_Value, frozen=True):
     """The original values of the isolation knobs the agent changed
     (numa_agent/isolation): recorded before the first write to a knob,
@@ -356,6 +364,14 @@ class AgentState(_Value, frozen=True, dict=True, weakref=True):
                 followed = value.after(removed, added)
                 if followed is not None:
                     new.memo[key] = followed
+        counting = [(key, v) for key, v in self.memo.items() if isinstance(v, FollowsWorkloads)]
+        if counting and self._workloads_sorted:
+            gone = [w for w in map(self.workload, workloads) if w is not None]
+            came = [w for w in map(new.workload, workloads) if w is not None]
+            for key, tally in counting:
+                kept = tally.after_workloads(gone, came)
+                if kept is not None:
+                    new.memo[key] = kept
         for key in ("_workloads_sorted", "_pods_sorted"):
             if mine.get(key) is True:
                 theirs[key] = True  # one entry replaced or dropped keeps the order

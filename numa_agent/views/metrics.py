@@ -126,15 +126,20 @@ class AgentCollector:
         families.append(_memory_short_family(status.get("nodes") or []))
 
         workloads = status.get("workloads") or []
+        # The service's metrics status gives the counts kept in its state's memo
+        # (constant per scrape); a full status view is counted here.
+        tally = status.get("workload_tally") or {
+            "held": len(workloads), "lost": sum(1 for w in workloads if w.get("lost"))}
+        pod_count = status.get("pod_count", len(status.get("pods") or []))
         families.append(GaugeMetricFamily(
-            PREFIX + "workloads", "Admitted workloads currently held.", value=len(workloads)))
+            PREFIX + "workloads", "Admitted workloads currently held.", value=tally["held"]))
         families.append(GaugeMetricFamily(
             PREFIX + "pods", "Pods (groups of workloads sharing a budget) currently held.",
-            value=len(status.get("pods") or [])))
+            value=pod_count))
         families.append(GaugeMetricFamily(
             PREFIX + "workloads_lost_resources",
             "Workloads that lost a CPU or device to hotplug since admission.",
-            value=sum(1 for w in workloads if w.get("lost"))))
+            value=tally["lost"]))
 
         families += self._observe_families(workloads, status.get("observe") or {})
         families += _quota_families(status.get("quotas") or [])

@@ -89,3 +89,35 @@ def test_kubelet_families_count_as_the_kubelet_counts(tmp_path):
     assert failed == {(("boundary", "numa_node"), ("scope", "container")): 1,  # huge
                       (("boundary", "numa_node"), ("scope", "pod")): 0,
                       (("boundary", "physical_cpu"), ("scope", "container")): 1}  # odd
+
+
+def test_scrape_is_byte_identical_to_one_over_the_full_status_view(tmp_path):
+    """The metrics' own status (counts kept in the state's memo) gives the same
+    exposition as the full per-workload status view it replaced."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from numa_agent.service.agent_service import VERSION
+    from numa_agent.views.metrics import AgentCollector
+
+    service = metrics_service(tmp_path)
+
+    def full_view() -> dict:
+        state = service.state
+        status = service._status(state, None)
+        status["quotas"] = service._quota_views(state, {}) if service.quotas else []
+        return {"status": service._observed(state, status), "counters": service.counters.snapshot(),
+                "isolation_knobs": service.isolation.knob_counts(state) if service.isolation else {},
+                "info": {"version": VERSION, "enforcement": service.enforcer.mode}}
+
+    def text(snapshot_fn) -> bytes:
+        registry = CollectorRegistry(auto_describe=True)
+        registry.register(AgentCollector(snapshot_fn, "x"))
+        return generate_latest(registry)
+
+    assert text(service.metrics_snapshot) == text(full_view)
+    for i in range(4):
+        service.admit(AdmitRequest(name=f"w{i}", cpus=1 + i % 2, memory_bytes=(i + 1) << 28), CALLER)
+        assert text(service.metrics_snapshot) == text(full_view)
+    service.admit(AdmitRequest(name="m0", pod="p", cpus=1, pod_budget=PodBudget(cpus=2)), CALLER)
+    service.release("w1", CALLER)
+    assert text(service.metrics_snapshot) == text(full_view)
