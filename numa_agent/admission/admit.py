@@ -283,7 +283,9 @@ def _merge(view: AdmissionView, req: Request, policy_name: str, providers: Provi
         if hints is not None:
             asked.append((provider.name, hints))
     strategy = _strategy(machine, req)
-    tie = tie_rank(strategy, [[resource_figures(view, name, r) for r in hints] for name, hints in asked])
+    # The figures are read only under a strategy: `none`, the default, costs nothing.
+    tie = None if strategy is AllocationStrategy.NONE else tie_rank(
+        strategy, [[resource_figures(view, name, r) for r in hints] for name, hints in asked])
     result = merge_decide([hints for _, hints in asked], machine.node_ids, policy_name,
                           machine.tm_options, machine.distances, tie=tie)
     explanation["providers"] = _provider_summaries(asked, result)

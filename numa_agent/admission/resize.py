@@ -25,7 +25,7 @@ from numa_agent.admission.cpu_take import take_by_topology
 from numa_agent.admission.errors import AllocationError
 from numa_agent.admission.machine import Machine
 from numa_agent.admission.memory_manager import free_bytes
-from numa_agent.admission.view import AdmissionView
+from numa_agent.admission.view import AdmissionView, pod_shared_cpus
 from numa_agent.core.cpuset import CpuSet
 from numa_agent.core.units import format_bytes
 from numa_agent.state.model import AgentState, Booking, Workload, replace
@@ -49,7 +49,10 @@ def resize(machine: Machine, state: AgentState, name: str, cpus: int | None = No
     request = dict(w.request)
     if cpus is not None:
         request["cpus"] = cpus
-    if memory_bytes is not None and memory_bytes != booking.memory_total("memory"):
+    if memory_bytes is not None and w.pod is not None:
+        _check_pod_memory(state, w, memory_bytes, explanation)  # a member's memory is a limit in the budget
+        request["memory_bytes"] = memory_bytes
+    elif memory_bytes is not None and memory_bytes != booking.memory_total("memory"):
         booking = _memory(view, w, booking, memory_bytes, explanation)
         request["memory_bytes"] = memory_bytes
     numa_nodes = tuple(sorted(set(booking.numa_nodes) | set(machine.nodes_of(booking.cpus))))
@@ -68,8 +71,6 @@ def _check_resizable(w: Workload, cpus: int | None, memory_bytes: int | None) ->
                                      "one (release it to give back all)")
     if memory_bytes is not None and memory_bytes < 1:
         raise Refusal("bad_request", "--memory must be at least one byte")
-    if w.pod is not None:
-        raise Refusal("not_resizable", f"{w.name} is a member of pod {w.pod}: members are not resized in place yet")
     if cpus is not None and (w.shared or not w.booking.cpus):
         raise Refusal("not_resizable", f"{w.name} runs on the shared pool: only exclusive CPUs are resized; "
                                        "start it with --cpus N to have them")
@@ -82,6 +83,8 @@ def _figures(w: Workload) -> dict[str, Any]:
 
 
 def _grow(view: AdmissionView, w: Workload, count: int, explanation: dict[str, Any]) -> tuple[Booking, tuple[int, ...]]:
+    if w.pod is not None:
+        return _grow_in_pod(view, w, count, explanation)
     machine, have = view.machine, w.booking.cpus
     free = view.allocatable_cpus
     needed = count - len(have)
@@ -112,6 +115,42 @@ def _grow(view: AdmissionView, w: Workload, count: int, explanation: dict[str, A
         raise Refusal("shared_pool_empty", f"growing {w.name} by CPUs {taken.format()} would leave the shared pool "
                                            "empty", explanation)
     return replace(w.booking, cpus=have | taken), (*w.cpus_added, *taken.ids())
+
+
+def _grow_in_pod(view: AdmissionView, w: Workload, count: int,
+                 explanation: dict[str, Any]) -> tuple[Booking, tuple[int, ...]]:
+    """A pod member grows inside its pod's budget: from the pod's CPUs no member
+    holds, its cores' siblings first, leaving sharing members a CPU."""
+    state, machine, have = view.state, view.machine, w.booking.cpus
+    pod = state.pod(w.pod) if w.pod is not None else None
+    if pod is None:
+        raise Refusal("not_resizable", f"{w.name}'s pod {w.pod} is not known")
+    free = pod_shared_cpus(state, pod)
+    needed = count - len(have)
+    if needed > len(free):
+        raise Refusal("insufficient_cpus", f"pod {pod.name!r}: cannot grow {w.name} to {count} CPUs: {len(free)} of "
+                                           f"the pod's {len(pod.booking.cpus)} are not taken by members", explanation)
+    siblings = CpuSet.union_of(core for core in machine.cpu_topology.core_cpus.values() if core & have) & free
+    taken = CpuSet(siblings.ids()[:needed])
+    if needed > len(taken):
+        taken = taken | take_by_topology(machine.cpu_topology, free - taken, needed - len(taken), machine.cpu_options)
+    sharing = [m.name for m in state.members_of(pod.name) if m.shared]
+    if sharing and not (free - taken):
+        raise Refusal("pod_shared_part_empty", f"pod {pod.name!r}: growing {w.name} to {count} CPUs would leave "
+                                               f"nothing for the members that share ({', '.join(sharing)})", explanation)
+    return replace(w.booking, cpus=have | taken), (*w.cpus_added, *taken.ids())
+
+
+def _check_pod_memory(state: AgentState, w: Workload, target: int, explanation: dict[str, Any]) -> None:
+    pod = state.pod(w.pod) if w.pod is not None else None
+    budget = pod.booking.memory_total("memory") if pod is not None else 0
+    if not budget:
+        return
+    others = sum(int(m.request.get("memory_bytes", 0)) for m in state.members_of(w.pod or "") if m.name != w.name)
+    if others + target > budget:
+        raise Refusal("insufficient_memory", f"pod {w.pod!r}: its members would use {format_bytes(others + target)} "
+                                             f"of memory, more than the pod's budget of {format_bytes(budget)}",
+                      explanation)
 
 
 def _shrink(machine: Machine, w: Workload, count: int) -> tuple[Booking, tuple[int, ...]]:

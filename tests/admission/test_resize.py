@@ -161,3 +161,37 @@ def test_cpus_added_survive_the_checkpoint_and_old_ones_read_back():
     plain.pop("cpus_added")
     assert Workload.from_json(plain).cpus_added == ()
     assert "cpus_added" not in state.workload("web").to_json()
+
+
+def pod_state(m):
+    from numa_agent.admission.request import Resources as R
+    state, _ = admitted(m, name="main", cpus=2, pod="pd", pod_budget=R(cpus=6, memory_bytes=4 * GiB))
+    state, _ = admitted(m, name="side", cpus=0, pod="pd", state=state)
+    return state
+
+
+def test_a_pod_member_grows_and_shrinks_inside_its_budget():
+    m = machine()
+    state = pod_state(m)
+    pod_cpus = state.pod("pd").booking.cpus
+    d = resize(m, state, "main", cpus=4)
+    assert len(d.workload.booking.cpus) == 4 and d.workload.booking.cpus.issubset(pod_cpus)
+    assert d.state.exclusive_cpus() == state.exclusive_cpus()  # the machine's pool does not change
+    back = resize(m, d.state, "main", cpus=2)
+    assert back.workload.booking.cpus == state.workload("main").booking.cpus
+
+
+def test_a_pod_member_keeps_a_cpu_for_the_members_that_share():
+    m = machine()
+    with pytest.raises(Refusal) as refused:
+        resize(m, pod_state(m), "main", cpus=6)
+    assert refused.value.code == "pod_shared_part_empty" and "side" in refused.value.message
+
+
+def test_a_pod_members_memory_stays_within_the_budget():
+    m = machine()
+    state = pod_state(m)
+    assert resize(m, state, "main", memory_bytes=3 * GiB).workload.request["memory_bytes"] == 3 * GiB
+    with pytest.raises(Refusal) as refused:
+        resize(m, state, "main", memory_bytes=5 * GiB)
+    assert refused.value.code == "insufficient_memory" and "budget" in refused.value.message

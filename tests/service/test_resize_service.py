@@ -119,3 +119,18 @@ def test_a_crash_after_the_checkpoint_leaves_the_new_booking_enforced_at_restart
     assert service2.state.workload("web").booking.cpus == booked
     assert CpuSet.parse(cg_file(root, "wl-web", "cpuset.cpus")) == booked
     assert CpuSet.parse(cg_file(root, "shared", "cpuset.cpus")).isdisjoint(booked)
+
+
+def test_a_pod_member_is_resized_inside_its_pod(env):
+    from numa_agent.api.validation import PodBudget
+    from numa_agent.enforcement.plan import workload_relpath
+    machine, state_dir, root = env
+    service, _ = start(machine, state_dir, root)
+    service.admit(AdmitRequest(name="main", pod="pd", cpus=2, pod_budget=PodBudget(cpus=6)), ME)
+    service.admit(AdmitRequest(name="side", pod="pd"), ME)
+    out = service.resize("main", ME, cpus=4)
+    grown = CpuSet.parse(out["cpus"])
+    rel = workload_relpath(service.state.workload("main"))
+    assert len(grown) == 4 and CpuSet.parse(cg_file(root, rel, "cpuset.cpus")) == grown
+    side = workload_relpath(service.state.workload("side"))
+    assert CpuSet.parse(cg_file(root, side, "cpuset.cpus")).isdisjoint(grown)
