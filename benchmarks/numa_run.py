@@ -1,6 +1,12 @@
-"""numa-run start-up cost: wall time of `numa-run --shared -- true` against a
-real agent, beside a bare interpreter start and `taskset`, plus what numa-run
-imports. Prints figures only; nothing here asserts a timing.
+"""numa-run start-up cost: wall time of `numa-run --cpus 1 -- true` and
+`numa-run --shared -- true` against a real agent, beside the same venv's
+`python -c pass`, a bare `python -I -S -c pass` and `taskset`, plus what
+numa-run imports.
+
+By default numa-run is measured as users get it: a wheel built from this
+checkout and installed (with its compiled .pyc) into a fresh venv, so the
+editable install's import finder is not counted. `--install checkout` measures
+the checkout's own venv instead. Prints figures only; nothing here asserts a timing.
 """
 
 from __future__ import annotations
@@ -23,6 +29,12 @@ from benchmarks.stats import fmt, percentile, table
 ROOT = Path(__file__).resolve().parent.parent
 # The same thing the console script does, so -X importtime sees its imports.
 CONSOLE_EQUIVALENT = "import sys; from numa_agent.cli.numa_run import main; sys.exit(main())"
+EXCLUSIVE = "numa-run --cpus 1 -- true"
+SHARED = "numa-run --shared -- true"
+PYTHON = "python -c pass"
+BARE = "python -I -S -c pass"
+TASKSET = "taskset -c 0 true"
+INSTALLS = ("wheel", "checkout")
 
 
 class BenchError(RuntimeError):
@@ -33,46 +45,93 @@ class BenchError(RuntimeError):
 class Command:
     name: str
     argv: tuple[str, ...]
+    exclusive: bool = False  # books a CPU: wait for its release before the next run
 
 
-def commands(socket_path: str) -> list[Command]:
-    """numa-run both ways (console script when this interpreter has one), a
-    bare interpreter, and taskset."""
-    py = sys.executable
-    out = []
-    script = Path(sys.executable).parent / "numa-run"
-    if script.is_file() and os.access(script, os.X_OK):
-        out.append(Command("numa-run (console script)",
-                           (str(script), "--socket", socket_path, "--shared", "--", "true")))
-    out.append(Command("python -m numa_agent.cli.numa_run",
-                       (py, "-m", "numa_agent.cli.numa_run", "--socket", socket_path, "--shared", "--", "true")))
-    out.append(Command("python3 -I -S -c pass", (py, "-I", "-S", "-c", "pass")))
+@dataclass(frozen=True)
+class Install:
+    """Where numa-run is measured from: its venv's interpreter and console script, and
+    the environment and directory its children run with."""
+    kind: str
+    python: str
+    script: str | None
+    env: dict[str, str]
+    cwd: str
+
+
+def commands(socket_path: str, install: Install) -> list[Command]:
+    """numa-run exclusive and shared (the console script, else python -m), the same
+    venv's bare interpreter start with and without site, and taskset."""
+    py = install.python
+    if install.script:
+        launcher: tuple[str, ...] = (install.script,)
+    else:
+        launcher = (py, "-m", "numa_agent.cli.numa_run")
+    out = [Command(EXCLUSIVE, (*launcher, "--socket", socket_path, "--cpus", "1", "--", "true"), True),
+           Command(SHARED, (*launcher, "--socket", socket_path, "--shared", "--", "true")),
+           Command(PYTHON, (py, "-c", "pass")),
+           Command(BARE, (py, "-I", "-S", "-c", "pass"))]
     taskset = shutil.which("taskset")
     if taskset:
-        out.append(Command("taskset -c 0 true", (taskset, "-c", "0", "true")))
+        out.append(Command(TASKSET, (taskset, "-c", "0", "true")))
     return out
 
 
-def child_env() -> dict[str, str]:
-    """From a checkout, make `agent` importable whatever the working directory."""
+def checkout_install() -> Install:
+    """This interpreter (the checkout's venv); the checkout importable from anywhere."""
     env = dict(os.environ)
     if (ROOT / "numa_agent" / "__init__.py").is_file():
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
-    return env
+    script = Path(sys.executable).parent / "numa-run"
+    usable = script.is_file() and os.access(script, os.X_OK)
+    return Install("checkout", sys.executable, str(script) if usable else None, env, str(ROOT))
 
 
-def time_command(cmd: Command, runs: int, env: dict[str, str]) -> list[float]:
-    """Wall milliseconds of `runs` runs after one untimed warm-up run."""
+def wheel_install(workdir: Path) -> Install:
+    """A wheel of this checkout installed into a fresh venv (no dependencies: the
+    launch path must need none), its .pyc compiled by pip as for any user."""
+    wheels, venv = workdir / "wheel", workdir / "venv"
+    print("bench-numa-run: building a wheel of the checkout and installing it in a fresh venv...",
+          file=sys.stderr)
+    steps = ([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
+              "--disable-pip-version-check", "-w", str(wheels), str(ROOT)],
+             [sys.executable, "-m", "venv", "--without-pip", str(venv)])
+    for argv in steps:
+        _run_step(argv)
+    built = sorted(wheels.glob("numa_agent-*.whl"))
+    if not built:
+        raise BenchError(f"pip wheel made no numa_agent wheel in {wheels}")
+    python = venv / "bin" / "python"
+    # The checkout's pip installs into the new venv (--prefix would skip its console scripts).
+    _run_step([sys.executable, "-m", "pip", "--python", str(python), "install", "--quiet", "--no-deps",
+               "--no-index", "--disable-pip-version-check", str(built[-1])])
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+    return Install("wheel", str(python), str(venv / "bin" / "numa-run"), env, str(workdir))
+
+
+def _run_step(argv: Sequence[str]) -> None:
+    proc = subprocess.run(list(argv), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if proc.returncode != 0:
+        raise BenchError(f"{' '.join(argv[:4])} ... failed ({proc.returncode}): {proc.stdout.strip()[-500:]}")
+
+
+def time_command(cmd: Command, runs: int, install: Install,
+                 settle=lambda: None) -> list[float]:
+    """Wall milliseconds of `runs` runs after one untimed warm-up run; `settle` (untimed)
+    runs after each exclusive one, until the agent has released its CPU."""
     samples = []
     for i in range(runs + 1):
         t0 = time.perf_counter_ns()
-        proc = subprocess.run(cmd.argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+        proc = subprocess.run(cmd.argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                              env=install.env, cwd=install.cwd)
         elapsed = (time.perf_counter_ns() - t0) / 1e6
         if proc.returncode != 0:
             raise BenchError(f"{cmd.name} exited with {proc.returncode}: "
                              f"{proc.stderr.decode(errors='replace').strip()[-500:]}")
         if i:
             samples.append(elapsed)
+        if cmd.exclusive:
+            settle()
     return samples
 
 
@@ -94,10 +153,13 @@ def parse_importtime(stderr: str) -> list[dict[str, Any]]:
     return rows
 
 
-def import_profile(socket_path: str, env: dict[str, str], top: int = 10) -> dict[str, Any]:
-    argv = [sys.executable, "-X", "importtime", "-c", CONSOLE_EQUIVALENT,
-            "--socket", socket_path, "--shared", "--", "true"]
-    proc = subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, text=True)
+def import_profile(socket_path: str, install: Install, top: int = 10) -> dict[str, Any]:
+    """numa-run's imports on the exclusive launch, under `python -X importtime` (the
+    slowest `top` by cumulative time). A CPU is booked: the caller waits for its release."""
+    argv = [install.python, "-X", "importtime", "-c", CONSOLE_EQUIVALENT,
+            "--socket", socket_path, "--cpus", "1", "--", "true"]
+    proc = subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=install.env,
+                          cwd=install.cwd, text=True)
     if proc.returncode != 0:
         raise BenchError(f"numa-run under -X importtime exited with {proc.returncode}: "
                          f"{proc.stderr.strip()[-500:]}")
@@ -119,42 +181,55 @@ def start_agent(workdir: Path):
     return AgentProcess(workdir, "--cgroup-root", "none", "--log-level", "warning")
 
 
-def measure(runs: int) -> dict[str, Any]:
-    env = child_env()
+def wait_released(agent, timeout: float = 5.0) -> None:
+    """Until the agent holds no workload (a numa-run's `true` has exited and been released)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        _, body = agent.call("GET", "/v1/workloads")
+        if not body.get("workloads"):
+            return
+        time.sleep(0.002)
+    raise BenchError(f"the agent still holds workloads {timeout:g} s after numa-run exited")
+
+
+def measure(runs: int, install_kind: str = "wheel") -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="bench-numa-run-") as tmp:
-        agent = start_agent(Path(tmp))
+        install = wheel_install(Path(tmp)) if install_kind == "wheel" else checkout_install()
+        agent = start_agent(Path(tmp) / "agent")
         try:
             agent.start()
             results = []
-            for cmd in commands(agent.socket):
-                samples = time_command(cmd, runs, env)
+            for cmd in commands(agent.socket, install):
+                samples = time_command(cmd, runs, install, settle=lambda: wait_released(agent))
                 results.append({"name": cmd.name, "argv": list(cmd.argv), "runs": len(samples),
                                 "median_ms": statistics.median(samples),
                                 "p90_ms": percentile(samples, 90)})
-            imports = import_profile(agent.socket, env)
+            imports = import_profile(agent.socket, install)
+            wait_released(agent)
         except RuntimeError as exc:
             raise BenchError(str(exc)) from None
         finally:
             agent.stop()
     by_name = {r["name"]: r["median_ms"] for r in results}
     ratios = {}
-    for name in ("numa-run (console script)", "python -m numa_agent.cli.numa_run"):
-        if name in by_name:
-            for base in ("python3 -I -S -c pass", "taskset -c 0 true"):
-                if base in by_name and by_name[base] > 0:
-                    ratios[f"{name} / {base}"] = by_name[name] / by_name[base]
-    return {"runs": runs, "commands": results, "ratios": ratios, "imports": imports}
+    for name in (EXCLUSIVE, SHARED):
+        for base in (PYTHON, BARE, TASKSET):
+            if name in by_name and by_name.get(base, 0) > 0:
+                ratios[f"{name} / {base}"] = by_name[name] / by_name[base]
+    return {"install": install.kind, "python": sys.version.split()[0], "runs": runs,
+            "commands": results, "ratios": ratios, "imports": imports}
 
 
 def render(report: dict[str, Any]) -> str:
-    lines = [f"wall time over {report['runs']} runs each (after one warm-up run):",
+    lines = [f"numa-run from a {report['install']} install (Python {report['python']}); "
+             f"wall time over {report['runs']} runs each (after one warm-up run):",
              table(["command", "median ms", "p90 ms"],
                    [[c["name"], fmt(c["median_ms"], 2), fmt(c["p90_ms"], 2)] for c in report["commands"]]),
              "", "ratios of medians:"]
-    lines += [f"  {name}: {ratio:.1f}x" for name, ratio in report["ratios"].items()]
+    lines += [f"  {name}: {ratio:.2f}x" for name, ratio in report["ratios"].items()]
     imp = report["imports"]
-    lines += ["", f"numa-run imports {imp['modules']} modules ({imp['total_self_ms']:.1f} ms of import "
-                  f"time in all); top 10 by cumulative time:",
+    lines += ["", f"numa-run --cpus 1 imports {imp['modules']} modules ({imp['total_self_ms']:.1f} ms of "
+                  f"import time in all); top 10 by cumulative time:",
               table(["module", "cumulative ms", "self ms"],
                     [[r["module"], fmt(r["cumulative_us"] / 1000, 2), fmt(r["self_us"] / 1000, 2)]
                      for r in imp["top"]])]
@@ -163,10 +238,14 @@ def render(report: dict[str, Any]) -> str:
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="bench-numa-run", description=(
-        "Start a real agent and measure the wall time of `numa-run --shared -- true` against "
-        "`python3 -I -S -c pass` and `taskset -c 0 true`; list numa-run's slowest imports. "
+        "Start a real agent and measure the wall time of `numa-run --cpus 1 -- true` and "
+        "`numa-run --shared -- true` against the same venv's `python -c pass`, "
+        "`python -I -S -c pass` and `taskset -c 0 true`; list numa-run's slowest imports. "
         "Prints figures, asserts nothing."))
     p.add_argument("--runs", type=int, default=20, help="timed runs per command (default %(default)s)")
+    p.add_argument("--install", choices=INSTALLS, default="wheel",
+                   help="wheel: a wheel of the checkout in a fresh venv, as users get it (default); "
+                        "checkout: the checkout's own venv")
     p.add_argument("--json", action="store_true", help="print the figures as one JSON object")
     args = p.parse_args(argv)
     if args.runs < 1:
@@ -177,7 +256,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = parse_args(sys.argv[1:] if argv is None else argv)
-        report = measure(args.runs)
+        report = measure(args.runs, args.install)
     except BenchError as exc:
         print(f"bench-numa-run: {exc}", file=sys.stderr)
         return 2

@@ -1,17 +1,18 @@
 """Minimal client of the agent's local API.
 
-Imports only the standard library's `socket`, `json`, `os` (and such) so that `numa-run` starts fast: it
-runs before every latency-sensitive program. One request per connection,
-matching the server.
+Imports only the standard library's raw `_socket` (the `socket` module's own
+imports, selectors and all, cost numa-run several ms), `json` and `os`, so that
+`numa-run` starts fast: it runs before every latency-sensitive program. One
+request per connection, matching the server.
 """
 
 from __future__ import annotations
 
+import _socket
 import errno
 import json
 import os
-import socket
-import struct
+import sys
 import time
 
 _MAX_RESPONSE_BYTES = 64 * 1024 * 1024
@@ -58,11 +59,12 @@ def trusted_uids(environ=os.environ) -> frozenset[int]:
     return frozenset(uids)
 
 
-def check_peer(sock: socket.socket, socket_path: str, trusted: frozenset[int]) -> None:
+def check_peer(sock: _socket.socket, socket_path: str, trusted: frozenset[int]) -> None:
     """Refuse a server whose peer credentials are not a trusted user's: an
     impostor on a world-writable path must not decide what numa-run runs."""
-    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    pid, uid, _gid = struct.unpack("3i", creds)
+    # struct ucred: three native ints (pid, uid, gid)
+    creds = sock.getsockopt(_socket.SOL_SOCKET, _socket.SO_PEERCRED, 12)
+    pid, uid = (int.from_bytes(creds[i:i + 4], sys.byteorder, signed=True) for i in (0, 4))
     if uid not in trusted:
         allowed = ", ".join(str(u) for u in sorted(trusted))
         raise UntrustedAgent(
@@ -135,8 +137,6 @@ def request(socket_path: str, method: str, path: str, body: dict | None = None,
                 raise final
             return status, answer
         if not noticed and time.monotonic() - started >= _NOTICE_AFTER:
-            import sys
-
             print(f"waiting: the agent at {socket_path} {why}; retrying for up to {budget:g} s",
                   file=sys.stderr)
             noticed = True
@@ -165,7 +165,7 @@ def _request_once(socket_path: str, method: str, path: str, body: dict | None,
             f"Accept: application/json\r\n")
     if body is not None or method in ("POST", "PUT"):
         head += f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n"
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
     sock.settimeout(timeout)
     try:
         try:
@@ -184,7 +184,7 @@ def _request_once(socket_path: str, method: str, path: str, body: dict | None,
             sock.sendall(head.encode("ascii") + b"\r\n" + payload)
         except (BrokenPipeError, ConnectionResetError):
             pass  # the server may answer (e.g. 413) before reading everything
-        except socket.timeout:
+        except TimeoutError:
             raise BadResponse(f"timed out sending to the agent at {socket_path}") from None
         try:
             raw = _read_all(sock, socket_path)
@@ -204,7 +204,7 @@ def _request_once(socket_path: str, method: str, path: str, body: dict | None,
     return _parse_response(raw, socket_path)
 
 
-def _connect(sock: socket.socket, socket_path: str, timeout: float) -> None:
+def _connect(sock: _socket.socket, socket_path: str, timeout: float) -> None:
     # A Unix socket with a timeout fails at once with EAGAIN while the agent's
     # listen queue is full (many numa-runs starting together): wait our turn.
     deadline = time.monotonic() + timeout
@@ -220,13 +220,13 @@ def _connect(sock: socket.socket, socket_path: str, timeout: float) -> None:
             delay = min(delay * 2, 0.05)
 
 
-def _read_all(sock: socket.socket, socket_path: str) -> bytes:
+def _read_all(sock: _socket.socket, socket_path: str) -> bytes:
     chunks: list[bytes] = []
     total = 0
     while True:
         try:
             chunk = sock.recv(65536)
-        except socket.timeout:
+        except TimeoutError:
             raise NoAnswerInTime(f"the agent at {socket_path} did not answer in time") from None
         except ConnectionResetError:
             break

@@ -11,7 +11,9 @@ that the CLI and the server can use them without loading the service.
 
 from __future__ import annotations
 
-from typing import Any
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (numa-run starts fast)
+if TYPE_CHECKING:
+    from typing import Any
 
 
 class ApiError(Exception):

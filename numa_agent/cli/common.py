@@ -11,17 +11,18 @@ import argparse
 import json
 import os
 import sys
-import textwrap
-from dataclasses import dataclass
-from typing import Any
+from collections import namedtuple
 
 from numa_agent.api.client import ClientError, request
 from numa_agent.core import request_syntax, units
 from numa_agent.core.cpuset import EMPTY, CpuSet
 from numa_agent.core.listforms import ListForm, ListFormError, parse_list_form, resolve
-from numa_agent.core.names import DEFAULT_SOCKET
+from numa_agent.core.names import DEFAULT_SOCKET, MEMORY_ONLY
 from numa_agent.core.policy import POLICY_NAMES, STRATEGY_NAMES
-from numa_agent.core.topology import MEMORY_ONLY
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (numa-run starts fast)
+if TYPE_CHECKING:
+    from typing import Any
 
 
 class CliError(Exception):
@@ -129,12 +130,13 @@ def cpu_list(text: str) -> ListForm:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-@dataclass(frozen=True)
-class ListContext:
+class ListContext(namedtuple("ListContext", "cpus allowed_cpus nodes allowed_nodes")):
     """What numactl's "all", "+" and "!" are relative to: the machine's CPUs and
     nodes and the allowed ones (the agent's view: what its cpuset allows, less
-    the memory-only nodes a request must name by number)."""
+    the memory-only nodes a request must name by number). Four CpuSets; a named
+    tuple rather than a dataclass, whose import costs numa-run ~15 ms."""
 
+    __slots__ = ()
     cpus: CpuSet
     allowed_cpus: CpuSet
     nodes: CpuSet
@@ -231,11 +233,11 @@ def add_allocation_options(parser: argparse.ArgumentParser) -> None:
     res.add_argument("--name", help="workload name (default: chosen by the agent)")
     numactl = parser.add_argument_group(
         "explicit placement (numactl forms)",
-        textwrap.fill(
-            "Lists as numactl takes them: 0-3,8; all (every allowed CPU or node, the agent's "
-            "cpuset); +LIST (positions in the allowed set: +0 is its first); !LIST (every CPU or "
-            "node of the machine but these; quote it for the shell, '!0'). No taskset hex mask: "
-            "numactl takes none either.", 78))
+        # Wrapped at 78 columns by hand: textwrap is not imported on numa-run's launch path.
+        "Lists as numactl takes them: 0-3,8; all (every allowed CPU or node, the\n"
+        "agent's cpuset); +LIST (positions in the allowed set: +0 is its first); !LIST\n"
+        "(every CPU or node of the machine but these; quote it for the shell, '!0'). No\n"
+        "taskset hex mask: numactl takes none either.")
     numactl.add_argument("-C", "--physcpubind", type=cpu_list, metavar="CPUS",
                          help="exactly these CPUs, booked exclusively, e.g. 2-5 or '!0'")
     # numactl's older names first: a synopsis shows the last long name

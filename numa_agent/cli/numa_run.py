@@ -3,8 +3,12 @@
 The agent identifies this process by the socket's peer credentials and, on
 admission, has already moved it into the workload's cgroup; numa-run then
 sets the environment and execs the command, so the PID, signals and exit
-status are the command's own. Imports are kept to the minimum (no msgspec,
-psutil...) because this runs in front of every latency-sensitive program.
+status are the command's own. Imports are kept to the minimum because this
+runs in front of every latency-sensitive program: no third-party module, and of
+the standard library no typing, dataclasses, pathlib, shutil, textwrap or socket
+(the raw _socket); what only some launches need (ctypes for a memory policy,
+Slurm's rules inside a Slurm task) is imported where it is used.
+scripts/bench-numa-run shows the cost and the slowest imports.
 """
 
 from __future__ import annotations
@@ -12,8 +16,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import textwrap
-from typing import TYPE_CHECKING, Any, Mapping, NoReturn
 
 from numa_agent import __version__
 from numa_agent.api.client import new_request_id
@@ -30,7 +32,10 @@ from numa_agent.core.mempolicy import (
     request_membind,
 )
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
 if TYPE_CHECKING:
+    from typing import Any, Mapping, NoReturn
+
     from numa_agent.core.slurm import Confinement
 
 PROG = "numa-run"
@@ -101,6 +106,16 @@ def unsupported_message(argument: str) -> str | None:
 
 
 class _Parser(argparse.ArgumentParser):
+    built = False  # set once every option is added
+
+    def _get_formatter(self) -> argparse.HelpFormatter:
+        # argparse makes a formatter on each add_argument only to check the metavar, and a
+        # formatter without a width imports shutil (zlib, bz2, lzma) to ask the terminal's:
+        # a fixed width for those checks, the terminal's for help and usage.
+        if not self.built:
+            return self.formatter_class(prog=self.prog, width=78)  # type: ignore[call-arg]
+        return super()._get_formatter()
+
     def error(self, message: str) -> NoReturn:
         self.print_usage(sys.stderr)
         prefix = "unrecognized arguments: "
@@ -123,10 +138,10 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_allocation_options(parser)
     pol = parser.add_argument_group(
         "memory policy (numactl's, set with set_mempolicy(2) before exec; one of them)",
-        textwrap.fill(
-            "The nodes must lie within the booked memory nodes (NUMA_AGENT_MEMS), else numa-run "
-            "refuses (exit 125). Without -m, -i/-w/-p ask the agent for memory on the nodes they "
-            "name; with -m, the nodes -m books.", 78))
+        # Wrapped at 78 columns by hand: textwrap is not imported on the launch path.
+        "The nodes must lie within the booked memory nodes (NUMA_AGENT_MEMS), else\n"
+        "numa-run refuses (exit 125). Without -m, -i/-w/-p ask the agent for memory on\n"
+        "the nodes they name; with -m, the nodes -m books.")
     pol.add_argument("-i", "--interleave", type=common.node_list, metavar="NODES",
                      help="interleave memory page by page over these nodes (MPOL_INTERLEAVE), "
                           "e.g. all or 0,1")
@@ -153,6 +168,7 @@ def build_parser() -> argparse.ArgumentParser:
     out.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     parser.add_argument("command", nargs=argparse.REMAINDER, metavar="COMMAND",
                         help=argparse.SUPPRESS)
+    parser.built = True
     return parser
 
 
@@ -165,22 +181,28 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def check_command(command: list[str]) -> int | None:
-    """Exit status if COMMAND cannot run (checked before anything is booked)."""
-    import shutil
+    """Exit status if COMMAND cannot run (checked before anything is booked), looked
+    up as execvp will: a name with "/" as it is, else along $PATH (shutil.which, without
+    importing shutil)."""
     program = command[0]
     if "/" in program:
-        if not os.path.exists(program):
-            return EXIT_NOT_FOUND
-        if os.path.isdir(program) or not os.access(program, os.X_OK):
-            return EXIT_NOT_EXECUTABLE
-        return None
-    if shutil.which(program) is not None:
-        return None
-    # which() skips files without the execute bit; tell those apart from missing ones.
+        return _runnable(program)
+    found = EXIT_NOT_FOUND
     for directory in os.environ.get("PATH", os.defpath).split(os.pathsep):
-        if os.path.isfile(os.path.join(directory or ".", program)):
-            return EXIT_NOT_EXECUTABLE
-    return EXIT_NOT_FOUND
+        path = os.path.join(directory or ".", program)
+        if os.path.isfile(path):
+            if os.access(path, os.X_OK):
+                return None
+            found = EXIT_NOT_EXECUTABLE  # a file without the execute bit, unless a later one runs
+    return found
+
+
+def _runnable(path: str) -> int | None:
+    if not os.path.exists(path):
+        return EXIT_NOT_FOUND
+    if os.path.isdir(path) or not os.access(path, os.X_OK):
+        return EXIT_NOT_EXECUTABLE
+    return None
 
 
 def workload_env(record: dict[str, Any]) -> dict[str, str]:
@@ -227,13 +249,11 @@ def _apply_affinity(record: dict[str, Any], bind_memory: bool = True) -> str | N
         os.sched_setaffinity(0, CpuSet.parse(cpus).ids())
     mems = record.get("mems")
     if mems and bind_memory:
-        try:
-            from numa_agent.enforcement.affinity import bind_memory_self
-        except ImportError:
-            return "memory binding is not available in this build"
-        result = bind_memory_self(list(mems))
+        from numa_agent.enforcement.mempolicy import bind_self
+
+        result = bind_self(int(n) for n in mems)
         if not result:
-            return getattr(result, "reason", "") or "memory binding was not applied"
+            return result.reason or "memory binding was not applied"
     return None
 
 
@@ -329,11 +349,14 @@ def _own_cgroup() -> str:
 def slurm_case(env: Mapping[str, str] | None = None) -> Confinement | None:
     """Inside a Slurm task: which case applies (numa_agent.core.slurm.Confinement), read
     from the task's cgroup, its affinity and the online CPUs. None outside Slurm."""
+    environ = os.environ if env is None else env
+    if not environ.get("SLURM_JOB_ID"):  # outside Slurm: nothing more to import or read
+        return None
     from numa_agent.core.cpuset import CpuSet
     from numa_agent.core.slurm import confinement, slurm_task
 
     cgroup = _own_cgroup()
-    task = slurm_task(os.environ if env is None else env, cgroup)
+    task = slurm_task(environ, cgroup)
     if task is None:
         return None
 

@@ -8,7 +8,9 @@ cpumap files); formats back to the shortest list.
 
 from __future__ import annotations
 
-from typing import Iterable, Iterator
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (numa-run starts fast)
+if TYPE_CHECKING:
+    from typing import Iterable, Iterator
 
 
 class CpuSetParseError(ValueError):

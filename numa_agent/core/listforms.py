@@ -15,7 +15,7 @@ mask is refused here with the list it stands for.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections import namedtuple
 
 from numa_agent.core.cpuset import CpuSet, CpuSetParseError
 
@@ -26,15 +26,16 @@ class ListFormError(ValueError):
     """Text that is not one of numactl's list forms, or does not fit the machine."""
 
 
-@dataclass(frozen=True)
-class ListForm:
-    """A parsed list: `ids` are absolute ids, or positions when `relative`."""
+class ListForm(namedtuple("ListForm", "text ids all relative invert", defaults=(False, False, False))):
+    """A parsed list: `ids` are absolute ids, or positions when `relative`. A named
+    tuple, not a dataclass: numa-run parses these before every launch."""
 
+    __slots__ = ()
     text: str
     ids: CpuSet
-    all: bool = False
-    relative: bool = False
-    invert: bool = False
+    all: bool
+    relative: bool
+    invert: bool
 
     @property
     def needs_context(self) -> bool:

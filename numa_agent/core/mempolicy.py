@@ -18,10 +18,13 @@ caller read.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Iterable, Mapping, Sequence
+from collections import namedtuple
 
 from numa_agent.core.cpuset import CpuSet
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (numa-run starts fast)
+if TYPE_CHECKING:
+    from typing import Iterable, Mapping, Sequence
 
 # The kernel's mode numbers (include/uapi/linux/mempolicy.h).
 MPOL_DEFAULT = 0
@@ -46,10 +49,12 @@ class PolicyRefused(ValueError):
     """A memory policy numa-run will not apply; the message says why."""
 
 
-@dataclass(frozen=True)
-class MemoryPolicy:
+class MemoryPolicy(namedtuple("MemoryPolicy", "mode nodes", defaults=((),))):
+    """A mode (MPOL_*) and its nodes; a named tuple, not a dataclass: numa-run imports it."""
+
+    __slots__ = ()
     mode: int
-    nodes: tuple[int, ...] = ()
+    nodes: tuple[int, ...]
 
     @property
     def name(self) -> str:

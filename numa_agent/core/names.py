@@ -23,6 +23,11 @@ ENV_EXCLUSIVE = "NUMA_AGENT_EXCLUSIVE"
 # The agent's proof that it issued the mark for that process (numa_agent.core.mark).
 ENV_MARK = "NUMA_AGENT_MARK"
 
+# A NUMA node's kind, as `topology --json` and /v1/allocatable give it (stable keys);
+# here rather than in core.topology, which numa-run does not import.
+CPU_NODE = "cpu"
+MEMORY_ONLY = "memory-only"
+
 NAME_MAX = 63
 NAME_RULE = (f"1-{NAME_MAX} characters: lowercase letters, digits, '-', '_', '.'; "
              "starting and ending with a letter or digit")

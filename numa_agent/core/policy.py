@@ -8,9 +8,12 @@ name and serialises as that name in JSON and the checkpoint.
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import TypeVar
 
-_E = TypeVar("_E", bound=StrEnum)
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (numa-run starts fast)
+if TYPE_CHECKING:
+    from typing import TypeVar
+
+    _E = TypeVar("_E", bound=StrEnum)
 
 
 def _parse(kind: type[_E], value: str, what: str) -> _E:

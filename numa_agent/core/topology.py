@@ -13,11 +13,9 @@ from functools import cached_property
 from typing import Mapping
 
 from numa_agent.core.cpuset import CpuSet
+from numa_agent.core.names import CPU_NODE, MEMORY_ONLY
 
 UNKNOWN_NODE = -1
-# A NUMA node's kind, as `topology --json` and /v1/allocatable give it (stable keys).
-CPU_NODE = "cpu"
-MEMORY_ONLY = "memory-only"
 
 
 @dataclass(frozen=True, slots=True)

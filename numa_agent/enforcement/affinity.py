@@ -17,9 +17,8 @@ from typing import Iterable
 
 from numa_agent.core.cpuset import CpuSet
 from numa_agent.core.hints import NumaMask
-from numa_agent.core.mempolicy import MPOL_BIND
 from numa_agent.enforcement.errors import AffinityError
-from numa_agent.enforcement.mempolicy import get_policy, set_policy
+from numa_agent.enforcement.mempolicy import bind_self, get_policy
 
 
 def pin_process(pid: int, cpus: CpuSet) -> None:
@@ -70,8 +69,7 @@ def bind_memory_self(nodes: Iterable[int], *, machine: str | None = None) -> Mem
     mask = NumaMask(nodes)
     if not mask:
         raise ValueError("bind_memory_self needs at least one NUMA node")
-    result = set_policy(MPOL_BIND, mask.nodes(), machine=machine,
-                        label=f"MPOL_BIND, nodes {CpuSet(mask.nodes()).format()}")
+    result = bind_self(mask.nodes(), machine=machine)
     return MemoryBindResult(result.applied, result.reason)
 
 

@@ -9,12 +9,15 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
-from dataclasses import dataclass
-from typing import Iterable
+from collections import namedtuple
 
 from numa_agent.core.cpuset import CpuSet
-from numa_agent.core.mempolicy import MPOL_INTERLEAVE, MPOL_PREFERRED_MANY, MPOL_WEIGHTED_INTERLEAVE
+from numa_agent.core.mempolicy import MPOL_BIND, MPOL_INTERLEAVE, MPOL_PREFERRED_MANY, MPOL_WEIGHTED_INTERLEAVE
 from numa_agent.enforcement.libc import libc
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: numa-run uses this module
+if TYPE_CHECKING:
+    from typing import Iterable
 
 # set_mempolicy / get_mempolicy numbers differ per architecture.
 SET_MEMPOLICY = {"x86_64": 238, "aarch64": 237, "ppc64le": 261, "ppc64": 261}
@@ -25,23 +28,28 @@ _ULONG_BITS = ctypes.sizeof(ctypes.c_ulong) * 8
 _QUERY_NODE_BITS = 1 << 12
 
 
-@dataclass(frozen=True)
-class PolicyResult:
-    """Outcome of set_policy; falsy when the kernel did not take the policy."""
+# Named tuples, not dataclasses: numa-run sets policies right before exec, and the
+# dataclasses module costs it ~15 ms to import.
+class PolicyResult(namedtuple("PolicyResult", "applied reason errno_name", defaults=("", ""))):
+    """Outcome of set_policy; falsy when the kernel did not take the policy. errno_name:
+    "EINVAL", ...; "" when no call was made."""
 
+    __slots__ = ()
     applied: bool
-    reason: str = ""
-    errno_name: str = ""  # "EINVAL", ...; "" when no call was made
+    reason: str
+    errno_name: str
 
     def __bool__(self) -> bool:
-        return self.applied
+        return bool(self.applied)
 
 
-@dataclass(frozen=True)
-class PolicyReading:
+class PolicyReading(namedtuple("PolicyReading", "mode nodes next_node")):
+    """A thread's policy: its mode, nodes and, for interleave policies, the next node."""
+
+    __slots__ = ()
     mode: int
     nodes: tuple[int, ...]
-    next_node: int | None  # the next interleave node, for interleave policies
+    next_node: int | None
 
 
 def set_policy(mode: int, nodes: Iterable[int], *, label: str,
@@ -69,6 +77,16 @@ def set_policy(mode: int, nodes: Iterable[int], *, label: str,
         return PolicyResult(False, f"set_mempolicy({label}) failed: {name} ({os.strerror(code)})",
                             name)
     return PolicyResult(True)
+
+
+def bind_self(nodes: Iterable[int], *, machine: str | None = None) -> PolicyResult:
+    """set_mempolicy(MPOL_BIND, nodes) for the calling thread: the affinity fallback's
+    memory binding, which numa-run sets on itself before exec."""
+    ordered = sorted(set(nodes))
+    if not ordered:
+        raise ValueError("binding memory needs at least one NUMA node")
+    return set_policy(MPOL_BIND, ordered, machine=machine,
+                      label=f"MPOL_BIND, nodes {CpuSet(ordered).format()}")
 
 
 def get_policy(*, machine: str | None = None) -> PolicyReading | None:

@@ -103,16 +103,18 @@ needs_two_cpus = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2,
 
 @needs_two_cpus
 def test_bench_numa_run_json_on_one_run():
-    r = run_script("bench-numa-run", "--json", "--runs", "1")
+    # The checkout's venv: the default wheel install builds a wheel, too slow for every run.
+    r = run_script("bench-numa-run", "--json", "--runs", "1", "--install", "checkout")
     assert r.returncode == 0, r.stderr
     report = json.loads(r.stdout)
+    assert report["install"] == "checkout"
     names = [c["name"] for c in report["commands"]]
-    assert "python -m numa_agent.cli.numa_run" in names
-    assert "python3 -I -S -c pass" in names and "taskset -c 0 true" in names
+    assert names[:4] == [numa_run.EXCLUSIVE, numa_run.SHARED, numa_run.PYTHON, numa_run.BARE]
     for c in report["commands"]:
         assert c["runs"] == 1 and 0 < c["median_ms"] <= c["p90_ms"]
-    assert "python -m numa_agent.cli.numa_run / python3 -I -S -c pass" in report["ratios"]
-    assert "python -m numa_agent.cli.numa_run / taskset -c 0 true" in report["ratios"]
+    for launch in (numa_run.EXCLUSIVE, numa_run.SHARED):
+        for base in (numa_run.PYTHON, numa_run.BARE):
+            assert f"{launch} / {base}" in report["ratios"]
     imports = report["imports"]
     assert 0 < len(imports["top"]) <= 10 and imports["modules"] >= len(imports["top"])
     cumulative = [m["cumulative_us"] for m in imports["top"]]
@@ -129,9 +131,9 @@ def test_bench_numa_run_stops_the_agent_when_a_command_fails(monkeypatch):
         return started[-1]
 
     monkeypatch.setattr(numa_run, "start_agent", recording_start)
-    monkeypatch.setattr(numa_run, "commands", lambda sock: [numa_run.Command("false", ("false",))])
+    monkeypatch.setattr(numa_run, "commands", lambda sock, install: [numa_run.Command("false", ("false",))])
     with pytest.raises(numa_run.BenchError, match="false exited with 1"):
-        numa_run.measure(1)
+        numa_run.measure(1, "checkout")
     assert started and started[0].proc.poll() is not None
 
 
@@ -151,12 +153,13 @@ def test_importtime_lines_parse_and_failures_are_reported(monkeypatch):
     def fake_run(rc, stderr):
         return lambda *a, **kw: subprocess.CompletedProcess(a, rc, "", stderr)
 
+    install = numa_run.checkout_install()
     monkeypatch.setattr(numa_run.subprocess, "run", fake_run(0, "no imports here\n"))
     with pytest.raises(numa_run.BenchError, match="printed no import lines"):
-        numa_run.import_profile("/nonexistent.sock", {})
+        numa_run.import_profile("/nonexistent.sock", install)
     monkeypatch.setattr(numa_run.subprocess, "run", fake_run(125, "numa-run: agent unreachable"))
     with pytest.raises(numa_run.BenchError, match="exited with 125: numa-run: agent unreachable"):
-        numa_run.import_profile("/nonexistent.sock", {})
+        numa_run.import_profile("/nonexistent.sock", install)
 
 
 def test_bench_numa_run_without_the_test_support_says_it_needs_a_checkout(monkeypatch, tmp_path):

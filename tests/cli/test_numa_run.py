@@ -158,6 +158,36 @@ def test_numa_run_imports_stay_light():
     assert out.stdout.strip() == "[]", out.stderr
 
 
+# Standard-library modules the launch path once imported for little use, ~60 ms in all
+# (scripts/bench-numa-run lists the slowest), and the project's modules it needs not load.
+LAUNCH_NEVER_IMPORTS = {"typing", "dataclasses", "inspect", "pathlib", "shutil", "textwrap",
+                        "socket", "selectors", "ctypes", "struct", "numa_agent.core.topology",
+                        "numa_agent.core.slurm", "numa_agent.enforcement", "numa_agent.admission"}
+
+
+def _imported(argv, env):
+    """Modules `python -X importtime` saw loaded, the interpreter's own start-up left out."""
+    def modules(*args):
+        out = subprocess.run([sys.executable, "-X", "importtime", *args], cwd="/", env=env,
+                             capture_output=True, text=True, timeout=60)
+        return out, {line.split("|")[2].strip() for line in out.stderr.splitlines()
+                     if line.startswith("import time:") and line.count("|") == 2}
+    _, base = modules("-c", "pass")
+    out, launch = modules("-c", "import sys; from numa_agent.cli.numa_run import main; sys.exit(main())", *argv)
+    return out, launch - base
+
+
+def test_a_launch_imports_only_what_it_needs(server, fake):
+    env = {**os.environ, "PYTHONPATH": str(REPO), "NUMA_AGENT_SOCKET": server.socket_path}
+    env.pop("SLURM_JOB_ID", None)
+    out, loaded = _imported(["--cpus", "1", "--", "true"], env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert fake.service_calls().count("admit") == 1  # it did launch, through the agent
+    heavy = {m for m in loaded if m in LAUNCH_NEVER_IMPORTS or m.startswith(tuple(
+        f"{p}." for p in LAUNCH_NEVER_IMPORTS))}
+    assert heavy == set(), f"numa-run's launch imported {sorted(heavy)}"
+
+
 # ------------------------------------------------------------ against the agent
 def run_numa_run(server, *argv, env=None):
     full_env = {**os.environ, "PYTHONPATH": str(REPO), "NUMA_AGENT_SOCKET": server.socket_path,

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from numa_agent.core.cpuset import CpuSet
+from numa_agent.core.mempolicy import MPOL_BIND
 from numa_agent.enforcement.affinity import (
-    MPOL_BIND,
     MemoryBindResult,
     bind_memory_self,
     memory_policy_self,
