@@ -17,8 +17,11 @@ from pathlib import Path
 from tests.vm_e2e.plan import DEFAULT_SHAPES, guest_module, planned, result_line, scenarios_of, skip_reason
 
 REPO = Path(__file__).resolve().parents[2]
-# The 2node set takes 10-11 minutes on a loaded 2-CPU host.
+# A guest's scenarios may run this long, or PER_SCENARIO seconds for each scenario it
+# runs when that is more: the 2node set (20 scenarios) took 15 minutes for 16 of them
+# on a 2-CPU host busy with other work.
 DEFAULT_TIMEOUT = 900.0
+PER_SCENARIO = 75.0
 _RESULT = re.compile(r"^(PASS|FAIL|SKIP) (\S+) (\S+)(?:: (.*))?$")
 
 
@@ -108,8 +111,9 @@ def main(argv: list[str] | None = None, *, run_in_guest=None, venv_check=ensure_
         epilog="Exit status 0 only when no scenario failed. Reports and agent logs land in --out-dir.")
     parser.add_argument("--shape", default=",".join(DEFAULT_SHAPES),
                         help=f"comma-separated shapes (default {','.join(DEFAULT_SHAPES)})")
-    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT,
-                        help=f"seconds the scenarios may run in one guest (default {DEFAULT_TIMEOUT:g})")
+    parser.add_argument("--timeout", type=float, default=None,
+                        help=f"seconds the scenarios may run in one guest (default {DEFAULT_TIMEOUT:g}, "
+                             f"or {PER_SCENARIO:g} for each scenario it runs when that is more)")
     parser.add_argument("--scenario", default="",
                         help="comma-separated scenario names: only these run (the others are reported SKIP); "
                              "a shape that plans none of them is not booted")
@@ -122,7 +126,7 @@ def main(argv: list[str] | None = None, *, run_in_guest=None, venv_check=ensure_
     from vmharness import GuestError, SetupError, get_shape
 
     shapes = _shapes(parser, args.shape)
-    if args.timeout <= 0:
+    if args.timeout is not None and args.timeout <= 0:
         parser.error(f"--timeout must be positive, got {args.timeout:g}")
     shapes, selected = _selected(parser, shapes, args.scenario)
     problem = venv_check() or (wheelhouse_check() if any(get_shape(s).boots_systemd for s in shapes) else None)
@@ -138,7 +142,8 @@ def main(argv: list[str] | None = None, *, run_in_guest=None, venv_check=ensure_
         out_dir = out_root / shape
         t0 = time.monotonic()
         try:
-            result = _boot_shape(run_in_guest, shape, args.timeout, out_dir, selected)
+            timeout = guest_timeout(shape, selected, args.timeout)
+            result = _boot_shape(run_in_guest, shape, timeout, out_dir, selected)
         except (GuestError, SetupError) as exc:
             # The guest never reached the command (or died): every planned scenario failed with its message.
             # What the guest reported before dying was streamed already; its report file keeps it.
@@ -148,7 +153,7 @@ def main(argv: list[str] | None = None, *, run_in_guest=None, venv_check=ensure_
         else:
             stdout = result.stdout.decode("utf-8", "replace")
             if result.timed_out:
-                why = f"no result: the scenarios did not finish within {args.timeout:g} s"
+                why = f"no result: the scenarios did not finish within {timeout:g} s"
             else:
                 why = f"no result: the scenario script exited {result.exit_code} before reaching it"
                 tail = result.stderr.decode("utf-8", "replace").strip().splitlines()[-3:]
@@ -196,6 +201,14 @@ def _selected(parser: argparse.ArgumentParser, shapes: list[str],
     if not booted:
         parser.error(f"no shape given plans {', '.join(selected)}")
     return booted, selected
+
+
+def guest_timeout(shape: str, selected: tuple[str, ...] | None, given: float | None) -> float:
+    """--timeout when given, else DEFAULT_TIMEOUT or PER_SCENARIO per scenario the guest runs."""
+    if given is not None:
+        return given
+    runs = [s for s in planned(shape) if selected is None or s in selected]
+    return max(DEFAULT_TIMEOUT, PER_SCENARIO * len(runs))
 
 
 def _boot_shape(run_in_guest, shape: str, timeout: float, out_dir: Path, selected: tuple[str, ...] | None):

@@ -189,3 +189,18 @@ def test_an_unknown_or_unplanned_scenario_stops_before_any_boot(tmp_path, capsys
         runner.main(["--shape", "4node", "--scenario", "7-restart"], run_in_guest=fake, venv_check=lambda: None)
     assert "no shape given plans 7-restart" in capsys.readouterr().err
     assert fake.calls == []
+
+
+def test_a_guest_with_many_scenarios_gets_time_for_each_unless_told(tmp_path, capsys):
+    fake = guest_answering(all_pass)
+    run(["--shape", "2node,cpuless"], fake, tmp_path, capsys)
+    timeouts = [(shape, timeout) for shape, _, timeout, _ in fake.calls]
+    assert timeouts == [("2node", runner.PER_SCENARIO * N2),
+                        ("cpuless", runner.DEFAULT_TIMEOUT)]  # two scenarios: the floor
+    assert runner.PER_SCENARIO * N2 > runner.DEFAULT_TIMEOUT
+    fake.calls.clear()
+    run(["--shape", "2node", "--timeout", "42"], fake, tmp_path, capsys)
+    assert [timeout for _, _, timeout, _ in fake.calls] == [42]
+    fake.calls.clear()
+    run(["--shape", "2node", "--scenario", "1-pin-core"], fake, tmp_path, capsys)
+    assert [timeout for _, _, timeout, _ in fake.calls] == [runner.DEFAULT_TIMEOUT]
