@@ -433,7 +433,7 @@ def render_table(rows: Sequence[dict[str, Any]]) -> str:
     notes = [f"  {r['numa_nodes']:>2} nodes {r['policy']}: baseline {r['baseline_note']}"
              for r in rows if r["baseline_note"]]
     legend = ("ours = decide(): hints + merge + allocation; merge = hints + topology_manager.decide "
-              "(our merge + the hint summaries explanations carry); "
+              "(our merge; the hint summaries are made only for refusals and dry runs); "
               "base = hints + the kubelet's cross-product merge.\n"
               "ratio = base p50 / ours p50, m.ratio = base p50 / merge p50, both on the requests "
               "the baseline ran on (base n); fill = mean share of CPUs exclusively booked")

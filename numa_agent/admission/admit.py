@@ -89,15 +89,18 @@ Providers = Sequence[HintProvider]
 
 
 def decide(machine: Machine, state: AgentState, req: Request,
-           providers: Providers = PROVIDERS) -> Decision:
+           providers: Providers = PROVIDERS, *, explain: bool = False) -> Decision:
     """Admit `req` or raise Refusal / InvalidRequest. Never mutates anything.
-    `providers` defaults to the registered ones."""
+    `providers` defaults to the registered ones. A refusal's explanation is whole;
+    an admission's adds the free resources and every provider's hints only when
+    `explain` (a dry run, `numa-agent explain`): an admission does not pay for them."""
     _check_request(machine, req)
     if state.workload(req.name) is not None:
         raise InvalidRequest(f"a workload named {req.name!r} already exists")
     if req.pod is not None:
-        return _decide_pod_member(machine, state, req, req.pod, providers)
-    booking, explanation, pinned = _book(AdmissionView(machine, state), req, _policy(machine, req), providers)
+        return _decide_pod_member(machine, state, req, req.pod, providers, explain)
+    booking, explanation, pinned = _book(AdmissionView(machine, state), req, _policy(machine, req), providers,
+                                         explain)
     w = _workload(req, booking)
     return Decision(state=state.with_workload(w), workload=w, pod_created=None,
                     explanation=explanation, pinned=pinned)
@@ -224,19 +227,45 @@ def _workload(req: Request, booking: Booking, shared: bool | None = None) -> Wor
         cpunodebind=tuple(req.cpunodebind or ()), request=req.to_json(), cgroup=req.cgroup)
 
 
-def _book(view: AdmissionView, req: Request, policy_name: str,
-          providers: Providers) -> tuple[Booking, dict[str, Any], frozenset[str]]:
+def _book(view: AdmissionView, req: Request, policy_name: str, providers: Providers,
+          explain: bool = False) -> tuple[Booking, dict[str, Any], frozenset[str]]:
     """Book `req.resources` against the machine (a workload outside pods, or
     a pod budget): hints from every provider, the merge, then every
-    provider's allocation inside the merged affinity."""
-    machine = view.machine
+    provider's allocation inside the merged affinity. The free resources and
+    the providers' hints join the explanation of a refusal, or when `explain`."""
     explanation: dict[str, Any] = {"admit": True,
-                                   "topology": _topology(policy_name, machine.policy.topology_scope),
-                                   "providers": [], "merged": None,
-                                   "requested": req.resources.to_json(), "free": view.free}
+                                   "topology": _topology(policy_name, view.machine.policy.topology_scope),
+                                   "merged": None, "requested": req.resources.to_json()}
+    merged: list[_Merged] = []  # what _merge asked and decided, for the details
+    try:
+        booking, pinned = _book_parts(view, req, policy_name, providers, explanation, merged)
+    except Refusal as exc:
+        exc.explanation.update(_details(view, merged))
+        raise
+    if explain:
+        explanation.update(_details(view, merged))
+    explanation["alignment"] = alignment(view.machine, booking)
+    return booking, explanation, pinned
+
+
+# The providers' hints as the merge was given them (name, hints) and its result.
+_Merged = tuple[list[tuple[str, Mapping[str, HintSet]]], MergeResult]
+
+
+def _details(view: AdmissionView, merged: Sequence[_Merged]) -> dict[str, Any]:
+    """The costly part of an explanation: what was free before, every provider's hints."""
+    details: dict[str, Any] = {"free": view.free}
+    if merged:
+        details["providers"] = _provider_summaries(*merged[0])
+    return details
+
+
+def _book_parts(view: AdmissionView, req: Request, policy_name: str, providers: Providers,
+                explanation: dict[str, Any], merged: list[_Merged]) -> tuple[Booking, frozenset[str]]:
+    machine = view.machine
     fenced = view.fenced_nodes
     if not fenced:
-        affinity = _merge(view, req, policy_name, providers, explanation)
+        affinity = _merge(view, req, policy_name, providers, explanation, merged)
         booking, pinned = _allocate(view, req, affinity, providers, explanation)
     else:
         explanation["fenced_nodes"] = list(fenced)
@@ -245,7 +274,7 @@ def _book(view: AdmissionView, req: Request, policy_name: str,
             asked.update(machine.nodes_of(req.physcpubind))
         _refuse_fenced(view, asked, explanation)
         try:
-            affinity = _merge(view, req, policy_name, providers, explanation)
+            affinity = _merge(view, req, policy_name, providers, explanation, merged)
             booking, pinned = _allocate(view, req, affinity, providers, explanation)
         except Refusal as exc:  # the fence may be why: say so
             raise Refusal(exc.code, f"{exc.message}; {fenced_text(view)}", exc.explanation,
@@ -253,8 +282,7 @@ def _book(view: AdmissionView, req: Request, policy_name: str,
         # The providers steer clear of fenced nodes; this holds whatever they chose.
         _refuse_fenced(view, {*machine.nodes_of(booking.cpus), *booking.memory, *booking.memory_group},
                        explanation, pinned)
-    explanation["alignment"] = alignment(machine, booking)
-    return booking, explanation, pinned
+    return booking, pinned
 
 
 def fenced_text(view: AdmissionView) -> str:
@@ -274,8 +302,9 @@ def _refuse_fenced(view: AdmissionView, nodes: set[int], explanation: dict[str, 
 
 
 def _merge(view: AdmissionView, req: Request, policy_name: str, providers: Providers,
-           explanation: dict[str, Any]) -> NumaMask | None:
-    """The merged NUMA affinity (None: no restriction), or a topology refusal."""
+           explanation: dict[str, Any], merged_out: list[_Merged]) -> NumaMask | None:
+    """The merged NUMA affinity (None: no restriction), or a topology refusal; the
+    merge's result is appended to `merged_out` for the explanation's details."""
     machine = view.machine
     asked: list[tuple[str, Mapping[str, HintSet]]] = []
     for provider in providers:
@@ -288,7 +317,7 @@ def _merge(view: AdmissionView, req: Request, policy_name: str, providers: Provi
         strategy, [[resource_figures(view, name, r) for r in hints] for name, hints in asked])
     result = merge_decide([hints for _, hints in asked], machine.node_ids, policy_name,
                           machine.tm_options, machine.distances, tie=tie)
-    explanation["providers"] = _provider_summaries(asked, result)
+    merged_out.append((asked, result))
     merged = result.merged
     explanation["merged"] = merged.to_json()
     if tie is not None and merged.mask is not None:
@@ -405,7 +434,7 @@ def alignment(machine: Machine, b: Booking) -> dict[str, bool]:
 
 
 def _decide_pod_member(machine: Machine, state: AgentState, req: Request, pod_name: str,
-                       providers: Providers) -> Decision:
+                       providers: Providers, explain: bool = False) -> Decision:
     pod = state.pod(pod_name)
     pod_created = None
     explanation: dict[str, Any] = {}
@@ -416,7 +445,7 @@ def _decide_pod_member(machine: Machine, state: AgentState, req: Request, pod_na
                                  f"budget (--pod-cpus, --pod-memory, --pod-hugepages, --pod-device)")
         budget_req = replace(req, resources=req.pod_budget, cpunodebind=None, physcpubind=None)
         booking, explanation, pinned = _book(AdmissionView(machine, state), budget_req, _policy(machine, req),
-                                             providers)
+                                             providers, explain)
         pod = Pod(name=pod_name, owner_uid=req.owner_uid, booking=booking, members=(),
                   created_unix=req.created_unix, request=req.pod_budget.to_json())
         pod_created = pod

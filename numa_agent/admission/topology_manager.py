@@ -69,7 +69,7 @@ the pod is allocated inside the one merged hint.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 from numa_agent.core.hints import HintSet, NumaMask, TopologyHint
@@ -768,12 +768,18 @@ class MergeResult:
     merged: TopologyHint
     admit: bool
     policy: str
-    provider_summaries: tuple[HintSummary, ...]
+    providers: Sequence[ProviderInput] = field(default=(), compare=False, repr=False)
     exact: bool = True  # False: the search budget ran out (see module doc)
 
     @property
     def verdict(self) -> str:
         return verdict(self.policy, self.merged)
+
+    @property
+    def provider_summaries(self) -> tuple[HintSummary, ...]:
+        """Every provider's hints, summarised: made on demand (for a refusal or an
+        explanation), as an admission needs only the merged hint."""
+        return tuple(_summarize(i, name, hs) for i, name, hs in provider_resources(self.providers))
 
     def explanation(self) -> str:
         hints = ", ".join(f"{s.resource} hints {s.text()}" for s in self.provider_summaries) or "no hints"
@@ -788,10 +794,9 @@ class MergeResult:
 def decide(providers: Sequence[ProviderInput], numa_nodes: Sequence[int], policy: str,
            options: TopologyManagerOptions | None = None,
            distances: Mapping[int, Mapping[int, int]] | None = None, tie: TieScore | None = None) -> MergeResult:
-    """Merge, admit, and summarise every provider's hints for explanations."""
+    """Merge and admit; the result summarises every provider's hints when asked."""
     merged, exact = _merge(providers, numa_nodes, policy, options, distances, tie=tie)
-    summaries = tuple(_summarize(i, name, hs) for i, name, hs in provider_resources(providers))
-    return MergeResult(merged, admit(policy, merged), policy, summaries, exact)
+    return MergeResult(merged, admit(policy, merged), policy, providers, exact)
 
 
 __all__ = [

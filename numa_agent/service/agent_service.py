@@ -155,7 +155,9 @@ class AgentService:
                 req = self._request_from(request, caller)
                 req = self._on_engine_cgroup(req, request, caller)
                 deciding = time.perf_counter()
-                decision = decide(self.machine, self.state, req)
+                # A dry run (numa-run --dry-run, numa-agent explain) shows every provider's
+                # hints and what was free; an admission's answer and log line do without.
+                decision = decide(self.machine, self.state, req, explain=dry_run)
                 if owner is not None:
                     check_quota(self.quotas, owner, self.state, decision.state, decision.explanation)
             except _NameTaken as exc:
@@ -209,10 +211,10 @@ class AgentService:
             self._request_index_state = self._engine_index_state = self.state
             self._refuse_if_not_isolated(w, started)
             self.counters.admitted(time.perf_counter() - started, decision.explanation.get("alignment", {}))
-            log.info("admitted %s for uid %d pid %d: cpus %s mems %s devices %s | hints: %s | merged: %s",
+            log.info("admitted %s for uid %d pid %d: cpus %s mems %s devices %s | merged: %s",
                      w.name, caller.uid, caller.pid, effective_cpus(self.machine, new_state, w).format(),
                      ",".join(map(str, w.booking.mems)), ",".join(w.booking.device_addresses()) or "-",
-                     _hints_text(decision.explanation), _merged_text(decision.explanation))
+                     _merged_text(decision.explanation))
             return self._admission_view(new_state, w, decision.explanation, dry_run=False)
 
     def _manager_outcome(self, body: AdmitRequest, explanation: Mapping[str, Any], pinned: frozenset[str],

@@ -80,7 +80,7 @@ def test_a_fifth_provider_steers_the_merge_and_ends_up_in_the_booking():
     plain = decide(m, AgentState(), req("a"))
     assert m.nodes_of(plain.workload.booking.cpus) == (0,)
 
-    d = decide(m, AgentState(), req("a"), providers=(*PROVIDERS, AccelProvider(node=1)))
+    d = decide(m, AgentState(), req("a"), providers=(*PROVIDERS, AccelProvider(node=1)), explain=True)
     booking = d.workload.booking
     assert m.nodes_of(booking.cpus) == (1,)
     assert booking.devices == ((ACCEL, "accel-1"),)
