@@ -36,6 +36,7 @@ from numa_agent.enforcement.plan import (
     CgroupSpec,
     order_changes,
     pool_followers,
+    pool_steps,
 )
 from numa_agent.enforcement.polling import open_watcher
 from numa_agent.enforcement.processes import process_identity
@@ -521,10 +522,17 @@ class AffinityEnforcer:
         # A shared admission leaves the pool as it is: only the new workload
         # is pinned. When the pool changes every workload on it is re-pinned
         # (no inheritance here): those that inherit it in a cgroup tree are
-        # not in `changed` (update_layout), but in pool_followers.
-        if changed is not None:
-            changed = {*changed, *pool_followers(old, new)}
+        # not in `changed` (update_layout), but in pool_followers. They move
+        # as one (pool_steps): pinned before every other change when the pool
+        # loses CPUs, after every other when it gains some; only `changed` is planned.
         pins = _Pins()
+        followers: list[str] = []
+        shrink_to = grow_to = None
+        if changed is not None:
+            followers = [rel for rel in pool_followers(old, new) if rel not in changed]
+            shrink_to, grow_to = pool_steps(old, new)
+        if shrink_to is not None:
+            self._pin_followers(pins, new, followers, shrink_to)
         for change in order_changes(old, new, changed):
             if change.kind == "remove":
                 pid = self._pids.get(change.relpath)
@@ -542,6 +550,8 @@ class AffinityEnforcer:
             if spec.workload is None or spec.pid is None or not self._alive(spec.relpath):
                 continue
             pins.add(spec.pid, spec.cpus)
+        if grow_to is not None:
+            self._pin_followers(pins, new, followers, grow_to)
         pins.flush()
         if move is not None:
             relpath, pid = move
@@ -551,6 +561,26 @@ class AffinityEnforcer:
             # it forks from now on inherits the mask; a re-pin takes the tree).
             _pin_trees((pid,), spec.cpus, descendants=False)
             self.track(relpath, pid)
+
+    def _pin_followers(self, pins: "_Pins", new: Layout, followers: list[str], cpus: CpuSet) -> None:
+        """Queue the pool's followers whose processes are still the admitted ones."""
+        alive = self._alive_among(followers)
+        for rel in followers:
+            spec = new.get(rel)
+            if spec is not None and spec.workload is not None and spec.pid is not None and rel in alive:
+                pins.add(spec.pid, cpus)
+
+    def _alive_among(self, relpaths: Collection[str]) -> set[str]:
+        """Which of `relpaths` follow a process that has not exited: one poll of
+        their pidfds together, not one each."""
+        by_fd = {fd: rel for rel in relpaths if (fd := self._pidfds.get(rel)) is not None}
+        if not by_fd:
+            return set()
+        poller = select.poll()
+        for fd in by_fd:
+            poller.register(fd, select.POLLIN)
+        exited = {by_fd[fd] for fd, events in poller.poll(0) if events & select.POLLIN}
+        return set(by_fd.values()) - exited
 
     def evict(self, relpath: str | None, pid: int | None, identity: str | None, layout: Layout) -> None:
         """Re-pin a released workload's process and its descendants to the

@@ -319,6 +319,29 @@ class Change(NamedTuple):  # (a thousand per change of the pool: made cheaply)
     relpath: str
 
 
+def cpu_steps(before: CpuSet, after: CpuSet) -> tuple[CpuSet | None, bool]:
+    """How a cpuset goes from `before` to `after` without ever holding a CPU another
+    cgroup gains meanwhile: the CPUs to shrink it to among the first steps (None:
+    no shrink), and whether it grows to `after` among the last. A move does both,
+    dropping what it loses first (unless it keeps nothing: then it only grows)."""
+    if after.issubset(before):
+        return after, False
+    kept = after & before
+    return (kept if kept and kept != before else None), True
+
+
+def pool_steps(old: Mapping[str, CgroupSpec], new: Mapping[str, CgroupSpec]) -> tuple[CpuSet | None, CpuSet | None]:
+    """What the pool's followers go through when the pool changes, as one plan for
+    all of them (the affinity fallback re-pins each, a cgroup tree none): the CPUs
+    to pin them to before every other step and those to pin them to after every
+    other step (None: no such step)."""
+    before, after = old.get(SHARED_CGROUP), new.get(SHARED_CGROUP)
+    if before is None or after is None or before.cpus == after.cpus:
+        return None, None
+    shrink_to, grow = cpu_steps(before.cpus, after.cpus)
+    return shrink_to, (after.cpus if grow else None)
+
+
 def order_changes(old: Mapping[str, CgroupSpec], new: Mapping[str, CgroupSpec],
                   only: Collection[str] | None = None) -> list[Change]:
     """The steps from `old` to `new`, in an order that never lets two cgroups
@@ -343,13 +366,10 @@ def order_changes(old: Mapping[str, CgroupSpec], new: Mapping[str, CgroupSpec],
         if before is spec:
             continue
         if spec.cpus != before.cpus:  # (compared first: cheaper than the whole spec)
-            if spec.cpus.issubset(before.cpus):
-                shrinks.append(Change("shrink", spec, rel))
-            else:
-                # Grow in two steps: drop what it loses now, gain the rest last.
-                kept = spec.cpus & before.cpus
-                if kept != before.cpus and kept:
-                    shrinks.append(Change("shrink", replace(spec, cpus=kept), rel))
+            shrink_to, grow = cpu_steps(before.cpus, spec.cpus)
+            if shrink_to is not None:
+                shrinks.append(Change("shrink", spec if not grow else replace(spec, cpus=shrink_to), rel))
+            if grow:
                 grows.append(Change("grow", spec, rel))
         elif before != spec:
             updates.append(Change("update", spec, rel))

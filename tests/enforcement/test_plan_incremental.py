@@ -166,3 +166,23 @@ def test_a_change_away_from_the_pool_does_not_copy_the_bound_workloads():
     assert gone._bound is layout._bound
     fewer = gone.updated({}, ["/libpod_parent/libpod-000000000000"])
     assert len(fewer.bound()) == 999 and len(layout.bound()) == 1000
+
+
+@pytest.mark.parametrize("before, after, steps", [
+    ("0-7", "0-5", ("0-5", None)),   # the pool loses CPUs: followers pinned first
+    ("0-5", "0-7", (None, "0-7")),   # it gains some: pinned last
+    ("0-5", "2-7", ("2-5", "2-7")),  # it moves: drop what it loses first, gain the rest last
+    ("0-1", "2-3", (None, "2-3")),   # keeps nothing: one pin, last
+    ("0-5", "0-5", (None, None)),    # unchanged: nothing
+])
+def test_pool_steps_move_the_followers_as_order_changes_moves_one_cgroup(before, after, steps):
+    from numa_agent.core.cpuset import CpuSet
+    from numa_agent.enforcement.plan import CgroupSpec, pool_steps
+
+    def layout(cpus):
+        return {SHARED_CGROUP: CgroupSpec(relpath=SHARED_CGROUP, cpus=CpuSet.parse(cpus), mems=(0,))}
+    shrink_to, grow_to = pool_steps(layout(before), layout(after))
+    assert (shrink_to and shrink_to.format(), grow_to and grow_to.format()) == steps
+    if before != after:  # the same steps as order_changes plans for the pool's own cgroup
+        kinds = [(c.kind, c.spec.cpus.format()) for c in order_changes(layout(before), layout(after))]
+        assert kinds == [(kind, cpus) for kind, cpus in (("shrink", steps[0]), ("grow", steps[1])) if cpus]

@@ -6,6 +6,7 @@ plain shared workload inherits the pool (empty cpuset.cpus) and follows it."""
 from __future__ import annotations
 
 import os
+import subprocess
 
 import pytest
 
@@ -158,6 +159,51 @@ def test_a_shared_admission_pins_nobody_else_in_the_affinity_fallback(tmp_path, 
     assert {pid for pid, _ in pinned} >= {c.pid for c in callers} | {newcomer.pid}
     pool = service.status()["shared_pool"]
     assert all(CpuSet(os.sched_getaffinity(c.pid)) == CpuSet.parse(pool) for c in callers)
+    enforcer.close()
+
+
+def test_the_pool_followers_move_as_one_plan_before_the_new_holder(tmp_path, monkeypatch, sleepers):
+    """An exclusive admission in the affinity fallback plans only what changed (not a step
+    per workload on the pool), pins the pool's followers before the new holder takes its
+    CPU, and skips a follower whose process has exited."""
+    from numa_agent.discovery.sysfs import read_topology
+
+    machine = build_machine(read_topology("/"), PolicyConfig())
+    if len(machine.usable_cpus) < 2:
+        pytest.skip("needs two usable CPUs")
+    enforcer = AffinityEnforcer("test")
+    service = AgentService(machine, CheckpointStore(tmp_path / "state"), enforcer)
+    service.install(service.state)
+    callers = [sleepers() for _ in range(6)]
+    for i, caller in enumerate(callers):
+        service.admit(AdmitRequest(name=f"s{i}", shared=True), caller)
+    gone = subprocess.Popen(["sleep", "60"])
+    service.admit(AdmitRequest(name="gone", shared=True), Caller(pid=gone.pid, uid=1000, gid=1000))
+    gone.kill()
+    gone.wait()  # exited, not yet released: its pidfd says so
+
+    planned: list = []
+    pinned: list[int] = []
+    real_order, real_pin = enforcer_module.order_changes, enforcer_module._pin_trees
+
+    def order(old, new, only=None):
+        planned.append(only)
+        return real_order(old, new, only)
+
+    def pin(pids, cpus, descendants=True, finder=None):
+        pinned.extend(pids)
+        return real_pin(pids, cpus, descendants, finder)
+
+    monkeypatch.setattr(enforcer_module, "order_changes", order)
+    monkeypatch.setattr(enforcer_module, "_pin_trees", pin)
+    holder = sleepers()
+    service.admit(AdmitRequest(name="x", cpus=1), holder)
+    assert planned and all(only is not None and not any(rel.startswith("shared/s") for rel in only)
+                           for only in planned)
+    assert set(pinned) == {c.pid for c in callers} | {holder.pid}  # not the exited one
+    assert pinned.index(holder.pid) > max(pinned.index(c.pid) for c in callers)
+    pool = CpuSet.parse(service.status()["shared_pool"])
+    assert all(CpuSet(os.sched_getaffinity(c.pid)) == pool for c in callers)
     enforcer.close()
 
 
