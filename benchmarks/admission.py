@@ -36,8 +36,8 @@ from numa_agent.admission.topology_manager import decide as merge_decide
 from numa_agent.admission.view import AdmissionView
 from numa_agent.core.hints import HintSet, NumaMask, TopologyHint
 from numa_agent.state.model import AgentState
-from numa_agent.testing.reference_merge import reference_merge
-from numa_agent.testing.synthetic import make_topology
+from tests.support.reference_merge import reference_merge
+from tests.support.synthetic import make_topology
 
 DEFAULT_SIZES = (2, 8, 16, 32, 64)
 POLICIES = ("best-effort", "single-numa-node")

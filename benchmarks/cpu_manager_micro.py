@@ -11,7 +11,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from numa_agent.admission.cpu_manager import CpuManagerOptions, allocate_cpus, cpu_hints  # noqa: E402
 from numa_agent.admission.cpu_topology import CpuTopology  # noqa: E402
 from numa_agent.core.hints import NumaMask  # noqa: E402
-from numa_agent.testing.synthetic import make_topology  # noqa: E402
+from tests.support.synthetic import make_topology  # noqa: E402
 
 
 def timed(label, fn, repeat=20):

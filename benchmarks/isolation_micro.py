@@ -22,9 +22,9 @@ from numa_agent.enforcement.fake_cgroupfs import make_fake_cgroup_root  # noqa: 
 from numa_agent.isolation.keeper import IsolationKeeper  # noqa: E402
 from numa_agent.isolation.knobs import ProcSysKnobs  # noqa: E402
 from numa_agent.service.caller import Caller  # noqa: E402
-from numa_agent.testing.synthetic import make_topology  # noqa: E402
 from tests.support.isolation_tree import machine, write  # noqa: E402
 from tests.support.simulated_service import start  # noqa: E402
+from tests.support.synthetic import make_topology  # noqa: E402
 
 ME = Caller(pid=os.getpid(), uid=0, gid=0)
 IRQS = int(os.environ.get("IRQS", "200"))

@@ -30,7 +30,7 @@ from numa_agent.service.agent_service import AgentService  # noqa: E402
 from numa_agent.service.caller import Caller  # noqa: E402
 from numa_agent.state.checkpoint import CheckpointStore  # noqa: E402
 from numa_agent.state.model import AgentState  # noqa: E402
-from numa_agent.testing.synthetic import make_topology  # noqa: E402
+from tests.support.synthetic import make_topology  # noqa: E402
 
 PROBES = 200
 

@@ -13,7 +13,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from numa_agent.admission.topology_manager import _merge  # noqa: E402
 from numa_agent.core.hints import HintSet, NumaMask  # noqa: E402
-from numa_agent.testing.reference_merge import kubelet_lists, reference_merge  # noqa: E402
+from tests.support.reference_merge import kubelet_lists, reference_merge  # noqa: E402
 
 
 def cpu_like(free, request, capacity):

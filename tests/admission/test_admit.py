@@ -25,7 +25,7 @@ from numa_agent.admission.request import describe_amounts
 from numa_agent.core.cpuset import CpuSet
 from numa_agent.hotplug.rebase import rebase_state
 from numa_agent.state.model import AgentState
-from numa_agent.testing.synthetic import make_topology
+from tests.support.synthetic import make_topology
 
 GPU = ("0x030200", "0x10de", "0x20b0", 1, "nvidia")
 NIC = ("0x020000", "0x8086", "0x1572", 0, "i40e")

@@ -10,7 +10,7 @@ from numa_agent.admission.machine import PolicyConfig, build_machine
 from numa_agent.admission.topology_manager import TopologyConfigError, TopologyManagerOptions
 from numa_agent.core.policy import AllocationStrategy
 from numa_agent.state.model import AgentState
-from numa_agent.testing.synthetic import make_topology
+from tests.support.synthetic import make_topology
 
 GiB = 1 << 30
 

@@ -10,8 +10,8 @@ from numa_agent.admission.admit import Refusal, Request, Resources, decide
 from numa_agent.admission.machine import CLOSEST_BY_DEFAULT_UP_TO, MachineConfigError, PolicyConfig, build_machine
 from numa_agent.discovery.sysfs import read_topology
 from numa_agent.state.model import AgentState
-from numa_agent.testing.synthetic import make_topology
 from tests.conftest import SNAPSHOT_NAMES
+from tests.support.synthetic import make_topology
 
 SNC = "intel-clx-2s-ht-snc2-4numa"
 KUBELET_DEFAULT = {"prefer-closest-numa-nodes": "false"}

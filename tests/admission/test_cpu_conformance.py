@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from numa_agent.testing.conformance.cpu_sections import SECTIONS
+from tests.support.conformance.cpu_sections import SECTIONS
 
 VECTORS = Path(__file__).resolve().parents[1] / "fixtures" / "conformance" / "kubelet-vectors.json"
 DOC = json.loads(VECTORS.read_text())

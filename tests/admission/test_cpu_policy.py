@@ -18,7 +18,7 @@ from numa_agent.admission.cpu_take import take_by_topology, take_by_topology_dis
 from numa_agent.admission.cpu_topology import CpuInfo, CpuTopology, CpuTopologyError
 from numa_agent.core.cpuset import CpuSet
 from numa_agent.core.hints import NumaMask, TopologyHint
-from numa_agent.testing.synthetic import make_topology
+from tests.support.synthetic import make_topology
 
 
 def machine(sockets=2, nodes_per_socket=1, cores_per_node=4, threads=2, uncores_per_node=1):

@@ -12,7 +12,7 @@ from numa_agent.admission.cpu_manager import (
 from numa_agent.admission.cpu_topology import CpuInfo, CpuTopology
 from numa_agent.core.cpuset import CpuSet
 from numa_agent.core.hints import NumaMask
-from numa_agent.testing.synthetic import make_topology
+from tests.support.synthetic import make_topology
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -22,7 +22,7 @@ from numa_agent.admission.device_manager import (
 )
 from numa_agent.core.hints import NumaMask, TopologyHint
 from numa_agent.core.topology import PciDevice
-from numa_agent.testing.synthetic import make_topology
+from tests.support.synthetic import make_topology
 
 GPU = ("0x030200", "0x10de", "0x20b0", None, "nvidia")
 

@@ -8,7 +8,7 @@ from numa_agent.admission import topology_manager
 from numa_agent.admission.admit import Refusal, Request, Resources, decide
 from numa_agent.admission.machine import PolicyConfig, build_machine
 from numa_agent.state.model import AgentState
-from numa_agent.testing.synthetic import make_topology
+from tests.support.synthetic import make_topology
 
 DETAILS = ("free", "providers")
 

@@ -30,7 +30,7 @@ from numa_agent.admission.memory_manager import (
 )
 from numa_agent.core.hints import NumaMask, TopologyHint
 from numa_agent.core.topology import HugePages
-from numa_agent.testing.synthetic import make_topology
+from tests.support.synthetic import make_topology
 
 GiB = 1 << 30
 MiB = 1 << 20

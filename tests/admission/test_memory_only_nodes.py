@@ -9,7 +9,7 @@ from numa_agent.admission.machine import MachineConfigError, PolicyConfig, build
 from numa_agent.core.cpuset import CpuSet
 from numa_agent.discovery.sysfs import read_topology
 from numa_agent.state.model import AgentState
-from numa_agent.testing.synthetic import make_topology
+from tests.support.synthetic import make_topology
 
 GiB = 1 << 30
 POWER9 = "power9-2s-smt4-gpu-numa-nodes"

@@ -14,7 +14,7 @@ from numa_agent.admission.provider import NOTHING, Allocation, HintProvider
 from numa_agent.admission.registry import PROVIDERS as REGISTERED
 from numa_agent.core.hints import HintSet, NumaMask, TopologyHint
 from numa_agent.state.model import AgentState
-from numa_agent.testing.synthetic import make_topology
+from tests.support.synthetic import make_topology
 
 ACCEL = "example.com/accel"
 

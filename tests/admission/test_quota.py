@@ -17,7 +17,7 @@ from numa_agent.admission.quota import (
     quota_view,
 )
 from numa_agent.state.model import AgentState
-from numa_agent.testing.synthetic import make_topology
+from tests.support.synthetic import make_topology
 
 GPU = ("0x030200", "0x10de", "0x20b0", 1, "nvidia")
 GIB = 1 << 30

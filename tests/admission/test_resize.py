@@ -7,7 +7,7 @@ from numa_agent.admission.admit import Refusal, Request, Resources, decide
 from numa_agent.admission.machine import PolicyConfig, build_machine
 from numa_agent.admission.resize import resize
 from numa_agent.state.model import AgentState, Workload
-from numa_agent.testing.synthetic import make_topology
+from tests.support.synthetic import make_topology
 
 GiB = 1 << 30
 

@@ -11,7 +11,7 @@ from numa_agent.admission.admit import InvalidRequest, Refusal, Request, Resourc
 from numa_agent.admission.machine import PolicyConfig, build_machine
 from numa_agent.core.cpuset import CpuSet
 from numa_agent.state.model import AgentState
-from numa_agent.testing.synthetic import make_topology
+from tests.support.synthetic import make_topology
 
 
 def topology(**kw):

@@ -17,7 +17,7 @@ from numa_agent.admission.topology_manager import (
     merge,
 )
 from numa_agent.core.hints import HintSet, NumaMask, TopologyHint
-from numa_agent.testing.reference_merge import reference_merge
+from tests.support.reference_merge import reference_merge
 
 
 def H(nodes, preferred=True):

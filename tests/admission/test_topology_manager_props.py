@@ -14,7 +14,7 @@ from numa_agent.admission.topology_manager import (
     _merge,
 )
 from numa_agent.core.hints import HintSet, NumaMask, TopologyHint
-from numa_agent.testing.reference_merge import kubelet_lists, reference_merge
+from tests.support.reference_merge import kubelet_lists, reference_merge
 
 
 def _subsets(nodes):

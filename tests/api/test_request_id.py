@@ -19,9 +19,9 @@ from numa_agent.api.validation import AdmitRequest, parse_admit_request
 from numa_agent.enforcement.fake_cgroupfs import make_fake_cgroup_root
 from numa_agent.service.caller import Caller
 from numa_agent.state.checkpoint import CheckpointStore
-from numa_agent.testing.synthetic import make_topology
 from tests.support import simulated_service
 from tests.support.agent_process import AgentProcess
+from tests.support.synthetic import make_topology
 
 REPO = Path(__file__).resolve().parents[2]
 ME = Caller(pid=os.getpid(), uid=1000, gid=1000)

@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 from numa_agent.cli import numa_agent, numa_run
 from numa_agent.service import config as config_module
 from numa_agent.service.startup import Agent
-from numa_agent.testing.synthetic import make_topology
+from tests.support.synthetic import make_topology
 from tests.support.sysfs_writer import write_sysfs
 
 FUZZ = settings(max_examples=100, derandomize=True, deadline=None, database=None,

@@ -15,7 +15,7 @@ from numa_agent.cli.numa_agent import main
 from numa_agent.hotplug.events import FakeEventSource, HotplugEvent
 from numa_agent.service.config import AgentConfig
 from numa_agent.service.startup import Agent
-from numa_agent.testing.synthetic import make_topology, with_node_memory
+from tests.support.synthetic import make_topology, with_node_memory
 from tests.support.sysfs_writer import write_sysfs
 
 GiB, MiB = 1 << 30, 1 << 20

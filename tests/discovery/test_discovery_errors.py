@@ -10,8 +10,8 @@ import pytest
 
 from numa_agent.core.cpuset import CpuSet
 from numa_agent.discovery.sysfs import DiscoveryError, read_topology
-from numa_agent.testing.synthetic import make_topology
 from numa_agent.views.topology_report import render_text
+from tests.support.synthetic import make_topology
 from tests.support.sysfs_writer import write_sysfs
 
 

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from numa_agent.core.cpuset import CpuSet
 from numa_agent.core.topology import PciDevice
 from numa_agent.discovery.sysfs import read_topology
-from numa_agent.testing.synthetic import make_topology
+from tests.support.synthetic import make_topology
 from tests.support.sysfs_writer import write_sysfs
 
 GPU = ("0x030200", "0x10de", "0x20b0")

@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from numa_agent.testing.synthetic import make_topology
 from tests.support.agent_process import AgentProcess
 from tests.support.isolation_tree import machine, snapshot
+from tests.support.synthetic import make_topology
 from tests.support.sysfs_writer import write_sysfs
 
 

@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from numa_agent.testing.synthetic import make_topology
 from tests.support.agent_process import AgentProcess, numa_run
+from tests.support.synthetic import make_topology
 from tests.support.sysfs_writer import write_sysfs
 
 MIB = 1 << 20

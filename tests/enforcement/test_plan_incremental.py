@@ -21,7 +21,7 @@ from numa_agent.enforcement.plan import (
     workload_relpath,
 )
 from numa_agent.state.model import AgentState
-from numa_agent.testing.synthetic import make_topology
+from tests.support.synthetic import make_topology
 
 MIB = 1 << 20
 

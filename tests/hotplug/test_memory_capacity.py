@@ -16,7 +16,7 @@ from numa_agent.admission.view import allocatable_cpus, fenced_nodes
 from numa_agent.core.cpuset import CpuSet
 from numa_agent.hotplug.rebase import rebase_state
 from numa_agent.state.model import AgentState
-from numa_agent.testing.synthetic import make_topology, with_node_memory
+from tests.support.synthetic import make_topology, with_node_memory
 
 GiB = 1 << 30
 

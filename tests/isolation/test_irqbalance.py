@@ -21,12 +21,12 @@ from numa_agent.service.caller import Caller
 from numa_agent.service.runtime import RETRY_FIRST, WATCH_INTERVAL, EventLoop
 from numa_agent.state.checkpoint import CheckpointStore
 from numa_agent.state.model import AgentState
-from numa_agent.testing.synthetic import make_topology
 from tests.isolation.test_keeper import step, workload
 from tests.support.agent_process import wait_for
 from tests.support.fake_irqbalance import FakeIrqbalance
 from tests.support.isolation_tree import machine, snapshot
 from tests.support.simulated_service import start
+from tests.support.synthetic import make_topology
 
 
 @pytest.fixture

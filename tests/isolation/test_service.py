@@ -15,10 +15,10 @@ from numa_agent.enforcement.fake_cgroupfs import make_fake_cgroup_root
 from numa_agent.isolation.keeper import IsolationKeeper
 from numa_agent.service.caller import Caller
 from numa_agent.state.checkpoint import CheckpointStore
-from numa_agent.testing.synthetic import make_topology
 from numa_agent.views.metrics import build_registry
 from tests.support.isolation_tree import CPU, Failing, machine, snapshot
 from tests.support.simulated_service import start
+from tests.support.synthetic import make_topology
 
 ME = Caller(pid=os.getpid(), uid=0, gid=0)  # only root (or a configured group) may ask for --isolate
 USER = Caller(pid=os.getpid(), uid=1000, gid=1000)

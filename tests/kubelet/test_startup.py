@@ -12,8 +12,8 @@ import pytest
 
 from numa_agent.kubelet import podresources_pb2 as pb
 from numa_agent.kubelet import podresources_pb2_grpc as pb_grpc
-from numa_agent.testing.synthetic import make_topology
 from tests.support.agent_process import AgentProcess, numa_run, wait_for
+from tests.support.synthetic import make_topology
 from tests.support.sysfs_writer import write_sysfs
 
 

@@ -19,7 +19,7 @@ from numa_agent.kubelet.files import StateFiles, StateFilesError
 from numa_agent.kubelet.pod_resources import ListEncoder, list_response
 from numa_agent.kubelet.state_files import StateDocuments, checksum_ok, documents, kubelet_resource
 from numa_agent.state.model import AgentState
-from numa_agent.testing.synthetic import make_topology
+from tests.support.synthetic import make_topology
 
 GPU = ("0x030200", "0x10de", "0x20b0", 1, "nvidia")
 

@@ -10,9 +10,9 @@ import urllib.request
 import pytest
 
 from numa_agent.core.cpuset import CpuSet
-from numa_agent.testing.synthetic import make_topology
 from tests.observe.proc_tree import add_task
 from tests.support.agent_process import AgentProcess, wait_for
+from tests.support.synthetic import make_topology
 from tests.support.sysfs_writer import write_sysfs
 
 

@@ -18,10 +18,10 @@ from numa_agent.observe.observer import Observer
 from numa_agent.observe.procfs import ProcReader
 from numa_agent.observe.watcher import IntruderWatcher, guarded_of
 from numa_agent.service.caller import Caller
-from numa_agent.testing.synthetic import make_topology
 from numa_agent.views.metrics import build_registry
 from tests.observe.proc_tree import add_task
 from tests.support.simulated_service import start
+from tests.support.synthetic import make_topology
 
 MIB = 1 << 20
 

@@ -65,6 +65,9 @@ def test_wheel_carries_units_config_man_pages_completions_and_hooks(dist):
         metadata = z.read(info + "METADATA").decode()
     assert "License-Expression: Apache-2.0" in metadata.splitlines()
     assert not any(n.startswith("tests/") for n in names)
+    # The product only: synthetic machines, the kubelet's literal merge, the vector runner and
+    # the chaos storm live in tests/support, which no installed module imports.
+    assert not any(n.startswith("numa_agent/testing") for n in names)
 
 
 def test_sdist_carries_the_same_and_what_installs_it(dist):

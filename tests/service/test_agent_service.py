@@ -20,8 +20,8 @@ from numa_agent.service.caller import Caller, system_user_name
 from numa_agent.service.config import ConfigError
 from numa_agent.state.checkpoint import CheckpointStore, CheckpointWriteError
 from numa_agent.state.model import replace
-from numa_agent.testing.synthetic import make_topology
 from tests.support.simulated_service import cg_file, start
+from tests.support.synthetic import make_topology
 
 ME = Caller(pid=os.getpid(), uid=1000, gid=1000)
 ROOT = Caller(pid=os.getpid(), uid=0, gid=0)

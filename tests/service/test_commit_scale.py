@@ -22,8 +22,8 @@ from numa_agent.service.agent_service import AgentService
 from numa_agent.service.caller import Caller
 from numa_agent.service.recovery import restore
 from numa_agent.state.checkpoint import CheckpointStore
-from numa_agent.testing.synthetic import make_topology
 from tests.support.simulated_service import cg_file
+from tests.support.synthetic import make_topology
 
 ME = Caller(pid=os.getpid(), uid=1000, gid=1000)
 LIVE = 30

@@ -10,7 +10,7 @@ from numa_agent.enforcement.enforcer import AffinityEnforcer, CgroupEnforcer
 from numa_agent.service import startup
 from numa_agent.service.config import AgentConfig
 from numa_agent.service.startup import EnforcerUnavailable, StartupError, _lazy, choose_enforcer
-from numa_agent.testing.synthetic import make_topology
+from tests.support.synthetic import make_topology
 
 HERE = __name__
 

@@ -16,8 +16,8 @@ from numa_agent.enforcement.cgroup import CgroupV2
 from numa_agent.service.caller import Caller
 from numa_agent.service.config import AgentConfig
 from numa_agent.service.startup import Agent
-from numa_agent.testing.synthetic import make_topology
 from tests.support.agent_process import wait_for
+from tests.support.synthetic import make_topology
 from tests.support.sysfs_writer import write_sysfs
 
 CONTAINER = "/libpod_parent/libpod-0123456789ab"

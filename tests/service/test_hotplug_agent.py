@@ -21,9 +21,9 @@ from numa_agent.service.caller import Caller
 from numa_agent.service.config import AgentConfig
 from numa_agent.service.startup import Agent
 from numa_agent.state.model import replace as replace_value
-from numa_agent.testing.synthetic import make_topology, with_node_memory
 from numa_agent.views.metrics import build_registry
 from tests.support.agent_process import wait_for
+from tests.support.synthetic import make_topology, with_node_memory
 from tests.support.sysfs_writer import write_sysfs
 
 GPU = ("0x030200", "0x10de", "0x20b0", 1, "nvidia")

@@ -12,9 +12,9 @@ from numa_agent.api.errors import QuotaExceeded
 from numa_agent.api.validation import AdmitRequest
 from numa_agent.enforcement.fake_cgroupfs import make_fake_cgroup_root
 from numa_agent.service.caller import Caller
-from numa_agent.testing.synthetic import make_topology
 from tests.support.metrics_service import scrape
 from tests.support.simulated_service import start
+from tests.support.synthetic import make_topology
 
 ROOT = Caller(pid=os.getpid(), uid=0, gid=0)
 OWNERS = {1000: Owner(1000, "alice", ("alice", "hpc")), 1001: Owner(1001, "bob", ("bob",)),

@@ -11,8 +11,8 @@ import sys
 
 import pytest
 
-from numa_agent.testing.synthetic import make_topology
 from tests.support.agent_process import AgentProcess, numa_run, wait_for
+from tests.support.synthetic import make_topology
 from tests.support.sysfs_writer import write_sysfs
 
 ME = pwd.getpwuid(os.getuid()).pw_name

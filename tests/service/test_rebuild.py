@@ -18,7 +18,7 @@ from numa_agent.enforcement.marked import MarkedProcess, scan_marked
 from numa_agent.service.caller import Caller
 from numa_agent.service.rebuild import is_quarantined, reconcile
 from numa_agent.state.model import AgentState, Booking, Workload
-from numa_agent.testing.synthetic import make_topology
+from tests.support.synthetic import make_topology
 
 BOOT = "0d5c5f1e-0000-4000-8000-000000000000"
 KEY = bytes(range(32))  # the agent's mark key in these tests

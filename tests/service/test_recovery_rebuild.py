@@ -16,8 +16,8 @@ from numa_agent.enforcement.fake_cgroupfs import FakeCgroupfs, make_fake_cgroup_
 from numa_agent.enforcement.record import RECORD_XATTR, decode_record, encode_record
 from numa_agent.state.checkpoint import CheckpointStore
 from numa_agent.state.model import replace
-from numa_agent.testing.synthetic import make_topology
 from tests.support.simulated_service import cg_file, start
+from tests.support.synthetic import make_topology
 
 GPU = ("0x030200", "0x10de", "0x20b0", 1, "nvidia")
 MIB = 1 << 20

@@ -15,8 +15,8 @@ from numa_agent.enforcement.errors import CgroupNoSpaceError
 from numa_agent.enforcement.fake_cgroupfs import make_fake_cgroup_root
 from numa_agent.service.caller import Caller
 from numa_agent.state.checkpoint import CheckpointStore
-from numa_agent.testing.synthetic import make_topology
 from tests.support.simulated_service import cg_file, start
+from tests.support.synthetic import make_topology
 
 ME = Caller(pid=os.getpid(), uid=1000, gid=1000)
 OTHER = Caller(pid=os.getpid(), uid=1001, gid=1001)

@@ -17,9 +17,9 @@ from numa_agent.admission.machine import PolicyConfig, build_machine
 from numa_agent.service.config import AgentConfig
 from numa_agent.service.snapshot import SnapshotError, extract_snapshot
 from numa_agent.service.startup import StartupError, choose_enforcer
-from numa_agent.testing.synthetic import make_topology
 from tests.conftest import FIXTURES
 from tests.support.agent_process import AgentProcess, numa_run
+from tests.support.synthetic import make_topology
 
 ARCHIVE = FIXTURES / "sysfs" / "intel-snb-2s-2numa-pci-nvme-nic.tar.gz"
 

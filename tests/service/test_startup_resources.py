@@ -11,7 +11,7 @@ import pytest
 from numa_agent.service import runtime
 from numa_agent.service.config import AgentConfig
 from numa_agent.service.startup import Agent, StartupConfigError, StartupError
-from numa_agent.testing.synthetic import make_topology
+from tests.support.synthetic import make_topology
 from tests.support.sysfs_writer import write_sysfs
 
 

@@ -118,7 +118,7 @@ class_prefixes = ["0x0200"]
 
 
 def machine_with_devices(where: Path) -> Path:
-    from numa_agent.testing.synthetic import make_topology
+    from tests.support.synthetic import make_topology
     from tests.support.sysfs_writer import write_sysfs
 
     topo = make_topology(sockets=2, nodes_per_socket=2, cores_per_node=4, threads_per_core=2,

@@ -8,9 +8,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from numa_agent.admission.machine import PolicyConfig, build_machine
 from numa_agent.enforcement.fake_cgroupfs import make_fake_cgroup_root
-from numa_agent.testing.synthetic import make_topology
 from numa_agent.views.metrics import build_registry
 from tests.support.simulated_service import start
+from tests.support.synthetic import make_topology
 
 
 def metrics_service(tmp_path, **policy):

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from numa_agent.testing.conformance.runner import ConformanceFileError, run
+from tests.support.conformance.runner import ConformanceFileError, run
 
 ROOT = Path(__file__).resolve().parents[2]
 VECTORS = ROOT / "tests" / "fixtures" / "conformance" / "kubelet-vectors.json"

@@ -3,7 +3,7 @@
 import pytest
 
 from numa_agent.core.cpuset import CpuSet
-from numa_agent.testing.synthetic import make_numa_machine, make_topology
+from tests.support.synthetic import make_numa_machine, make_topology
 
 
 def test_default_shape_split_numbering():

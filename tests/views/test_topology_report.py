@@ -11,8 +11,8 @@ import pytest
 from numa_agent.cli.numa_agent import main
 from numa_agent.core.cpuset import CpuSet
 from numa_agent.core.units import format_bytes as size_text  # the one size formatter
-from numa_agent.testing.synthetic import make_topology
 from numa_agent.views.topology_report import render_text, topology_to_json
+from tests.support.synthetic import make_topology
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "sysfs"
 

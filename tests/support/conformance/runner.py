@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 from typing import Callable, Iterable
 
-from numa_agent.testing.conformance import merge_sections
+from tests.support.conformance import merge_sections
 
 # Top-level keys that describe the file rather than hold cases.
 METADATA_KEYS = ("schema_version", "provenance", "conventions", "topologies", "numa_distances")
@@ -46,7 +46,7 @@ def load(path: str | Path) -> dict:
 def _sections() -> tuple[dict[str, Callable], str | None]:
     sections = dict(merge_sections.SECTIONS)
     try:
-        cpu = importlib.import_module("numa_agent.testing.conformance.cpu_sections")
+        cpu = importlib.import_module("tests.support.conformance.cpu_sections")
     except ImportError as exc:
         return sections, f"CPU sections unavailable ({exc})"
     sections.update(cpu.SECTIONS)

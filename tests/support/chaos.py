@@ -3,7 +3,7 @@ while the agent is killed with SIGKILL and its checkpoint or its journal
 damaged at random (the journal: a torn last entry, a flipped byte);
 after every restart the kernel is asked whether the one promise still holds.
 
-    python -m numa_agent.testing.chaos [--seconds 30] [--kills 8] [--cgroup-root none|auto] [--seed N]
+    python -m tests.support.chaos [--seconds 30] [--kills 8] [--cgroup-root none|auto] [--seed N]
 
 The oracle is the kernel, not the agent's answers: in the affinity fallback each
 client's CPU affinity (`/proc/PID/status`), in cgroup mode each workload
