@@ -104,6 +104,17 @@ def cpu_count(text: str) -> int:
     return parse_count(text, "CPU count")
 
 
+def exclusive_cpu_count(text: str) -> int:
+    """--cpus: one or more. Zero exclusive CPUs is the shared pool, which --shared (or no
+    --cpus) asks for by name: a 0 from a script's empty arithmetic is refused, not guessed."""
+    count = cpu_count(text)
+    if count == 0:
+        raise argparse.ArgumentTypeError(
+            "0 exclusive CPUs is the shared pool: say --shared, or leave --cpus out (a booking "
+            "of memory or devices alone runs on the shared pool)")
+    return count
+
+
 def hugepages_item(text: str) -> tuple[str, int]:
     """"2Mi=512" -> ("2048", 512): page size in kB as the API wants it."""
     return _argument(request_syntax.parse_hugepages_item, text)
@@ -212,7 +223,7 @@ def _merge(pairs: list[tuple[str, int]] | None, option: str) -> dict[str, int]:
 def add_allocation_options(parser: argparse.ArgumentParser) -> None:
     """The request options shared by numa-run and `numa-agent explain`."""
     res = parser.add_argument_group("what to allocate")
-    res.add_argument("--cpus", type=cpu_count, default=0, metavar="N",
+    res.add_argument("--cpus", type=exclusive_cpu_count, default=0, metavar="N",
                      help="exclusive CPUs (whole physical cores first)")
     res.add_argument("--shared", action="store_true",
                      help="no exclusive CPUs: run in the shared pool")

@@ -98,6 +98,9 @@ def test_option_parsing(argv, fields, command):
     (["--device", "=1", "x"], "invalid device"),
     (["--bogus", "x"], "unrecognized arguments"),
     (["--cpus", "1", "--isolate", "irq", "x"], "unknown isolation 'irq'"),
+    # 0 would quietly mean the shared pool: said instead
+    (["--cpus", "0", "x"], "argument --cpus: 0 exclusive CPUs is the shared pool: say --shared"),
+    (["--cpus", "00", "--memory", "1Gi", "x"], "or leave --cpus out"),
 ])
 def test_bad_option_exits_125(argv, message, capsys):
     with pytest.raises(SystemExit) as info:
