@@ -32,7 +32,6 @@ from numa_agent.observe.model import (
     parse_stat,
 )
 from numa_agent.observe.procfs import TaskSource
-from numa_agent.service.rebuild import is_quarantined
 from numa_agent.state.model import AgentState
 
 log = logging.getLogger("numa_agent.observe")
@@ -56,7 +55,7 @@ def guarded_of(state: AgentState, path_of: Callable[[str], str | None],
     """The workloads holding exclusive CPUs, each with what marks its own tasks."""
     out = []
     for w in state.workloads:
-        if w.shared or not w.booking.cpus or is_quarantined(w):
+        if w.shared or not w.booking.cpus or w.quarantined:
             continue
         cgroup = cgroup_name(path_of(workload_relpath(w)), mount)
         out.append(Guarded(w.name, w.booking.cpus, cgroup, w.pid, w.owner_uid))

@@ -75,12 +75,11 @@ from numa_agent.kubelet.state_files import CPU_MANAGER_STATE, MEMORY_MANAGER_STA
 from numa_agent.kubelet.state_files import documents as kubelet_documents
 from numa_agent.service.caller import Caller, Owners, UserNames, system_owner, system_user_name
 from numa_agent.service.counters import Counters, ManagerOutcome
-from numa_agent.service.rebuild import REBUILT, is_quarantined
 from numa_agent.service.revocation_copy import RevocationCopy
 from numa_agent.service.revocations import hand_to_pool, process_lives, pruned, released_views, revocation_of
 from numa_agent.service.tally import workload_tally
 from numa_agent.state.checkpoint import CheckpointError
-from numa_agent.state.model import AgentState, IsolationLedger, Workload
+from numa_agent.state.model import REBUILT, AgentState, IsolationLedger, Workload
 
 log = logging.getLogger("numa_agent.service")
 
@@ -236,7 +235,7 @@ class AgentService:
                 raise NotFound(f"no workload named {name!r}")
             if request_id is not None and w.request.get("request_id") not in (None, request_id):
                 raise NotFound(f"no workload named {name!r} admitted under request id {request_id}")
-            if caller is None and is_quarantined(w):
+            if caller is None and w.quarantined:
                 # Not the exit of a followed process: the hold stays until an operator asks.
                 raise Conflict(f"{name} holds CPUs {w.booking.cpus.format() or '(none)'} for an "
                                f"operator; only `numa-agent release {name}` as root frees them")
@@ -252,7 +251,7 @@ class AgentService:
                 engines.remove(w.cgroup)
             self._request_index_state = self._engine_index_state = self.state
             self.counters.releases_total += 1
-            if is_quarantined(w):
+            if w.quarantined:
                 log.warning("released the held CPUs %s of %s (pid %s at start-up) on an operator's "
                             "request", w.booking.cpus.format() or "(none)", name, w.request.get("pid"))
             log.info("released %s (%s)%s", name, reason, f"; pod {pod.name} budget freed" if pod else "")
@@ -272,7 +271,7 @@ class AgentService:
                 raise NotFound(f"no workload named {name!r}")
             if not caller.is_root and caller.uid != w.owner_uid:
                 raise Forbidden(f"workload {name!r} belongs to uid {w.owner_uid}; only its owner or root may resize it")
-            if is_quarantined(w):
+            if w.quarantined:
                 raise Conflict(f"{name} is held for an operator, not a workload to resize")
             try:
                 decision = resize_workload(self.machine, self.state, name, cpus=cpus, memory_bytes=memory_bytes)
@@ -304,7 +303,7 @@ class AgentService:
         state = pruned(state, self.enforcer)
         if not asked:
             return state
-        if is_quarantined(w):
+        if w.quarantined:
             pid, identity = w.request.get("pid"), w.request.get("pid_identity")
             w = msgspec.structs.replace(w, pid=pid if isinstance(pid, int) else None,
                                         pid_identity=identity if isinstance(identity, str) else None)
@@ -753,7 +752,7 @@ class AgentService:
 
     def list_workloads(self, viewer_uid: int | None = None) -> list[dict]:
         state = self.state
-        views = [self._workload_view(state, w, viewer_uid) for w in state.workloads if not is_quarantined(w)]
+        views = [self._workload_view(state, w, viewer_uid) for w in state.workloads if not w.quarantined]
         self._with_owner_names(views)
         return views
 
@@ -774,7 +773,7 @@ class AgentService:
                  "marked": w.request.get("marked"), "reason": w.request.get("reason"),
                  "remedy": f"stop or re-pin pid {w.request.get('pid')}, then "
                            f"`numa-agent release {w.name}` as root"}
-                for w in state.workloads if is_quarantined(w)]
+                for w in state.workloads if w.quarantined]
 
     def status(self, viewer_uid: int | None = None, memory: bool = False) -> dict:
         """`memory`: also read the memory per node of workloads without a
@@ -813,7 +812,7 @@ class AgentService:
             "shared_pool": shared_pool(self.machine, state).format(),
             "nodes": node_accounting(self.machine, state),
             "workloads": [self._workload_view(state, w, viewer_uid) for w in state.workloads
-                          if not is_quarantined(w)],
+                          if not w.quarantined],
             "quarantined": self._quarantined_views(state),
             "released": released_views(state),
             "pods": [{"name": p.name, "owner_uid": p.owner_uid, "cpus": p.booking.cpus.format(),
@@ -835,7 +834,7 @@ class AgentService:
             "shared_pool": shared_pool(self.machine, state).format(),
             "nodes": node_accounting(self.machine, state),
             "workloads": [{"name": w.name, "exclusive": not w.shared} for w in state.workloads
-                          if not is_quarantined(w)] if self.observer is not None else [],
+                          if not w.quarantined] if self.observer is not None else [],
             "workload_tally": {"held": tally.held, "lost": tally.lost},
             "pod_count": len(state.pods),
             "isolation": self.isolation.status(state) if self.isolation is not None else None,

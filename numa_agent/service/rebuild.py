@@ -63,13 +63,11 @@ from numa_agent.core.names import is_workload_name
 from numa_agent.enforcement.marked import MARK, MarkedProcess
 from numa_agent.enforcement.plan import workload_relpath
 from numa_agent.enforcement.protocol import Enforcer
-from numa_agent.state.model import AgentState, Booking, Workload
+from numa_agent.state.model import QUARANTINED, REBUILT, AgentState, Booking, Workload
 
 log = logging.getLogger("numa_agent.recovery")
 
-REBUILT = "rebuilt"  # the request key saying how a workload was rebuilt
 PARTIAL = "partial"
-QUARANTINED = "quarantined"
 UNKNOWN_ALWAYS = ("memory", "hugepages")  # never visible from outside a process
 
 
@@ -79,10 +77,6 @@ class Rebuild:
     rebuilt: tuple[str, ...] = ()  # workloads rebuilt from a process (to be followed)
     held: tuple[str, ...] = ()  # quarantined entries
     messages: tuple[tuple[int, str], ...] = field(default=())  # (logging level, text)
-
-
-def is_quarantined(w: Workload) -> bool:
-    return w.request.get(REBUILT) == QUARANTINED
 
 
 def source_text(marked: Sequence[MarkedProcess] | None) -> str:
@@ -317,4 +311,4 @@ def rebuild_from_live(machine: Machine, state: AgentState, enforcer: Enforcer,
     return Rebuild(state, tuple(rebuilt), result.held, result.messages)
 
 
-__all__ = ["Rebuild", "is_quarantined", "is_trusted", "rebuild_from_live", "reconcile", "source_text"]
+__all__ = ["Rebuild", "is_trusted", "rebuild_from_live", "reconcile", "source_text"]

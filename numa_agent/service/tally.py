@@ -7,7 +7,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from numa_agent.service.rebuild import is_quarantined
 from numa_agent.state.model import AgentState, FollowsWorkloads, Workload
 
 
@@ -20,7 +19,7 @@ class WorkloadTally(FollowsWorkloads):
         held, lost = self.held, self.lost
         for workloads, sign in ((removed, -1), (added, 1)):
             for w in workloads:
-                if not is_quarantined(w):
+                if not w.quarantined:
                     held += sign
                     lost += sign if w.lost else 0
         return WorkloadTally(held, lost)

@@ -72,6 +72,12 @@ class Booking(_Value, frozen=True):
         return _sorted_devices(_from_json(d, cls))
 
 
+# The request key saying how a workload was rebuilt after a lost checkpoint, and the
+# value that holds its CPUs for an operator instead (service.rebuild sets them).
+REBUILT = "rebuilt"
+QUARANTINED = "quarantined"
+
+
 class Workload(_Value, frozen=True):
     name: str
     owner_uid: int
@@ -91,6 +97,12 @@ class Workload(_Value, frozen=True):
     cgroup: str | None = None
     # Exclusive CPUs resizes added, oldest first: a shrink gives back the last first.
     cpus_added: tuple[int, ...] = ()
+
+    @property
+    def quarantined(self) -> bool:
+        """Rebuilt from a process whose mark did not verify: its CPUs are held for an
+        operator, not for a workload (status lists it apart; only root releases it)."""
+        return self.request.get(REBUILT) == QUARANTINED
 
     def to_json(self) -> dict[str, Any]:
         return _without_unknown_identity(_to_json(self))

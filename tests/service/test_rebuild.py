@@ -16,7 +16,7 @@ from numa_agent.core.mark import issue_mark
 from numa_agent.enforcement.enforcer import AffinityEnforcer
 from numa_agent.enforcement.marked import MarkedProcess, scan_marked
 from numa_agent.service.caller import Caller
-from numa_agent.service.rebuild import is_quarantined, reconcile
+from numa_agent.service.rebuild import reconcile
 from numa_agent.state.model import AgentState, Booking, Workload
 from tests.support.synthetic import make_topology
 
@@ -105,7 +105,7 @@ def test_what_cannot_be_attributed_is_held(case, processes, reason):
     out = reconcile(m, AgentState(), processes, key=KEY)
     assert out.rebuilt == () and len(out.held) == 1
     w = out.state.workload(out.held[0])
-    assert is_quarantined(w) and w.owner_uid == 0 and w.pid is None
+    assert w.quarantined and w.owner_uid == 0 and w.pid is None
     assert reason in w.request["reason"] and w.request["pid"] == 100
     assert [level for level, _ in out.messages] == [logging.ERROR]
     assert "pid 100" in out.messages[0][1] and "numa-agent release" in out.messages[0][1]

@@ -4,9 +4,8 @@ computed afresh from the resulting state, whatever the updates."""
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from numa_agent.service.rebuild import QUARANTINED, REBUILT
 from numa_agent.service.tally import WorkloadTally, workload_tally
-from numa_agent.state.model import AgentState, Pod, Workload
+from numa_agent.state.model import QUARANTINED, REBUILT, AgentState, Pod, Workload
 
 NAMES = [f"w{i}" for i in range(6)]
 PODS = ["p0", "p1"]
@@ -50,3 +49,12 @@ def test_followed_tally_equals_the_one_counted_afresh(ops):
         kept = workload_tally(state)
         assert (kept.held, kept.lost) == _fresh_count(state)
         assert kept == _afresh(state)
+
+
+def test_quarantine_is_the_workloads_own_property():
+    """Read by the service, the observer and the tally alike, from the workload itself."""
+    held = Workload(name="held", owner_uid=0, request={REBUILT: QUARANTINED})
+    partial = Workload(name="p", owner_uid=0, request={REBUILT: "partial"})
+    assert held.quarantined and not partial.quarantined
+    assert not Workload(name="plain", owner_uid=0).quarantined
+    assert Workload.from_json(held.to_json()).quarantined  # as the checkpoint keeps it
