@@ -95,3 +95,71 @@ def test_cycle_finder_finds_a_cycle():
 
 def test_no_import_cycle():
     assert cycles(import_graph()) == []
+
+
+def package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """numa_agent's packages (core, state, admission...) and which others each imports;
+    the package's own __init__ and the top-level modules count as "numa_agent"."""
+    def package(module: str) -> str:
+        parts = module.split(".")
+        return parts[1] if len(parts) > 2 or (len(parts) == 2 and (ROOT / PACKAGE / parts[1]).is_dir()) \
+            else PACKAGE
+    out: dict[str, set[str]] = {}
+    for module, targets in graph.items():
+        deps = out.setdefault(package(module), set())
+        deps.update(package(t) for t in targets)
+    return {p: deps - {p} for p, deps in out.items()}
+
+
+def test_no_package_cycle():
+    """A module-level cycle test cannot see a ring of packages (observe importing the
+    service that imports observe, through different modules): this one does."""
+    assert cycles(package_graph(import_graph())) == []
+
+
+def test_package_graph_sees_package_edges():
+    packages = package_graph(import_graph())
+    assert "core" in packages["admission"] and "admission" not in packages["core"]
+    assert packages["core"] <= {PACKAGE}  # the vocabulary every layer shares imports none of them
+
+
+# The layers, lowest first (docs/architecture.md, "Layers"): a package imports only from
+# layers below its own. api sits below the service for now, as the service still raises
+# api.errors and takes api.validation's AdmitRequest (their own types in the core are the
+# next step); the kubelet's files and views read the same edge helpers.
+LAYERS: tuple[frozenset[str], ...] = tuple(frozenset(layer.split()) for layer in (
+    "numa_agent",                  # the version, nothing else
+    "core",                        # the shared vocabulary: cpusets, hints, names, units, the caller
+    "state discovery",             # the state model and its files; sysfs read into a Topology
+    "admission isolation",         # the pure managers and merge; the isolation planner and knobs
+    "enforcement hotplug",         # cgroups and affinity; fitting state to changed hardware
+    "observe",                     # intruders and memory per node
+    "api",                         # the local API: errors, validation, server, client
+    "kubelet views",               # the kubelet's files and PodResources; topology report, metrics
+    "service",                     # the use-cases, the state's one owner, start-up and the loop
+    "engines",                     # the OCI hook
+    "cli",                         # the commands
+))
+
+
+def layer_of(package: str) -> int:
+    return next(i for i, layer in enumerate(LAYERS) if package in layer)
+
+
+def upward_imports(packages: dict[str, set[str]]) -> list[str]:
+    return sorted(f"{p} -> {q}" for p, deps in packages.items() for q in deps
+                  if layer_of(q) >= layer_of(p))
+
+
+def test_every_package_has_a_layer():
+    packages = package_graph(import_graph())
+    assert sorted(p for p in packages if not any(p in layer for layer in LAYERS)) == []
+
+
+def test_no_package_imports_from_its_own_layer_or_above():
+    assert upward_imports(package_graph(import_graph())) == []
+
+
+def test_an_upward_import_is_caught():
+    assert upward_imports({"core": {"state"}, "state": {"core"}}) == ["core -> state"]
+    assert upward_imports({"kubelet": {"views"}, "views": set()}) == ["kubelet -> views"]

@@ -53,8 +53,8 @@ from numa_agent.api.validation import (
     parse_resize_request,
     validate_name,
 )
+from numa_agent.core.caller import Caller
 from numa_agent.enforcement.processes import process_identity
-from numa_agent.service.caller import Caller
 
 log = logging.getLogger("numa_agent.api")
 

@@ -20,11 +20,11 @@ import msgspec
 
 from numa_agent.admission.admit import InvalidRequest, Request, Resources
 from numa_agent.api.errors import BadRequest
+from numa_agent.core.caller import Caller
 from numa_agent.core.cpuset import CpuSet, CpuSetParseError
 from numa_agent.core.names import NAME_RULE, is_resource_name, is_workload_name
 from numa_agent.core.policy import AllocationStrategy, TopologyPolicy
 from numa_agent.isolation.plan import IsolateSyntaxError, parse_kinds
-from numa_agent.service.caller import Caller
 from numa_agent.state.model import replace as replace_value
 
 MAX_BODY_BYTES = 64 * 1024

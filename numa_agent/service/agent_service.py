@@ -51,6 +51,7 @@ from numa_agent.api.errors import (
     TopologyAffinityError,
 )
 from numa_agent.api.validation import AdmitRequest, to_admission_request, with_engine_grant
+from numa_agent.core.caller import Caller
 from numa_agent.core.hints import TopologyHint
 from numa_agent.core.mark import issue_mark, start_time_of
 from numa_agent.core.names import NAME_RULE, is_workload_name
@@ -73,7 +74,7 @@ from numa_agent.isolation.keeper import ISOLATE, STRICT, IsolationKeeper, isolat
 from numa_agent.kubelet.files import StateFiles
 from numa_agent.kubelet.state_files import CPU_MANAGER_STATE, MEMORY_MANAGER_STATE
 from numa_agent.kubelet.state_files import documents as kubelet_documents
-from numa_agent.service.caller import Caller, Owners, UserNames, system_owner, system_user_name
+from numa_agent.service.caller import Owners, UserNames, system_owner, system_user_name
 from numa_agent.service.counters import Counters, ManagerOutcome
 from numa_agent.service.revocation_copy import RevocationCopy
 from numa_agent.service.revocations import hand_to_pool, process_lives, pruned, released_views, revocation_of

@@ -1,42 +1,14 @@
-"""Who is asking: the caller identity the API edge hands the service."""
+"""Who the callers are by name: the user database's names for uids and groups, for
+status and quotas (the Caller value itself is numa_agent.core.caller's)."""
 
 from __future__ import annotations
 
 import grp
 import os
 import pwd
-from dataclasses import dataclass
 from typing import Callable
 
 from numa_agent.admission.quota import Owner, Quotas
-
-
-@dataclass(frozen=True)
-class Caller:
-    """Who is asking, as the kernel reports it for the Unix socket peer.
-
-    `pidfd` is opened by the API server right after accept, so the process
-    cannot be swapped for another one with a recycled PID. The server closes
-    it after the request; a service that wants to keep it must `os.dup` it.
-    """
-
-    pid: int
-    uid: int
-    gid: int
-    pidfd: int | None = None
-    # process_identity(pid), read after the pidfd was pinned: what a recycled
-    # PID cannot repeat, kept with the workload.
-    identity: str | None = None
-    # Its supplementary groups at connect (SO_PEERGROUPS); () when not known.
-    groups: tuple[int, ...] = ()
-
-    @property
-    def is_root(self) -> bool:
-        return self.uid == 0
-
-    def in_group(self, gid: int) -> bool:
-        return self.gid == gid or gid in self.groups
-
 
 # uid -> user name, None when the user database has none: what `status` shows
 # for an owner. The system's (NSS) by default; tests give their own.

@@ -15,8 +15,8 @@ from typing import Any
 
 from numa_agent.api.errors import Conflict, Forbidden, NotFound, TopologyAffinityError
 from numa_agent.api.validation import AdmitRequest
+from numa_agent.core.caller import Caller
 from numa_agent.core.cpuset import CpuSet
-from numa_agent.service.caller import Caller
 
 NODE_CPUS = {0: CpuSet.parse("1-3"), 1: CpuSet.parse("4-7")}
 GPU = {"resource": "gpu", "address": "0000:3b:00.0", "numa_node": 1, "vendor": "0x10de"}

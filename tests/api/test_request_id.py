@@ -16,8 +16,8 @@ from numa_agent.admission.machine import PolicyConfig, build_machine
 from numa_agent.api.client import new_request_id
 from numa_agent.api.errors import RequestIdInUse
 from numa_agent.api.validation import AdmitRequest, parse_admit_request
+from numa_agent.core.caller import Caller
 from numa_agent.enforcement.fake_cgroupfs import make_fake_cgroup_root
-from numa_agent.service.caller import Caller
 from numa_agent.state.checkpoint import CheckpointStore
 from tests.support import simulated_service
 from tests.support.agent_process import AgentProcess

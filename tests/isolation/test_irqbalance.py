@@ -12,12 +12,12 @@ import pytest
 from numa_agent.admission.machine import PolicyConfig, build_machine
 from numa_agent.api.errors import AdmissionRefused
 from numa_agent.api.validation import AdmitRequest
+from numa_agent.core.caller import Caller
 from numa_agent.core.cpuset import CpuSet
 from numa_agent.enforcement.fake_cgroupfs import make_fake_cgroup_root
 from numa_agent.isolation.keeper import IsolationKeeper
 from numa_agent.isolation.knobs import ProcSysKnobs, SimulatedKnobs
 from numa_agent.isolation.plan import IRQBALANCE, Holding, Knob, Target, plan
-from numa_agent.service.caller import Caller
 from numa_agent.service.runtime import RETRY_FIRST, WATCH_INTERVAL, EventLoop
 from numa_agent.state.checkpoint import CheckpointStore
 from numa_agent.state.model import AgentState

@@ -10,10 +10,10 @@ import pytest
 from numa_agent.admission.machine import PolicyConfig, build_machine
 from numa_agent.api.errors import AdmissionRefused, BadRequest, Forbidden
 from numa_agent.api.validation import AdmitRequest, parse_admit_request
+from numa_agent.core.caller import Caller
 from numa_agent.core.cpuset import CpuSet
 from numa_agent.enforcement.fake_cgroupfs import make_fake_cgroup_root
 from numa_agent.isolation.keeper import IsolationKeeper
-from numa_agent.service.caller import Caller
 from numa_agent.state.checkpoint import CheckpointStore
 from numa_agent.views.metrics import build_registry
 from tests.support.isolation_tree import CPU, Failing, machine, snapshot

@@ -12,12 +12,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from numa_agent.admission.machine import PolicyConfig, build_machine
 from numa_agent.api.validation import AdmitRequest
 from numa_agent.cli.status_cmd import format_status
+from numa_agent.core.caller import Caller
 from numa_agent.core.cpuset import CpuSet
 from numa_agent.enforcement.fake_cgroupfs import make_fake_cgroup_root
 from numa_agent.observe.observer import Observer
 from numa_agent.observe.procfs import ProcReader
 from numa_agent.observe.watcher import IntruderWatcher, guarded_of
-from numa_agent.service.caller import Caller
 from numa_agent.views.metrics import build_registry
 from tests.observe.proc_tree import add_task
 from tests.support.simulated_service import start

@@ -2,7 +2,7 @@ import subprocess
 
 import pytest
 
-from numa_agent.service.caller import Caller
+from numa_agent.core.caller import Caller
 
 
 @pytest.fixture

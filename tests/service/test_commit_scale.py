@@ -12,6 +12,7 @@ import pytest
 
 from numa_agent.admission.machine import PolicyConfig, build_machine
 from numa_agent.api.validation import AdmitRequest
+from numa_agent.core.caller import Caller
 from numa_agent.core.cpuset import CpuSet
 from numa_agent.enforcement import enforcer as enforcer_module
 from numa_agent.enforcement.cgroup import CgroupV2
@@ -19,7 +20,6 @@ from numa_agent.enforcement.enforcer import AffinityEnforcer, CgroupEnforcer
 from numa_agent.enforcement.fake_cgroupfs import FakeCgroupfs, make_fake_cgroup_root
 from numa_agent.enforcement.plan import desired_layout
 from numa_agent.service.agent_service import AgentService
-from numa_agent.service.caller import Caller
 from numa_agent.service.recovery import restore
 from numa_agent.state.checkpoint import CheckpointStore
 from tests.support.simulated_service import cg_file

@@ -11,9 +11,9 @@ import pytest
 
 from numa_agent.api.errors import AdmissionRefused, BadRequest, Forbidden
 from numa_agent.api.validation import AdmitRequest, parse_admit_request
+from numa_agent.core.caller import Caller
 from numa_agent.core.cpuset import CpuSet
 from numa_agent.enforcement.cgroup import CgroupV2
-from numa_agent.service.caller import Caller
 from numa_agent.service.config import AgentConfig
 from numa_agent.service.startup import Agent
 from tests.support.agent_process import wait_for

@@ -10,9 +10,9 @@ import pytest
 
 from numa_agent.api.errors import BadRequest, Conflict, Forbidden, ServiceUnavailable
 from numa_agent.api.validation import AdmitRequest
+from numa_agent.core.caller import Caller
 from numa_agent.core.cpuset import CpuSet
 from numa_agent.enforcement.record import RECORD_XATTR, decode_record, encode_record
-from numa_agent.service.caller import Caller
 from numa_agent.service.startup import Agent
 from numa_agent.state.model import replace
 from tests.service.test_engine_cgroup import CONTAINER, Machine, engine_cpus, root_caller

@@ -12,12 +12,12 @@ from prometheus_client import generate_latest
 from numa_agent.admission.machine import PolicyConfig
 from numa_agent.api.errors import AdmissionRefused
 from numa_agent.api.validation import AdmitRequest
+from numa_agent.core.caller import Caller
 from numa_agent.core.cpuset import CpuSet
 from numa_agent.enforcement.fake_cgroupfs import FakeCgroupfs
 from numa_agent.enforcement.record import RECORD_XATTR, decode_record
 from numa_agent.hotplug.events import FakeEventSource, HotplugEvent
 from numa_agent.service import runtime
-from numa_agent.service.caller import Caller
 from numa_agent.service.config import AgentConfig
 from numa_agent.service.startup import Agent
 from numa_agent.state.model import replace as replace_value

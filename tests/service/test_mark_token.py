@@ -13,12 +13,12 @@ import pytest
 
 from numa_agent.api.validation import AdmitRequest
 from numa_agent.cli.numa_run import workload_env
+from numa_agent.core.caller import Caller
 from numa_agent.core.cpuset import CpuSet
 from numa_agent.core.mark import issue_mark, mark_verifies, start_time_of
 from numa_agent.enforcement.enforcer import AffinityEnforcer
 from numa_agent.enforcement.processes import process_identity
 from numa_agent.service.agent_service import AgentService
-from numa_agent.service.caller import Caller
 from numa_agent.service.mark_key import load_or_create_key
 from numa_agent.service.rebuild import reconcile
 from numa_agent.service.recovery import restore

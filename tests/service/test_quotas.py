@@ -10,8 +10,8 @@ from numa_agent.admission.machine import PolicyConfig, build_machine
 from numa_agent.admission.quota import Limits, Owner, Quotas
 from numa_agent.api.errors import QuotaExceeded
 from numa_agent.api.validation import AdmitRequest
+from numa_agent.core.caller import Caller
 from numa_agent.enforcement.fake_cgroupfs import make_fake_cgroup_root
-from numa_agent.service.caller import Caller
 from tests.support.metrics_service import scrape
 from tests.support.simulated_service import start
 from tests.support.synthetic import make_topology

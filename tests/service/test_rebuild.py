@@ -11,11 +11,11 @@ import subprocess
 import pytest
 
 from numa_agent.admission.machine import PolicyConfig, build_machine
+from numa_agent.core.caller import Caller
 from numa_agent.core.cpuset import CpuSet
 from numa_agent.core.mark import issue_mark
 from numa_agent.enforcement.enforcer import AffinityEnforcer
 from numa_agent.enforcement.marked import MarkedProcess, scan_marked
-from numa_agent.service.caller import Caller
 from numa_agent.service.rebuild import reconcile
 from numa_agent.state.model import AgentState, Booking, Workload
 from tests.support.synthetic import make_topology

@@ -10,10 +10,10 @@ import pytest
 from numa_agent.admission.machine import PolicyConfig, build_machine
 from numa_agent.api.errors import AdmissionRefused, Forbidden, NotFound, ServiceUnavailable, TopologyAffinityError
 from numa_agent.api.validation import AdmitRequest
+from numa_agent.core.caller import Caller
 from numa_agent.core.cpuset import CpuSet
 from numa_agent.enforcement.errors import CgroupNoSpaceError
 from numa_agent.enforcement.fake_cgroupfs import make_fake_cgroup_root
-from numa_agent.service.caller import Caller
 from numa_agent.state.checkpoint import CheckpointStore
 from tests.support.simulated_service import cg_file, start
 from tests.support.synthetic import make_topology

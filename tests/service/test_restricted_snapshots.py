@@ -12,10 +12,10 @@ import pytest
 from numa_agent.admission.machine import PolicyConfig, build_machine
 from numa_agent.api.errors import AdmissionRefused, ApiError, BadRequest
 from numa_agent.api.validation import AdmitRequest
+from numa_agent.core.caller import Caller
 from numa_agent.core.cpuset import CpuSet
 from numa_agent.discovery.sysfs import read_topology
 from numa_agent.enforcement.fake_cgroupfs import make_fake_cgroup_root
-from numa_agent.service.caller import Caller
 from tests.conftest import FIXTURES
 from tests.support.agent_process import AgentProcess, numa_run
 from tests.support.simulated_service import cg_file, start

@@ -8,8 +8,8 @@ import pytest
 
 from numa_agent.api.errors import AdmissionRefused, BadRequest
 from numa_agent.api.validation import AdmitRequest, parse_admit_request
+from numa_agent.core.caller import Caller
 from numa_agent.core.cpuset import CpuSet
-from numa_agent.service.caller import Caller
 from tests.service.test_engine_cgroup import Machine, engine_cpus, root_caller
 
 TASK = "/system.slice/slurmstepd.scope/job_7/step_0/user/task_0"

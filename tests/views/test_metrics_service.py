@@ -4,7 +4,7 @@ metrics_snapshot() and the exported families holds end to end."""
 import os
 
 from numa_agent.api.validation import AdmitRequest, PodBudget
-from numa_agent.service.caller import Caller
+from numa_agent.core.caller import Caller
 from tests.support.metrics_service import metrics_service, scrape
 
 CALLER = Caller(pid=os.getpid(), uid=1000, gid=1000)
