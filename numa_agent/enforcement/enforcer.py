@@ -49,6 +49,9 @@ THREADED_CONTROLLERS = ("cpuset", "cpu", "pids")
 DOMAIN_CONTROLLERS = ("memory", "hugetlb")
 
 
+_PATHS_KEPT = 16384
+
+
 class CgroupEnforcer:
     def __init__(self, cgroup: CgroupV2, domain_controllers: bool = True,
                  partitions: str = "off") -> None:
@@ -65,6 +68,8 @@ class CgroupEnforcer:
         self.child_controllers = THREADED_CONTROLLERS + (DOMAIN_CONTROLLERS if domain_controllers else ())
         self.reason: str | None = (None if domain_controllers
                                    else "memory and hugetlb limits off (systemd < 254)")
+        # relpath -> its directory, validated once: a scrape asks for every workload's.
+        self._paths: dict[str, str] = {}
 
     # ---- set-up ---------------------------------------------------------
     def setup(self) -> None:
@@ -103,7 +108,12 @@ class CgroupEnforcer:
         return self.partitions
 
     def path_of(self, relpath: str) -> str | None:
-        return str(self.cgroup.path(relpath))
+        path = self._paths.get(relpath)
+        if path is None:
+            if len(self._paths) >= _PATHS_KEPT:  # the released ones' too: start over now and then
+                self._paths.clear()
+            path = self._paths[relpath] = str(self.cgroup.path(relpath))
+        return path
 
     # ---- apply ---------------------------------------------------------------
     def apply(self, old: Layout, new: Layout, move: tuple[str, int] | None = None,
