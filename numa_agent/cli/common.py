@@ -268,7 +268,7 @@ def add_allocation_options(parser: argparse.ArgumentParser) -> None:
                      help="pod budget: hugepages (repeatable)")
     pod.add_argument("--pod-device", type=device_item, action="append", metavar="RESOURCE=COUNT",
                      help="pod budget: devices (repeatable)")
-    iso = parser.add_argument_group("isolation of exclusive CPUs (see the README's Isolation)")
+    iso = parser.add_argument_group("isolation of exclusive CPUs (see docs/isolation.md)")
     iso.add_argument("--isolate", type=isolate_kinds, metavar="LIST",
                      help="irqs (interrupts moved off), idle (wake-up latency bounded), freq "
                           "(performance governor), or all; comma-separated; root or the agent's "

@@ -8,6 +8,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from test_links import relative_targets
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -20,6 +21,8 @@ def _copy_sources(dest: Path) -> Path:
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
     for tree in ("numa_agent", "systemd", "docs/man", "completions", "oci", "contrib/slurm"):
         shutil.copytree(REPO / tree, dest / tree, ignore=ignore)
+    for page in (REPO / "docs").glob("*.md"):
+        shutil.copy(page, dest / "docs" / page.name)
     (dest / "scripts").mkdir()
     shutil.copy2(REPO / "scripts" / "install", dest / "scripts" / "install")
     return dest
@@ -123,6 +126,20 @@ def test_the_venv_holds_what_the_wheel_carries(installed):
     assert (share / "numa-agent/systemd/numa-agent.service").read_text() == \
         (src / "systemd/numa-agent.service").read_text()
     assert (share / "bash-completion/completions/numa-run").is_file()
+
+
+def test_the_installed_readme_finds_the_pages_it_links_to(installed):
+    # README.md and docs/ land in the venv together, so the README's links and the pages'
+    # resolve there; CONTRIBUTING.md is about the checkout and is not in the source archive.
+    src, root, _ = installed
+    venv = root / "opt/numa-agent"
+    pages = sorted(page.name for page in (src / "docs").glob("*.md"))
+    assert "numa-run.md" in pages and sorted(page.name for page in (venv / "docs").glob("*.md")) == pages
+    for page in [venv / "README.md", *sorted((venv / "docs").glob("*.md"))]:
+        assert page.read_text() == (src / page.relative_to(venv)).read_text()
+        missing = [t for t in relative_targets(page.read_text())
+                   if t != "CONTRIBUTING.md" and not (page.parent / t).exists()]
+        assert missing == [], f"{page.relative_to(venv)} links to missing {missing}"
 
 
 def test_second_run_is_quick_and_keeps_the_config(installed):

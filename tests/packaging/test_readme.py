@@ -7,8 +7,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 _LINK = re.compile(r"\]\(([^)\s]+)\)")
-# A path of the repository as the README writes it (`scripts/test`), not a glob (`bench-*`).
+# A path of the repository as the README and docs/ write it (`scripts/test`), not a glob (`bench-*`).
 _REPO_PATH = re.compile(r"(?<![\w./-])((?:scripts|docs|systemd|benchmarks|tests|numa_agent|completions|monitoring|contrib)/[\w./-]*)(?![\w./*<-])")
+# A diff block shows files one would add (architecture.md's "A new resource"), not ones there are.
+_DIFF_BLOCK = re.compile(r"^```diff\n.*?^```", re.S | re.M)
 
 
 def broken_references(doc: Path) -> list[str]:
@@ -20,8 +22,8 @@ def broken_references(doc: Path) -> list[str]:
         path = (doc.parent / target.split("#", 1)[0]).resolve()
         if "://" in target or not path.is_relative_to(REPO) or not path.exists():
             broken.append(target)
-    if doc.name == "README.md":
-        broken += [p for p in _REPO_PATH.findall(text) if not (REPO / p.rstrip(".")).exists()]
+    paths = _REPO_PATH.findall(_DIFF_BLOCK.sub("", text))
+    broken += [p for p in paths if not (REPO / p.rstrip(".")).exists()]
     return sorted(set(broken + [name for name in ("DESIGN.md", "../") if name in text]))
 
 
@@ -34,6 +36,20 @@ def test_the_check_finds_a_missing_file_a_link_outside_and_design_md(tmp_path):
     doc.write_text("See [design](../DESIGN.md), [x](docs/nowhere.md) and `scripts/no-such-script`.\n")
     assert broken_references(doc) == ["../", "../DESIGN.md", "DESIGN.md", "docs/nowhere.md",
                                       "scripts/no-such-script"]
+
+
+def test_the_check_reads_docs_pages_too_but_not_a_diff_of_files_to_add(tmp_path):
+    doc = tmp_path / "docs" / "page.md"
+    doc.parent.mkdir()
+    doc.write_text("Run `scripts/no-such-script`.\n\n```diff\n+ numa_agent/new_module.py\n```\n")
+    assert broken_references(doc) == ["scripts/no-such-script"]
+
+
+def test_the_readme_is_a_guide_that_links_every_reference_page():
+    readme = (REPO / "README.md").read_text()
+    assert len(readme.splitlines()) <= 300
+    pages = [f"docs/{doc.name}" for doc in DOCS[1:]] + ["docs/man/numa-agent.8", "docs/man/numa-run.1", "CONTRIBUTING.md"]
+    assert [page for page in pages if page not in _LINK.findall(readme)] == []
 
 
 def test_fixtures_from_elsewhere_keep_their_origin_and_licence():

@@ -4,8 +4,8 @@
 
 The real podman 4.3.1 with crun runs containers whose `numa-agent.io/` annotations the
 shipped OCI hook (`numa-agent oci-hook`, rendered with this venv's command and the agent's
-socket) turns into admissions on the container's own cgroup. The guest is set up as the
-README tells an administrator: plain containers' parent (/libpod_parent, podman's cgroupfs
+socket) turns into admissions on the container's own cgroup. The guest is set up as
+docs/containers.md tells an administrator: plain containers' parent (/libpod_parent, podman's cgroupfs
 default) kept on the housekeeping CPUs, annotated ones started under /numa-containers, which
 keeps every CPU. The oracle is the kernel: /proc/PID/status inside and outside the
 containers, and the cgroup files.
@@ -43,7 +43,7 @@ from tests.vm_e2e.scenarios import (
 REPO = Path(__file__).resolve().parents[2]
 SHIPPED_HOOKS = REPO / "oci" / "hooks.d"
 IMAGE = "localhost/numa-busybox"
-# The README's recipe: the agent's reserved CPUs are the housekeeping ones, where plain
+# docs/containers.md's recipe: the agent's reserved CPUs are the housekeeping ones, where plain
 # containers' parent is kept; annotated containers start under a parent with every CPU.
 HOUSEKEEPING = "0-1"
 PLAIN_PARENT = "/libpod_parent"
@@ -80,7 +80,7 @@ class PodmanGuest(Guest):
     def set_up(self) -> None:
         self._import_image()
         self.render_hooks(self.hooks, self.agent.socket)
-        # README "Containers": keep plain containers off the agent's CPUs.
+        # docs/containers.md: keep plain containers off the agent's CPUs.
         parent = cgroup_dir(PLAIN_PARENT)
         parent.mkdir(exist_ok=True)
         (parent / "cpuset.cpus").write_text(HOUSEKEEPING)
@@ -317,7 +317,7 @@ def s_refusal(g: PodmanGuest) -> str:
     _, bad = _refused(g, {"numa-agent.io/memory": "12X"}, in_containers_conf=True)
     check("annotation numa-agent.io/memory='12X'" in bad and "(syntax: SIZE" in bad, f"bad annotation: {bad!r}")
     out = os.environ.get("NUMA_AGENT_VM_OUT")
-    if out:  # what the README shows of a refusal
+    if out:  # what docs/containers.md shows of a refusal
         Path(out, "podman-refusal.txt").write_text(f"$ podman run ...\n{engine}\n\n{said}\n\n{parent_said}\n")
     absent = g.work / "hooks-absent"
     g.render_hooks(absent, str(g.work / "absent.sock"), env=["NUMA_AGENT_RETRY_SECONDS=1"])

@@ -1320,7 +1320,7 @@ def _user_tasks_outside_agent() -> list[int]:
 
 
 def _keep_user_tasks_off(cpus: CpuSet):
-    """What the README asks of an administrator: the rest of the machine off the CPUs the
+    """What docs/enforcement.md asks of an administrator: the rest of the machine off the CPUs the
     agent hands out (here every user task outside its tree; the guest has no systemd
     slices). Otherwise the guest's own processes, this script included, are intruders too,
     rightly. Returns the undo step."""

@@ -420,7 +420,7 @@ def s_confined(g: SlurmGuest) -> str:
     # The refusal a user sees: more CPUs than the step was granted.
     refused = sh("srun", "-n1", "-c2", str(g.numa_run), "--cpus", "4", "--", "true", check_rc=False,
                  env=g.slurm.env)
-    (g.slurm.logs / "refusal.txt").write_text(refused.stdout + refused.stderr)  # what the README shows
+    (g.slurm.logs / "refusal.txt").write_text(refused.stdout + refused.stderr)  # what docs/slurm.md shows
     check(refused.returncode != 0 and "numa-run: refused" in refused.stdout + refused.stderr,
           f"srun -c2 numa-run --cpus 4 exited {refused.returncode}: {last_lines(refused.stderr, 6)}")
     return (f"step cpuset {granted.format()}, booked {cpus.format()} (node {mems.format()}); {line}; "

@@ -53,7 +53,7 @@ NUMA_RUN = "/usr/local/bin/numa-run"
 # Everything is ~30x slower under emulation.
 SETTLE_TIMEOUT = 120.0
 SLEEP = ("sleep", "600")
-# The housekeeping CPUs: the agent's reserved ones, where the README confines systemd's slices.
+# The housekeeping CPUs: the agent's reserved ones, where docs/enforcement.md confines systemd's slices.
 HOUSEKEEPING = "0-1"
 HOUSEKEEPING_UNITS = ("system.slice", "user.slice", "init.scope", UNIT)
 GUEST_CONFIG = f"""\
@@ -314,7 +314,7 @@ def s_journal(g: SystemdGuest) -> None:
 
 
 def s_allowed_cpus(g: SystemdGuest) -> str:
-    """The README's advice applied: system.slice, user.slice, init.scope and the agent's
+    """docs/enforcement.md's advice applied: system.slice, user.slice, init.scope and the agent's
     own unit on the housekeeping CPUs; then no process outside the agent's workloads may
     run on an exclusive CPU."""
     for unit in HOUSEKEEPING_UNITS:
