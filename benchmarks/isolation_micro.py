@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from numa_agent.admission.machine import PolicyConfig, build_machine  # noqa: E402
 from numa_agent.api.validation import AdmitRequest  # noqa: E402
 from numa_agent.core.caller import Caller  # noqa: E402
-from numa_agent.enforcement.fake_cgroupfs import make_fake_cgroup_root  # noqa: E402
+from numa_agent.enforcement.simulated_cgroupfs import make_simulated_cgroup_root  # noqa: E402
 from numa_agent.isolation.keeper import IsolationKeeper  # noqa: E402
 from numa_agent.isolation.knobs import ProcSysKnobs  # noqa: E402
 from tests.support.isolation_tree import machine, write  # noqa: E402
@@ -38,7 +38,7 @@ def service_on_written_machine():
     tree = machine(tmp / "m", cpus=32)
     for irq in range(100, 100 + IRQS):
         write(tree, f"proc/irq/{irq}/smp_affinity_list", "0-31")
-    service, _ = start(m, tmp / "s", make_fake_cgroup_root(tmp / "cg", m.usable_cpus, [0, 1]),
+    service, _ = start(m, tmp / "s", make_simulated_cgroup_root(tmp / "cg", m.usable_cpus, [0, 1]),
                        isolation=IsolationKeeper(ProcSysKnobs(tree / "proc", tree / "sys")))
     return service
 

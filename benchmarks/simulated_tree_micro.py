@@ -1,5 +1,5 @@
 """Benchmark (a script, not a test): the cost of one write to the simulated
-cgroup tree (`FakeCgroupfs`, the backend of `numa-agent serve --sysfs-root`)
+cgroup tree (`SimulatedCgroupfs`, the backend of `numa-agent serve --sysfs-root`)
 with 10, 100 and 1000 cgroups in it.
 
 The tree is shaped like the agent's: `agent/` holding this process, half the
@@ -28,14 +28,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.stats import table  # noqa: E402
 from numa_agent.core.cpuset import CpuSet  # noqa: E402
-from numa_agent.enforcement.fake_cgroupfs import FakeCgroupfs, make_fake_cgroup_root  # noqa: E402
+from numa_agent.enforcement.simulated_cgroupfs import SimulatedCgroupfs, make_simulated_cgroup_root  # noqa: E402
 
 MACHINE = CpuSet(range(2048))
 
 
-def build(root: Path, count: int, sleepers: list) -> FakeCgroupfs:
-    make_fake_cgroup_root(root, MACHINE, [0, 1])
-    fake = FakeCgroupfs(root)
+def build(root: Path, count: int, sleepers: list) -> SimulatedCgroupfs:
+    make_simulated_cgroup_root(root, MACHINE, [0, 1])
+    fake = SimulatedCgroupfs(root)
     fake.mkdir(root / "agent")
     fake.write(root / "agent" / "cgroup.procs", str(os.getpid()))
     fake.write(root / "cgroup.subtree_control", "+cpuset +cpu +memory +hugetlb")

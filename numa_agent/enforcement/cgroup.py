@@ -7,7 +7,7 @@ errors.py) whose message names the file, the value written and the errno.
 The operations whose effects the kernel produces (reading and writing
 interface files, mkdir, rmdir, noticing exited processes, the filesystem
 type) go through `files`, a `CgroupFiles` chosen once by whoever assembles the
-agent: `KernelFiles` on a real cgroupfs, or `FakeCgroupfs` (fake_cgroupfs.py),
+agent: `KernelFiles` on a real cgroupfs, or `SimulatedCgroupfs` (simulated_cgroupfs.py),
 which reproduces the kernel's side effects on a tree of regular files. The
 driver itself never asks which one it has.
 

@@ -401,14 +401,14 @@ def _simulated_cgroup(cfg, machine, why_not: str) -> Enforcer:
         raise EnforcerUnavailable("the topology is this machine's")
     from numa_agent.enforcement.cgroup import CgroupV2
     from numa_agent.enforcement.enforcer import CgroupEnforcer
-    from numa_agent.enforcement.fake_cgroupfs import FakeCgroupfs, make_fake_cgroup_root
+    from numa_agent.enforcement.simulated_cgroupfs import SimulatedCgroupfs, make_simulated_cgroup_root
 
     # The simulated hierarchy's top, with the agent's root one level below it as
     # on a kernel (/sys/fs/cgroup/numa-agent): engines' cgroups lie beside it.
     mount = Path(cfg.state_dir) / "cgroupfs"
-    make_fake_cgroup_root(mount, machine.usable_cpus, machine.memory.memory_nodes.nodes()
+    make_simulated_cgroup_root(mount, machine.usable_cpus, machine.memory.memory_nodes.nodes()
                           or machine.node_ids)
-    files = FakeCgroupfs(mount)
+    files = SimulatedCgroupfs(mount)
     top = CgroupV2(mount, files)
     top.enable_controllers("", top.controllers())
     top.create(SIMULATED_ROOT, exist_ok=True)

@@ -17,7 +17,7 @@ from numa_agent.api.client import new_request_id
 from numa_agent.api.errors import RequestIdInUse
 from numa_agent.api.validation import AdmitRequest, parse_admit_request
 from numa_agent.core.caller import Caller
-from numa_agent.enforcement.fake_cgroupfs import make_fake_cgroup_root
+from numa_agent.enforcement.simulated_cgroupfs import make_simulated_cgroup_root
 from numa_agent.state.checkpoint import CheckpointStore
 from tests.support import simulated_service
 from tests.support.agent_process import AgentProcess
@@ -42,7 +42,7 @@ def start(*args, **kw):
 def env(tmp_path):
     topo = make_topology(sockets=2, cores_per_node=4, threads_per_core=2, memory_per_node_bytes=8 << 30)
     machine = build_machine(topo, PolicyConfig(topology_policy="best-effort"))
-    cg_root = make_fake_cgroup_root(tmp_path / "cg", machine.usable_cpus, [0, 1])
+    cg_root = make_simulated_cgroup_root(tmp_path / "cg", machine.usable_cpus, [0, 1])
     yield machine, tmp_path / "state", cg_root
     while _started:
         _started.pop().enforcer.close()

@@ -6,19 +6,19 @@ import pytest
 
 from numa_agent.core.cpuset import CpuSet
 from numa_agent.enforcement.cgroup import CgroupV2
-from numa_agent.enforcement.fake_cgroupfs import FakeCgroupfs, make_fake_cgroup_root
+from numa_agent.enforcement.simulated_cgroupfs import SimulatedCgroupfs, make_simulated_cgroup_root
 
 
 @pytest.fixture
 def fake_root(tmp_path):
-    return make_fake_cgroup_root(tmp_path / "numa.slice", CpuSet.parse("0-15"), [0, 1])
+    return make_simulated_cgroup_root(tmp_path / "numa.slice", CpuSet.parse("0-15"), [0, 1])
 
 
 @pytest.fixture
 def fakefs(fake_root):
     """The fake tree's emulator; its `process_exited(pid)` stands in for the
     kernel noticing a death."""
-    return FakeCgroupfs(fake_root)
+    return SimulatedCgroupfs(fake_root)
 
 
 @pytest.fixture

@@ -26,7 +26,7 @@ from numa_agent.enforcement.errors import (
     CgroupRangeError,
     cgroup_error_from_oserror,
 )
-from numa_agent.enforcement.fake_cgroupfs import FAKE_MARKER, FakeCgroupfs, make_fake_cgroup_root
+from numa_agent.enforcement.simulated_cgroupfs import FAKE_MARKER, SimulatedCgroupfs, make_simulated_cgroup_root
 
 
 # ---- paths ------------------------------------------------------------------
@@ -46,16 +46,16 @@ from numa_agent.enforcement.fake_cgroupfs import FAKE_MARKER, FakeCgroupfs, make
 ])
 def test_bad_relative_paths_are_refused(fake_root, relpath, message):
     with pytest.raises(CgroupPathError, match=message):
-        CgroupV2(fake_root, FakeCgroupfs(fake_root)).path(relpath)
+        CgroupV2(fake_root, SimulatedCgroupfs(fake_root)).path(relpath)
 
 
 def test_non_string_path_is_refused(fake_root):
     with pytest.raises(CgroupPathError, match="must be a string, got int"):
-        CgroupV2(fake_root, FakeCgroupfs(fake_root)).path(3)  # type: ignore[arg-type]
+        CgroupV2(fake_root, SimulatedCgroupfs(fake_root)).path(3)  # type: ignore[arg-type]
 
 
 def test_good_paths_stay_below_root(fake_root):
-    cg = CgroupV2(fake_root, FakeCgroupfs(fake_root))
+    cg = CgroupV2(fake_root, SimulatedCgroupfs(fake_root))
     assert cg.path("") == fake_root
     assert cg.path("pod-a/member_1.x:y@z") == fake_root / "pod-a" / "member_1.x:y@z"
 
@@ -87,7 +87,7 @@ def test_errno_picks_the_error_class_and_message_names_everything(code, cls):
 
 # ---- probe ----------------------------------------------------------------------
 def test_probe_fake_root(fake_root):
-    caps = CgroupV2(fake_root, FakeCgroupfs(fake_root)).probe()
+    caps = CgroupV2(fake_root, SimulatedCgroupfs(fake_root)).probe()
     assert caps.usable and caps.fake and caps.writable and caps.partition
     assert caps.controllers == ("cpuset", "cpu", "memory", "hugetlb")
     assert (caps.cpuset, caps.memory, caps.hugetlb) == (True, True, True)
@@ -108,14 +108,14 @@ def test_probe_plain_directory_is_not_cgroup2(tmp_path):
 
 def test_probe_without_controllers_file(fake_root):
     (fake_root / "cgroup.controllers").unlink()
-    caps = CgroupV2(fake_root, FakeCgroupfs(fake_root)).probe()
+    caps = CgroupV2(fake_root, SimulatedCgroupfs(fake_root)).probe()
     assert not caps.usable
     assert caps.reason == f"no cgroup2 mounted at {fake_root} (no cgroup.controllers)"
 
 
 def test_probe_without_cpuset_controller(tmp_path):
-    root = make_fake_cgroup_root(tmp_path / "r", CpuSet([0]), [0], controllers=["memory", "hugetlb"])
-    caps = CgroupV2(root, FakeCgroupfs(root)).probe()
+    root = make_simulated_cgroup_root(tmp_path / "r", CpuSet([0]), [0], controllers=["memory", "hugetlb"])
+    caps = CgroupV2(root, SimulatedCgroupfs(root)).probe()
     assert not caps.usable and caps.memory and caps.hugetlb and not caps.cpuset
     assert not caps.partition
     assert caps.reason == (f"cpuset controller not available in {root}/cgroup.controllers "
@@ -124,19 +124,19 @@ def test_probe_without_cpuset_controller(tmp_path):
 
 def test_probe_not_writable(fake_root, monkeypatch):
     monkeypatch.setattr(cgroup_module.os, "access", lambda path, mode: False)
-    caps = CgroupV2(fake_root, FakeCgroupfs(fake_root)).probe()
+    caps = CgroupV2(fake_root, SimulatedCgroupfs(fake_root)).probe()
     assert not caps.usable and not caps.writable
     assert caps.reason == f"not writable: {fake_root} (needs root or a delegated cgroup)"
 
 
 def test_unknown_controller_for_fake_root_is_refused(tmp_path):
     with pytest.raises(ValueError, match="unknown cgroup controller.*: blkio"):
-        make_fake_cgroup_root(tmp_path / "r", CpuSet([0]), [0], controllers=["cpuset", "blkio"])
+        make_simulated_cgroup_root(tmp_path / "r", CpuSet([0]), [0], controllers=["cpuset", "blkio"])
 
 
 # ---- controllers ---------------------------------------------------------------------
 def test_enable_controllers_writes_only_available_ones(fake_root):
-    cg = CgroupV2(fake_root, FakeCgroupfs(fake_root))
+    cg = CgroupV2(fake_root, SimulatedCgroupfs(fake_root))
     assert cg.enable_controllers("", ["memory", "io", "cpuset"]) == ("cpuset", "memory")
     assert cg.subtree_control("") == ("cpuset", "memory")
     cg.create("w")
@@ -392,7 +392,7 @@ def test_limit_errors(cg):
 
 
 def test_limit_file_missing_without_controller(fake_root):
-    cg = CgroupV2(fake_root, FakeCgroupfs(fake_root))
+    cg = CgroupV2(fake_root, SimulatedCgroupfs(fake_root))
     cg.enable_controllers("", ["cpuset"])
     cg.create("w")
     with pytest.raises(CgroupMissingError, match=r"write 'max' to .*w/memory.max failed: ENOENT"):
@@ -523,7 +523,7 @@ def test_raw_mkdir_rmdir(plain, tmp_path):
 # ---- the files backends -------------------------------------------------------------------------
 def test_both_backends_are_cgroup_files(fake_root):
     assert isinstance(KernelFiles(), CgroupFiles) and not KernelFiles().simulated
-    assert isinstance(FakeCgroupfs(fake_root), CgroupFiles) and FakeCgroupfs(fake_root).simulated
+    assert isinstance(SimulatedCgroupfs(fake_root), CgroupFiles) and SimulatedCgroupfs(fake_root).simulated
     assert not CgroupV2(fake_root, KernelFiles()).probe().fake
 
 
@@ -629,8 +629,8 @@ def test_the_simulated_tree_cannot_be_redirected_by_another_user_whatever_the_um
     os.chmod(state, 0o755)
     old = os.umask(0)
     try:
-        root = make_fake_cgroup_root(f"{state}/cgroupfs", CpuSet.parse("0-3"), [0])
-        driver = CgroupV2(root, FakeCgroupfs(root))
+        root = make_simulated_cgroup_root(f"{state}/cgroupfs", CpuSet.parse("0-3"), [0])
+        driver = CgroupV2(root, SimulatedCgroupfs(root))
         driver.enable_controllers("", ["cpuset", "memory"])
         driver.create("wl")
 

@@ -12,10 +12,10 @@ from numa_agent.core.cpuset import CpuSet
 from numa_agent.enforcement.cgroup import XATTR_SIZE_MAX, CgroupV2, KernelFiles
 from numa_agent.enforcement.enforcer import AffinityEnforcer, CgroupEnforcer
 from numa_agent.enforcement.errors import CgroupInvalidError, CgroupRangeError, CgroupUnsupportedError
-from numa_agent.enforcement.fake_cgroupfs import FakeCgroupfs
 from numa_agent.enforcement.plan import CgroupSpec
 from numa_agent.enforcement.protocol import NO_LIMITS
 from numa_agent.enforcement.record import RECORD_XATTR, decode_record, encode_record
+from numa_agent.enforcement.simulated_cgroupfs import SimulatedCgroupfs
 from numa_agent.state.model import Booking, Pod, Workload, replace
 
 NAME = "user.numa_agent.test"
@@ -238,7 +238,7 @@ def test_read_limits(cg):
 
 
 def test_read_limits_without_the_controllers(fake_root):
-    cg = CgroupV2(fake_root, FakeCgroupfs(fake_root))  # the root hands nothing down
+    cg = CgroupV2(fake_root, SimulatedCgroupfs(fake_root))  # the root hands nothing down
     cg.create("wl-a")
     enforcer = CgroupEnforcer(cg)
     assert enforcer.read_limits("wl-a") == NO_LIMITS

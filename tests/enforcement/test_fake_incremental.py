@@ -12,10 +12,10 @@ import pytest
 
 from numa_agent.core.cpuset import CpuSet
 from numa_agent.core.hints import NumaMask
-from numa_agent.enforcement import fake_cgroupfs
+from numa_agent.enforcement import simulated_cgroupfs
 from numa_agent.enforcement.cgroup import CgroupV2
 from numa_agent.enforcement.enforcer import CgroupEnforcer
-from numa_agent.enforcement.fake_cgroupfs import FakeCgroupfs, make_fake_cgroup_root
+from numa_agent.enforcement.simulated_cgroupfs import SimulatedCgroupfs, make_simulated_cgroup_root
 
 
 def eff(root, rel=""):
@@ -31,7 +31,7 @@ def listed(monkeypatch):
     """Which directories the fake lists (its only way to walk the tree)."""
     seen: list = []
     for name in ("_child_dirs", "_iter_child_dirs", "_subtree"):
-        real = getattr(fake_cgroupfs, name, None)
+        real = getattr(simulated_cgroupfs, name, None)
         if real is None:
             continue
 
@@ -39,7 +39,7 @@ def listed(monkeypatch):
             seen.append(directory)
             return _real(directory)
 
-        monkeypatch.setattr(fake_cgroupfs, name, spy)
+        monkeypatch.setattr(simulated_cgroupfs, name, spy)
     return seen
 
 
@@ -113,8 +113,8 @@ def test_every_write_leaves_the_tree_as_a_full_recompute_would(tmp_path, seed):
     """Random writes, partitions included; after each, recomputing the whole
     tree from the requests changes nothing."""
     rng = random.Random(seed)
-    root = make_fake_cgroup_root(tmp_path / "cg", CpuSet.parse("0-15"), [0, 1])
-    fake = FakeCgroupfs(root)
+    root = make_simulated_cgroup_root(tmp_path / "cg", CpuSet.parse("0-15"), [0, 1])
+    fake = SimulatedCgroupfs(root)
     cg = CgroupV2(root, fake)
     cg.enable_controllers("", ["cpuset"])
     cg.set_partition("", "root")
@@ -200,7 +200,7 @@ def test_a_new_instance_drops_listed_processes_that_are_gone(cg, fake_root):
     cg.move_pid("w", proc.pid)
     proc.kill()
     proc.wait()
-    later = FakeCgroupfs(fake_root)  # an agent restarted over the tree
+    later = SimulatedCgroupfs(fake_root)  # an agent restarted over the tree
     try:
         assert CgroupV2(fake_root, later).procs("w") == []
         assert events(fake_root, "w") == "populated 0"
@@ -209,7 +209,7 @@ def test_a_new_instance_drops_listed_processes_that_are_gone(cg, fake_root):
 
 
 def test_the_enforcer_reports_an_exit_from_the_backend(fake_root):
-    enforcer = CgroupEnforcer(CgroupV2(fake_root, FakeCgroupfs(fake_root)))
+    enforcer = CgroupEnforcer(CgroupV2(fake_root, SimulatedCgroupfs(fake_root)))
     try:
         enforcer.setup()
         cg = enforcer.cgroup
@@ -237,20 +237,20 @@ def _file_ops(monkeypatch):
     """Counts of the fake's reads and writes of interface files."""
     counts = {"get": 0, "put": 0}
     for name, key in (("_get", "get"), ("_put", "put")):
-        real = getattr(fake_cgroupfs, name)
+        real = getattr(simulated_cgroupfs, name)
 
         def spy(*args, _real=real, _key=key):
             counts[_key] += 1
             return _real(*args)
 
-        monkeypatch.setattr(fake_cgroupfs, name, spy)
+        monkeypatch.setattr(simulated_cgroupfs, name, spy)
     return counts
 
 
 def _pool_write(root, followers, monkeypatch):
     """A pool with `followers` inheriting children and one bound child:
     write the pool's CPUs, return the file operations that took."""
-    cg = CgroupV2(root, FakeCgroupfs(root))
+    cg = CgroupV2(root, SimulatedCgroupfs(root))
     cg.enable_controllers("", ["cpuset"])
     cg.create("shared")
     cg.enable_controllers("shared", ["cpuset"])
@@ -272,7 +272,7 @@ def _pool_write(root, followers, monkeypatch):
 
 
 def test_a_pool_write_costs_the_same_whatever_number_of_children_inherit_it(tmp_path, monkeypatch):
-    few, many = (_pool_write(make_fake_cgroup_root(tmp_path / str(n), CpuSet.parse("0-15"), [0, 1]),
+    few, many = (_pool_write(make_simulated_cgroup_root(tmp_path / str(n), CpuSet.parse("0-15"), [0, 1]),
                              n, monkeypatch) for n in (4, 40))
     assert few == many
 
@@ -308,7 +308,7 @@ def test_a_tree_of_plain_effective_files_is_taken_over_on_the_first_change(cg, w
         text = file.read_text()
         file.unlink()
         file.write_text(text)
-    later = FakeCgroupfs(wide)
+    later = SimulatedCgroupfs(wide)
     try:
         later.write(wide / "shared" / "cpuset.cpus", "11-13")
         assert eff(wide, "shared/a") == eff(wide, "shared/a/deep") == "11-13"

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from numa_agent.core.cpuset import CpuSet
-from numa_agent.enforcement.fake_cgroupfs import FakeCgroupfs, make_fake_cgroup_root
+from numa_agent.enforcement.simulated_cgroupfs import SimulatedCgroupfs, make_simulated_cgroup_root
 
 MACHINE_CPUS, MACHINE_MEMS = CpuSet.parse("0-11"), CpuSet.parse("0-2")
 
@@ -58,7 +58,7 @@ operations = st.one_of(
 )
 
 
-def _apply(fake: FakeCgroupfs, made: list[Path], op: tuple) -> None:
+def _apply(fake: SimulatedCgroupfs, made: list[Path], op: tuple) -> None:
     kind, index, *value = op
     cgroup = made[index % len(made)]
     if kind == "mkdir":
@@ -79,9 +79,9 @@ def _apply(fake: FakeCgroupfs, made: list[Path], op: tuple) -> None:
 @given(st.lists(operations, max_size=30))
 def test_every_effective_value_read_is_the_kernels(ops):
     with tempfile.TemporaryDirectory() as tmp:
-        root = make_fake_cgroup_root(Path(tmp) / "cg", MACHINE_CPUS, MACHINE_MEMS.ids(),
+        root = make_simulated_cgroup_root(Path(tmp) / "cg", MACHINE_CPUS, MACHINE_MEMS.ids(),
                                      controllers=("cpuset",))
-        fake = FakeCgroupfs(root)
+        fake = SimulatedCgroupfs(root)
         fake.write(root / "cgroup.subtree_control", "+cpuset")
         fake.write(root / "cpuset.cpus.partition", "root")
         made = [root]

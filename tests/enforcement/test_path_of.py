@@ -7,13 +7,13 @@ from numa_agent.core.cpuset import CpuSet
 from numa_agent.enforcement import enforcer as enforcer_module
 from numa_agent.enforcement.cgroup import CgroupPathError, CgroupV2
 from numa_agent.enforcement.enforcer import CgroupEnforcer
-from numa_agent.enforcement.fake_cgroupfs import FakeCgroupfs, make_fake_cgroup_root
+from numa_agent.enforcement.simulated_cgroupfs import SimulatedCgroupfs, make_simulated_cgroup_root
 
 
 @pytest.fixture
 def enforcer(tmp_path):
-    root = make_fake_cgroup_root(tmp_path / "cg", CpuSet.parse("0-3"), [0])
-    return CgroupEnforcer(CgroupV2(root, FakeCgroupfs(root)))
+    root = make_simulated_cgroup_root(tmp_path / "cg", CpuSet.parse("0-3"), [0])
+    return CgroupEnforcer(CgroupV2(root, SimulatedCgroupfs(root)))
 
 
 def test_a_path_is_validated_once_and_kept(enforcer, monkeypatch):

@@ -13,9 +13,9 @@ from numa_agent.enforcement import libc
 from numa_agent.enforcement.cgroup import CgroupV2, EventWatcher
 from numa_agent.enforcement.enforcer import CgroupEnforcer
 from numa_agent.enforcement.errors import CgroupError
-from numa_agent.enforcement.fake_cgroupfs import FakeCgroupfs
 from numa_agent.enforcement.polling import PollingWatcher, open_watcher
 from numa_agent.enforcement.protocol import Layout
+from numa_agent.enforcement.simulated_cgroupfs import SimulatedCgroupfs
 from tests.support.inotify_exhausted import exhausted_libc
 
 
@@ -97,7 +97,7 @@ def test_the_enforcer_releases_by_polling_without_inotify(fake_root, no_inotify)
     """An admitted workload's exit reaches `released` through the timer's descriptor."""
     from numa_agent.enforcement.plan import CgroupSpec
 
-    enforcer = CgroupEnforcer(CgroupV2(fake_root, FakeCgroupfs(fake_root)))
+    enforcer = CgroupEnforcer(CgroupV2(fake_root, SimulatedCgroupfs(fake_root)))
     proc = subprocess.Popen(["sleep", "60"])
     try:
         assert isinstance(enforcer.watcher, PollingWatcher)

@@ -14,7 +14,7 @@ from numa_agent.api.errors import AdmissionRefused
 from numa_agent.api.validation import AdmitRequest
 from numa_agent.core.caller import Caller
 from numa_agent.core.cpuset import CpuSet
-from numa_agent.enforcement.fake_cgroupfs import make_fake_cgroup_root
+from numa_agent.enforcement.simulated_cgroupfs import make_simulated_cgroup_root
 from numa_agent.isolation.keeper import IsolationKeeper
 from numa_agent.isolation.knobs import ProcSysKnobs, SimulatedKnobs
 from numa_agent.isolation.plan import IRQBALANCE, Holding, Knob, Target, plan
@@ -156,7 +156,7 @@ def service_env(tmp_path, run_dir):
     topo = make_topology(sockets=2, cores_per_node=4, threads_per_core=2, memory_per_node_bytes=8 << 30)
     m = build_machine(topo, PolicyConfig())
     tree = machine(tmp_path / "machine", cpus=16)
-    return m, tmp_path / "state", make_fake_cgroup_root(tmp_path / "cg", m.usable_cpus, [0, 1]), tree, run_dir
+    return m, tmp_path / "state", make_simulated_cgroup_root(tmp_path / "cg", m.usable_cpus, [0, 1]), tree, run_dir
 
 
 def test_the_service_tells_a_restarted_irqbalance_again_on_its_retry(service_env):

@@ -12,7 +12,7 @@ from numa_agent.api.errors import AdmissionRefused, BadRequest, Forbidden
 from numa_agent.api.validation import AdmitRequest, parse_admit_request
 from numa_agent.core.caller import Caller
 from numa_agent.core.cpuset import CpuSet
-from numa_agent.enforcement.fake_cgroupfs import make_fake_cgroup_root
+from numa_agent.enforcement.simulated_cgroupfs import make_simulated_cgroup_root
 from numa_agent.isolation.keeper import IsolationKeeper
 from numa_agent.state.checkpoint import CheckpointStore
 from numa_agent.views.metrics import build_registry
@@ -29,7 +29,7 @@ def env(tmp_path):
     topo = make_topology(sockets=2, cores_per_node=4, threads_per_core=2, memory_per_node_bytes=8 << 30)
     m = build_machine(topo, PolicyConfig())
     tree = machine(tmp_path / "machine", cpus=16)
-    return m, tmp_path / "state", make_fake_cgroup_root(tmp_path / "cg", m.usable_cpus, [0, 1]), tree
+    return m, tmp_path / "state", make_simulated_cgroup_root(tmp_path / "cg", m.usable_cpus, [0, 1]), tree
 
 
 def keeper(tree, fail=None):

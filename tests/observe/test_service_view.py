@@ -14,7 +14,7 @@ from numa_agent.api.validation import AdmitRequest
 from numa_agent.cli.status_cmd import format_status
 from numa_agent.core.caller import Caller
 from numa_agent.core.cpuset import CpuSet
-from numa_agent.enforcement.fake_cgroupfs import make_fake_cgroup_root
+from numa_agent.enforcement.simulated_cgroupfs import make_simulated_cgroup_root
 from numa_agent.observe.observer import Observer
 from numa_agent.observe.procfs import ProcReader
 from numa_agent.observe.watcher import IntruderWatcher, guarded_of
@@ -47,7 +47,7 @@ def make(_closing, tmp_path):
 def _service(tmp_path):
     topo = make_topology(sockets=2, cores_per_node=4, threads_per_core=1, memory_per_node_bytes=8 << 30)
     machine = build_machine(topo, PolicyConfig())
-    root = make_fake_cgroup_root(tmp_path / "cg", machine.usable_cpus, [0, 1])
+    root = make_simulated_cgroup_root(tmp_path / "cg", machine.usable_cpus, [0, 1])
     service, _ = start(machine, tmp_path / "state", root)
     out = service.admit(AdmitRequest(name="web", cpus=2), Caller(pid=os.getpid(), uid=1000, gid=1000))
     return service, root, out

@@ -15,8 +15,8 @@ from numa_agent.core.caller import Caller
 from numa_agent.core.cpuset import CpuSet
 from numa_agent.enforcement.cgroup import CgroupV2
 from numa_agent.enforcement.errors import CgroupNoSpaceError
-from numa_agent.enforcement.fake_cgroupfs import FakeCgroupfs, make_fake_cgroup_root
 from numa_agent.enforcement.record import RECORD_XATTR, decode_record
+from numa_agent.enforcement.simulated_cgroupfs import SimulatedCgroupfs, make_simulated_cgroup_root
 from numa_agent.service.caller import system_user_name
 from numa_agent.service.config import ConfigError
 from numa_agent.state.checkpoint import CheckpointStore, CheckpointWriteError
@@ -39,7 +39,7 @@ def make_machine(policy="best-effort", **kw):
 @pytest.fixture
 def env(tmp_path):
     machine = make_machine()
-    cg_root = make_fake_cgroup_root(tmp_path / "cg", machine.usable_cpus, [0, 1])
+    cg_root = make_simulated_cgroup_root(tmp_path / "cg", machine.usable_cpus, [0, 1])
     return machine, tmp_path / "state", cg_root
 
 
@@ -67,7 +67,7 @@ def test_admission_writes_cgroups_and_checkpoint_and_pool_shrinks(env):
 
 
 def record_of(root, rel):
-    data = FakeCgroupfs(root).getxattr(root / rel, RECORD_XATTR)
+    data = SimulatedCgroupfs(root).getxattr(root / rel, RECORD_XATTR)
     return None if data is None else decode_record(data)
 
 
@@ -308,7 +308,7 @@ def test_partitions_are_not_offered_below_a_non_partition_root(env, caplog):
 
 def test_exclusive_workloads_become_isolated_partitions_where_allowed(env):
     machine, state_dir, root = env
-    CgroupV2(root, FakeCgroupfs(root)).set_partition("", "root")  # the administrator's decision
+    CgroupV2(root, SimulatedCgroupfs(root)).set_partition("", "root")  # the administrator's decision
     service, _ = start(machine, state_dir, root, partitions="isolated")
     assert service.enforcer.partitions == "isolated"
     cpus = CpuSet.parse(service.admit(AdmitRequest(name="p", cpus=2), ME)["cpus"])

@@ -17,8 +17,8 @@ from numa_agent.core.cpuset import CpuSet
 from numa_agent.enforcement import enforcer as enforcer_module
 from numa_agent.enforcement.cgroup import CgroupV2
 from numa_agent.enforcement.enforcer import AffinityEnforcer, CgroupEnforcer
-from numa_agent.enforcement.fake_cgroupfs import FakeCgroupfs, make_fake_cgroup_root
 from numa_agent.enforcement.plan import desired_layout
+from numa_agent.enforcement.simulated_cgroupfs import SimulatedCgroupfs, make_simulated_cgroup_root
 from numa_agent.service.agent_service import AgentService
 from numa_agent.service.recovery import restore
 from numa_agent.state.checkpoint import CheckpointStore
@@ -29,7 +29,7 @@ ME = Caller(pid=os.getpid(), uid=1000, gid=1000)
 LIVE = 30
 
 
-class CountingFiles(FakeCgroupfs):
+class CountingFiles(SimulatedCgroupfs):
     """The simulated tree, counting which cgroups' files are written and read."""
 
     def __init__(self, root) -> None:
@@ -61,7 +61,7 @@ def make_machine():
 @pytest.fixture
 def cgroup_service(tmp_path):
     machine = make_machine()
-    root = make_fake_cgroup_root(tmp_path / "cg", machine.usable_cpus, [0, 1])
+    root = make_simulated_cgroup_root(tmp_path / "cg", machine.usable_cpus, [0, 1])
     files = CountingFiles(root)
     enforcer = CgroupEnforcer(CgroupV2(root, files))
     store = CheckpointStore(tmp_path / "state")

@@ -14,8 +14,8 @@ from numa_agent.api.errors import AdmissionRefused
 from numa_agent.api.validation import AdmitRequest
 from numa_agent.core.caller import Caller
 from numa_agent.core.cpuset import CpuSet
-from numa_agent.enforcement.fake_cgroupfs import FakeCgroupfs
 from numa_agent.enforcement.record import RECORD_XATTR, decode_record
+from numa_agent.enforcement.simulated_cgroupfs import SimulatedCgroupfs
 from numa_agent.hotplug.events import FakeEventSource, HotplugEvent
 from numa_agent.service import runtime
 from numa_agent.service.config import AgentConfig
@@ -106,7 +106,7 @@ def test_a_trim_rewrites_the_booking_record(running):
     service = agent.service
     cpus = CpuSet.parse(service.admit(AdmitRequest(name="w", cpus=4), caller)["cpus"])
     cg = tmp / "state" / "cgroupfs" / "numa-agent"
-    record = lambda: decode_record(FakeCgroupfs(cg.parent).getxattr(cg / "wl-w", RECORD_XATTR))  # noqa: E731
+    record = lambda: decode_record(SimulatedCgroupfs(cg.parent).getxattr(cg / "wl-w", RECORD_XATTR))  # noqa: E731
     assert record().booking.cpus == cpus and record().lost == ()
     gone = cpus.max()
     offline = replace(topo, cpus=tuple(replace(c, online=False) if c.id == gone else c for c in topo.cpus))

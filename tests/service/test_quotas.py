@@ -11,7 +11,7 @@ from numa_agent.admission.quota import Limits, Owner, Quotas
 from numa_agent.api.errors import QuotaExceeded
 from numa_agent.api.validation import AdmitRequest
 from numa_agent.core.caller import Caller
-from numa_agent.enforcement.fake_cgroupfs import make_fake_cgroup_root
+from numa_agent.enforcement.simulated_cgroupfs import make_simulated_cgroup_root
 from tests.support.metrics_service import scrape
 from tests.support.simulated_service import start
 from tests.support.synthetic import make_topology
@@ -29,7 +29,7 @@ def owner(uid):
 def env(tmp_path):
     topo = make_topology(sockets=2, cores_per_node=4, threads_per_core=2, memory_per_node_bytes=8 << 30)
     machine = build_machine(topo, PolicyConfig(reserved_cpu_count=0))
-    cg_root = make_fake_cgroup_root(tmp_path / "cg", machine.usable_cpus, [0, 1])
+    cg_root = make_simulated_cgroup_root(tmp_path / "cg", machine.usable_cpus, [0, 1])
 
     def run(quotas):
         return start(machine, tmp_path / "state", cg_root,

@@ -174,9 +174,9 @@ def test_scan_finds_a_real_marked_process():
 def test_only_the_affinity_enforcer_has_marked_processes(tmp_path):
     from numa_agent.enforcement.cgroup import CgroupV2
     from numa_agent.enforcement.enforcer import CgroupEnforcer
-    from numa_agent.enforcement.fake_cgroupfs import FakeCgroupfs, make_fake_cgroup_root
-    root = make_fake_cgroup_root(tmp_path / "cg", CpuSet.parse("0-3"), [0])
-    cgroup = CgroupEnforcer(CgroupV2(root, FakeCgroupfs(root)))
+    from numa_agent.enforcement.simulated_cgroupfs import SimulatedCgroupfs, make_simulated_cgroup_root
+    root = make_simulated_cgroup_root(tmp_path / "cg", CpuSet.parse("0-3"), [0])
+    cgroup = CgroupEnforcer(CgroupV2(root, SimulatedCgroupfs(root)))
     affinity = AffinityEnforcer("test", proc_root=str(tmp_path / "no-proc"))
     try:
         assert cgroup.live_marked() is None and affinity.live_marked() == []

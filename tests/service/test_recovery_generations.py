@@ -12,7 +12,7 @@ import pytest
 from numa_agent.api.validation import AdmitRequest
 from numa_agent.enforcement.cgroup import CgroupV2
 from numa_agent.enforcement.enforcer import CgroupEnforcer
-from numa_agent.enforcement.fake_cgroupfs import FakeCgroupfs
+from numa_agent.enforcement.simulated_cgroupfs import SimulatedCgroupfs
 from numa_agent.service.agent_service import AgentService
 from numa_agent.service.recovery import restore
 from numa_agent.state.checkpoint import CheckpointStore
@@ -62,7 +62,7 @@ def test_a_previous_generation_that_does_not_decode_is_moved_aside_too(env, capl
     store.save({"schema": 99})
     store.save({"schema": 99})
     (state_dir / "checkpoint.json").write_text("")
-    enforcer = CgroupEnforcer(CgroupV2(root, FakeCgroupfs(root)))
+    enforcer = CgroupEnforcer(CgroupV2(root, SimulatedCgroupfs(root)))
     enforcer.setup()
     state, report = restore(machine, store, enforcer)
     assert state.workloads == () and report.generation is None

@@ -12,8 +12,8 @@ from numa_agent.admission.machine import PolicyConfig, build_machine
 from numa_agent.api.errors import AdmissionRefused
 from numa_agent.api.validation import AdmitRequest, PodBudget
 from numa_agent.core.cpuset import CpuSet
-from numa_agent.enforcement.fake_cgroupfs import FakeCgroupfs, make_fake_cgroup_root
 from numa_agent.enforcement.record import RECORD_XATTR, decode_record, encode_record
+from numa_agent.enforcement.simulated_cgroupfs import SimulatedCgroupfs, make_simulated_cgroup_root
 from numa_agent.state.checkpoint import CheckpointStore
 from numa_agent.state.model import replace
 from tests.support.simulated_service import cg_file, start
@@ -35,7 +35,7 @@ def make_machine(memory_per_node=961 * MIB, **kw):
 @pytest.fixture
 def env(tmp_path):
     machine = make_machine()
-    cg_root = make_fake_cgroup_root(tmp_path / "cg", machine.usable_cpus, [0, 1])
+    cg_root = make_simulated_cgroup_root(tmp_path / "cg", machine.usable_cpus, [0, 1])
     return machine, tmp_path / "state", cg_root
 
 
@@ -55,13 +55,13 @@ def lose_checkpoint(state_dir, how):
 
 def drop_records(root):
     """As if the cgroups had been made by an agent that wrote no records."""
-    fake = FakeCgroupfs(root)
+    fake = SimulatedCgroupfs(root)
     for directory in fake._all_cgroups()[1:]:
         fake.removexattr(directory, RECORD_XATTR)
 
 
 def write_record(root, rel, value):
-    FakeCgroupfs(root).setxattr(root / rel, RECORD_XATTR, encode_record(value))
+    SimulatedCgroupfs(root).setxattr(root / rel, RECORD_XATTR, encode_record(value))
 
 
 # ---- from the record ---------------------------------------------------------------------
@@ -126,7 +126,7 @@ def test_what_others_hold_is_never_booked_twice(env, sleepers, caplog):
     a = service.state.workload("a")
     # Another cgroup with a's cpuset and a record that claims a's booking.
     (root / "wl-b").mkdir()
-    fake = FakeCgroupfs(root)
+    fake = SimulatedCgroupfs(root)
     fake._write_core_files(root / "wl-b", ("cpuset", "memory", "hugetlb"))
     fake._write_controller_files(root / "wl-b", ("cpuset", "memory", "hugetlb"))
     fake.write(root / "wl-b" / "cpuset.mems", "0")
@@ -166,14 +166,14 @@ def test_a_corrupt_record_falls_back_to_the_cgroup(env, sleepers, caplog):
     machine, state_dir, root = env
     service, _ = start(machine, state_dir, root)
     service.admit(AdmitRequest(name="web", cpus=2, memory_bytes=LIMIT, membind=[0]), sleepers())
-    FakeCgroupfs(root).setxattr(root / "wl-web", RECORD_XATTR, b'{"schema":1,"workload":')
+    SimulatedCgroupfs(root).setxattr(root / "wl-web", RECORD_XATTR, b'{"schema":1,"workload":')
     lose_checkpoint(state_dir, "lost")
     service2, report = start(machine, state_dir, root)
     assert report.adopted == ("web",)
     assert "unreadable" in caplog.text
     assert cg_file(root, "wl-web", "memory.max") == str(LIMIT)
     # ...and the restart wrote a fresh record
-    assert decode_record(FakeCgroupfs(root).getxattr(root / "wl-web", RECORD_XATTR)).name == "web"
+    assert decode_record(SimulatedCgroupfs(root).getxattr(root / "wl-web", RECORD_XATTR)).name == "web"
 
 
 # ---- without a record (an older agent made the cgroup) ------------------------------------
@@ -242,7 +242,7 @@ def test_without_a_record_memory_others_hold_is_not_booked_twice(env, sleepers, 
     service.admit(AdmitRequest(name="b", memory_bytes=256 * MIB, membind=[0], shared=True), sleepers())
     drop_records(root)
     # The limit of b grew while the agent was down (or another tool set it).
-    FakeCgroupfs(root).write(root / "shared" / "b" / "memory.max", str(LIMIT))
+    SimulatedCgroupfs(root).write(root / "shared" / "b" / "memory.max", str(LIMIT))
     checkpoint = CheckpointStore(state_dir)
     doc = checkpoint.load()
     doc["workloads"] = [w for w in doc["workloads"] if w["name"] == "a"]
@@ -261,7 +261,7 @@ def test_a_partly_booked_hugetlb_limit_is_kept_whole(env, sleepers, caplog):
     service.admit(AdmitRequest(name="a", hugepages={"2048": 10}, membind=[0], shared=True), sleepers())
     service.admit(AdmitRequest(name="b", hugepages={"2048": 4}, membind=[0], shared=True), sleepers())
     drop_records(root)
-    FakeCgroupfs(root).write(root / "shared" / "b" / "hugetlb.2MB.max", str(20 * MIB))
+    SimulatedCgroupfs(root).write(root / "shared" / "b" / "hugetlb.2MB.max", str(20 * MIB))
     checkpoint = CheckpointStore(state_dir)
     doc = checkpoint.load()
     doc["workloads"] = [w for w in doc["workloads"] if w["name"] == "a"]

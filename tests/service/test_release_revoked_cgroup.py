@@ -10,7 +10,7 @@ import pytest
 
 from numa_agent.api.validation import AdmitRequest
 from numa_agent.core.cpuset import CpuSet
-from numa_agent.enforcement.fake_cgroupfs import make_fake_cgroup_root
+from numa_agent.enforcement.simulated_cgroupfs import make_simulated_cgroup_root
 from numa_agent.state.checkpoint import CheckpointStore
 from tests.service.test_agent_service import ROOT, Crash, make_machine
 from tests.support.simulated_service import cg_file, start
@@ -19,7 +19,7 @@ from tests.support.simulated_service import cg_file, start
 @pytest.fixture
 def env(tmp_path):
     machine = make_machine()
-    return machine, tmp_path / "state", make_fake_cgroup_root(tmp_path / "cg", machine.usable_cpus, [0, 1])
+    return machine, tmp_path / "state", make_simulated_cgroup_root(tmp_path / "cg", machine.usable_cpus, [0, 1])
 
 
 def procs_of(root, rel):

@@ -13,7 +13,7 @@ from numa_agent.api.validation import AdmitRequest
 from numa_agent.core.caller import Caller
 from numa_agent.core.cpuset import CpuSet
 from numa_agent.enforcement.errors import CgroupNoSpaceError
-from numa_agent.enforcement.fake_cgroupfs import make_fake_cgroup_root
+from numa_agent.enforcement.simulated_cgroupfs import make_simulated_cgroup_root
 from numa_agent.state.checkpoint import CheckpointStore
 from tests.support.simulated_service import cg_file, start
 from tests.support.synthetic import make_topology
@@ -27,7 +27,7 @@ GiB = 1 << 30
 def env(tmp_path):
     topo = make_topology(sockets=2, cores_per_node=4, threads_per_core=2, memory_per_node_bytes=8 * GiB)
     machine = build_machine(topo, PolicyConfig(topology_policy="restricted"))
-    root = make_fake_cgroup_root(tmp_path / "cg", machine.usable_cpus, [0, 1])
+    root = make_simulated_cgroup_root(tmp_path / "cg", machine.usable_cpus, [0, 1])
     return machine, tmp_path / "state", root
 
 

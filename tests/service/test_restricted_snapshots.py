@@ -15,7 +15,7 @@ from numa_agent.api.validation import AdmitRequest
 from numa_agent.core.caller import Caller
 from numa_agent.core.cpuset import CpuSet
 from numa_agent.discovery.sysfs import read_topology
-from numa_agent.enforcement.fake_cgroupfs import make_fake_cgroup_root
+from numa_agent.enforcement.simulated_cgroupfs import make_simulated_cgroup_root
 from tests.conftest import FIXTURES
 from tests.support.agent_process import AgentProcess, numa_run
 from tests.support.simulated_service import cg_file, start
@@ -30,7 +30,7 @@ POLICIES = ("none", "best-effort", "restricted", "single-numa-node")
 def _service(snapshot, tmp_path, name, policy="best-effort"):
     root, _ = snapshot(name)
     machine = build_machine(read_topology(str(root)), PolicyConfig(topology_policy=policy))
-    cg_root = make_fake_cgroup_root(tmp_path / "cg", machine.usable_cpus, machine.memory.memory_nodes.nodes())
+    cg_root = make_simulated_cgroup_root(tmp_path / "cg", machine.usable_cpus, machine.memory.memory_nodes.nodes())
     service, _ = start(machine, tmp_path / "state", cg_root)
     return machine, service, cg_root
 

@@ -7,7 +7,7 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from numa_agent.admission.machine import PolicyConfig, build_machine
-from numa_agent.enforcement.fake_cgroupfs import make_fake_cgroup_root
+from numa_agent.enforcement.simulated_cgroupfs import make_simulated_cgroup_root
 from numa_agent.views.metrics import build_registry
 from tests.support.simulated_service import start
 from tests.support.synthetic import make_topology
@@ -17,7 +17,7 @@ def metrics_service(tmp_path, **policy):
     """Two NUMA nodes of 4 cores x 2 threads and 8 GiB each, single-numa-node unless `policy` says."""
     topo = make_topology(sockets=2, cores_per_node=4, threads_per_core=2, memory_per_node_bytes=8 << 30)
     machine = build_machine(topo, PolicyConfig(**{"topology_policy": "single-numa-node", **policy}))
-    service, _ = start(machine, tmp_path / "state", make_fake_cgroup_root(tmp_path / "cg", machine.usable_cpus, [0, 1]))
+    service, _ = start(machine, tmp_path / "state", make_simulated_cgroup_root(tmp_path / "cg", machine.usable_cpus, [0, 1]))
     return service
 
 

@@ -1,11 +1,14 @@
-"""A directory of regular files that behaves like a cgroup v2 subtree.
+"""The simulated cgroup backend: a directory of regular files that behaves like a
+cgroup v2 subtree.
 
-Used by the tests and by the agent's dev mode on machines without a writable
-cgroup2 cpuset controller. `make_fake_cgroup_root` writes the tree and, in its
-root, the file `.numa-agent-fake-cgroupfs` (JSON: the machine's CPUs, memory
-nodes and huge page sizes) that `FakeCgroupfs` reads its settings from.
-`FakeCgroupfs` is a `CgroupFiles` backend (see cgroup.py): whoever assembles
-the driver passes it in, as `CgroupV2(root, FakeCgroupfs(root))`, instead of
+The agent enforces into it when it simulates another machine (`--sysfs-root`), so
+that admissions, releases, recovery and metrics run as on the kernel without pinning
+anything here; the tests use it as their cgroup tree. `make_simulated_cgroup_root`
+writes the tree and, in its root, the file `.numa-agent-fake-cgroupfs` (the name
+earlier trees carry; JSON: the machine's CPUs, memory nodes and huge page sizes) that
+`SimulatedCgroupfs` reads its settings from.
+`SimulatedCgroupfs` is a `CgroupFiles` backend (see cgroup.py): whoever assembles
+the driver passes it in, as `CgroupV2(root, SimulatedCgroupfs(root))`, instead of
 `KernelFiles()`; the driver never looks for the marker, so on a real cgroupfs
 nothing extra ever happens.
 
@@ -96,7 +99,7 @@ _DIR_MODE, _FILE_MODE = 0o755, 0o644
 _NO_XATTR_HERE = frozenset({errno.EOPNOTSUPP, errno.ENOSPC, errno.E2BIG, errno.EPERM})
 
 
-def make_fake_cgroup_root(path: str | os.PathLike, cpus: CpuSet, mems: Iterable[int], *,
+def make_simulated_cgroup_root(path: str | os.PathLike, cpus: CpuSet, mems: Iterable[int], *,
                           controllers: Iterable[str] = DEFAULT_CONTROLLERS,
                           hugepage_sizes: Iterable[str] = DEFAULT_HUGEPAGE_SIZES,
                           machine_cpus: CpuSet | None = None,
@@ -125,7 +128,7 @@ def make_fake_cgroup_root(path: str | os.PathLike, cpus: CpuSet, mems: Iterable[
         "hugepage_sizes": list(hugepage_sizes),
     }
     _put(root / FAKE_MARKER, json.dumps(marker, sort_keys=True))
-    fake = FakeCgroupfs(root)
+    fake = SimulatedCgroupfs(root)
     fake._write_core_files(root, enabled)
     fake._write_controller_files(root, enabled)
     _put(root / "cpuset.cpus", cpus.format())
@@ -134,7 +137,7 @@ def make_fake_cgroup_root(path: str | os.PathLike, cpus: CpuSet, mems: Iterable[
     return root
 
 
-class FakeCgroupfs:
+class SimulatedCgroupfs:
     """Kernel-like side effects for one fake tree (see module docstring): the
     simulated `CgroupFiles` backend of the driver.
 
