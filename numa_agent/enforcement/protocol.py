@@ -1,9 +1,12 @@
-"""The one interface between the service and the enforcement edge.
+"""The interface between the service and the enforcement edge, in four roles.
 
-`Enforcer` is everything the service, the event loop, start-up recovery and
-the daemon's assembly ask of an enforcer. Every implementation provides all of
-it, so callers never ask which one they hold: `mode` and `reason` exist only
-to be reported (status, health, metrics, log lines), never to branch on.
+`Applying` puts layouts on the machine, `Tracking` follows the workloads'
+processes, `Records` is what outlives the checkpoint beside them, and
+`EngineCgroups` where a workload is enforced. `Enforcer` is all four: what the
+daemon assembles, the service holds and start-up recovery uses; a caller that
+needs one role asks for that one. Every implementation provides all of it, so
+callers never ask which one they hold: `mode` and `reason` exist only to be
+reported (status, health, metrics, log lines), never to branch on.
 
 Paths are the relative workload/pod paths of `plan.py` ("wl-web",
 "pod-a/web"); a layout maps them to the `CgroupSpec` they must match.
@@ -41,8 +44,10 @@ class Limits(NamedTuple):
 NO_LIMITS = Limits(None, MappingProxyType({}))
 
 
-@runtime_checkable
-class Enforcer(Protocol):
+class Applying(Protocol):
+    """Puts layouts on the machine and takes released workloads off it: the service's
+    admissions, releases and resizes, and start-up's first apply."""
+
     @property
     def mode(self) -> str:
         """Short name of the mechanism ("cgroup", "simulated", "affinity"), for reports."""
@@ -53,7 +58,6 @@ class Enforcer(Protocol):
         """Why this mechanism, or what it leaves out; None when nothing to say."""
         ...
 
-    # ---- set-up and enforcement -------------------------------------------
     def setup(self) -> None:
         """Prepare the mechanism once, before anything is restored or applied."""
         ...
@@ -80,6 +84,97 @@ class Enforcer(Protocol):
         (only at `relpaths`, when given)."""
         ...
 
+    def close(self) -> None:
+        ...
+
+
+class Tracking(Protocol):
+    """Follows the processes of the workloads: the event loop's descriptors, start-up's
+    rebuild of the workloads a lost checkpoint no longer names."""
+
+    def track(self, relpath: str, pid: int | None, identity: str | None = None) -> bool:
+        """Start following a restored workload (`pid` as checkpointed, None if
+        unknown; `identity` its process_identity when it was admitted); False
+        when its processes are already gone, or `pid` now names another process."""
+        ...
+
+    def fds(self) -> list[int]:
+        """Descriptors for the event loop to wait on for reading. The list
+        changes only in ways announced by one of them becoming readable, so
+        the loop asks again after each call of `released`."""
+        ...
+
+    def released(self, ready_fds: Collection[int]) -> list[str]:
+        """Given the readable ones among `fds()`, the paths of workloads whose
+        processes are all gone, each once."""
+        ...
+
+    def populated(self, relpath: str) -> bool:
+        """The workload still has a live process."""
+        ...
+
+    def pids(self, relpath: str) -> list[int]:
+        ...
+
+    def subtree_pids(self, relpath: str) -> list[int]:
+        """The processes of `relpath` and of every cgroup below it (what a
+        cpuset or limit written there governs)."""
+        ...
+
+    def live_marked(self) -> list[MarkedProcess] | None:
+        """The live processes numa-run marked with their workload's name, for
+        start-up to rebuild the workloads a lost checkpoint no longer names;
+        None when the mechanism keeps its own record of the workloads (the
+        cgroup tree, which start-up adopts from instead)."""
+        ...
+
+
+class Records(Protocol):
+    """What outlives the checkpoint beside the processes: the booking record kept with
+    each cgroup, what a cgroup holds now, and what start-up adopts or prunes."""
+
+    def exists(self, relpath: str) -> bool:
+        ...
+
+    def read_cpuset(self, relpath: str) -> tuple[CpuSet, tuple[int, ...]]:
+        """(CPUs, memory nodes) `relpath` is confined to, as found."""
+        ...
+
+    def read_limits(self, relpath: str) -> Limits:
+        """The memory and hugetlb limits `relpath` has now (NO_LIMITS where
+        the mechanism keeps none)."""
+        ...
+
+    def write_record(self, relpath: str, data: bytes) -> None:
+        """Store `data` with the workload or pod at `relpath` so that it
+        outlives the checkpoint. Best effort: a record that cannot be stored
+        is logged and any older one removed; never raises."""
+        ...
+
+    def read_record(self, relpath: str) -> bytes | None:
+        """What `write_record` stored, None when there is nothing (or the
+        mechanism keeps nothing beyond its processes)."""
+        ...
+
+    def existing(self) -> list[str]:
+        """Every path the mechanism holds, parents before children; start-up
+        adopts those the checkpoint does not know."""
+        ...
+
+    def prune(self, layout: Layout) -> list[str]:
+        """Remove empty leftovers that `layout` does not name; returns them."""
+        ...
+
+    def granted(self) -> Grant | None:
+        """What the agent may hand out, when something above it decides that;
+        None: the machine's view of the agent's own process stands."""
+        ...
+
+
+class EngineCgroups(Protocol):
+    """Where a workload is enforced, and the engines' cgroups (containers', Slurm
+    tasks') it may be enforced on."""
+
     def path_of(self, relpath: str) -> str | None:
         """What to show a user as where the workload is enforced (the cgroup
         directory), None when there is no such place."""
@@ -98,48 +193,6 @@ class Enforcer(Protocol):
         when it is gone or the mechanism has no cgroups."""
         ...
 
-    # ---- observation (restart, reconcile) -----------------------------------
-    def exists(self, relpath: str) -> bool:
-        ...
-
-    def populated(self, relpath: str) -> bool:
-        """The workload still has a live process."""
-        ...
-
-    def pids(self, relpath: str) -> list[int]:
-        ...
-
-    def subtree_pids(self, relpath: str) -> list[int]:
-        """The processes of `relpath` and of every cgroup below it (what a
-        cpuset or limit written there governs)."""
-        ...
-
-    def read_cpuset(self, relpath: str) -> tuple[CpuSet, tuple[int, ...]]:
-        """(CPUs, memory nodes) `relpath` is confined to, as found."""
-        ...
-
-    def read_limits(self, relpath: str) -> Limits:
-        """The memory and hugetlb limits `relpath` has now (NO_LIMITS where
-        the mechanism keeps none)."""
-        ...
-
-    # ---- the booking record (record.py) ---------------------------------------
-    def write_record(self, relpath: str, data: bytes) -> None:
-        """Store `data` with the workload or pod at `relpath` so that it
-        outlives the checkpoint. Best effort: a record that cannot be stored
-        is logged and any older one removed; never raises."""
-        ...
-
-    def read_record(self, relpath: str) -> bytes | None:
-        """What `write_record` stored, None when there is nothing (or the
-        mechanism keeps nothing beyond its processes)."""
-        ...
-
-    def existing(self) -> list[str]:
-        """Every path the mechanism holds, parents before children; start-up
-        adopts those the checkpoint does not know."""
-        ...
-
     def engine_cgroups(self) -> list[str]:
         """Engines' cgroups (outside the agent's tree) holding a booking record
         the agent wrote there, owned by root (a delegated cgroup's owner could
@@ -147,42 +200,12 @@ class Enforcer(Protocol):
         walk of the whole hierarchy: for start-up only."""
         ...
 
-    def prune(self, layout: Layout) -> list[str]:
-        """Remove empty leftovers that `layout` does not name; returns them."""
-        ...
 
-    def live_marked(self) -> list[MarkedProcess] | None:
-        """The live processes numa-run marked with their workload's name, for
-        start-up to rebuild the workloads a lost checkpoint no longer names;
-        None when the mechanism keeps its own record of the workloads (the
-        cgroup tree, which start-up adopts from instead)."""
-        ...
-
-    def granted(self) -> Grant | None:
-        """What the agent may hand out, when something above it decides that;
-        None: the machine's view of the agent's own process stands."""
-        ...
-
-    # ---- liveness -------------------------------------------------------------
-    def track(self, relpath: str, pid: int | None, identity: str | None = None) -> bool:
-        """Start following a restored workload (`pid` as checkpointed, None if
-        unknown; `identity` its process_identity when it was admitted); False
-        when its processes are already gone, or `pid` now names another process."""
-        ...
-
-    def fds(self) -> list[int]:
-        """Descriptors for the event loop to wait on for reading. The list
-        changes only in ways announced by one of them becoming readable, so
-        the loop asks again after each call of `released`."""
-        ...
-
-    def released(self, ready_fds: Collection[int]) -> list[str]:
-        """Given the readable ones among `fds()`, the paths of workloads whose
-        processes are all gone, each once."""
-        ...
-
-    def close(self) -> None:
-        ...
+@runtime_checkable
+class Enforcer(Applying, Tracking, Records, EngineCgroups, Protocol):
+    """Every role at once: what the daemon assembles, the service holds and start-up
+    recovery uses. The other callers ask for the role they use (a revocation's
+    record: Records; the rebuild from live processes: Tracking)."""
 
 
-__all__ = ["NO_LIMITS", "Enforcer", "Grant", "Layout", "Limits"]
+__all__ = ["NO_LIMITS", "Applying", "EngineCgroups", "Enforcer", "Grant", "Layout", "Limits", "Records", "Tracking"]

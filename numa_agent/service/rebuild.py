@@ -62,7 +62,7 @@ from numa_agent.core.mark import mark_verifies
 from numa_agent.core.names import is_workload_name
 from numa_agent.enforcement.marked import MARK, MarkedProcess
 from numa_agent.enforcement.plan import workload_relpath
-from numa_agent.enforcement.protocol import Enforcer
+from numa_agent.enforcement.protocol import Tracking
 from numa_agent.state.model import QUARANTINED, REBUILT, AgentState, Booking, Workload
 
 log = logging.getLogger("numa_agent.recovery")
@@ -288,7 +288,7 @@ def _parse_nodes(text: str | None) -> tuple[int, ...]:
     return cpus.ids() if cpus is not None else ()
 
 
-def rebuild_from_live(machine: Machine, state: AgentState, enforcer: Enforcer,
+def rebuild_from_live(machine: Machine, state: AgentState, enforcer: Tracking,
                       marked: Sequence[MarkedProcess] | None, key: bytes | None,
                       key_new: bool = False) -> Rebuild:
     """Reconcile `state` with the marked processes (None: the enforcer keeps

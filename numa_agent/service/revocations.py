@@ -35,7 +35,7 @@ from typing import Any, Iterable
 from numa_agent.enforcement.errors import EnforcementError
 from numa_agent.enforcement.plan import workload_relpath
 from numa_agent.enforcement.processes import process_alive, process_identity
-from numa_agent.enforcement.protocol import Enforcer, Layout
+from numa_agent.enforcement.protocol import Enforcer, Layout, Records
 from numa_agent.enforcement.record import decode_record
 from numa_agent.state.model import AgentState, Revocation, Workload
 
@@ -58,7 +58,7 @@ def process_lives(r: Revocation) -> bool:
     return process_identity(r.pid) == r.pid_identity
 
 
-def record_remains(r: Revocation, enforcer: Enforcer) -> bool:
+def record_remains(r: Revocation, enforcer: Records) -> bool:
     """Its cgroup still carries the revoked booking's record (its release was
     not enforced yet); never a later workload's of the same name."""
     if not r.cgroup or not enforcer.exists(r.cgroup):
@@ -77,7 +77,7 @@ def revoked_by(revoked: Iterable[Revocation], data: bytes | None) -> Revocation 
     return next((r for r in revoked if r.covers(record)), None)
 
 
-def pruned(state: AgentState, enforcer: Enforcer) -> AgentState:
+def pruned(state: AgentState, enforcer: Records) -> AgentState:
     """`state` without the revocations of which no trace remains."""
     kept = tuple(r for r in state.revoked if process_lives(r) or record_remains(r, enforcer))
     return state.with_revoked(kept)

@@ -14,10 +14,13 @@ from numa_agent.core.cpuset import CpuSet
 from numa_agent.core.hints import NumaMask
 from numa_agent.enforcement.cgroup import CgroupV2, KernelFiles
 from numa_agent.enforcement.enforcer import AffinityEnforcer, CgroupEnforcer
-from numa_agent.enforcement.protocol import Enforcer, Grant
+from numa_agent.enforcement.protocol import Applying, Enforcer, EngineCgroups, Grant, Records, Tracking
 
-MEMBERS = sorted(name for name in vars(Enforcer) if not name.startswith("_"))
-ATTRIBUTES = [name for name in MEMBERS if isinstance(vars(Enforcer)[name], property)]
+ROLES = (Applying, Tracking, Records, EngineCgroups)
+OWN = {role: {name for name in vars(role) if not name.startswith("_")} for role in ROLES}
+ROLE_OF = {name: role for role, names in OWN.items() for name in names}
+MEMBERS = sorted(ROLE_OF)
+ATTRIBUTES = [name for name in MEMBERS if isinstance(vars(ROLE_OF[name])[name], property)]
 METHODS = [name for name in MEMBERS if name not in ATTRIBUTES]
 
 
@@ -37,6 +40,13 @@ def test_the_protocol_covers_what_the_service_uses():
                             "prune", "track", "fds", "released", "granted", "close"}
 
 
+def test_the_roles_split_the_protocol_without_overlap():
+    assert sum(len(names) for names in OWN.values()) == len(MEMBERS) == 26
+    assert all(role in Enforcer.__mro__ for role in ROLES)
+    assert {name for name in vars(Enforcer) if not name.startswith("_")} == set()  # nothing of its own
+    assert OWN[Tracking] >= {"track", "fds", "released"} and OWN[Applying] >= {"apply", "verify", "evict"}
+
+
 def test_both_enforcers_are_enforcers(enforcer):
     assert isinstance(enforcer, Enforcer)
     assert isinstance(enforcer.mode, str) and enforcer.mode
@@ -46,9 +56,9 @@ def test_both_enforcers_are_enforcers(enforcer):
 @pytest.mark.parametrize("cls", [CgroupEnforcer, AffinityEnforcer])
 @pytest.mark.parametrize("name", METHODS)
 def test_every_method_has_the_protocol_signature(cls, name):
-    wanted = inspect.signature(getattr(Enforcer, name), eval_str=True)
+    wanted = inspect.signature(getattr(ROLE_OF[name], name), eval_str=True)
     got = inspect.signature(getattr(cls, name), eval_str=True)
-    assert got == wanted, f"{cls.__name__}.{name}{got} differs from Enforcer.{name}{wanted}"
+    assert got == wanted, f"{cls.__name__}.{name}{got} differs from {ROLE_OF[name].__name__}.{name}{wanted}"
 
 
 def test_event_loop_side_of_a_fresh_enforcer(enforcer):
