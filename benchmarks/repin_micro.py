@@ -31,8 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.stats import table  # noqa: E402
 from numa_agent.core.cpuset import CpuSet  # noqa: E402
-from numa_agent.enforcement import enforcer as enforcer_module  # noqa: E402
-from numa_agent.enforcement.enforcer import AffinityEnforcer  # noqa: E402
+from numa_agent.enforcement import affinity_enforcer as enforcer_module  # noqa: E402
+from numa_agent.enforcement.affinity_enforcer import AffinityEnforcer  # noqa: E402
 from numa_agent.enforcement.plan import SHARED_CGROUP, CgroupSpec  # noqa: E402
 
 REPEATS = 15

@@ -400,7 +400,7 @@ def _simulated_cgroup(cfg, machine, why_not: str) -> Enforcer:
     if cfg.cgroup_root != "auto" or os.path.abspath(cfg.sysfs_root) == "/":
         raise EnforcerUnavailable("the topology is this machine's")
     from numa_agent.enforcement.cgroup import CgroupV2
-    from numa_agent.enforcement.enforcer import CgroupEnforcer
+    from numa_agent.enforcement.cgroup_enforcer import CgroupEnforcer
     from numa_agent.enforcement.simulated_cgroupfs import SimulatedCgroupfs, make_simulated_cgroup_root
 
     # The simulated hierarchy's top, with the agent's root one level below it as
@@ -464,7 +464,7 @@ def _system_refused(exc: OSError) -> StartupError:
 def _kernel_cgroup(cfg, machine, why_not: str) -> Enforcer:
     """cgroup v2 below the configured root, or the one found (auto)."""
     from numa_agent.enforcement.cgroup import CgroupV2, KernelFiles
-    from numa_agent.enforcement.enforcer import CgroupEnforcer
+    from numa_agent.enforcement.cgroup_enforcer import CgroupEnforcer
 
     root = cfg.cgroup_root
     if root == "none":
@@ -501,7 +501,7 @@ def _check_cgroup_root(root: str) -> None:
 
 def _affinity(cfg, machine, why_not: str) -> Enforcer:
     """The last resort: pinning with CPU affinity; never declines."""
-    from numa_agent.enforcement.enforcer import AffinityEnforcer
+    from numa_agent.enforcement.affinity_enforcer import AffinityEnforcer
 
     _refuse_foreign_cpus(cfg, machine, "--cgroup-root none")
     _require_pidfd(why_not)

@@ -9,8 +9,9 @@ import os
 import pytest
 
 from numa_agent.core.cpuset import CpuSet
+from numa_agent.enforcement.affinity_enforcer import AffinityEnforcer
 from numa_agent.enforcement.cgroup import XATTR_SIZE_MAX, CgroupV2, KernelFiles
-from numa_agent.enforcement.enforcer import AffinityEnforcer, CgroupEnforcer
+from numa_agent.enforcement.cgroup_enforcer import CgroupEnforcer
 from numa_agent.enforcement.errors import CgroupInvalidError, CgroupRangeError, CgroupUnsupportedError
 from numa_agent.enforcement.plan import CgroupSpec
 from numa_agent.enforcement.protocol import NO_LIMITS

@@ -14,7 +14,7 @@ from numa_agent.core.cpuset import CpuSet
 from numa_agent.core.hints import NumaMask
 from numa_agent.enforcement import simulated_cgroupfs
 from numa_agent.enforcement.cgroup import CgroupV2
-from numa_agent.enforcement.enforcer import CgroupEnforcer
+from numa_agent.enforcement.cgroup_enforcer import CgroupEnforcer
 from numa_agent.enforcement.simulated_cgroupfs import SimulatedCgroupfs, make_simulated_cgroup_root
 
 

@@ -4,9 +4,9 @@ validated once and kept, a bad one is refused every time, and the kept set is bo
 import pytest
 
 from numa_agent.core.cpuset import CpuSet
-from numa_agent.enforcement import enforcer as enforcer_module
+from numa_agent.enforcement import cgroup_enforcer as enforcer_module
 from numa_agent.enforcement.cgroup import CgroupPathError, CgroupV2
-from numa_agent.enforcement.enforcer import CgroupEnforcer
+from numa_agent.enforcement.cgroup_enforcer import CgroupEnforcer
 from numa_agent.enforcement.simulated_cgroupfs import SimulatedCgroupfs, make_simulated_cgroup_root
 
 

@@ -11,7 +11,7 @@ import pytest
 from numa_agent.core.cpuset import CpuSet
 from numa_agent.enforcement import libc
 from numa_agent.enforcement.cgroup import CgroupV2, EventWatcher
-from numa_agent.enforcement.enforcer import CgroupEnforcer
+from numa_agent.enforcement.cgroup_enforcer import CgroupEnforcer
 from numa_agent.enforcement.errors import CgroupError
 from numa_agent.enforcement.polling import PollingWatcher, open_watcher
 from numa_agent.enforcement.protocol import Layout

@@ -12,8 +12,9 @@ import pytest
 
 from numa_agent.core.cpuset import CpuSet
 from numa_agent.core.hints import NumaMask
+from numa_agent.enforcement.affinity_enforcer import AffinityEnforcer
 from numa_agent.enforcement.cgroup import CgroupV2, KernelFiles
-from numa_agent.enforcement.enforcer import AffinityEnforcer, CgroupEnforcer
+from numa_agent.enforcement.cgroup_enforcer import CgroupEnforcer
 from numa_agent.enforcement.protocol import Applying, Enforcer, EngineCgroups, Grant, Records, Tracking
 
 ROLES = (Applying, Tracking, Records, EngineCgroups)

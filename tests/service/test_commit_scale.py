@@ -14,9 +14,10 @@ from numa_agent.admission.machine import PolicyConfig, build_machine
 from numa_agent.api.validation import AdmitRequest
 from numa_agent.core.caller import Caller
 from numa_agent.core.cpuset import CpuSet
-from numa_agent.enforcement import enforcer as enforcer_module
+from numa_agent.enforcement import affinity_enforcer as enforcer_module
+from numa_agent.enforcement.affinity_enforcer import AffinityEnforcer
 from numa_agent.enforcement.cgroup import CgroupV2
-from numa_agent.enforcement.enforcer import AffinityEnforcer, CgroupEnforcer
+from numa_agent.enforcement.cgroup_enforcer import CgroupEnforcer
 from numa_agent.enforcement.plan import desired_layout
 from numa_agent.enforcement.simulated_cgroupfs import SimulatedCgroupfs, make_simulated_cgroup_root
 from numa_agent.service.agent_service import AgentService

@@ -16,7 +16,7 @@ from numa_agent.cli.numa_run import workload_env
 from numa_agent.core.caller import Caller
 from numa_agent.core.cpuset import CpuSet
 from numa_agent.core.mark import issue_mark, mark_verifies, start_time_of
-from numa_agent.enforcement.enforcer import AffinityEnforcer
+from numa_agent.enforcement.affinity_enforcer import AffinityEnforcer
 from numa_agent.enforcement.processes import process_identity
 from numa_agent.service.agent_service import AgentService
 from numa_agent.service.mark_key import load_or_create_key

@@ -14,7 +14,7 @@ from numa_agent.admission.machine import PolicyConfig, build_machine
 from numa_agent.core.caller import Caller
 from numa_agent.core.cpuset import CpuSet
 from numa_agent.core.mark import issue_mark
-from numa_agent.enforcement.enforcer import AffinityEnforcer
+from numa_agent.enforcement.affinity_enforcer import AffinityEnforcer
 from numa_agent.enforcement.marked import MarkedProcess, scan_marked
 from numa_agent.service.rebuild import reconcile
 from numa_agent.state.model import AgentState, Booking, Workload
@@ -173,7 +173,7 @@ def test_scan_finds_a_real_marked_process():
 
 def test_only_the_affinity_enforcer_has_marked_processes(tmp_path):
     from numa_agent.enforcement.cgroup import CgroupV2
-    from numa_agent.enforcement.enforcer import CgroupEnforcer
+    from numa_agent.enforcement.cgroup_enforcer import CgroupEnforcer
     from numa_agent.enforcement.simulated_cgroupfs import SimulatedCgroupfs, make_simulated_cgroup_root
     root = make_simulated_cgroup_root(tmp_path / "cg", CpuSet.parse("0-3"), [0])
     cgroup = CgroupEnforcer(CgroupV2(root, SimulatedCgroupfs(root)))

@@ -14,7 +14,7 @@ from numa_agent.api.errors import AdmissionRefused, Conflict, Forbidden
 from numa_agent.api.validation import AdmitRequest
 from numa_agent.core.caller import Caller
 from numa_agent.core.cpuset import CpuSet
-from numa_agent.enforcement.enforcer import AffinityEnforcer
+from numa_agent.enforcement.affinity_enforcer import AffinityEnforcer
 from numa_agent.service.agent_service import AgentService
 from numa_agent.service.recovery import restore
 from numa_agent.state.checkpoint import CheckpointStore

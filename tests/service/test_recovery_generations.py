@@ -11,7 +11,7 @@ import pytest
 
 from numa_agent.api.validation import AdmitRequest
 from numa_agent.enforcement.cgroup import CgroupV2
-from numa_agent.enforcement.enforcer import CgroupEnforcer
+from numa_agent.enforcement.cgroup_enforcer import CgroupEnforcer
 from numa_agent.enforcement.simulated_cgroupfs import SimulatedCgroupfs
 from numa_agent.service.agent_service import AgentService
 from numa_agent.service.recovery import restore

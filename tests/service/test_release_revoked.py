@@ -17,7 +17,7 @@ from numa_agent.api.validation import AdmitRequest
 from numa_agent.cli.status_cmd import format_status
 from numa_agent.core.caller import Caller
 from numa_agent.core.mark import issue_mark, start_time_of
-from numa_agent.enforcement.enforcer import AffinityEnforcer
+from numa_agent.enforcement.affinity_enforcer import AffinityEnforcer
 from numa_agent.enforcement.processes import process_identity
 from numa_agent.kubelet.files import StateFiles
 from numa_agent.kubelet.pod_resources import list_response

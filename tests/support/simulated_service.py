@@ -4,7 +4,7 @@ it: restore the checkpoint, then make the tree match."""
 from __future__ import annotations
 
 from numa_agent.enforcement.cgroup import CgroupV2
-from numa_agent.enforcement.enforcer import CgroupEnforcer
+from numa_agent.enforcement.cgroup_enforcer import CgroupEnforcer
 from numa_agent.enforcement.simulated_cgroupfs import SimulatedCgroupfs
 from numa_agent.service.agent_service import AgentService
 from numa_agent.service.recovery import restore

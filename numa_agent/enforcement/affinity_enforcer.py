@@ -1,0 +1,416 @@
+"""AffinityEnforcer, for machines without a writable cgroup v2 cpuset (containers,
+development boxes): pins the workloads' processes with sched_setaffinity; numa-run
+binds its own memory policy before exec. Bookkeeping is the cgroup enforcer's
+(cgroup_enforcer.py); only the mechanism differs. Both apply the changes of
+`plan.order_changes`, so CPUs leave the shared pool before a workload gets them
+and come back only after it is gone.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import select
+import threading
+from typing import Callable, Collection, Iterable
+
+from numa_agent.core.cpuset import CpuSet
+from numa_agent.core.hints import NumaMask
+from numa_agent.enforcement.errors import EnforcementError
+from numa_agent.enforcement.marked import MarkedProcess, scan_marked
+from numa_agent.enforcement.plan import (
+    SHARED_CGROUP,
+    order_changes,
+    pool_followers,
+    pool_steps,
+)
+from numa_agent.enforcement.processes import process_identity
+from numa_agent.enforcement.protocol import NO_LIMITS, Grant, Layout, Limits
+
+log = logging.getLogger("numa_agent.enforcement")
+
+
+class AffinityEnforcer:
+    """Pins processes with sched_setaffinity where cgroups cannot be used.
+
+    Release is detected through a pidfd of the workload's process: it becomes
+    readable when the process exits (no polling). The pidfds are watched
+    through one epoll instance, the only descriptor the event loop waits on:
+    following a workload or forgetting one costs the loop nothing, where a
+    list of every pidfd had to be handed to poll(2) again after each change."""
+
+    mode = "affinity"
+
+    def __init__(self, reason: str, proc_root: str = "/proc") -> None:
+        self.reason: str | None = reason
+        self.proc_root = proc_root
+        self._pidfds: dict[str, int] = {}  # relpath -> pidfd
+        self._by_fd: dict[int, str] = {}
+        self._pids: dict[str, int] = {}
+        # The event loop's thread reads these while the API's changes them.
+        self._fds_lock = threading.Lock()
+        # Readable while a watched pidfd is; one added meanwhile wakes a poll
+        # of it too. A pidfd leaves it when its exit is reported (once, as an
+        # inotify event is: the event loop retries a release that failed).
+        self._epoll = select.epoll()
+
+    def setup(self) -> None:
+        pass
+
+    def path_of(self, relpath: str) -> str | None:
+        return None
+
+    def cgroup_of(self, pid: int) -> str | None:
+        return None
+
+    def engine_grant(self, cgroup: str) -> tuple[CpuSet, NumaMask]:
+        raise EnforcementError(f"cannot enforce on the engine's cgroup {cgroup}: this agent pins "
+                               f"with sched_setaffinity ({self.reason}); that needs a cgroup v2 cpuset")
+
+    def apply(self, old: Layout, new: Layout, move: tuple[str, int] | None = None,
+              changed: Collection[str] | None = None) -> None:
+        # A shared admission leaves the pool as it is: only the new workload
+        # is pinned. When the pool changes every workload on it is re-pinned
+        # (no inheritance here): those that inherit it in a cgroup tree are
+        # not in `changed` (update_layout), but in pool_followers. They move
+        # as one (pool_steps): pinned before every other change when the pool
+        # loses CPUs, after every other when it gains some; only `changed` is planned.
+        pins = _Pins()
+        followers: list[str] = []
+        shrink_to = grow_to = None
+        if changed is not None:
+            followers = [rel for rel in pool_followers(old, new) if rel not in changed]
+            shrink_to, grow_to = pool_steps(old, new)
+        if shrink_to is not None:
+            self._pin_followers(pins, new, followers, shrink_to)
+        for change in order_changes(old, new, changed):
+            if change.kind == "remove":
+                pid = self._pids.get(change.relpath)
+                alive = self._alive(change.relpath)
+                self._forget(change.relpath)
+                if pid is not None and alive and SHARED_CGROUP in new:
+                    pins.add(pid, new[SHARED_CGROUP].cpus)  # back to the shared pool
+                continue
+            spec = change.spec
+            assert spec is not None
+            if move is not None and move[0] == spec.relpath:
+                continue  # pinned below, with the pid the caller's pidfd vouches for
+            # Only a process whose pidfd says it is still the same one: its PID
+            # may already be another process's if it exited a moment ago.
+            if spec.workload is None or spec.pid is None or not self._alive(spec.relpath):
+                continue
+            pins.add(spec.pid, spec.cpus)
+        if grow_to is not None:
+            self._pin_followers(pins, new, followers, grow_to)
+        pins.flush()
+        if move is not None:
+            relpath, pid = move
+            spec = new[relpath]
+            # The caller's own threads, as writing cgroup.procs moves a
+            # process: no search for descendants on the admission path (what
+            # it forks from now on inherits the mask; a re-pin takes the tree).
+            _pin_trees((pid,), spec.cpus, descendants=False)
+            self.track(relpath, pid)
+
+    def _pin_followers(self, pins: "_Pins", new: Layout, followers: list[str], cpus: CpuSet) -> None:
+        """Queue the pool's followers whose processes are still the admitted ones."""
+        alive = self._alive_among(followers)
+        for rel in followers:
+            spec = new.get(rel)
+            if spec is not None and spec.workload is not None and spec.pid is not None and rel in alive:
+                pins.add(spec.pid, cpus)
+
+    def _alive_among(self, relpaths: Collection[str]) -> set[str]:
+        """Which of `relpaths` follow a process that has not exited: one poll of
+        their pidfds together, not one each."""
+        by_fd = {fd: rel for rel in relpaths if (fd := self._pidfds.get(rel)) is not None}
+        if not by_fd:
+            return set()
+        poller = select.poll()
+        for fd in by_fd:
+            poller.register(fd, select.POLLIN)
+        exited = {by_fd[fd] for fd, events in poller.poll(0) if events & select.POLLIN}
+        return set(by_fd.values()) - exited
+
+    def evict(self, relpath: str | None, pid: int | None, identity: str | None, layout: Layout) -> None:
+        """Re-pin a released workload's process and its descendants to the
+        shared pool, while its pidfd vouches that it is still `identity`."""
+        if pid is None or SHARED_CGROUP not in layout:
+            return
+        try:
+            fd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            return
+        try:
+            if identity is None or process_identity(pid) == identity:
+                _pin_trees((pid,), layout[SHARED_CGROUP].cpus)
+        finally:
+            os.close(fd)
+
+    def verify(self, layout: Layout, relpaths: Collection[str] | None = None) -> None:
+        """Nothing to read back: sched_setaffinity either pinned a task or
+        raised, and tasks created later inherit the mask."""
+
+    def track(self, relpath: str, pid: int | None, identity: str | None = None) -> bool:
+        """Watch `pid` for exit; False if it is already gone or unknown, or if
+        it is no longer the process that was admitted (a recycled PID)."""
+        if relpath in self._pidfds:
+            return True
+        if pid is None:
+            return False
+        try:
+            fd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            return False
+        # Read after the pidfd pinned the process: a match means this very
+        # process is the one admitted. A workload admitted before identities
+        # were recorded has none and is taken on its PID alone.
+        if identity is not None and process_identity(pid) != identity:
+            os.close(fd)
+            log.warning("%s: pid %d now belongs to another process; not following it", relpath, pid)
+            return False
+        with self._fds_lock:
+            self._pidfds[relpath] = fd
+            self._by_fd[fd] = relpath
+            self._pids[relpath] = pid
+            self._epoll.register(fd, select.EPOLLIN)
+        return True
+
+    def _alive(self, relpath: str) -> bool:
+        """The followed process has not exited (its pidfd is not readable)."""
+        fd = self._pidfds.get(relpath)
+        return fd is not None and not _exited(fd)
+
+    def _forget(self, relpath: str) -> None:
+        with self._fds_lock:  # a number closed here may be reused at once (see released)
+            fd = self._pidfds.pop(relpath, None)
+            self._pids.pop(relpath, None)
+            if fd is not None:
+                self._by_fd.pop(fd, None)
+                _unwatch(self._epoll, fd)
+                os.close(fd)
+
+    def exists(self, relpath: str) -> bool:
+        return relpath in self._pidfds
+
+    def populated(self, relpath: str) -> bool:
+        """Its process has not exited: asked of its pidfd (a signal of 0 would
+        still reach an exited process its parent has not reaped)."""
+        return self._alive(relpath)
+
+    def pids(self, relpath: str) -> list[int]:
+        pid = self._pids.get(relpath)
+        return [pid] if pid is not None and self._alive(relpath) else []
+
+    def subtree_pids(self, relpath: str) -> list[int]:
+        return self.pids(relpath)
+
+    def read_cpuset(self, relpath: str) -> tuple[CpuSet, tuple[int, ...]]:
+        """The tracked process's CPU affinity; its memory policy cannot be
+        read from outside, so no memory nodes."""
+        pid = self._pids.get(relpath)
+        if pid is None:
+            raise EnforcementError(f"no process is tracked for {relpath}")
+        try:
+            return CpuSet(os.sched_getaffinity(pid)), ()
+        except OSError as exc:
+            raise EnforcementError(f"cannot read the affinity of pid {pid} ({relpath}): "
+                                   f"{exc.strerror}") from None
+
+    def read_limits(self, relpath: str) -> Limits:
+        return NO_LIMITS  # numa-run binds memory nodes; nothing limits amounts
+
+    def write_record(self, relpath: str, data: bytes) -> None:
+        pass  # nothing outlives the agent but the process: no place for a record
+
+    def read_record(self, relpath: str) -> bytes | None:
+        return None
+
+    def existing(self) -> list[str]:
+        """Only the tracked workloads: nothing of a workload outlives the
+        agent but its process, so there is never anything to adopt."""
+        return sorted(self._pidfds)
+
+    def engine_cgroups(self) -> list[str]:
+        return []
+
+    def prune(self, layout: Layout) -> list[str]:
+        return []  # nothing is left behind by a released workload
+
+    def granted(self) -> Grant | None:
+        return None  # the agent hands out what its own process may use
+
+    def live_marked(self) -> list[MarkedProcess] | None:
+        """Processes carrying NUMA_AGENT_WORKLOAD (numa_agent.enforcement.marked):
+        the only trace of a workload the checkpoint lost."""
+        return scan_marked(self.proc_root, exclude=(os.getpid(),))
+
+    def fds(self) -> list[int]:
+        """The epoll instance: readable when a followed process exited."""
+        return [self._epoll.fileno()]
+
+    def released(self, ready_fds: Collection[int]) -> list[str]:
+        """Workload paths whose process exited, each reported once."""
+        if self._epoll.fileno() not in ready_fds:
+            return []
+        out = []
+        with self._fds_lock:
+            for fd, _ in self._epoll.poll(0):
+                rel = self._by_fd.get(fd)
+                # Only a pidfd that reports the exit now, still of a followed workload.
+                if rel is not None and _exited(fd):
+                    out.append(rel)
+                    _unwatch(self._epoll, fd)
+        return sorted(out)
+
+    def close(self) -> None:
+        for rel in list(self._pidfds):
+            self._forget(rel)
+        self._epoll.close()
+
+
+def _unwatch(epoll: select.epoll, fd: int) -> None:
+    try:
+        epoll.unregister(fd)
+    except (FileNotFoundError, OSError):
+        pass  # no longer watched: its exit was reported
+
+
+def _exited(pidfd: int) -> bool:
+    """The process of `pidfd` has exited (the pidfd is readable)."""
+    poller = select.poll()
+    poller.register(pidfd, select.POLLIN)
+    return any(events & select.POLLIN for _, events in poller.poll(0))
+
+
+def _pin_trees(pids: Iterable[int], cpus: CpuSet, descendants: bool = True,
+               finder: "_Tasks | None" = None,
+               setaffinity: Callable[[int, Iterable[int]], None] = os.sched_setaffinity) -> int:
+    """Pin every thread of each of `pids` and (unless not `descendants`) of
+    their descendants (threads each carry their own affinity mask); returns
+    how many threads were pinned. An empty set cannot be pinned to (the shared
+    pool is empty only while CPUs are held for an operator): tasks stay where
+    they are.
+
+    Whole against a process that makes threads or children meanwhile (what
+    a thread makes after its pin inherits the new mask): a process's main
+    thread is pinned before its threads are listed, a thread before its
+    children are read, and the threads are listed again only while a listing
+    finds some not yet pinned (made before their maker's pin). A process of
+    one thread and no children costs one pin, one listing, one read."""
+    if not cpus:
+        log.error("no CPU to pin pid(s) %s to (the shared pool is empty); they keep their affinity",
+                  ",".join(map(str, pids)))
+        return 0
+    ids = cpus.ids()
+    finder = finder or _Tasks()
+    pinned: set[int] = set()
+    todo, seen = list(pids), set()
+    while todo:
+        pid = todo.pop()
+        if pid in seen:
+            continue
+        seen.add(pid)
+        new = [pid]
+        while new:
+            for tid in new:
+                pinned.add(tid)
+                try:
+                    setaffinity(tid, ids)
+                except ProcessLookupError:
+                    continue  # exited meanwhile (its threads may live on: listed below)
+                except OSError as exc:
+                    raise EnforcementError(f"cannot pin task {tid} of pid {pid} to CPUs "
+                                           f"{cpus.format()}: {exc.strerror}") from None
+                if descendants:
+                    todo.extend(finder.children(pid, tid))
+            new = [tid for tid in finder.threads(pid) if tid not in pinned]
+    return len(pinned)
+
+
+class _Pins:
+    """The pins of one apply, in its order: consecutive processes bound for
+    the same CPUs (the shared pool's workloads when it changes) pinned as one
+    batch, sharing one finder."""
+
+    def __init__(self) -> None:
+        self.finder = _Tasks()
+        self.pids: list[int] = []
+        self.cpus: CpuSet | None = None
+
+    def add(self, pid: int, cpus: CpuSet) -> None:
+        if self.cpus is not None and cpus is not self.cpus and cpus != self.cpus:
+            self.flush()
+        self.cpus = cpus
+        self.pids.append(pid)
+
+    def flush(self) -> None:
+        if self.cpus is not None and self.pids:
+            _pin_trees(self.pids, self.cpus, finder=self.finder)
+        self.pids, self.cpus = [], None
+
+
+def _read_proc(path: str) -> bytes:
+    """A small /proc file in a few system calls (no buffered file object)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        chunks = []
+        while chunk := os.read(fd, 65536):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+class _Tasks:
+    """Finds threads (/proc/PID/task) and children (/proc/PID/task/TID/children):
+    what a tree holds, not a scan of every process on the machine (a node
+    runs thousands). A kernel without the children files (CONFIG_PROC_CHILDREN)
+    gets one scan of /proc for the parent of every process, shared by every
+    tree looked up through this finder (one apply re-pins a whole shared pool)."""
+
+    def __init__(self, proc: str = "/proc") -> None:
+        self.proc = proc
+        self._by_parent: dict[int, list[int]] | None = None  # after a scan
+
+    def threads(self, pid: int) -> list[int]:
+        try:
+            return [int(t) for t in os.listdir(f"{self.proc}/{pid}/task")]
+        except (FileNotFoundError, ProcessLookupError):
+            return []  # exited meanwhile
+        except OSError:
+            return [pid]
+
+    def children(self, pid: int, tid: int) -> list[int]:
+        """Children of thread `tid` of `pid` (of the whole process after a scan)."""
+        if self._by_parent is not None:
+            return self._by_parent.pop(pid, [])  # the process's, once: not again for each thread
+        try:
+            return [int(c) for c in _read_proc(f"{self.proc}/{pid}/task/{tid}/children").split()]
+        except FileNotFoundError:
+            if os.path.exists(f"{self.proc}/{pid}/task/{tid}"):  # alive: no such file here
+                self._by_parent = _scan_parents(self.proc)
+                return self._by_parent.pop(pid, [])
+        except OSError:
+            pass
+        return []
+
+
+def _scan_parents(proc: str = "/proc") -> dict[int, list[int]]:
+    """Parent PID -> child PIDs, from /proc/*/stat (the field after the
+    command name, which may itself hold spaces and parentheses)."""
+    out: dict[int, list[int]] = {}
+    for entry in os.listdir(proc):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = _read_proc(f"{proc}/{entry}/stat")
+        except OSError:
+            continue  # exited meanwhile
+        fields = stat[stat.rfind(b")") + 2:].split()
+        if len(fields) > 1:
+            out.setdefault(int(fields[1]), []).append(int(entry))
+    return out
+
+
+__all__ = ["AffinityEnforcer", "EnforcementError"]
