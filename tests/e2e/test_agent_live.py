@@ -193,3 +193,14 @@ def test_a_recycled_pid_is_not_taken_for_the_workload_after_a_crash(tmp_path):
                 p.kill()
                 p.wait()
         a.stop()
+
+
+def test_a_silent_agent_leaves_every_threads_stack_in_its_log(tmp_path):
+    """What the guest scenarios do when the agent stops answering: SIGABRT, and the log
+    says where each thread was (faulthandler), instead of a bare timeout."""
+    silent = AgentProcess(tmp_path, "--cgroup-root", "none").start()
+    silent.dump_stacks()
+    assert silent.proc.poll() is not None
+    log = silent.log()
+    assert "Fatal Python error: Aborted" in log and "most recent call first" in log
+    assert "numa_agent/" in log  # the agent's own frames, not only the interpreter's

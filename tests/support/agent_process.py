@@ -21,7 +21,8 @@ class AgentProcess:
         self.socket = str(self.workdir / "agent.sock")
         self.state_dir = self.workdir / "state"
         self.log_path = self.workdir / "agent.log"
-        self.args = [sys.executable, "-m", "numa_agent.cli.numa_agent", "serve",
+        # -X faulthandler: a SIGABRT (dump_stacks) writes every thread's stack into the log.
+        self.args = [sys.executable, "-X", "faulthandler", "-m", "numa_agent.cli.numa_agent", "serve",
                      "--state-dir", str(self.state_dir), "--socket", self.socket,
                      "--metrics-address", f"127.0.0.1:{free_port()}", "--no-hotplug",
                      "--log-level", "debug", *extra_args]
@@ -57,6 +58,17 @@ class AgentProcess:
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def dump_stacks(self, settle: float = 2.0) -> None:
+        """An agent that stopped answering: SIGABRT, which faulthandler answers with the
+        stack of every thread in the log (where it was stuck), then the process ends."""
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGABRT)
+            try:
+                self.proc.wait(timeout=settle)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
 
     def kill(self) -> None:
         """SIGKILL: a crash, nothing cleaned up."""

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from numa_agent.api.client import ClientError
 from numa_agent.core.cpuset import CpuSet
 from tests.support.agent_process import AgentProcess, wait_for
 from tests.vm_e2e.plan import SCENARIOS, planned, result_line, skip_reason
@@ -1899,7 +1900,12 @@ def run_all(shape: str, out_dir: Path | None, only: list[str], runners=None, mak
             where = traceback.extract_tb(exc.__traceback__)[-1]
             status, reason = "FAIL", f"{type(exc).__name__}: {exc} (at {Path(where.filename).name}:{where.lineno})"
         finally:
-            problem = guest.cleanup()
+            try:
+                problem = guest.cleanup()
+            except ClientError as exc:  # the agent stopped answering: say where it was stuck
+                guest.agent.dump_stacks()
+                problem = (f"the agent did not answer during clean-up ({exc}); its threads' stacks "
+                           "are at the end of the agent log, and the next scenario starts it again")
             problem = guest.undo_scenario_setup() or problem
         if status == "PASS" and problem:
             status, reason = "FAIL", problem
