@@ -12,13 +12,11 @@ from __future__ import annotations
 
 import errno
 import os
-from dataclasses import dataclass
-from typing import Iterable
 
 from numa_agent.core.cpuset import CpuSet
 from numa_agent.core.hints import NumaMask
 from numa_agent.enforcement.errors import AffinityError
-from numa_agent.enforcement.mempolicy import bind_self, get_policy
+from numa_agent.enforcement.mempolicy import get_policy
 
 
 def pin_process(pid: int, cpus: CpuSet) -> None:
@@ -46,31 +44,6 @@ def process_affinity(pid: int = 0) -> CpuSet:
         raise AffinityError(f"sched_getaffinity(pid {pid}) failed: "
                             f"{errno.errorcode.get(exc.errno or 0, 'E?')} "
                             f"({os.strerror(exc.errno or 0)})") from None
-
-
-@dataclass(frozen=True)
-class MemoryBindResult:
-    """Outcome of bind_memory_self; falsy when the binding was not applied."""
-
-    applied: bool
-    reason: str = ""
-
-    def __bool__(self) -> bool:
-        return self.applied
-
-
-def bind_memory_self(nodes: Iterable[int], *, machine: str | None = None) -> MemoryBindResult:
-    """set_mempolicy(MPOL_BIND, nodes) for the calling thread.
-
-    Returns MemoryBindResult(False, reason) when the architecture or the
-    kernel/sandbox does not allow it (seccomp profiles often refuse it);
-    invalid node ids raise ValueError before any syscall.
-    """
-    mask = NumaMask(nodes)
-    if not mask:
-        raise ValueError("bind_memory_self needs at least one NUMA node")
-    result = bind_self(mask.nodes(), machine=machine)
-    return MemoryBindResult(result.applied, result.reason)
 
 
 def memory_policy_self(*, machine: str | None = None) -> tuple[int, NumaMask] | None:

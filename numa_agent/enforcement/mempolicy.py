@@ -56,11 +56,7 @@ def set_policy(mode: int, nodes: Iterable[int], *, label: str,
                machine: str | None = None) -> PolicyResult:
     """set_mempolicy(mode, nodes) for the calling thread; `label` names the
     policy in the failure reason. No nodes: a NULL mask (MPOL_LOCAL, MPOL_DEFAULT)."""
-    bits = 0
-    for node in nodes:
-        if node < 0:
-            raise ValueError(f"NUMA node id must be >= 0, got {node}")
-        bits |= 1 << node
+    bits = _node_bits(nodes)
     arch = machine or os.uname().machine
     number = SET_MEMPOLICY.get(arch)
     if number is None:
@@ -79,12 +75,22 @@ def set_policy(mode: int, nodes: Iterable[int], *, label: str,
     return PolicyResult(True)
 
 
+def _node_bits(nodes: Iterable[int]) -> int:
+    bits = 0
+    for node in nodes:
+        if node < 0:
+            raise ValueError(f"NUMA node id must be >= 0, got {node}")
+        bits |= 1 << node
+    return bits
+
+
 def bind_self(nodes: Iterable[int], *, machine: str | None = None) -> PolicyResult:
     """set_mempolicy(MPOL_BIND, nodes) for the calling thread: the affinity fallback's
     memory binding, which numa-run sets on itself before exec."""
     ordered = sorted(set(nodes))
     if not ordered:
         raise ValueError("binding memory needs at least one NUMA node")
+    _node_bits(ordered)  # a negative id is refused as one, before the label formats it
     return set_policy(MPOL_BIND, ordered, machine=machine,
                       label=f"MPOL_BIND, nodes {CpuSet(ordered).format()}")
 

@@ -12,14 +12,9 @@ import pytest
 
 from numa_agent.core.cpuset import CpuSet
 from numa_agent.core.mempolicy import MPOL_BIND
-from numa_agent.enforcement.affinity import (
-    MemoryBindResult,
-    bind_memory_self,
-    memory_policy_self,
-    pin_process,
-    process_affinity,
-)
+from numa_agent.enforcement.affinity import memory_policy_self, pin_process, process_affinity
 from numa_agent.enforcement.errors import AffinityError
+from numa_agent.enforcement.mempolicy import PolicyResult, bind_self
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -66,12 +61,12 @@ def run_child(code):
     return out.stdout.strip().splitlines()
 
 
-def test_bind_memory_self_in_a_child():
+def test_bind_self_in_a_child():
     lines = run_child("""
-        from numa_agent.core.hints import NumaMask
-        from numa_agent.enforcement.affinity import bind_memory_self, memory_policy_self
+        from numa_agent.enforcement.affinity import memory_policy_self
+        from numa_agent.enforcement.mempolicy import bind_self
         before = memory_policy_self()
-        result = bind_memory_self(NumaMask([0]))
+        result = bind_self([0])
         after = memory_policy_self()
         print(before[0] if before else None)
         print(result.applied)
@@ -89,8 +84,8 @@ def test_bind_memory_self_in_a_child():
 
 def test_bind_to_absent_node_reports_the_kernel_error():
     lines = run_child("""
-        from numa_agent.enforcement.affinity import bind_memory_self
-        r = bind_memory_self([1000])
+        from numa_agent.enforcement.mempolicy import bind_self
+        r = bind_self([1000])
         print(r.applied, r.reason, sep="|")
     """)
     applied, reason = lines[0].split("|")
@@ -99,16 +94,16 @@ def test_bind_to_absent_node_reports_the_kernel_error():
 
 
 def test_bind_on_unknown_architecture():
-    result = bind_memory_self([0], machine="sparc64")
-    assert result == MemoryBindResult(False, "set_mempolicy syscall number unknown for "
-                                             "architecture 'sparc64'")
+    result = bind_self([0], machine="sparc64")
+    assert result == PolicyResult(False, "set_mempolicy syscall number unknown for "
+                                         "architecture 'sparc64'")
     assert not result
     assert memory_policy_self(machine="sparc64") is None
 
 
 def test_bind_validates_nodes():
     with pytest.raises(ValueError, match="at least one NUMA node"):
-        bind_memory_self([])
+        bind_self([])
     with pytest.raises(ValueError, match="NUMA node id must be >= 0"):
-        bind_memory_self([-1])
+        bind_self([-1])
 
