@@ -124,13 +124,8 @@ class AffinityEnforcer:
         """Which of `relpaths` follow a process that has not exited: one poll of
         their pidfds together, not one each."""
         by_fd = {fd: rel for rel in relpaths if (fd := self._pidfds.get(rel)) is not None}
-        if not by_fd:
-            return set()
-        poller = select.poll()
-        for fd in by_fd:
-            poller.register(fd, select.POLLIN)
-        exited = {by_fd[fd] for fd, events in poller.poll(0) if events & select.POLLIN}
-        return set(by_fd.values()) - exited
+        exited = _exited_among(by_fd)
+        return {rel for fd, rel in by_fd.items() if fd not in exited}
 
     def evict(self, relpath: str | None, pid: int | None, identity: str | None, layout: Layout) -> None:
         """Re-pin a released workload's process and its descendants to the
@@ -278,9 +273,15 @@ def _unwatch(epoll: select.epoll, fd: int) -> None:
 
 def _exited(pidfd: int) -> bool:
     """The process of `pidfd` has exited (the pidfd is readable)."""
+    return bool(_exited_among((pidfd,)))
+
+
+def _exited_among(pidfds: Iterable[int]) -> set[int]:
+    """The pidfds among `pidfds` whose processes have exited (readable): one poll."""
     poller = select.poll()
-    poller.register(pidfd, select.POLLIN)
-    return any(events & select.POLLIN for _, events in poller.poll(0))
+    for fd in pidfds:
+        poller.register(fd, select.POLLIN)
+    return {fd for fd, events in poller.poll(0) if events & select.POLLIN}
 
 
 def _pin_trees(pids: Iterable[int], cpus: CpuSet, descendants: bool = True,
