@@ -2,6 +2,7 @@
 harness's run_in_guest is replaced by a stand-in that answers as a guest would."""
 
 import json
+import time
 
 import pytest
 from vmharness import GuestBootError, GuestError, GuestResult
@@ -204,3 +205,31 @@ def test_a_guest_with_many_scenarios_gets_time_for_each_unless_told(tmp_path, ca
     fake.calls.clear()
     run(["--shape", "2node", "--scenario", "1-pin-core"], fake, tmp_path, capsys)
     assert [timeout for _, _, timeout, _ in fake.calls] == [runner.DEFAULT_TIMEOUT]
+
+
+def test_a_long_scenario_prints_where_it_is_and_the_agent_log_tail(capfd):
+    from tests.vm_e2e.watch import ScenarioWatch
+
+    def stuck_in_a_wait():
+        time.sleep(0.35)
+
+    with ScenarioWatch("13-restart-inflight", "4node", lambda: "first\nlast agent line\n", every=0.1):
+        stuck_in_a_wait()
+    out = capfd.readouterr().out
+    assert "vm-e2e watch: 13-restart-inflight 4node still running after 0 s" in out
+    assert "stuck_in_a_wait" in out  # the scenario's own stack, not only the watcher's
+    assert "  last agent line" in out
+
+
+def test_a_quick_scenario_prints_nothing_and_a_broken_log_does_not_end_it(capfd):
+    from tests.vm_e2e.watch import ScenarioWatch
+
+    def broken() -> str:
+        raise OSError("gone")
+
+    with ScenarioWatch("1-pin-core", "2node", broken, every=5):
+        pass
+    assert capfd.readouterr().out == ""
+    with ScenarioWatch("1-pin-core", "2node", broken, every=0.05):
+        time.sleep(0.12)
+    assert "(unreadable: gone)" in capfd.readouterr().out
