@@ -45,7 +45,7 @@ from numa_agent.api.errors import (
     RequestTimeout,
     ServerBusy,
 )
-from numa_agent.api.socket_file import SocketInUse, place_socket, remove_socket
+from numa_agent.state.socket_file import SocketInUse, place_socket, remove_socket
 from numa_agent.api.validation import (
     MAX_BODY_BYTES,
     parse_admit_request,

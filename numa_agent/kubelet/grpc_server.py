@@ -10,7 +10,7 @@ an update after an admission costs that admission's pod.
 
 Who may connect is decided, as for the HTTP API, by the socket file's mode
 and group (the same `socket_mode` / `socket_group`), set before the path
-exists (numa_agent.api.socket_file). Bad input (garbage bytes, a client that
+exists (numa_agent.state.socket_file). Bad input (garbage bytes, a client that
 never finishes its request) is grpcio's to refuse; it holds no worker thread.
 """
 
@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 import grpc
 
-from numa_agent.api.socket_file import place_socket, remove_socket
+from numa_agent.state.socket_file import place_socket, remove_socket
 from numa_agent.kubelet import pod_resources
 from numa_agent.kubelet import podresources_pb2 as pb
 

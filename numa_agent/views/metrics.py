@@ -455,7 +455,7 @@ def check_metrics_address(address: str) -> None:
     ValueError naming it."""
     import socket
 
-    from numa_agent.api.socket_file import SocketInUse, check_socket_path
+    from numa_agent.state.socket_file import SocketInUse, check_socket_path
 
     path = socket_path_of(address)
     if path is not None:
@@ -500,7 +500,7 @@ class _UnixHTTPServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer
 
 
 def _serve_unix(path: str, registry: CollectorRegistry, mode: int, group: str | None) -> MetricsServer:
-    from numa_agent.api.socket_file import SocketInUse, place_socket, remove_socket
+    from numa_agent.state.socket_file import SocketInUse, place_socket, remove_socket
 
     httpd = _UnixHTTPServer(path, MetricsHandler.factory(registry), bind_and_activate=False)
     try:
