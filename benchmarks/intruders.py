@@ -22,10 +22,10 @@ from typing import Sequence
 
 from benchmarks.stats import fmt, percentile, table
 from numa_agent.core.cpuset import CpuSet
+from numa_agent.daemon.config import AgentConfig
 from numa_agent.observe.model import Guarded
 from numa_agent.observe.procfs import ProcReader
 from numa_agent.observe.watcher import IntruderWatcher
-from numa_agent.service.config import AgentConfig
 
 MAX_TASKS = 20_000  # a bound on what this script starts
 # The child: N threads blocked on one event until stdin closes.

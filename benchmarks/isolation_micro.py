@@ -17,11 +17,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from numa_agent.admission.machine import PolicyConfig, build_machine  # noqa: E402
-from numa_agent.api.validation import AdmitRequest  # noqa: E402
 from numa_agent.core.caller import Caller  # noqa: E402
 from numa_agent.enforcement.simulated_cgroupfs import make_simulated_cgroup_root  # noqa: E402
 from numa_agent.isolation.keeper import IsolationKeeper  # noqa: E402
 from numa_agent.isolation.knobs import ProcSysKnobs  # noqa: E402
+from numa_agent.service.requests import AdmitRequest  # noqa: E402
 from tests.support.isolation_tree import machine, write  # noqa: E402
 from tests.support.simulated_service import start  # noqa: E402
 from tests.support.synthetic import make_topology  # noqa: E402

@@ -24,10 +24,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.stats import table  # noqa: E402
 from numa_agent.admission.machine import PolicyConfig, build_machine  # noqa: E402
-from numa_agent.api.validation import AdmitRequest  # noqa: E402
 from numa_agent.core.caller import Caller  # noqa: E402
 from numa_agent.kubelet.files import StateFiles  # noqa: E402
 from numa_agent.service.agent_service import AgentService  # noqa: E402
+from numa_agent.service.requests import AdmitRequest  # noqa: E402
 from numa_agent.state.checkpoint import CheckpointStore  # noqa: E402
 from numa_agent.state.model import AgentState  # noqa: E402
 from tests.support.synthetic import make_topology  # noqa: E402

@@ -124,9 +124,8 @@ def test_package_graph_sees_package_edges():
 
 
 # The layers, lowest first (docs/architecture.md, "Layers"): a package imports only from
-# layers below its own. api sits below the service for now, as the service still raises
-# api.errors and takes api.validation's AdmitRequest (their own types in the core are the
-# next step); the kubelet's files and views read the same edge helpers.
+# layers below its own. The kubelet's files and views still sit below the service, which
+# writes the one and renders the other.
 LAYERS: tuple[frozenset[str], ...] = tuple(frozenset(layer.split()) for layer in (
     "numa_agent",                  # the version, nothing else
     "core",                        # the shared vocabulary: cpusets, hints, names, units, the caller
@@ -134,10 +133,11 @@ LAYERS: tuple[frozenset[str], ...] = tuple(frozenset(layer.split()) for layer in
     "admission isolation",         # the pure managers and merge; the isolation planner and knobs
     "enforcement hotplug",         # cgroups and affinity; fitting state to changed hardware
     "observe",                     # intruders and memory per node
-    "api",                         # the local API: errors, validation, server, client
     "kubelet views",               # the kubelet's files and PodResources; topology report, metrics
-    "service",                     # the use-cases, the state's one owner, start-up and the loop
+    "service",                     # the use-cases: requests, refusals, the state's one owner
+    "api",                         # the local API: HTTP errors, validation, server, client
     "engines",                     # the OCI hook
+    "daemon",                      # assembly, the event loop, configuration, logging, sd_notify
     "cli",                         # the commands
 ))
 

@@ -2,11 +2,10 @@
 reason code as class attributes.
 
 The API server turns each into a response with the error's `status` and a
-body `{"error": {"code", "message", "details"}}`; the service raises the ones
-that describe an admission or release (bad request, not yours, no such
-workload, name taken, refused, unavailable), the server the ones about the
-HTTP exchange itself. Kept free of imports beyond the standard library so
-that the CLI and the server can use them without loading the service.
+body `{"error": {"code", "message", "details"}}`. The service's refusals
+(`service/refusals.py`) become the ones `api/refusals.py` maps them to; the
+server raises the rest, about the HTTP exchange itself. Kept free of imports
+beyond the standard library so that the CLI can read the codes cheaply.
 """
 
 from __future__ import annotations

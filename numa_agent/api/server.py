@@ -45,7 +45,7 @@ from numa_agent.api.errors import (
     RequestTimeout,
     ServerBusy,
 )
-from numa_agent.state.socket_file import SocketInUse, place_socket, remove_socket
+from numa_agent.api.refusals import api_error
 from numa_agent.api.validation import (
     MAX_BODY_BYTES,
     parse_admit_request,
@@ -55,6 +55,8 @@ from numa_agent.api.validation import (
 )
 from numa_agent.core.caller import Caller
 from numa_agent.enforcement.processes import process_identity
+from numa_agent.service.refusals import ServiceRefusal
+from numa_agent.state.socket_file import SocketInUse, place_socket, remove_socket
 
 log = logging.getLogger("numa_agent.api")
 
@@ -286,6 +288,12 @@ class _Router:
         self.service = service
 
     def dispatch(self, req: _Request, caller: Caller) -> tuple[int, Any]:
+        try:
+            return self._route(req, caller)
+        except ServiceRefusal as refusal:
+            raise api_error(refusal) from None
+
+    def _route(self, req: _Request, caller: Caller) -> tuple[int, Any]:
         path = req.path
         if path.startswith("/v1/workloads/"):
             return self._workload(req, caller, path[len("/v1/workloads/"):])

@@ -6,69 +6,35 @@ unknown fields rejected, numeric bounds), then the rules msgspec cannot say
 here. Every failure is a `BadRequest` whose message names the field, so a
 hostile or mistaken request never reaches the service.
 
-The service receives the checked `AdmitRequest` (CPU list in canonical
-form, node lists sorted, resource tables in key order) and turns it, with the
-caller's identity, into the admission `Request` by `to_admission_request`.
+The service receives the checked `AdmitRequest` (its own request type,
+`service/requests.py`: CPU list in canonical form, node lists sorted,
+resource tables in key order).
 """
 
 from __future__ import annotations
 
 import re
-from typing import Annotated
 
 import msgspec
 
-from numa_agent.admission.admit import InvalidRequest, Request, Resources
 from numa_agent.api.errors import BadRequest
-from numa_agent.core.caller import Caller
 from numa_agent.core.cpuset import CpuSet, CpuSetParseError
 from numa_agent.core.names import NAME_RULE, is_resource_name, is_workload_name
-from numa_agent.core.policy import AllocationStrategy, TopologyPolicy
 from numa_agent.isolation.plan import IsolateSyntaxError, parse_kinds
-from numa_agent.state.model import replace as replace_value
+from numa_agent.service.requests import (
+    MAX_CPU_ID,
+    MAX_CPU_LIST_CHARS,
+    AdmitRequest,
+    RequestId,
+    ResizeRequest,
+)
 
 MAX_BODY_BYTES = 64 * 1024
-MAX_CPUS = 4096
-MAX_MEMORY_BYTES = 2 ** 50
-MAX_HUGEPAGE_COUNT = 2 ** 31
-MAX_DEVICE_COUNT = 64
-# Highest CPU / NUMA node id a client may name. Bounds the bitmask that a
-# CPU list turns into, so "0-999999999" cannot make the agent allocate memory.
-MAX_CPU_ID = 8191
-MAX_NODE_ID = 1023
-MAX_CPU_LIST_CHARS = 4096
-MAX_COMMAND_ARGS = 1024
-MAX_CGROUP_CHARS = 4096
 
 _HUGEPAGE_KEY_RE = re.compile(r"[1-9][0-9]{0,9}")
 _CPU_LIST_CHARS_RE = re.compile(r"[0-9,:\- ]*")
 # An absolute cgroup path as /proc/PID/cgroup writes it; each component checked below.
 _CGROUP_COMPONENT_RE = re.compile(r"[A-Za-z0-9_.:@-]{1,255}")
-
-Policy = TopologyPolicy
-CpuCount = Annotated[int, msgspec.Meta(ge=0, le=MAX_CPUS)]
-Bytes = Annotated[int, msgspec.Meta(ge=0, le=MAX_MEMORY_BYTES)]
-HugepageCount = Annotated[int, msgspec.Meta(ge=0, le=MAX_HUGEPAGE_COUNT)]
-DeviceCount = Annotated[int, msgspec.Meta(ge=1, le=MAX_DEVICE_COUNT)]
-NodeId = Annotated[int, msgspec.Meta(ge=0, le=MAX_NODE_ID)]
-NodeList = Annotated[list[NodeId], msgspec.Meta(min_length=1, max_length=MAX_NODE_ID + 1)]
-ShortStr = Annotated[str, msgspec.Meta(max_length=256)]
-Hugepages = Annotated[dict[ShortStr, HugepageCount], msgspec.Meta(max_length=16)]
-Devices = Annotated[dict[ShortStr, DeviceCount], msgspec.Meta(max_length=64)]
-Command = Annotated[list[Annotated[str, msgspec.Meta(max_length=4096)]],
-                    msgspec.Meta(max_length=MAX_COMMAND_ARGS)]
-
-
-class PodBudget(msgspec.Struct, forbid_unknown_fields=True):
-    cpus: CpuCount = 0
-    memory_bytes: Bytes = 0
-    hugepages: Hugepages = {}
-    devices: Devices = {}
-
-
-# A client's random id for one admission (128 bits or more, lower-case hex),
-# so that a retry after a lost answer returns the admission instead of booking twice.
-RequestId = Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{32,64}$")]
 
 
 def parse_request_id(value: str, what: str = "request_id") -> str:
@@ -78,34 +44,6 @@ def parse_request_id(value: str, what: str = "request_id") -> str:
     except msgspec.ValidationError:
         raise BadRequest(f"{what} must be 32 to 64 lower-case hex digits, got {_shown(value)}",
                          details={"field": what}) from None
-
-
-class AdmitRequest(msgspec.Struct, forbid_unknown_fields=True):
-    name: ShortStr | None = None
-    pod: ShortStr | None = None
-    cpus: CpuCount = 0
-    shared: bool = False
-    memory_bytes: Bytes = 0
-    hugepages: Hugepages = {}
-    devices: Devices = {}
-    policy: Policy | None = None
-    numa_allocation_strategy: AllocationStrategy | None = None
-    physcpubind: Annotated[str, msgspec.Meta(max_length=MAX_CPU_LIST_CHARS)] | None = None
-    cpunodebind: NodeList | None = None
-    membind: NodeList | None = None
-    pod_budget: PodBudget | None = None
-    command: Command = []
-    request_id: RequestId | None = None
-    isolate: Annotated[list[ShortStr], msgspec.Meta(max_length=8)] | None = None  # irqs, idle, freq, all
-    isolate_strict: bool = False
-    # Enforce on an engine's cgroup instead of moving the caller: `cgroup` names
-    # it (root only: a container's, from its OCI hook), `in_place` means the
-    # caller's own (numa-run inside a Slurm task's cgroup).
-    cgroup: Annotated[str, msgspec.Meta(max_length=MAX_CGROUP_CHARS)] | None = None
-    in_place: bool = False
-    # The caller's own bound on where its CPUs may lie (numa-run: the CPUs Slurm's
-    # task/affinity bound the task to); narrows, never widens, what is booked.
-    within_cpus: Annotated[str, msgspec.Meta(max_length=MAX_CPU_LIST_CHARS)] | None = None
 
 
 def validate_name(name: str, what: str = "name") -> str:
@@ -119,14 +57,6 @@ def validate_name(name: str, what: str = "name") -> str:
 def parse_admit_request(body: bytes) -> AdmitRequest:
     """Decode and check a POST /v1/workloads body; return it normalised."""
     return _check(_decoded_json(body, AdmitRequest))
-
-
-class ResizeRequest(msgspec.Struct, forbid_unknown_fields=True):
-    """PATCH /v1/workloads/NAME: the workload's new exclusive CPU count, its new
-    memory booking, or both."""
-
-    cpus: CpuCount | None = None
-    memory_bytes: Bytes | None = None
 
 
 def _decoded_json(body: bytes, kind: type):
@@ -211,40 +141,6 @@ def _isolate(req: AdmitRequest) -> list[str] | None:
         raise BadRequest("isolate needs exclusive CPUs (cpus or physcpubind), not the shared pool",
                          details={"field": "isolate"})
     return kinds
-
-
-def to_admission_request(req: AdmitRequest, caller: Caller, *, name: str, created_unix: float) -> Request:
-    """The admission's Request for `req` asked by `caller`, under `name`.
-    InvalidRequest if `req` (built without `parse_admit_request`) names a bad
-    CPU list."""
-    physcpubind = None
-    if req.physcpubind is not None:
-        try:
-            physcpubind = CpuSet.parse(req.physcpubind)
-        except CpuSetParseError as exc:
-            raise InvalidRequest(f"physcpubind: {exc}") from None
-    return Request(
-        name=name, owner_uid=caller.uid, pid=caller.pid, pid_identity=caller.identity, resources=_resources(req),
-        shared=req.shared, policy=req.policy, physcpubind=physcpubind,
-        numa_allocation_strategy=req.numa_allocation_strategy,
-        cpunodebind=_node_ids(req.cpunodebind), membind=_node_ids(req.membind), pod=req.pod,
-        pod_budget=_resources(req.pod_budget) if req.pod_budget is not None else None,
-        command=tuple(req.command), created_unix=created_unix,
-        within_cpus=CpuSet.parse(req.within_cpus) if req.within_cpus is not None else None)
-
-
-def with_engine_grant(req: Request, cgroup: str, cpus: CpuSet, mems: tuple[int, ...]) -> Request:
-    """`req` enforced on the engine's cgroup `cgroup`, booked inside what its engine granted."""
-    return replace_value(req, cgroup=cgroup, within_cpus=cpus, within_mems=mems)
-
-
-def _resources(r: AdmitRequest | PodBudget) -> Resources:
-    return Resources(cpus=r.cpus, memory_bytes=r.memory_bytes,
-                     hugepages={int(k): v for k, v in r.hugepages.items()}, devices=dict(r.devices))
-
-
-def _node_ids(nodes: list[int] | None) -> tuple[int, ...] | None:
-    return None if nodes is None else tuple(sorted(nodes))
 
 
 def parse_cpu_list(text: str, field: str) -> CpuSet:

@@ -36,9 +36,9 @@ def run(args: argparse.Namespace) -> int:
     import grpc
     from google.protobuf.json_format import MessageToDict
 
+    from numa_agent.daemon.config import POD_RESOURCES_SOCKET_NAME
     from numa_agent.kubelet import podresources_pb2 as pb
     from numa_agent.kubelet import podresources_pb2_grpc as pb_grpc
-    from numa_agent.service.config import POD_RESOURCES_SOCKET_NAME
 
     path = args.pod_resources_socket or os.environ.get(SOCKET_ENV) or \
         os.path.join(os.path.dirname(common.resolve_socket(args)), POD_RESOURCES_SOCKET_NAME)

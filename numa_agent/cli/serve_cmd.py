@@ -65,14 +65,14 @@ _FLAGS = ("sysfs_root", "cgroup_root", "state_dir", "socket", "socket_group", "l
 def _effective_config(args):
     """The file's settings with the flags over them; ConfigError naming the
     flag, or the file and the key, of a wrong value."""
-    from numa_agent.service.caller import unknown_quota_names
-    from numa_agent.service.config import (
+    from numa_agent.daemon.config import (
         DEFAULT_CONFIG,
         ConfigError,
         agent_value,
         check_endpoints_apart,
         load_config,
     )
+    from numa_agent.service.caller import unknown_quota_names
 
     cfg = load_config(args.config, required=args.config is not None)
     unknown = unknown_quota_names(cfg.quotas)  # the user database: asked once, at start
@@ -110,16 +110,16 @@ def _group_exists(name: str) -> bool:
 
 
 def run(args) -> int:
-    from numa_agent.service.config import ConfigError
+    from numa_agent.daemon.config import ConfigError
 
     try:
         cfg = _effective_config(args)
     except ConfigError as exc:
         return _refused(exc, EX_CONFIG)
-    from numa_agent.service.logging_setup import setup_logging
+    from numa_agent.daemon.logging_setup import setup_logging
 
     setup_logging(cfg.log_level)  # checked with the configuration
-    from numa_agent.service.startup import Agent, StartupConfigError, StartupError
+    from numa_agent.daemon.startup import Agent, StartupConfigError, StartupError
 
     try:
         return Agent(cfg).run_until_signal()

@@ -36,8 +36,8 @@ def add_parser(subparsers) -> None:
 def run(args) -> int:
     from numa_agent.admission.machine import MachineConfigError, build_machine
     from numa_agent.core.slurm import SlurmShapeError, node_line, spec_note
+    from numa_agent.daemon.config import ConfigError, load_config
     from numa_agent.discovery.sysfs import DiscoveryError, read_topology
-    from numa_agent.service.config import ConfigError, load_config
     from numa_agent.service.snapshot import SnapshotError, extract_snapshot, is_archive, remove_snapshot
 
     scratch = None

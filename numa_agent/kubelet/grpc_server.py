@@ -24,9 +24,9 @@ from typing import Any, Callable
 
 import grpc
 
-from numa_agent.state.socket_file import place_socket, remove_socket
 from numa_agent.kubelet import pod_resources
 from numa_agent.kubelet import podresources_pb2 as pb
+from numa_agent.state.socket_file import place_socket, remove_socket
 
 log = logging.getLogger("numa_agent.kubelet")
 

@@ -39,18 +39,6 @@ from numa_agent.admission.machine import Machine
 from numa_agent.admission.quota import NO_QUOTAS, Owner, Quotas, check_quota, owner_usage, quota_view
 from numa_agent.admission.quota import REASON_CODE as QUOTA_EXCEEDED
 from numa_agent.admission.resize import resize as resize_workload
-from numa_agent.api.errors import (
-    AdmissionRefused,
-    BadRequest,
-    Conflict,
-    Forbidden,
-    NotFound,
-    QuotaExceeded,
-    RequestIdInUse,
-    ServiceUnavailable,
-    TopologyAffinityError,
-)
-from numa_agent.api.validation import AdmitRequest, to_admission_request, with_engine_grant
 from numa_agent.core.caller import Caller
 from numa_agent.core.hints import TopologyHint
 from numa_agent.core.mark import issue_mark, start_time_of
@@ -76,6 +64,19 @@ from numa_agent.kubelet.state_files import CPU_MANAGER_STATE, MEMORY_MANAGER_STA
 from numa_agent.kubelet.state_files import documents as kubelet_documents
 from numa_agent.service.caller import Owners, UserNames, system_owner, system_user_name
 from numa_agent.service.counters import Counters, ManagerOutcome
+from numa_agent.service.refusals import (
+    InConflict,
+    InvalidInput,
+    NoCapacity,
+    NotPermitted,
+    OverQuota,
+    RequestIdTaken,
+    ServiceRefusal,
+    TopologyRefused,
+    Unavailable,
+    UnknownWorkload,
+)
+from numa_agent.service.requests import AdmitRequest, to_admission_request, with_engine_grant
 from numa_agent.service.revocation_copy import RevocationCopy
 from numa_agent.service.revocations import hand_to_pool, process_lives, pruned, released_views, revocation_of
 from numa_agent.service.tally import workload_tally
@@ -162,10 +163,10 @@ class AgentService:
                     check_quota(self.quotas, owner, self.state, decision.state, decision.explanation)
             except _NameTaken as exc:
                 self.counters.refused("name_in_use", time.perf_counter() - started)
-                raise Conflict(f"a workload named {exc.args[0]!r} already exists; choose another --name") from None
+                raise InConflict(f"a workload named {exc.args[0]!r} already exists; choose another --name") from None
             except InvalidRequest as exc:
                 self.counters.refused("bad_request", time.perf_counter() - started)
-                raise BadRequest(str(exc)) from None
+                raise InvalidInput(str(exc)) from None
             except Refusal as exc:
                 # forbidden: no manager was asked; over a quota: refused after the managers
                 # decided, as the kubelet's never see a pod its namespace's quota refused.
@@ -178,11 +179,8 @@ class AgentService:
                             request.name or "(unnamed)", caller.uid, caller.pid, exc.message,
                             _hints_text(exc.explanation), _merged_text(exc.explanation))
                 if exc.code == "forbidden":
-                    raise Forbidden(exc.message) from None
-                refused = {TopologyAffinityError.code: TopologyAffinityError,
-                           QUOTA_EXCEEDED: QuotaExceeded}.get(exc.code, AdmissionRefused)
-                raise refused(exc.message, details={**exc.explanation, "reason": exc.message,
-                                                    "reason_code": exc.code}) from None
+                    raise NotPermitted(exc.message) from None
+                raise _refused(exc) from None
             if not dry_run:
                 outcome = self._manager_outcome(request, decision.explanation, decision.pinned, None,
                                                 merge_refused=False)
@@ -233,15 +231,15 @@ class AgentService:
         with self._lock:
             w = self.state.workload(name)
             if w is None:
-                raise NotFound(f"no workload named {name!r}")
+                raise UnknownWorkload(f"no workload named {name!r}")
             if request_id is not None and w.request.get("request_id") not in (None, request_id):
-                raise NotFound(f"no workload named {name!r} admitted under request id {request_id}")
+                raise UnknownWorkload(f"no workload named {name!r} admitted under request id {request_id}")
             if caller is None and w.quarantined:
                 # Not the exit of a followed process: the hold stays until an operator asks.
-                raise Conflict(f"{name} holds CPUs {w.booking.cpus.format() or '(none)'} for an "
+                raise InConflict(f"{name} holds CPUs {w.booking.cpus.format() or '(none)'} for an "
                                f"operator; only `numa-agent release {name}` as root frees them")
             if caller is not None and not caller.is_root and caller.uid != w.owner_uid:
-                raise Forbidden(f"workload {name!r} belongs to uid {w.owner_uid}; only its owner "
+                raise NotPermitted(f"workload {name!r} belongs to uid {w.owner_uid}; only its owner "
                                 f"or root may release it")
             new_state, released, pod = release_workload(self.state, name)
             new_state = self._revoked_after(new_state, w, reason, asked=caller is not None)
@@ -269,11 +267,11 @@ class AgentService:
         with self._lock:
             w = self.state.workload(name)
             if w is None:
-                raise NotFound(f"no workload named {name!r}")
+                raise UnknownWorkload(f"no workload named {name!r}")
             if not caller.is_root and caller.uid != w.owner_uid:
-                raise Forbidden(f"workload {name!r} belongs to uid {w.owner_uid}; only its owner or root may resize it")
+                raise NotPermitted(f"workload {name!r} belongs to uid {w.owner_uid}; only its owner or root may resize it")
             if w.quarantined:
-                raise Conflict(f"{name} is held for an operator, not a workload to resize")
+                raise InConflict(f"{name} is held for an operator, not a workload to resize")
             try:
                 decision = resize_workload(self.machine, self.state, name, cpus=cpus, memory_bytes=memory_bytes)
                 if owner is not None:
@@ -281,13 +279,11 @@ class AgentService:
             except Refusal as exc:
                 self.counters.refused(exc.code, time.perf_counter() - started)
                 log.warning("resize of %s refused for uid %d: %s", name, caller.uid, exc.message)
-                refused = {"not_found": NotFound, "bad_request": BadRequest, "not_resizable": Conflict}.get(exc.code)
-                if refused is not None:
-                    raise refused(exc.message) from None
-                refused = {TopologyAffinityError.code: TopologyAffinityError,
-                           QUOTA_EXCEEDED: QuotaExceeded}.get(exc.code, AdmissionRefused)
-                raise refused(exc.message, details={**exc.explanation, "reason": exc.message,
-                                                    "reason_code": exc.code}) from None
+                invalid = {"not_found": UnknownWorkload, "bad_request": InvalidInput,
+                           "not_resizable": InConflict}.get(exc.code)
+                if invalid is not None:
+                    raise invalid(exc.message) from None
+                raise _refused(exc) from None
             self._commit(decision.state, move=None, caller=None)
             resized = decision.workload
             log.info("resized %s for uid %d: cpus %s -> %s, memory %s -> %s", name, caller.uid,
@@ -360,7 +356,7 @@ class AgentService:
                 self._copy_revocations(old_state)
             msg = str(exc) if not isinstance(exc, ProcessLookupError) else \
                 "the requesting process exited before it could be moved into its workload"
-            raise ServiceUnavailable(f"enforcement failed, nothing was booked: {msg}") from None
+            raise Unavailable(f"enforcement failed, nothing was booked: {msg}") from None
         if new_state.revoked and new_layout.get(SHARED_CGROUP) != old_layout.get(SHARED_CGROUP):
             hand_to_pool(new_state, self.enforcer, new_layout)  # released processes follow the pool
         # The layout is the full layout of this state on this machine: the
@@ -380,7 +376,7 @@ class AgentService:
         if after is not self.state:
             try:
                 self._save(after)
-            except ServiceUnavailable:
+            except Unavailable:
                 return
             self.state = after
 
@@ -422,7 +418,7 @@ class AgentService:
             else:
                 log.debug("checkpoint write still failing: %s", exc)
                 self._checkpoint_trouble = (str(exc), self._checkpoint_trouble[1])
-            raise ServiceUnavailable(f"cannot write the checkpoint, nothing was booked: {exc}") from None
+            raise Unavailable(f"cannot write the checkpoint, nothing was booked: {exc}") from None
         self.counters.checkpoint_healthy = True
         if kind is not None:
             self.counters.checkpoint_writes_total += 1
@@ -486,7 +482,7 @@ class AgentService:
                 self.store.commit(state, snapshot=True)
             except CheckpointError as exc:
                 self.counters.checkpoint_failures_total += 1
-                raise ServiceUnavailable(f"cannot write the checkpoint: {exc}") from None
+                raise Unavailable(f"cannot write the checkpoint: {exc}") from None
             self.counters.checkpoint_writes_total += 1
             self.counters.checkpoint_snapshots_total += 1
             self._copy_revocations(state)  # the copy as pruned, or made from the checkpoint's
@@ -553,7 +549,7 @@ class AgentService:
         holder = spec.workload if spec is not None else None
         where = "already holds" if clash == cgroup else \
             ("lies below" if cgroup.startswith(clash + "/") else "lies above") + f" cgroup {clash}, which holds"
-        raise Conflict(f"cgroup {cgroup} {where} workload {holder or '(unknown)'}; one engine cgroup "
+        raise InConflict(f"cgroup {cgroup} {where} workload {holder or '(unknown)'}; one engine cgroup "
                        "takes one workload, and none nests in another's")
 
     def _replay(self, request_id: str, caller: Caller) -> dict | None:
@@ -567,7 +563,7 @@ class AgentService:
         # is a new process (a container restarted before its exit was seen asks again).
         any_pid = w.cgroup is not None and caller.is_root
         if w.owner_uid != caller.uid or (w.pid is not None and w.pid != caller.pid and not any_pid):
-            raise RequestIdInUse(f"request id {request_id} belongs to another admission "
+            raise RequestIdTaken(f"request id {request_id} belongs to another admission "
                                  "(another user or process); send a new random one")
         try:
             # The agent may have stopped between the checkpoint and the move.
@@ -581,7 +577,7 @@ class AgentService:
                 base = layout if isinstance(layout, CgroupLayout) else CgroupLayout(layout)
                 self.enforcer.apply(base.updated({}, [rel]), layout, None, changed={rel})
         except (EnforcementError, OSError, ProcessLookupError) as exc:
-            raise ServiceUnavailable(f"workload {w.name} is booked but the process could not be "
+            raise Unavailable(f"workload {w.name} is booked but the process could not be "
                                      f"moved into it: {exc}") from None
         log.info("replayed the admission of %s for uid %d pid %d (request id %s)",
                  w.name, caller.uid, caller.pid, request_id)
@@ -595,14 +591,14 @@ class AgentService:
         if body.isolate and not (caller.is_root or (self.isolate_gid is not None and
                                                     caller.in_group(self.isolate_gid))):
             self.counters.refused("forbidden", time.perf_counter() - started)
-            raise Forbidden("--isolate changes machine-wide settings (interrupt affinities, idle states, "
+            raise NotPermitted("--isolate changes machine-wide settings (interrupt affinities, idle states, "
                             "CPU frequency): only root may ask for it, or the members of the group the "
                             "agent's [isolation] group names")
         kinds = tuple(body.isolate) if body.isolate is not None else self.isolate_default
         if not kinds or (w.shared and body.isolate is None):
             return w
         if w.shared:
-            raise BadRequest("--isolate needs exclusive CPUs (--cpus or --physcpubind); a shared "
+            raise InvalidInput("--isolate needs exclusive CPUs (--cpus or --physcpubind); a shared "
                              "workload runs on CPUs others use too", details={"field": "isolate"})
         extra: dict[str, Any] = {ISOLATE: list(kinds)}
         if body.isolate_strict:
@@ -631,7 +627,7 @@ class AgentService:
         self.counters.refused("isolation_unavailable", time.perf_counter() - started)
         message = f"--isolate-strict: cannot isolate {w.name}: {'; '.join(failed)}"
         log.warning("refused %s: %s", w.name, message)
-        raise AdmissionRefused(message, details={"admit": False, "reason": message,
+        raise NoCapacity(message, details={"admit": False, "reason": message,
                                                  "reason_code": "isolation_unavailable",
                                                  "isolation": list(failed)})
 
@@ -663,7 +659,7 @@ class AgentService:
             return req
         cgroup = body.cgroup
         if cgroup is not None and not caller.is_root:
-            raise Forbidden("only root may have a named cgroup enforced (an engine's hook runs as root); "
+            raise NotPermitted("only root may have a named cgroup enforced (an engine's hook runs as root); "
                             "numa-run asks for its own with in_place")
         if cgroup is None:
             cgroup = self.enforcer.cgroup_of(caller.pid)
@@ -897,6 +893,13 @@ class _NameTaken(InvalidRequest):
     pass
 
 
+def _refused(refusal: Refusal) -> ServiceRefusal:
+    """The admission core's refusal of a valid request, with its explanation and reason."""
+    kind = {"topology_affinity_error": TopologyRefused, QUOTA_EXCEEDED: OverQuota}.get(refusal.code, NoCapacity)
+    return kind(refusal.message, details={**refusal.explanation, "reason": refusal.message,
+                                          "reason_code": refusal.code})
+
+
 def _check_root_owned(path: str | None, cgroup: str) -> None:
     """A cgroup delegated to a user (owned by it) could carry a booking record of
     the user's own making, so start-up trusts none there after a lost checkpoint:
@@ -906,7 +909,7 @@ def _check_root_owned(path: str | None, cgroup: str) -> None:
     except FileNotFoundError:
         return  # gone: the grant's read already said so, or the take-over will
     if owner != 0:
-        raise Forbidden(f"cgroup {cgroup} is delegated to uid {owner}; in_place is for cgroups root "
+        raise NotPermitted(f"cgroup {cgroup} is delegated to uid {owner}; in_place is for cgroups root "
                         "made for the caller (a Slurm task's), whose booking record survives a lost "
                         "checkpoint")
 
@@ -920,7 +923,7 @@ def _check_owns_cgroup(pids: list[int], caller: Caller, cgroup: str) -> None:
         except FileNotFoundError:
             continue  # exited meanwhile
         if uid != caller.uid:
-            raise Forbidden(f"cgroup {cgroup} holds pid {pid} of uid {uid}; only root, or the owner "
+            raise NotPermitted(f"cgroup {cgroup} holds pid {pid} of uid {uid}; only root, or the owner "
                             "of every process in it, may have it enforced")
 
 

@@ -49,7 +49,6 @@ from numa_agent.enforcement.plan import (
 from numa_agent.enforcement.protocol import Enforcer, Limits
 from numa_agent.enforcement.record import decode_record
 from numa_agent.hotplug.rebase import rebase_state
-from numa_agent.service.config import ConfigError
 from numa_agent.service.rebuild import rebuild_from_live, source_text
 from numa_agent.service.revocation_copy import merged
 from numa_agent.service.revocations import revoked_by
@@ -57,6 +56,11 @@ from numa_agent.state.checkpoint import CheckpointCorruptError, Loaded
 from numa_agent.state.model import AgentState, Booking, Pod, Revocation, Workload, replace
 
 log = logging.getLogger("numa_agent.recovery")
+
+
+class PolicyChanged(ValueError):
+    """The checkpoint's bookings were made under other policies and the configuration
+    does not say to keep them (`on_policy_change = "reconcile"`): a configuration error."""
 
 
 @dataclass(frozen=True)
@@ -99,7 +103,7 @@ def restore(machine: Machine, store, enforcer: Enforcer, on_policy_change: str =
     if state.workloads or state.pods:
         if state.policy_fingerprint and state.policy_fingerprint != fingerprint:
             if on_policy_change != "reconcile":
-                raise ConfigError(
+                raise PolicyChanged(
                     f"the checkpoint in {store.directory} holds {len(state.workloads)} workload(s) "
                     f"booked under other policies (fingerprint {state.policy_fingerprint}, now "
                     f"{fingerprint}: {machine.policy.describe()}). Either restore the previous "

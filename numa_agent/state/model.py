@@ -215,7 +215,7 @@ class AgentState(_Value, frozen=True, dict=True, weakref=True):
     workloads: tuple[Workload, ...] = ()  # sorted by name
     pods: tuple[Pod, ...] = ()  # sorted by name
     # The configuration the bookings were made under; a restart with another
-    # policy must reconcile explicitly (see numa_agent.service.config).
+    # policy must reconcile explicitly (see numa_agent.daemon.config).
     policy_fingerprint: str = ""
     isolation: IsolationLedger = IsolationLedger()
     # Workloads released while their process ran: never rebuilt or adopted again.

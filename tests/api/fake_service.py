@@ -13,10 +13,10 @@ import threading
 import time
 from typing import Any
 
-from numa_agent.api.errors import Conflict, Forbidden, NotFound, TopologyAffinityError
-from numa_agent.api.validation import AdmitRequest
 from numa_agent.core.caller import Caller
 from numa_agent.core.cpuset import CpuSet
+from numa_agent.service.refusals import InConflict, NotPermitted, TopologyRefused, UnknownWorkload
+from numa_agent.service.requests import AdmitRequest
 
 NODE_CPUS = {0: CpuSet.parse("1-3"), 1: CpuSet.parse("4-7")}
 GPU = {"resource": "gpu", "address": "0000:3b:00.0", "numa_node": 1, "vendor": "0x10de"}
@@ -68,14 +68,14 @@ class FakeService:
             self._counter += 1
             name = request.name or f"wl-{self._counter}"
             if name in self.workloads:
-                raise Conflict(f"workload name {name!r} is in use")
+                raise InConflict(f"workload name {name!r} is in use")
             want = request.cpus
             node = next((n for n in NODE_CPUS if len(self._free(n)) >= want), None)
             if node is None:
                 total = sum(len(self._free(n)) for n in NODE_CPUS)
                 reason = (f"TopologyAffinityError: {want} CPUs requested; {total} free, but at most "
                           f"{max(len(self._free(n)) for n in NODE_CPUS)} on one NUMA node")
-                raise TopologyAffinityError(reason,
+                raise TopologyRefused(reason,
                                             details=self._explanation(request, False, [0, 1], reason))
             cpus = CpuSet(self._free(node).ids()[:want]) if want else CpuSet()
             devices = [dict(GPU)] if request.devices.get("gpu") else []
@@ -100,9 +100,9 @@ class FakeService:
         with self.lock:
             wl = self.workloads.get(name)
             if wl is None:
-                raise NotFound(f"no workload named {name!r}")
+                raise UnknownWorkload(f"no workload named {name!r}")
             if caller.uid != 0 and caller.uid != wl["owner_uid"]:
-                raise Forbidden(f"workload {name!r} belongs to uid {wl['owner_uid']}")
+                raise NotPermitted(f"workload {name!r} belongs to uid {wl['owner_uid']}")
             del self.workloads[name]
             return {"name": name, "released": True, "cpus": wl["cpus"]}
 
@@ -111,9 +111,9 @@ class FakeService:
         with self.lock:
             wl = self.workloads.get(name)
             if wl is None:
-                raise NotFound(f"no workload named {name!r}")
+                raise UnknownWorkload(f"no workload named {name!r}")
             if caller.uid != 0 and caller.uid != wl["owner_uid"]:
-                raise Forbidden(f"workload {name!r} belongs to uid {wl['owner_uid']}")
+                raise NotPermitted(f"workload {name!r} belongs to uid {wl['owner_uid']}")
             if cpus is not None:
                 wl["cpus"] = f"0-{cpus - 1}"
             return {"name": name, "cpus": wl["cpus"], "memory_limit_bytes": memory_bytes}

@@ -14,10 +14,12 @@ import pytest
 
 from numa_agent.admission.machine import PolicyConfig, build_machine
 from numa_agent.api.client import new_request_id
-from numa_agent.api.errors import RequestIdInUse
-from numa_agent.api.validation import AdmitRequest, parse_admit_request
+from numa_agent.api.refusals import api_error
+from numa_agent.api.validation import parse_admit_request
 from numa_agent.core.caller import Caller
 from numa_agent.enforcement.simulated_cgroupfs import make_simulated_cgroup_root
+from numa_agent.service.refusals import RequestIdTaken
+from numa_agent.service.requests import AdmitRequest
 from numa_agent.state.checkpoint import CheckpointStore
 from tests.support import simulated_service
 from tests.support.agent_process import AgentProcess
@@ -85,9 +87,9 @@ def test_request_id_of_another_user_or_process_is_409(env):
     service.admit(AdmitRequest(cpus=1, request_id=rid), ME)
     for other in (Caller(pid=os.getpid(), uid=1001, gid=1001), Caller(pid=1, uid=1000, gid=1000),
                   Caller(pid=os.getpid(), uid=0, gid=0)):
-        with pytest.raises(RequestIdInUse) as info:
+        with pytest.raises(RequestIdTaken) as info:
             service.admit(AdmitRequest(cpus=1, request_id=rid), other)
-        assert info.value.status == 409
+        assert api_error(info.value).status == 409 and api_error(info.value).code == "request_id_in_use"
     assert len(service.state.workloads) == 1
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from numa_agent.api.client import AgentUnreachable, request
 from numa_agent.api.server import ApiServer, SocketInUse
-from numa_agent.api.validation import AdmitRequest
+from numa_agent.service.requests import AdmitRequest
 
 from .fake_service import FakeService
 from .rawhttp import post, send_raw

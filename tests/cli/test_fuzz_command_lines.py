@@ -26,8 +26,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from numa_agent.cli import numa_agent, numa_run
-from numa_agent.service import config as config_module
-from numa_agent.service.startup import Agent
+from numa_agent.daemon import config as config_module
+from numa_agent.daemon.startup import Agent
 from tests.support.synthetic import make_topology
 from tests.support.sysfs_writer import write_sysfs
 

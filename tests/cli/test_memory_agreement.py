@@ -12,9 +12,9 @@ import pytest
 from numa_agent.admission.machine import PolicyConfig
 from numa_agent.cli import status_cmd
 from numa_agent.cli.numa_agent import main
+from numa_agent.daemon.config import AgentConfig
+from numa_agent.daemon.startup import Agent
 from numa_agent.hotplug.events import FakeEventSource, HotplugEvent
-from numa_agent.service.config import AgentConfig
-from numa_agent.service.startup import Agent
 from tests.support.synthetic import make_topology, with_node_memory
 from tests.support.sysfs_writer import write_sysfs
 

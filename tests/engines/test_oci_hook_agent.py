@@ -96,7 +96,7 @@ def test_poststop_after_an_upgrade_releases_what_the_previous_version_admitted(m
     """The previous hook admitted ctr-<12 digits> with the container id as request id and
     released by name; the name is unchanged, so the checkpoint's booking is found, and one
     recorded without a request id is released by its name alone."""
-    from numa_agent.api.validation import AdmitRequest
+    from numa_agent.service.requests import AdmitRequest
     from tests.service.test_engine_cgroup import root_caller
 
     pid = machine.container(CONTAINER).pid

@@ -8,9 +8,9 @@ from types import SimpleNamespace
 
 import pytest
 
+from numa_agent.daemon.runtime import HOTPLUG_SETTLE, HOTPLUG_SETTLE_MAX, MEMORY_POLL_INTERVAL, EventLoop
 from numa_agent.discovery.sysfs import read_memory_figures
 from numa_agent.hotplug.events import EventsLost, FakeEventSource, HotplugEvent
-from numa_agent.service.runtime import HOTPLUG_SETTLE, HOTPLUG_SETTLE_MAX, MEMORY_POLL_INTERVAL, EventLoop
 from numa_agent.state.model import AgentState
 from tests.support.synthetic import make_topology, with_node_memory
 from tests.support.sysfs_writer import write_sysfs

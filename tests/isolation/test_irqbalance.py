@@ -10,15 +10,15 @@ from pathlib import Path
 import pytest
 
 from numa_agent.admission.machine import PolicyConfig, build_machine
-from numa_agent.api.errors import AdmissionRefused
-from numa_agent.api.validation import AdmitRequest
 from numa_agent.core.caller import Caller
 from numa_agent.core.cpuset import CpuSet
+from numa_agent.daemon.runtime import RETRY_FIRST, WATCH_INTERVAL, EventLoop
 from numa_agent.enforcement.simulated_cgroupfs import make_simulated_cgroup_root
 from numa_agent.isolation.keeper import IsolationKeeper
 from numa_agent.isolation.knobs import ProcSysKnobs, SimulatedKnobs
 from numa_agent.isolation.plan import IRQBALANCE, Holding, Knob, Target, plan
-from numa_agent.service.runtime import RETRY_FIRST, WATCH_INTERVAL, EventLoop
+from numa_agent.service.refusals import NoCapacity
+from numa_agent.service.requests import AdmitRequest
 from numa_agent.state.checkpoint import CheckpointStore
 from numa_agent.state.model import AgentState
 from tests.isolation.test_keeper import step, workload
@@ -194,7 +194,7 @@ def test_strict_refuses_when_irqbalance_cannot_be_told(service_env):
     before = snapshot(tree / "proc" / "irq")
     service, _ = start(m, state_dir, root, isolation=keeper_for(tree, run))
     me = Caller(pid=os.getpid(), uid=0, gid=0)  # only root (or a configured group) may ask for --isolate
-    with pytest.raises(AdmissionRefused) as info:
+    with pytest.raises(NoCapacity) as info:
         service.admit(AdmitRequest(name="a", cpus=2, isolate=["irqs"], isolate_strict=True), me)
     assert any(IRQBALANCE in line for line in info.value.details["isolation"])
     assert snapshot(tree / "proc" / "irq") == before and not service.state.workloads

@@ -8,12 +8,14 @@ import os
 import pytest
 
 from numa_agent.admission.machine import PolicyConfig, build_machine
-from numa_agent.api.errors import AdmissionRefused, BadRequest, Forbidden
-from numa_agent.api.validation import AdmitRequest, parse_admit_request
+from numa_agent.api.errors import BadRequest
+from numa_agent.api.validation import parse_admit_request
 from numa_agent.core.caller import Caller
 from numa_agent.core.cpuset import CpuSet
 from numa_agent.enforcement.simulated_cgroupfs import make_simulated_cgroup_root
 from numa_agent.isolation.keeper import IsolationKeeper
+from numa_agent.service.refusals import NoCapacity, NotPermitted
+from numa_agent.service.requests import AdmitRequest
 from numa_agent.state.checkpoint import CheckpointStore
 from numa_agent.views.metrics import build_registry
 from tests.support.isolation_tree import CPU, Failing, machine, snapshot
@@ -76,7 +78,7 @@ def test_strict_refuses_what_the_machine_lacks_before_booking(env):
     m, state_dir, root, tree = env
     before = snapshot(tree)
     service, _ = start(m, state_dir, root, isolation=keeper(tree))
-    with pytest.raises(AdmissionRefused) as info:
+    with pytest.raises(NoCapacity) as info:
         service.admit(AdmitRequest(name="a", cpus=2, isolate=["freq"], isolate_strict=True), ME)
     assert "freq: not available on this machine" in str(info.value)
     assert service.state.workloads == () and snapshot(tree) == before
@@ -89,7 +91,7 @@ def test_strict_refuses_when_a_write_is_refused_and_restores_the_rest(env):
     m, state_dir, root, tree = env
     before = snapshot(tree)
     service, _ = start(m, state_dir, root, isolation=keeper(tree, {"irq/25": errno.EACCES}))
-    with pytest.raises(AdmissionRefused) as info:
+    with pytest.raises(NoCapacity) as info:
         service.admit(AdmitRequest(name="a", cpus=2, isolate=["irqs"], isolate_strict=True), ME)
     assert "irq/25: Permission denied" in str(info.value)
     assert service.state.workloads == () and snapshot(tree) == before
@@ -189,11 +191,11 @@ def test_only_root_or_the_configured_group_may_ask_for_isolation(env):
     before = snapshot(tree)
     service, _ = start(m, state_dir, root, isolation=keeper(tree))
     for dry_run in (True, False):
-        with pytest.raises(Forbidden, match=r"only root may ask for it.*\[isolation\] group"):
+        with pytest.raises(NotPermitted, match=r"only root may ask for it.*\[isolation\] group"):
             service.admit(AdmitRequest(name="a", cpus=2, isolate=["irqs"]), USER, dry_run=dry_run)
     assert service.state.workloads == () and snapshot(tree) == before
     service.isolate_gid = 4242
-    with pytest.raises(Forbidden):
+    with pytest.raises(NotPermitted):
         service.admit(AdmitRequest(name="a", cpus=2, isolate=["irqs"]), USER)
     member = Caller(pid=os.getpid(), uid=1000, gid=1000, groups=(27, 4242))
     assert service.admit(AdmitRequest(name="a", cpus=2, isolate=["irqs"]), member)["isolation"]["done"] == ["irqs"]

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from numa_agent.api.validation import AdmitRequest
 from numa_agent.core.caller import Caller
+from numa_agent.service.requests import AdmitRequest
 from numa_agent.views.metrics import build_registry
 from tests.support.metrics_service import metrics_service, scrape_text
 

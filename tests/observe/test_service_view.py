@@ -10,7 +10,6 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from numa_agent.admission.machine import PolicyConfig, build_machine
-from numa_agent.api.validation import AdmitRequest
 from numa_agent.cli.status_cmd import format_status
 from numa_agent.core.caller import Caller
 from numa_agent.core.cpuset import CpuSet
@@ -18,6 +17,7 @@ from numa_agent.enforcement.simulated_cgroupfs import make_simulated_cgroup_root
 from numa_agent.observe.observer import Observer
 from numa_agent.observe.procfs import ProcReader
 from numa_agent.observe.watcher import IntruderWatcher, guarded_of
+from numa_agent.service.requests import AdmitRequest
 from numa_agent.views.metrics import build_registry
 from tests.observe.proc_tree import add_task
 from tests.support.simulated_service import start

@@ -177,7 +177,7 @@ def test_socket_verifies_cleanly(root):
 
 def test_socket_unit_matches_what_the_agent_serves():
     from numa_agent.api.server import LISTEN_FD_NAME
-    from numa_agent.service.config import DEFAULT_SOCKET, AgentConfig
+    from numa_agent.daemon.config import DEFAULT_SOCKET, AgentConfig
 
     s = _settings(SOCKET)
     defaults = AgentConfig()

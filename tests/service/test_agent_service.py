@@ -9,8 +9,6 @@ import threading
 import pytest
 
 from numa_agent.admission.machine import PolicyConfig, build_machine
-from numa_agent.api.errors import AdmissionRefused, BadRequest, Conflict, Forbidden, NotFound, ServiceUnavailable
-from numa_agent.api.validation import AdmitRequest, PodBudget
 from numa_agent.core.caller import Caller
 from numa_agent.core.cpuset import CpuSet
 from numa_agent.enforcement.cgroup import CgroupV2
@@ -18,7 +16,17 @@ from numa_agent.enforcement.errors import CgroupNoSpaceError
 from numa_agent.enforcement.record import RECORD_XATTR, decode_record
 from numa_agent.enforcement.simulated_cgroupfs import SimulatedCgroupfs, make_simulated_cgroup_root
 from numa_agent.service.caller import system_user_name
-from numa_agent.service.config import ConfigError
+from numa_agent.service.recovery import PolicyChanged
+from numa_agent.service.refusals import (
+    InConflict,
+    InvalidInput,
+    NoCapacity,
+    NotPermitted,
+    TopologyRefused,
+    Unavailable,
+    UnknownWorkload,
+)
+from numa_agent.service.requests import AdmitRequest, PodBudget
 from numa_agent.state.checkpoint import CheckpointStore, CheckpointWriteError
 from numa_agent.state.model import replace
 from tests.support.simulated_service import cg_file, start
@@ -99,16 +107,16 @@ def test_dry_run_books_nothing(env):
 def test_refusal_explains_and_changes_nothing(env):
     machine, state_dir, root = env
     service, _ = start(machine, state_dir, root)
-    with pytest.raises(AdmissionRefused) as err:
+    with pytest.raises(TopologyRefused) as err:
         service.admit(AdmitRequest(name="big", cpus=10, policy="single-numa-node"), ME)
-    assert err.value.code == "topology_affinity_error"
+    assert err.value.details["reason_code"] == "topology_affinity_error"
     assert "TopologyAffinityError" in err.value.message
     assert err.value.details["providers"][0]["provider"] == "cpu"
     assert service.state.workloads == ()
     assert service.counters.errors == {"topology_affinity_error": 1}
-    with pytest.raises(BadRequest, match="unknown device resource"):
+    with pytest.raises(InvalidInput, match="unknown device resource"):
         service.admit(AdmitRequest(name="x", devices={"fpga": 1}), ME)
-    with pytest.raises(BadRequest, match="must be 1-63 characters"):
+    with pytest.raises(InvalidInput, match="must be 1-63 characters"):
         service.admit(AdmitRequest(name="../etc"), ME)
 
 
@@ -117,9 +125,9 @@ def test_a_refusal_after_the_merge_does_not_say_admit(env):
     the error's details say admit false, and the verdict is the topology's."""
     machine, state_dir, root = env
     service, _ = start(machine, state_dir, root)
-    with pytest.raises(AdmissionRefused) as err:
+    with pytest.raises(NoCapacity) as err:
         service.admit(AdmitRequest(name="huge", cpus=1, memory_bytes=100 << 30), ME)
-    details = err.value.to_dict()["error"]["details"]
+    details = err.value.details
     assert details["reason_code"] == "insufficient_memory" and details["admit"] is False
     assert details["topology"]["policy"] == "best-effort" and details["topology"]["verdict"] == "not-aligned"
     assert "memory: requested 100 GiB, more than the machine can ever hold" in details["reason"]
@@ -132,11 +140,11 @@ def test_names_owners_and_release_permissions(env):
     machine, state_dir, root = env
     service, _ = start(machine, state_dir, root)
     service.admit(AdmitRequest(name="mine", cpus=1), ME)
-    with pytest.raises(Conflict, match="already exists"):
+    with pytest.raises(InConflict, match="already exists"):
         service.admit(AdmitRequest(name="mine", cpus=1), ME)
-    with pytest.raises(Forbidden, match="belongs to uid 1000"):
+    with pytest.raises(NotPermitted, match="belongs to uid 1000"):
         service.release("mine", Caller(pid=1, uid=1001, gid=1001))
-    with pytest.raises(NotFound):
+    with pytest.raises(UnknownWorkload):
         service.release("nobody", ME)
     service.release("mine", ROOT)  # root may release anything
     generated = service.admit(AdmitRequest(command=["/usr/bin/My Server"], shared=True), ME)["name"]
@@ -152,7 +160,7 @@ def test_checkpoint_failure_books_nothing(env, monkeypatch):
         raise CheckpointWriteError("saving checkpoint failed: No space left on device")
 
     monkeypatch.setattr(service.store, "commit", broken)
-    with pytest.raises(ServiceUnavailable, match="nothing was booked"):
+    with pytest.raises(Unavailable, match="nothing was booked"):
         service.admit(AdmitRequest(name="web", cpus=2), ME)
     assert service.state.workloads == ()
     assert not (root / "wl-web").exists()
@@ -171,7 +179,7 @@ def test_enforcement_failure_rolls_back_kernel_and_checkpoint(env, monkeypatch):
         raise CgroupNoSpaceError(f"write {pid} to {rel}/cgroup.procs: ENOSPC", path=rel)
 
     monkeypatch.setattr(service.enforcer.cgroup, "move_pid", failing_move)
-    with pytest.raises(ServiceUnavailable, match="enforcement failed, nothing was booked"):
+    with pytest.raises(Unavailable, match="enforcement failed, nothing was booked"):
         service.admit(AdmitRequest(name="second", cpus=2), ME)
     monkeypatch.setattr(service.enforcer.cgroup, "move_pid", real)
     assert [w.name for w in service.state.workloads] == ["first"]
@@ -227,7 +235,7 @@ def test_policy_change_against_checkpoint_is_refused_with_remedy(env):
     service, _ = start(machine, state_dir, root)
     service.admit(AdmitRequest(name="a", cpus=2), ME)
     other = make_machine(policy="single-numa-node")
-    with pytest.raises(ConfigError, match='on_policy_change = "reconcile"'):
+    with pytest.raises(PolicyChanged, match='on_policy_change = "reconcile"'):
         start(other, state_dir, root)
     service2, report = start(other, state_dir, root, on_policy_change="reconcile")
     assert report.policy_reconciled and service2.state.workload("a") is not None
@@ -241,7 +249,7 @@ def test_concurrent_admissions_never_share_a_cpu(env):
     def client(i):
         try:
             results.append(CpuSet.parse(service.admit(AdmitRequest(name=f"c{i}", cpus=2), ME)["cpus"]))
-        except AdmissionRefused as exc:
+        except NoCapacity as exc:
             errors.append(exc)
 
     threads = [threading.Thread(target=client, args=(i,)) for i in range(12)]
@@ -281,7 +289,7 @@ def test_refusal_log_record_carries_hints_and_decision(env, caplog):
     machine, state_dir, root = env
     service, _ = start(machine, state_dir, root)
     with caplog.at_level("INFO", logger="numa_agent.service"):
-        with pytest.raises(AdmissionRefused):
+        with pytest.raises(NoCapacity):
             service.admit(AdmitRequest(name="big", cpus=10, policy="single-numa-node"), ME)
         service.admit(AdmitRequest(name="ok", cpus=2), ME)
     refused = next(r for r in caplog.records if r.levelname == "WARNING")

@@ -2,7 +2,7 @@
 
 import pytest
 
-from numa_agent.service.startup import (
+from numa_agent.daemon.startup import (
     WORKLOADS_UNIT_ENV,
     StartupError,
     _auto_cgroup_root,

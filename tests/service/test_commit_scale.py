@@ -11,7 +11,6 @@ import subprocess
 import pytest
 
 from numa_agent.admission.machine import PolicyConfig, build_machine
-from numa_agent.api.validation import AdmitRequest
 from numa_agent.core.caller import Caller
 from numa_agent.core.cpuset import CpuSet
 from numa_agent.enforcement import affinity_enforcer as enforcer_module
@@ -22,6 +21,7 @@ from numa_agent.enforcement.plan import desired_layout
 from numa_agent.enforcement.simulated_cgroupfs import SimulatedCgroupfs, make_simulated_cgroup_root
 from numa_agent.service.agent_service import AgentService
 from numa_agent.service.recovery import restore
+from numa_agent.service.requests import AdmitRequest
 from numa_agent.state.checkpoint import CheckpointStore
 from tests.support.simulated_service import cg_file
 from tests.support.synthetic import make_topology

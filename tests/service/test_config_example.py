@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from numa_agent.admission.quota import Limits, Quotas
-from numa_agent.service.config import AgentConfig, ConfigError, load_config
+from numa_agent.daemon.config import AgentConfig, ConfigError, load_config
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "systemd" / "config.example.toml"
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 
 from numa_agent.admission.machine import PolicyConfig, build_machine
+from numa_agent.daemon import startup
+from numa_agent.daemon.config import AgentConfig
+from numa_agent.daemon.startup import EnforcerUnavailable, StartupError, _lazy, choose_enforcer
 from numa_agent.enforcement.affinity_enforcer import AffinityEnforcer
 from numa_agent.enforcement.cgroup_enforcer import CgroupEnforcer
-from numa_agent.service import startup
-from numa_agent.service.config import AgentConfig
-from numa_agent.service.startup import EnforcerUnavailable, StartupError, _lazy, choose_enforcer
 from tests.support.synthetic import make_topology
 
 HERE = __name__

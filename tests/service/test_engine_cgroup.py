@@ -9,13 +9,15 @@ import subprocess
 
 import pytest
 
-from numa_agent.api.errors import AdmissionRefused, BadRequest, Forbidden
-from numa_agent.api.validation import AdmitRequest, parse_admit_request
+from numa_agent.api.errors import BadRequest
+from numa_agent.api.validation import parse_admit_request
 from numa_agent.core.caller import Caller
 from numa_agent.core.cpuset import CpuSet
+from numa_agent.daemon.config import AgentConfig
+from numa_agent.daemon.startup import Agent
 from numa_agent.enforcement.cgroup import CgroupV2
-from numa_agent.service.config import AgentConfig
-from numa_agent.service.startup import Agent
+from numa_agent.service.refusals import InvalidInput, NoCapacity, NotPermitted
+from numa_agent.service.requests import AdmitRequest
 from tests.support.agent_process import wait_for
 from tests.support.synthetic import make_topology
 from tests.support.sysfs_writer import write_sysfs
@@ -103,7 +105,7 @@ def test_a_container_gets_its_cpus_on_its_own_cgroup_and_stays_there(machine):
 
 def test_only_root_names_a_cgroup(machine):
     machine.container()
-    with pytest.raises(Forbidden, match="only root"):
+    with pytest.raises(NotPermitted, match="only root"):
         machine.service.admit(AdmitRequest(name="c", cpus=2, cgroup=CONTAINER),
                               Caller(pid=os.getpid(), uid=1000, gid=1000))
     assert machine.service.state.workloads == ()
@@ -118,7 +120,7 @@ def test_the_booking_lies_inside_what_the_parent_grants(machine):
 def test_a_parent_kept_off_the_agents_cpus_is_named_in_the_refusal(machine):
     reserved = CpuSet.parse(machine.service.status()["reserved_cpus"] or "0")
     machine.container(parent_cpus=reserved.format())
-    with pytest.raises(AdmissionRefused, match="cgroup /libpod_parent"):
+    with pytest.raises(NoCapacity, match="cgroup /libpod_parent"):
         machine.service.admit(AdmitRequest(name="c", cpus=2, cgroup=CONTAINER), root_caller())
     assert machine.service.state.workloads == ()
 
@@ -131,7 +133,7 @@ def test_exit_releases_and_a_gone_cgroup_is_not_made_again(machine):
     machine.service.enforcer.cgroup.files.process_exited(proc.pid)
     assert wait_for(lambda: machine.service.state.workload("c") is None)
     machine.top.remove(CONTAINER.strip("/"))
-    with pytest.raises(BadRequest, match="does not exist"):
+    with pytest.raises(InvalidInput, match="does not exist"):
         machine.service.admit(AdmitRequest(name="c2", cpus=2, cgroup=CONTAINER), root_caller())
     assert not machine.top.exists(CONTAINER.strip("/"))
 
@@ -168,14 +170,14 @@ def test_in_place_takes_the_callers_own_cgroup_if_it_owns_everything_there(machi
     assert machine.service.state.workload("slurm-7-0-0").cgroup == "/system.slice/slurmstepd.scope/job_7/step_0/task_0"
     assert engine_cpus(machine, "/system.slice/slurmstepd.scope/job_7/step_0/task_0") == CpuSet.parse(view["cpus"])
     other = machine.container("/system.slice/slurmstepd.scope/job_8/step_0/task_0")
-    with pytest.raises(Forbidden, match="holds pid"):
+    with pytest.raises(NotPermitted, match="holds pid"):
         machine.service.admit(AdmitRequest(name="slurm-8-0-0", cpus=2, in_place=True),
                               Caller(pid=other.pid, uid=os.getuid() + 1, gid=0))
 
 
 def test_in_place_outside_any_engine_cgroup_is_refused(machine):
     # The test process is not in the simulated hierarchy at all.
-    with pytest.raises(BadRequest, match="in_place"):
+    with pytest.raises(InvalidInput, match="in_place"):
         machine.service.admit(AdmitRequest(name="x", cpus=2, in_place=True), root_caller())
 
 

@@ -8,12 +8,12 @@ import subprocess
 
 import pytest
 
-from numa_agent.api.errors import BadRequest, Conflict, Forbidden, ServiceUnavailable
-from numa_agent.api.validation import AdmitRequest
 from numa_agent.core.caller import Caller
 from numa_agent.core.cpuset import CpuSet
+from numa_agent.daemon.startup import Agent
 from numa_agent.enforcement.record import RECORD_XATTR, decode_record, encode_record
-from numa_agent.service.startup import Agent
+from numa_agent.service.refusals import InConflict, InvalidInput, NotPermitted, Unavailable
+from numa_agent.service.requests import AdmitRequest
 from numa_agent.state.model import replace
 from tests.service.test_engine_cgroup import CONTAINER, Machine, engine_cpus, root_caller
 
@@ -31,7 +31,7 @@ def test_two_workloads_cannot_be_booked_on_one_engine_cgroup(machine):
     machine.container()
     first = CpuSet.parse(machine.service.admit(AdmitRequest(name="a", cpus=2, cgroup=CONTAINER),
                                                root_caller())["cpus"])
-    with pytest.raises(Conflict, match="already holds workload a"):
+    with pytest.raises(InConflict, match="already holds workload a"):
         machine.service.admit(AdmitRequest(name="b", cpus=2, cgroup=CONTAINER), root_caller())
     assert [w.name for w in machine.service.state.workloads] == ["a"]
     assert engine_cpus(machine) == first
@@ -42,7 +42,7 @@ def test_in_place_twice_from_one_cgroup_is_refused(machine):
     proc = machine.container(task)
     me = Caller(pid=proc.pid, uid=os.getuid(), gid=os.getgid())
     machine.service.admit(AdmitRequest(name="t1", cpus=2, in_place=True), me)
-    with pytest.raises(Conflict, match="already holds workload t1"):
+    with pytest.raises(InConflict, match="already holds workload t1"):
         machine.service.admit(AdmitRequest(name="t2", cpus=2, in_place=True), me)
     # Released by its name, the cgroup is the engine's again and nothing else stays booked.
     machine.service.release("t1", me)
@@ -59,7 +59,7 @@ def test_engine_workloads_do_not_nest(machine, outer_first):
     first, second = (outer, inner) if outer_first else (inner, outer)
     booked = CpuSet.parse(machine.service.admit(AdmitRequest(name="first", cpus=2, cgroup=first),
                                                 root_caller())["cpus"])
-    with pytest.raises(Conflict, match="first"):
+    with pytest.raises(InConflict, match="first"):
         machine.service.admit(AdmitRequest(name="second", cpus=2, cgroup=second), root_caller())
     assert [w.name for w in machine.service.state.workloads] == ["first"]
     assert engine_cpus(machine, first) == booked
@@ -83,7 +83,7 @@ def test_in_place_refuses_a_cgroup_whose_subtree_holds_another_users_process(mac
     top.move_pid(task.strip("/") + "/helper", theirs.pid)
     top.move_pid(task.strip("/"), mine.pid)
     me = Caller(pid=mine.pid, uid=NOBODY, gid=NOBODY)
-    with pytest.raises(Forbidden, match=f"pid {theirs.pid}"):
+    with pytest.raises(NotPermitted, match=f"pid {theirs.pid}"):
         machine.service.admit(AdmitRequest(name="t", cpus=2, in_place=True), me)
     assert machine.service.state.workloads == ()
 
@@ -92,7 +92,7 @@ def test_in_place_refuses_a_cgroup_whose_subtree_holds_another_users_process(mac
 def test_the_agents_own_tree_is_not_an_engines_cgroup(machine, below):
     cg = machine.service.enforcer.cgroup
     cgroup = "/" + str(cg.root.relative_to(cg.mount)) + "/" + below
-    with pytest.raises(BadRequest, match="agent's own tree"):
+    with pytest.raises(InvalidInput, match="agent's own tree"):
         machine.service.admit(AdmitRequest(name="x", cpus=1, cgroup=cgroup), root_caller())
     assert machine.service.state.workloads == ()
 
@@ -102,7 +102,7 @@ def test_in_place_from_inside_the_agents_tree_is_refused(machine):
     proc = subprocess.Popen(["sleep", "60"])
     machine.procs.append(proc)
     machine.service.admit(AdmitRequest(name="w", cpus=2), root_caller(proc.pid))
-    with pytest.raises(BadRequest, match="agent's own tree"):
+    with pytest.raises(InvalidInput, match="agent's own tree"):
         machine.service.admit(AdmitRequest(name="w2", cpus=2, in_place=True), root_caller(proc.pid))
     assert [w.name for w in machine.service.state.workloads] == ["w"]
 
@@ -211,7 +211,7 @@ def test_in_place_on_a_cgroup_delegated_to_its_user_is_refused(machine):
     me = Caller(pid=mine.pid, uid=NOBODY, gid=NOBODY)
     # Its record there would not be trusted after a lost checkpoint (a user can
     # write one): refused up front rather than lost with the checkpoint.
-    with pytest.raises(Forbidden, match="delegated to uid"):
+    with pytest.raises(NotPermitted, match="delegated to uid"):
         machine.service.admit(AdmitRequest(name="t", cpus=4, in_place=True), me)
     assert machine.service.state.workloads == ()
     assert engine_cpus(machine, task) == machine.top.read_effective("user.slice/user-65534.slice")[0]
@@ -258,7 +258,7 @@ def test_a_cgroup_removed_between_the_grant_and_the_take_over_books_nothing(mach
 
     monkeypatch.setattr(enforcer, "engine_grant", grant_then_gone)
     pool = machine.service.status()["shared_pool"]
-    with pytest.raises(ServiceUnavailable, match="does not exist"):
+    with pytest.raises(Unavailable, match="does not exist"):
         machine.service.admit(AdmitRequest(name="c", cpus=2, cgroup=CONTAINER), root_caller())
     assert machine.service.state.workloads == ()
     assert machine.service.status()["shared_pool"] == pool
@@ -287,6 +287,6 @@ def test_in_place_by_a_user_inside_the_agents_tree_is_a_400(machine):
     machine.procs.append(mine)
     me = Caller(pid=mine.pid, uid=NOBODY, gid=NOBODY)
     machine.service.admit(AdmitRequest(name="w", cpus=2), me)
-    with pytest.raises(BadRequest, match="agent's own tree"):
+    with pytest.raises(InvalidInput, match="agent's own tree"):
         machine.service.admit(AdmitRequest(name="w2", cpus=2, in_place=True), me)
     assert [w.name for w in machine.service.state.workloads] == ["w"]

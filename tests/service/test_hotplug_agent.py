@@ -10,16 +10,16 @@ import pytest
 from prometheus_client import generate_latest
 
 from numa_agent.admission.machine import PolicyConfig
-from numa_agent.api.errors import AdmissionRefused
-from numa_agent.api.validation import AdmitRequest
 from numa_agent.core.caller import Caller
 from numa_agent.core.cpuset import CpuSet
+from numa_agent.daemon import runtime
+from numa_agent.daemon.config import AgentConfig
+from numa_agent.daemon.startup import Agent
 from numa_agent.enforcement.record import RECORD_XATTR, decode_record
 from numa_agent.enforcement.simulated_cgroupfs import SimulatedCgroupfs
 from numa_agent.hotplug.events import FakeEventSource, HotplugEvent
-from numa_agent.service import runtime
-from numa_agent.service.config import AgentConfig
-from numa_agent.service.startup import Agent
+from numa_agent.service.refusals import NoCapacity
+from numa_agent.service.requests import AdmitRequest
 from numa_agent.state.model import replace as replace_value
 from numa_agent.views.metrics import build_registry
 from tests.support.agent_process import wait_for
@@ -165,7 +165,7 @@ def test_memory_offlined_below_the_bookings_fences_the_node_until_it_returns(run
                                 and "held" in r.message for r in caplog.records))
     assert 'numa_agent_memory_short_bytes{numa_node="1",resource="memory"} 1.7179869184e+10' in scrape(service)
     # no new admission there, with the reason; the other node takes one
-    with pytest.raises(AdmissionRefused) as err:
+    with pytest.raises(NoCapacity) as err:
         service.admit(AdmitRequest(name="there", cpus=2, cpunodebind=[1]), caller)
     assert "NUMA node(s) 1 take no new admission" in str(err.value)
     assert err.value.details["reason_code"] == "numa_node_memory_short"
@@ -205,7 +205,7 @@ def test_a_restart_on_less_memory_than_was_booked_says_so_and_fences(running, ca
             {"resource": "memory", "booked_bytes": 48 * GiB, "allocatable_bytes": 32 * GiB}]
         assert any("NUMA node 1 has less memory than is booked on it" in r.message and "(held by held)" in r.message
                    for r in caplog.records)
-        with pytest.raises(AdmissionRefused, match="take no new admission"):
+        with pytest.raises(NoCapacity, match="take no new admission"):
             again.service.admit(AdmitRequest(name="there", cpus=1, cpunodebind=[1]), caller)
     finally:
         again.stop()

@@ -3,7 +3,7 @@ import os
 
 import pytest
 
-from numa_agent.service.logging_setup import get_logger, setup_logging
+from numa_agent.daemon.logging_setup import get_logger, setup_logging
 
 
 @pytest.fixture(autouse=True)

@@ -11,17 +11,17 @@ import stat
 
 import pytest
 
-from numa_agent.api.validation import AdmitRequest
 from numa_agent.cli.numa_run import workload_env
 from numa_agent.core.caller import Caller
 from numa_agent.core.cpuset import CpuSet
 from numa_agent.core.mark import issue_mark, mark_verifies, start_time_of
+from numa_agent.daemon.mark_key import load_or_create_key
 from numa_agent.enforcement.affinity_enforcer import AffinityEnforcer
 from numa_agent.enforcement.processes import process_identity
 from numa_agent.service.agent_service import AgentService
-from numa_agent.service.mark_key import load_or_create_key
 from numa_agent.service.rebuild import reconcile
 from numa_agent.service.recovery import restore
+from numa_agent.service.requests import AdmitRequest
 from numa_agent.state.checkpoint import CheckpointStore
 from numa_agent.state.model import AgentState
 from tests.service.test_rebuild import KEY, machine_of, marked
@@ -202,8 +202,8 @@ def test_a_genuine_mark_is_rebuilt_and_a_copied_one_is_not(tmp_path, caplog):
 
 
 def test_the_key_lives_in_the_runtime_directory_or_with_a_simulated_machine_in_the_state_directory():
-    from numa_agent.service.config import AgentConfig
-    from numa_agent.service.startup import mark_key_path
+    from numa_agent.daemon.config import AgentConfig
+    from numa_agent.daemon.startup import mark_key_path
     real = AgentConfig(socket="/run/numa-agent/agent.sock", state_dir="/var/lib/numa-agent")
     assert str(mark_key_path(real)) == "/run/numa-agent/mark.key"
     simulated = AgentConfig(socket="/tmp/x/agent.sock", state_dir="/tmp/s", sysfs_root="/tmp/sysfs")
@@ -213,7 +213,7 @@ def test_the_key_lives_in_the_runtime_directory_or_with_a_simulated_machine_in_t
 def test_a_key_made_by_another_agent_right_after_we_found_none_is_taken_not_replaced(tmp_path, monkeypatch):
     """The interleaving the concurrent test hits only now and then, made certain:
     the other agent links its key in between our read and our decision."""
-    from numa_agent.service import mark_key
+    from numa_agent.daemon import mark_key
     path, theirs, real_read = tmp_path / "mark.key", [], mark_key._read
 
     def read_then_race(held, name):

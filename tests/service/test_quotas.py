@@ -8,10 +8,11 @@ import pytest
 
 from numa_agent.admission.machine import PolicyConfig, build_machine
 from numa_agent.admission.quota import Limits, Owner, Quotas
-from numa_agent.api.errors import QuotaExceeded
-from numa_agent.api.validation import AdmitRequest
+from numa_agent.api.refusals import api_error
 from numa_agent.core.caller import Caller
 from numa_agent.enforcement.simulated_cgroupfs import make_simulated_cgroup_root
+from numa_agent.service.refusals import OverQuota
+from numa_agent.service.requests import AdmitRequest
 from tests.support.metrics_service import scrape
 from tests.support.simulated_service import start
 from tests.support.synthetic import make_topology
@@ -47,9 +48,10 @@ def test_a_request_over_its_quota_is_a_403_naming_the_quota(env, sleepers):
     service.admit(AdmitRequest(name="a", cpus=2), alice(sleepers))
     service.admit(AdmitRequest(name="b", cpus=2), alice(sleepers))  # exactly at the limit
     for dry_run in (True, False):
-        with pytest.raises(QuotaExceeded) as err:
+        with pytest.raises(OverQuota) as err:
             service.admit(AdmitRequest(name="c", cpus=1), alice(sleepers), dry_run=dry_run)
-        assert err.value.status == 403 and err.value.code == "quota_exceeded"
+        answered = api_error(err.value)  # as the API answers it
+        assert answered.status == 403 and answered.code == "quota_exceeded"
         reason = "quota groups.hpc: cpus limit 4; alice holds 4 and the request asks 1 more"
         assert err.value.message == reason
         details = err.value.details
@@ -65,7 +67,7 @@ def test_a_restart_keeps_the_accounting(env, sleepers):
     quotas = Quotas(users={"alice": Limits(cpus=2)})
     env(quotas).admit(AdmitRequest(name="a", cpus=2), alice(sleepers))
     restarted = env(quotas)
-    with pytest.raises(QuotaExceeded, match="quota users.alice: cpus limit 2; alice holds 2"):
+    with pytest.raises(OverQuota, match="quota users.alice: cpus limit 2; alice holds 2"):
         restarted.admit(AdmitRequest(name="b", cpus=1), alice(sleepers))
 
 
@@ -76,7 +78,7 @@ def test_a_quota_lowered_under_what_is_held_evicts_nothing_and_refuses_more(env,
     [use] = lowered.status()["quotas"]
     assert use["cpus"] == {"used": 4, "limit": 2, "entry": "default"}
     lowered.admit(AdmitRequest(name="shared", memory_bytes=1 << 30), alice(sleepers))  # adds no CPU
-    with pytest.raises(QuotaExceeded, match="quota default: cpus limit 2; alice holds 4 and the request asks 1"):
+    with pytest.raises(OverQuota, match="quota default: cpus limit 2; alice holds 4 and the request asks 1"):
         lowered.admit(AdmitRequest(name="b", cpus=1), alice(sleepers))
 
 
@@ -115,15 +117,15 @@ def test_the_user_database_gives_an_owners_name_and_groups():
 
 
 def test_a_pod_counts_its_budget_once_against_its_first_members_owner(env, sleepers):
-    from numa_agent.api.validation import PodBudget
+    from numa_agent.service.requests import PodBudget
 
     service = env(Quotas(groups={"hpc": Limits(cpus=4)}))
     service.admit(AdmitRequest(name="main", pod="p", cpus=2, pod_budget=PodBudget(cpus=4)), alice(sleepers))
     service.admit(AdmitRequest(name="side", pod="p", cpus=2), alice(sleepers))  # inside the budget
-    with pytest.raises(QuotaExceeded) as err:
+    with pytest.raises(OverQuota) as err:
         service.admit(AdmitRequest(name="solo", cpus=1), alice(sleepers))
     assert err.value.details["quota"] == {"entry": "groups.hpc", "resource": "cpus", "limit": 4, "held": 4,
                                           "asked": 1}
-    with pytest.raises(QuotaExceeded):
+    with pytest.raises(OverQuota):
         service.admit(AdmitRequest(name="big", pod="q", cpus=1, pod_budget=PodBudget(cpus=5)), alice(sleepers))
     assert service.state.workload("big") is None and service.state.pod("q") is None

@@ -10,13 +10,13 @@ import subprocess
 
 import pytest
 
-from numa_agent.api.errors import AdmissionRefused, Conflict, Forbidden
-from numa_agent.api.validation import AdmitRequest
 from numa_agent.core.caller import Caller
 from numa_agent.core.cpuset import CpuSet
 from numa_agent.enforcement.affinity_enforcer import AffinityEnforcer
 from numa_agent.service.agent_service import AgentService
 from numa_agent.service.recovery import restore
+from numa_agent.service.refusals import InConflict, NoCapacity, NotPermitted
+from numa_agent.service.requests import AdmitRequest
 from numa_agent.state.checkpoint import CheckpointStore
 from tests.service.test_rebuild import KEY, ROOT, USER, machine_of, make_proc, write_proc
 
@@ -62,13 +62,13 @@ def test_held_cpus_are_reported_and_kept_until_an_operator_releases_them(proc, t
         assert "batch" in health["attention"] and health["workloads"] == 0
         # the held CPUs are not handed out
         assert service.admit(AdmitRequest(name="new", cpus=1), USER, dry_run=True)["cpus"] == "1"
-        with pytest.raises(AdmissionRefused):
+        with pytest.raises(NoCapacity):
             service.admit(AdmitRequest(name="new", cpus=2), USER, dry_run=True)
         # only root releases them; the event loop's release of workloads without a
         # live process does not
-        with pytest.raises(Conflict, match="only `numa-agent release batch` as root"):
+        with pytest.raises(InConflict, match="only `numa-agent release batch` as root"):
             service.release("batch", None, reason="exited")
-        with pytest.raises(Forbidden):
+        with pytest.raises(NotPermitted):
             service.release("batch", USER)
         service.release("batch", ROOT)
         assert service.status()["quarantined"] == [] and "attention" not in service.health()
@@ -127,7 +127,7 @@ def test_a_lost_checkpoint_is_rebuilt_from_the_running_process(tmp_path, damage,
         assert w.booking.cpus == CpuSet.parse("1") and w.pid == sleeper_proc.pid and not w.shared
         assert "rebuilding from the cgroup tree" not in caplog.text
         assert "marked NUMA_AGENT_WORKLOAD" in caplog.text or damage == "deleted"
-        with pytest.raises(AdmissionRefused):
+        with pytest.raises(NoCapacity):
             service2.admit(AdmitRequest(name="next", cpus=1), ROOT, dry_run=True)
         view = service2.list_workloads()[0]
         assert view["rebuilt"] == "partial" and view["cpus"] == "1"

@@ -9,12 +9,12 @@ import os
 
 import pytest
 
-from numa_agent.api.validation import AdmitRequest
 from numa_agent.enforcement.cgroup import CgroupV2
 from numa_agent.enforcement.cgroup_enforcer import CgroupEnforcer
 from numa_agent.enforcement.simulated_cgroupfs import SimulatedCgroupfs
 from numa_agent.service.agent_service import AgentService
 from numa_agent.service.recovery import restore
+from numa_agent.service.requests import AdmitRequest
 from numa_agent.state.checkpoint import CheckpointStore
 from tests.service.test_agent_service import env  # noqa: F401  (a fixture)
 from tests.state.test_checkpoint_generations import DAMAGE

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 
-from numa_agent.api.validation import AdmitRequest
+from numa_agent.service.requests import AdmitRequest
 from numa_agent.state.checkpoint import CheckpointStore
 from numa_agent.state.journal import parse_journal
 from tests.service.test_agent_service import env  # noqa: F401  (a fixture)

@@ -9,11 +9,11 @@ import json
 import pytest
 
 from numa_agent.admission.machine import PolicyConfig, build_machine
-from numa_agent.api.errors import AdmissionRefused
-from numa_agent.api.validation import AdmitRequest, PodBudget
 from numa_agent.core.cpuset import CpuSet
 from numa_agent.enforcement.record import RECORD_XATTR, decode_record, encode_record
 from numa_agent.enforcement.simulated_cgroupfs import SimulatedCgroupfs, make_simulated_cgroup_root
+from numa_agent.service.refusals import NoCapacity
+from numa_agent.service.requests import AdmitRequest, PodBudget
 from numa_agent.state.checkpoint import CheckpointStore
 from numa_agent.state.model import replace
 from tests.support.simulated_service import cg_file, start
@@ -90,7 +90,7 @@ def test_memory_booked_from_the_record_is_not_handed_out_again(env, sleepers):
     service.admit(AdmitRequest(name="a", memory_bytes=LIMIT, membind=[0]), sleepers())
     lose_checkpoint(state_dir, "lost")
     service2, _ = start(machine, state_dir, root)
-    with pytest.raises(AdmissionRefused):
+    with pytest.raises(NoCapacity):
         service2.admit(AdmitRequest(name="b", memory_bytes=LIMIT, membind=[0], policy="single-numa-node"),
                        sleepers())
     node0 = service2.status()["nodes"][0]["memory_bytes"]
@@ -188,7 +188,7 @@ def test_without_a_record_memory_max_is_kept_and_booked(env, sleepers):
     assert cg_file(root, "wl-a", "memory.max") == str(LIMIT)  # not rewritten to "max"
     a = service2.state.workload("a")
     assert a.booking.memory == {0: {"memory": LIMIT}} and a.request["memory_bytes"] == LIMIT
-    with pytest.raises(AdmissionRefused):
+    with pytest.raises(NoCapacity):
         service2.admit(AdmitRequest(name="b", memory_bytes=LIMIT, membind=[0], policy="single-numa-node"),
                        sleepers())
 
@@ -202,7 +202,7 @@ def test_without_a_record_hugetlb_limits_are_kept_and_booked(env, sleepers):
     service2, _ = start(machine, state_dir, root)
     assert cg_file(root, "wl-a", "hugetlb.2MB.max") == str(20 * MIB)
     assert service2.state.workload("a").booking.memory == {0: {"hugepages-2048kB": 20 * MIB}}
-    with pytest.raises(AdmissionRefused):  # 16 pages per node: 10 are taken
+    with pytest.raises(NoCapacity):  # 16 pages per node: 10 are taken
         service2.admit(AdmitRequest(name="b", hugepages={"2048": 10}, membind=[0],
                                     policy="single-numa-node"), sleepers())
 

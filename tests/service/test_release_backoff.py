@@ -12,12 +12,12 @@ import selectors
 
 import pytest
 
-from numa_agent.api.validation import AdmitRequest
 from numa_agent.core.caller import Caller
 from numa_agent.core.cpuset import CpuSet
+from numa_agent.daemon.runtime import RETRY_CAP, RETRY_FIRST, EventLoop, _sync_fds, _workload_at
 from numa_agent.enforcement.plan import CgroupSpec
 from numa_agent.service.agent_service import AgentService
-from numa_agent.service.runtime import RETRY_CAP, RETRY_FIRST, EventLoop, _sync_fds, _workload_at
+from numa_agent.service.requests import AdmitRequest
 from numa_agent.state.checkpoint import CheckpointStore, CheckpointWriteError
 from numa_agent.state.model import AgentState, Workload
 from numa_agent.views.metrics import build_registry

@@ -13,7 +13,6 @@ import subprocess
 
 import pytest
 
-from numa_agent.api.validation import AdmitRequest
 from numa_agent.cli.status_cmd import format_status
 from numa_agent.core.caller import Caller
 from numa_agent.core.mark import issue_mark, start_time_of
@@ -24,6 +23,7 @@ from numa_agent.kubelet.pod_resources import list_response
 from numa_agent.kubelet.state_files import CPU_MANAGER_STATE
 from numa_agent.service.agent_service import AgentService
 from numa_agent.service.recovery import restore
+from numa_agent.service.requests import AdmitRequest
 from numa_agent.state.checkpoint import CheckpointStore
 from tests.service.test_agent_service import Crash
 from tests.service.test_rebuild import KEY, ROOT, machine_of

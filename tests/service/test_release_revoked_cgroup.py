@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from numa_agent.api.validation import AdmitRequest
 from numa_agent.core.cpuset import CpuSet
 from numa_agent.enforcement.simulated_cgroupfs import make_simulated_cgroup_root
+from numa_agent.service.requests import AdmitRequest
 from numa_agent.state.checkpoint import CheckpointStore
 from tests.service.test_agent_service import ROOT, Crash, make_machine
 from tests.support.simulated_service import cg_file, start

@@ -8,12 +8,12 @@ import os
 import pytest
 
 from numa_agent.admission.machine import PolicyConfig, build_machine
-from numa_agent.api.errors import AdmissionRefused, Forbidden, NotFound, ServiceUnavailable, TopologyAffinityError
-from numa_agent.api.validation import AdmitRequest
 from numa_agent.core.caller import Caller
 from numa_agent.core.cpuset import CpuSet
 from numa_agent.enforcement.errors import CgroupNoSpaceError
 from numa_agent.enforcement.simulated_cgroupfs import make_simulated_cgroup_root
+from numa_agent.service.refusals import NoCapacity, NotPermitted, TopologyRefused, Unavailable, UnknownWorkload
+from numa_agent.service.requests import AdmitRequest
 from numa_agent.state.checkpoint import CheckpointStore
 from tests.support.simulated_service import cg_file, start
 from tests.support.synthetic import make_topology
@@ -61,9 +61,9 @@ def test_a_refused_resize_changes_nothing(env):
     service.admit(AdmitRequest(name="web", cpus=6, memory_bytes=GiB), ME)
     before = (cg_file(root, "wl-web", "cpuset.cpus"), cg_file(root, "shared", "cpuset.cpus"),
               CheckpointStore(state_dir).load())
-    with pytest.raises(TopologyAffinityError):
+    with pytest.raises(TopologyRefused):
         service.resize("web", ME, cpus=9)  # restricted: node 0 holds 7
-    with pytest.raises(AdmissionRefused):
+    with pytest.raises(NoCapacity):
         service.resize("web", ME, memory_bytes=64 * GiB)
     assert (cg_file(root, "wl-web", "cpuset.cpus"), cg_file(root, "shared", "cpuset.cpus"),
             CheckpointStore(state_dir).load()) == before
@@ -73,9 +73,9 @@ def test_only_the_owner_or_root_resizes(env):
     machine, state_dir, root = env
     service, _ = start(machine, state_dir, root)
     service.admit(AdmitRequest(name="web", cpus=2), ME)
-    with pytest.raises(Forbidden):
+    with pytest.raises(NotPermitted):
         service.resize("web", OTHER, cpus=4)
-    with pytest.raises(NotFound):
+    with pytest.raises(UnknownWorkload):
         service.resize("nobody", ME, cpus=4)
 
 
@@ -88,7 +88,7 @@ def test_an_enforcement_failure_rolls_the_resize_back(env, monkeypatch):
         raise CgroupNoSpaceError("write cpuset.cpus: ENOSPC", path="wl-web")
 
     monkeypatch.setattr(service.enforcer.cgroup, "write_cpuset", full)
-    with pytest.raises(ServiceUnavailable):
+    with pytest.raises(Unavailable):
         service.resize("web", ME, cpus=4)
     monkeypatch.undo()
     assert service.state.workload("web").booking.cpus == CpuSet.parse(first)
@@ -122,8 +122,8 @@ def test_a_crash_after_the_checkpoint_leaves_the_new_booking_enforced_at_restart
 
 
 def test_a_pod_member_is_resized_inside_its_pod(env):
-    from numa_agent.api.validation import PodBudget
     from numa_agent.enforcement.plan import workload_relpath
+    from numa_agent.service.requests import PodBudget
     machine, state_dir, root = env
     service, _ = start(machine, state_dir, root)
     service.admit(AdmitRequest(name="main", pod="pd", cpus=2, pod_budget=PodBudget(cpus=6)), ME)

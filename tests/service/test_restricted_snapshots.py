@@ -10,12 +10,12 @@ import os
 import pytest
 
 from numa_agent.admission.machine import PolicyConfig, build_machine
-from numa_agent.api.errors import AdmissionRefused, ApiError, BadRequest
-from numa_agent.api.validation import AdmitRequest
 from numa_agent.core.caller import Caller
 from numa_agent.core.cpuset import CpuSet
 from numa_agent.discovery.sysfs import read_topology
 from numa_agent.enforcement.simulated_cgroupfs import make_simulated_cgroup_root
+from numa_agent.service.refusals import InvalidInput, NoCapacity, ServiceRefusal
+from numa_agent.service.requests import AdmitRequest
 from tests.conftest import FIXTURES
 from tests.support.agent_process import AgentProcess, numa_run
 from tests.support.simulated_service import cg_file, start
@@ -60,18 +60,18 @@ def test_cpuset_v1_snapshot_hands_out_only_cpus_whose_node_memory_is_allowed(sna
     free = len(machine.usable_cpus - machine.reserved_cpus)
     for i in range(free):
         service.admit(AdmitRequest(name=f"w{i}", cpus=1), ME)
-    with pytest.raises(AdmissionRefused) as refused:
+    with pytest.raises(NoCapacity) as refused:
         service.admit(AdmitRequest(name="one-more", cpus=1), ME, dry_run=True)
     assert "CPU" in str(refused.value)
 
 
 def test_cpuset_v1_snapshot_refuses_nodes_and_cpus_outside_the_cpuset(snapshot, tmp_path):
     _, service, _ = _service(snapshot, tmp_path, K8)
-    with pytest.raises(BadRequest, match=r"membind: .*node\(s\) 0 .*usable: 1,2,3,4"):
+    with pytest.raises(InvalidInput, match=r"membind: .*node\(s\) 0 .*usable: 1,2,3,4"):
         service.admit(AdmitRequest(name="m", membind=[0]), ME, dry_run=True)
-    with pytest.raises(BadRequest, match=r"physcpubind: CPUs 0 are not usable"):
+    with pytest.raises(InvalidInput, match=r"physcpubind: CPUs 0 are not usable"):
         service.admit(AdmitRequest(name="c", physcpubind="0"), ME, dry_run=True)
-    with pytest.raises(BadRequest, match=r"cpunodebind: .*node\(s\) 6 "):
+    with pytest.raises(InvalidInput, match=r"cpunodebind: .*node\(s\) 6 "):
         service.admit(AdmitRequest(name="n", cpunodebind=[6]), ME, dry_run=True)
 
 
@@ -83,7 +83,7 @@ def test_cgroup2_snapshot_uses_nodes_0_to_5_and_cpus_0_to_5(snapshot, tmp_path):
     assert len(out["numa_nodes"]) == 1 and set(out["numa_nodes"]) <= {0, 1}
     # Node 0 holds CPUs 0-3 (one reserved), node 1 only 4-5 of its 4-7: four
     # more fit on no single node the agent may use.
-    with pytest.raises(AdmissionRefused, match="TopologyAffinityError"):
+    with pytest.raises(NoCapacity, match="TopologyAffinityError"):
         service.admit(AdmitRequest(name="four", cpus=4), ME, dry_run=True)
 
 
@@ -97,8 +97,8 @@ def test_a_one_cpu_dry_run_is_admitted_or_explained_at_every_fill_level(snapshot
     for i in range(len(allowed) + 1):
         try:
             out = service.admit(AdmitRequest(name="probe", cpus=1), ME, dry_run=True)
-        except ApiError as exc:
-            assert isinstance(exc, (AdmissionRefused, BadRequest)) and str(exc), exc
+        except ServiceRefusal as exc:
+            assert isinstance(exc, (NoCapacity, InvalidInput)) and str(exc), exc
             return
         assert CpuSet.parse(out["cpus"]).issubset(allowed - machine.reserved_cpus)
         assert set(out["numa_nodes"]) <= set(machine.node_ids)

@@ -3,7 +3,7 @@ import socket
 
 import pytest
 
-from numa_agent.service import sdnotify
+from numa_agent.daemon import sdnotify
 
 
 @pytest.fixture

@@ -14,9 +14,9 @@ import tarfile
 import pytest
 
 from numa_agent.admission.machine import PolicyConfig, build_machine
-from numa_agent.service.config import AgentConfig
+from numa_agent.daemon.config import AgentConfig
+from numa_agent.daemon.startup import StartupError, choose_enforcer
 from numa_agent.service.snapshot import SnapshotError, extract_snapshot
-from numa_agent.service.startup import StartupError, choose_enforcer
 from tests.conftest import FIXTURES
 from tests.support.agent_process import AgentProcess, numa_run
 from tests.support.synthetic import make_topology

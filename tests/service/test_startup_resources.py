@@ -8,9 +8,9 @@ import os
 
 import pytest
 
-from numa_agent.service import runtime
-from numa_agent.service.config import AgentConfig
-from numa_agent.service.startup import Agent, StartupConfigError, StartupError
+from numa_agent.daemon import runtime
+from numa_agent.daemon.config import AgentConfig
+from numa_agent.daemon.startup import Agent, StartupConfigError, StartupError
 from tests.support.synthetic import make_topology
 from tests.support.sysfs_writer import write_sysfs
 

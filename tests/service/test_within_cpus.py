@@ -6,10 +6,12 @@ import os
 
 import pytest
 
-from numa_agent.api.errors import AdmissionRefused, BadRequest
-from numa_agent.api.validation import AdmitRequest, parse_admit_request
+from numa_agent.api.errors import BadRequest
+from numa_agent.api.validation import parse_admit_request
 from numa_agent.core.caller import Caller
 from numa_agent.core.cpuset import CpuSet
+from numa_agent.service.refusals import NoCapacity
+from numa_agent.service.requests import AdmitRequest
 from tests.service.test_engine_cgroup import Machine, engine_cpus, root_caller
 
 TASK = "/system.slice/slurmstepd.scope/job_7/step_0/user/task_0"
@@ -37,7 +39,7 @@ def test_in_the_agents_own_tree_within_cpus_narrows_the_pool(machine):
 
 
 def test_too_few_cpus_within_is_refused_naming_them(machine):
-    with pytest.raises(AdmissionRefused, match=r"inside within_cpus 14-15"):
+    with pytest.raises(NoCapacity, match=r"inside within_cpus 14-15"):
         machine.service.admit(AdmitRequest(name="w", cpus=4, within_cpus="14-15"), root_caller())
     assert machine.service.state.workloads == ()
 

@@ -3,8 +3,8 @@ metrics_snapshot() and the exported families holds end to end."""
 
 import os
 
-from numa_agent.api.validation import AdmitRequest, PodBudget
 from numa_agent.core.caller import Caller
+from numa_agent.service.requests import AdmitRequest, PodBudget
 from tests.support.metrics_service import metrics_service, scrape
 
 CALLER = Caller(pid=os.getpid(), uid=1000, gid=1000)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from numa_agent.service.config import ConfigError, config_from_mapping
+from numa_agent.daemon.config import ConfigError, config_from_mapping
 from tests.support.agent_process import AgentProcess, wait_for
 
 

@@ -13,20 +13,20 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
+from numa_agent.daemon.mark_key import KEY_NAME, MarkKey
 from numa_agent.enforcement.plan import AGENT_CGROUP
 from numa_agent.enforcement.processes import parse_cgroup
-from numa_agent.service.mark_key import KEY_NAME, MarkKey
 from numa_agent.state.trusted_dir import UntrustedDirectory
 
 if TYPE_CHECKING:
     from numa_agent.api.server import ApiServer
+    from numa_agent.daemon.config import AgentConfig
+    from numa_agent.daemon.runtime import EventLoop
     from numa_agent.enforcement.protocol import Enforcer
     from numa_agent.hotplug.events import EventSource
     from numa_agent.kubelet.grpc_server import PodResourcesServer
     from numa_agent.observe.watcher import IntruderWatcher
     from numa_agent.service.agent_service import AgentService
-    from numa_agent.service.config import AgentConfig
-    from numa_agent.service.runtime import EventLoop
     from numa_agent.state.directory import StateDirClaim
     from numa_agent.views.metrics import MetricsServer
 
@@ -136,8 +136,7 @@ class Agent:
         from numa_agent.discovery.pci_ids import PciIdsFile
         from numa_agent.discovery.sysfs import DiscoveryError, read_topology
         from numa_agent.service.agent_service import AgentService
-        from numa_agent.service.config import ConfigError
-        from numa_agent.service.recovery import restore
+        from numa_agent.service.recovery import PolicyChanged, restore
         from numa_agent.service.revocation_copy import RevocationCopy
         from numa_agent.state.checkpoint import CheckpointStore
 
@@ -163,7 +162,7 @@ class Agent:
             enforcer.setup()
             state, report = restore(machine, store, enforcer, cfg.on_policy_change, uid_of=_uid_of,
                                     mark_key=mark_key, key_new=key_new, revoked_copy=revocation_copy.load())
-        except ConfigError as exc:
+        except PolicyChanged as exc:
             raise StartupConfigError(str(exc)) from None
         except Exception as exc:
             raise StartupError(f"cannot restore state: {exc}") from None
@@ -250,8 +249,8 @@ class Agent:
         return machine
 
     def _start_edges(self, machine) -> None:
-        from numa_agent.service import sdnotify
-        from numa_agent.service.runtime import EventLoop
+        from numa_agent.daemon import sdnotify
+        from numa_agent.daemon.runtime import EventLoop
 
         cfg = self.cfg
         service, api = self.service, self.api
@@ -330,7 +329,7 @@ class Agent:
         service.replace_machine(machine)
 
     def stop(self) -> None:
-        from numa_agent.service import sdnotify
+        from numa_agent.daemon import sdnotify
 
         sdnotify.stopping()
         for part in (self.api, self.pod_resources, self.loop, self.watcher, self.metrics):
@@ -623,7 +622,7 @@ def mark_key_path(cfg) -> Path:
 
 
 def _mark_key(cfg) -> MarkKey:
-    from numa_agent.service.mark_key import MarkKeyError, load_or_create_key
+    from numa_agent.daemon.mark_key import MarkKeyError, load_or_create_key
 
     try:
         return load_or_create_key(mark_key_path(cfg))

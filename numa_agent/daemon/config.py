@@ -33,8 +33,8 @@ from numa_agent.core.cpuset import CpuSet, CpuSetParseError
 from numa_agent.core.names import DEFAULT_SOCKET
 from numa_agent.core.policy import TopologyPolicy, TopologyScope
 from numa_agent.core.units import parse_hugepage_size, parse_size
+from numa_agent.daemon.logging_setup import check_level
 from numa_agent.isolation.plan import parse_kinds
-from numa_agent.service.logging_setup import check_level
 from numa_agent.views.metrics import check_address_form, socket_path_of
 
 DEFAULT_CONFIG = "/etc/numa-agent/config.toml"

@@ -33,11 +33,11 @@ import threading
 import time
 from typing import Callable, Iterable, Mapping
 
-from numa_agent.api.errors import Conflict, NotFound
 from numa_agent.core.names import is_engine_cgroup
 from numa_agent.discovery.files import DiscoveryError
 from numa_agent.enforcement.plan import WORKLOAD_PREFIX, CgroupSpec, workload_relpath
 from numa_agent.hotplug.events import EventsLost, HotplugEvent
+from numa_agent.service.refusals import InConflict, UnknownWorkload
 from numa_agent.state.model import AgentState, Workload
 
 log = logging.getLogger("numa_agent.runtime")
@@ -256,7 +256,7 @@ class EventLoop:
     def _release(self, rel: str, name: str) -> None:
         try:
             self.service.release(name, None, reason="exited")
-        except (NotFound, Conflict) as exc:  # already released by its owner, or held for an operator
+        except (UnknownWorkload, InConflict) as exc:  # already released by its owner, or held for an operator
             log.info("release of %s after exit: %s", name, exc)
             self._done(rel)
         except Exception as exc:  # the checkpoint or enforcement failed: retried
