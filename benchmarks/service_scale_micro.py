@@ -58,9 +58,10 @@ def measure(machine, counts: list[int], tmp: Path, kubelet: bool) -> dict[tuple[
     me = Caller(pid=os.getpid(), uid=1000, gid=1000)
     figures = {}
     service = AgentService(machine, CheckpointStore(tmp / "state"), NoEnforcer())
-    if kubelet:
-        service.kubelet_files = StateFiles(tmp / "kubelet")
-        service.kubelet_files.check()
+    files = StateFiles(tmp / "kubelet") if kubelet else None
+    if files is not None:
+        files.check()
+        service.state_publisher = files
     service.install(AgentState(policy_fingerprint=machine.policy.fingerprint()))
     live = 0
     for count in counts:
@@ -77,8 +78,8 @@ def measure(machine, counts: list[int], tmp: Path, kubelet: bool) -> dict[tuple[
                 service.release(name, me)
                 times.append((time.perf_counter() - t0) * 1e3)
             figures[kind, count] = (statistics.median(times), min(times))
-    if service.kubelet_files is not None:
-        service.kubelet_files.close()
+    if files is not None:
+        files.close()
     return figures
 
 

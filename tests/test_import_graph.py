@@ -124,8 +124,9 @@ def test_package_graph_sees_package_edges():
 
 
 # The layers, lowest first (docs/architecture.md, "Layers"): a package imports only from
-# layers below its own. The kubelet's files and views still sit below the service, which
-# writes the one and renders the other.
+# layers below its own. The service is the application core: it speaks no protocol, and
+# the adapters above it (the HTTP API, the kubelet's files and PodResources, the OCI
+# hook) each say its refusals and its state in theirs.
 LAYERS: tuple[frozenset[str], ...] = tuple(frozenset(layer.split()) for layer in (
     "numa_agent",                  # the version, nothing else
     "core",                        # the shared vocabulary: cpusets, hints, names, units, the caller
@@ -133,10 +134,10 @@ LAYERS: tuple[frozenset[str], ...] = tuple(frozenset(layer.split()) for layer in
     "admission isolation",         # the pure managers and merge; the isolation planner and knobs
     "enforcement hotplug",         # cgroups and affinity; fitting state to changed hardware
     "observe",                     # intruders and memory per node
-    "kubelet views",               # the kubelet's files and PodResources; topology report, metrics
-    "service",                     # the use-cases: requests, refusals, the state's one owner
-    "api",                         # the local API: HTTP errors, validation, server, client
-    "engines",                     # the OCI hook
+    "views",                       # renderings of values: the topology report, the metrics collector
+    "service",                     # the use-cases: their requests and refusals, the state's one owner
+    "api kubelet",                 # adapters: the local HTTP API; the kubelet's files and PodResources
+    "engines",                     # the OCI hook, a client of the API
     "daemon",                      # assembly, the event loop, configuration, logging, sd_notify
     "cli",                         # the commands
 ))
@@ -162,4 +163,11 @@ def test_no_package_imports_from_its_own_layer_or_above():
 
 def test_an_upward_import_is_caught():
     assert upward_imports({"core": {"state"}, "state": {"core"}}) == ["core -> state"]
-    assert upward_imports({"kubelet": {"views"}, "views": set()}) == ["kubelet -> views"]
+    assert upward_imports({"service": {"kubelet"}, "kubelet": set()}) == ["service -> kubelet"]
+    assert upward_imports({"api": {"kubelet"}, "kubelet": set()}) == ["api -> kubelet"]  # one layer
+
+
+def test_the_application_core_speaks_no_protocol():
+    """The use-cases import none of their adapters (HTTP, the kubelet's files and gRPC,
+    the OCI hook), nor the daemon that assembles them, nor the commands."""
+    assert package_graph(import_graph())["service"].isdisjoint({"api", "kubelet", "engines", "daemon", "cli"})

@@ -284,8 +284,10 @@ def allocatable_view(status: dict[str, Any]) -> dict[str, Any]:
 class _Router:
     """Maps (method, path) to a service call; raises ApiError subclasses."""
 
-    def __init__(self, service: Any) -> None:
+    def __init__(self, service: Any, kubelet_documents: Callable[[], dict] | None = None) -> None:
         self.service = service
+        # GET /v1/kubelet, answered by the kubelet's adapter (kubelet/files.py); None: not served.
+        self.kubelet_documents = kubelet_documents
 
     def dispatch(self, req: _Request, caller: Caller) -> tuple[int, Any]:
         try:
@@ -303,7 +305,7 @@ class _Router:
             "/v1/status": {"GET": lambda: (200, self.service.status(
                 caller.uid, memory=_query_flag(req.query, "memory")))},
             "/v1/allocatable": {"GET": lambda: (200, allocatable_view(self.service.status(caller.uid)))},
-            "/v1/kubelet": {"GET": lambda: (200, self.service.kubelet_state())},
+            "/v1/kubelet": {"GET": lambda: (200, self._kubelet())},
             "/v1/workloads": {
                 "GET": lambda: (200, {"workloads": self.service.list_workloads(caller.uid)}),
                 "POST": lambda: self._admit(req, caller),
@@ -320,6 +322,11 @@ class _Router:
         if req.method != "POST" and path != "/v1/status":
             _no_query(req.query)
         return handler()
+
+    def _kubelet(self) -> dict:
+        if self.kubelet_documents is None:
+            raise NotFound("this agent serves no kubelet-shaped documents")
+        return self.kubelet_documents()
 
     def _admit(self, req: _Request, caller: Caller) -> tuple[int, Any]:
         dry_run = _query_flag(req.query, "dry_run")
@@ -589,10 +596,11 @@ class ApiServer:
         self._ensure_listener()
         return self
 
-    def attach(self, service: Any) -> None:
-        """The service to serve, when it exists only after bind()."""
+    def attach(self, service: Any, kubelet_documents: Callable[[], dict] | None = None) -> None:
+        """The service to serve, when it exists only after bind(), and what
+        answers GET /v1/kubelet."""
         self.service = service
-        self.router = _Router(service)
+        self.router = _Router(service, kubelet_documents)
 
     def _prepare(self) -> None:
         listener = self._ensure_listener()

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from numa_agent.daemon.runtime import EventLoop
     from numa_agent.enforcement.protocol import Enforcer
     from numa_agent.hotplug.events import EventSource
+    from numa_agent.kubelet.files import StateFiles
     from numa_agent.kubelet.grpc_server import PodResourcesServer
     from numa_agent.observe.watcher import IntruderWatcher
     from numa_agent.service.agent_service import AgentService
@@ -68,6 +69,7 @@ class Agent:
         self.watcher: IntruderWatcher | None = None
         self.hotplug = hotplug_source  # tests inject a fake; else kernel uevents
         self.service: AgentService | None = None
+        self.kubelet_files: StateFiles | None = None  # the kubelet-shaped state files; None: off
         self.claim: StateDirClaim | None = None
         self.snapshot_dir: Path | None = None  # an extracted --sysfs-root archive
         self.machine_source: str | None = None  # that archive, as health names the machine
@@ -169,7 +171,8 @@ class Agent:
         service = AgentService(machine, store, enforcer, isolation=_isolation_keeper(cfg),
                                isolate_default=cfg.isolate_default, isolate_gid=isolate_gid,
                                mark_key=mark_key, pci_names=PciIdsFile(), quotas=cfg.quotas)
-        service.kubelet_files = _kubelet_state_files(cfg)
+        self.kubelet_files = _kubelet_state_files(cfg)
+        service.state_publisher = self.kubelet_files
         service.sysfs_root = self.machine_source or os.path.abspath(cfg.sysfs_root)
         service.revocation_copy = revocation_copy
         try:
@@ -256,7 +259,7 @@ class Agent:
         service, api = self.service, self.api
         assert service is not None and api is not None, "the edges start after the service"
         self._start_observer(service)  # before the API serves: every status has its fields
-        api.attach(service)
+        api.attach(service, self._kubelet_documents)
         api.start()
         if self.pod_resources is not None:
             self.pod_resources.attach(service)
@@ -328,6 +331,14 @@ class Agent:
         machine = build_machine(read_topology(self.cfg.sysfs_root), self.cfg.policy)
         service.replace_machine(machine)
 
+    def _kubelet_documents(self) -> dict:
+        """GET /v1/kubelet: the documents of the state the service last published."""
+        from numa_agent.kubelet.files import served_documents
+
+        assert self.service is not None, "served once the service exists"
+        machine, state = self.service.view() or (self.service.machine, self.service.state)
+        return served_documents(self.kubelet_files, machine, state)
+
     def stop(self) -> None:
         from numa_agent.daemon import sdnotify
 
@@ -335,8 +346,8 @@ class Agent:
         for part in (self.api, self.pod_resources, self.loop, self.watcher, self.metrics):
             if part is not None:
                 part.stop()
-        if self.service is not None and self.service.kubelet_files is not None:
-            self.service.kubelet_files.close()  # the documents of the last change written
+        if self.kubelet_files is not None:
+            self.kubelet_files.close()  # the documents of the last change written
         if self.hotplug is not None:
             self.hotplug.close()
         if self.claim is not None:

@@ -23,8 +23,10 @@ import os
 import threading
 from pathlib import Path
 
+import msgspec
+
 from numa_agent.admission.machine import Machine
-from numa_agent.kubelet.state_files import CPU_MANAGER_STATE, MEMORY_MANAGER_STATE, StateDocuments
+from numa_agent.kubelet.state_files import CPU_MANAGER_STATE, MEMORY_MANAGER_STATE, StateDocuments, documents
 from numa_agent.state.model import AgentState
 from numa_agent.state.trusted_dir import TrustedDir, UntrustedDirectory, open_directory
 
@@ -152,3 +154,14 @@ class StateFiles:
             except UntrustedDirectory as exc:
                 raise OSError(str(exc)) from None
         self._held.replace_file(name, data, FILE_MODE)
+
+
+def served_documents(files: StateFiles | None, machine: Machine, state: AgentState) -> dict:
+    """`GET /v1/kubelet`: both documents as last written, or (files off, or none
+    written yet) as they are for `state`, with the directory they are written in."""
+    last = dict(files.last) if files is not None else {}
+    if not last:
+        cpu, memory = documents(machine, state)
+        last = {CPU_MANAGER_STATE: cpu, MEMORY_MANAGER_STATE: memory}
+    return {"directory": str(files.directory) if files is not None else None,
+            **{name: msgspec.json.decode(data) for name, data in last.items()}}

@@ -15,7 +15,7 @@ import os
 import re
 import threading
 import time
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Protocol
 
 import msgspec
 
@@ -59,9 +59,6 @@ from numa_agent.enforcement.protocol import Enforcer, Layout
 from numa_agent.enforcement.record import LEDGER_RECORD, decode_ledger, encode_ledger
 from numa_agent.hotplug.rebase import memory_changes, rebase_state, shortfall_warnings
 from numa_agent.isolation.keeper import ISOLATE, STRICT, IsolationKeeper, isolation_asked
-from numa_agent.kubelet.files import StateFiles
-from numa_agent.kubelet.state_files import CPU_MANAGER_STATE, MEMORY_MANAGER_STATE
-from numa_agent.kubelet.state_files import documents as kubelet_documents
 from numa_agent.service.caller import Owners, UserNames, system_owner, system_user_name
 from numa_agent.service.counters import Counters, ManagerOutcome
 from numa_agent.service.refusals import (
@@ -86,6 +83,13 @@ from numa_agent.state.model import REBUILT, AgentState, IsolationLedger, Workloa
 log = logging.getLogger("numa_agent.service")
 
 VERSION = __version__
+
+
+class StatePublisher(Protocol):
+    """Told each state the service installs, under its lock, before the change is
+    acknowledged (the kubelet's state files: kubelet/files.py's StateFiles)."""
+
+    def publish(self, machine: Machine, state: AgentState) -> None: ...
 
 
 class AgentService:
@@ -130,9 +134,9 @@ class AgentService:
         # Intruders and memory locality (numa_agent.observe), set at start-up;
         # None: status shows neither.
         self.observer: Any = None
-        # The kubelet-shaped state files (numa_agent.kubelet.files), set at
-        # start-up: told every new state under the lock; None: not written.
-        self.kubelet_files: StateFiles | None = None
+        # Told every new state under the lock (the kubelet-shaped state files,
+        # kubelet/files.py), set at start-up; None: nobody is told.
+        self.state_publisher: StatePublisher | None = None
         # The revocations' copy beside the mark key, set at start-up; None: none kept.
         self.revocation_copy: RevocationCopy | None = None
 
@@ -441,19 +445,8 @@ class AgentService:
         installed (the bookings only: what isolation records changes nothing
         in them)."""
         self._view = (self.machine, self.state)
-        if self.kubelet_files is not None:
-            self.kubelet_files.publish(self.machine, self.state)
-
-    def kubelet_state(self) -> dict[str, Any]:
-        """Both kubelet-shaped documents as last written, or (files off) as they
-        would be for the current state, with where they are."""
-        files = self.kubelet_files
-        last = dict(files.last) if files is not None else {}
-        if not last:
-            cpu, memory = kubelet_documents(self.machine, self.state)
-            last = {CPU_MANAGER_STATE: cpu, MEMORY_MANAGER_STATE: memory}
-        return {"directory": str(files.directory) if files is not None else None,
-                **{name: msgspec.json.decode(data) for name, data in last.items()}}
+        if self.state_publisher is not None:
+            self.state_publisher.publish(self.machine, self.state)
 
     _ledger_recorded: IsolationLedger | None = None
 

@@ -49,14 +49,15 @@ class Agent:
         self.enforcer = AffinityEnforcer("test", proc_root=str(view))
         self.state, self.report = restore(machine, self.store, self.enforcer, mark_key=KEY)
         self.service = AgentService(machine, self.store, self.enforcer, mark_key=KEY)
-        self.service.kubelet_files = StateFiles(tmp_path / "kubelet")
-        self.service.kubelet_files.check()
+        self.kubelet_files = StateFiles(tmp_path / "kubelet")
+        self.kubelet_files.check()
+        self.service.state_publisher = self.kubelet_files
         self.service.install(self.state)
         self.closed = False
 
     def close(self):
         if not self.closed:
-            self.service.kubelet_files.close()
+            self.kubelet_files.close()
             self.enforcer.close()
         self.closed = True
 
@@ -97,7 +98,7 @@ def absent_everywhere(agent, tmp_path, name):
     service = agent.service
     assert name not in [w["name"] for w in service.status()["workloads"]]
     assert name not in [p.name for p in list_response(service.machine, service.state, "default").pod_resources]
-    assert service.kubelet_files.flush()
+    assert agent.kubelet_files.flush()
     cpu_state = json.loads((tmp_path / "kubelet" / CPU_MANAGER_STATE).read_text())
     assert name not in cpu_state.get("entries", {})
     return True

@@ -12,6 +12,7 @@ from numa_agent.core.caller import Caller
 from numa_agent.core.cpuset import CpuSet
 from numa_agent.enforcement.errors import CgroupNoSpaceError
 from numa_agent.enforcement.simulated_cgroupfs import make_simulated_cgroup_root
+from numa_agent.kubelet.files import served_documents
 from numa_agent.service.refusals import NoCapacity, NotPermitted, TopologyRefused, Unavailable, UnknownWorkload
 from numa_agent.service.requests import AdmitRequest
 from numa_agent.state.checkpoint import CheckpointStore
@@ -47,7 +48,8 @@ def test_grow_and_shrink_follow_in_the_cgroup_pool_and_checkpoint(env):
     pool = CpuSet.parse(cg_file(root, "shared", "cpuset.cpus"))
     assert pool.isdisjoint(grown) and pool | grown == machine.usable_cpus
     assert CpuSet.parse(saved(state_dir, "web")["booking"]["cpus"]) == grown
-    assert service.kubelet_state()["cpu_manager_state"]["entries"]  # the kubelet's view names it
+    shown = served_documents(None, *service.view())["cpu_manager_state"]["entries"]
+    assert CpuSet.parse(next(iter(shown.values()))["web"]) == grown  # the kubelet's view follows it
     out = service.resize("web", ME, cpus=2)
     assert CpuSet.parse(out["cpus"]) == first
     assert CpuSet.parse(cg_file(root, "wl-web", "cpuset.cpus")) == first
