@@ -1,0 +1,87 @@
+"""What one admission derives from the machine and the state is derived once:
+per decide(), per state value or per machine, not once per provider step
+that reads it. Counted with spies on the functions that do the work."""
+
+from __future__ import annotations
+
+import pytest
+
+import numa_agent.admission.memory_manager as mm
+from numa_agent.admission.admit import Request, Resources, decide
+from numa_agent.admission.machine import PolicyConfig, build_machine
+from numa_agent.admission.memory_manager import MEMORY, MemoryRequest, hugepages_resource, memory_hints
+from numa_agent.state.model import AgentState
+from tests.support.synthetic import make_topology
+
+GIB = 1 << 30
+
+
+def machine(nodes: int = 4, policy: str = "best-effort"):
+    topo = make_topology(sockets=1, nodes_per_socket=nodes, cores_per_node=4, threads_per_core=2,
+                         memory_per_node_bytes=16 * GIB, hugepages_2m_per_node=512)
+    return build_machine(topo, PolicyConfig(topology_policy=policy,
+                                            topology_options={"max-allowable-numa-nodes": "64"}))
+
+
+def counting(monkeypatch, module, name):
+    calls = []
+    real = getattr(module, name)
+
+    def spy(*args, **kwargs):
+        calls.append(args)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, spy)
+    return calls
+
+
+@pytest.mark.parametrize("policy,gib", [("best-effort", 20), ("single-numa-node", 8)])
+def test_one_admission_builds_the_memory_node_vectors_once(monkeypatch, policy, gib):
+    m = machine(policy=policy)
+    built = counting(monkeypatch, mm, "_build_node_vectors")
+    d = decide(m, AgentState(), Request("a", 0, Resources(cpus=2, memory_bytes=gib * GIB,
+                                                          hugepages={2048: 64})))
+    assert len(built) == 1
+    assert d.workload.booking.memory_total(MEMORY) == gib * GIB
+    # The next admission reads a new state: its vectors are its own.
+    decide(m, d.state, Request("b", 0, Resources(cpus=2, memory_bytes=GIB)))
+    assert len(built) == 2
+
+
+def test_node_vectors_kept_on_the_usage_are_the_usages_own():
+    m = machine()
+    d = decide(m, AgentState(), Request("a", 0, Resources(memory_bytes=12 * GIB)))
+    after = decide(m, d.state, Request("b", 0, Resources(memory_bytes=12 * GIB)))
+    # The second request could not stay on node 0, which the first one fills.
+    assert after.workload.booking.mems != d.workload.booking.mems
+    first = d.workload.booking.memory
+    assert sum(first[0].values()) == 12 * GIB
+
+
+def test_the_preferred_size_pool_is_built_once_per_capacity_and_node_set(monkeypatch):
+    m = machine(nodes=8)
+    shapes = counting(monkeypatch, mm, "_PoolShape")
+    cap, usage = m.memory, mm.EMPTY_USAGE
+    sizes = []
+    for gib in (4, 20, 40, 100):
+        hints = memory_hints(cap, usage, MemoryRequest(gib * GIB), range(8))
+        sizes.append(hints[MEMORY].min_size)
+    assert len(shapes) == 1
+    # 16 GiB less the 1 GiB hugepage pool per node: 15 GiB of memory each.
+    assert sizes == [1, 2, 3, 7]
+    memory_hints(cap, usage, MemoryRequest(4 * GIB), range(4))  # another node set
+    memory_hints(cap, usage, MemoryRequest(4 * GIB, {2048: 8}), range(8))  # other resources
+    assert len(shapes) == 3
+
+
+def test_preferred_size_without_a_search_equals_the_searched_one():
+    """One resource, or nodes all alike: the bound is the answer. Nodes
+    unlike each other with two resources still search, and agree."""
+    m = machine(nodes=8)
+    hp = hugepages_resource(2048)
+    for gib, pages in ((4, 0), (20, 0), (20, 600), (4, 1500), (100, 4000)):
+        req = MemoryRequest(gib * GIB, {2048: pages})
+        state = mm._State(m.memory, mm.EMPTY_USAGE, req, m.memory.memory_nodes.bits)
+        searched = mm._Pool(mm._PoolShape(tuple(state.allocatable.items()), state.width))
+        searched._uniform = False  # force the search
+        assert state.min_size() == searched.fewest(state.need), (gib, pages, hp)
