@@ -438,10 +438,21 @@ def shortfalls(capacity: MemoryCapacity, usage: MemoryUsage) -> tuple[tuple[int,
     node can hold now: its memory shrank under live bookings (memory offlined
     or unplugged, a balloon, a hugepage pool resized). Bookings are never cut
     to fit (the kernel does not take pages back from a running workload), so
-    such a node is reported and takes no new admission until it fits again."""
-    return tuple((n, r, b, capacity.allocatable(n, r))
-                 for (n, r), b in sorted(usage.allocated_index.items())
-                 if b > capacity.allocatable(n, r))
+    such a node is reported and takes no new admission until it fits again.
+    Computed once per usage value and capacity (every admission asks), kept
+    on the usage."""
+    kept = usage._derived.get(_SHORTFALLS)
+    if kept is not None and kept[0] is capacity:
+        return kept[1]
+    cap_of = capacity._index.get
+    over = [(n, r, b, cap.allocatable) for (n, r), b in usage._alloc_index.items()
+            if b > (cap := cap_of((n, r), _NO_CAPACITY)).total - cap.reserved]
+    found = tuple(sorted(over))
+    usage._derived[_SHORTFALLS] = (capacity, found)
+    return found
+
+
+_SHORTFALLS = "shortfalls"  # its key in MemoryUsage._derived (node vectors use tuples)
 
 
 # ------------------------------------------------------------ mask search

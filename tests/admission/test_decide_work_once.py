@@ -10,6 +10,7 @@ import numa_agent.admission.memory_manager as mm
 from numa_agent.admission.admit import Request, Resources, decide
 from numa_agent.admission.machine import PolicyConfig, build_machine
 from numa_agent.admission.memory_manager import MEMORY, MemoryRequest, hugepages_resource, memory_hints
+from numa_agent.admission.view import memory_usage
 from numa_agent.state.model import AgentState
 from tests.support.synthetic import make_topology
 
@@ -85,3 +86,16 @@ def test_preferred_size_without_a_search_equals_the_searched_one():
         searched = mm._Pool(mm._PoolShape(tuple(state.allocatable.items()), state.width))
         searched._uniform = False  # force the search
         assert state.min_size() == searched.fewest(state.need), (gib, pages, hp)
+
+
+def test_shortfalls_are_found_once_per_usage_and_capacity():
+    m = machine()
+    d = decide(m, AgentState(), Request("a", 0, Resources(memory_bytes=12 * GIB)))
+    usage = memory_usage(d.state)
+    first = mm.shortfalls(m.memory, usage)
+    assert first == () and mm.shortfalls(m.memory, usage) is first
+    # Node 0 shrank under its booking: another capacity, its own answer.
+    shrunk = mm.MemoryCapacity(tuple((n, r, mm.ResourceCapacity(c.total // 2 if n == 0 else c.total, c.reserved))
+                                     for n, r, c in m.memory.entries))
+    assert mm.shortfalls(shrunk, usage) == ((0, MEMORY, 12 * GIB, shrunk.allocatable(0, MEMORY)),)
+    assert mm.shortfalls(m.memory, usage) == ()
