@@ -261,10 +261,19 @@ def device_hints(
     min_size = _narrowest_size(_per_node(devices, universe), count)
     if min_size is None:
         return HintSet.impossible()
-    free_per_node = _per_node(_free(inventory, allocated, resource), universe)
+    # Free devices per node keyed by the node's single-bit mask: fits() walks
+    # only the set bits of the mask it is asked about (the merge's inner loop).
+    free_of = {1 << n: c for n, c in _per_node(_free(inventory, allocated, resource), universe).items()}.get
 
     def fits(mask: NumaMask) -> bool:
-        return sum(c for n, c in free_per_node.items() if n in mask) >= count
+        bits, total = mask.bits, 0
+        while bits:
+            low = bits & -bits
+            total += free_of(low, 0)
+            if total >= count:
+                return True
+            bits ^= low
+        return False
 
     # More nodes never hold fewer devices: the merge may prune on that.
     return HintSet.generated(NumaMask.from_bits(universe), fits, min_size, monotone=True)
