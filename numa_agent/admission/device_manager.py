@@ -263,7 +263,8 @@ def device_hints(
         return HintSet.impossible()
     # Free devices per node keyed by the node's single-bit mask: fits() walks
     # only the set bits of the mask it is asked about (the merge's inner loop).
-    free_of = {1 << n: c for n, c in _per_node(_free(inventory, allocated, resource), universe).items()}.get
+    free_counts = {1 << n: c for n, c in _per_node(_free(inventory, allocated, resource), universe).items()}
+    free_of = free_counts.get
 
     def fits(mask: NumaMask) -> bool:
         bits, total = mask.bits, 0
@@ -275,8 +276,15 @@ def device_hints(
             bits ^= low
         return False
 
+    def fits_alone() -> int:
+        out = 0
+        for low, c in free_counts.items():
+            if c >= count:
+                out |= low
+        return out
+
     # More nodes never hold fewer devices: the merge may prune on that.
-    return HintSet.generated(NumaMask.from_bits(universe), fits, min_size, monotone=True)
+    return HintSet.generated(NumaMask.from_bits(universe), fits, min_size, monotone=True, fits_alone=fits_alone)
 
 
 # ------------------------------------------------------------- allocation

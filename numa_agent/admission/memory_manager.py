@@ -748,6 +748,17 @@ class _State:
         bits = mask.bits
         return bits & ~self.universe == 0 and self.group_ok(bits) and self.free_covers(bits)
 
+    def fits_alone(self) -> int:
+        """The universe's nodes whose one-node mask fits (see fits()), as bits."""
+        out, need, free, group_of = 0, self.need, self.free, self.group_of
+        for n in _nodes_of(self.mem_bits):
+            group = group_of.get(n)
+            if group is not None and group != 1 << n:
+                continue  # in a wider group: never used alone
+            if all(f >= x for f, x in zip(free[n], need, strict=True)):
+                out |= 1 << n
+        return out
+
     def contains_fit(self, mask: NumaMask) -> bool:
         """Whether some fitting mask over the universe contains `mask`.
 
@@ -839,7 +850,8 @@ def memory_hints(
         return {r: HintSet.impossible() for r in state.resources}
     nodes_mask = NumaMask.from_bits(state.universe)
     fits = state.fits
-    return {r: HintSet.generated(nodes_mask, fits, min_size, contains_fit=state.contains_fit)
+    contains_fit, fits_alone = state.contains_fit, state.fits_alone
+    return {r: HintSet.generated(nodes_mask, fits, min_size, contains_fit=contains_fit, fits_alone=fits_alone)
             for r in state.resources}
 
 

@@ -11,6 +11,7 @@ from numa_agent.admission.admit import Request, Resources, decide
 from numa_agent.admission.machine import PolicyConfig, build_machine
 from numa_agent.admission.memory_manager import MEMORY, MemoryRequest, hugepages_resource, memory_hints
 from numa_agent.admission.view import memory_usage
+from numa_agent.core.hints import NumaMask
 from numa_agent.state.model import AgentState
 from tests.support.synthetic import make_topology
 
@@ -99,3 +100,61 @@ def test_shortfalls_are_found_once_per_usage_and_capacity():
                                      for n, r, c in m.memory.entries))
     assert mm.shortfalls(shrunk, usage) == ((0, MEMORY, 12 * GIB, shrunk.allocatable(0, MEMORY)),)
     assert mm.shortfalls(m.memory, usage) == ()
+
+
+def _provider_hint_sets(m, state, resources):
+    from numa_agent.admission.registry import PROVIDERS
+    from numa_agent.admission.view import AdmissionView
+
+    view = AdmissionView(m, state)
+    request = Request("probe", 0, resources)
+    for provider in PROVIDERS:
+        for resource, hs in (provider.hints(request, view) or {}).items():
+            if hs.kind == "generated":
+                yield provider.name, resource, hs
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_fits_alone_answers_as_fits_on_every_single_node(seed):
+    import random
+
+    from tests.support.synthetic import make_topology as topology
+
+    rng = random.Random(seed)
+    gpu = ("0x030200", "0x10de", "0x20b0", "nvidia")
+    topo = topology(sockets=2, nodes_per_socket=3, cores_per_node=4, threads_per_core=2,
+                    memory_per_node_bytes=8 * GIB, hugepages_2m_per_node=256,
+                    devices=[(*gpu[:3], n, gpu[3]) for n in (0, 0, 2, 3, 5)])
+    m = build_machine(topo, PolicyConfig(devices={"gpu": {"vendor": "0x10de"}}))
+    state, seen = AgentState(), set()
+    for i in range(40):
+        res = Resources(cpus=rng.choice((1, 2, 6, 10)), memory_bytes=rng.choice((0, GIB, 5 * GIB, 12 * GIB)),
+                        hugepages=rng.choice(({}, {2048: 100}, {2048: 300})),
+                        devices=rng.choice(({}, {"gpu": 1}, {"gpu": 2})))
+        for name, resource, hs in _provider_hint_sets(m, state, res):
+            assert hs.fits_alone is not None, (name, resource)
+            one_by_one = sum(1 << n for n in hs.nodes.nodes() if hs.fits(NumaMask([n])))
+            assert hs.fits_alone() == one_by_one, (name, resource, res)
+            seen.add(name)
+        try:
+            state = decide(m, state, Request(f"w{i}", 0, res)).state
+        except Exception:
+            pass
+    assert seen == {"cpu", "memory", "devices"}
+
+
+def test_single_numa_node_merge_asks_no_single_node_fits_when_answered_at_once(monkeypatch):
+    from numa_agent.admission import topology_manager as tm
+
+    m = machine(nodes=8, policy="single-numa-node")
+    asked = []
+    real = tm._Gen.fits
+
+    def spy(self, bits):
+        asked.append(bits)
+        return real(self, bits)
+
+    monkeypatch.setattr(tm._Gen, "fits", spy)
+    d = decide(m, AgentState(), Request("a", 0, Resources(cpus=4, memory_bytes=4 * GIB)))
+    assert d.workload.booking.numa_nodes == (0,)
+    assert [b for b in asked if b.bit_count() == 1] == []
