@@ -158,3 +158,25 @@ def test_single_numa_node_merge_asks_no_single_node_fits_when_answered_at_once(m
     d = decide(m, AgentState(), Request("a", 0, Resources(cpus=4, memory_bytes=4 * GIB)))
     assert d.workload.booking.numa_nodes == (0,)
     assert [b for b in asked if b.bit_count() == 1] == []
+
+
+def test_a_request_smaller_than_any_node_orders_no_node_for_taking_it_whole(monkeypatch):
+    from numa_agent.admission import cpu_take
+    from numa_agent.admission.cpu_topology import CpuTopology
+    from numa_agent.core.cpuset import CpuSet
+
+    topo = CpuTopology.from_topology(make_topology(sockets=2, nodes_per_socket=2, cores_per_node=4))
+    orderings = []
+    real = cpu_take._Accumulator.sorted_sockets
+
+    def spy(self):
+        orderings.append(self.needed)
+        return real(self)
+
+    monkeypatch.setattr(cpu_take._Accumulator, "sorted_sockets", spy)
+    taken = cpu_take.take_by_topology(topo, topo.all_cpus - CpuSet([0]), 4)
+    # Only the whole-core step orders the sockets (nodes: 8 CPUs, sockets: 16).
+    assert len(orderings) == 1
+    assert len(taken) == 4 and taken.issubset(topo.numa_cpus[0] | topo.numa_cpus[1])
+    # A request of a whole node still takes it whole.
+    assert cpu_take.take_by_topology(topo, topo.all_cpus, 8) == topo.numa_cpus[0]
