@@ -211,9 +211,10 @@ def missing_distance(distances: Mapping[int, Mapping[int, int]] | None, nodes: S
     """Why prefer-closest-numa-nodes cannot order masks of `nodes` (None: it can)."""
     if distances is None:
         return "prefer-closest-numa-nodes needs the NUMA distance matrix"
+    wanted = set(nodes)
     for n in nodes:
         row = distances.get(n)
-        if row is None or any(m not in row for m in nodes):
+        if row is None or not wanted <= row.keys():
             return f"prefer-closest-numa-nodes: no distance from NUMA node {n} to every node"
     return None
 
