@@ -103,13 +103,22 @@ def cpu_hints(
             bits ^= low
         return False
 
+    def fits_alone() -> int:
+        if reusable_nodes & (reusable_nodes - 1):
+            return 0  # reusable CPUs on two nodes: no one node holds them all
+        out = 0
+        for low, count in counts.items():
+            if count >= request and not reusable_nodes & ~low:
+                out |= low
+        return out
+
     nodes = topo.numa_mask
     if not fits(nodes):
         return HintSet.impossible()
     min_size = topo.min_nodes_for(request)
     also_preferred = _socket_aligned(topo, min_size) if options.align_by_socket else None
     # A superset of a mask that holds the request holds it too.
-    return HintSet.generated(nodes, fits, min_size, also_preferred, monotone=True)
+    return HintSet.generated(nodes, fits, min_size, also_preferred, monotone=True, fits_alone=fits_alone)
 
 
 def _socket_aligned(topo: CpuTopology, min_size: int):

@@ -131,12 +131,16 @@ class _Accumulator:
 
     # ---- taking whole groups ----------------------------------------------
     def take_full_numas(self) -> None:
+        if self.needed < self.topo.smallest_group["numa"]:
+            return  # no node is small enough to be taken whole
         for numa in [n for n in self.sorted_numas() if self._numa[n] & ~self.free == 0]:
             bits = self._numa[numa]
             if self.needed >= bits.bit_count():
                 self.take(bits)
 
     def take_full_sockets(self) -> None:
+        if self.needed < self.topo.smallest_group["socket"]:
+            return  # no socket is small enough to be taken whole
         per_socket = self.topo.cpus_per_socket
         for socket in [s for s in self.sorted_sockets() if self.free_in(self._socket[s]) == per_socket]:
             bits = self._socket[socket] & self.free

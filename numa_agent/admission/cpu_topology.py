@@ -190,6 +190,13 @@ class CpuTopology:
                 for level, groups in (("numa", self.numa_cpus), ("socket", self.socket_cpus),
                                       ("core", self.core_cpus), ("uncore", self.uncore_cpus))}
 
+    @cached_property
+    def smallest_group(self) -> dict[str, int]:
+        """CPUs in the smallest group of each grouping (0: none): a request for
+        fewer CPUs never takes a group of that level whole."""
+        return {level: min((bits.bit_count() for bits in groups.values()), default=0)
+                for level, groups in self.group_bits.items()}
+
     @property
     def numa_ids(self) -> tuple[int, ...]:
         return tuple(self.numa_cpus)

@@ -261,13 +261,30 @@ def device_hints(
     min_size = _narrowest_size(_per_node(devices, universe), count)
     if min_size is None:
         return HintSet.impossible()
-    free_per_node = _per_node(_free(inventory, allocated, resource), universe)
+    # Free devices per node keyed by the node's single-bit mask: fits() walks
+    # only the set bits of the mask it is asked about (the merge's inner loop).
+    free_counts = {1 << n: c for n, c in _per_node(_free(inventory, allocated, resource), universe).items()}
+    free_of = free_counts.get
 
     def fits(mask: NumaMask) -> bool:
-        return sum(c for n, c in free_per_node.items() if n in mask) >= count
+        bits, total = mask.bits, 0
+        while bits:
+            low = bits & -bits
+            total += free_of(low, 0)
+            if total >= count:
+                return True
+            bits ^= low
+        return False
+
+    def fits_alone() -> int:
+        out = 0
+        for low, c in free_counts.items():
+            if c >= count:
+                out |= low
+        return out
 
     # More nodes never hold fewer devices: the merge may prune on that.
-    return HintSet.generated(NumaMask.from_bits(universe), fits, min_size, monotone=True)
+    return HintSet.generated(NumaMask.from_bits(universe), fits, min_size, monotone=True, fits_alone=fits_alone)
 
 
 # ------------------------------------------------------------- allocation

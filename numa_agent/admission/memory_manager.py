@@ -94,8 +94,11 @@ class MemoryCapacity:
     # Derived once: admission reads them on every request.
     _node_ids: tuple[int, ...] = field(init=False, repr=False, compare=False, hash=False)
     _memory_nodes: NumaMask = field(init=False, repr=False, compare=False, hash=False)
+    # Values derived from the capacity alone (see _pool_shape), keyed by value.
+    _derived: dict = field(init=False, repr=False, compare=False, hash=False)
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "_derived", {})
         entries = tuple(sorted(self.entries, key=lambda e: (e[0], e[1])))
         object.__setattr__(self, "entries", entries)
         object.__setattr__(self, "_index", {(n, r): c for n, r, c in entries})
@@ -275,8 +278,11 @@ class MemoryUsage:
     _alloc_index: dict[tuple[int, str], int] = field(init=False, repr=False, compare=False, hash=False)
     _group_of: dict[int, int] = field(init=False, repr=False, compare=False, hash=False)
     _used_bits: int = field(init=False, repr=False, compare=False, hash=False)
+    # Values derived from this usage and a capacity (see _node_vectors), computed once.
+    _derived: dict = field(init=False, repr=False, compare=False, hash=False)
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "_derived", {})
         allocated = tuple(sorted(a for a in self.allocated if a[2]))
         groups = tuple(sorted((g for g in self.groups if g[1] and g[0]), key=lambda g: g[0].bits))
         object.__setattr__(self, "allocated", allocated)
@@ -432,10 +438,21 @@ def shortfalls(capacity: MemoryCapacity, usage: MemoryUsage) -> tuple[tuple[int,
     node can hold now: its memory shrank under live bookings (memory offlined
     or unplugged, a balloon, a hugepage pool resized). Bookings are never cut
     to fit (the kernel does not take pages back from a running workload), so
-    such a node is reported and takes no new admission until it fits again."""
-    return tuple((n, r, b, capacity.allocatable(n, r))
-                 for (n, r), b in sorted(usage.allocated_index.items())
-                 if b > capacity.allocatable(n, r))
+    such a node is reported and takes no new admission until it fits again.
+    Computed once per usage value and capacity (every admission asks), kept
+    on the usage."""
+    kept = usage._derived.get(_SHORTFALLS)
+    if kept is not None and kept[0] is capacity:
+        return kept[1]
+    cap_of = capacity._index.get
+    over = [(n, r, b, cap.allocatable) for (n, r), b in usage._alloc_index.items()
+            if b > (cap := cap_of((n, r), _NO_CAPACITY)).total - cap.reserved]
+    found = tuple(sorted(over))
+    usage._derived[_SHORTFALLS] = (capacity, found)
+    return found
+
+
+_SHORTFALLS = "shortfalls"  # its key in MemoryUsage._derived (node vectors use tuples)
 
 
 # ------------------------------------------------------------ mask search
@@ -447,6 +464,55 @@ class _SearchBudgetExceeded(Exception):
 
 def _descending(value: int) -> int:
     return -value
+
+
+class _PoolShape:
+    """What a _Pool's search reads that depends on its nodes' vectors alone,
+    not on the need: built once per set of vectors (see _pool_shape)."""
+
+    __slots__ = ("nodes", "width", "best", "same_below", "uniform")
+
+    def __init__(self, nodes: tuple[tuple[int, tuple[int, ...]], ...], width: int) -> None:
+        self.nodes = tuple(sorted(nodes))  # ascending node id
+        self.width = width
+        # best[j][c]: prefix sums of component c's values among nodes[:j], largest first;
+        # bounds how much r nodes taken from nodes[:j] can contribute.
+        # Built prefix by prefix: each component's values kept sorted, largest
+        # first, as nodes join, so no prefix is sorted from scratch.
+        self.best = [[[0] for _ in range(width)]]
+        ordered: list[list[int]] = [[] for _ in range(width)]
+        for _, vec in self.nodes:
+            for c in range(width):
+                bisect.insort(ordered[c], vec[c], key=_descending)
+            self.best.append([[0, *accumulate(ordered[c])] for c in range(width)])
+        # same_below[i]: indices below i whose vector equals node i's.
+        self.same_below: list[int] = []
+        below: dict[tuple[int, ...], int] = {}
+        for i, (_, vec) in enumerate(self.nodes):
+            bits = below.get(vec, 0)
+            self.same_below.append(bits)
+            below[vec] = bits | 1 << i
+        self.uniform = len(below) <= 1  # every node alike
+
+
+# Pool shapes kept per capacity: one per node set and resources asked together.
+_SHAPES_KEPT = 64
+
+
+def _pool_shape(capacity: MemoryCapacity, mem_bits: int, resources: tuple[str, ...]) -> _PoolShape:
+    """The pool of allocatable vectors of the memory nodes `mem_bits` for
+    `resources`: it depends on the capacity alone, so it is kept on it."""
+    kept = capacity._derived
+    key = ("pool", mem_bits, resources)
+    shape = kept.get(key)
+    if shape is None:
+        if len(kept) >= _SHAPES_KEPT:
+            kept.clear()
+        cap_of = capacity._index.get
+        vectors = tuple((n, tuple([cap_of((n, r), _NO_CAPACITY).allocatable for r in resources]))
+                        for n in _nodes_of(mem_bits))
+        shape = kept[key] = _PoolShape(vectors, len(resources))
+    return shape
 
 
 class _Pool:
@@ -466,29 +532,14 @@ class _Pool:
 
     STEP_BUDGET = 20_000  # shared by every search on one pool
 
-    def __init__(self, nodes: tuple[tuple[int, tuple[int, ...]], ...], width: int) -> None:
-        self.nodes = tuple(sorted(nodes))  # ascending node id
-        self.width = width
+    def __init__(self, shape: _PoolShape) -> None:
+        self.nodes = shape.nodes
+        self.width = shape.width
+        self._best = shape.best
+        self._same_below = shape.same_below
+        self._uniform = shape.uniform
         self.budget_exceeded = False
         self._steps_left = self.STEP_BUDGET
-        # best[j][c]: prefix sums of component c's values among nodes[:j], largest first;
-        # bounds how much r nodes taken from nodes[:j] can contribute.
-        # Built prefix by prefix: each component's values kept sorted, largest
-        # first, as nodes join, so no prefix is sorted from scratch (64 nodes:
-        # 65 sorts per component per request before).
-        self._best = [[[0] for _ in range(width)]]
-        ordered: list[list[int]] = [[] for _ in range(width)]
-        for _, vec in self.nodes:
-            for c in range(width):
-                bisect.insort(ordered[c], vec[c], key=_descending)
-            self._best.append([[0, *accumulate(ordered[c])] for c in range(width)])
-        # same_below[i]: indices below i whose vector equals node i's.
-        self._same_below = []
-        below: dict[tuple[int, ...], int] = {}
-        for i, (_, vec) in enumerate(self.nodes):
-            bits = below.get(vec, 0)
-            self._same_below.append(bits)
-            below[vec] = bits | 1 << i
 
     def _may_reach(self, j: int, r: int, need: tuple[int, ...]) -> bool:
         if r > j:
@@ -574,12 +625,33 @@ class _Pool:
             remaining = [r - v for r, v in zip(remaining, best[1], strict=True)]
         return bits
 
+    def _at_least(self, need: tuple[int, ...]) -> int | None:
+        """The fewest nodes whose largest values could reach `need` in every
+        component taken apart (None: not even all of them): no fewer can."""
+        best = self._best[len(self.nodes)]
+        k = 0
+        for c, n in enumerate(need):
+            if n <= 0:
+                continue
+            sums = best[c]  # ascending: values are never negative
+            i = bisect.bisect_left(sums, n)
+            if i == len(sums):
+                return None
+            k = max(k, i)
+        return k
+
     def fewest(self, need: tuple[int, ...]) -> int | None:
         """Smallest k for which some k nodes reach `need` (0 if need is met by
         nothing); past the step budget, the greedy cover's size."""
         if all(n <= 0 for n in need):
             return 0
-        for k in range(1, len(self.nodes) + 1):
+        start = self._at_least(need)
+        if start is None:
+            return None
+        if self.width == 1 or self._uniform:
+            # Exact bound: one resource, or nodes that are all alike.
+            return start
+        for k in range(start, len(self.nodes) + 1):
             if self.lowest(need, k) is not None:
                 return k
             if self.budget_exceeded:
@@ -588,32 +660,66 @@ class _Pool:
         return None
 
 
+# Node vectors kept per usage: one entry per set of resources asked together.
+_VECTORS_KEPT = 16
+
+
+def _node_vectors(capacity: MemoryCapacity, usage: MemoryUsage, resources: tuple[str, ...]
+                  ) -> tuple[dict[int, tuple[int, ...]], dict[int, tuple[int, ...]]]:
+    """(free, allocatable): per memory node of `capacity`, its free and
+    allocatable bytes of each of `resources`. Computed once per usage value
+    and capacity (the hints and the allocation of one admission read the
+    same), and kept on the usage, which is immutable."""
+    kept = usage._derived
+    entry = kept.get(resources)
+    if entry is not None and entry[0] is capacity:
+        return entry[1]
+    vectors = _build_node_vectors(capacity, usage, resources)
+    if len(kept) >= _VECTORS_KEPT:
+        kept.clear()
+    kept[resources] = (capacity, vectors)
+    return vectors
+
+
+def _build_node_vectors(capacity: MemoryCapacity, usage: MemoryUsage, resources: tuple[str, ...]
+                        ) -> tuple[dict[int, tuple[int, ...]], dict[int, tuple[int, ...]]]:
+    # free_bytes() and ResourceCapacity.allocatable, read straight from the indexes.
+    cap_of, allocated = capacity._index.get, usage._alloc_index.get
+    free: dict[int, tuple[int, ...]] = {}
+    allocatable: dict[int, tuple[int, ...]] = {}
+    if len(resources) == 1:
+        (r,) = resources
+        for n in capacity.node_ids:
+            a = cap_of((n, r), _NO_CAPACITY).allocatable
+            allocatable[n] = (a,)
+            free[n] = (max(0, a - allocated((n, r), 0)),)
+        return free, allocatable
+    for n in capacity.node_ids:
+        alloc = tuple([cap_of((n, r), _NO_CAPACITY).allocatable for r in resources])
+        allocatable[n] = alloc
+        free[n] = tuple([max(0, a - allocated((n, r), 0)) for a, r in zip(alloc, resources, strict=True)])
+    return free, allocatable
+
+
 class _State:
-    """Precomputed per-node vectors for one request, restricted to a node universe."""
+    """Per-node vectors for one request, restricted to a node universe. The
+    vectors cover every memory node (see _node_vectors); only those of the
+    universe (`mem_bits`) are read."""
 
     def __init__(self, capacity: MemoryCapacity, usage: MemoryUsage, request: MemoryRequest,
                  universe_bits: int) -> None:
+        self.capacity = capacity
         self.amounts = request.amounts()
         self.resources = resources = tuple(r for r, _ in self.amounts)
         self.need = tuple(b for _, b in self.amounts)
         self.universe = universe_bits
-        self.mem_bits = capacity.memory_nodes.bits & universe_bits
+        self.mem_bits = mem_bits = capacity.memory_nodes.bits & universe_bits
         # Every memory node in reach: a refusal may then speak of the whole machine.
-        self.whole = self.mem_bits == capacity.memory_nodes.bits
-        ids = _nodes_of(self.mem_bits)
-        # free_bytes() and ResourceCapacity.allocatable, read straight from
-        # the indexes: this runs for every node on every memory request.
-        cap_of, allocated = capacity._index.get, usage._alloc_index.get
-        self.free: dict[int, tuple[int, ...]] = {}
-        self.allocatable: dict[int, tuple[int, ...]] = {}
-        for n in ids:
-            caps = [cap_of((n, r), _NO_CAPACITY) for r in resources]
-            self.allocatable[n] = tuple([max(0, c.total - c.reserved) for c in caps])
-            self.free[n] = tuple([max(0, c.total - c.reserved - allocated((n, r), 0))
-                                  for c, r in zip(caps, resources, strict=True)])
-        self.used_bits = usage._used_bits & self.mem_bits
+        self.whole = mem_bits == capacity.memory_nodes.bits
+        self.free, self.allocatable = _node_vectors(capacity, usage, resources)
+        self.used_bits = usage._used_bits & mem_bits
         group_of = usage._group_of
-        self.group_of = {n: group_of[n] for n in ids if n in group_of} if group_of else {}
+        self.group_of = {n: g for n, g in group_of.items() if mem_bits >> n & 1} if group_of else {}
         self.width = len(resources)
 
     def group_ok(self, bits: int) -> bool:
@@ -642,6 +748,17 @@ class _State:
         bits = mask.bits
         return bits & ~self.universe == 0 and self.group_ok(bits) and self.free_covers(bits)
 
+    def fits_alone(self) -> int:
+        """The universe's nodes whose one-node mask fits (see fits()), as bits."""
+        out, need, free, group_of = 0, self.need, self.free, self.group_of
+        for n in _nodes_of(self.mem_bits):
+            group = group_of.get(n)
+            if group is not None and group != 1 << n:
+                continue  # in a wider group: never used alone
+            if all(f >= x for f, x in zip(free[n], need, strict=True)):
+                out |= 1 << n
+        return out
+
     def contains_fit(self, mask: NumaMask) -> bool:
         """Whether some fitting mask over the universe contains `mask`.
 
@@ -665,8 +782,7 @@ class _State:
     def min_size(self) -> int | None:
         """Fewest nodes whose allocatable could ever hold the request (groups and
         current usage ignored), as the kubelet computes its preferred size."""
-        pool = _Pool(tuple(self.allocatable.items()), self.width)
-        return pool.fewest(self.need)
+        return _Pool(_pool_shape(self.capacity, self.mem_bits, self.resources)).fewest(self.need)
 
     def narrowest_fit(self, required_bits: int = 0) -> int | None:
         """The narrowest mask (fewest nodes, then lowest bits) over the universe
@@ -684,7 +800,7 @@ class _State:
             for n in NumaMask.nodes_of(req_mem):
                 base = [b - v for b, v in zip(base, self.free[n], strict=True)]
             unused = self.mem_bits & ~self.used_bits & ~req_mem
-            pool = _Pool(tuple((n, self.free[n]) for n in NumaMask.nodes_of(unused)), self.width)
+            pool = _Pool(_PoolShape(tuple((n, self.free[n]) for n in NumaMask.nodes_of(unused)), self.width))
             limit = min((c.bit_count() for c in candidates), default=None)
             for k in range(0, len(pool.nodes) + 1):
                 if limit is not None and k + required_bits.bit_count() > limit:
@@ -734,7 +850,8 @@ def memory_hints(
         return {r: HintSet.impossible() for r in state.resources}
     nodes_mask = NumaMask.from_bits(state.universe)
     fits = state.fits
-    return {r: HintSet.generated(nodes_mask, fits, min_size, contains_fit=state.contains_fit)
+    contains_fit, fits_alone = state.contains_fit, state.fits_alone
+    return {r: HintSet.generated(nodes_mask, fits, min_size, contains_fit=contains_fit, fits_alone=fits_alone)
             for r in state.resources}
 
 
@@ -746,7 +863,7 @@ def nodes_have(amounts: Mapping[int, int] | Iterable[tuple[int, int]], what: str
 
 def _column(table: Mapping[int, tuple[int, ...]], state: _State, resource: str) -> list[tuple[int, int]]:
     c = state.resources.index(resource)
-    return [(n, v[c]) for n, v in table.items()]
+    return [(n, table[n][c]) for n in _nodes_of(state.mem_bits)]
 
 
 def _refusal(state: _State, required_bits: int = 0) -> str:

@@ -211,9 +211,10 @@ def missing_distance(distances: Mapping[int, Mapping[int, int]] | None, nodes: S
     """Why prefer-closest-numa-nodes cannot order masks of `nodes` (None: it can)."""
     if distances is None:
         return "prefer-closest-numa-nodes needs the NUMA distance matrix"
+    wanted = set(nodes)
     for n in nodes:
         row = distances.get(n)
-        if row is None or any(m not in row for m in nodes):
+        if row is None or not wanted <= row.keys():
             return f"prefer-closest-numa-nodes: no distance from NUMA node {n} to every node"
     return None
 
@@ -320,7 +321,9 @@ class _Budget:
 class _Gen:
     """A generated hint set with cached fits() calls."""
 
-    def __init__(self, hs: HintSet, budget: _Budget):
+    def __init__(self, hs: HintSet, budget: _Budget, cache: dict[int, bool] | None = None):
+        """`cache`: fits() answers shared with the other sets of the same fits
+        function (a provider offers one for all its resources, as memory does)."""
         assert hs.fits is not None, "a generated hint set has fits()"
         self.nodes = hs.nodes.bits if hs.nodes is not None else 0
         self.min_size = hs.min_size
@@ -328,7 +331,7 @@ class _Gen:
         self._fits = hs.fits
         self._also = hs.also_preferred
         self._contains = hs.contains_fit
-        self._cache: dict[int, bool] = {}
+        self._cache: dict[int, bool] = {} if cache is None else cache
         self._budget = budget
 
     def fits(self, bits: int) -> bool:
@@ -344,6 +347,9 @@ class _Gen:
             self._cache[bits] = hit
         return hit
 
+    def spend(self) -> None:
+        self._budget.spend()
+
     def has_also(self) -> bool:
         return self._also is not None
 
@@ -356,6 +362,8 @@ class _Gen:
         return bool(self._contains(NumaMask.from_bits(bits)))
 
     def prefers(self, bits: int) -> bool:
+        if bits.bit_count() != self.min_size and self._also is None:
+            return False  # not of the preferred width: whether it fits does not matter
         if not self.fits(bits):
             return False
         if bits.bit_count() == self.min_size:
@@ -379,6 +387,10 @@ def _single_numa_filter(hs: HintSet, gen: _Gen | None) -> Finite:
     """The hints single-numa-node keeps: {any, preferred} and preferred single nodes."""
     if gen is None:
         return tuple(h for h in _finite(hs) if h[1] and (h[0] is None or h[0].bit_count() == 1))
+    if gen.min_size == 1 and hs.fits_alone is not None:
+        # Every fitting node is preferred at width 1: asked all at once.
+        gen.spend()
+        return tuple((1 << n, True) for n in NumaMask.nodes_of(hs.fits_alone() & gen.nodes))
     return tuple((1 << n, True) for n in NumaMask.nodes_of(gen.nodes) if gen.prefers(1 << n))
 
 
@@ -393,8 +405,16 @@ def _merge_finite(lists: Sequence[Finite], all_bits: int, order: _Order) -> tupl
     states = {(all_bits, _ALL_NIL)}
     for hints in lists:
         nxt = set()
+        index = None
         for eff, pref in states:
-            for raw, preferred in hints:
+            candidates: Sequence[tuple[int | None, bool]] = hints
+            if not eff & (eff - 1) and len(hints) > _INDEX_FROM:
+                # A one-node state merges only with the hints holding that node
+                # (the others leave it empty): single-numa-node's common case.
+                if index is None:
+                    index = _by_node(hints)
+                candidates = index[0].get(eff, index[1])
+            for raw, preferred in candidates:
                 merged = eff if raw is None else eff & raw
                 if not merged:
                     continue  # an empty merged mask never wins and never recovers
@@ -415,6 +435,27 @@ def _merge_finite(lists: Sequence[Finite], all_bits: int, order: _Order) -> tupl
         return min(preferred_masks, key=order.key), True
     best_count = _best_non_preferred_count(lists)
     return min((eff for eff, _ in states), key=lambda b: order.non_preferred_key(b, best_count)), False
+
+
+# Lists longer than this are indexed by node when a one-node state meets them.
+_INDEX_FROM = 4
+
+
+def _by_node(hints: Finite) -> tuple[dict[int, list[tuple[int | None, bool]]], list[tuple[int | None, bool]]]:
+    """(node (its single-bit mask) -> the hints whose mask holds it, nil hints
+    included; the nil hints alone, for a node no mask names)."""
+    nils = [h for h in hints if h[0] is None]
+    out: dict[int, list[tuple[int | None, bool]]] = {}
+    for hint in hints:
+        raw = hint[0]
+        while raw:
+            low = raw & -raw
+            bucket = out.get(low)
+            if bucket is None:
+                bucket = out[low] = list(nils)
+            bucket.append(hint)
+            raw ^= low
+    return out, nils
 
 
 def _best_non_preferred_count(lists: Sequence[Finite]) -> int:
@@ -629,9 +670,11 @@ def _merge(providers: Sequence[ProviderInput], numa_nodes: Sequence[int], policy
     budget = _Budget(budget_limit)
     finite: list[Finite] = []
     gens: list[_Gen] = []
+    # One fits() cache per fits function (kept alive by its hint set during the merge).
+    caches: dict[int, dict[int, bool]] = {}
     for index, name, hs in provider_resources(providers):
         if hs.kind == "generated":
-            gen = _Gen(hs, budget)
+            gen = _Gen(hs, budget, caches.setdefault(id(hs.fits), {}))
             if gen.nodes & ~all_bits:
                 raise ValueError(
                     f"provider {index} resource {name!r}: generated hints span NUMA nodes "

@@ -153,7 +153,9 @@ class AdmissionView:
 
     @_once
     def allocatable_cpus(self) -> CpuSet:
-        return allocatable_cpus(self.machine, self.state)
+        machine, fenced = self.machine, self.fenced_nodes
+        free = machine.usable_cpus - machine.reserved_cpus - self.state.exclusive_cpus()
+        return free - machine.cpus_of_nodes(fenced) if fenced else free
 
     @_once
     def shortfalls(self) -> tuple[tuple[int, str, int, int], ...]:

@@ -207,6 +207,9 @@ class HintSet:
     # supersets (the memory manager's group rule makes its hints
     # non-monotone, but this question stays cheap).
     contains_fit: MaskPredicate | None = None
+    # The nodes (bits) whose one-node mask fits, all answered at once: what
+    # single-numa-node asks of every node, without a fits() call per node.
+    fits_alone: Callable[[], int] | None = None
 
     @classmethod
     def no_preference(cls) -> "HintSet":
@@ -219,9 +222,11 @@ class HintSet:
     @classmethod
     def generated(cls, nodes: NumaMask, fits: MaskPredicate, min_size: int,
                   also_preferred: MaskPredicate | None = None, monotone: bool = False,
-                  contains_fit: MaskPredicate | None = None) -> "HintSet":
+                  contains_fit: MaskPredicate | None = None,
+                  fits_alone: Callable[[], int] | None = None) -> "HintSet":
         return cls("generated", nodes=nodes, fits=fits, min_size=min_size,
-                   also_preferred=also_preferred, monotone=monotone, contains_fit=contains_fit)
+                   also_preferred=also_preferred, monotone=monotone, contains_fit=contains_fit,
+                   fits_alone=fits_alone)
 
     def is_preferred(self, mask: NumaMask) -> bool:
         """Preference of a generated hint on `mask` (which must fit)."""

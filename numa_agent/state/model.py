@@ -372,6 +372,7 @@ class AgentState(_Value, frozen=True, dict=True, weakref=True):
             for key, held in counted:
                 theirs[key] = _holders_after(mine[key], [h.booking for h in removed],
                                              [h.booking for h in added], held)
+            _hand_on_held(mine, theirs, (*removed, *added))
             for key, value in followers:
                 followed = value.after(removed, added)
                 if followed is not None:
@@ -548,6 +549,43 @@ def _holders_after(counts: dict[_K, int], removed: Iterable[Booking], added: Ite
                 else:
                     out.pop(thing, None)
     return out
+
+
+def _hand_on_held(mine: dict[str, Any], theirs: dict[str, Any], changed: Sequence[Holder]) -> None:
+    """The exclusive CPUs and the devices in use of a derived state, from its
+    ancestor's and the `changed` holders (its counts already handed on): only
+    what they hold can have come or gone."""
+    if "_exclusive_cpus" in mine and "_cpu_holders" in theirs:
+        bits, still = mine["_exclusive_cpus"].bits, theirs["_cpu_holders"]
+        for h in changed:
+            for cpu in h.booking.cpus.ids():
+                bits = bits | 1 << cpu if cpu in still else bits & ~(1 << cpu)
+        theirs["_exclusive_cpus"] = CpuSet.from_bits(bits)
+    if "_devices_in_use" in mine and "_device_holders" in theirs:
+        theirs["_devices_in_use"] = _devices_after(mine["_devices_in_use"], theirs["_device_holders"],
+                                                   {d for h in changed for d in h.booking.devices})
+
+
+def _devices_after(in_use: dict[str, frozenset[str]], holders: dict[tuple[str, str], int],
+                   changed: set[tuple[str, str]]) -> dict[str, frozenset[str]]:
+    """`in_use` (resource -> addresses) with the `changed` devices in or out
+    as `holders` (the new counts) says: the cost of the change."""
+    if not changed:
+        return in_use
+    out = dict(in_use)
+    for resource in {r for r, _ in changed}:
+        addresses = set(out.get(resource, ()))
+        for r, addr in changed:
+            if r == resource:
+                if (r, addr) in holders:
+                    addresses.add(addr)
+                else:
+                    addresses.discard(addr)
+        if addresses:
+            out[resource] = frozenset(addresses)
+        else:
+            out.pop(resource, None)
+    return dict(sorted(out.items()))
 
 
 def _with_entry(index: Layered[str, Any], name: str, value: Any) -> Layered[str, Any]:

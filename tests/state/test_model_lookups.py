@@ -116,6 +116,21 @@ def test_exclusive_cpus_handed_on_along_updates_equal_a_count_from_scratch(seed)
     assert "_cpu_holders" in state.__dict__  # handed on, not counted afresh each time
 
 
+@pytest.mark.parametrize("seed", range(8))
+def test_exclusive_cpus_are_handed_on_themselves_not_rebuilt_from_every_holder(seed):
+    # A 1024-CPU machine holds hundreds of exclusive CPUs: a derived state
+    # takes its set from its ancestor's and the change, overlaps included.
+    rng = random.Random(seed)
+    state = AgentState()
+    state.exclusive_cpus()
+    for step in range(150):
+        state = random_update(state, rng, step,
+                              lambda: Booking(cpus=CpuSet(rng.sample(range(16), rng.randrange(0, 3)))))
+        if "_cpu_holders" in state.__dict__:
+            assert "_exclusive_cpus" in state.__dict__
+        assert state.exclusive_cpus() == CpuSet.union_of(b.cpus for b in state.top_level_bookings())
+
+
 def devices_from_scratch(state):
     out: dict[str, set[str]] = {}
     for b in state.top_level_bookings():
@@ -136,3 +151,18 @@ def test_devices_in_use_handed_on_along_updates_equal_a_count_from_scratch(seed)
         state = random_update(state, rng, step,
                               lambda: Booking(devices=tuple(sorted(rng.sample(addresses, rng.randrange(0, 3))))))
     assert "_device_holders" in state.__dict__  # handed on, not counted afresh each time
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_devices_in_use_are_handed_on_themselves_not_rebuilt_from_every_holder(seed):
+    rng = random.Random(seed)
+    addresses = [("gpu", f"0000:3b:00.{i}") for i in range(4)] + [("nic", "0000:5e:00.0")]
+    state = AgentState()
+    state.devices_in_use()
+    for step in range(150):
+        state = random_update(state, rng, step,
+                              lambda: Booking(devices=tuple(sorted(rng.sample(addresses, rng.randrange(0, 3))))))
+        if "_device_holders" in state.__dict__:
+            assert "_devices_in_use" in state.__dict__
+        assert state.devices_in_use() == devices_from_scratch(state)
+        assert list(state.devices_in_use()) == sorted(state.devices_in_use())

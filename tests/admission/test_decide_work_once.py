@@ -1,0 +1,182 @@
+"""What one admission derives from the machine and the state is derived once:
+per decide(), per state value or per machine, not once per provider step
+that reads it. Counted with spies on the functions that do the work."""
+
+from __future__ import annotations
+
+import pytest
+
+import numa_agent.admission.memory_manager as mm
+from numa_agent.admission.admit import Request, Resources, decide
+from numa_agent.admission.machine import PolicyConfig, build_machine
+from numa_agent.admission.memory_manager import MEMORY, MemoryRequest, hugepages_resource, memory_hints
+from numa_agent.admission.view import memory_usage
+from numa_agent.core.hints import NumaMask
+from numa_agent.state.model import AgentState
+from tests.support.synthetic import make_topology
+
+GIB = 1 << 30
+
+
+def machine(nodes: int = 4, policy: str = "best-effort"):
+    topo = make_topology(sockets=1, nodes_per_socket=nodes, cores_per_node=4, threads_per_core=2,
+                         memory_per_node_bytes=16 * GIB, hugepages_2m_per_node=512)
+    return build_machine(topo, PolicyConfig(topology_policy=policy,
+                                            topology_options={"max-allowable-numa-nodes": "64"}))
+
+
+def counting(monkeypatch, module, name):
+    calls = []
+    real = getattr(module, name)
+
+    def spy(*args, **kwargs):
+        calls.append(args)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, spy)
+    return calls
+
+
+@pytest.mark.parametrize("policy,gib", [("best-effort", 20), ("single-numa-node", 8)])
+def test_one_admission_builds_the_memory_node_vectors_once(monkeypatch, policy, gib):
+    m = machine(policy=policy)
+    built = counting(monkeypatch, mm, "_build_node_vectors")
+    d = decide(m, AgentState(), Request("a", 0, Resources(cpus=2, memory_bytes=gib * GIB,
+                                                          hugepages={2048: 64})))
+    assert len(built) == 1
+    assert d.workload.booking.memory_total(MEMORY) == gib * GIB
+    # The next admission reads a new state: its vectors are its own.
+    decide(m, d.state, Request("b", 0, Resources(cpus=2, memory_bytes=GIB)))
+    assert len(built) == 2
+
+
+def test_node_vectors_kept_on_the_usage_are_the_usages_own():
+    m = machine()
+    d = decide(m, AgentState(), Request("a", 0, Resources(memory_bytes=12 * GIB)))
+    after = decide(m, d.state, Request("b", 0, Resources(memory_bytes=12 * GIB)))
+    # The second request could not stay on node 0, which the first one fills.
+    assert after.workload.booking.mems != d.workload.booking.mems
+    first = d.workload.booking.memory
+    assert sum(first[0].values()) == 12 * GIB
+
+
+def test_the_preferred_size_pool_is_built_once_per_capacity_and_node_set(monkeypatch):
+    m = machine(nodes=8)
+    shapes = counting(monkeypatch, mm, "_PoolShape")
+    cap, usage = m.memory, mm.EMPTY_USAGE
+    sizes = []
+    for gib in (4, 20, 40, 100):
+        hints = memory_hints(cap, usage, MemoryRequest(gib * GIB), range(8))
+        sizes.append(hints[MEMORY].min_size)
+    assert len(shapes) == 1
+    # 16 GiB less the 1 GiB hugepage pool per node: 15 GiB of memory each.
+    assert sizes == [1, 2, 3, 7]
+    memory_hints(cap, usage, MemoryRequest(4 * GIB), range(4))  # another node set
+    memory_hints(cap, usage, MemoryRequest(4 * GIB, {2048: 8}), range(8))  # other resources
+    assert len(shapes) == 3
+
+
+def test_preferred_size_without_a_search_equals_the_searched_one():
+    """One resource, or nodes all alike: the bound is the answer. Nodes
+    unlike each other with two resources still search, and agree."""
+    m = machine(nodes=8)
+    hp = hugepages_resource(2048)
+    for gib, pages in ((4, 0), (20, 0), (20, 600), (4, 1500), (100, 4000)):
+        req = MemoryRequest(gib * GIB, {2048: pages})
+        state = mm._State(m.memory, mm.EMPTY_USAGE, req, m.memory.memory_nodes.bits)
+        searched = mm._Pool(mm._PoolShape(tuple(state.allocatable.items()), state.width))
+        searched._uniform = False  # force the search
+        assert state.min_size() == searched.fewest(state.need), (gib, pages, hp)
+
+
+def test_shortfalls_are_found_once_per_usage_and_capacity():
+    m = machine()
+    d = decide(m, AgentState(), Request("a", 0, Resources(memory_bytes=12 * GIB)))
+    usage = memory_usage(d.state)
+    first = mm.shortfalls(m.memory, usage)
+    assert first == () and mm.shortfalls(m.memory, usage) is first
+    # Node 0 shrank under its booking: another capacity, its own answer.
+    shrunk = mm.MemoryCapacity(tuple((n, r, mm.ResourceCapacity(c.total // 2 if n == 0 else c.total, c.reserved))
+                                     for n, r, c in m.memory.entries))
+    assert mm.shortfalls(shrunk, usage) == ((0, MEMORY, 12 * GIB, shrunk.allocatable(0, MEMORY)),)
+    assert mm.shortfalls(m.memory, usage) == ()
+
+
+def _provider_hint_sets(m, state, resources):
+    from numa_agent.admission.registry import PROVIDERS
+    from numa_agent.admission.view import AdmissionView
+
+    view = AdmissionView(m, state)
+    request = Request("probe", 0, resources)
+    for provider in PROVIDERS:
+        for resource, hs in (provider.hints(request, view) or {}).items():
+            if hs.kind == "generated":
+                yield provider.name, resource, hs
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_fits_alone_answers_as_fits_on_every_single_node(seed):
+    import random
+
+    from tests.support.synthetic import make_topology as topology
+
+    rng = random.Random(seed)
+    gpu = ("0x030200", "0x10de", "0x20b0", "nvidia")
+    topo = topology(sockets=2, nodes_per_socket=3, cores_per_node=4, threads_per_core=2,
+                    memory_per_node_bytes=8 * GIB, hugepages_2m_per_node=256,
+                    devices=[(*gpu[:3], n, gpu[3]) for n in (0, 0, 2, 3, 5)])
+    m = build_machine(topo, PolicyConfig(devices={"gpu": {"vendor": "0x10de"}}))
+    state, seen = AgentState(), set()
+    for i in range(40):
+        res = Resources(cpus=rng.choice((1, 2, 6, 10)), memory_bytes=rng.choice((0, GIB, 5 * GIB, 12 * GIB)),
+                        hugepages=rng.choice(({}, {2048: 100}, {2048: 300})),
+                        devices=rng.choice(({}, {"gpu": 1}, {"gpu": 2})))
+        for name, resource, hs in _provider_hint_sets(m, state, res):
+            assert hs.fits_alone is not None, (name, resource)
+            one_by_one = sum(1 << n for n in hs.nodes.nodes() if hs.fits(NumaMask([n])))
+            assert hs.fits_alone() == one_by_one, (name, resource, res)
+            seen.add(name)
+        try:
+            state = decide(m, state, Request(f"w{i}", 0, res)).state
+        except Exception:
+            pass
+    assert seen == {"cpu", "memory", "devices"}
+
+
+def test_single_numa_node_merge_asks_no_single_node_fits_when_answered_at_once(monkeypatch):
+    from numa_agent.admission import topology_manager as tm
+
+    m = machine(nodes=8, policy="single-numa-node")
+    asked = []
+    real = tm._Gen.fits
+
+    def spy(self, bits):
+        asked.append(bits)
+        return real(self, bits)
+
+    monkeypatch.setattr(tm._Gen, "fits", spy)
+    d = decide(m, AgentState(), Request("a", 0, Resources(cpus=4, memory_bytes=4 * GIB)))
+    assert d.workload.booking.numa_nodes == (0,)
+    assert [b for b in asked if b.bit_count() == 1] == []
+
+
+def test_a_request_smaller_than_any_node_orders_no_node_for_taking_it_whole(monkeypatch):
+    from numa_agent.admission import cpu_take
+    from numa_agent.admission.cpu_topology import CpuTopology
+    from numa_agent.core.cpuset import CpuSet
+
+    topo = CpuTopology.from_topology(make_topology(sockets=2, nodes_per_socket=2, cores_per_node=4))
+    orderings = []
+    real = cpu_take._Accumulator.sorted_sockets
+
+    def spy(self):
+        orderings.append(self.needed)
+        return real(self)
+
+    monkeypatch.setattr(cpu_take._Accumulator, "sorted_sockets", spy)
+    taken = cpu_take.take_by_topology(topo, topo.all_cpus - CpuSet([0]), 4)
+    # Only the whole-core step orders the sockets (nodes: 8 CPUs, sockets: 16).
+    assert len(orderings) == 1
+    assert len(taken) == 4 and taken.issubset(topo.numa_cpus[0] | topo.numa_cpus[1])
+    # A request of a whole node still takes it whole.
+    assert cpu_take.take_by_topology(topo, topo.all_cpus, 8) == topo.numa_cpus[0]
