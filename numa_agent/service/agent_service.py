@@ -241,10 +241,10 @@ class AgentService:
             if caller is None and w.quarantined:
                 # Not the exit of a followed process: the hold stays until an operator asks.
                 raise InConflict(f"{name} holds CPUs {w.booking.cpus.format() or '(none)'} for an "
-                               f"operator; only `numa-agent release {name}` as root frees them")
+                                 f"operator; only `numa-agent release {name}` as root frees them")
             if caller is not None and not caller.is_root and caller.uid != w.owner_uid:
                 raise NotPermitted(f"workload {name!r} belongs to uid {w.owner_uid}; only its owner "
-                                f"or root may release it")
+                                   f"or root may release it")
             new_state, released, pod = release_workload(self.state, name)
             new_state = self._revoked_after(new_state, w, reason, asked=caller is not None)
             index, engines = self._request_index(), self._engine_index()
@@ -543,7 +543,7 @@ class AgentService:
         where = "already holds" if clash == cgroup else \
             ("lies below" if cgroup.startswith(clash + "/") else "lies above") + f" cgroup {clash}, which holds"
         raise InConflict(f"cgroup {cgroup} {where} workload {holder or '(unknown)'}; one engine cgroup "
-                       "takes one workload, and none nests in another's")
+                         "takes one workload, and none nests in another's")
 
     def _replay(self, request_id: str, caller: Caller) -> dict | None:
         """The admission already made under `request_id` (its answer was lost:
@@ -571,7 +571,7 @@ class AgentService:
                 self.enforcer.apply(base.updated({}, [rel]), layout, None, changed={rel})
         except (EnforcementError, OSError, ProcessLookupError) as exc:
             raise Unavailable(f"workload {w.name} is booked but the process could not be "
-                                     f"moved into it: {exc}") from None
+                              f"moved into it: {exc}") from None
         log.info("replayed the admission of %s for uid %d pid %d (request id %s)",
                  w.name, caller.uid, caller.pid, request_id)
         view = self._admission_view(self.state, w, {}, dry_run=False)
@@ -585,14 +585,14 @@ class AgentService:
                                                     caller.in_group(self.isolate_gid))):
             self.counters.refused("forbidden", time.perf_counter() - started)
             raise NotPermitted("--isolate changes machine-wide settings (interrupt affinities, idle states, "
-                            "CPU frequency): only root may ask for it, or the members of the group the "
-                            "agent's [isolation] group names")
+                               "CPU frequency): only root may ask for it, or the members of the group the "
+                               "agent's [isolation] group names")
         kinds = tuple(body.isolate) if body.isolate is not None else self.isolate_default
         if not kinds or (w.shared and body.isolate is None):
             return w
         if w.shared:
             raise InvalidInput("--isolate needs exclusive CPUs (--cpus or --physcpubind); a shared "
-                             "workload runs on CPUs others use too", details={"field": "isolate"})
+                               "workload runs on CPUs others use too", details={"field": "isolate"})
         extra: dict[str, Any] = {ISOLATE: list(kinds)}
         if body.isolate_strict:
             extra[STRICT] = True
@@ -621,8 +621,8 @@ class AgentService:
         message = f"--isolate-strict: cannot isolate {w.name}: {'; '.join(failed)}"
         log.warning("refused %s: %s", w.name, message)
         raise NoCapacity(message, details={"admit": False, "reason": message,
-                                                 "reason_code": "isolation_unavailable",
-                                                 "isolation": list(failed)})
+                                           "reason_code": "isolation_unavailable",
+                                           "isolation": list(failed)})
 
     def _isolation_view(self, w: Workload) -> dict[str, Any] | None:
         asked = isolation_asked(w)
@@ -653,7 +653,7 @@ class AgentService:
         cgroup = body.cgroup
         if cgroup is not None and not caller.is_root:
             raise NotPermitted("only root may have a named cgroup enforced (an engine's hook runs as root); "
-                            "numa-run asks for its own with in_place")
+                               "numa-run asks for its own with in_place")
         if cgroup is None:
             cgroup = self.enforcer.cgroup_of(caller.pid)
             if cgroup is None or cgroup.count("/") < 2:
@@ -903,8 +903,8 @@ def _check_root_owned(path: str | None, cgroup: str) -> None:
         return  # gone: the grant's read already said so, or the take-over will
     if owner != 0:
         raise NotPermitted(f"cgroup {cgroup} is delegated to uid {owner}; in_place is for cgroups root "
-                        "made for the caller (a Slurm task's), whose booking record survives a lost "
-                        "checkpoint")
+                           "made for the caller (a Slurm task's), whose booking record survives a lost "
+                           "checkpoint")
 
 
 def _check_owns_cgroup(pids: list[int], caller: Caller, cgroup: str) -> None:
@@ -917,7 +917,7 @@ def _check_owns_cgroup(pids: list[int], caller: Caller, cgroup: str) -> None:
             continue  # exited meanwhile
         if uid != caller.uid:
             raise NotPermitted(f"cgroup {cgroup} holds pid {pid} of uid {uid}; only root, or the owner "
-                            "of every process in it, may have it enforced")
+                               "of every process in it, may have it enforced")
 
 
 def _check_alive(caller: Caller) -> None:
