@@ -24,7 +24,7 @@ from numa_agent.enforcement.plan import (
     pool_followers,
     pool_steps,
 )
-from numa_agent.enforcement.processes import process_identity
+from numa_agent.enforcement.processes import exited_among, pidfd_exited, process_identity
 from numa_agent.enforcement.protocol import NO_LIMITS, Grant, Layout, Limits
 
 log = logging.getLogger("numa_agent.enforcement")
@@ -124,7 +124,7 @@ class AffinityEnforcer:
         """Which of `relpaths` follow a process that has not exited: one poll of
         their pidfds together, not one each."""
         by_fd = {fd: rel for rel in relpaths if (fd := self._pidfds.get(rel)) is not None}
-        exited = _exited_among(by_fd)
+        exited = exited_among(by_fd)
         return {rel for fd, rel in by_fd.items() if fd not in exited}
 
     def evict(self, relpath: str | None, pid: int | None, identity: str | None, layout: Layout) -> None:
@@ -174,7 +174,7 @@ class AffinityEnforcer:
     def _alive(self, relpath: str) -> bool:
         """The followed process has not exited (its pidfd is not readable)."""
         fd = self._pidfds.get(relpath)
-        return fd is not None and not _exited(fd)
+        return fd is not None and not pidfd_exited(fd)
 
     def _forget(self, relpath: str) -> None:
         with self._fds_lock:  # a number closed here may be reused at once (see released)
@@ -253,7 +253,7 @@ class AffinityEnforcer:
             for fd, _ in self._epoll.poll(0):
                 rel = self._by_fd.get(fd)
                 # Only a pidfd that reports the exit now, still of a followed workload.
-                if rel is not None and _exited(fd):
+                if rel is not None and pidfd_exited(fd):
                     out.append(rel)
                     _unwatch(self._epoll, fd)
         return sorted(out)
@@ -269,19 +269,6 @@ def _unwatch(epoll: select.epoll, fd: int) -> None:
         epoll.unregister(fd)
     except (FileNotFoundError, OSError):
         pass  # no longer watched: its exit was reported
-
-
-def _exited(pidfd: int) -> bool:
-    """The process of `pidfd` has exited (the pidfd is readable)."""
-    return bool(_exited_among((pidfd,)))
-
-
-def _exited_among(pidfds: Iterable[int]) -> set[int]:
-    """The pidfds among `pidfds` whose processes have exited (readable): one poll."""
-    poller = select.poll()
-    for fd in pidfds:
-        poller.register(fd, select.POLLIN)
-    return {fd for fd, events in poller.poll(0) if events & select.POLLIN}
 
 
 def _pin_trees(pids: Iterable[int], cpus: CpuSet, descendants: bool = True,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import select
 import signal
 from collections.abc import Iterable
 
@@ -54,6 +55,19 @@ def pidfd_alive(pidfd: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def exited_among(pidfds: Iterable[int]) -> set[int]:
+    """The pidfds among `pidfds` whose processes have exited (a pidfd is readable
+    from then on, zombie or not): one poll for one process or many."""
+    poller = select.poll()
+    for fd in pidfds:
+        poller.register(fd, select.POLLIN)
+    return {fd for fd, events in poller.poll(0) if events & select.POLLIN}
+
+
+def pidfd_exited(pidfd: int) -> bool:
+    return bool(exited_among((pidfd,)))
 
 
 def capability_set(status: str, field: str = "CapEff") -> frozenset[str] | None:

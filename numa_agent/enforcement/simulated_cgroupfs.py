@@ -72,7 +72,7 @@ from typing import Callable, Collection, Iterable, Iterator
 
 from numa_agent.core.cpuset import CpuSet, CpuSetParseError
 from numa_agent.enforcement.cgroup import CGROUP2_SUPER_MAGIC, XATTR_SIZE_MAX
-from numa_agent.enforcement.processes import process_alive
+from numa_agent.enforcement.processes import pidfd_exited, process_alive
 
 log = logging.getLogger("numa_agent.enforcement")
 
@@ -386,7 +386,7 @@ class SimulatedCgroupfs:
             return False
         if fd is None:
             self._unfollowed.add(pid)
-        elif _exited(fd):
+        elif pidfd_exited(fd):
             os.close(fd)
             return False
         else:
@@ -476,7 +476,7 @@ class SimulatedCgroupfs:
                 os.close(fd)
             raise
         if not known:
-            if fd is not None and _exited(fd):
+            if fd is not None and pidfd_exited(fd):
                 # The kernel skips an exiting task: the write succeeds, nothing moves.
                 os.close(fd)
                 return
@@ -998,13 +998,6 @@ def _open_pidfd(pid: int) -> int | None:
 
 
 _warned_no_pidfd = False
-
-
-def _exited(pidfd: int) -> bool:
-    """The process has exited (a pidfd is readable from then on, zombie or not)."""
-    poller = select.poll()
-    poller.register(pidfd, select.POLLIN)
-    return bool(poller.poll(0))
 
 
 def _parse_or_einval(text: str, file: Path) -> CpuSet:

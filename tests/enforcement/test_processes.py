@@ -8,8 +8,10 @@ import pytest
 from numa_agent.enforcement.processes import (
     CAPABILITIES,
     capability_set,
+    exited_among,
     missing_capabilities,
     pidfd_alive,
+    pidfd_exited,
     process_identity,
 )
 
@@ -81,3 +83,20 @@ def test_pidfd_alive_for_another_users_process_without_the_right_to_signal_it():
         if target.poll() is None:
             target.kill()
             target.wait()
+
+
+def test_one_poll_tells_the_exited_among_live_and_zombie_processes():
+    live = subprocess.Popen(["sleep", "60"])
+    gone = subprocess.Popen(["true"])
+    fds = {os.pidfd_open(live.pid): live, os.pidfd_open(gone.pid): gone}
+    try:
+        os.waitid(os.P_PID, gone.pid, os.WEXITED | os.WNOWAIT)  # exited, still a zombie
+        exited = exited_among(fds)
+        assert [fds[fd] for fd in exited] == [gone]
+        assert [pidfd_exited(fd) for fd in fds] == [False, True]
+    finally:
+        live.kill()
+        for proc in (live, gone):
+            proc.wait()
+        for fd in fds:
+            os.close(fd)
