@@ -14,9 +14,7 @@ import errno
 import os
 
 from numa_agent.core.cpuset import CpuSet
-from numa_agent.core.hints import NumaMask
 from numa_agent.enforcement.errors import AffinityError
-from numa_agent.enforcement.mempolicy import get_policy
 
 
 def pin_process(pid: int, cpus: CpuSet) -> None:
@@ -34,22 +32,3 @@ def pin_process(pid: int, cpus: CpuSet) -> None:
         }.get(exc.errno or 0, os.strerror(exc.errno or 0))
         raise AffinityError(f"sched_setaffinity(pid {pid}, CPUs {cpus.format()}) failed: "
                             f"{name} ({hint})") from None
-
-
-def process_affinity(pid: int = 0) -> CpuSet:
-    """CPUs `pid` (0: the caller) may run on."""
-    try:
-        return CpuSet(os.sched_getaffinity(pid))
-    except OSError as exc:
-        raise AffinityError(f"sched_getaffinity(pid {pid}) failed: "
-                            f"{errno.errorcode.get(exc.errno or 0, 'E?')} "
-                            f"({os.strerror(exc.errno or 0)})") from None
-
-
-def memory_policy_self(*, machine: str | None = None) -> tuple[int, NumaMask] | None:
-    """(mode, nodes) of the calling thread's memory policy via
-    get_mempolicy, or None when it cannot be queried."""
-    reading = get_policy(machine=machine)
-    if reading is None:
-        return None
-    return reading.mode, NumaMask(reading.nodes)
