@@ -105,7 +105,7 @@ def test_initramfs_holds_busybox_modules_in_order_console_and_init(tmp_path):
     assert entries["dev/console"][2] == (5, 1)
     init = entries["init"][1].decode()
     assert "for m in virtio.ko 9p.ko; do" in init
-    for needed in ("mount -t cgroup2 -o nsdelegate", "cgroup.subtree_control", "version=9p2000.L",
+    for needed in ("mount -t cgroup2 -o nsdelegate", "nsdelegate,favordynmods", "cgroup.subtree_control", "version=9p2000.L",
                    "lowerdir=/host", "poweroff -f", "/started", "exit_code"):
         assert needed in init
 
