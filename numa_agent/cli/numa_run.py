@@ -18,7 +18,6 @@ import sys
 
 from numa_agent import __version__
 from numa_agent.api.client import new_request_id
-from numa_agent.api.errors import REFUSAL_CODES
 from numa_agent.cli import common, launch_args
 from numa_agent.core import names
 from numa_agent.core.mempolicy import (
@@ -298,6 +297,8 @@ def _release(args: argparse.Namespace, name: str) -> None:
 
 
 def _report_agent_error(args: argparse.Namespace, exc: common.AgentError) -> None:
+    from numa_agent.api.errors import REFUSAL_CODES  # only on a refusal or an error
+
     if args.json:
         common.print_json({"error": exc.error})
     elif exc.error.get("code") in REFUSAL_CODES:

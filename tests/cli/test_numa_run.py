@@ -168,7 +168,7 @@ def test_numa_run_imports_stay_light():
 LAUNCH_NEVER_IMPORTS = {"typing", "dataclasses", "inspect", "pathlib", "shutil", "textwrap",
                         "socket", "selectors", "ctypes", "struct", "argparse", "re", "enum",
                         "gettext", "locale", "json", "numa_agent.core.topology",
-                        "numa_agent.core.slurm", "numa_agent.core.policy",
+                        "numa_agent.core.slurm", "numa_agent.core.policy", "numa_agent.api.errors",
                         "numa_agent.enforcement", "numa_agent.admission"}
 
 
