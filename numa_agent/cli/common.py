@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import os
 import sys
-from collections import namedtuple
 
 from numa_agent.api.client import ClientError, request
 from numa_agent.core import request_syntax, units
 from numa_agent.core.cpuset import EMPTY, CpuSet
 from numa_agent.core.listforms import ListForm, ListFormError, parse_list_form, resolve
 from numa_agent.core.names import DEFAULT_SOCKET, MEMORY_ONLY
+from numa_agent.core.record import Record
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (numa-run starts fast)
 if TYPE_CHECKING:
@@ -151,13 +151,13 @@ def cpu_list(text: str) -> ListForm:
         raise _type_error(str(exc)) from None
 
 
-class ListContext(namedtuple("ListContext", "cpus allowed_cpus nodes allowed_nodes")):
+class ListContext(Record):
     """What numactl's "all", "+" and "!" are relative to: the machine's CPUs and
     nodes and the allowed ones (the agent's view: what its cpuset allows, less
-    the memory-only nodes a request must name by number). Four CpuSets; a named
-    tuple rather than a dataclass, whose import costs numa-run ~15 ms."""
+    the memory-only nodes a request must name by number). Four CpuSets; a Record
+    rather than a dataclass, whose import costs numa-run ~15 ms."""
 
-    __slots__ = ()
+    __slots__ = ("cpus", "allowed_cpus", "nodes", "allowed_nodes")
     cpus: CpuSet
     allowed_cpus: CpuSet
     nodes: CpuSet
