@@ -112,6 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
     from numa_agent.cli.numa_run_argparse import Parser
 
     parser = Parser(
+        exit_status=EXIT_FAILURE, explain=unsupported_message,
         prog=PROG,
         usage="%(prog)s [OPTIONS] [--] COMMAND [ARGS...]",
         description="Ask the numa-agent for NUMA-aligned exclusive CPUs, memory, hugepages "
