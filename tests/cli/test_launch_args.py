@@ -106,7 +106,9 @@ OPTION_STRINGS = [s for spec in SPECS for s in spec.strings]
 ODD_OPTIONS = ["-h", "--help", "--version", "--cpu", "--mem", "--sh", "--dry", "--bogus", "-H",
                "-x", "-lv", "-vs", "-sl", "-", "--json=", "--cpus=", "-C=1", "--pod-c", "-1"]
 COMMANDS = [[], ["--"], ["true"], ["--", "true", "x"], ["--", "--", "x"], ["x", "--cpus", "2"],
-            ["-", "x"], ["--", "-v"], ["", "x"], ["sh", "--", "-c"]]
+            ["-", "x"], ["--", "-v"], ["", "x"], ["sh", "--", "-c"], ["x", "--p"],
+            ["x", "--ver"], ["x", "--version"], ["x", "--", "--p"], ["x", "--pod-c=1"], ["x", "-cpus"],
+            ["x", "--help=1"], ["x", "--socket=s"]]
 
 
 def spelled(option: str, value: str | None, spelling: int) -> list[str]:
