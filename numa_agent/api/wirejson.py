@@ -82,8 +82,17 @@ def _string(text: str) -> str:
 
 
 # ------------------------------------------------------------------ decoding
+# Reading here costs about ten times json's C reader per byte: past this size (a
+# listing of many workloads, not an admission) json's import is the smaller cost.
+LARGE = 32 * 1024
+
+
 def loads(raw: bytes | str) -> Any:
     """json.loads(raw)."""
+    if len(raw) > LARGE:
+        import json
+
+        return json.loads(raw)
     try:
         return _Reader(_text(raw)).document()
     except (_Unsure, RecursionError, ValueError):

@@ -96,3 +96,10 @@ def test_an_admission_record_is_read_without_the_json_module():
               "command": ["sh", "-c", "echo \"é\" \\ \t"], "isolation": None, "explanation": {
                   "free": {"0": {"cpus": 1, "memory_bytes": 9086771200}}}}
     assert wirejson._Reader(json.dumps(record)).document() == record
+
+
+def test_a_large_answer_is_left_to_json(monkeypatch):
+    monkeypatch.setattr(wirejson, "_Reader", None)  # reading it here would fail
+    raw = json.dumps({"workloads": [{"name": f"w{i}", "cpus": "1"} for i in range(2000)]}).encode()
+    assert len(raw) > wirejson.LARGE
+    assert wirejson.loads(raw) == json.loads(raw)
