@@ -1,19 +1,21 @@
 """Minimal client of the agent's local API.
 
 Imports only the standard library's raw `_socket` (the `socket` module's own
-imports, selectors and all, cost numa-run several ms), `json` and `os`, so that
-`numa-run` starts fast: it runs before every latency-sensitive program. One
-request per connection, matching the server.
+imports, selectors and all, cost numa-run several ms) and `os`, and writes and
+reads its JSON with numa_agent.api.wirejson (json's import, re and all, costs
+more), so that `numa-run` starts fast: it runs before every latency-sensitive
+program. One request per connection, matching the server.
 """
 
 from __future__ import annotations
 
 import _socket
 import errno
-import json
 import os
 import sys
 import time
+
+from numa_agent.api import wirejson
 
 _MAX_RESPONSE_BYTES = 64 * 1024 * 1024
 
@@ -160,7 +162,7 @@ def _retry_reason(status: int, answer: dict) -> str | None:
 def _request_once(socket_path: str, method: str, path: str, body: dict | None,
                   timeout: float, trusted: frozenset[int] | None,
                   repeatable: bool = False) -> tuple[int, dict]:
-    payload = b"" if body is None else json.dumps(body).encode("utf-8")
+    payload = b"" if body is None else wirejson.dumps(body).encode("utf-8")
     head = (f"{method} {path} HTTP/1.1\r\nHost: numa-agent\r\nConnection: close\r\n"
             f"Accept: application/json\r\n")
     if body is not None or method in ("POST", "PUT"):
@@ -255,7 +257,7 @@ def _parse_response(raw: bytes, socket_path: str) -> tuple[int, dict]:
     if not body:
         return status, {}
     try:
-        data = json.loads(body)
+        data = wirejson.loads(body)
     except (ValueError, RecursionError):  # (nested past the parser's depth)
         raise BadResponse(f"response from {socket_path} is not JSON (status {status})") from None
     if not isinstance(data, dict):

@@ -1,27 +1,27 @@
 """Shared bits of the client-side commands (numa-run, status, explain, release).
 
 The allocation options are defined once here and used by both `numa-run`
-and `numa-agent explain`. Imports stay light (argparse, os, sys and the
-minimal API client) because `numa-run` starts before every workload.
+and `numa-agent explain`. Imports stay light (os, sys and the minimal API
+client) because `numa-run` starts before every workload: argparse, json and
+the policy enums are imported where they are used, which a launch in its common
+forms is not (numa_agent.cli.launch_args reads its command line).
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import sys
-from collections import namedtuple
 
 from numa_agent.api.client import ClientError, request
 from numa_agent.core import request_syntax, units
 from numa_agent.core.cpuset import EMPTY, CpuSet
 from numa_agent.core.listforms import ListForm, ListFormError, parse_list_form, resolve
 from numa_agent.core.names import DEFAULT_SOCKET, MEMORY_ONLY
-from numa_agent.core.policy import POLICY_NAMES, STRATEGY_NAMES
+from numa_agent.core.record import Record
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (numa-run starts fast)
 if TYPE_CHECKING:
+    import argparse
     from typing import Any
 
 
@@ -75,17 +75,27 @@ def print_error(prog: str, message: str) -> None:
 
 
 def print_json(data: Any, stream=None) -> None:
+    import json
+
     json.dump(data, stream or sys.stdout, indent=2, sort_keys=True)
     (stream or sys.stdout).write("\n")
 
 
 # ------------------------------------------------------------------ values
+def _type_error(message: str) -> Exception:
+    """argparse's error for a bad option value, which argparse words (argparse is
+    imported only then: numa_agent.cli.launch_args leaves bad values to it)."""
+    import argparse
+
+    return argparse.ArgumentTypeError(message)
+
+
 def parse_size(text: str) -> int:
     """core.units.parse_size for argparse (its rule: Kubernetes quantities)."""
     try:
         return units.parse_size(text)
     except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+        raise _type_error(str(exc)) from None
 
 
 def _argument(parse, *args):
@@ -93,7 +103,7 @@ def _argument(parse, *args):
     try:
         return parse(*args)
     except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+        raise _type_error(str(exc)) from None
 
 
 def parse_count(text: str, what: str, low: int = 0) -> int:
@@ -109,7 +119,7 @@ def exclusive_cpu_count(text: str) -> int:
     --cpus) asks for by name: a 0 from a script's empty arithmetic is refused, not guessed."""
     count = cpu_count(text)
     if count == 0:
-        raise argparse.ArgumentTypeError(
+        raise _type_error(
             "0 exclusive CPUs is the shared pool: say --shared, or leave --cpus out (a booking "
             "of memory or devices alone runs on the shared pool)")
     return count
@@ -130,7 +140,7 @@ def node_list(text: str) -> ListForm:
     try:
         return parse_list_form(text, what="NUMA node", highest=1023)
     except ListFormError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+        raise _type_error(str(exc)) from None
 
 
 def cpu_list(text: str) -> ListForm:
@@ -138,16 +148,16 @@ def cpu_list(text: str) -> ListForm:
     try:
         return parse_list_form(text, what="CPU", highest=8191)
     except ListFormError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+        raise _type_error(str(exc)) from None
 
 
-class ListContext(namedtuple("ListContext", "cpus allowed_cpus nodes allowed_nodes")):
+class ListContext(Record):
     """What numactl's "all", "+" and "!" are relative to: the machine's CPUs and
     nodes and the allowed ones (the agent's view: what its cpuset allows, less
-    the memory-only nodes a request must name by number). Four CpuSets; a named
-    tuple rather than a dataclass, whose import costs numa-run ~15 ms."""
+    the memory-only nodes a request must name by number). Four CpuSets; a Record
+    rather than a dataclass, whose import costs numa-run ~15 ms."""
 
-    __slots__ = ()
+    __slots__ = ("cpus", "allowed_cpus", "nodes", "allowed_nodes")
     cpus: CpuSet
     allowed_cpus: CpuSet
     nodes: CpuSet
@@ -222,6 +232,8 @@ def _merge(pairs: list[tuple[str, int]] | None, option: str) -> dict[str, int]:
 # ------------------------------------------------------------------ options
 def add_allocation_options(parser: argparse.ArgumentParser) -> None:
     """The request options shared by numa-run and `numa-agent explain`."""
+    from numa_agent.core.policy import POLICY_NAMES, STRATEGY_NAMES
+
     res = parser.add_argument_group("what to allocate")
     res.add_argument("--cpus", type=exclusive_cpu_count, default=0, metavar="N",
                      help="exclusive CPUs (whole physical cores first)")
@@ -284,7 +296,7 @@ def isolate_kinds(text: str) -> list[str]:
     try:
         return list(parse_kinds([text]))
     except IsolateSyntaxError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+        raise _type_error(str(exc)) from None
 
 
 def build_request(args: argparse.Namespace, command: list[str] | None = None,

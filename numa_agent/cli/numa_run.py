@@ -13,14 +13,12 @@ scripts/bench-numa-run shows the cost and the slowest imports.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
 from numa_agent import __version__
 from numa_agent.api.client import new_request_id
-from numa_agent.api.errors import REFUSAL_CODES
-from numa_agent.cli import common
+from numa_agent.cli import common, launch_args
 from numa_agent.core import names
 from numa_agent.core.mempolicy import (
     MemoryPolicy,
@@ -34,7 +32,8 @@ from numa_agent.core.mempolicy import (
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
 if TYPE_CHECKING:
-    from typing import Any, Mapping, NoReturn
+    import argparse
+    from typing import Any, Mapping
 
     from numa_agent.core.slurm import Confinement
 
@@ -105,29 +104,15 @@ def unsupported_message(argument: str) -> str | None:
     return None
 
 
-class _Parser(argparse.ArgumentParser):
-    built = False  # set once every option is added
-
-    def _get_formatter(self) -> argparse.HelpFormatter:
-        # argparse makes a formatter on each add_argument only to check the metavar, and a
-        # formatter without a width imports shutil (zlib, bz2, lzma) to ask the terminal's:
-        # a fixed width for those checks, the terminal's for help and usage.
-        if not self.built:
-            return self.formatter_class(prog=self.prog, width=78)  # type: ignore[call-arg]
-        return super()._get_formatter()
-
-    def error(self, message: str) -> NoReturn:
-        self.print_usage(sys.stderr)
-        prefix = "unrecognized arguments: "
-        if message.startswith(prefix):
-            known = (unsupported_message(a) for a in message[len(prefix):].split())
-            message = next((m for m in known if m), message)
-        common.print_error(PROG, message)
-        sys.exit(EXIT_FAILURE)
-
-
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(
+    """numa-run's argparse parser: the reference for its options, help and errors (and
+    the man page's and completions' source); launch_args reads the common forms alone."""
+    import argparse
+
+    from numa_agent.cli.numa_run_argparse import Parser
+
+    parser = Parser(
+        exit_status=EXIT_FAILURE, explain=unsupported_message,
         prog=PROG,
         usage="%(prog)s [OPTIONS] [--] COMMAND [ARGS...]",
         description="Ask the numa-agent for NUMA-aligned exclusive CPUs, memory, hugepages "
@@ -173,7 +158,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    """Options stop at the first non-option word or at `--`."""
+    """Options stop at the first non-option word or at `--`. The common forms are read
+    without argparse (launch_args, which answers as argparse would); argparse reads,
+    answers or refuses the rest."""
+    args = launch_args.parse(argv)
+    return args if args is not None else argparse_args(argv)
+
+
+def argparse_args(argv: list[str]) -> argparse.Namespace:
+    """`argv` read by the argparse parser alone."""
     args = build_parser().parse_args(argv)
     if args.command and args.command[0] == "--":
         args.command = args.command[1:]
@@ -305,6 +298,8 @@ def _release(args: argparse.Namespace, name: str) -> None:
 
 
 def _report_agent_error(args: argparse.Namespace, exc: common.AgentError) -> None:
+    from numa_agent.api.errors import REFUSAL_CODES  # only on a refusal or an error
+
     if args.json:
         common.print_json({"error": exc.error})
     elif exc.error.get("code") in REFUSAL_CODES:

@@ -15,9 +15,8 @@ mask is refused here with the list it stands for.
 
 from __future__ import annotations
 
-from collections import namedtuple
-
 from numa_agent.core.cpuset import CpuSet, CpuSetParseError
+from numa_agent.core.record import Record
 
 MAX_ID_DIGITS = 5  # bounds each id before parsing, so "0-99999999" builds no huge mask
 
@@ -26,11 +25,12 @@ class ListFormError(ValueError):
     """Text that is not one of numactl's list forms, or does not fit the machine."""
 
 
-class ListForm(namedtuple("ListForm", "text ids all relative invert", defaults=(False, False, False))):
-    """A parsed list: `ids` are absolute ids, or positions when `relative`. A named
-    tuple, not a dataclass: numa-run parses these before every launch."""
+class ListForm(Record):
+    """A parsed list: `ids` are absolute ids, or positions when `relative`. A Record,
+    not a dataclass: numa-run parses these before every launch."""
 
-    __slots__ = ()
+    __slots__ = ("text", "ids", "all", "relative", "invert")
+    DEFAULTS = {"all": False, "relative": False, "invert": False}
     text: str
     ids: CpuSet
     all: bool

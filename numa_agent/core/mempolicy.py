@@ -18,9 +18,8 @@ caller read.
 
 from __future__ import annotations
 
-from collections import namedtuple
-
 from numa_agent.core.cpuset import CpuSet
+from numa_agent.core.record import Record
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (numa-run starts fast)
 if TYPE_CHECKING:
@@ -49,10 +48,11 @@ class PolicyRefused(ValueError):
     """A memory policy numa-run will not apply; the message says why."""
 
 
-class MemoryPolicy(namedtuple("MemoryPolicy", "mode nodes", defaults=((),))):
-    """A mode (MPOL_*) and its nodes; a named tuple, not a dataclass: numa-run imports it."""
+class MemoryPolicy(Record):
+    """A mode (MPOL_*) and its nodes; a Record, not a dataclass: numa-run imports it."""
 
-    __slots__ = ()
+    __slots__ = ("mode", "nodes")
+    DEFAULTS = {"nodes": ()}
     mode: int
     nodes: tuple[int, ...]
 

@@ -8,8 +8,6 @@ optionally qualified by a lowercase domain ("gpu", "nvidia.com/gpu").
 
 from __future__ import annotations
 
-import re
-
 # Where the agent listens unless told otherwise (numa-run, numa-agent, config).
 DEFAULT_SOCKET = "/run/numa-agent/agent.sock"
 
@@ -31,14 +29,14 @@ MEMORY_ONLY = "memory-only"
 NAME_MAX = 63
 NAME_RULE = (f"1-{NAME_MAX} characters: lowercase letters, digits, '-', '_', '.'; "
              "starting and ending with a letter or digit")
-_NAME = re.compile(r"[a-z0-9]([-a-z0-9_.]{0,61}[a-z0-9])?")
+_NAME = r"[a-z0-9]([-a-z0-9_.]{0,61}[a-z0-9])?"
 
 RESOURCE_RULE = (f"at most {NAME_MAX} characters: lowercase letters, digits, '-', '.', starting and ending "
                  "with a letter or digit, optionally after a domain and '/' (gpu, nvidia.com/gpu)")
-_RESOURCE = re.compile(r"([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[a-z0-9]([-a-z0-9.]*[a-z0-9])?")
+_RESOURCE = r"([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[a-z0-9]([-a-z0-9.]*[a-z0-9])?"
 
 # PCI addresses as sysfs and the kernel's uevents spell them: domain:bus:slot.function.
-_PCI_ADDRESS = re.compile(r"[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]")
+_PCI_ADDRESS = r"[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]"
 
 
 def is_engine_cgroup(path: str) -> bool:
@@ -56,14 +54,22 @@ def engine_cgroup_parent(path: str) -> str:
 
 def is_workload_name(value: object) -> bool:
     """A valid workload or pod name (it is also a safe path component)."""
-    return isinstance(value, str) and _NAME.fullmatch(value) is not None and ".." not in value
+    return isinstance(value, str) and _fullmatch(_NAME, value) and ".." not in value
 
 
 def is_resource_name(value: object) -> bool:
     """A valid device resource name, as the config and the API accept it."""
-    return isinstance(value, str) and len(value) <= NAME_MAX and _RESOURCE.fullmatch(value) is not None
+    return isinstance(value, str) and len(value) <= NAME_MAX and _fullmatch(_RESOURCE, value)
 
 
 def is_pci_address(value: object) -> bool:
     """A PCI address like 0000:3b:00.0 (lowercase hex, as the kernel writes it)."""
-    return isinstance(value, str) and _PCI_ADDRESS.fullmatch(value.lower()) is not None
+    return isinstance(value, str) and _fullmatch(_PCI_ADDRESS, value.lower())
+
+
+def _fullmatch(pattern: str, value: str) -> bool:
+    # re is imported at the first check, not by numa-run's launch, which makes none; the
+    # pattern is compiled once, in re's own cache.
+    import re
+
+    return re.fullmatch(pattern, value) is not None

@@ -11,12 +11,11 @@ refused with the sizes that were probably meant. A decimal point or exponent
 The kernel's own `kB` (hugepages-2048kB, /proc/meminfo) is KiB only in a
 hugepage size, which names a kernel page size and so must be a power of two.
 
-Pure and dependency-free, so numa-run can import it without slowing its start.
+Pure and dependency-free, so numa-run can import it without slowing its start (re
+is imported by the functions that read a size, not by a launch that gives none).
 """
 
 from __future__ import annotations
-
-import re
 
 _DECIMAL = {"k": 10 ** 3, "K": 10 ** 3, "kB": 10 ** 3, "KB": 10 ** 3,
             "M": 10 ** 6, "MB": 10 ** 6, "G": 10 ** 9, "GB": 10 ** 9,
@@ -26,7 +25,7 @@ _BINARY = {f"{p}i{b}": 1 << (10 * i) for i, p in enumerate("KMGTPE", 1) for b in
 _UNITS = {"": 1, "B": 1, **_DECIMAL, **_BINARY}
 
 # Kubernetes' number forms: 12, 1.5, .5, 1e9, 5E-3 (an "E" without digits is exa).
-_SIZE = re.compile(r"(?P<int>[0-9]*)(?:\.(?P<frac>[0-9]*))?(?:[eE](?P<exp>[+-]?[0-9]+))?\s*(?P<unit>[A-Za-z]*)")
+_SIZE = r"(?P<int>[0-9]*)(?:\.(?P<frac>[0-9]*))?(?:[eE](?P<exp>[+-]?[0-9]+))?\s*(?P<unit>[A-Za-z]*)"
 _MAX = (1 << 63) - 1  # a Kubernetes quantity's int64
 _ACCEPTED = ("use a whole number of bytes with an optional unit: k/K, M, G, T (decimal: 1000, "
              "1000^2 ... as in Kubernetes) or Ki, Mi, Gi, Ti (binary: 1024, 1024^2 ...), "
@@ -44,7 +43,9 @@ def parse_size(text: str | int) -> int:
     stripped = str(text).strip()
     if stripped.startswith("-"):
         raise ValueError(f"invalid size {text!r}: must not be negative")
-    m = _SIZE.fullmatch(stripped)
+    import re  # compiled once, in re's own cache
+
+    m = re.fullmatch(_SIZE, stripped)
     if m is None or not (m["int"] or m["frac"]) or len(m["int"] + (m["frac"] or "")) > 30 \
             or (m["exp"] is not None and (m["unit"] or abs(int(m["exp"])) > 30)):
         raise ValueError(f"invalid size {text!r}: {_ACCEPTED}")
@@ -87,7 +88,9 @@ def parse_hugepage_size(text: str | int) -> int:
         size = parse_size(text)
     if size >= 1024 and size & (size - 1) == 0:
         return size // 1024
-    m = _SIZE.fullmatch(stripped)
+    import re
+
+    m = re.fullmatch(_SIZE, stripped)
     hint = ""
     if m and m["unit"] in _DECIMAL:  # 2M -> 2Mi, 1GB -> 1Gi, when that is a page size
         meant = f"{stripped[:m.start('unit')].strip()}{m['unit'][0].upper()}i"

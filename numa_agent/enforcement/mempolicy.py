@@ -9,10 +9,10 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
-from collections import namedtuple
 
 from numa_agent.core.cpuset import CpuSet
 from numa_agent.core.mempolicy import MPOL_BIND, MPOL_INTERLEAVE, MPOL_PREFERRED_MANY, MPOL_WEIGHTED_INTERLEAVE
+from numa_agent.core.record import Record
 from numa_agent.enforcement.libc import libc
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: numa-run uses this module
@@ -28,13 +28,14 @@ _ULONG_BITS = ctypes.sizeof(ctypes.c_ulong) * 8
 _QUERY_NODE_BITS = 1 << 12
 
 
-# Named tuples, not dataclasses: numa-run sets policies right before exec, and the
+# Records, not dataclasses: numa-run sets policies right before exec, and the
 # dataclasses module costs it ~15 ms to import.
-class PolicyResult(namedtuple("PolicyResult", "applied reason errno_name", defaults=("", ""))):
+class PolicyResult(Record):
     """Outcome of set_policy; falsy when the kernel did not take the policy. errno_name:
     "EINVAL", ...; "" when no call was made."""
 
-    __slots__ = ()
+    __slots__ = ("applied", "reason", "errno_name")
+    DEFAULTS = {"reason": "", "errno_name": ""}
     applied: bool
     reason: str
     errno_name: str
@@ -43,10 +44,10 @@ class PolicyResult(namedtuple("PolicyResult", "applied reason errno_name", defau
         return bool(self.applied)
 
 
-class PolicyReading(namedtuple("PolicyReading", "mode nodes next_node")):
+class PolicyReading(Record):
     """A thread's policy: its mode, nodes and, for interleave policies, the next node."""
 
-    __slots__ = ()
+    __slots__ = ("mode", "nodes", "next_node")
     mode: int
     nodes: tuple[int, ...]
     next_node: int | None
