@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from numa_agent.hotplug.events import EventSource
     from numa_agent.kubelet.files import StateFiles
     from numa_agent.kubelet.grpc_server import PodResourcesServer
+    from numa_agent.observe.observer import MemorySampler
     from numa_agent.observe.watcher import IntruderWatcher
     from numa_agent.service.agent_service import AgentService
     from numa_agent.state.directory import StateDirClaim
@@ -67,6 +68,7 @@ class Agent:
         self.metrics: MetricsServer | None = None
         self.loop: EventLoop | None = None
         self.watcher: IntruderWatcher | None = None
+        self.sampler: MemorySampler | None = None  # the metrics' memory figures, off the scrape
         self.hotplug = hotplug_source  # tests inject a fake; else kernel uevents
         self.service: AgentService | None = None
         self.kubelet_files: StateFiles | None = None  # the kubelet-shaped state files; None: off
@@ -100,9 +102,10 @@ class Agent:
 
     def _abandon(self, claim: StateDirClaim) -> None:
         """Give back whatever a failed start took."""
-        if self.watcher is not None:
-            self.watcher.stop()
-            self.watcher = None
+        for observing in (self.watcher, self.sampler):
+            if observing is not None:
+                observing.stop()
+        self.watcher = self.sampler = None
         for server in (self.api, self.pod_resources):
             if server is not None:
                 server.stop()  # bound but never served: removes the socket
@@ -298,7 +301,7 @@ class Agent:
         """Memory locality in status, and the intruder scan on its own timer
         (off with intruder_scan_seconds = 0). It reads <sysfs root>/proc: a
         captured tree without tasks shows none."""
-        from numa_agent.observe.observer import Observer
+        from numa_agent.observe.observer import MEMORY_SAMPLE_SECONDS, MemorySampler, Observer
         from numa_agent.observe.procfs import ProcReader
         from numa_agent.observe.watcher import IntruderWatcher, guarded_of
 
@@ -311,6 +314,10 @@ class Agent:
             self.watcher = IntruderWatcher(lambda: guarded_of(service.state, enforcer.path_of, mount),
                                            source, cfg.intruder_scan_seconds).start()
         service.observer = Observer(source, enforcer.path_of, self.watcher)
+        # The memory per node the metrics report, sampled at the scan's pace: a
+        # scrape reads no file (docs/monitoring.md, staleness).
+        self.sampler = MemorySampler(service.observer, lambda: service.state,
+                                     cfg.intruder_scan_seconds or MEMORY_SAMPLE_SECONDS).start()
 
     def _on_hotplug(self, events) -> None:
         """Kernel events arrived (None: some were lost): re-read the machine."""
@@ -343,7 +350,7 @@ class Agent:
         from numa_agent.daemon import sdnotify
 
         sdnotify.stopping()
-        for part in (self.api, self.pod_resources, self.loop, self.watcher, self.metrics):
+        for part in (self.api, self.pod_resources, self.loop, self.watcher, self.sampler, self.metrics):
             if part is not None:
                 part.stop()
         if self.kubelet_files is not None:

@@ -785,9 +785,15 @@ class AgentService:
 
         return [quota_view(self.quotas, owner(uid), usage) for uid, usage in sorted(owner_usage(state).items())]
 
-    def _observed(self, state: AgentState, status: dict, memory: bool = False) -> dict:
-        """Intruders and memory per node added (files read: never under the lock)."""
-        if self.observer is not None:
+    def _observed(self, state: AgentState, status: dict, memory: bool = False, scrape: bool = False) -> dict:
+        """Intruders and memory per node added (files read: never under the lock).
+        `scrape`: a metrics scrape's, which reads no file: the workloads with a
+        series, the memory figures from the observer's last sample."""
+        if self.observer is None:
+            status["workloads"] = [] if scrape else status["workloads"]
+        elif scrape:
+            self.observer.annotate_scrape(state, status)
+        else:
             self.observer.annotate(state, status, memory=memory)
         return status
 
@@ -815,16 +821,14 @@ class AgentService:
 
     def _metrics_status(self, state: AgentState) -> dict:
         """What the metrics read of status: the node figures and counts kept in
-        the state's memo (O(nodes), not O(workloads)), and per workload only
-        its name and exclusiveness, for the per-workload families the observer
-        fills (intruders, memory per node: a series per workload by nature)."""
+        the state's memo (O(nodes), not O(workloads)); the workloads with a
+        series of their own (intruders, memory per node) are the observer's
+        to list (`_observed`, scrape=True), from its memo and last sample."""
         tally = workload_tally(state)
         return {
             "enforcement": self.enforcer.mode,
             "shared_pool": shared_pool(self.machine, state).format(),
             "nodes": node_accounting(self.machine, state),
-            "workloads": [{"name": w.name, "exclusive": not w.shared} for w in state.workloads
-                          if not w.quarantined] if self.observer is not None else [],
             "workload_tally": {"held": tally.held, "lost": tally.lost},
             "pod_count": len(state.pods),
             "isolation": self.isolation.status(state) if self.isolation is not None else None,
@@ -874,7 +878,7 @@ class AgentService:
             status, counters = self._metrics_status(state), self.counters.snapshot()
             knobs = self.isolation.knob_counts(state) if self.isolation else {}
         status["quotas"] = self._quota_views(state, {}) if self.quotas else []  # metrics: only owners with one
-        return {"status": self._observed(state, status), "counters": counters, "isolation_knobs": knobs,
+        return {"status": self._observed(state, status, scrape=True), "counters": counters, "isolation_knobs": knobs,
                 "info": {"version": VERSION, "enforcement": self.enforcer.mode}}
 
 

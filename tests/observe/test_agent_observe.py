@@ -71,3 +71,23 @@ def test_scan_off_shows_no_scan(tmp_path, machine):
         assert body["workloads"][0]["memory_numa"] is None  # the simulated tree has no memory.numa_stat
     finally:
         agent.stop()
+
+
+def _metrics(agent) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{agent.metrics_port}/metrics", timeout=10) as r:
+        return r.read().decode()
+
+
+def test_the_metrics_report_memory_per_node_sampled_on_the_agents_timer(tmp_path, machine):
+    agent = _agent(tmp_path, machine, "0.1")
+    try:
+        wl = _admit(agent, "db")
+        (directory,) = (tmp_path / "agent").rglob("wl-db")  # in the simulated cgroup tree
+        node = wl["numa_nodes"][0]
+        (directory / "memory.numa_stat").write_text(f"anon N{node}=4096\nfile N{node}=0\n")
+        line = f'numa_agent_workload_memory_bytes{{numa_node="{node}",workload="db"}} 4096.0'
+        assert wait_for(lambda: line in _metrics(agent), timeout=20, interval=0.1), agent.log()
+        assert agent.call("DELETE", "/v1/workloads/db")[0] == 200
+        assert 'workload="db"' not in _metrics(agent)  # released: gone at once, not at the next sample
+    finally:
+        agent.stop()

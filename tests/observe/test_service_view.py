@@ -88,6 +88,7 @@ def test_status_and_metrics_show_intruders_and_memory_per_node(tmp_path, make):
     assert status["observe"]["intruders_seen_total"] == 1
     assert status["observe"]["last_scan"]["tasks"] == 3
 
+    service.observer.sample_memory(service.state)  # the metrics report the last sample
     values = _scrape(service)
     assert values[("numa_agent_exclusive_cpu_intruders", (("workload", "web"),))] == 1
     assert values[("numa_agent_exclusive_cpu_kernel_threads", (("workload", "web"),))] == 1
@@ -140,7 +141,7 @@ def test_a_scrape_reads_the_observations_outside_the_admission_lock(make):
     free = []
 
     class Probe:
-        def annotate(self, state, status, memory=False):
+        def annotate_scrape(self, state, status):
             def other():  # an admission arriving meanwhile would take the lock
                 got = service._lock.acquire(timeout=0)
                 free.append(got)
