@@ -1920,13 +1920,7 @@ def run_all(shape: str, out_dir: Path | None, only: list[str], runners=None, mak
             where = traceback.extract_tb(exc.__traceback__)[-1]
             status, reason = "FAIL", f"{type(exc).__name__}: {exc} (at {Path(where.filename).name}:{where.lineno})"
         finally:
-            try:
-                problem = guest.cleanup()
-            except ClientError as exc:  # the agent stopped answering: say where it was stuck
-                guest.agent.dump_stacks()
-                problem = (f"the agent did not answer during clean-up ({exc}); its threads' stacks "
-                           "are at the end of the agent log, and the next scenario starts it again")
-            problem = guest.undo_scenario_setup() or problem
+            problem = _clean_up(guest)
         if status == "PASS" and problem:
             status, reason = "FAIL", problem
         failed += status == "FAIL"
@@ -1940,6 +1934,20 @@ def run_all(shape: str, out_dir: Path | None, only: list[str], runners=None, mak
     if report_path:
         report_path.write_text(json.dumps(report, indent=2) + "\n")
     return 1 if failed else 0
+
+
+def _clean_up(guest) -> str:
+    """After a scenario: its workloads released, its set-up undone; the problem, if any."""
+    try:
+        problem = guest.cleanup()
+    except ClientError as exc:  # the agent stopped answering: say where it was stuck
+        dump = getattr(guest.agent, "dump_stacks", None)  # not the systemd shape's service
+        if dump is not None:
+            dump()
+        problem = (f"the agent did not answer during clean-up ({exc}); "
+                   + ("its threads' stacks are at the end of the agent log, and the next scenario "
+                      "starts it again" if dump is not None else "see its journal"))
+    return guest.undo_scenario_setup() or problem
 
 
 def _standard_guest(shape: str, work: Path) -> Guest:
