@@ -18,7 +18,6 @@ state still holds, and lists only the workloads that have a series.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -28,6 +27,7 @@ from numa_agent.core.layered import Layered
 from numa_agent.enforcement.plan import workload_relpath
 from numa_agent.observe.model import locality
 from numa_agent.observe.procfs import TaskSource
+from numa_agent.observe.ticker import Ticker
 from numa_agent.observe.watcher import IntruderWatcher
 from numa_agent.state.model import AgentState, FollowsWorkloads, Workload
 
@@ -166,27 +166,16 @@ class MemorySampler:
     observer: Observer
     state: Callable[[], AgentState]
     interval: float = MEMORY_SAMPLE_SECONDS
-    _stop: threading.Event = field(default_factory=threading.Event)
-    _thread: threading.Thread | None = None
+    _ticker: Ticker | None = None
 
     def sample_once(self) -> MemorySample:
         return self.observer.sample_memory(self.state())
 
     def start(self) -> "MemorySampler":
-        self._thread = threading.Thread(target=self._run, name="numa-agent-memory", daemon=True)
-        self._thread.start()
+        self._ticker = Ticker("numa-agent-memory", self.interval, self.sample_once, "memory sample",
+                              at_start=True).start()
         return self
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-
-    def _run(self) -> None:
-        while True:
-            try:
-                self.sample_once()
-            except Exception:  # the next tick tries again
-                log.exception("memory sample failed")
-            if self._stop.wait(self.interval):
-                return
+        if self._ticker is not None:
+            self._ticker.stop()

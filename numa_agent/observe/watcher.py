@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Mapping
@@ -32,6 +31,7 @@ from numa_agent.observe.model import (
     parse_stat,
 )
 from numa_agent.observe.procfs import TaskSource
+from numa_agent.observe.ticker import Ticker
 from numa_agent.state.model import AgentState
 
 log = logging.getLogger("numa_agent.observe")
@@ -112,8 +112,7 @@ class IntruderWatcher:
     # Intruders already logged (workload, pid, tid, start time), oldest first;
     # bounded, so a storm of short-lived intruders cannot grow it for ever.
     _logged: dict[tuple[str, int, int, int], None] = field(default_factory=dict)
-    _stop: threading.Event = field(default_factory=threading.Event)
-    _thread: threading.Thread | None = None
+    _ticker: Ticker | None = None
 
     def scan_once(self) -> Scan:
         owners = cpu_owners(self.guarded())
@@ -144,18 +143,9 @@ class IntruderWatcher:
         return by_workload(self.last.intruders)
 
     def start(self) -> "IntruderWatcher":
-        self._thread = threading.Thread(target=self._run, name="numa-agent-observe", daemon=True)
-        self._thread.start()
+        self._ticker = Ticker("numa-agent-observe", self.interval, self.scan_once, "intruder scan").start()
         return self
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval):
-            try:
-                self.scan_once()
-            except Exception:  # the next tick tries again
-                log.exception("intruder scan failed")
+        if self._ticker is not None:
+            self._ticker.stop()

@@ -98,7 +98,7 @@ def test_nothing_is_read_while_no_workload_holds_exclusive_cpus():
 def test_the_timer_thread_stops_when_asked(tmp_path):
     watcher = IntruderWatcher(lambda: [], ProcReader(str(tmp_path)), 3600.0).start()
     watcher.stop()
-    assert watcher._thread is not None and not watcher._thread.is_alive()
+    assert watcher._ticker is not None and not watcher._ticker.thread.is_alive()
 
 
 def test_on_this_machine_allowed_cpus_come_from_the_system_call():
