@@ -25,7 +25,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from numa_agent.core.layered import Layered
 from numa_agent.enforcement.plan import workload_relpath
-from numa_agent.observe.model import locality
+from numa_agent.observe.model import Intruder, locality
 from numa_agent.observe.procfs import TaskSource
 from numa_agent.observe.ticker import Ticker
 from numa_agent.observe.watcher import IntruderWatcher
@@ -88,15 +88,9 @@ class Observer:
         figures: dict[str, tuple[float, Mapping[str, Any]]] = {}
         if self.path_of("") is not None:  # affinity mode: no cgroup, nothing to read
             for w in state.workloads:
-                if w.quarantined:
-                    continue
-                directory = self.path_of(workload_relpath(w))
-                if directory is None:
-                    continue
-                per_node = self.source.numa_stat(directory)
-                if per_node is not None:
-                    figures[w.name] = (w.created_unix, locality(
-                        per_node, w.booking.mems or w.booking.numa_nodes, "memory.numa_stat"))
+                numa = None if w.quarantined else self.memory(w, requested=False)
+                if numa is not None:
+                    figures[w.name] = (w.created_unix, numa)
         self.sample = MemorySample(MappingProxyType(figures), self.clock())
         return self.sample
 
@@ -120,8 +114,7 @@ class Observer:
             w = state.workload(view["name"])
             if w is None:
                 continue
-            view["intruders"] = [i.to_json() for i in found.get(w.name, ()) if not i.kernel]
-            view["kernel_threads"] = [i.to_json() for i in found.get(w.name, ()) if i.kernel]
+            view.update(_intruder_views(found.get(w.name, ())))
             view["memory_numa"] = self.memory(w, memory)
         status["observe"] = self._scan_figures()
 
@@ -134,10 +127,7 @@ class Observer:
         found = watcher.by_workload() if watcher is not None else {}
         views: dict[str, dict[str, Any]] = {}
         for name in exclusive_workloads(state):
-            intruders = found.get(name, ())
-            views[name] = {"name": name, "exclusive": True,
-                           "intruders": [i.to_json() for i in intruders if not i.kernel],
-                           "kernel_threads": [i.to_json() for i in intruders if i.kernel]}
+            views[name] = {"name": name, "exclusive": True, **_intruder_views(found.get(name, ()))}
         for name, (created, numa) in self.sample.figures.items():
             w = state.workload(name)
             if w is None or w.quarantined or w.created_unix != created:
@@ -156,6 +146,12 @@ class Observer:
                 "finished_unix": last.finished_unix, "tasks": last.tasks,
                 "milliseconds": round(last.seconds * 1000, 3)},
         }
+
+
+def _intruder_views(found: Sequence[Intruder]) -> dict[str, list[dict[str, Any]]]:
+    """A workload's `intruders` (user space) and `kernel_threads`, as status and metrics show them."""
+    return {"intruders": [i.to_json() for i in found if not i.kernel],
+            "kernel_threads": [i.to_json() for i in found if i.kernel]}
 
 
 @dataclass
