@@ -196,13 +196,9 @@ class Agent:
         from numa_agent.views.metrics import check_metrics_address
 
         cfg = self.cfg
-        try:
-            self.api = ApiServer(None, cfg.socket, socket_mode=cfg.socket_mode,
-                                 socket_group=cfg.socket_group).bind()
-        except UntrustedDirectory as exc:
-            raise StartupConfigError(str(exc)) from None
-        except Exception as exc:
-            raise StartupError(f"cannot serve the API on {cfg.socket} (agent.socket, --socket): {exc}") from None
+        self.api = _claimed(lambda: ApiServer(None, cfg.socket, socket_mode=cfg.socket_mode,
+                                              socket_group=cfg.socket_group).bind(),
+                            f"the API on {cfg.socket} (agent.socket, --socket)")
         self._claim_pod_resources()
         if cfg.metrics_address:
             try:
@@ -220,14 +216,10 @@ class Agent:
         path = cfg.pod_resources_path()
         if path is None:
             return
-        try:
-            self.pod_resources = PodResourcesServer(path, cfg.pod_namespace, socket_mode=cfg.socket_mode,
-                                                    socket_group=cfg.socket_group).bind()
-        except UntrustedDirectory as exc:
-            raise StartupConfigError(str(exc)) from None
-        except Exception as exc:
-            raise StartupError(f"cannot serve PodResources on {path} (kubelet.pod_resources_socket, "
-                               f"--pod-resources-socket): {exc}") from None
+        self.pod_resources = _claimed(
+            lambda: PodResourcesServer(path, cfg.pod_namespace, socket_mode=cfg.socket_mode,
+                                       socket_group=cfg.socket_group).bind(),
+            f"PodResources on {path} (kubelet.pod_resources_socket, --pod-resources-socket)")
 
     def _within_cgroup_root(self, machine, enforcer: Enforcer):
         """The agent hands out what the enforcer's root is granted when it
@@ -713,6 +705,17 @@ def _uid_of(pid: int) -> int:
 
 def _half(interval):
     return interval / 2 if interval else None
+
+
+def _claimed(bind: Callable[[], Any], what: str) -> Any:
+    """A server's socket bound by `bind`: a directory others may write is a
+    configuration error (exit 78), any other failure says it cannot serve `what`."""
+    try:
+        return bind()
+    except UntrustedDirectory as exc:
+        raise StartupConfigError(str(exc)) from None
+    except Exception as exc:
+        raise StartupError(f"cannot serve {what}: {exc}") from None
 
 
 def _kubelet_state_files(cfg):
