@@ -13,7 +13,7 @@ import os
 import resource
 import select
 import threading
-from typing import Callable, Collection, Iterable
+from typing import Callable, Collection, Iterable, NamedTuple
 
 from numa_agent.core.cpuset import CpuSet
 from numa_agent.core.hints import NumaMask
@@ -48,11 +48,11 @@ class AffinityEnforcer:
         self._pidfds: dict[str, int] = {}  # relpath -> pidfd
         self._by_fd: dict[int, str] = {}
         self._pids: dict[str, int] = {}
-        # relpath -> its process's /proc/PID/task/PID/children, opened while its
-        # pidfd vouched for it: a re-pin of the pool reads each one again in one
-        # pread (opening a /proc file costs several times the read). Missing
-        # where it could not be opened (out of descriptors): read by path then.
-        self._children: dict[str, int] = {}
+        # relpath -> its process's /proc/PID/task and /proc/PID/task/PID/children,
+        # opened while its pidfd vouched for it: a re-pin of the pool lists and
+        # reads them again (opening a /proc file costs several times the read).
+        # Missing where they could not be opened (out of descriptors): by path then.
+        self._held: dict[str, _Held] = {}
         # The event loop's thread reads these while the API's changes them.
         self._fds_lock = threading.Lock()
         # Readable while a watched pidfd is; one added meanwhile wakes a poll
@@ -105,7 +105,7 @@ class AffinityEnforcer:
             # may already be another process's if it exited a moment ago.
             if spec.workload is None or spec.pid is None or not self._alive(spec.relpath):
                 continue
-            pins.add(spec.pid, spec.cpus, self._held_children(spec.relpath, spec.pid))
+            pins.add(spec.pid, spec.cpus, self._held_files(spec.relpath, spec.pid))
         if grow_to is not None:
             self._pin_followers(pins, new, followers, grow_to)
         pins.flush()
@@ -124,11 +124,11 @@ class AffinityEnforcer:
         for rel in followers:
             spec = new.get(rel)
             if spec is not None and spec.workload is not None and spec.pid is not None and rel in alive:
-                pins.add(spec.pid, cpus, self._held_children(rel, spec.pid))
+                pins.add(spec.pid, cpus, self._held_files(rel, spec.pid))
 
-    def _held_children(self, relpath: str, pid: int) -> int | None:
-        """The children file held for `relpath`'s process, if it is `pid`."""
-        return self._children.get(relpath) if self._pids.get(relpath) == pid else None
+    def _held_files(self, relpath: str, pid: int) -> "_Held | None":
+        """The files held for `relpath`'s process, if it is `pid`."""
+        return self._held.get(relpath) if self._pids.get(relpath) == pid else None
 
     def _alive_among(self, relpaths: Collection[str]) -> set[str]:
         """Which of `relpaths` follow a process that has not exited: one poll of
@@ -174,13 +174,13 @@ class AffinityEnforcer:
             os.close(fd)
             log.warning("%s: pid %d now belongs to another process; not following it", relpath, pid)
             return False
-        children = _open_children(pid, fd, self.proc_root)
+        held = _open_held(pid, fd, self.proc_root)
         with self._fds_lock:
             self._pidfds[relpath] = fd
             self._by_fd[fd] = relpath
             self._pids[relpath] = pid
-            if children is not None:
-                self._children[relpath] = children
+            if held is not None:
+                self._held[relpath] = held
             self._epoll.register(fd, select.EPOLLIN)
         return True
 
@@ -193,9 +193,10 @@ class AffinityEnforcer:
         with self._fds_lock:  # a number closed here may be reused at once (see released)
             fd = self._pidfds.pop(relpath, None)
             self._pids.pop(relpath, None)
-            children = self._children.pop(relpath, None)
-            if children is not None:
-                os.close(children)
+            held = self._held.pop(relpath, None)
+            if held is not None:
+                os.close(held.task)
+                os.close(held.children)
             if fd is not None:
                 self._by_fd.pop(fd, None)
                 _unwatch(self._epoll, fd)
@@ -280,23 +281,37 @@ class AffinityEnforcer:
         self._epoll.close()
 
 
-def _open_children(pid: int, pidfd: int, proc: str = "/proc") -> int | None:
-    """A descriptor of the children file of `pid`'s main thread, or None. Opened
-    by PID, it is the pidfd's process's only if that one has not exited since
-    (its PID cannot be reused before): asked of the pidfd after the open.
+class _Held(NamedTuple):
+    """Descriptors of a followed process's /proc/PID/task (its threads) and
+    /proc/PID/task/PID/children (its main thread's children)."""
+
+    task: int
+    children: int
+
+
+def _open_held(pid: int, pidfd: int, proc: str = "/proc") -> _Held | None:
+    """`pid`'s task directory and main thread's children file, or None. Opened
+    by PID, they are the pidfd's process's only if that one has not exited
+    since (its PID cannot be reused before): asked of the pidfd after the opens.
 
     Only in the lower half of the open-files limit (a new descriptor takes the
     lowest free number: one above that half means half the table is in use):
     the rest is kept for what cannot do without one, as each followed
-    workload's pidfd and the API's clients. Without it, the file is read by path."""
+    workload's pidfd and the API's clients. Without them, both are read by path."""
     try:
-        fd = os.open(f"{proc}/{pid}/task/{pid}/children", os.O_RDONLY | os.O_CLOEXEC)
+        task = os.open(f"{proc}/{pid}/task", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError:
+        return None  # gone, or out of descriptors
+    try:
+        children = os.open(f"{proc}/{pid}/task/{pid}/children", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        os.close(task)
         return None  # no such file on this kernel, gone, or out of descriptors
-    if fd >= _held_limit() or pidfd_exited(pidfd):
-        os.close(fd)
+    if children >= _held_limit() or pidfd_exited(pidfd):
+        os.close(children)
+        os.close(task)
         return None
-    return fd
+    return _Held(task, children)
 
 
 def _held_limit() -> int:
@@ -367,15 +382,15 @@ class _Pins:
         self.pids: list[int] = []
         self.cpus: CpuSet | None = None
 
-    def add(self, pid: int, cpus: CpuSet, children: int | None = None) -> None:
-        """Queue `pid`, vouched for by its pidfd; `children`: the descriptor of
-        its main thread's children file held since it was followed."""
+    def add(self, pid: int, cpus: CpuSet, held: "_Held | None" = None) -> None:
+        """Queue `pid`, vouched for by its pidfd; `held`: its files held since
+        it was followed."""
         if self.cpus is not None and cpus is not self.cpus and cpus != self.cpus:
             self.flush()
         self.cpus = cpus
         self.pids.append(pid)
-        if children is not None:
-            self.finder.held[pid] = children
+        if held is not None:
+            self.finder.held[pid] = held
 
     def flush(self) -> None:
         if self.cpus is not None and self.pids:
@@ -396,22 +411,26 @@ def _read_proc(path: str) -> bytes:
 
 
 class _Tasks:
-    """Finds threads (/proc/PID/task) and children (/proc/PID/task/TID/children,
-    for a followed process's main thread read again through the descriptor
-    its enforcer holds): what a tree holds, not a scan of every process on
+    """Finds threads (/proc/PID/task) and children (/proc/PID/task/TID/children),
+    for a followed process through the descriptors its enforcer holds: what a tree holds, not a scan of every process on
     the machine (a node runs thousands). A kernel without the children files (CONFIG_PROC_CHILDREN)
     gets one scan of /proc for the parent of every process, shared by every
     tree looked up through this finder (one apply re-pins a whole shared pool)."""
 
-    def __init__(self, proc: str = "/proc", held: dict[int, int] | None = None) -> None:
+    def __init__(self, proc: str = "/proc", held: "dict[int, _Held] | None" = None) -> None:
         self.proc = proc
         self._by_parent: dict[int, list[int]] | None = None  # after a scan
-        # PID -> a held descriptor of its main thread's children file, for the
-        # processes the caller vouches for (never one found as a descendant: its
-        # PID may be a reused one of a followed process that has exited).
-        self.held: dict[int, int] = dict(held or {})
+        # PID -> the files held for it, for the processes the caller vouches
+        # for (never one found as a descendant: its PID may be a reused one of
+        # a followed process that has exited; a tree visits each PID once).
+        self.held: dict[int, _Held] = dict(held or {})
 
     def threads(self, pid: int) -> list[int]:
+        if (held := self.held.get(pid)) is not None:
+            try:
+                return [int(t) for t in os.listdir(held.task)]
+            except OSError:
+                pass  # listed by path below
         try:
             return [int(t) for t in os.listdir(f"{self.proc}/{pid}/task")]
         except (FileNotFoundError, ProcessLookupError):
@@ -423,9 +442,9 @@ class _Tasks:
         """Children of thread `tid` of `pid` (of the whole process after a scan)."""
         if self._by_parent is not None:
             return self._by_parent.pop(pid, [])  # the process's, once: not again for each thread
-        if tid == pid and (fd := self.held.pop(pid, None)) is not None:
+        if tid == pid and (held := self.held.get(pid)) is not None:
             try:
-                data = os.pread(fd, _CHILDREN_READ, 0)
+                data = os.pread(held.children, _CHILDREN_READ, 0)
             except OSError:
                 data = None  # read by path below
             if data is not None and len(data) < _CHILDREN_READ:  # the whole file

@@ -174,20 +174,38 @@ def test_a_followed_process_forking_while_the_pool_changes_ends_whole_on_the_new
         proc.wait()
 
 
-def test_no_children_file_is_held_in_the_upper_half_of_the_open_files_limit(monkeypatch, sleepers):
+def test_no_file_is_held_in_the_upper_half_of_the_open_files_limit(monkeypatch, sleepers):
     """The descriptors the agent cannot do without (pidfds, clients) keep their room."""
     procs = [sleepers() for _ in range(2)]
     enforcer = AffinityEnforcer("test")
     try:
         assert enforcer.track("shared/s0", procs[0].pid)
-        assert "shared/s0" in enforcer._children
+        assert "shared/s0" in enforcer._held
         monkeypatch.setattr(enforcer_module, "_held_limit", lambda: 3)  # every number is above
         assert enforcer.track("shared/s1", procs[1].pid)
-        assert "shared/s1" not in enforcer._children and enforcer.populated("shared/s1")
+        assert "shared/s1" not in enforcer._held and enforcer.populated("shared/s1")
         paths = children_paths_read(monkeypatch)
         wide, narrow = two_cpus()
         repin(enforcer, [p.pid for p in procs], wide, narrow)
         assert paths == [f"/proc/{procs[1].pid}/task/{procs[1].pid}/children"]
         assert all(CpuSet(os.sched_getaffinity(p.pid)) == narrow for p in procs)
+    finally:
+        enforcer.close()
+
+
+def test_a_pool_change_lists_a_followed_process_s_threads_through_a_held_descriptor(monkeypatch, sleepers):
+    wide, narrow = two_cpus()
+    procs = [sleepers() for _ in range(3)]
+    pids = [p.pid for p in procs]
+    enforcer = AffinityEnforcer("test")
+    listed: list = []
+    real_listdir = os.listdir
+    try:
+        for i, pid in enumerate(pids):
+            assert enforcer.track(f"shared/s{i}", pid)
+        monkeypatch.setattr(os, "listdir", lambda path=".": listed.append(path) or real_listdir(path))
+        repin(enforcer, pids, wide, narrow)
+        assert len(listed) == len(pids) and not any(isinstance(path, str) for path in listed)
+        assert all(CpuSet(os.sched_getaffinity(pid)) == narrow for pid in pids)
     finally:
         enforcer.close()
