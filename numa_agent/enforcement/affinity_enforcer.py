@@ -429,7 +429,7 @@ class _Tasks:
         if (held := self.held.get(pid)) is not None:
             try:
                 return [int(t) for t in os.listdir(held.task)]
-            except OSError:
+            except (OSError, ValueError):
                 pass  # listed by path below
         try:
             return [int(t) for t in os.listdir(f"{self.proc}/{pid}/task")]
@@ -445,10 +445,10 @@ class _Tasks:
         if tid == pid and (held := self.held.get(pid)) is not None:
             try:
                 data = os.pread(held.children, _CHILDREN_READ, 0)
-            except OSError:
-                data = None  # read by path below
-            if data is not None and len(data) < _CHILDREN_READ:  # the whole file
-                return [int(c) for c in data.split()] if data else []
+                if len(data) < _CHILDREN_READ:  # the whole file
+                    return [int(c) for c in data.split()] if data else []
+            except (OSError, ValueError):
+                pass  # read by path below
         try:
             return [int(c) for c in _read_proc(f"{self.proc}/{pid}/task/{tid}/children").split()]
         except FileNotFoundError:

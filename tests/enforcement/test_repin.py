@@ -209,3 +209,28 @@ def test_a_pool_change_lists_a_followed_process_s_threads_through_a_held_descrip
         assert all(CpuSet(os.sched_getaffinity(pid)) == narrow for pid in pids)
     finally:
         enforcer.close()
+
+
+def test_a_held_file_that_does_not_answer_whole_is_read_by_path_instead(tmp_path):
+    """A children file longer than one read, and a descriptor that lists no
+    PIDs (not what it was): the finder takes the path's answer."""
+    proc = tmp_path / "proc"
+    many = list(range(100000, 101000))  # 7,000 bytes
+    for pid, children in ((10, many), (20, [21, 22])):
+        (proc / str(pid) / "task" / str(pid)).mkdir(parents=True)
+        (proc / str(pid) / "task" / str(pid) / "children").write_text(" ".join(map(str, children)) + " ")
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "not-a-tid").write_text("")
+    (tmp_path / "garbage").write_text("not pids\n")
+    fds = [os.open(proc / "10" / "task", os.O_RDONLY | os.O_DIRECTORY),
+           os.open(proc / "10" / "task" / "10" / "children", os.O_RDONLY),
+           os.open(tmp_path / "other", os.O_RDONLY | os.O_DIRECTORY),
+           os.open(tmp_path / "garbage", os.O_RDONLY)]
+    try:
+        finder = enforcer_module._Tasks(str(proc), held={10: enforcer_module._Held(fds[0], fds[1]),
+                                                         20: enforcer_module._Held(fds[2], fds[3])})
+        assert finder.threads(10) == [10] and finder.children(10, 10) == many
+        assert finder.threads(20) == [20] and finder.children(20, 20) == [21, 22]
+    finally:
+        for fd in fds:
+            os.close(fd)
