@@ -11,7 +11,9 @@ per count (median of the repeats, per process):
 - floor: os.listdir(/proc/PID/task) and os.sched_setaffinity(PID) per process,
   nothing else;
 - pin_trees: the enforcer's re-pin of those processes and their descendants
-  (pin, list the threads, read the children of each thread);
+  (pin, list the threads, read the children of each thread: a followed
+  process's threads and main thread's children through the descriptors held
+  since it was followed);
 - apply: AffinityEnforcer.apply when the pool changes, as an exclusive admission
   hands it over (the pool's spec changed, its followers not named): the plan,
   each process's pidfd asked whether it is still the one admitted, the re-pin.
@@ -62,6 +64,8 @@ def measure(count: int, pools: tuple[CpuSet, CpuSet]) -> list[str]:
             layouts.append({SHARED_CGROUP: CgroupSpec(SHARED_CGROUP, pool, (0,)), **layout})
         for i, pid in enumerate(pids):
             enforcer.track(f"shared/s{i}", pid)
+        held = {pid: enforcer._held[f"shared/s{i}"] for i, pid in enumerate(pids)
+                if f"shared/s{i}" in enforcer._held}
         turn = [0]
         ids = [pool.ids() for pool in pools]
 
@@ -73,7 +77,7 @@ def measure(count: int, pools: tuple[CpuSet, CpuSet]) -> list[str]:
                     os.sched_setaffinity(int(tid), cpus)
 
         def pin_trees() -> None:
-            enforcer_module._pin_trees(pids, pools[turn[0] % 2])
+            enforcer_module._pin_trees(pids, pools[turn[0] % 2], finder=enforcer_module._Tasks(held=held))
             turn[0] += 1
 
         def apply() -> None:

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import logging
 import os
+import resource
 import select
 import threading
-from typing import Callable, Collection, Iterable
+from typing import Callable, Collection, Iterable, NamedTuple
 
 from numa_agent.core.cpuset import CpuSet
 from numa_agent.core.hints import NumaMask
@@ -47,6 +48,11 @@ class AffinityEnforcer:
         self._pidfds: dict[str, int] = {}  # relpath -> pidfd
         self._by_fd: dict[int, str] = {}
         self._pids: dict[str, int] = {}
+        # relpath -> its process's /proc/PID/task and /proc/PID/task/PID/children,
+        # opened while its pidfd vouched for it: a re-pin of the pool lists and
+        # reads them again (opening a /proc file costs several times the read).
+        # Missing where they could not be opened (out of descriptors): by path then.
+        self._held: dict[str, _Held] = {}
         # The event loop's thread reads these while the API's changes them.
         self._fds_lock = threading.Lock()
         # Readable while a watched pidfd is; one added meanwhile wakes a poll
@@ -99,7 +105,7 @@ class AffinityEnforcer:
             # may already be another process's if it exited a moment ago.
             if spec.workload is None or spec.pid is None or not self._alive(spec.relpath):
                 continue
-            pins.add(spec.pid, spec.cpus)
+            pins.add(spec.pid, spec.cpus, self._held_files(spec.relpath, spec.pid))
         if grow_to is not None:
             self._pin_followers(pins, new, followers, grow_to)
         pins.flush()
@@ -118,7 +124,11 @@ class AffinityEnforcer:
         for rel in followers:
             spec = new.get(rel)
             if spec is not None and spec.workload is not None and spec.pid is not None and rel in alive:
-                pins.add(spec.pid, cpus)
+                pins.add(spec.pid, cpus, self._held_files(rel, spec.pid))
+
+    def _held_files(self, relpath: str, pid: int) -> "_Held | None":
+        """The files held for `relpath`'s process, if it is `pid`."""
+        return self._held.get(relpath) if self._pids.get(relpath) == pid else None
 
     def _alive_among(self, relpaths: Collection[str]) -> set[str]:
         """Which of `relpaths` follow a process that has not exited: one poll of
@@ -164,10 +174,13 @@ class AffinityEnforcer:
             os.close(fd)
             log.warning("%s: pid %d now belongs to another process; not following it", relpath, pid)
             return False
+        held = _open_held(pid, fd, self.proc_root)
         with self._fds_lock:
             self._pidfds[relpath] = fd
             self._by_fd[fd] = relpath
             self._pids[relpath] = pid
+            if held is not None:
+                self._held[relpath] = held
             self._epoll.register(fd, select.EPOLLIN)
         return True
 
@@ -180,6 +193,10 @@ class AffinityEnforcer:
         with self._fds_lock:  # a number closed here may be reused at once (see released)
             fd = self._pidfds.pop(relpath, None)
             self._pids.pop(relpath, None)
+            held = self._held.pop(relpath, None)
+            if held is not None:
+                os.close(held.task)
+                os.close(held.children)
             if fd is not None:
                 self._by_fd.pop(fd, None)
                 _unwatch(self._epoll, fd)
@@ -264,6 +281,45 @@ class AffinityEnforcer:
         self._epoll.close()
 
 
+class _Held(NamedTuple):
+    """Descriptors of a followed process's /proc/PID/task (its threads) and
+    /proc/PID/task/PID/children (its main thread's children)."""
+
+    task: int
+    children: int
+
+
+def _open_held(pid: int, pidfd: int, proc: str = "/proc") -> _Held | None:
+    """`pid`'s task directory and main thread's children file, or None. Opened
+    by PID, they are the pidfd's process's only if that one has not exited
+    since (its PID cannot be reused before): asked of the pidfd after the opens.
+
+    Only in the lower half of the open-files limit (a new descriptor takes the
+    lowest free number: one above that half means half the table is in use):
+    the rest is kept for what cannot do without one, as each followed
+    workload's pidfd and the API's clients. Without them, both are read by path."""
+    try:
+        task = os.open(f"{proc}/{pid}/task", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return None  # gone, or out of descriptors
+    try:
+        children = os.open(f"{proc}/{pid}/task/{pid}/children", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        os.close(task)
+        return None  # no such file on this kernel, gone, or out of descriptors
+    if children >= _held_limit() or pidfd_exited(pidfd):
+        os.close(children)
+        os.close(task)
+        return None
+    return _Held(task, children)
+
+
+def _held_limit() -> int:
+    """Held children files stay below this descriptor number."""
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    return (1 << 20) if soft == resource.RLIM_INFINITY else soft // 2
+
+
 def _unwatch(epoll: select.epoll, fd: int) -> None:
     try:
         epoll.unregister(fd)
@@ -326,11 +382,15 @@ class _Pins:
         self.pids: list[int] = []
         self.cpus: CpuSet | None = None
 
-    def add(self, pid: int, cpus: CpuSet) -> None:
+    def add(self, pid: int, cpus: CpuSet, held: "_Held | None" = None) -> None:
+        """Queue `pid`, vouched for by its pidfd; `held`: its files held since
+        it was followed."""
         if self.cpus is not None and cpus is not self.cpus and cpus != self.cpus:
             self.flush()
         self.cpus = cpus
         self.pids.append(pid)
+        if held is not None:
+            self.finder.held[pid] = held
 
     def flush(self) -> None:
         if self.cpus is not None and self.pids:
@@ -351,17 +411,26 @@ def _read_proc(path: str) -> bytes:
 
 
 class _Tasks:
-    """Finds threads (/proc/PID/task) and children (/proc/PID/task/TID/children):
-    what a tree holds, not a scan of every process on the machine (a node
-    runs thousands). A kernel without the children files (CONFIG_PROC_CHILDREN)
+    """Finds threads (/proc/PID/task) and children (/proc/PID/task/TID/children),
+    for a followed process through the descriptors its enforcer holds: what a tree holds, not a scan of every process on
+    the machine (a node runs thousands). A kernel without the children files (CONFIG_PROC_CHILDREN)
     gets one scan of /proc for the parent of every process, shared by every
     tree looked up through this finder (one apply re-pins a whole shared pool)."""
 
-    def __init__(self, proc: str = "/proc") -> None:
+    def __init__(self, proc: str = "/proc", held: "dict[int, _Held] | None" = None) -> None:
         self.proc = proc
         self._by_parent: dict[int, list[int]] | None = None  # after a scan
+        # PID -> the files held for it, for the processes the caller vouches
+        # for (never one found as a descendant: its PID may be a reused one of
+        # a followed process that has exited; a tree visits each PID once).
+        self.held: dict[int, _Held] = dict(held or {})
 
     def threads(self, pid: int) -> list[int]:
+        if (held := self.held.get(pid)) is not None:
+            try:
+                return [int(t) for t in os.listdir(held.task)]
+            except (OSError, ValueError):
+                pass  # listed by path below
         try:
             return [int(t) for t in os.listdir(f"{self.proc}/{pid}/task")]
         except (FileNotFoundError, ProcessLookupError):
@@ -373,6 +442,13 @@ class _Tasks:
         """Children of thread `tid` of `pid` (of the whole process after a scan)."""
         if self._by_parent is not None:
             return self._by_parent.pop(pid, [])  # the process's, once: not again for each thread
+        if tid == pid and (held := self.held.get(pid)) is not None:
+            try:
+                data = os.pread(held.children, _CHILDREN_READ, 0)
+                if len(data) < _CHILDREN_READ:  # the whole file
+                    return [int(c) for c in data.split()] if data else []
+            except (OSError, ValueError):
+                pass  # read by path below
         try:
             return [int(c) for c in _read_proc(f"{self.proc}/{pid}/task/{tid}/children").split()]
         except FileNotFoundError:
@@ -382,6 +458,10 @@ class _Tasks:
         except OSError:
             pass
         return []
+
+
+# One read of a held children file: a shorter answer is the whole file.
+_CHILDREN_READ = 4096
 
 
 def _scan_parents(proc: str = "/proc") -> dict[int, list[int]]:

@@ -1,0 +1,236 @@
+"""The affinity fallback's re-pin of the shared pool: each followed process's
+descendants found through a descriptor held since it was admitted."""
+
+from __future__ import annotations
+
+import errno
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from numa_agent.core.cpuset import CpuSet
+from numa_agent.enforcement import affinity_enforcer as enforcer_module
+from numa_agent.enforcement.affinity_enforcer import AffinityEnforcer
+from numa_agent.enforcement.plan import SHARED_CGROUP, CgroupSpec
+
+
+def two_cpus() -> tuple[CpuSet, CpuSet]:
+    allowed = sorted(os.sched_getaffinity(0))
+    if len(allowed) < 2:
+        pytest.skip("needs two CPUs to move between")
+    return CpuSet(allowed), CpuSet([allowed[0]])
+
+
+def pool_layout(pool: CpuSet, pids: list[int]) -> dict:
+    """As update_layout hands it over when an exclusive admission changes the pool."""
+    layout = {f"shared/s{i}": CgroupSpec(f"shared/s{i}", pool, (0,), workload=f"s{i}", pid=pid, inherit=True)
+              for i, pid in enumerate(pids)}
+    return {SHARED_CGROUP: CgroupSpec(SHARED_CGROUP, pool, (0,)), **layout}
+
+
+def repin(enforcer: AffinityEnforcer, pids: list[int], old: CpuSet, new: CpuSet) -> None:
+    enforcer.apply(pool_layout(old, pids), pool_layout(new, pids), changed=frozenset({SHARED_CGROUP}))
+
+
+def children_paths_read(monkeypatch) -> list[str]:
+    paths: list[str] = []
+    real = enforcer_module._read_proc
+
+    def read(path):
+        if path.endswith("/children"):
+            paths.append(path)
+        return real(path)
+
+    monkeypatch.setattr(enforcer_module, "_read_proc", read)
+    return paths
+
+
+def test_a_pool_change_reads_no_children_file_by_path_for_a_followed_process(monkeypatch, sleepers):
+    wide, narrow = two_cpus()
+    procs = [sleepers() for _ in range(4)]
+    pids = [p.pid for p in procs]
+    enforcer = AffinityEnforcer("test")
+    try:
+        for i, pid in enumerate(pids):
+            assert enforcer.track(f"shared/s{i}", pid)
+        paths = children_paths_read(monkeypatch)
+        repin(enforcer, pids, wide, narrow)
+        assert paths == []  # read through the descriptor held since track
+        assert all(CpuSet(os.sched_getaffinity(pid)) == narrow for pid in pids)
+    finally:
+        enforcer.close()
+
+
+def test_without_a_held_descriptor_the_children_file_is_read_by_path(monkeypatch, sleepers):
+    """Out of descriptors when a workload was followed: it is still followed,
+    and a re-pin still finds its children, through the path."""
+    wide, narrow = two_cpus()
+    parent = subprocess.Popen([sys.executable, "-c",
+                               "import subprocess, sys, time\n"
+                               "subprocess.Popen(['sleep', '60']); print(flush=True); time.sleep(60)"],
+                              stdout=subprocess.PIPE)
+    enforcer = AffinityEnforcer("test")
+    real_open = os.open
+
+    def no_children(path, *args, **kwargs):
+        if str(path).endswith("/children"):
+            raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
+        return real_open(path, *args, **kwargs)
+
+    try:
+        assert parent.stdout is not None
+        parent.stdout.readline()  # its child is forked
+        monkeypatch.setattr(enforcer_module.os, "open", no_children)
+        assert enforcer.track("shared/s0", parent.pid)
+        monkeypatch.setattr(enforcer_module.os, "open", real_open)
+        paths = children_paths_read(monkeypatch)
+        repin(enforcer, [parent.pid], wide, narrow)
+        assert f"/proc/{parent.pid}/task/{parent.pid}/children" in paths
+        (child,) = enforcer_module._Tasks().children(parent.pid, parent.pid)
+        assert CpuSet(os.sched_getaffinity(child)) == narrow
+    finally:
+        enforcer.close()
+        for pid in enforcer_module._Tasks().children(parent.pid, parent.pid):
+            os.kill(pid, 9)
+        parent.kill()
+        parent.wait()
+
+
+def test_a_released_workload_lets_go_of_its_descriptors(sleepers):
+    proc = sleepers()
+    enforcer = AffinityEnforcer("test")
+    before = len(os.listdir("/proc/self/fd"))
+    assert enforcer.track("shared/s0", proc.pid)
+    assert len(os.listdir("/proc/self/fd")) > before
+    enforcer.apply(pool_layout(CpuSet([0]), [proc.pid]), pool_layout(CpuSet([0]), []),
+                   changed=frozenset({"shared/s0"}))
+    assert not enforcer.exists("shared/s0")
+    assert len(os.listdir("/proc/self/fd")) == before
+    enforcer.close()
+
+
+FORKER = """
+import os, subprocess, sys, threading, time
+# A long-lived child forked before any re-pin, which forks on its own; then
+# short-lived children forked without pause by the main thread and a second thread.
+subprocess.Popen([sys.executable, "-c",
+                  "import subprocess, time\\n"
+                  "while True:\\n"
+                  "    subprocess.Popen(['sleep', '0.2']); time.sleep(0.01)"])
+def fork_forever():
+    while True:
+        subprocess.Popen(["sleep", "0.2"]); time.sleep(0.01)
+threading.Thread(target=fork_forever, daemon=True).start()
+print(flush=True)
+fork_forever()
+"""
+
+
+def tree(pid: int, finder) -> list[int]:
+    """Every task of `pid`'s tree as it stands."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        for tid in finder.threads(p):
+            out.append(tid)
+            todo.extend(finder.children(p, tid))
+    return out
+
+
+def test_a_followed_process_forking_while_the_pool_changes_ends_whole_on_the_new_pool():
+    wide, narrow = two_cpus()
+    other = CpuSet([sorted(wide)[-1]])
+    proc = subprocess.Popen([sys.executable, "-c", FORKER], stdout=subprocess.PIPE)
+    enforcer = AffinityEnforcer("test")
+    try:
+        assert proc.stdout is not None
+        proc.stdout.readline()
+        deadline = time.monotonic() + 10
+        while len(enforcer_module._Tasks().children(proc.pid, proc.pid)) < 3 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert enforcer.track("shared/s0", proc.pid)
+        old = wide
+        for target in (narrow, other, narrow, other, wide):
+            repin(enforcer, [proc.pid], old, target)
+            checked = 0
+            for tid in tree(proc.pid, enforcer_module._Tasks()):
+                try:
+                    assert CpuSet(os.sched_getaffinity(tid)) == target, tid
+                    checked += 1
+                except ProcessLookupError:
+                    pass  # a short-lived child that ended
+            assert checked >= 4  # the process, its thread, the long-lived child and some of theirs
+            old = target
+    finally:
+        enforcer.close()
+        for pid in tree(proc.pid, enforcer_module._Tasks()):
+            try:
+                os.kill(pid, 9)
+            except ProcessLookupError:
+                pass
+        proc.wait()
+
+
+def test_no_file_is_held_in_the_upper_half_of_the_open_files_limit(monkeypatch, sleepers):
+    """The descriptors the agent cannot do without (pidfds, clients) keep their room."""
+    procs = [sleepers() for _ in range(2)]
+    enforcer = AffinityEnforcer("test")
+    try:
+        assert enforcer.track("shared/s0", procs[0].pid)
+        assert "shared/s0" in enforcer._held
+        monkeypatch.setattr(enforcer_module, "_held_limit", lambda: 3)  # every number is above
+        assert enforcer.track("shared/s1", procs[1].pid)
+        assert "shared/s1" not in enforcer._held and enforcer.populated("shared/s1")
+        paths = children_paths_read(monkeypatch)
+        wide, narrow = two_cpus()
+        repin(enforcer, [p.pid for p in procs], wide, narrow)
+        assert paths == [f"/proc/{procs[1].pid}/task/{procs[1].pid}/children"]
+        assert all(CpuSet(os.sched_getaffinity(p.pid)) == narrow for p in procs)
+    finally:
+        enforcer.close()
+
+
+def test_a_pool_change_lists_a_followed_process_s_threads_through_a_held_descriptor(monkeypatch, sleepers):
+    wide, narrow = two_cpus()
+    procs = [sleepers() for _ in range(3)]
+    pids = [p.pid for p in procs]
+    enforcer = AffinityEnforcer("test")
+    listed: list = []
+    real_listdir = os.listdir
+    try:
+        for i, pid in enumerate(pids):
+            assert enforcer.track(f"shared/s{i}", pid)
+        monkeypatch.setattr(os, "listdir", lambda path=".": listed.append(path) or real_listdir(path))
+        repin(enforcer, pids, wide, narrow)
+        assert len(listed) == len(pids) and not any(isinstance(path, str) for path in listed)
+        assert all(CpuSet(os.sched_getaffinity(pid)) == narrow for pid in pids)
+    finally:
+        enforcer.close()
+
+
+def test_a_held_file_that_does_not_answer_whole_is_read_by_path_instead(tmp_path):
+    """A children file longer than one read, and a descriptor that lists no
+    PIDs (not what it was): the finder takes the path's answer."""
+    proc = tmp_path / "proc"
+    many = list(range(100000, 101000))  # 7,000 bytes
+    for pid, children in ((10, many), (20, [21, 22])):
+        (proc / str(pid) / "task" / str(pid)).mkdir(parents=True)
+        (proc / str(pid) / "task" / str(pid) / "children").write_text(" ".join(map(str, children)) + " ")
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "not-a-tid").write_text("")
+    (tmp_path / "garbage").write_text("not pids\n")
+    fds = [os.open(proc / "10" / "task", os.O_RDONLY | os.O_DIRECTORY),
+           os.open(proc / "10" / "task" / "10" / "children", os.O_RDONLY),
+           os.open(tmp_path / "other", os.O_RDONLY | os.O_DIRECTORY),
+           os.open(tmp_path / "garbage", os.O_RDONLY)]
+    try:
+        finder = enforcer_module._Tasks(str(proc), held={10: enforcer_module._Held(fds[0], fds[1]),
+                                                         20: enforcer_module._Held(fds[2], fds[3])})
+        assert finder.threads(10) == [10] and finder.children(10, 10) == many
+        assert finder.threads(20) == [20] and finder.children(20, 20) == [21, 22]
+    finally:
+        for fd in fds:
+            os.close(fd)
