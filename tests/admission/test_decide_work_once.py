@@ -45,9 +45,67 @@ def test_one_admission_builds_the_memory_node_vectors_once(monkeypatch, policy, 
                                                           hugepages={2048: 64})))
     assert len(built) == 1
     assert d.workload.booking.memory_total(MEMORY) == gib * GIB
-    # The next admission reads a new state: its vectors are its own.
-    decide(m, d.state, Request("b", 0, Resources(cpus=2, memory_bytes=GIB)))
+    # The next admission reads a state derived from the first one: its
+    # vectors are the ancestor's with the one booking's nodes updated.
+    after = decide(m, d.state, Request("b", 0, Resources(cpus=2, memory_bytes=GIB, hugepages={2048: 8})))
+    assert len(built) == 1
+    assert after.workload.booking.memory_total(MEMORY) == GIB
+    # Other resources asked together, or a state not derived from those:
+    # vectors of their own.
+    decide(m, after.state, Request("c", 0, Resources(memory_bytes=GIB)))
     assert len(built) == 2
+    decide(m, AgentState(), Request("c", 0, Resources(memory_bytes=GIB, hugepages={2048: 8})))
+    assert len(built) == 3
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_node_vectors_carried_through_usage_updates_equal_a_fresh_build(seed):
+    import random
+
+    rng = random.Random(seed)
+    m = machine(nodes=8)
+    cap, hp = m.memory, mm.hugepages_resource(2048)
+    resource_sets = ((MEMORY,), (MEMORY, hp), (hp,))
+    usage, live = mm.EMPTY_USAGE, []
+    for step in range(40):
+        for resources in resource_sets:
+            mm._node_vectors(cap, usage, resources)  # kept on this usage, then carried on
+        if live and (rng.random() < 0.4 or len(live) > 6):
+            usage = mm.usage_without(usage, live.pop(rng.randrange(len(live))))
+        else:
+            req = MemoryRequest(rng.randint(1, 20) * GIB, {2048: rng.choice((0, 8, 600))})
+            try:
+                a = mm.allocate_memory(cap, usage, req, None)
+            except mm.MemoryAllocationError:
+                continue
+            usage = mm.usage_with(usage, a)
+            live.append(a)
+        assert usage == mm.usage_from(live), step
+        for resources in resource_sets:
+            assert mm._node_vectors(cap, usage, resources) == mm._build_node_vectors(cap, usage, resources), \
+                (step, resources)
+
+
+def test_a_usage_update_builds_no_mask_for_the_groups_it_leaves_alone(monkeypatch):
+    groups = [mm.MemoryAllocation(NumaMask([n]), ((n, MEMORY, GIB),)) for n in range(32)]
+    usage = mm.usage_from(groups)
+    one = mm.MemoryAllocation(NumaMask([40, 41]), ((40, MEMORY, GIB), (41, MEMORY, GIB)))
+    made = []
+    real = NumaMask.from_bits.__func__
+
+    def spy(cls, bits):
+        made.append(bits)
+        return real(cls, bits)
+
+    monkeypatch.setattr(NumaMask, "from_bits", classmethod(spy))
+    more = mm.usage_with(usage, one)
+    less = mm.usage_without(more, groups[3])
+    assert made == []
+    monkeypatch.undo()
+    assert more == mm.usage_from([*groups, one])
+    assert less == mm.usage_from([*groups[:3], *groups[4:], one])
+    assert less.group_of(41) == NumaMask([40, 41]) and less.group_of(3) is None
+    assert less.allocated_bytes(3, MEMORY) == 0 and less.allocated_bytes(40, MEMORY) == GIB
 
 
 def test_node_vectors_kept_on_the_usage_are_the_usages_own():
