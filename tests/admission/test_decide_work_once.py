@@ -238,3 +238,41 @@ def test_a_request_smaller_than_any_node_orders_no_node_for_taking_it_whole(monk
     assert len(taken) == 4 and taken.issubset(topo.numa_cpus[0] | topo.numa_cpus[1])
     # A request of a whole node still takes it whole.
     assert cpu_take.take_by_topology(topo, topo.all_cpus, 8) == topo.numa_cpus[0]
+
+
+def test_closest_first_subsets_are_ordered_once_per_machine(monkeypatch):
+    import numa_agent.admission.topology_manager as tm
+
+    m = machine(nodes=8)
+    assert m.tm_options.prefer_closest_numa_nodes
+    enumerated = counting(monkeypatch, tm, "_gosper")
+    # More memory than one node holds: the merge walks two-node masks, closest first.
+    req = Request("a", 0, Resources(memory_bytes=20 * GIB))
+    first = decide(m, AgentState(), req)
+    walked = len(enumerated)
+    assert walked >= 1 and len(first.workload.booking.mems) == 2
+    again = decide(m, AgentState(), req)
+    other = decide(m, first.state, Request("b", 0, Resources(memory_bytes=20 * GIB)))
+    assert len(enumerated) == walked  # the machine's order, kept
+    assert again.workload.booking.mems == first.workload.booking.mems
+    assert len(other.workload.booking.mems) == 2
+    assert not set(other.workload.booking.mems) & set(first.workload.booking.mems)
+
+
+def test_the_kept_closest_first_order_is_the_sorted_one():
+    m = machine(nodes=8)
+    closeness = m.closeness
+    assert closeness is not None
+    sums = {}
+    for universe in (0xFF, 0b10110110, 0b1111):
+        for width in range(1, universe.bit_count() + 1):
+            nodes = [n for n in range(8) if universe >> n & 1]
+            from itertools import combinations
+
+            masks = [sum(1 << n for n in c) for c in combinations(nodes, width)]
+            for bits in masks:
+                ns = [n for n in range(8) if bits >> n & 1]
+                sums[bits] = sum(m.distances[a][b] for a in ns for b in ns)
+            want = sorted(masks, key=lambda b: (sums[b], b))
+            assert list(closeness.closest_first(universe, width)) == want
+            assert list(closeness.closest_first(universe, width)) == want  # kept
