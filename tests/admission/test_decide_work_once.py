@@ -276,3 +276,24 @@ def test_the_kept_closest_first_order_is_the_sorted_one():
             want = sorted(masks, key=lambda b: (sums[b], b))
             assert list(closeness.closest_first(universe, width)) == want
             assert list(closeness.closest_first(universe, width)) == want  # kept
+
+
+def test_cpu_hints_read_no_cpu_set_of_the_topology_per_request(monkeypatch):
+    from numa_agent.admission.cpu_manager import cpu_hints
+    from numa_agent.core.cpuset import CpuSet
+
+    m = machine(nodes=16)
+    topo = m.cpu_topology
+    half = CpuSet(c for c in m.usable_cpus if c % 2 == 0)
+    cpu_hints(topo, half, 3)  # what the topology keeps, made once
+    read = []
+    real = CpuSet.bits
+
+    monkeypatch.setattr(CpuSet, "bits", property(lambda s: read.append(s) or real.fget(s)))
+    hints = cpu_hints(topo, half, 3)
+    with_reusable = cpu_hints(topo, half, 3, reusable=CpuSet([1]))
+    # The request's own sets only (available, reusable), not one per node.
+    assert len(read) <= 4
+    monkeypatch.undo()
+    assert hints.fits_alone() == m.memory.memory_nodes.bits  # every node has 4 free CPUs
+    assert with_reusable.fits_alone() == 1  # CPU 1 is on node 0: only node 0 holds it
