@@ -847,11 +847,17 @@ class _State:
 
     def fits_alone(self) -> int:
         """The universe's nodes whose one-node mask fits (see fits()), as bits."""
-        out, need, free, group_of = 0, self.need, self.free, self.group_of
-        for n in _nodes_of(self.mem_bits):
-            group = group_of.get(n)
-            if group is not None and group != 1 << n:
-                continue  # in a wider group: never used alone
+        out, need, free, bits = 0, self.need, self.free, self.mem_bits
+        for n, group in self.group_of.items():
+            if group != 1 << n:
+                bits &= ~(1 << n)  # in a wider group: never used alone
+        if self.width == 1:  # the common case, without the vector comparison
+            need_one = need[0]
+            for n in _nodes_of(bits):
+                if free[n][0] >= need_one:
+                    out |= 1 << n
+            return out
+        for n in _nodes_of(bits):
             if all(f >= x for f, x in zip(free[n], need, strict=True)):
                 out |= 1 << n
         return out
