@@ -485,6 +485,31 @@ def _merge_finite(lists: Sequence[Finite], all_bits: int, order: _Order) -> tupl
     return min((eff for eff, _ in states), key=lambda b: order.non_preferred_key(b, best_count)), False
 
 
+def _merge_single_nodes(lists: Sequence[Finite], all_bits: int, order: _Order) -> tuple[int, bool]:
+    """_merge_finite over lists of preferred hints that are each nil or one
+    node (what _single_numa_filter keeps), without the state sets: a node
+    merges to itself when every list names it or holds a nil and one names
+    it; the nil alone survives when every list holds one."""
+    common, named, every_nil = all_bits, 0, True
+    for hints in lists:
+        nodes, nil = 0, False
+        for raw, preferred in hints:
+            if not preferred or (raw is not None and raw & (raw - 1)):
+                return _merge_finite(lists, all_bits, order)  # not of that form
+            if raw is None:
+                nil = True
+            else:
+                nodes |= raw
+        if not nil:
+            common &= nodes
+            every_nil = False
+        named |= nodes
+    single = common & named
+    if single:
+        return min(NumaMask.single_bits(single), key=order.key), True
+    return all_bits, every_nil
+
+
 # Lists longer than this are indexed by node when a one-node state meets them.
 _INDEX_FROM = 4
 
@@ -737,7 +762,7 @@ def _merge(providers: Sequence[ProviderInput], numa_nodes: Sequence[int], policy
             finite.append(_finite(hs))
     try:
         if policy == "single-numa-node":
-            bits, preferred = _merge_finite(finite, all_bits, order)
+            bits, preferred = _merge_single_nodes(finite, all_bits, order)
             mask = None if bits == all_bits else NumaMask.from_bits(bits)
             return TopologyHint(mask, preferred), True
         if not gens:

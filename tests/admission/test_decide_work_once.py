@@ -297,3 +297,43 @@ def test_cpu_hints_read_no_cpu_set_of_the_topology_per_request(monkeypatch):
     monkeypatch.undo()
     assert hints.fits_alone() == m.memory.memory_nodes.bits  # every node has 4 free CPUs
     assert with_reusable.fits_alone() == 1  # CPU 1 is on node 0: only node 0 holds it
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_single_numa_node_merge_sets_no_states_and_agrees_with_the_general_one(monkeypatch, seed):
+    import random
+
+    import numa_agent.admission.topology_manager as tm
+
+    rng = random.Random(seed)
+    all_bits = (1 << 8) - 1
+    cases = []
+    for _ in range(200):
+        lists = []
+        for _ in range(rng.randint(1, 4)):
+            hints = [(1 << n, True) for n in rng.sample(range(9), rng.randint(0, 4))]  # node 8: outside
+            if rng.random() < 0.4:
+                hints.append((None, True))
+            rng.shuffle(hints)
+            lists.append(tuple(hints))
+        cases.append(lists)
+    tie = (lambda bits: -bits) if seed % 2 else None
+    order = tm._Order(False, None, all_bits, tie)
+    want = [tm._merge_finite(lists, all_bits, order) for lists in cases]
+    merged = counting(monkeypatch, tm, "_merge_finite")
+    got = [tm._merge_single_nodes(lists, all_bits, order) for lists in cases]
+    assert merged == []
+    assert got == want
+    # Not of that form (a wider or a non-preferred hint): the general merge.
+    assert tm._merge_single_nodes([((0b11, True),), ((0b1, True),)], all_bits, order) == (0b1, False)
+    assert len(merged) == 1
+
+
+def test_single_numa_node_admission_merges_without_the_state_sets(monkeypatch):
+    import numa_agent.admission.topology_manager as tm
+
+    m = machine(nodes=8, policy="single-numa-node")
+    merged = counting(monkeypatch, tm, "_merge_finite")
+    d = decide(m, AgentState(), Request("a", 0, Resources(cpus=4, memory_bytes=2 * GIB)))
+    assert merged == []
+    assert len(d.workload.booking.mems) == 1
