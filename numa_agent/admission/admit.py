@@ -315,7 +315,7 @@ def _merge(view: AdmissionView, req: Request, policy_name: str, providers: Provi
     # The figures are read only under a strategy: `none`, the default, costs nothing.
     tie = None if strategy is AllocationStrategy.NONE else tie_rank(
         strategy, [[resource_figures(view, name, r) for r in hints] for name, hints in asked])
-    result = merge_decide([hints for _, hints in asked], machine.node_ids, policy_name,
+    result = merge_decide([hints for _, hints in asked], machine.node_mask, policy_name,
                           machine.tm_options, machine.distances, tie=tie, closeness=machine.closeness)
     merged_out.append((asked, result))
     merged = result.merged

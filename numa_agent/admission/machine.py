@@ -132,13 +132,23 @@ class Machine:
         return out
 
     @cached_property
+    def node_mask(self) -> NumaMask:
+        """node_ids as a mask, made once (per-request code passes it on)."""
+        return NumaMask(self.node_ids)
+
+    @cached_property
+    def ordinary_node_mask(self) -> NumaMask:
+        """ordinary_node_ids as a mask, made once."""
+        return NumaMask(self.ordinary_node_ids)
+
+    @cached_property
     def closeness(self) -> Closeness | None:
         """The distance order every merge on this machine uses under
         prefer-closest-numa-nodes (None without it, or without distances
         between every usable node): built once, its answers kept."""
         if not self.tm_options.prefer_closest_numa_nodes or missing_distance(self.distances, self.node_ids):
             return None
-        return Closeness(self.distances, NumaMask.bits_of(self.node_ids))
+        return Closeness(self.distances, self.node_mask.bits)
 
     def cpus_of_nodes(self, nodes) -> CpuSet:
         """Usable CPUs of these NUMA nodes."""

@@ -729,7 +729,7 @@ def _non_preferred_phase(finite: list[Finite], gens: list[_Gen], all_bits: int, 
     return None
 
 
-def _merge(providers: Sequence[ProviderInput], numa_nodes: Sequence[int], policy: str,
+def _merge(providers: Sequence[ProviderInput], numa_nodes: Sequence[int] | NumaMask, policy: str,
            options: TopologyManagerOptions | None, distances, budget_limit: int = FITS_BUDGET,
            tie: TieScore | None = None, closeness: Closeness | None = None) -> tuple[TopologyHint, bool]:
     check_policy(policy)
@@ -778,7 +778,7 @@ def _merge(providers: Sequence[ProviderInput], numa_nodes: Sequence[int], policy
         return TopologyHint(mask, False), False
 
 
-def merge(providers: Sequence[ProviderInput], numa_nodes: Sequence[int], policy: str,
+def merge(providers: Sequence[ProviderInput], numa_nodes: Sequence[int] | NumaMask, policy: str,
           options: TopologyManagerOptions | None = None,
           distances: Mapping[int, Mapping[int, int]] | None = None, tie: TieScore | None = None) -> TopologyHint:
     """The merged hint for the providers' hints (see the module doc); `tie`: the
@@ -908,7 +908,7 @@ class MergeResult:
         return f"TopologyAffinityError: {hints}; merged {merged} {state}; {rule}"
 
 
-def decide(providers: Sequence[ProviderInput], numa_nodes: Sequence[int], policy: str,
+def decide(providers: Sequence[ProviderInput], numa_nodes: Sequence[int] | NumaMask, policy: str,
            options: TopologyManagerOptions | None = None,
            distances: Mapping[int, Mapping[int, int]] | None = None, tie: TieScore | None = None,
            closeness: Closeness | None = None) -> MergeResult:

@@ -337,3 +337,24 @@ def test_single_numa_node_admission_merges_without_the_state_sets(monkeypatch):
     d = decide(m, AgentState(), Request("a", 0, Resources(cpus=4, memory_bytes=2 * GIB)))
     assert merged == []
     assert len(d.workload.booking.mems) == 1
+
+
+def test_an_admission_makes_no_mask_of_the_machines_node_lists(monkeypatch):
+    m = machine(nodes=8)
+    seen = []
+    real = NumaMask.__init__
+
+    def spy(self, nodes=()):
+        nodes = tuple(nodes)
+        seen.append(nodes)
+        real(self, nodes)
+
+    monkeypatch.setattr(NumaMask, "__init__", spy)
+    for policy in ("best-effort", "single-numa-node"):
+        mp = machine(nodes=8, policy=policy)
+        # made once per machine (and topology)
+        assert mp.node_mask and mp.ordinary_node_mask and mp.cpu_topology.numa_mask
+        seen.clear()
+        d = decide(mp, AgentState(), Request("a", 0, Resources(cpus=4, memory_bytes=2 * GIB)))
+        assert len(d.workload.booking.mems) == 1
+        assert m.node_ids not in seen and m.ordinary_node_ids not in seen, policy
