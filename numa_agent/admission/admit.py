@@ -143,7 +143,7 @@ def _tie_break(strategy: AllocationStrategy, tie, asked, machine: Machine, polic
     out: dict[str, Any] = {"strategy": strategy.value, "nodes": list(chosen.nodes()),
                            "score": sign * tie(chosen.bits)}
     plain = merge_decide([hints for _, hints in asked], machine.node_ids, policy_name,
-                         machine.tm_options, machine.distances).merged.mask
+                         machine.tm_options, machine.distances, closeness=machine.closeness).merged.mask
     if plain is not None and plain != chosen:
         out["instead_of"] = list(plain.nodes())
         out["instead_of_score"] = sign * tie(plain.bits)
@@ -315,8 +315,8 @@ def _merge(view: AdmissionView, req: Request, policy_name: str, providers: Provi
     # The figures are read only under a strategy: `none`, the default, costs nothing.
     tie = None if strategy is AllocationStrategy.NONE else tie_rank(
         strategy, [[resource_figures(view, name, r) for r in hints] for name, hints in asked])
-    result = merge_decide([hints for _, hints in asked], machine.node_ids, policy_name,
-                          machine.tm_options, machine.distances, tie=tie)
+    result = merge_decide([hints for _, hints in asked], machine.node_mask, policy_name,
+                          machine.tm_options, machine.distances, tie=tie, closeness=machine.closeness)
     merged_out.append((asked, result))
     merged = result.merged
     explanation["merged"] = merged.to_json()

@@ -82,12 +82,9 @@ def cpu_hints(
     # Per-node counts keyed by the node's single-bit mask: fits() walks only
     # the set bits of the mask it is asked about, inline (it is the merge's
     # inner loop).
-    counts: dict[int, int] = {}
-    reusable_nodes = 0
-    for node, cpus in topo.numa_cpus.items():
-        counts[1 << node] = (cpus.bits & pool).bit_count()
-        if cpus.bits & reusable.bits:
-            reusable_nodes |= 1 << node
+    by_node = topo.numa_bits_by_node_bit
+    counts = {low: (cpus & pool).bit_count() for low, cpus in by_node}
+    reusable_nodes = _nodes_holding(by_node, reusable.bits)
     count_of = counts.get
 
     def fits(mask: NumaMask) -> bool:
@@ -119,6 +116,16 @@ def cpu_hints(
     also_preferred = _socket_aligned(topo, min_size) if options.align_by_socket else None
     # A superset of a mask that holds the request holds it too.
     return HintSet.generated(nodes, fits, min_size, also_preferred, monotone=True, fits_alone=fits_alone)
+
+
+def _nodes_holding(by_node: tuple[tuple[int, int], ...], cpu_bits: int) -> int:
+    """The nodes (bits) with any of `cpu_bits` among their CPUs."""
+    out = 0
+    if cpu_bits:
+        for low, cpus in by_node:
+            if cpus & cpu_bits:
+                out |= low
+    return out
 
 
 def _socket_aligned(topo: CpuTopology, min_size: int):

@@ -191,6 +191,12 @@ class CpuTopology:
                                       ("core", self.core_cpus), ("uncore", self.uncore_cpus))}
 
     @cached_property
+    def numa_bits_by_node_bit(self) -> tuple[tuple[int, int], ...]:
+        """(1 << node, the node's CPUs as bits) per NUMA node: what the hint
+        generation counts free CPUs over, made once."""
+        return tuple((1 << node, bits) for node, bits in self.group_bits["numa"].items())
+
+    @cached_property
     def smallest_group(self) -> dict[str, int]:
         """CPUs in the smallest group of each grouping (0: none): a request for
         fewer CPUs never takes a group of that level whole."""

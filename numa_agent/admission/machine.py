@@ -17,8 +17,9 @@ from numa_agent.admission.cpu_manager import CpuManagerOptions, reserved_cpus
 from numa_agent.admission.cpu_topology import CpuTopology
 from numa_agent.admission.device_manager import DeviceInventory, DeviceResource, DeviceSelector, resolve_inventory
 from numa_agent.admission.memory_manager import MemoryCapacity
-from numa_agent.admission.topology_manager import TopologyManagerOptions, missing_distance
+from numa_agent.admission.topology_manager import Closeness, TopologyManagerOptions, missing_distance
 from numa_agent.core.cpuset import CpuSet
+from numa_agent.core.hints import NumaMask
 from numa_agent.core.policy import POLICY_NAMES, SCOPE_NAMES
 from numa_agent.core.topology import Topology
 
@@ -129,6 +130,25 @@ class Machine:
             node = self.topology.cpu(cpu).numa_node
             out[node] = out.get(node, 0) | 1 << cpu
         return out
+
+    @cached_property
+    def node_mask(self) -> NumaMask:
+        """node_ids as a mask, made once (per-request code passes it on)."""
+        return NumaMask(self.node_ids)
+
+    @cached_property
+    def ordinary_node_mask(self) -> NumaMask:
+        """ordinary_node_ids as a mask, made once."""
+        return NumaMask(self.ordinary_node_ids)
+
+    @cached_property
+    def closeness(self) -> Closeness | None:
+        """The distance order every merge on this machine uses under
+        prefer-closest-numa-nodes (None without it, or without distances
+        between every usable node): built once, its answers kept."""
+        if not self.tm_options.prefer_closest_numa_nodes or missing_distance(self.distances, self.node_ids):
+            return None
+        return Closeness(self.distances, self.node_mask.bits)
 
     def cpus_of_nodes(self, nodes) -> CpuSet:
         """Usable CPUs of these NUMA nodes."""

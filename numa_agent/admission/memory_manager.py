@@ -268,29 +268,33 @@ EMPTY_ALLOCATION = MemoryAllocation(NumaMask())
 # ------------------------------------------------------------------- usage
 
 
-@dataclass(frozen=True)
 class MemoryUsage:
     """The fold of live allocations: bytes allocated per (node, resource), and
-    the groups in use with how many allocations hold each."""
+    the groups in use with how many allocations hold each. Immutable.
 
-    allocated: tuple[tuple[int, str, int], ...] = ()
-    groups: tuple[tuple[NumaMask, int], ...] = ()
-    _alloc_index: dict[tuple[int, str], int] = field(init=False, repr=False, compare=False, hash=False)
-    _group_of: dict[int, int] = field(init=False, repr=False, compare=False, hash=False)
-    _used_bits: int = field(init=False, repr=False, compare=False, hash=False)
+    Kept as indexes; `allocated` and `groups` (sorted tuples, what equality
+    compares) are made from them when read, so usage_with / usage_without
+    cost what the one allocation changes, not what every allocation holds."""
+
+    __slots__ = ("_allocated", "_groups", "_alloc_index", "_group_count", "_group_of", "_used_bits",
+                 "_derived")
+
+    _allocated: tuple[tuple[int, str, int], ...] | None
+    _groups: tuple[tuple[NumaMask, int], ...] | None
+    _alloc_index: dict[tuple[int, str], int]
+    _group_count: dict[int, int]  # group bits -> allocations holding it (never 0)
+    _group_of: dict[int, int]  # node -> bits of its group
+    _used_bits: int
     # Values derived from this usage and a capacity (see _node_vectors), computed once.
-    _derived: dict = field(init=False, repr=False, compare=False, hash=False)
+    _derived: dict
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "_derived", {})
-        allocated = tuple(sorted(a for a in self.allocated if a[2]))
-        groups = tuple(sorted((g for g in self.groups if g[1] and g[0]), key=lambda g: g[0].bits))
-        object.__setattr__(self, "allocated", allocated)
-        object.__setattr__(self, "groups", groups)
-        object.__setattr__(self, "_alloc_index", {(n, r): b for n, r, b in allocated})
+    def __init__(self, allocated: Iterable[tuple[int, str, int]] = (),
+                 groups: Iterable[tuple[NumaMask, int]] = ()) -> None:
+        kept_allocated = tuple(sorted(a for a in allocated if a[2]))
+        kept_groups = tuple(sorted((g for g in groups if g[1] and g[0]), key=lambda g: g[0].bits))
         group_of: dict[int, int] = {}
         used = 0
-        for mask, _ in groups:
+        for mask, _ in kept_groups:
             for n in mask.nodes():
                 if n in group_of:
                     raise MemoryAllocationError(
@@ -299,8 +303,60 @@ class MemoryUsage:
                     )
                 group_of[n] = mask.bits
             used |= mask.bits
-        object.__setattr__(self, "_group_of", group_of)
-        object.__setattr__(self, "_used_bits", used)
+        self._set(kept_allocated, kept_groups, {(n, r): b for n, r, b in kept_allocated},
+                  {m.bits: c for m, c in kept_groups}, group_of, used)
+
+    def _set(self, allocated: tuple[tuple[int, str, int], ...] | None,
+             groups: tuple[tuple[NumaMask, int], ...] | None, alloc_index: dict[tuple[int, str], int],
+             group_count: dict[int, int], group_of: dict[int, int], used_bits: int) -> None:
+        for name, value in (("_allocated", allocated), ("_groups", groups), ("_alloc_index", alloc_index),
+                            ("_group_count", group_count), ("_group_of", group_of),
+                            ("_used_bits", used_bits), ("_derived", {})):
+            object.__setattr__(self, name, value)
+
+    @classmethod
+    def _of_indexes(cls, alloc_index: dict[tuple[int, str], int], group_count: dict[int, int],
+                    group_of: dict[int, int], used_bits: int) -> "MemoryUsage":
+        """A usage from indexes already checked (no zero amounts or counts, one
+        group per node); they are the new value's own and must not change."""
+        usage = object.__new__(cls)
+        usage._set(None, None, alloc_index, group_count, group_of, used_bits)
+        return usage
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"MemoryUsage is immutable: cannot set {name}")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"MemoryUsage is immutable: cannot delete {name}")
+
+    @property
+    def allocated(self) -> tuple[tuple[int, str, int], ...]:
+        if self._allocated is None:
+            object.__setattr__(self, "_allocated", tuple(sorted((n, r, b) for (n, r), b in self._alloc_index.items())))
+        assert self._allocated is not None
+        return self._allocated
+
+    @property
+    def groups(self) -> tuple[tuple[NumaMask, int], ...]:
+        if self._groups is None:
+            object.__setattr__(self, "_groups", tuple((NumaMask.from_bits(m), c)
+                                                      for m, c in sorted(self._group_count.items())))
+        assert self._groups is not None
+        return self._groups
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, MemoryUsage):
+            return NotImplemented
+        return self._alloc_index == other._alloc_index and self._group_count == other._group_count
+
+    def __hash__(self) -> int:
+        return hash((tuple(sorted(self._alloc_index.items())), tuple(sorted(self._group_count.items()))))
+
+    def __reduce__(self) -> tuple[type, tuple]:
+        return (MemoryUsage, (self.allocated, self.groups))
+
+    def __repr__(self) -> str:
+        return f"MemoryUsage(allocated={self.allocated!r}, groups={self.groups!r})"
 
     def allocated_bytes(self, node: int, resource: str) -> int:
         return self._alloc_index.get((node, resource), 0)
@@ -334,37 +390,48 @@ EMPTY_USAGE = MemoryUsage()
 def usage_with(usage: MemoryUsage, allocation: MemoryAllocation) -> MemoryUsage:
     """`usage` plus one more allocation. Raises MemoryAllocationError if the
     allocation's group overlaps a different group in use."""
-    if not allocation.group:
+    group = allocation.group
+    bits = group.bits
+    if not bits:
         return usage
-    for n in allocation.group.nodes():
-        g = usage.group_of(n)
-        if g is not None and g != allocation.group:
+    group_of = usage._group_of
+    nodes = group.nodes()
+    for n in nodes:
+        held = group_of.get(n)
+        if held is not None and held != bits:
             raise MemoryAllocationError(
-                f"memory group {{{allocation.group.format()}}} overlaps group "
-                f"{{{g.format()}}} in use on NUMA node {n}"
+                f"memory group {{{group.format()}}} overlaps group "
+                f"{_fmt_mask(held)} in use on NUMA node {n}"
             )
-    allocated = dict(usage.allocated_index)
+    allocated = dict(usage._alloc_index)
     for n, r, b in allocation.amounts:
-        allocated[(n, r)] = allocated.get((n, r), 0) + b
-    groups = dict((m.bits, c) for m, c in usage.groups)
-    groups[allocation.group.bits] = groups.get(allocation.group.bits, 0) + 1
-    return MemoryUsage(
-        tuple((n, r, b) for (n, r), b in allocated.items()),
-        tuple((NumaMask.from_bits(m), c) for m, c in groups.items()),
-    )
+        if b:
+            allocated[(n, r)] = allocated.get((n, r), 0) + b
+    counts = dict(usage._group_count)
+    held_before = counts.get(bits, 0)
+    counts[bits] = held_before + 1
+    if not held_before:
+        group_of = dict(group_of)
+        for n in nodes:
+            group_of[n] = bits
+    new = MemoryUsage._of_indexes(allocated, counts, group_of, usage._used_bits | bits)
+    _carry_node_vectors(usage, new, allocation.amounts)
+    return new
 
 
 def usage_without(usage: MemoryUsage, allocation: MemoryAllocation) -> MemoryUsage:
     """`usage` with one allocation released. Raises MemoryAllocationError if
     the allocation is not part of it."""
-    if not allocation.group:
+    group = allocation.group
+    bits = group.bits
+    if not bits:
         return usage
-    groups = dict((m.bits, c) for m, c in usage.groups)
-    if allocation.group.bits not in groups:
+    counts = dict(usage._group_count)
+    if bits not in counts:
         raise MemoryAllocationError(
-            f"cannot release memory on group {{{allocation.group.format()}}}: no allocation uses it"
+            f"cannot release memory on group {{{group.format()}}}: no allocation uses it"
         )
-    allocated = dict(usage.allocated_index)
+    allocated = dict(usage._alloc_index)
     for n, r, b in allocation.amounts:
         have = allocated.get((n, r), 0)
         if have < b:
@@ -372,12 +439,42 @@ def usage_without(usage: MemoryUsage, allocation: MemoryAllocation) -> MemoryUsa
                 f"cannot release {format_bytes(b)} of {r} on NUMA node {n}: only "
                 f"{format_bytes(have)} are allocated"
             )
-        allocated[(n, r)] = have - b
-    groups[allocation.group.bits] -= 1
-    return MemoryUsage(
-        tuple((n, r, b) for (n, r), b in allocated.items()),
-        tuple((NumaMask.from_bits(m), c) for m, c in groups.items()),
-    )
+        if have == b:
+            allocated.pop((n, r), None)
+        else:
+            allocated[(n, r)] = have - b
+    group_of, used = usage._group_of, usage._used_bits
+    if counts[bits] == 1:
+        del counts[bits]
+        group_of = {n: g for n, g in group_of.items() if g != bits}
+        used &= ~bits
+    else:
+        counts[bits] -= 1
+    new = MemoryUsage._of_indexes(allocated, counts, group_of, used)
+    _carry_node_vectors(usage, new, allocation.amounts)
+    return new
+
+
+def _carry_node_vectors(usage: MemoryUsage, new: MemoryUsage, amounts: Iterable[tuple[int, str, int]]) -> None:
+    """Hand the node vectors kept on `usage` on to `new`, which differs from
+    it only in `amounts`: the free vector of each node they name is made
+    again, every other one is shared (see _node_vectors)."""
+    kept = usage._derived
+    if not kept:
+        return
+    nodes = {n for n, _, _ in amounts}
+    allocated = new._alloc_index.get
+    carried = new._derived
+    for key, entry in kept.items():
+        if not isinstance(key, tuple):
+            continue  # not node vectors (shortfalls): computed afresh when asked
+        capacity, (free, allocatable) = entry
+        free = dict(free)
+        for n in nodes:
+            alloc = allocatable.get(n)
+            if alloc is not None:
+                free[n] = tuple([max(0, a - allocated((n, r), 0)) for a, r in zip(alloc, key, strict=True)])
+        carried[key] = (capacity, (free, allocatable))
 
 
 def usage_from(allocations: Iterable[MemoryAllocation]) -> MemoryUsage:
@@ -750,11 +847,17 @@ class _State:
 
     def fits_alone(self) -> int:
         """The universe's nodes whose one-node mask fits (see fits()), as bits."""
-        out, need, free, group_of = 0, self.need, self.free, self.group_of
-        for n in _nodes_of(self.mem_bits):
-            group = group_of.get(n)
-            if group is not None and group != 1 << n:
-                continue  # in a wider group: never used alone
+        out, need, free, bits = 0, self.need, self.free, self.mem_bits
+        for n, group in self.group_of.items():
+            if group != 1 << n:
+                bits &= ~(1 << n)  # in a wider group: never used alone
+        if self.width == 1:  # the common case, without the vector comparison
+            need_one = need[0]
+            for n in _nodes_of(bits):
+                if free[n][0] >= need_one:
+                    out |= 1 << n
+            return out
+        for n in _nodes_of(bits):
             if all(f >= x for f, x in zip(free[n], need, strict=True)):
                 out |= 1 << n
         return out

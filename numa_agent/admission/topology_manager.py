@@ -224,34 +224,79 @@ TieScore = Callable[[int], int]
 sets (smaller first; see admission/allocation_score.py)."""
 
 
+class Closeness:
+    """What prefer-closest-numa-nodes orders by, over one machine's distances:
+    the distance sum of a node set, and every `width`-subset of a universe
+    best first. Depends on the distances only, so one value serves every
+    merge on a machine (kept on the Machine) and keeps its answers; the
+    answers themselves never change."""
+
+    # Subset orders kept: one per (universe, width) asked, small ones only.
+    KEPT_ORDERS = 256
+    KEPT_ORDER_LENGTH = 4096
+
+    def __init__(self, distances: Mapping[int, Mapping[int, int]] | None, all_bits: int):
+        nodes = NumaMask.nodes_of(all_bits)
+        missing = missing_distance(distances, nodes)
+        if missing:
+            raise TopologyConfigError(missing)
+        assert distances is not None
+        self.all_bits = all_bits
+        self._rows = {n: distances[n] for n in nodes}
+        self._sums: dict[int, int] = {}
+        self._orders: dict[tuple[int, int], tuple[int, ...]] = {}
+
+    def distance_sum(self, bits: int) -> int:
+        # Equal widths share the divisor of the kubelet's average, so sums compare the same.
+        cached = self._sums.get(bits)
+        if cached is None:
+            nodes = NumaMask.nodes_of(bits)
+            rows = self._rows
+            cached = sum(rows[a][b] for a in nodes for b in nodes)
+            self._sums[bits] = cached
+        return cached
+
+    def _key(self, bits: int) -> tuple[int, int]:
+        return self.distance_sum(bits), bits
+
+    def closest_first(self, universe: int, width: int) -> Iterable[int]:
+        """Every `width`-subset of `universe` (a subset of all_bits), by
+        distance sum, then lowest mask."""
+        kept = self._orders.get((universe, width))
+        if kept is not None:
+            return kept
+        positions = NumaMask.nodes_of(universe)
+        if math.comb(len(positions), width) > self.KEPT_ORDER_LENGTH:
+            return sorted(_gosper(positions, width), key=self._key)
+        ordered = tuple(sorted(_gosper(positions, width), key=self._key))
+        if len(self._orders) >= self.KEPT_ORDERS:
+            self._orders.clear()
+        self._orders[(universe, width)] = ordered
+        return ordered
+
+
 class _Order:
     """The kubelet's order on merged masks as sort keys (smaller is better):
     width, then distance under prefer-closest-numa-nodes, then the
     numa-allocation-strategy's rank (`tie`), then the lowest mask."""
 
     def __init__(self, closest: bool, distances: Mapping[int, Mapping[int, int]] | None, all_bits: int,
-                 tie: TieScore | None = None):
+                 tie: TieScore | None = None, closeness: Closeness | None = None):
+        """`closeness`: the machine's, when it covers `all_bits` (else one is
+        made for this merge)."""
         self.closest = closest
         self.tie = tie
         self._tie_cache: dict[int, int] = {}
-        self._dist_cache: dict[int, int] = {}
-        self._rows: dict[int, Mapping[int, int]] = {}
+        self._closeness: Closeness | None = None
         if closest:
-            nodes = NumaMask.nodes_of(all_bits)
-            missing = missing_distance(distances, nodes)
-            if missing:
-                raise TopologyConfigError(missing)
-            assert distances is not None
-            self._rows = {n: distances[n] for n in nodes}
+            if closeness is None or closeness.all_bits & all_bits != all_bits:
+                closeness = Closeness(distances, all_bits)
+            self._closeness = closeness
+            self.distance_sum = closeness.distance_sum  # type: ignore[method-assign]
 
     def distance_sum(self, bits: int) -> int:
-        # Equal widths share the divisor of the kubelet's average, so sums compare the same.
-        cached = self._dist_cache.get(bits)
-        if cached is None:
-            nodes = NumaMask.nodes_of(bits)
-            cached = sum(self._rows[a][b] for a in nodes for b in nodes)
-            self._dist_cache[bits] = cached
-        return cached
+        assert self._closeness is not None, "distances are summed under prefer-closest-numa-nodes only"
+        return self._closeness.distance_sum(bits)
 
     def rank(self, bits: int) -> int:
         if self.tie is None:
@@ -279,7 +324,10 @@ class _Order:
         n = len(positions)
         if width < 1 or width > n:
             return
-        if self.closest or self.tie is not None:
+        if self.tie is None and self._closeness is not None:
+            budget.spend(math.comb(n, width))
+            yield from self._closeness.closest_first(universe, width)
+        elif self.closest or self.tie is not None:
             budget.spend(math.comb(n, width))
             yield from sorted(_gosper(positions, width), key=self.key)
         else:
@@ -435,6 +483,31 @@ def _merge_finite(lists: Sequence[Finite], all_bits: int, order: _Order) -> tupl
         return min(preferred_masks, key=order.key), True
     best_count = _best_non_preferred_count(lists)
     return min((eff for eff, _ in states), key=lambda b: order.non_preferred_key(b, best_count)), False
+
+
+def _merge_single_nodes(lists: Sequence[Finite], all_bits: int, order: _Order) -> tuple[int, bool]:
+    """_merge_finite over lists of preferred hints that are each nil or one
+    node (what _single_numa_filter keeps), without the state sets: a node
+    merges to itself when every list names it or holds a nil and one names
+    it; the nil alone survives when every list holds one."""
+    common, named, every_nil = all_bits, 0, True
+    for hints in lists:
+        nodes, nil = 0, False
+        for raw, preferred in hints:
+            if not preferred or (raw is not None and raw & (raw - 1)):
+                return _merge_finite(lists, all_bits, order)  # not of that form
+            if raw is None:
+                nil = True
+            else:
+                nodes |= raw
+        if not nil:
+            common &= nodes
+            every_nil = False
+        named |= nodes
+    single = common & named
+    if single:
+        return min(NumaMask.single_bits(single), key=order.key), True
+    return all_bits, every_nil
 
 
 # Lists longer than this are indexed by node when a one-node state meets them.
@@ -656,9 +729,9 @@ def _non_preferred_phase(finite: list[Finite], gens: list[_Gen], all_bits: int, 
     return None
 
 
-def _merge(providers: Sequence[ProviderInput], numa_nodes: Sequence[int], policy: str,
+def _merge(providers: Sequence[ProviderInput], numa_nodes: Sequence[int] | NumaMask, policy: str,
            options: TopologyManagerOptions | None, distances, budget_limit: int = FITS_BUDGET,
-           tie: TieScore | None = None) -> tuple[TopologyHint, bool]:
+           tie: TieScore | None = None, closeness: Closeness | None = None) -> tuple[TopologyHint, bool]:
     check_policy(policy)
     options = options or TopologyManagerOptions()
     if policy == "none":
@@ -666,7 +739,8 @@ def _merge(providers: Sequence[ProviderInput], numa_nodes: Sequence[int], policy
     all_bits = NumaMask.bits_of(numa_nodes)
     if not all_bits:
         raise ValueError("merge needs at least one NUMA node")
-    order = _Order(options.prefer_closest_numa_nodes and policy != "single-numa-node", distances, all_bits, tie)
+    order = _Order(options.prefer_closest_numa_nodes and policy != "single-numa-node", distances, all_bits, tie,
+                   closeness)
     budget = _Budget(budget_limit)
     finite: list[Finite] = []
     gens: list[_Gen] = []
@@ -688,7 +762,7 @@ def _merge(providers: Sequence[ProviderInput], numa_nodes: Sequence[int], policy
             finite.append(_finite(hs))
     try:
         if policy == "single-numa-node":
-            bits, preferred = _merge_finite(finite, all_bits, order)
+            bits, preferred = _merge_single_nodes(finite, all_bits, order)
             mask = None if bits == all_bits else NumaMask.from_bits(bits)
             return TopologyHint(mask, preferred), True
         if not gens:
@@ -704,7 +778,7 @@ def _merge(providers: Sequence[ProviderInput], numa_nodes: Sequence[int], policy
         return TopologyHint(mask, False), False
 
 
-def merge(providers: Sequence[ProviderInput], numa_nodes: Sequence[int], policy: str,
+def merge(providers: Sequence[ProviderInput], numa_nodes: Sequence[int] | NumaMask, policy: str,
           options: TopologyManagerOptions | None = None,
           distances: Mapping[int, Mapping[int, int]] | None = None, tie: TieScore | None = None) -> TopologyHint:
     """The merged hint for the providers' hints (see the module doc); `tie`: the
@@ -834,16 +908,18 @@ class MergeResult:
         return f"TopologyAffinityError: {hints}; merged {merged} {state}; {rule}"
 
 
-def decide(providers: Sequence[ProviderInput], numa_nodes: Sequence[int], policy: str,
+def decide(providers: Sequence[ProviderInput], numa_nodes: Sequence[int] | NumaMask, policy: str,
            options: TopologyManagerOptions | None = None,
-           distances: Mapping[int, Mapping[int, int]] | None = None, tie: TieScore | None = None) -> MergeResult:
-    """Merge and admit; the result summarises every provider's hints when asked."""
-    merged, exact = _merge(providers, numa_nodes, policy, options, distances, tie=tie)
+           distances: Mapping[int, Mapping[int, int]] | None = None, tie: TieScore | None = None,
+           closeness: Closeness | None = None) -> MergeResult:
+    """Merge and admit; the result summarises every provider's hints when asked.
+    `closeness`: the machine's Closeness over `distances`, kept across merges."""
+    merged, exact = _merge(providers, numa_nodes, policy, options, distances, tie=tie, closeness=closeness)
     return MergeResult(merged, admit(policy, merged), policy, providers, exact)
 
 
 __all__ = [
-    "POLICIES", "SCOPES", "FITS_BUDGET", "TopologyConfigError", "TopologyManagerOptions", "missing_distance",
+    "POLICIES", "SCOPES", "FITS_BUDGET", "Closeness", "TopologyConfigError", "TopologyManagerOptions", "missing_distance",
     "HintSummary", "MergeResult", "merge", "admit", "verdict", "decide", "provider_resources",
     "ALIGNED", "NOT_ALIGNED", "NOT_CHECKED",
     "check_policy", "check_scope",

@@ -45,9 +45,67 @@ def test_one_admission_builds_the_memory_node_vectors_once(monkeypatch, policy, 
                                                           hugepages={2048: 64})))
     assert len(built) == 1
     assert d.workload.booking.memory_total(MEMORY) == gib * GIB
-    # The next admission reads a new state: its vectors are its own.
-    decide(m, d.state, Request("b", 0, Resources(cpus=2, memory_bytes=GIB)))
+    # The next admission reads a state derived from the first one: its
+    # vectors are the ancestor's with the one booking's nodes updated.
+    after = decide(m, d.state, Request("b", 0, Resources(cpus=2, memory_bytes=GIB, hugepages={2048: 8})))
+    assert len(built) == 1
+    assert after.workload.booking.memory_total(MEMORY) == GIB
+    # Other resources asked together, or a state not derived from those:
+    # vectors of their own.
+    decide(m, after.state, Request("c", 0, Resources(memory_bytes=GIB)))
     assert len(built) == 2
+    decide(m, AgentState(), Request("c", 0, Resources(memory_bytes=GIB, hugepages={2048: 8})))
+    assert len(built) == 3
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_node_vectors_carried_through_usage_updates_equal_a_fresh_build(seed):
+    import random
+
+    rng = random.Random(seed)
+    m = machine(nodes=8)
+    cap, hp = m.memory, mm.hugepages_resource(2048)
+    resource_sets = ((MEMORY,), (MEMORY, hp), (hp,))
+    usage, live = mm.EMPTY_USAGE, []
+    for step in range(40):
+        for resources in resource_sets:
+            mm._node_vectors(cap, usage, resources)  # kept on this usage, then carried on
+        if live and (rng.random() < 0.4 or len(live) > 6):
+            usage = mm.usage_without(usage, live.pop(rng.randrange(len(live))))
+        else:
+            req = MemoryRequest(rng.randint(1, 20) * GIB, {2048: rng.choice((0, 8, 600))})
+            try:
+                a = mm.allocate_memory(cap, usage, req, None)
+            except mm.MemoryAllocationError:
+                continue
+            usage = mm.usage_with(usage, a)
+            live.append(a)
+        assert usage == mm.usage_from(live), step
+        for resources in resource_sets:
+            assert mm._node_vectors(cap, usage, resources) == mm._build_node_vectors(cap, usage, resources), \
+                (step, resources)
+
+
+def test_a_usage_update_builds_no_mask_for_the_groups_it_leaves_alone(monkeypatch):
+    groups = [mm.MemoryAllocation(NumaMask([n]), ((n, MEMORY, GIB),)) for n in range(32)]
+    usage = mm.usage_from(groups)
+    one = mm.MemoryAllocation(NumaMask([40, 41]), ((40, MEMORY, GIB), (41, MEMORY, GIB)))
+    made = []
+    real = NumaMask.from_bits.__func__
+
+    def spy(cls, bits):
+        made.append(bits)
+        return real(cls, bits)
+
+    monkeypatch.setattr(NumaMask, "from_bits", classmethod(spy))
+    more = mm.usage_with(usage, one)
+    less = mm.usage_without(more, groups[3])
+    assert made == []
+    monkeypatch.undo()
+    assert more == mm.usage_from([*groups, one])
+    assert less == mm.usage_from([*groups[:3], *groups[4:], one])
+    assert less.group_of(41) == NumaMask([40, 41]) and less.group_of(3) is None
+    assert less.allocated_bytes(3, MEMORY) == 0 and less.allocated_bytes(40, MEMORY) == GIB
 
 
 def test_node_vectors_kept_on_the_usage_are_the_usages_own():
@@ -180,3 +238,123 @@ def test_a_request_smaller_than_any_node_orders_no_node_for_taking_it_whole(monk
     assert len(taken) == 4 and taken.issubset(topo.numa_cpus[0] | topo.numa_cpus[1])
     # A request of a whole node still takes it whole.
     assert cpu_take.take_by_topology(topo, topo.all_cpus, 8) == topo.numa_cpus[0]
+
+
+def test_closest_first_subsets_are_ordered_once_per_machine(monkeypatch):
+    import numa_agent.admission.topology_manager as tm
+
+    m = machine(nodes=8)
+    assert m.tm_options.prefer_closest_numa_nodes
+    enumerated = counting(monkeypatch, tm, "_gosper")
+    # More memory than one node holds: the merge walks two-node masks, closest first.
+    req = Request("a", 0, Resources(memory_bytes=20 * GIB))
+    first = decide(m, AgentState(), req)
+    walked = len(enumerated)
+    assert walked >= 1 and len(first.workload.booking.mems) == 2
+    again = decide(m, AgentState(), req)
+    other = decide(m, first.state, Request("b", 0, Resources(memory_bytes=20 * GIB)))
+    assert len(enumerated) == walked  # the machine's order, kept
+    assert again.workload.booking.mems == first.workload.booking.mems
+    assert len(other.workload.booking.mems) == 2
+    assert not set(other.workload.booking.mems) & set(first.workload.booking.mems)
+
+
+def test_the_kept_closest_first_order_is_the_sorted_one():
+    m = machine(nodes=8)
+    closeness = m.closeness
+    assert closeness is not None
+    sums = {}
+    for universe in (0xFF, 0b10110110, 0b1111):
+        for width in range(1, universe.bit_count() + 1):
+            nodes = [n for n in range(8) if universe >> n & 1]
+            from itertools import combinations
+
+            masks = [sum(1 << n for n in c) for c in combinations(nodes, width)]
+            for bits in masks:
+                ns = [n for n in range(8) if bits >> n & 1]
+                sums[bits] = sum(m.distances[a][b] for a in ns for b in ns)
+            want = sorted(masks, key=lambda b: (sums[b], b))
+            assert list(closeness.closest_first(universe, width)) == want
+            assert list(closeness.closest_first(universe, width)) == want  # kept
+
+
+def test_cpu_hints_read_no_cpu_set_of_the_topology_per_request(monkeypatch):
+    from numa_agent.admission.cpu_manager import cpu_hints
+    from numa_agent.core.cpuset import CpuSet
+
+    m = machine(nodes=16)
+    topo = m.cpu_topology
+    half = CpuSet(c for c in m.usable_cpus if c % 2 == 0)
+    cpu_hints(topo, half, 3)  # what the topology keeps, made once
+    read = []
+    real = CpuSet.bits
+
+    monkeypatch.setattr(CpuSet, "bits", property(lambda s: read.append(s) or real.fget(s)))
+    hints = cpu_hints(topo, half, 3)
+    with_reusable = cpu_hints(topo, half, 3, reusable=CpuSet([1]))
+    # The request's own sets only (available, reusable), not one per node.
+    assert len(read) <= 4
+    monkeypatch.undo()
+    assert hints.fits_alone() == m.memory.memory_nodes.bits  # every node has 4 free CPUs
+    assert with_reusable.fits_alone() == 1  # CPU 1 is on node 0: only node 0 holds it
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_single_numa_node_merge_sets_no_states_and_agrees_with_the_general_one(monkeypatch, seed):
+    import random
+
+    import numa_agent.admission.topology_manager as tm
+
+    rng = random.Random(seed)
+    all_bits = (1 << 8) - 1
+    cases = []
+    for _ in range(200):
+        lists = []
+        for _ in range(rng.randint(1, 4)):
+            hints = [(1 << n, True) for n in rng.sample(range(9), rng.randint(0, 4))]  # node 8: outside
+            if rng.random() < 0.4:
+                hints.append((None, True))
+            rng.shuffle(hints)
+            lists.append(tuple(hints))
+        cases.append(lists)
+    tie = (lambda bits: -bits) if seed % 2 else None
+    order = tm._Order(False, None, all_bits, tie)
+    want = [tm._merge_finite(lists, all_bits, order) for lists in cases]
+    merged = counting(monkeypatch, tm, "_merge_finite")
+    got = [tm._merge_single_nodes(lists, all_bits, order) for lists in cases]
+    assert merged == []
+    assert got == want
+    # Not of that form (a wider or a non-preferred hint): the general merge.
+    assert tm._merge_single_nodes([((0b11, True),), ((0b1, True),)], all_bits, order) == (0b1, False)
+    assert len(merged) == 1
+
+
+def test_single_numa_node_admission_merges_without_the_state_sets(monkeypatch):
+    import numa_agent.admission.topology_manager as tm
+
+    m = machine(nodes=8, policy="single-numa-node")
+    merged = counting(monkeypatch, tm, "_merge_finite")
+    d = decide(m, AgentState(), Request("a", 0, Resources(cpus=4, memory_bytes=2 * GIB)))
+    assert merged == []
+    assert len(d.workload.booking.mems) == 1
+
+
+def test_an_admission_makes_no_mask_of_the_machines_node_lists(monkeypatch):
+    m = machine(nodes=8)
+    seen = []
+    real = NumaMask.__init__
+
+    def spy(self, nodes=()):
+        nodes = tuple(nodes)
+        seen.append(nodes)
+        real(self, nodes)
+
+    monkeypatch.setattr(NumaMask, "__init__", spy)
+    for policy in ("best-effort", "single-numa-node"):
+        mp = machine(nodes=8, policy=policy)
+        # made once per machine (and topology)
+        assert mp.node_mask and mp.ordinary_node_mask and mp.cpu_topology.numa_mask
+        seen.clear()
+        d = decide(mp, AgentState(), Request("a", 0, Resources(cpus=4, memory_bytes=2 * GIB)))
+        assert len(d.workload.booking.mems) == 1
+        assert m.node_ids not in seen and m.ordinary_node_ids not in seen, policy

@@ -23,7 +23,7 @@ class DeviceProvider:
         if view.pod is not None:
             return None
         machine, in_use = view.machine, view.devices_in_use
-        sets = {resource: device_hints(machine.devices, in_use, resource, count, machine.node_ids)
+        sets = {resource: device_hints(machine.devices, in_use, resource, count, machine.node_mask)
                 for resource, count in sorted(request.resources.devices.items()) if count > 0}
         return sets or None
 

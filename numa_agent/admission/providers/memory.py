@@ -51,9 +51,9 @@ class MemoryProvider:
         if request.membind is not None or not _wants_memory(request, view):
             return None
         machine, fenced = view.machine, view.fenced_nodes
-        nodes = machine.ordinary_node_ids
+        nodes: NumaMask | tuple[int, ...] = machine.ordinary_node_mask
         if fenced:
-            nodes = tuple(n for n in nodes if n not in fenced)
+            nodes = tuple(n for n in machine.ordinary_node_ids if n not in fenced)
         if request.within_mems is not None:
             nodes = tuple(n for n in nodes if n in request.within_mems)
         return memory_hints(machine.memory, view.memory_usage, mem_request, nodes)
@@ -72,7 +72,7 @@ class MemoryProvider:
             where = _without_explicit(affinity, machine.explicit_nodes)
         try:
             alloc = allocate_memory(machine.memory, view.memory_usage, _memory_request(request, view), where,
-                                    nodes=machine.ordinary_node_ids)
+                                    nodes=machine.ordinary_node_mask)
         except MemoryAllocationError as exc:
             hint = None if membind is not None else memory_only_hint(request, view)
             if hint is None:
