@@ -4,7 +4,8 @@
 in one scrape comes from the same consistent snapshot, and turns it into metric families
 (prefix `numa_agent_`, base units, `_total` counters). It lives on the agent's own
 `CollectorRegistry` (never the global default one, which any imported library may fill),
-beside prometheus_client's process, platform and GC collectors (`process_*`, `python_*`).
+beside the process's own series (`process_*`, views/process_metrics.py) and
+prometheus_client's platform and GC collectors (`python_*`).
 
 `start_metrics_server("HOST:PORT", registry)` serves `/metrics` over plain HTTP on TCP,
 by default on 127.0.0.1:9464 (loopback only: the figures describe the node's tenants).
@@ -23,7 +24,7 @@ import threading
 from importlib import metadata
 from typing import Any, Callable, Iterator, Mapping
 
-from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
+from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -35,6 +36,7 @@ from prometheus_client.utils import floatToGoString
 
 from numa_agent.admission.quota import limited
 from numa_agent.core.cpuset import CpuSet
+from numa_agent.views.process_metrics import ProcessMetrics
 
 log = logging.getLogger("numa_agent.metrics")
 
@@ -367,11 +369,11 @@ def _page_size_key(size: str) -> tuple[int, str]:
 
 
 def build_registry(snapshot_fn: Callable[[], Snapshot], version: str | None = None) -> CollectorRegistry:
-    """A fresh registry: the agent's collector, and the process (`process_*`, from /proc/self),
-    platform (`python_info`) and garbage-collector (`python_gc_*`) collectors."""
+    """A fresh registry: the agent's collector, the process's (`process_*`, from /proc/self),
+    and prometheus_client's platform (`python_info`) and garbage-collector (`python_gc_*`) collectors."""
     registry = CollectorRegistry(auto_describe=True)
     registry.register(AgentCollector(snapshot_fn, version))
-    ProcessCollector(registry=registry)
+    registry.register(ProcessMetrics())
     PlatformCollector(registry=registry)
     GCCollector(registry=registry)
     return registry
