@@ -151,6 +151,24 @@ def profiled(self, *args):
         finally:
             prof.disable()
 server.ApiServer._handle = profiled
+from prometheus_client import exposition
+bake = exposition._bake_output
+def profiled_bake(*args, **kwargs):  # GET /metrics: collect and format, not the socket write
+    return _profiled_call(bake, *args, **kwargs)
+def _profiled_call(fn, *args, **kwargs):
+    try:
+        with open(flag) as f:
+            label = f.read().strip()
+    except OSError:
+        return fn(*args, **kwargs)
+    with lock:
+        prof = profiles.setdefault(label, cProfile.Profile())
+        prof.enable()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            prof.disable()
+exposition._bake_output = profiled_bake
 from numa_agent.cli.numa_agent import main
 try:
     code = main()
@@ -343,6 +361,8 @@ def measure_mode(mode: Mode, counts: Sequence[int], samples: int, workdir: Path,
             progress.say(f"{mode.name} (kubelet {mode.kubelet}): {count} live workloads ({exclusive} exclusive) after "
                          f"{time.monotonic() - started:.0f} s; timing probes", final=True)
             _check_live(agent, foreign + count)
+            if profile_dir is not None:
+                (profile_dir / "flag").write_text(f"{mode.name}-scrape-{count}")
             scrapes = time_scrapes(agent.metrics_port, samples)
             for kind in kinds:
                 if profile_dir is not None:
@@ -537,7 +557,7 @@ def measure(args: argparse.Namespace, progress: Progress) -> dict[str, Any]:
                 profile_dir.mkdir()
             rows += measure_mode(mode, args.counts, args.samples, base / run, profile_dir, progress)
             if profile_dir is not None:
-                for kind in mode.kinds:
+                for kind in (*mode.kinds, "scrape"):
                     path = profile_dir / f"{mode.name}-{kind}-{args.counts[-1]}.pstats"
                     profiles[f"{run}-{kind}-{args.counts[-1]}"] = \
                         top_functions(path) if path.is_file() else "(no profile written)"
