@@ -412,9 +412,9 @@ def _read_proc(path: str) -> bytes:
 
 class _Tasks:
     """Finds threads (/proc/PID/task) and children (/proc/PID/task/TID/children),
-    for a followed process through the descriptors its enforcer holds: what a tree holds, not a scan of every process on
-    the machine (a node runs thousands). A kernel without the children files (CONFIG_PROC_CHILDREN)
-    gets one scan of /proc for the parent of every process, shared by every
+    for a followed process through the descriptors its enforcer holds: what a
+    tree holds, not a scan of every process on the machine (a node runs
+    thousands). A kernel without the children files (CONFIG_PROC_CHILDREN) gets one scan of /proc for the parent of every process, shared by every
     tree looked up through this finder (one apply re-pins a whole shared pool)."""
 
     def __init__(self, proc: str = "/proc", held: "dict[int, _Held] | None" = None) -> None:
