@@ -12,7 +12,7 @@ from numa_agent.admission.cpu_take import take_by_topology, take_by_topology_dis
 from numa_agent.admission.cpu_topology import CpuTopology
 from numa_agent.admission.errors import CpuAllocationError, SMTAlignmentError
 from numa_agent.core.cpuset import CpuSet
-from numa_agent.core.hints import HintSet, NumaMask
+from numa_agent.core.hints import HintSet, NumaMask, count_fits
 
 __all__ = [
     "CpuAllocationError",
@@ -79,35 +79,10 @@ def cpu_hints(
         available, reusable = already_allocated, EMPTY
 
     pool = (available | reusable).bits
-    # Per-node counts keyed by the node's single-bit mask: fits() walks only
-    # the set bits of the mask it is asked about, inline (it is the merge's
-    # inner loop).
     by_node = topo.numa_bits_by_node_bit
     counts = {low: (cpus & pool).bit_count() for low, cpus in by_node}
-    reusable_nodes = _nodes_holding(by_node, reusable.bits)
-    count_of = counts.get
-
-    def fits(mask: NumaMask) -> bool:
-        bits = mask.bits
-        if reusable_nodes & ~bits:
-            return False
-        total = 0
-        while bits:
-            low = bits & -bits
-            total += count_of(low, 0)
-            if total >= request:
-                return True
-            bits ^= low
-        return False
-
-    def fits_alone() -> int:
-        if reusable_nodes & (reusable_nodes - 1):
-            return 0  # reusable CPUs on two nodes: no one node holds them all
-        out = 0
-        for low, count in counts.items():
-            if count >= request and not reusable_nodes & ~low:
-                out |= low
-        return out
+    # Every reusable CPU must lie inside the mask: its nodes are required.
+    fits, fits_alone = count_fits(counts, request, required=_nodes_holding(by_node, reusable.bits))
 
     nodes = topo.numa_mask
     if not fits(nodes):

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable, Mapping
 
 from numa_agent.admission.errors import DeviceAllocationError
-from numa_agent.core.hints import HintSet, NumaMask
+from numa_agent.core.hints import HintSet, NumaMask, count_fits
 from numa_agent.core.names import RESOURCE_RULE, is_pci_address, is_resource_name
 from numa_agent.core.topology import UNKNOWN_NODE, PciDevice, Topology
 
@@ -261,27 +261,8 @@ def device_hints(
     min_size = _narrowest_size(_per_node(devices, universe), count)
     if min_size is None:
         return HintSet.impossible()
-    # Free devices per node keyed by the node's single-bit mask: fits() walks
-    # only the set bits of the mask it is asked about (the merge's inner loop).
     free_counts = {1 << n: c for n, c in _per_node(_free(inventory, allocated, resource), universe).items()}
-    free_of = free_counts.get
-
-    def fits(mask: NumaMask) -> bool:
-        bits, total = mask.bits, 0
-        while bits:
-            low = bits & -bits
-            total += free_of(low, 0)
-            if total >= count:
-                return True
-            bits ^= low
-        return False
-
-    def fits_alone() -> int:
-        out = 0
-        for low, c in free_counts.items():
-            if c >= count:
-                out |= low
-        return out
+    fits, fits_alone = count_fits(free_counts, count)
 
     # More nodes never hold fewer devices: the merge may prune on that.
     return HintSet.generated(NumaMask.from_bits(universe), fits, min_size, monotone=True, fits_alone=fits_alone)

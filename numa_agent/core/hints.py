@@ -173,6 +173,40 @@ class TopologyHint:
 HintKind = Literal["none", "impossible", "generated", "explicit"]
 
 
+def count_fits(counts: Mapping[int, int], need: int,
+               required: int = 0) -> tuple[MaskPredicate, Callable[[], int]]:
+    """`fits` and `fits_alone` for HintSet.generated where a mask fits when its
+    nodes together hold `need` of something counted per node (`counts`: node's
+    single-bit mask -> how many) and it covers every node in `required` (bits).
+    fits() walks only the set bits of the mask it is asked about, inline: it is
+    the merge's inner loop."""
+    count_of = counts.get
+
+    def fits(mask: NumaMask) -> bool:
+        bits = mask.bits
+        if required & ~bits:
+            return False
+        total = 0
+        while bits:
+            low = bits & -bits
+            total += count_of(low, 0)
+            if total >= need:
+                return True
+            bits ^= low
+        return False
+
+    def fits_alone() -> int:
+        if required & (required - 1):
+            return 0  # required nodes are two or more: no one node covers them
+        out = 0
+        for low, count in counts.items():
+            if count >= need and not required & ~low:
+                out |= low
+        return out
+
+    return fits, fits_alone
+
+
 @dataclass(frozen=True, slots=True)
 class HintSet:
     """One provider's hints for one resource.
