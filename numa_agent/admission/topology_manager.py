@@ -292,7 +292,6 @@ class _Order:
             if closeness is None or closeness.all_bits & all_bits != all_bits:
                 closeness = Closeness(distances, all_bits)
             self._closeness = closeness
-            self.distance_sum = closeness.distance_sum  # type: ignore[method-assign]
 
     def distance_sum(self, bits: int) -> int:
         assert self._closeness is not None, "distances are summed under prefer-closest-numa-nodes only"
