@@ -17,6 +17,10 @@ import time
 
 from numa_agent.api import wirejson
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (numa-run imports this)
+if TYPE_CHECKING:
+    from typing import Callable
+
 _MAX_RESPONSE_BYTES = 64 * 1024 * 1024
 
 
@@ -110,22 +114,31 @@ def new_request_id() -> str:
 
 def request(socket_path: str, method: str, path: str, body: dict | None = None,
             timeout: float = 30, trusted: frozenset[int] | None = None,
-            busy_retry: float | None = None) -> tuple[int, dict]:
+            busy_retry: float | None = None,
+            while_waiting: Callable[[], object] | None = None) -> tuple[int, dict]:
     """Send one request; return (HTTP status, decoded JSON body). The server
     must run as one of `trusted` (default: trusted_uids()). A busy or
     restarting agent is retried with backoff for up to `busy_retry` seconds
-    (default retry_budget()), saying so on stderr after the first second."""
+    (default retry_budget()), saying so on stderr after the first second.
+    `while_waiting`, if given, runs once, right after the request is first sent and
+    before the answer is read: work the caller needs next, done while the agent
+    works (it must not raise)."""
     budget = retry_budget() if busy_retry is None else busy_retry
     repeatable = method != "POST" or "dry_run=1" in path or bool(body and body.get("request_id"))
     started = time.monotonic()
     deadline = started + budget
     delay, noticed = 0.01, False
+    pending = [while_waiting] if while_waiting is not None else []
+
+    def once() -> None:  # the first attempt that sends runs it; a retry does not again
+        if pending:
+            pending.pop()()
     final: ClientError | None
     why: str | None
     while True:
         try:
             status, answer = _request_once(socket_path, method, path, body, timeout, trusted,
-                                           repeatable)
+                                           repeatable, once)
         except _Retry as exc:
             why, final = exc.why, exc.final
             status, answer = 0, {}
@@ -161,7 +174,8 @@ def _retry_reason(status: int, answer: dict) -> str | None:
 
 def _request_once(socket_path: str, method: str, path: str, body: dict | None,
                   timeout: float, trusted: frozenset[int] | None,
-                  repeatable: bool = False) -> tuple[int, dict]:
+                  repeatable: bool = False,
+                  while_waiting: Callable[[], object] | None = None) -> tuple[int, dict]:
     payload = b"" if body is None else wirejson.dumps(body).encode("utf-8")
     head = (f"{method} {path} HTTP/1.1\r\nHost: numa-agent\r\nConnection: close\r\n"
             f"Accept: application/json\r\n")
@@ -188,6 +202,8 @@ def _request_once(socket_path: str, method: str, path: str, body: dict | None,
             pass  # the server may answer (e.g. 413) before reading everything
         except TimeoutError:
             raise BadResponse(f"timed out sending to the agent at {socket_path}") from None
+        if while_waiting is not None:
+            while_waiting()
         try:
             raw = _read_all(sock, socket_path)
         except NoAnswerInTime as exc:

@@ -22,7 +22,7 @@ from numa_agent.core.record import Record
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (numa-run starts fast)
 if TYPE_CHECKING:
     import argparse
-    from typing import Any
+    from typing import Any, Callable
 
 
 class CliError(Exception):
@@ -59,10 +59,12 @@ def resolve_socket(args: argparse.Namespace) -> str:
 
 
 def call(args: argparse.Namespace, method: str, path: str,
-         body: dict | None = None) -> tuple[int, dict]:
-    """One API call; raises CliError when the agent is unreachable or answers an error."""
+         body: dict | None = None, while_waiting: Callable[[], object] | None = None) -> tuple[int, dict]:
+    """One API call; raises CliError when the agent is unreachable or answers an error.
+    `while_waiting` runs once while the agent works (api.client.request)."""
     try:
-        status, answer = request(resolve_socket(args), method, path, body)
+        status, answer = request(resolve_socket(args), method, path, body,
+                                 while_waiting=while_waiting)
     except ClientError as exc:
         raise CliError(str(exc)) from None
     if status >= 400:

@@ -33,7 +33,7 @@ from numa_agent.core.mempolicy import (
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
 if TYPE_CHECKING:
     import argparse
-    from typing import Any, Mapping
+    from typing import Any, Callable, Mapping
 
     from numa_agent.core.slurm import Confinement
 
@@ -389,12 +389,37 @@ def slurm_request(args: argparse.Namespace, body: dict[str, Any], case: Confinem
     return None
 
 
-def _post(args: argparse.Namespace, path: str, body: dict[str, Any]) -> dict[str, Any]:
+def memory_policy_likely(policy_asked: bool,
+                         controllers: str = f"{CGROUP_MOUNT}/cgroup.controllers") -> bool:
+    """Whether this launch will probably call set_mempolicy: a memory policy was asked
+    for, or the host has no cpuset controller, so the agent pins with its affinity
+    fallback, whose memory binding numa-run sets on itself. A guess that decides only
+    when ctypes is loaded (during the admission or after it), never whether a policy is set."""
+    if policy_asked:
+        return True
+    text = _read(controllers)
+    return text is None or "cpuset" not in text.split()
+
+
+def load_memory_tools() -> None:
+    """Load what set_mempolicy needs (ctypes and the C library: a few ms) while the agent
+    decides. A failure here is met again, and reported, where the policy is set."""
+    try:
+        from numa_agent.enforcement.libc import libc
+        from numa_agent.enforcement.mempolicy import set_policy  # noqa: F401  (loaded, not called)
+
+        libc()
+    except Exception:  # only a head start: _apply_* meets it again and says what is wrong
+        pass
+
+
+def _post(args: argparse.Namespace, path: str, body: dict[str, Any],
+          while_waiting: Callable[[], object] | None = None) -> dict[str, Any]:
     """POST the admission. An agent that cannot enforce on the caller's own cgroup (the
     affinity fallback pins with sched_setaffinity and moves nobody anyway) refuses in_place;
     then ask again without it, still within what Slurm granted (within_cpus)."""
     try:
-        return common.call(args, "POST", path, body)[1]
+        return common.call(args, "POST", path, body, while_waiting)[1]
     except common.AgentError as exc:
         if not (body.get("in_place") and exc.status == 400 and "in_place" in str(exc)):
             raise
@@ -423,7 +448,10 @@ def _admit(args: argparse.Namespace,
             # agent answers a repeated id with the booking it already made.
             body["request_id"] = new_request_id()
         path = "/v1/workloads?dry_run=1" if args.dry_run else "/v1/workloads"
-        record = _post(args, path, body)
+        # The launch's own set-up overlaps the agent's work on the admission.
+        prepare = None if args.dry_run or not memory_policy_likely(asked is not None) \
+            else load_memory_tools
+        record = _post(args, path, body, prepare)
     except common.AgentError as exc:
         message = name_policy_nodes(asked, args.membind is not None, exc.error.get("message", ""))
         if message != exc.error.get("message"):

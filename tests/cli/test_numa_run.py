@@ -5,12 +5,13 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from numa_agent.cli import common
-from numa_agent.cli.numa_run import main, parse_args, workload_env
+from numa_agent.cli.numa_run import main, memory_policy_likely, parse_args, workload_env
 
 REPO = Path(__file__).parents[2]
 
@@ -187,6 +188,10 @@ def _imported(argv, env):
     return out, launch - base
 
 
+# What set_mempolicy needs, loaded during the admission where a memory policy is likely.
+MEMORY_TOOLS = {"ctypes", "struct", "numa_agent.enforcement"}
+
+
 @pytest.mark.parametrize("argv", [["--cpus", "1", "--", "true"], ["--shared", "--", "true"],
                                   ["--cpus=1", "true"]])
 def test_a_launch_imports_only_what_it_needs(server, fake, argv):
@@ -195,9 +200,50 @@ def test_a_launch_imports_only_what_it_needs(server, fake, argv):
     out, loaded = _imported(argv, env)
     assert out.returncode == 0, out.stderr[-2000:]
     assert fake.service_calls().count("admit") == 1  # it did launch, through the agent
-    heavy = {m for m in loaded if m in LAUNCH_NEVER_IMPORTS or m.startswith(tuple(
-        f"{p}." for p in LAUNCH_NEVER_IMPORTS))}
+    # A host without the cpuset controller means the affinity fallback: its memory binding
+    # is numa-run's to set, so ctypes comes early there (and only there).
+    never = LAUNCH_NEVER_IMPORTS - (MEMORY_TOOLS if memory_policy_likely(False) else set())
+    heavy = {m for m in loaded if m in never or m.startswith(tuple(f"{p}." for p in never))}
     assert heavy == set(), f"numa-run's launch imported {sorted(heavy)}"
+
+
+@pytest.mark.parametrize("controllers,asked,likely", [
+    ("cpuset cpu io memory pids\n", False, False),   # cgroup enforcement: cpuset.mems binds
+    ("cpuset cpu io memory pids\n", True, True),     # -i/-p/-l/-w: set_mempolicy in any mode
+    ("cpu io memory pids\n", False, True),           # no cpuset: the affinity fallback
+    ("cpusets cpu\n", False, True),                  # a word, not a substring
+    (None, False, True),                              # no cgroup2 mounted there
+])
+def test_a_memory_policy_is_expected_where_numa_run_will_set_one(tmp_path, controllers, asked, likely):
+    path = tmp_path / "cgroup.controllers"
+    if controllers is not None:
+        path.write_text(controllers)
+    assert memory_policy_likely(asked, str(path)) is likely
+
+
+def test_the_memory_tools_load_while_the_agent_decides(server, fake):
+    """The admission's answer waits here until the numa-run process that asked has
+    ctypes mapped: it loads it while the agent works, not after the answer."""
+    admit, seen = fake.admit, []
+
+    def admit_once_loaded(request, caller, dry_run=False):
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not _maps_ctypes(caller.pid):
+            time.sleep(0.005)
+        seen.append(_maps_ctypes(caller.pid))
+        return admit(request, caller, dry_run)
+    fake.admit = admit_once_loaded
+    out = run_numa_run(server, "-p", "0", "--cpus", "1", "--", "true")
+    assert out.returncode == 0, out.stderr
+    assert seen == [True]
+
+
+def _maps_ctypes(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/maps") as f:
+            return "_ctypes" in f.read()
+    except OSError:
+        return False
 
 
 # ------------------------------------------------------------ against the agent
