@@ -45,6 +45,9 @@ class NoEnforcer:
     def prune(self, layout):
         return []
 
+    def populated(self, relpath):
+        return False  # a released workload's processes are gone: nothing to revoke
+
     def path_of(self, relpath):
         return None
 

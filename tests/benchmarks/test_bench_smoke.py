@@ -177,3 +177,13 @@ def test_bench_intruders_starts_its_threads_sees_them_and_cleans_up():
     assert pinned["tasks"] >= 51 and pinned["found"] >= 50  # every thread was put on that CPU
     assert {"wall_ms_p50", "cpu_ms_p50", "cpu_share_at_default_rate"} <= set(pinned)
     assert r.stderr == ""  # not a line per intruder
+
+
+def test_service_scale_micro_runs_an_admission_and_release_per_setting():
+    """Its enforcer stands in for the real one: it must keep up with what the service asks."""
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "service_scale_micro.py"), "3"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = [line.split() for line in out.stdout.splitlines()]
+    measured = {(r[0], r[2]) for r in rows if len(r) == 5 and r[1] == "3"}
+    assert measured == {(kind, setting) for kind in ("shared", "exclusive") for setting in ("off", "on")}
