@@ -7,7 +7,8 @@ status are the command's own. Imports are kept to the minimum because this
 runs in front of every latency-sensitive program: no third-party module, and of
 the standard library no typing, dataclasses, pathlib, shutil, textwrap or socket
 (the raw _socket); what only some launches need (ctypes for a memory policy,
-Slurm's rules inside a Slurm task) is imported where it is used.
+Slurm's rules inside a Slurm task) is imported where it is used, ctypes while
+the agent decides when a policy is likely (memory_policy_likely).
 scripts/bench-numa-run shows the cost and the slowest imports.
 """
 
