@@ -76,6 +76,22 @@ def print_error(prog: str, message: str) -> None:
     print(f"{prog}: error: {message}", file=sys.stderr)
 
 
+def report_agent_error(prog: str, exc: AgentError, *, as_json: bool = False,
+                       heading: str | None = None, stream: Any = None) -> None:
+    """An error the agent answered, as every command says it: the error object as JSON
+    on stdout (--json); a refusal with its reasoning under `heading` (default "PROG:
+    refused") on `stream` (default stderr); anything else as one error line."""
+    from numa_agent.api.errors import REFUSAL_CODES  # only on an error: numa-run starts fast
+
+    if as_json:
+        print_json({"error": exc.error})
+    elif exc.error.get("code") in REFUSAL_CODES:
+        print("\n".join(refusal_lines(heading or f"{prog}: refused", exc.error)),
+              file=stream or sys.stderr)
+    else:
+        print_error(prog, str(exc))
+
+
 def print_json(data: Any, stream=None) -> None:
     import json
 

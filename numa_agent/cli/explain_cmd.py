@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import sys
 
-from numa_agent.api.errors import REFUSAL_CODES
 from numa_agent.cli import common
 
 PROG = "numa-agent explain"
@@ -32,13 +31,8 @@ def run(args: argparse.Namespace) -> int:
         body = common.build_request(args, context=common.placement_context(args))
         _, record = common.call(args, "POST", "/v1/workloads?dry_run=1", body)
     except common.AgentError as exc:
-        if args.json:
-            common.print_json({"error": exc.error})
-        elif exc.error.get("code") in REFUSAL_CODES:
-            lines = common.refusal_lines("would refuse", exc.error)
-            print("\n".join(lines))
-        else:
-            common.print_error(PROG, str(exc))
+        common.report_agent_error(PROG, exc, as_json=args.json, heading="would refuse",
+                                  stream=sys.stdout)
         return 1
     except common.CliError as exc:
         common.print_error(PROG, str(exc))

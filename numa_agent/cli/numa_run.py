@@ -298,17 +298,6 @@ def _release(args: argparse.Namespace, name: str) -> None:
         common.print_error(PROG, f"could not release {name}: {exc}")
 
 
-def _report_agent_error(args: argparse.Namespace, exc: common.AgentError) -> None:
-    from numa_agent.api.errors import REFUSAL_CODES  # only on a refusal or an error
-
-    if args.json:
-        common.print_json({"error": exc.error})
-    elif exc.error.get("code") in REFUSAL_CODES:
-        print("\n".join(common.refusal_lines(f"{PROG}: refused", exc.error)), file=sys.stderr)
-    else:
-        common.print_error(PROG, str(exc))
-
-
 def _print_binding(record: dict[str, Any], env: dict[str, str], memory_note: str | None,
                    policy: MemoryPolicy | None = None) -> None:
     print(f"{PROG}: {record.get('name', '')} cpus {env['NUMA_AGENT_CPUS'] or '-'} mems "
@@ -457,7 +446,7 @@ def _admit(args: argparse.Namespace,
         message = name_policy_nodes(asked, args.membind is not None, exc.error.get("message", ""))
         if message != exc.error.get("message"):
             exc = common.AgentError(exc.status, {**exc.error, "message": message})
-        _report_agent_error(args, exc)
+        common.report_agent_error(PROG, exc, as_json=args.json)
         return EXIT_FAILURE
     except (common.CliError, PolicyRefused) as exc:
         common.print_error(PROG, str(exc))

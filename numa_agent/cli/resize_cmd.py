@@ -4,7 +4,6 @@ workload's exclusive CPUs and memory in place."""
 from __future__ import annotations
 
 import argparse
-import sys
 
 from numa_agent.cli import common
 from numa_agent.cli.release_cmd import quote_name
@@ -40,10 +39,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         _, answer = common.call(args, "PATCH", f"/v1/workloads/{quote_name(args.name)}", body)
     except common.AgentError as exc:
-        if exc.error.get("details"):  # a refusal that explains itself, as an admission's does
-            print("\n".join(common.refusal_lines(f"{PROG}: refused", exc.error)), file=sys.stderr)
-        else:
-            common.print_error(PROG, str(exc))
+        common.report_agent_error(PROG, exc, as_json=args.json)
         return 1
     except common.CliError as exc:
         common.print_error(PROG, str(exc))

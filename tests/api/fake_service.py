@@ -114,6 +114,11 @@ class FakeService:
                 raise UnknownWorkload(f"no workload named {name!r}")
             if caller.uid != 0 and caller.uid != wl["owner_uid"]:
                 raise NotPermitted(f"workload {name!r} belongs to uid {wl['owner_uid']}")
+            most = sum(len(c) for c in NODE_CPUS.values())
+            if cpus is not None and cpus > most:
+                reason = f"TopologyAffinityError: {cpus} CPUs asked; {most} on the machine"
+                asked = AdmitRequest(cpus=cpus)
+                raise TopologyRefused(reason, details=self._explanation(asked, False, [0, 1], reason))
             if cpus is not None:
                 wl["cpus"] = f"0-{cpus - 1}"
             return {"name": name, "cpus": wl["cpus"], "memory_limit_bytes": memory_bytes}

@@ -280,6 +280,22 @@ def test_resize_needs_something_to_change(server, capsys):
     assert "give --cpus N, --memory SIZE or both" in capsys.readouterr().err
 
 
+def test_a_refused_resize_says_why_as_an_admission_does(server, fake, capsys):
+    admit(server, {"name": "web-1", "cpus": 2})
+    assert run(resize_cmd, ["resize", "web-1", "--cpus", "9"], server) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("numa-agent resize: refused: TopologyAffinityError: 9 CPUs asked")
+    assert "merged hint: {0,1} not preferred" in err
+
+
+@pytest.mark.parametrize("argv,code", [(["resize", "web-1", "--cpus", "9"], "topology_affinity_error"),
+                                       (["resize", "nope", "--cpus", "2"], "not_found")])
+def test_resize_json_answers_an_error_as_json(server, fake, capsys, argv, code):
+    admit(server, {"name": "web-1", "cpus": 2})
+    assert run(resize_cmd, [*argv, "--json"], server) == 1
+    assert json.loads(capsys.readouterr().out)["error"]["code"] == code
+
+
 def test_resize_of_an_unknown_workload_is_one_line_exit_1(server, capsys):
     assert run(resize_cmd, ["resize", "nope", "--cpus", "2"], server) == 1
     err = capsys.readouterr().err.strip().splitlines()
