@@ -358,3 +358,27 @@ def test_an_admission_makes_no_mask_of_the_machines_node_lists(monkeypatch):
         d = decide(mp, AgentState(), Request("a", 0, Resources(cpus=4, memory_bytes=2 * GIB)))
         assert len(d.workload.booking.mems) == 1
         assert m.node_ids not in seen and m.ordinary_node_ids not in seen, policy
+
+
+def test_taking_single_threads_makes_no_cpu_set_per_core(monkeypatch):
+    from numa_agent.admission import cpu_take
+    from numa_agent.admission.cpu_topology import CpuTopology
+    from numa_agent.core.cpuset import CpuSet
+
+    topo = CpuTopology.from_topology(make_topology(sockets=1, nodes_per_socket=2, cores_per_node=8,
+                                                   threads_per_core=2))
+    # One thread of every core is busy: no core is whole, the request is met thread by thread.
+    available = topo.all_cpus - CpuSet(min(topo.core_cpus[c]) for c in topo.core_ids)
+    unspied = cpu_take.take_by_topology(topo, available, 5)
+    first_node = available & topo.numa_cpus[0]
+    made = []
+    real = CpuSet.from_bits.__func__
+
+    def spy(cls, bits):
+        made.append(bits)
+        return real(cls, bits)
+
+    monkeypatch.setattr(CpuSet, "from_bits", classmethod(spy))
+    taken = cpu_take.take_by_topology(topo, available, 5)
+    assert taken == unspied and len(taken) == 5 and taken.issubset(first_node)
+    assert made == [taken.bits]  # the result only
