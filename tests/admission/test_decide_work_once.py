@@ -382,3 +382,28 @@ def test_taking_single_threads_makes_no_cpu_set_per_core(monkeypatch):
     taken = cpu_take.take_by_topology(topo, available, 5)
     assert taken == unspied and len(taken) == 5 and taken.issubset(first_node)
     assert made == [taken.bits]  # the result only
+
+
+@pytest.mark.parametrize("policy", ["best-effort", "restricted"])
+def test_the_preferred_merge_reads_one_node_fits_at_once(monkeypatch, policy):
+    from numa_agent.admission import topology_manager as tm
+
+    m = machine(nodes=8, policy=policy)
+    # Nodes 0-2 lose most of their memory: the closest-first walk passes them.
+    state = AgentState()
+    for i, node in enumerate((0, 1, 2)):
+        state = decide(m, state, Request(f"fill{i}", 0, Resources(memory_bytes=14 * GIB),
+                                         membind=(node,))).state
+    asked = []
+    real = tm._Gen.fits
+
+    def spy(self, bits):
+        asked.append(bits)
+        return real(self, bits)
+
+    monkeypatch.setattr(tm._Gen, "fits", spy)
+    d = decide(m, state, Request("a", 0, Resources(cpus=4, memory_bytes=4 * GIB)))
+    assert len(d.workload.booking.numa_nodes) == 1
+    assert d.workload.booking.numa_nodes[0] not in (0, 1, 2)
+    assert d.explanation["merged"]["preferred"] is True
+    assert [b for b in asked if b.bit_count() == 1] == []
