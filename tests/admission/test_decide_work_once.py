@@ -407,3 +407,24 @@ def test_the_preferred_merge_reads_one_node_fits_at_once(monkeypatch, policy):
     assert d.workload.booking.numa_nodes[0] not in (0, 1, 2)
     assert d.explanation["merged"]["preferred"] is True
     assert [b for b in asked if b.bit_count() == 1] == []
+
+
+def test_a_usage_update_remakes_no_vectors_it_is_not_asked_for():
+    from numa_agent.admission.memory_manager import MemoryAllocation, usage_with
+
+    m = machine()
+    hugepages = hugepages_resource(2048)
+    usage = memory_usage(decide(m, AgentState(), Request("a", 0, Resources(memory_bytes=GIB))).state)
+    # Vectors for two resource sets, kept on the usage by reading them.
+    mm._node_vectors(m.memory, usage, (MEMORY,))
+    before = mm._node_vectors(m.memory, usage, (hugepages,))
+    after = usage_with(usage, MemoryAllocation(NumaMask([1]), ((1, MEMORY, 3 * GIB),)))
+    # Handed on as they were until read: no free vector made per update.
+    assert after._derived[(hugepages,)][1] is before
+    # Read, they agree with vectors built afresh; a node no update named is shared.
+    for resources in ((MEMORY,), (hugepages,)):
+        read = mm._node_vectors(m.memory, after, resources)
+        assert read == mm._build_node_vectors(m.memory, after, resources)
+    assert read[0][0] is before[0][0]
+    assert mm._node_vectors(m.memory, after, (MEMORY,))[0][1][0] + 3 * GIB == \
+        mm._node_vectors(m.memory, usage, (MEMORY,))[0][1][0]
