@@ -198,10 +198,33 @@ class _Accumulator:
                 return
 
     def take_full_cores(self) -> None:
-        for core in [c for c in self.sorted_cores() if self._core[c] & ~self.free == 0]:
-            bits = self._core[core]
-            if self.needed >= bits.bit_count():
-                self.take(bits)
+        size = self.topo.core_size
+        if not size:
+            for core in [c for c in self.sorted_cores() if self._core[c] & ~self.free == 0]:
+                bits = self._core[core]
+                if self.needed >= bits.bit_count():
+                    self.take(bits)
+            return
+        if self.needed < size:
+            return
+        # Cores all of one size: the wholly free ones share one key, so in
+        # sorted_cores() they come by id within each parent, unsorted.
+        for core in self._whole_cores_by_parent():
+            if self.needed < size:
+                return
+            self.take(self._core[core])
+
+    def _whole_cores_by_parent(self) -> list[int]:
+        topo, free, groups = self.topo, self.free, self._core
+        if topo.numa_first:
+            parents, parent_bits, kids_of = self.sorted_sockets(), self._socket, topo.cores_of_socket
+        else:
+            parents, parent_bits, kids_of = self.sorted_numas(), self._numa, topo.cores_of_numa
+        out: list[int] = []
+        for parent in parents:
+            if free & parent_bits[parent]:
+                out.extend([c for c in kids_of[parent] if groups[c] & ~free == 0])
+        return self._dedupe(out)
 
     def take_remaining(self) -> None:
         """Single threads, lowest id first within each group of the order

@@ -428,3 +428,29 @@ def test_a_usage_update_remakes_no_vectors_it_is_not_asked_for():
     assert read[0][0] is before[0][0]
     assert mm._node_vectors(m.memory, after, (MEMORY,))[0][1][0] + 3 * GIB == \
         mm._node_vectors(m.memory, usage, (MEMORY,))[0][1][0]
+
+
+def test_taking_whole_cores_of_one_size_sorts_no_cores(monkeypatch):
+    from numa_agent.admission import cpu_take
+    from numa_agent.admission.cpu_topology import CpuTopology
+    from numa_agent.core.cpuset import CpuSet
+
+    topo = CpuTopology.from_topology(make_topology(sockets=1, nodes_per_socket=2, cores_per_node=8,
+                                                   threads_per_core=2))
+    # Node 1 is fuller (one thread of its first core busy): whole cores come from it, lowest first.
+    half = min(topo.core_cpus[topo.cores_of_numa[1][0]])
+    available = topo.all_cpus - CpuSet([half])
+    want = CpuSet.union_of(topo.core_cpus[c] for c in topo.cores_of_numa[1][1:3])
+    orderings = []
+    real = cpu_take._Accumulator.sorted_cores
+
+    def spy(self):
+        orderings.append(self.needed)
+        return real(self)
+
+    monkeypatch.setattr(cpu_take._Accumulator, "sorted_cores", spy)
+    assert cpu_take.take_by_topology(topo, available, 4) == want
+    assert orderings == []
+    # An odd count still orders the cores for its last thread.
+    assert len(cpu_take.take_by_topology(topo, available, 5)) == 5
+    assert len(orderings) == 1
