@@ -454,3 +454,23 @@ def test_taking_whole_cores_of_one_size_sorts_no_cores(monkeypatch):
     # An odd count still orders the cores for its last thread.
     assert len(cpu_take.take_by_topology(topo, available, 5)) == 5
     assert len(orderings) == 1
+
+
+def test_the_free_report_reads_the_machines_layout_once(monkeypatch):
+    from numa_agent.admission.view import AdmissionView
+    from numa_agent.core.topology import Topology
+
+    m = machine()
+    state = decide(m, AgentState(), Request("a", 0, Resources(cpus=2, memory_bytes=GIB,
+                                                              hugepages={2048: 64}))).state
+    empty = AdmissionView(m, AgentState()).free
+    read = counting(monkeypatch, Topology, "node")
+    first = AdmissionView(m, state).free
+    second = AdmissionView(m, state).free
+    assert read == []  # the machine's part, read for the first report and kept
+    assert second == first
+    booked = [n for n, entry in first.items() if entry != empty[n]]
+    assert len(booked) == 1
+    assert first[booked[0]]["memory_bytes"] == empty[booked[0]]["memory_bytes"] - GIB
+    assert first[booked[0]]["hugepages_bytes"]["2048"] == empty[booked[0]]["hugepages_bytes"]["2048"] - (64 * 2 << 20)
+    assert sum(entry["cpus"] for entry in first.values()) == len(m.usable_cpus) - len(m.reserved_cpus) - 2
