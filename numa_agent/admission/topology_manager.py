@@ -906,7 +906,12 @@ def _summarize(index: int, name: str, hs: HintSet) -> HintSummary:
     assert fits is not None, "a generated hint set has fits()"
     examples: list[str] = []
     tried = 0
-    if hs.min_size >= 1:
+    if hs.min_size == 1 and hs.fits_alone is not None and hs.nodes is not None:
+        # One-node masks come in node order: the first nodes that fit alone,
+        # all answered at once (the walk below would try at most 64 masks).
+        alone = NumaMask.nodes_of(hs.fits_alone() & hs.nodes.bits)[:SUMMARY_LIMIT]
+        examples = [f"{TopologyHint(NumaMask.from_bits(1 << n), True)}" for n in alone]
+    elif hs.min_size >= 1:
         for bits in _gosper(list(nodes), hs.min_size):
             tried += 1
             if tried > 2000 or len(examples) >= SUMMARY_LIMIT:

@@ -474,3 +474,23 @@ def test_the_free_report_reads_the_machines_layout_once(monkeypatch):
     assert first[booked[0]]["memory_bytes"] == empty[booked[0]]["memory_bytes"] - GIB
     assert first[booked[0]]["hugepages_bytes"]["2048"] == empty[booked[0]]["hugepages_bytes"]["2048"] - (64 * 2 << 20)
     assert sum(entry["cpus"] for entry in first.values()) == len(m.usable_cpus) - len(m.reserved_cpus) - 2
+
+
+def test_a_summary_of_one_node_hints_reads_fits_alone_not_fits():
+    from numa_agent.admission.topology_manager import SUMMARY_LIMIT, _summarize
+    from numa_agent.core.hints import HintSet, count_fits
+
+    free = {1 << n: c for n, c in enumerate((1, 6, 2, 8, 9, 0, 7, 5))}
+    fits, fits_alone = count_fits(free, 5)
+    asked = []
+
+    def counted_fits(mask):
+        asked.append(mask)
+        return fits(mask)
+
+    hs = HintSet.generated(NumaMask(range(8)), counted_fits, 1, monotone=True, fits_alone=fits_alone)
+    summary = _summarize(0, "cpu", hs)
+    assert asked == []
+    plain = _summarize(0, "cpu", HintSet.generated(NumaMask(range(8)), fits, 1, monotone=True))
+    assert summary == plain
+    assert summary.hints == tuple(f"{{{n}}} preferred" for n in (1, 3, 4, 6)[:SUMMARY_LIMIT])
