@@ -221,9 +221,10 @@ class _Accumulator:
         else:
             parents, parent_bits, kids_of = self.sorted_numas(), self._numa, topo.cores_of_numa
         out: list[int] = []
+        busy = ~free
         for parent in parents:
             if free & parent_bits[parent]:
-                out.extend([c for c in kids_of[parent] if groups[c] & ~free == 0])
+                out.extend([c for c in kids_of[parent] if not groups[c] & busy])
         return self._dedupe(out)
 
     def take_remaining(self) -> None:
