@@ -151,6 +151,12 @@ class Machine:
         return Closeness(self.distances, self.node_mask.bits)
 
     @cached_property
+    def siblings_and_l3(self) -> dict[int, tuple[int, int | None]]:
+        """CPU id -> (bits of its core's CPUs, its L3 id): what an alignment
+        report reads per booked CPU, made once."""
+        return {c.id: (c.siblings.bits, c.l3) for c in self.topology.cpus}
+
+    @cached_property
     def free_layout(self) -> tuple[tuple[int, str, int, int, tuple[tuple[str, str, int], ...]], ...]:
         """What a report of the free resources reads of the machine, per usable
         node: (node, its key, its usable CPUs' bits, its allocatable regular

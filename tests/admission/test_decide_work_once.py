@@ -494,3 +494,17 @@ def test_a_summary_of_one_node_hints_reads_fits_alone_not_fits():
     plain = _summarize(0, "cpu", HintSet.generated(NumaMask(range(8)), fits, 1, monotone=True))
     assert summary == plain
     assert summary.hints == tuple(f"{{{n}}} preferred" for n in (1, 3, 4, 6)[:SUMMARY_LIMIT])
+
+
+def test_the_alignment_report_looks_up_no_cpu_per_booking(monkeypatch):
+    from numa_agent.admission.admit import alignment
+    from numa_agent.core.topology import Topology
+
+    m = machine()
+    whole = decide(m, AgentState(), Request("a", 0, Resources(cpus=4))).workload.booking
+    odd = decide(m, AgentState(), Request("b", 0, Resources(cpus=3))).workload.booking
+    alignment(m, whole)  # the machine's table, made once
+    looked_up = counting(monkeypatch, Topology, "cpu")
+    assert alignment(m, whole) == {"numa_node": True, "physical_core": True, "l3": True}
+    assert alignment(m, odd) == {"numa_node": True, "physical_core": False, "l3": True}
+    assert looked_up == []
