@@ -417,13 +417,13 @@ def alignment(machine: Machine, b: Booking) -> dict[str, bool]:
     """Whether a booking sits on one NUMA node, on whole physical cores, in one L3."""
     if not b.cpus:
         return {"numa_node": len(b.numa_nodes) <= 1, "physical_core": False, "l3": False}
-    topo = machine.topology
+    of_cpu = machine.siblings_and_l3
     siblings = 0
     l3s = set()
     for c in b.cpus:
-        cpu = topo.cpu(c)
-        siblings |= cpu.siblings.bits
-        l3s.add(cpu.l3)
+        cpu_siblings, l3 = of_cpu[c]
+        siblings |= cpu_siblings
+        l3s.add(l3)
     whole_cores = siblings & machine.usable_cpus.bits == b.cpus.bits
     return {"numa_node": len(b.numa_nodes) == 1, "physical_core": whole_cores,
             "l3": len(l3s) == 1 and None not in l3s}

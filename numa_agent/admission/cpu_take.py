@@ -72,14 +72,23 @@ class _Accumulator:
         return CpuSet.from_bits(self.free & self._numa[numa])
 
     # ---- orderings ----------------------------------------------------------
+    # Each ordering sorts (free CPUs, id) pairs: fullest first, ties by lower
+    # id, with no Python key function called per candidate.
     def _fullest_first(self, ids: Sequence[int], groups: dict[int, int]) -> list[int]:
         free = self.free
-        return sorted(ids, key=lambda i: ((free & groups[i]).bit_count(), i))
+        keyed = [((free & groups[i]).bit_count(), i) for i in ids]
+        keyed.sort()
+        return [i for _, i in keyed]
 
-    def _children(self, parent_bits: int, child_ids: Sequence[int], groups: dict[int, int]) -> list[int]:
-        """Children that still have a free CPU inside `parent_bits`."""
-        live = self.free & parent_bits
-        return [c for c in child_ids if groups[c] & live]
+    def _live_fullest_first(self, parent_bits: int, child_ids: Sequence[int], groups: dict[int, int]) -> list[int]:
+        """Children that still have a free CPU inside `parent_bits`, fullest first."""
+        free = self.free
+        live = free & parent_bits
+        if not live:
+            return []
+        keyed = [((free & groups[c]).bit_count(), c) for c in child_ids if groups[c] & live]
+        keyed.sort()
+        return [c for _, c in keyed]
 
     @staticmethod
     def _dedupe(ids: list[int]) -> list[int]:
@@ -94,8 +103,7 @@ class _Accumulator:
             return self._fullest_first(live, self._numa)
         out: list[int] = []
         for socket in self.sorted_sockets():
-            kids = self._children(self._socket[socket], topo.numas_of_socket[socket], self._numa)
-            out.extend(self._fullest_first(kids, self._numa))
+            out.extend(self._live_fullest_first(self._socket[socket], topo.numas_of_socket[socket], self._numa))
         return self._dedupe(out)
 
     def sorted_sockets(self) -> list[int]:
@@ -105,8 +113,7 @@ class _Accumulator:
             return self._fullest_first(live, self._socket)
         out: list[int] = []
         for numa in self.sorted_numas():
-            kids = self._children(self._numa[numa], topo.sockets_of_numa[numa], self._socket)
-            out.extend(self._fullest_first(kids, self._socket))
+            out.extend(self._live_fullest_first(self._numa[numa], topo.sockets_of_numa[numa], self._socket))
         return self._dedupe(out)
 
     def sorted_cores(self) -> list[int]:
@@ -114,19 +121,16 @@ class _Accumulator:
         out: list[int] = []
         if topo.numa_first:
             for socket in self.sorted_sockets():
-                kids = self._children(self._socket[socket], topo.cores_of_socket[socket], self._core)
-                out.extend(self._fullest_first(kids, self._core))
+                out.extend(self._live_fullest_first(self._socket[socket], topo.cores_of_socket[socket], self._core))
         else:
             for numa in self.sorted_numas():
-                kids = self._children(self._numa[numa], topo.cores_of_numa[numa], self._core)
-                out.extend(self._fullest_first(kids, self._core))
+                out.extend(self._live_fullest_first(self._numa[numa], topo.cores_of_numa[numa], self._core))
         return self._dedupe(out)
 
     def sorted_uncores(self) -> list[int]:
         out: list[int] = []
         for numa in self.sorted_numas():
-            kids = self._children(self._numa[numa], self.topo.uncores_of_numa[numa], self._uncore)
-            out.extend(self._fullest_first(kids, self._uncore))
+            out.extend(self._live_fullest_first(self._numa[numa], self.topo.uncores_of_numa[numa], self._uncore))
         return self._dedupe(out)
 
     # ---- taking whole groups ----------------------------------------------
@@ -194,24 +198,52 @@ class _Accumulator:
                 return
 
     def take_full_cores(self) -> None:
-        for core in [c for c in self.sorted_cores() if self._core[c] & ~self.free == 0]:
-            bits = self._core[core]
-            if self.needed >= bits.bit_count():
-                self.take(bits)
+        size = self.topo.core_size
+        if not size:
+            for core in [c for c in self.sorted_cores() if self._core[c] & ~self.free == 0]:
+                bits = self._core[core]
+                if self.needed >= bits.bit_count():
+                    self.take(bits)
+            return
+        if self.needed < size:
+            return
+        # Cores all of one size: the wholly free ones share one key, so in
+        # sorted_cores() they come by id within each parent, unsorted.
+        for core in self._whole_cores_by_parent():
+            if self.needed < size:
+                return
+            self.take(self._core[core])
+
+    def _whole_cores_by_parent(self) -> list[int]:
+        topo, free, groups = self.topo, self.free, self._core
+        if topo.numa_first:
+            parents, parent_bits, kids_of = self.sorted_sockets(), self._socket, topo.cores_of_socket
+        else:
+            parents, parent_bits, kids_of = self.sorted_numas(), self._numa, topo.cores_of_numa
+        out: list[int] = []
+        busy = ~free
+        for parent in parents:
+            if free & parent_bits[parent]:
+                out.extend([c for c in kids_of[parent] if not groups[c] & busy])
+        return self._dedupe(out)
 
     def take_remaining(self) -> None:
-        order: list[int] = []
+        """Single threads, lowest id first within each group of the order
+        (cores fullest first; sockets when spreading), straight from the
+        bits: no set of ids is made per group."""
         if self.spread:
-            for socket in self.sorted_sockets():
-                order.extend(CpuSet.from_bits(self.free & self._socket[socket]).ids())
+            groups, order = self._socket, self.sorted_sockets()
         else:
-            for core in self.sorted_cores():
-                order.extend(CpuSet.from_bits(self.free & self._core[core]).ids())
-        for cpu in order:
-            if self.satisfied():
-                return
-            if self.free >> cpu & 1:
-                self.take(1 << cpu)
+            groups, order = self._core, self.sorted_cores()
+        free = self.free  # the order's snapshot: only what is taken below leaves it
+        for group in order:
+            bits = free & groups[group]
+            while bits:
+                if self.needed < 1:
+                    return
+                low = bits & -bits
+                bits ^= low
+                self.take(low)
 
 
 def _not_enough(count: int, available: CpuSet) -> CpuAllocationError:

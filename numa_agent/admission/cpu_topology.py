@@ -191,6 +191,12 @@ class CpuTopology:
                                       ("core", self.core_cpus), ("uncore", self.uncore_cpus))}
 
     @cached_property
+    def core_size(self) -> int:
+        """CPUs in every core when all cores are as large (0: they differ)."""
+        sizes = {bits.bit_count() for bits in self.group_bits["core"].values()}
+        return sizes.pop() if len(sizes) == 1 else 0
+
+    @cached_property
     def numa_bits_by_node_bit(self) -> tuple[tuple[int, int], ...]:
         """(1 << node, the node's CPUs as bits) per NUMA node: what the hint
         generation counts free CPUs over, made once."""

@@ -16,7 +16,7 @@ from typing import Any, Mapping
 from numa_agent.admission.cpu_manager import CpuManagerOptions, reserved_cpus
 from numa_agent.admission.cpu_topology import CpuTopology
 from numa_agent.admission.device_manager import DeviceInventory, DeviceResource, DeviceSelector, resolve_inventory
-from numa_agent.admission.memory_manager import MemoryCapacity
+from numa_agent.admission.memory_manager import MemoryCapacity, hugepages_resource
 from numa_agent.admission.topology_manager import Closeness, TopologyManagerOptions, missing_distance
 from numa_agent.core.cpuset import CpuSet
 from numa_agent.core.hints import NumaMask
@@ -149,6 +149,27 @@ class Machine:
         if not self.tm_options.prefer_closest_numa_nodes or missing_distance(self.distances, self.node_ids):
             return None
         return Closeness(self.distances, self.node_mask.bits)
+
+    @cached_property
+    def siblings_and_l3(self) -> dict[int, tuple[int, int | None]]:
+        """CPU id -> (bits of its core's CPUs, its L3 id): what an alignment
+        report reads per booked CPU, made once."""
+        return {c.id: (c.siblings.bits, c.l3) for c in self.topology.cpus}
+
+    @cached_property
+    def free_layout(self) -> tuple[tuple[int, str, int, int, tuple[tuple[str, str, int], ...]], ...]:
+        """What a report of the free resources reads of the machine, per usable
+        node: (node, its key, its usable CPUs' bits, its allocatable regular
+        memory, (page size key in kB, resource, allocatable) per hugepage pool
+        that has pages). Made once; only the usage changes between reports."""
+        out = []
+        by_node, memory = self.usable_cpu_bits_by_node, self.memory
+        for n in self.node_ids:
+            pools = tuple((str(hp.size_kb), resource, memory.allocatable(n, resource))
+                          for hp in self.topology.node(n).hugepages if hp.total
+                          for resource in (hugepages_resource(hp.size_kb),))
+            out.append((n, str(n), by_node.get(n, 0), memory.allocatable(n, "memory"), pools))
+        return tuple(out)
 
     def cpus_of_nodes(self, nodes) -> CpuSet:
         """Usable CPUs of these NUMA nodes."""

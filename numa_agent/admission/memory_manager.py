@@ -457,24 +457,40 @@ def usage_without(usage: MemoryUsage, allocation: MemoryAllocation) -> MemoryUsa
 
 def _carry_node_vectors(usage: MemoryUsage, new: MemoryUsage, amounts: Iterable[tuple[int, str, int]]) -> None:
     """Hand the node vectors kept on `usage` on to `new`, which differs from
-    it only in `amounts`: the free vector of each node they name is made
-    again, every other one is shared (see _node_vectors)."""
+    it only in `amounts`: the nodes they name are marked stale, to be made
+    again from `new` (or a usage derived from it) only if its vectors for
+    those resources are read (see _node_vectors). An update costs no
+    vector for the resources it is never asked about."""
     kept = usage._derived
     if not kept:
         return
-    nodes = {n for n, _, _ in amounts}
-    allocated = new._alloc_index.get
+    changed = 0
+    for n, _, _ in amounts:
+        changed |= 1 << n
     carried = new._derived
     for key, entry in kept.items():
         if not isinstance(key, tuple):
             continue  # not node vectors (shortfalls): computed afresh when asked
-        capacity, (free, allocatable) = entry
-        free = dict(free)
-        for n in nodes:
-            alloc = allocatable.get(n)
-            if alloc is not None:
-                free[n] = tuple([max(0, a - allocated((n, r), 0)) for a, r in zip(alloc, key, strict=True)])
-        carried[key] = (capacity, (free, allocatable))
+        capacity, vectors, stale = entry
+        carried[key] = (capacity, vectors, stale | changed)
+
+
+def _refreshed(usage: MemoryUsage, resources: tuple[str, ...],
+               vectors: tuple[dict[int, tuple[int, ...]], dict[int, tuple[int, ...]]], stale: int
+               ) -> tuple[dict[int, tuple[int, ...]], dict[int, tuple[int, ...]]]:
+    """`vectors` with the free vector of every `stale` node (bits) made
+    again from `usage`; the other nodes' are shared."""
+    free, allocatable = vectors
+    free = dict(free)
+    allocated = usage._alloc_index.get
+    while stale:
+        low = stale & -stale
+        stale ^= low
+        n = low.bit_length() - 1
+        alloc = allocatable.get(n)
+        if alloc is not None:
+            free[n] = tuple([max(0, a - allocated((n, r), 0)) for a, r in zip(alloc, resources, strict=True)])
+    return free, allocatable
 
 
 def usage_from(allocations: Iterable[MemoryAllocation]) -> MemoryUsage:
@@ -770,11 +786,15 @@ def _node_vectors(capacity: MemoryCapacity, usage: MemoryUsage, resources: tuple
     kept = usage._derived
     entry = kept.get(resources)
     if entry is not None and entry[0] is capacity:
-        return entry[1]
-    vectors = _build_node_vectors(capacity, usage, resources)
-    if len(kept) >= _VECTORS_KEPT:
-        kept.clear()
-    kept[resources] = (capacity, vectors)
+        if not entry[2]:
+            return entry[1]
+        # Handed on by updates (_carry_node_vectors): the nodes they changed, made again.
+        vectors = _refreshed(usage, resources, entry[1], entry[2])
+    else:
+        vectors = _build_node_vectors(capacity, usage, resources)
+        if len(kept) >= _VECTORS_KEPT:
+            kept.clear()
+    kept[resources] = (capacity, vectors, 0)
     return vectors
 
 

@@ -378,6 +378,8 @@ class _Gen:
         self._fits = hs.fits
         self._also = hs.also_preferred
         self._contains = hs.contains_fit
+        self._alone = hs.fits_alone
+        self._alone_bits: int | None = None
         self._cache: dict[int, bool] = {} if cache is None else cache
         self._budget = budget
 
@@ -392,6 +394,27 @@ class _Gen:
                 raise _OverBudget
             hit = bool(self._fits(NumaMask.from_bits(bits)))
             self._cache[bits] = hit
+        return hit
+
+    def answers_alone(self) -> bool:
+        """Whether one-node masks can be answered all at once (fits_single)."""
+        return self._alone is not None
+
+    def fits_single(self, bit: int) -> bool:
+        """fits() of the one-node mask `bit` (inside `nodes`), read from the
+        hint set's fits_alone, asked once, rather than a fits() call per node;
+        cached and counted against the budget as fits() is."""
+        hit = self._cache.get(bit)
+        if hit is None:
+            budget = self._budget
+            budget.left -= 1
+            if budget.left < 0:
+                raise _OverBudget
+            alone = self._alone_bits
+            if alone is None:
+                assert self._alone is not None
+                alone = self._alone_bits = self._alone() & self.nodes
+            hit = self._cache[bit] = bool(alone & bit)
         return hit
 
     def spend(self) -> None:
@@ -578,11 +601,31 @@ def _preferred_phase(finite: list[Finite], gens: list[_Gen], all_bits: int, orde
         widths = [w for w in strict if w >= start]
     else:
         widths = range(start, common.bit_count() + 1)
+    # One node wide, a set of width 1 prefers exactly the nodes that fit alone.
+    singles = all(g.min_size == 1 and g.answers_alone() for g in gens)
     for width in widths:
+        if width == 1 and singles:
+            found = _first_single_node(common, gens, order, budget)
+            if found is not None:
+                return found
+            continue
         for bits in order.subsets(common, width, budget):
             budget.spend()
             if all(g.prefers(bits) for g in gens):
                 return bits  # subsets come best first
+    return None
+
+
+def _first_single_node(common: int, gens: list[_Gen], order: _Order, budget: _Budget) -> int | None:
+    """The best one-node mask of `common` that every set (each of min_size 1)
+    fits alone, walked in the order's sequence; None when there is none."""
+    for bits in order.subsets(common, 1, budget):
+        budget.spend()
+        for g in gens:
+            if not g.fits_single(bits):
+                break
+        else:
+            return bits
     return None
 
 
@@ -863,7 +906,12 @@ def _summarize(index: int, name: str, hs: HintSet) -> HintSummary:
     assert fits is not None, "a generated hint set has fits()"
     examples: list[str] = []
     tried = 0
-    if hs.min_size >= 1:
+    if hs.min_size == 1 and hs.fits_alone is not None and hs.nodes is not None:
+        # One-node masks come in node order: the first nodes that fit alone,
+        # all answered at once (the walk below would try at most 64 masks).
+        alone = NumaMask.nodes_of(hs.fits_alone() & hs.nodes.bits)[:SUMMARY_LIMIT]
+        examples = [f"{TopologyHint(NumaMask.from_bits(1 << n), True)}" for n in alone]
+    elif hs.min_size >= 1:
         for bits in _gosper(list(nodes), hs.min_size):
             tried += 1
             if tried > 2000 or len(examples) >= SUMMARY_LIMIT:

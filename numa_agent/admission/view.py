@@ -15,8 +15,6 @@ from numa_agent.admission.machine import Machine
 from numa_agent.admission.memory_manager import (
     MemoryAllocation,
     MemoryUsage,
-    free_bytes,
-    hugepages_resource,
     shortfalls,
     usage_from_booked,
     usage_with,
@@ -190,17 +188,16 @@ class AdmissionView:
         """Per node: CPUs that can still become exclusive, free regular memory
         and, where the node has hugepage pools, their free bytes by page size
         in kB (the request's keys): the numbers a refusal's text speaks of."""
-        machine, usage = self.machine, self.memory_usage
-        free_bits, node_bits = self.allocatable_cpus.bits, machine.usable_cpu_bits_by_node
+        usage = self.memory_usage
+        free_bits, allocated = self.allocatable_cpus.bits, usage.allocated_bytes
         fenced = self.fenced_nodes  # nothing of theirs is free for a new admission
         out: dict[str, dict[str, Any]] = {}
-        for n in machine.node_ids:
+        for n, key, cpu_bits, memory, pools in self.machine.free_layout:
             open_ = n not in fenced
-            entry: dict[str, Any] = {"cpus": (free_bits & node_bits.get(n, 0)).bit_count(),
-                                     "memory_bytes": free_bytes(machine.memory, usage, n, "memory") if open_ else 0}
-            pools = {str(hp.size_kb): free_bytes(machine.memory, usage, n, hugepages_resource(hp.size_kb)) if open_ else 0
-                     for hp in machine.topology.node(n).hugepages if hp.total}
+            entry: dict[str, Any] = {"cpus": (free_bits & cpu_bits).bit_count(),
+                                     "memory_bytes": max(0, memory - allocated(n, "memory")) if open_ else 0}
             if pools:
-                entry["hugepages_bytes"] = pools
-            out[str(n)] = entry
+                entry["hugepages_bytes"] = {size: max(0, allocatable - allocated(n, resource)) if open_ else 0
+                                            for size, resource, allocatable in pools}
+            out[key] = entry
         return out

@@ -358,3 +358,153 @@ def test_an_admission_makes_no_mask_of_the_machines_node_lists(monkeypatch):
         d = decide(mp, AgentState(), Request("a", 0, Resources(cpus=4, memory_bytes=2 * GIB)))
         assert len(d.workload.booking.mems) == 1
         assert m.node_ids not in seen and m.ordinary_node_ids not in seen, policy
+
+
+def test_taking_single_threads_makes_no_cpu_set_per_core(monkeypatch):
+    from numa_agent.admission import cpu_take
+    from numa_agent.admission.cpu_topology import CpuTopology
+    from numa_agent.core.cpuset import CpuSet
+
+    topo = CpuTopology.from_topology(make_topology(sockets=1, nodes_per_socket=2, cores_per_node=8,
+                                                   threads_per_core=2))
+    # One thread of every core is busy: no core is whole, the request is met thread by thread.
+    available = topo.all_cpus - CpuSet(min(topo.core_cpus[c]) for c in topo.core_ids)
+    unspied = cpu_take.take_by_topology(topo, available, 5)
+    first_node = available & topo.numa_cpus[0]
+    made = []
+    real = CpuSet.from_bits.__func__
+
+    def spy(cls, bits):
+        made.append(bits)
+        return real(cls, bits)
+
+    monkeypatch.setattr(CpuSet, "from_bits", classmethod(spy))
+    taken = cpu_take.take_by_topology(topo, available, 5)
+    assert taken == unspied and len(taken) == 5 and taken.issubset(first_node)
+    assert made == [taken.bits]  # the result only
+
+
+@pytest.mark.parametrize("policy", ["best-effort", "restricted"])
+def test_the_preferred_merge_reads_one_node_fits_at_once(monkeypatch, policy):
+    from numa_agent.admission import topology_manager as tm
+
+    m = machine(nodes=8, policy=policy)
+    # Nodes 0-2 lose most of their memory: the closest-first walk passes them.
+    state = AgentState()
+    for i, node in enumerate((0, 1, 2)):
+        state = decide(m, state, Request(f"fill{i}", 0, Resources(memory_bytes=14 * GIB),
+                                         membind=(node,))).state
+    asked = []
+    real = tm._Gen.fits
+
+    def spy(self, bits):
+        asked.append(bits)
+        return real(self, bits)
+
+    monkeypatch.setattr(tm._Gen, "fits", spy)
+    d = decide(m, state, Request("a", 0, Resources(cpus=4, memory_bytes=4 * GIB)))
+    assert len(d.workload.booking.numa_nodes) == 1
+    assert d.workload.booking.numa_nodes[0] not in (0, 1, 2)
+    assert d.explanation["merged"]["preferred"] is True
+    assert [b for b in asked if b.bit_count() == 1] == []
+
+
+def test_a_usage_update_remakes_no_vectors_it_is_not_asked_for():
+    from numa_agent.admission.memory_manager import MemoryAllocation, usage_with
+
+    m = machine()
+    hugepages = hugepages_resource(2048)
+    usage = memory_usage(decide(m, AgentState(), Request("a", 0, Resources(memory_bytes=GIB))).state)
+    # Vectors for two resource sets, kept on the usage by reading them.
+    mm._node_vectors(m.memory, usage, (MEMORY,))
+    before = mm._node_vectors(m.memory, usage, (hugepages,))
+    after = usage_with(usage, MemoryAllocation(NumaMask([1]), ((1, MEMORY, 3 * GIB),)))
+    # Handed on as they were until read: no free vector made per update.
+    assert after._derived[(hugepages,)][1] is before
+    # Read, they agree with vectors built afresh; a node no update named is shared.
+    for resources in ((MEMORY,), (hugepages,)):
+        read = mm._node_vectors(m.memory, after, resources)
+        assert read == mm._build_node_vectors(m.memory, after, resources)
+    assert read[0][0] is before[0][0]
+    assert mm._node_vectors(m.memory, after, (MEMORY,))[0][1][0] + 3 * GIB == \
+        mm._node_vectors(m.memory, usage, (MEMORY,))[0][1][0]
+
+
+def test_taking_whole_cores_of_one_size_sorts_no_cores(monkeypatch):
+    from numa_agent.admission import cpu_take
+    from numa_agent.admission.cpu_topology import CpuTopology
+    from numa_agent.core.cpuset import CpuSet
+
+    topo = CpuTopology.from_topology(make_topology(sockets=1, nodes_per_socket=2, cores_per_node=8,
+                                                   threads_per_core=2))
+    # Node 1 is fuller (one thread of its first core busy): whole cores come from it, lowest first.
+    half = min(topo.core_cpus[topo.cores_of_numa[1][0]])
+    available = topo.all_cpus - CpuSet([half])
+    want = CpuSet.union_of(topo.core_cpus[c] for c in topo.cores_of_numa[1][1:3])
+    orderings = []
+    real = cpu_take._Accumulator.sorted_cores
+
+    def spy(self):
+        orderings.append(self.needed)
+        return real(self)
+
+    monkeypatch.setattr(cpu_take._Accumulator, "sorted_cores", spy)
+    assert cpu_take.take_by_topology(topo, available, 4) == want
+    assert orderings == []
+    # An odd count still orders the cores for its last thread.
+    assert len(cpu_take.take_by_topology(topo, available, 5)) == 5
+    assert len(orderings) == 1
+
+
+def test_the_free_report_reads_the_machines_layout_once(monkeypatch):
+    from numa_agent.admission.view import AdmissionView
+    from numa_agent.core.topology import Topology
+
+    m = machine()
+    state = decide(m, AgentState(), Request("a", 0, Resources(cpus=2, memory_bytes=GIB,
+                                                              hugepages={2048: 64}))).state
+    empty = AdmissionView(m, AgentState()).free
+    read = counting(monkeypatch, Topology, "node")
+    first = AdmissionView(m, state).free
+    second = AdmissionView(m, state).free
+    assert read == []  # the machine's part, read for the first report and kept
+    assert second == first
+    booked = [n for n, entry in first.items() if entry != empty[n]]
+    assert len(booked) == 1
+    assert first[booked[0]]["memory_bytes"] == empty[booked[0]]["memory_bytes"] - GIB
+    assert first[booked[0]]["hugepages_bytes"]["2048"] == empty[booked[0]]["hugepages_bytes"]["2048"] - (64 * 2 << 20)
+    assert sum(entry["cpus"] for entry in first.values()) == len(m.usable_cpus) - len(m.reserved_cpus) - 2
+
+
+def test_a_summary_of_one_node_hints_reads_fits_alone_not_fits():
+    from numa_agent.admission.topology_manager import SUMMARY_LIMIT, _summarize
+    from numa_agent.core.hints import HintSet, count_fits
+
+    free = {1 << n: c for n, c in enumerate((1, 6, 2, 8, 9, 0, 7, 5))}
+    fits, fits_alone = count_fits(free, 5)
+    asked = []
+
+    def counted_fits(mask):
+        asked.append(mask)
+        return fits(mask)
+
+    hs = HintSet.generated(NumaMask(range(8)), counted_fits, 1, monotone=True, fits_alone=fits_alone)
+    summary = _summarize(0, "cpu", hs)
+    assert asked == []
+    plain = _summarize(0, "cpu", HintSet.generated(NumaMask(range(8)), fits, 1, monotone=True))
+    assert summary == plain
+    assert summary.hints == tuple(f"{{{n}}} preferred" for n in (1, 3, 4, 6)[:SUMMARY_LIMIT])
+
+
+def test_the_alignment_report_looks_up_no_cpu_per_booking(monkeypatch):
+    from numa_agent.admission.admit import alignment
+    from numa_agent.core.topology import Topology
+
+    m = machine()
+    whole = decide(m, AgentState(), Request("a", 0, Resources(cpus=4))).workload.booking
+    odd = decide(m, AgentState(), Request("b", 0, Resources(cpus=3))).workload.booking
+    alignment(m, whole)  # the machine's table, made once
+    looked_up = counting(monkeypatch, Topology, "cpu")
+    assert alignment(m, whole) == {"numa_node": True, "physical_core": True, "l3": True}
+    assert alignment(m, odd) == {"numa_node": True, "physical_core": False, "l3": True}
+    assert looked_up == []
