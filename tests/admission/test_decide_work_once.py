@@ -86,18 +86,37 @@ def test_node_vectors_carried_through_usage_updates_equal_a_fresh_build(seed):
                 (step, resources)
 
 
-def test_a_usage_update_builds_no_mask_for_the_groups_it_leaves_alone(monkeypatch):
-    groups = [mm.MemoryAllocation(NumaMask([n]), ((n, MEMORY, GIB),)) for n in range(32)]
-    usage = mm.usage_from(groups)
-    one = mm.MemoryAllocation(NumaMask([40, 41]), ((40, MEMORY, GIB), (41, MEMORY, GIB)))
-    made = []
-    real = NumaMask.from_bits.__func__
+def spy_from_bits(monkeypatch, value_class) -> list[int]:
+    """The bits of every `value_class.from_bits` call from now on, in order."""
+    made: list[int] = []
+    real = value_class.from_bits.__func__
 
     def spy(cls, bits):
         made.append(bits)
         return real(cls, bits)
 
-    monkeypatch.setattr(NumaMask, "from_bits", classmethod(spy))
+    monkeypatch.setattr(value_class, "from_bits", classmethod(spy))
+    return made
+
+def spy_merge_fits(monkeypatch) -> list[int]:
+    """The node bits of every fits() the merge asks a provider from now on, in order."""
+    from numa_agent.admission import topology_manager as tm
+
+    asked: list[int] = []
+    real = tm._Gen.fits
+
+    def spy(self, bits):
+        asked.append(bits)
+        return real(self, bits)
+
+    monkeypatch.setattr(tm._Gen, "fits", spy)
+    return asked
+
+def test_a_usage_update_builds_no_mask_for_the_groups_it_leaves_alone(monkeypatch):
+    groups = [mm.MemoryAllocation(NumaMask([n]), ((n, MEMORY, GIB),)) for n in range(32)]
+    usage = mm.usage_from(groups)
+    one = mm.MemoryAllocation(NumaMask([40, 41]), ((40, MEMORY, GIB), (41, MEMORY, GIB)))
+    made = spy_from_bits(monkeypatch, NumaMask)
     more = mm.usage_with(usage, one)
     less = mm.usage_without(more, groups[3])
     assert made == []
@@ -202,17 +221,9 @@ def test_fits_alone_answers_as_fits_on_every_single_node(seed):
 
 
 def test_single_numa_node_merge_asks_no_single_node_fits_when_answered_at_once(monkeypatch):
-    from numa_agent.admission import topology_manager as tm
 
     m = machine(nodes=8, policy="single-numa-node")
-    asked = []
-    real = tm._Gen.fits
-
-    def spy(self, bits):
-        asked.append(bits)
-        return real(self, bits)
-
-    monkeypatch.setattr(tm._Gen, "fits", spy)
+    asked = spy_merge_fits(monkeypatch)
     d = decide(m, AgentState(), Request("a", 0, Resources(cpus=4, memory_bytes=4 * GIB)))
     assert d.workload.booking.numa_nodes == (0,)
     assert [b for b in asked if b.bit_count() == 1] == []
@@ -371,14 +382,7 @@ def test_taking_single_threads_makes_no_cpu_set_per_core(monkeypatch):
     available = topo.all_cpus - CpuSet(min(topo.core_cpus[c]) for c in topo.core_ids)
     unspied = cpu_take.take_by_topology(topo, available, 5)
     first_node = available & topo.numa_cpus[0]
-    made = []
-    real = CpuSet.from_bits.__func__
-
-    def spy(cls, bits):
-        made.append(bits)
-        return real(cls, bits)
-
-    monkeypatch.setattr(CpuSet, "from_bits", classmethod(spy))
+    made = spy_from_bits(monkeypatch, CpuSet)
     taken = cpu_take.take_by_topology(topo, available, 5)
     assert taken == unspied and len(taken) == 5 and taken.issubset(first_node)
     assert made == [taken.bits]  # the result only
@@ -386,7 +390,6 @@ def test_taking_single_threads_makes_no_cpu_set_per_core(monkeypatch):
 
 @pytest.mark.parametrize("policy", ["best-effort", "restricted"])
 def test_the_preferred_merge_reads_one_node_fits_at_once(monkeypatch, policy):
-    from numa_agent.admission import topology_manager as tm
 
     m = machine(nodes=8, policy=policy)
     # Nodes 0-2 lose most of their memory: the closest-first walk passes them.
@@ -394,14 +397,7 @@ def test_the_preferred_merge_reads_one_node_fits_at_once(monkeypatch, policy):
     for i, node in enumerate((0, 1, 2)):
         state = decide(m, state, Request(f"fill{i}", 0, Resources(memory_bytes=14 * GIB),
                                          membind=(node,))).state
-    asked = []
-    real = tm._Gen.fits
-
-    def spy(self, bits):
-        asked.append(bits)
-        return real(self, bits)
-
-    monkeypatch.setattr(tm._Gen, "fits", spy)
+    asked = spy_merge_fits(monkeypatch)
     d = decide(m, state, Request("a", 0, Resources(cpus=4, memory_bytes=4 * GIB)))
     assert len(d.workload.booking.numa_nodes) == 1
     assert d.workload.booking.numa_nodes[0] not in (0, 1, 2)
