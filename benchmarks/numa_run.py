@@ -1,7 +1,9 @@
 """numa-run start-up cost: wall time of `numa-run --cpus 1 -- true` and
 `numa-run --shared -- true` against a real agent, beside the same venv's
 `python -c pass`, a bare `python -I -S -c pass` and `taskset`, plus what
-numa-run imports.
+numa-run imports. A floor line measures the least any Python launcher pays
+for the exclusive launch (FLOOR_CODE): the fastest interpreter start, one
+admission over the raw socket, exec.
 
 By default numa-run is measured as users get it: a wheel built from this
 checkout and installed (with its compiled .pyc) into a fresh venv, so the
@@ -34,6 +36,24 @@ SHARED = "numa-run --shared -- true"
 PYTHON = "python -c pass"
 BARE = "python -I -S -c pass"
 TASKSET = "taskset -c 0 true"
+FLOOR = "floor: python -I -S, admit + exec"
+# The least any Python launcher does for `--cpus 1 -- true`: the fastest interpreter
+# start, one admission over the raw socket, exec. No parsing, no checks, no output:
+# what numa-run could not go below while it is Python.
+FLOOR_CODE = """\
+import _socket, os, sys
+body = b'{"cpus":1,"command":["true"],"request_id":"%s"}' % os.urandom(16).hex().encode()
+s = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+s.connect(sys.argv[1])
+s.sendall(b"POST /v1/workloads HTTP/1.1\\r\\nHost: numa-agent\\r\\nConnection: close\\r\\n"
+          b"Content-Type: application/json\\r\\nContent-Length: %d\\r\\n\\r\\n%s" % (len(body), body))
+answer = b""
+while chunk := s.recv(65536):
+    answer += chunk
+if not answer.startswith((b"HTTP/1.1 200", b"HTTP/1.1 201")):
+    sys.exit(answer[:300].decode(errors="replace"))
+os.execvp("true", ["true"])
+"""
 INSTALLS = ("wheel", "checkout")
 
 
@@ -61,7 +81,8 @@ class Install:
 
 def commands(socket_path: str, install: Install) -> list[Command]:
     """numa-run exclusive and shared (the console script, else python -m), the same
-    venv's bare interpreter start with and without site, and taskset."""
+    venv's bare interpreter start with and without site, the floor (FLOOR_CODE) and
+    taskset."""
     py = install.python
     if install.script:
         launcher: tuple[str, ...] = (install.script,)
@@ -70,7 +91,8 @@ def commands(socket_path: str, install: Install) -> list[Command]:
     out = [Command(EXCLUSIVE, (*launcher, "--socket", socket_path, "--cpus", "1", "--", "true"), True),
            Command(SHARED, (*launcher, "--socket", socket_path, "--shared", "--", "true")),
            Command(PYTHON, (py, "-c", "pass")),
-           Command(BARE, (py, "-I", "-S", "-c", "pass"))]
+           Command(BARE, (py, "-I", "-S", "-c", "pass")),
+           Command(FLOOR, (py, "-I", "-S", "-c", FLOOR_CODE, socket_path), True)]
     taskset = shutil.which("taskset")
     if taskset:
         out.append(Command(TASKSET, (taskset, "-c", "0", "true")))
@@ -212,7 +234,7 @@ def measure(runs: int, install_kind: str = "wheel") -> dict[str, Any]:
             agent.stop()
     by_name = {r["name"]: r["median_ms"] for r in results}
     ratios = {}
-    for name in (EXCLUSIVE, SHARED):
+    for name in (EXCLUSIVE, SHARED, FLOOR):
         for base in (PYTHON, BARE, TASKSET):
             if name in by_name and by_name.get(base, 0) > 0:
                 ratios[f"{name} / {base}"] = by_name[name] / by_name[base]
@@ -227,6 +249,8 @@ def render(report: dict[str, Any]) -> str:
                    [[c["name"], fmt(c["median_ms"], 2), fmt(c["p90_ms"], 2)] for c in report["commands"]]),
              "", "ratios of medians:"]
     lines += [f"  {name}: {ratio:.2f}x" for name, ratio in report["ratios"].items()]
+    lines += ["", f"{FLOOR!r} is the least a launcher written in Python pays: the fastest interpreter "
+                  "start, one admission, exec; numa-run's figures above it are its own."]
     imp = report["imports"]
     lines += ["", f"numa-run --cpus 1 imports {imp['modules']} modules ({imp['total_self_ms']:.1f} ms of "
                   f"import time in all); top 10 by cumulative time:",
@@ -240,7 +264,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="bench-numa-run", description=(
         "Start a real agent and measure the wall time of `numa-run --cpus 1 -- true` and "
         "`numa-run --shared -- true` against the same venv's `python -c pass`, "
-        "`python -I -S -c pass` and `taskset -c 0 true`; list numa-run's slowest imports. "
+        "`python -I -S -c pass`, the floor of a Python launcher (admit + exec only) and "
+        "`taskset -c 0 true`; list numa-run's slowest imports. "
         "Prints figures, asserts nothing."))
     p.add_argument("--runs", type=int, default=20, help="timed runs per command (default %(default)s)")
     p.add_argument("--install", choices=INSTALLS, default="wheel",

@@ -110,10 +110,10 @@ def test_bench_numa_run_json_on_one_run():
     report = json.loads(r.stdout)
     assert report["install"] == "checkout"
     names = [c["name"] for c in report["commands"]]
-    assert names[:4] == [numa_run.EXCLUSIVE, numa_run.SHARED, numa_run.PYTHON, numa_run.BARE]
+    assert names[:5] == [numa_run.EXCLUSIVE, numa_run.SHARED, numa_run.PYTHON, numa_run.BARE, numa_run.FLOOR]
     for c in report["commands"]:
         assert c["runs"] == 1 and 0 < c["median_ms"] <= c["p90_ms"]
-    for launch in (numa_run.EXCLUSIVE, numa_run.SHARED):
+    for launch in (numa_run.EXCLUSIVE, numa_run.SHARED, numa_run.FLOOR):
         for base in (numa_run.PYTHON, numa_run.BARE):
             assert f"{launch} / {base}" in report["ratios"]
     imports = report["imports"]
