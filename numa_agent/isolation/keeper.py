@@ -13,13 +13,13 @@ from __future__ import annotations
 import errno
 import logging
 import os
-from dataclasses import dataclass
-from typing import Any, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Mapping, Sequence
 
 from numa_agent.isolation.irqbalance import IrqbalanceError
 from numa_agent.isolation.knobs import KnobFiles
 from numa_agent.isolation.plan import IRQBALANCE, KINDS, Holding, Plan, kind_of, plan, same_value
-from numa_agent.state.model import AgentState, IsolationLedger, Workload
+from numa_agent.state.model import AgentState, FollowsWorkloads, IsolationLedger, Workload
 
 log = logging.getLogger("numa_agent.isolation")
 
@@ -33,10 +33,42 @@ def isolation_asked(w: Workload) -> tuple[str, ...]:
     return tuple(w.request.get(ISOLATE) or ())
 
 
+@dataclass(frozen=True)
+class _Isolating(FollowsWorkloads):
+    """The workloads that asked for isolation, and the holdings among them: kept in
+    the state's memo and followed through every update, so that a commit among
+    a thousand workloads asks the few that changed, not every one."""
+
+    asked: frozenset[str] = frozenset()
+    held: Mapping[str, Holding] = field(default_factory=dict)
+
+    def after_workloads(self, removed: Sequence[Workload], added: Sequence[Workload]) -> "_Isolating":
+        if not any(isolation_asked(w) for w in (*removed, *added)):
+            return self
+        asked, held = set(self.asked), dict(self.held)
+        for w in removed:
+            asked.discard(w.name)
+            held.pop(w.name, None)
+        for w in added:
+            kinds = isolation_asked(w)
+            if kinds:
+                asked.add(w.name)
+                # Exclusive CPUs only: a shared workload has none to isolate.
+                if not w.shared and w.booking.cpus:
+                    held[w.name] = Holding(w.booking.cpus, frozenset(kinds))
+        return _Isolating(frozenset(asked), held)
+
+
+def _isolating(state: AgentState) -> _Isolating:
+    kept = state.memo.get("isolating")
+    if not isinstance(kept, _Isolating):
+        kept = state.memo["isolating"] = _Isolating().after_workloads((), state.workloads)
+    return kept
+
+
 def holdings(state: AgentState) -> dict[str, Holding]:
-    """The workloads isolating: exclusive CPUs only (a shared workload has none to isolate)."""
-    return {w.name: Holding(w.booking.cpus, frozenset(isolation_asked(w))) for w in state.workloads
-            if isolation_asked(w) and not w.shared and w.booking.cpus}
+    """The workloads isolating, in name order: their exclusive CPUs and the kinds asked."""
+    return dict(sorted(_isolating(state).held.items()))
 
 
 @dataclass(frozen=True)
@@ -99,7 +131,7 @@ class IsolationKeeper:
 
     @staticmethod
     def active(state: AgentState) -> bool:
-        return bool(state.isolation) or any(isolation_asked(w) for w in state.workloads)
+        return bool(state.isolation) or bool(_isolating(state).asked)
 
     def missing(self, state: AgentState, name: str) -> tuple[str, ...]:
         """What the machine lacks for workload `name` of `state` (no knob is read)."""

@@ -309,3 +309,29 @@ def test_a_value_the_kernel_stored_otherwise_than_written_is_still_the_agents_an
     assert read(root, f"{CPU}/cpufreq/policy4/scaling_min_freq") == "2999000"
     state = step(keeper, state.without_workload("a"))
     assert snapshot(root) == before and not state.isolation and keeper.changed == {}
+
+
+def test_a_commit_reads_the_changed_workloads_not_every_one(monkeypatch):
+    """Whether isolation is in use, and what it holds, follow each update: a commit
+    among a thousand workloads (one isolating) asks only the workloads that changed."""
+    import numa_agent.isolation.keeper as keeper_module
+
+    keeper = IsolationKeeper
+    plain = [Workload(name=f"s{i:04}", owner_uid=0, booking=Booking(), shared=True) for i in range(1000)]
+    state = AgentState(workloads=tuple(plain)).with_workload(workload("a", "4-5"))
+    assert keeper.active(state)
+    assert set(keeper_module.holdings(state)) == {"a"}
+    asked = []
+    real = keeper_module.isolation_asked
+
+    def spy(w):
+        asked.append(w.name)
+        return real(w)
+
+    monkeypatch.setattr(keeper_module, "isolation_asked", spy)
+    added = state.with_workload(workload("b", "6"))
+    gone = added.without_workload("a")
+    assert keeper.active(added) and keeper.active(gone)
+    assert set(keeper_module.holdings(added)) == {"a", "b"} and set(keeper_module.holdings(gone)) == {"b"}
+    assert not keeper.active(gone.without_workload("b"))
+    assert len(asked) <= 10, len(asked)
