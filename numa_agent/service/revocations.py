@@ -30,7 +30,7 @@ rebuild a released workload whose process still runs.
 from __future__ import annotations
 
 import logging
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from numa_agent.enforcement.errors import EnforcementError
 from numa_agent.enforcement.plan import workload_relpath
@@ -77,22 +77,40 @@ def revoked_by(revoked: Iterable[Revocation], data: bytes | None) -> Revocation 
     return next((r for r in revoked if r.covers(record)), None)
 
 
+def _lives_once() -> Callable[[Revocation], bool]:
+    """process_lives, asked once per process: a process that admitted itself
+    under many names and was released under each has one revocation per name."""
+    known: dict[tuple[int | None, str | None], bool] = {}
+
+    def lives(r: Revocation) -> bool:
+        key = (r.pid, r.pid_identity)
+        if key not in known:
+            known[key] = process_lives(r)
+        return known[key]
+    return lives
+
+
 def pruned(state: AgentState, enforcer: Records) -> AgentState:
     """`state` without the revocations of which no trace remains."""
-    kept = tuple(r for r in state.revoked if process_lives(r) or record_remains(r, enforcer))
+    lives = _lives_once()
+    kept = tuple(r for r in state.revoked if lives(r) or record_remains(r, enforcer))
     return state.with_revoked(kept)
 
 
 def hand_to_pool(state: AgentState, enforcer: Enforcer, layout: Layout) -> None:
     """What the revoked workloads left running goes to the shared pool of
     `layout`: a cgroup still carrying a revoked record is emptied into it and
-    removed, a live revoked process (the affinity fallback) re-pinned to it.
+    removed, a live revoked process (the affinity fallback) re-pinned to it,
+    once however many revocations name it.
     A failure is logged: the start or the change it belongs to goes on."""
+    lives = _lives_once()
+    handed: set[tuple[int | None, str | None]] = set()
     for r in state.revoked:
         cgroup = r.cgroup if record_remains(r, enforcer) else None
-        pid = r.pid if process_lives(r) else None
+        pid = r.pid if (r.pid, r.pid_identity) not in handed and lives(r) else None
         if cgroup is None and pid is None:
             continue
+        handed.add((r.pid, r.pid_identity))
         try:
             enforcer.evict(cgroup, pid, r.pid_identity, layout)
         except (EnforcementError, OSError) as exc:
@@ -102,8 +120,9 @@ def hand_to_pool(state: AgentState, enforcer: Enforcer, layout: Layout) -> None:
 
 def released_views(state: AgentState) -> list[dict[str, Any]]:
     """The processes of revoked workloads still running: unmanaged, on the shared pool."""
+    lives = _lives_once()
     return [{"name": r.name, "pid": r.pid, "released_unix": r.released_unix, "reason": REASON}
-            for r in state.revoked if process_lives(r)]
+            for r in state.revoked if lives(r)]
 
 
 __all__ = ["REASON", "hand_to_pool", "process_lives", "pruned", "record_remains", "released_views",

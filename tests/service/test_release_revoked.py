@@ -255,3 +255,48 @@ def test_a_revocation_covers_only_its_own_booking_and_process():
     assert r.covers_process(100, "boot:500")
     assert not r.covers_process(100, "boot:501")  # the pid reused
     assert not r.covers_process(101, "boot:500")
+
+
+class _Evictions:
+    """An enforcer without cgroups that records what hand_to_pool asks of it."""
+
+    def __init__(self):
+        self.evicted = []
+
+    def exists(self, relpath):
+        return False
+
+    def read_record(self, relpath):
+        return None
+
+    def evict(self, relpath, pid, identity, layout):
+        self.evicted.append((relpath, pid, identity))
+
+
+def test_one_live_process_released_many_times_is_read_and_re_pinned_once(monkeypatch):
+    """A process that admitted itself under many names, each released while it ran:
+    one revocation per name, one process. A change of the pool asks whether it lives
+    and re-pins it once, not once per revocation."""
+    import numa_agent.service.revocations as revocations
+    from numa_agent.state.model import AgentState, Revocation
+
+    me = os.getpid()
+    identity = process_identity(me)
+    revoked = tuple(Revocation(name=f"probe-{i}", pid=me, pid_identity=identity, cgroup=f"shared/probe-{i}")
+                    for i in range(50))
+    state = AgentState().with_revoked(revoked)
+    reads = []
+    real = revocations.process_identity
+
+    def counting(pid, *args):
+        reads.append(pid)
+        return real(pid, *args)
+
+    monkeypatch.setattr(revocations, "process_identity", counting)
+    enforcer = _Evictions()
+    revocations.hand_to_pool(state, enforcer, {})
+    assert enforcer.evicted == [(None, me, identity)]
+    assert len(reads) == 1
+    reads.clear()
+    assert revocations.pruned(state, enforcer).revoked == revoked  # all kept: their process runs
+    assert len(reads) == 1
