@@ -53,6 +53,9 @@ class NumaMask:
     def __setattr__(self, name, value):  # immutable
         raise AttributeError("NumaMask is immutable")
 
+    def __reduce__(self):
+        return NumaMask.from_bits, (self.bits,)  # copy and pickle build it anew
+
     # ---- bit helpers on raw bitmasks -------------------------------------
     @staticmethod
     def bits_of(nodes: "NumaMask | Iterable[int]") -> int:

@@ -1,7 +1,7 @@
 """NumaMask's bit helpers and HintSet's typed fields, as the managers use them."""
 
 from numa_agent.admission.memory_manager import MemoryAllocation, usage_from
-from numa_agent.core.hints import HintSet, NumaMask
+from numa_agent.core.hints import HintSet, NumaMask, TopologyHint
 
 
 def test_bit_helpers_agree_with_the_mask():
@@ -33,3 +33,16 @@ def test_memory_usage_exposes_read_only_indexes():
         pass
     else:
         raise AssertionError("group_bits must be read-only")
+
+
+def test_a_mask_copies_and_pickles_as_the_value_it_is():
+    # Immutable, so it cannot be filled in field by field: copy and pickle build it anew,
+    # as the other value types do (a decision that holds masks can be deep-copied or sent).
+    import copy
+    import pickle
+
+    mask = NumaMask([0, 2, 63])
+    for clone in (copy.copy(mask), copy.deepcopy(mask), pickle.loads(pickle.dumps(mask))):
+        assert clone == mask and clone.nodes() == (0, 2, 63) and hash(clone) == hash(mask)
+    hint = TopologyHint(mask, True)
+    assert copy.deepcopy(hint) == hint
