@@ -162,6 +162,8 @@ def allocate_cpus(
         else:
             aligned = allocatable & topo.cpus_of_numas(affinity.nodes())
         result = _take(topo, aligned, min(request, len(aligned)), options)
+        if len(result) == request:
+            return result
     rest = _take(topo, allocatable - result, request - len(result), options)
     return result | rest
 

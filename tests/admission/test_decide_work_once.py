@@ -504,3 +504,15 @@ def test_the_alignment_report_looks_up_no_cpu_per_booking(monkeypatch):
     assert alignment(m, whole) == {"numa_node": True, "physical_core": True, "l3": True}
     assert alignment(m, odd) == {"numa_node": True, "physical_core": False, "l3": True}
     assert looked_up == []
+
+
+def test_an_aligned_allocation_that_holds_the_request_takes_no_rest(monkeypatch):
+    """The CPUs of the merged nodes hold the whole request: no second, empty take
+    over the rest of the machine (each take sorts the machine's groups anew)."""
+    from numa_agent.admission import cpu_take
+
+    m = machine(nodes=4)
+    takes = counting(monkeypatch, cpu_take, "_Accumulator")
+    d = decide(m, AgentState(), Request("a", 0, Resources(cpus=3)))
+    assert len(takes) == 1
+    assert len(d.workload.booking.cpus) == 3 and len(d.workload.booking.numa_nodes) == 1
