@@ -15,6 +15,7 @@ from numa_agent.core.cpuset import CpuSet
 from numa_agent.enforcement import affinity_enforcer as enforcer_module
 from numa_agent.enforcement.affinity_enforcer import AffinityEnforcer
 from numa_agent.enforcement.plan import SHARED_CGROUP, CgroupSpec
+from tests.support.processes import kill_all
 
 
 def two_cpus() -> tuple[CpuSet, CpuSet]:
@@ -93,8 +94,7 @@ def test_without_a_held_descriptor_the_children_file_is_read_by_path(monkeypatch
         assert CpuSet(os.sched_getaffinity(child)) == narrow
     finally:
         enforcer.close()
-        for pid in enforcer_module._Tasks().children(parent.pid, parent.pid):
-            os.kill(pid, 9)
+        kill_all(enforcer_module._Tasks().children(parent.pid, parent.pid))
         parent.kill()
         parent.wait()
 
@@ -166,11 +166,7 @@ def test_a_followed_process_forking_while_the_pool_changes_ends_whole_on_the_new
             old = target
     finally:
         enforcer.close()
-        for pid in tree(proc.pid, enforcer_module._Tasks()):
-            try:
-                os.kill(pid, 9)
-            except ProcessLookupError:
-                pass
+        kill_all(tree(proc.pid, enforcer_module._Tasks()))
         proc.wait()
 
 

@@ -23,6 +23,7 @@ from numa_agent.service.agent_service import AgentService
 from numa_agent.service.recovery import restore
 from numa_agent.service.requests import AdmitRequest
 from numa_agent.state.checkpoint import CheckpointStore
+from tests.support.processes import kill_all
 from tests.support.simulated_service import cg_file
 from tests.support.synthetic import make_topology
 
@@ -306,11 +307,7 @@ def test_a_real_tree_making_threads_while_re_pinned_ends_on_the_new_cpus():
                     pass  # a short-lived thread that ended
             target = CpuSet([allowed[0]]) if target == CpuSet([allowed[-1]]) else CpuSet([allowed[-1]])
     finally:
-        for pid in [*enforcer_module._Tasks().children(proc.pid, proc.pid), proc.pid]:
-            try:
-                os.kill(pid, 9)
-            except ProcessLookupError:
-                pass
+        kill_all([*enforcer_module._Tasks().children(proc.pid, proc.pid), proc.pid])
         proc.wait()
 
 
