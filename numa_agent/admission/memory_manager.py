@@ -943,6 +943,25 @@ class _State:
         return min(candidates, key=lambda b: (b.bit_count(), b))
 
 
+# The last _State built, with what it was built from: an admission's hints and
+# its allocation read the same usage and request over the same universe (the
+# common case), so the allocation takes the hints' state instead of building
+# it again. Matched by identity: the inputs are immutable and held here.
+_last_state: tuple[MemoryCapacity, MemoryUsage, MemoryRequest, int, "_State"] | None = None
+
+
+def _state_of(capacity: MemoryCapacity, usage: MemoryUsage, request: MemoryRequest,
+              universe_bits: int) -> "_State":
+    global _last_state
+    last = _last_state
+    if last is not None and last[0] is capacity and last[1] is usage and last[2] is request \
+            and last[3] == universe_bits:
+        return last[4]
+    state = _State(capacity, usage, request, universe_bits)
+    _last_state = (capacity, usage, request, universe_bits, state)
+    return state
+
+
 def _universe(nodes: NumaMask | Iterable[int] | None, capacity: MemoryCapacity) -> int:
     return capacity.memory_nodes.bits if nodes is None else NumaMask.bits_of(nodes)
 
@@ -965,7 +984,7 @@ def memory_hints(
     request. The same masks are offered for every resource, as the kubelet
     does. When no mask could ever hold the request every resource gets
     ``impossible()`` (see ``memory_refusal_reason``)."""
-    state = _State(capacity, usage, request, NumaMask.bits_of(nodes))
+    state = _state_of(capacity, usage, request, NumaMask.bits_of(nodes))
     if not state.resources:
         return {}
     min_size = state.min_size()
@@ -1064,7 +1083,7 @@ def allocate_memory(
     Raises MemoryAllocationError naming the resource, requested bytes and
     free bytes per node.
     """
-    state = _State(capacity, usage, request, _universe(nodes, capacity) | (affinity.bits if affinity else 0))
+    state = _state_of(capacity, usage, request, _universe(nodes, capacity) | (affinity.bits if affinity else 0))
     if not state.resources:
         return EMPTY_ALLOCATION
     aff_bits = affinity.bits if affinity is not None else 0

@@ -516,3 +516,15 @@ def test_an_aligned_allocation_that_holds_the_request_takes_no_rest(monkeypatch)
     d = decide(m, AgentState(), Request("a", 0, Resources(cpus=3)))
     assert len(takes) == 1
     assert len(d.workload.booking.cpus) == 3 and len(d.workload.booking.numa_nodes) == 1
+
+
+@pytest.mark.parametrize("policy", ["best-effort", "single-numa-node"])
+def test_one_admission_builds_the_memory_managers_state_once(monkeypatch, policy):
+    m = machine(policy=policy)
+    built = counting(monkeypatch, mm, "_State")
+    d = decide(m, AgentState(), Request("a", 0, Resources(cpus=2, memory_bytes=4 * GIB, hugepages={2048: 64})))
+    # The hints' state serves the allocation: same usage, request and nodes.
+    assert len(built) == 1
+    assert d.workload.booking.memory_total(MEMORY) == 4 * GIB
+    decide(m, d.state, Request("b", 0, Resources(memory_bytes=GIB)))
+    assert len(built) == 2  # another request, its own
