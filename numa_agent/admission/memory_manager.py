@@ -390,7 +390,24 @@ EMPTY_USAGE = MemoryUsage()
 def usage_with(usage: MemoryUsage, allocation: MemoryAllocation) -> MemoryUsage:
     """`usage` plus one more allocation. Raises MemoryAllocationError if the
     allocation's group overlaps a different group in use."""
-    group = allocation.group
+    return _with(usage, allocation.group, allocation.amounts)
+
+
+def usage_with_booked(usage: MemoryUsage, nodes: Iterable[int], per_node: Mapping[int, Mapping[str, int]]
+                      ) -> MemoryUsage:
+    """``usage_with`` of an allocation in the form bookings keep it (see
+    ``usage_from_booked``), without building and sorting a MemoryAllocation:
+    admission folds the new booking into the kept usage on every update."""
+    return _with(usage, *_checked(nodes, per_node))
+
+
+def usage_without_booked(usage: MemoryUsage, nodes: Iterable[int], per_node: Mapping[int, Mapping[str, int]]
+                         ) -> MemoryUsage:
+    """``usage_without`` of an allocation in the form bookings keep it."""
+    return _without(usage, *_checked(nodes, per_node))
+
+
+def _with(usage: MemoryUsage, group: NumaMask, amounts: Iterable[tuple[int, str, int]]) -> MemoryUsage:
     bits = group.bits
     if not bits:
         return usage
@@ -404,7 +421,7 @@ def usage_with(usage: MemoryUsage, allocation: MemoryAllocation) -> MemoryUsage:
                 f"{_fmt_mask(held)} in use on NUMA node {n}"
             )
     allocated = dict(usage._alloc_index)
-    for n, r, b in allocation.amounts:
+    for n, r, b in amounts:
         if b:
             allocated[(n, r)] = allocated.get((n, r), 0) + b
     counts = dict(usage._group_count)
@@ -415,14 +432,17 @@ def usage_with(usage: MemoryUsage, allocation: MemoryAllocation) -> MemoryUsage:
         for n in nodes:
             group_of[n] = bits
     new = MemoryUsage._of_indexes(allocated, counts, group_of, usage._used_bits | bits)
-    _carry_node_vectors(usage, new, allocation.amounts)
+    _carry_node_vectors(usage, new, amounts)
     return new
 
 
 def usage_without(usage: MemoryUsage, allocation: MemoryAllocation) -> MemoryUsage:
     """`usage` with one allocation released. Raises MemoryAllocationError if
     the allocation is not part of it."""
-    group = allocation.group
+    return _without(usage, allocation.group, allocation.amounts)
+
+
+def _without(usage: MemoryUsage, group: NumaMask, amounts: Iterable[tuple[int, str, int]]) -> MemoryUsage:
     bits = group.bits
     if not bits:
         return usage
@@ -432,7 +452,7 @@ def usage_without(usage: MemoryUsage, allocation: MemoryAllocation) -> MemoryUsa
             f"cannot release memory on group {{{group.format()}}}: no allocation uses it"
         )
     allocated = dict(usage._alloc_index)
-    for n, r, b in allocation.amounts:
+    for n, r, b in amounts:
         have = allocated.get((n, r), 0)
         if have < b:
             raise MemoryAllocationError(
@@ -451,7 +471,7 @@ def usage_without(usage: MemoryUsage, allocation: MemoryAllocation) -> MemoryUsa
     else:
         counts[bits] -= 1
     new = MemoryUsage._of_indexes(allocated, counts, group_of, used)
-    _carry_node_vectors(usage, new, allocation.amounts)
+    _carry_node_vectors(usage, new, amounts)
     return new
 
 
@@ -504,16 +524,20 @@ def usage_from_booked(booked: Iterable[tuple[Iterable[int], Mapping[int, Mapping
     (group nodes, node -> resource -> bytes), without building a
     MemoryAllocation for each (admission folds every booking of a state).
     Invalid amounts raise as ``MemoryAllocation`` does."""
-    def checked() -> Iterable[tuple[NumaMask, Iterable[tuple[int, str, int]]]]:
-        for nodes, per_node in booked:
-            group = NumaMask(nodes)
-            bits = group.bits
-            amounts = [(n, r, b) for n, per in per_node.items() for r, b in per.items() if b]
-            for n, _, b in amounts:
-                if b < 0 or n < 0 or not bits >> n & 1:
-                    MemoryAllocation(group, tuple(amounts))  # raises, naming the amount
-            yield group, amounts
-    return _fold(checked())
+    return _fold(_checked(nodes, per_node) for nodes, per_node in booked)
+
+
+def _checked(nodes: Iterable[int], per_node: Mapping[int, Mapping[str, int]]
+             ) -> tuple[NumaMask, list[tuple[int, str, int]]]:
+    """One booked allocation as (group, non-zero amounts); invalid amounts
+    raise as ``MemoryAllocation`` does."""
+    group = NumaMask(nodes)
+    bits = group.bits
+    amounts = [(n, r, b) for n, per in per_node.items() for r, b in per.items() if b]
+    for n, _, b in amounts:
+        if b < 0 or n < 0 or not bits >> n & 1:
+            MemoryAllocation(group, tuple(amounts))  # raises, naming the amount
+    return group, amounts
 
 
 def _fold(allocations: Iterable[tuple[NumaMask, Iterable[tuple[int, str, int]]]]) -> MemoryUsage:

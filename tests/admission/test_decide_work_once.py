@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 import numa_agent.admission.memory_manager as mm
-from numa_agent.admission.admit import Request, Resources, decide
+from numa_agent.admission.admit import Request, Resources, decide, release
 from numa_agent.admission.machine import PolicyConfig, build_machine
 from numa_agent.admission.memory_manager import MEMORY, MemoryRequest, hugepages_resource, memory_hints
 from numa_agent.admission.view import memory_usage
@@ -528,3 +528,19 @@ def test_one_admission_builds_the_memory_managers_state_once(monkeypatch, policy
     assert d.workload.booking.memory_total(MEMORY) == 4 * GIB
     decide(m, d.state, Request("b", 0, Resources(memory_bytes=GIB)))
     assert len(built) == 2  # another request, its own
+
+
+def test_a_booking_folded_into_the_kept_usage_builds_no_memory_allocation(monkeypatch):
+    m = machine()
+    state = decide(m, AgentState(), Request("a", 0, Resources(memory_bytes=20 * GIB, hugepages={2048: 8}))).state
+    memory_usage(state)  # kept in the state, handed on by its updates
+    made = counting(monkeypatch, mm.MemoryAllocation, "__post_init__")
+    d = decide(m, state, Request("b", 0, Resources(cpus=2, memory_bytes=GIB, hugepages={2048: 8})))
+    assert len(made) == 1  # the memory manager's answer; the update folds the booking as it is
+    released, _, _ = release(d.state, "a")
+    assert len(made) == 1
+    monkeypatch.undo()
+    for s in (d.state, released):
+        fresh = mm.usage_from_booked((b.memory_group, b.memory) for b in s.top_level_bookings() if b.memory)
+        assert memory_usage(s) == fresh
+    assert memory_usage(released).allocated_bytes(0, MEMORY) == 0
