@@ -544,3 +544,24 @@ def test_a_booking_folded_into_the_kept_usage_builds_no_memory_allocation(monkey
         fresh = mm.usage_from_booked((b.memory_group, b.memory) for b in s.top_level_bookings() if b.memory)
         assert memory_usage(s) == fresh
     assert memory_usage(released).allocated_bytes(0, MEMORY) == 0
+
+
+def test_device_hints_look_up_the_free_devices_once(monkeypatch):
+    from numa_agent.admission import device_manager as dm
+    from numa_agent.admission.registry import PROVIDERS
+    from numa_agent.admission.view import AdmissionView
+
+    gpu = ("0x030200", "0x10de", "0x20b0", "nvidia")
+    topo = make_topology(sockets=1, nodes_per_socket=4, cores_per_node=4, threads_per_core=2,
+                         memory_per_node_bytes=16 * GIB, devices=[(*gpu[:3], n, gpu[3]) for n in (0, 1, 1, 3)])
+    m = build_machine(topo, PolicyConfig(devices={"gpu": {"vendor": "0x10de"}}))
+    d = decide(m, AgentState(), Request("a", 0, Resources(devices={"gpu": 1})))
+    looked_up = counting(monkeypatch, dm, "_free")
+    (devices,) = [p for p in PROVIDERS if p.name == "devices"]
+    hints = devices.hints(Request("b", 0, Resources(devices={"gpu": 2})), AdmissionView(m, d.state))
+    assert len(looked_up) == 1
+    monkeypatch.undo()
+    # One GPU on node 0 is taken: node 1 alone holds two free ones.
+    assert hints is not None and hints["gpu"].fits_alone() == 0b10 and hints["gpu"].min_size == 1
+    assert dm.device_refusal_reason(m.devices, d.state.devices_in_use(), "gpu", 4) == \
+        "gpu: requested 4 devices, 3 of 4 are free"
