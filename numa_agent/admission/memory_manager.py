@@ -30,6 +30,7 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, field
 from itertools import accumulate
+from operator import add, ge
 from types import MappingProxyType
 from typing import Iterable, Mapping
 
@@ -881,9 +882,8 @@ class _State:
             return total >= need
         totals = [0] * self.width
         for n in _nodes_of(bits & self.mem_bits):
-            for c, v in enumerate(free[n]):
-                totals[c] += v
-        return all(t >= n for t, n in zip(totals, self.need, strict=True))
+            totals = list(map(add, totals, free[n]))  # summed in C, as fits_alone compares
+        return all(map(ge, totals, self.need))
 
     def fits(self, mask: NumaMask) -> bool:
         bits = mask.bits
@@ -902,7 +902,7 @@ class _State:
                     out |= 1 << n
             return out
         for n in _nodes_of(bits):
-            if all(f >= x for f, x in zip(free[n], need, strict=True)):
+            if all(map(ge, free[n], need)):  # compared in C: every vector has the request's width
                 out |= 1 << n
         return out
 
