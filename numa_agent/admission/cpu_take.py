@@ -97,7 +97,13 @@ class _Accumulator:
         return list(dict.fromkeys(ids))
 
     def sorted_numas(self) -> list[int]:
-        topo = self.topo
+        topo, free = self.topo, self.free
+        if free:
+            # Free CPUs on one node only (an allocation inside a one-node
+            # affinity, the common case): that node is the whole order.
+            only = topo.numa_of_cpu[(free & -free).bit_length() - 1]
+            if not free & ~self._numa[only]:
+                return [only]
         if topo.numa_first:
             live = [n for n in topo.numa_ids if self._numa[n] & self.free]
             return self._fullest_first(live, self._numa)

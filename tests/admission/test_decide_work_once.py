@@ -565,3 +565,19 @@ def test_device_hints_look_up_the_free_devices_once(monkeypatch):
     assert hints is not None and hints["gpu"].fits_alone() == 0b10 and hints["gpu"].min_size == 1
     assert dm.device_refusal_reason(m.devices, d.state.devices_in_use(), "gpu", 4) == \
         "gpu: requested 4 devices, 3 of 4 are free"
+
+
+def test_taking_cpus_of_one_node_orders_no_node_or_socket(monkeypatch):
+    from numa_agent.admission import cpu_take
+    from numa_agent.admission.cpu_topology import CpuTopology
+
+    topo = CpuTopology.from_topology(make_topology(sockets=2, nodes_per_socket=2, cores_per_node=4,
+                                                   threads_per_core=2))
+    wanted = {n: cpu_take.take_by_topology(topo, topo.numa_cpus[n], count)
+              for n, count in ((1, 3), (2, 8), (3, 1))}
+    orderings = counting(monkeypatch, cpu_take._Accumulator, "sorted_sockets")
+    for n, count in ((1, 3), (2, 8), (3, 1)):
+        # Free CPUs on one node, as inside a one-node affinity: no ordering to make.
+        taken = cpu_take.take_by_topology(topo, topo.numa_cpus[n], count)
+        assert taken == wanted[n] and len(taken) == count and taken.issubset(topo.numa_cpus[n])
+    assert orderings == []
