@@ -581,3 +581,16 @@ def test_taking_cpus_of_one_node_orders_no_node_or_socket(monkeypatch):
         taken = cpu_take.take_by_topology(topo, topo.numa_cpus[n], count)
         assert taken == wanted[n] and len(taken) == count and taken.issubset(topo.numa_cpus[n])
     assert orderings == []
+
+
+def test_a_hugepage_request_reads_the_machines_page_sizes_once(monkeypatch):
+    from numa_agent.admission.admit import InvalidRequest
+
+    m = machine(nodes=8)
+    decide(m, AgentState(), Request("a", 0, Resources(memory_bytes=GIB, hugepages={2048: 8})))
+    looked_up = counting(monkeypatch, type(m.topology), "node")
+    d = decide(m, AgentState(), Request("b", 0, Resources(memory_bytes=GIB, hugepages={2048: 8})))
+    assert looked_up == []  # the page sizes were read for the machine once
+    assert d.workload.booking.memory_total(hugepages_resource(2048)) == 8 * 2048 * 1024
+    with pytest.raises(InvalidRequest, match="do not exist on this machine"):
+        decide(m, AgentState(), Request("c", 0, Resources(hugepages={4096: 1})))
