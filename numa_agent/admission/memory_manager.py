@@ -861,7 +861,11 @@ class _State:
         self.free, self.allocatable = _node_vectors(capacity, usage, resources)
         self.used_bits = usage._used_bits & mem_bits
         group_of = usage._group_of
-        self.group_of = {n: g for n, g in group_of.items() if mem_bits >> n & 1} if group_of else {}
+        # Every used node in reach (the usual universe: every memory node):
+        # the usage's own index (read only here) serves, filtered by nothing.
+        if usage._used_bits & ~mem_bits:
+            group_of = {n: g for n, g in group_of.items() if mem_bits >> n & 1}
+        self.group_of = group_of
         self.width = len(resources)
 
     def group_ok(self, bits: int) -> bool:

@@ -594,3 +594,19 @@ def test_a_hugepage_request_reads_the_machines_page_sizes_once(monkeypatch):
     assert d.workload.booking.memory_total(hugepages_resource(2048)) == 8 * 2048 * 1024
     with pytest.raises(InvalidRequest, match="do not exist on this machine"):
         decide(m, AgentState(), Request("c", 0, Resources(hugepages={4096: 1})))
+
+
+def test_the_memory_managers_state_copies_no_group_index_when_every_node_is_in_reach():
+    m = machine(nodes=8)
+    state = AgentState()
+    for i, gib in enumerate((20, 4, 4)):
+        state = decide(m, state, Request(f"w{i}", 0, Resources(memory_bytes=gib * GIB))).state
+    usage = memory_usage(state)
+    req = MemoryRequest(4 * GIB)
+    whole = mm._State(m.memory, usage, req, m.memory.memory_nodes.bits)
+    assert whole.group_of is usage._group_of  # read as it is, not filtered into a copy
+    part = mm._State(m.memory, usage, req, 0b11110000)
+    assert part.group_of == {n: g for n, g in usage._group_of.items() if n >= 4}
+    for bits in range(1, 256):
+        mask = NumaMask.from_bits(bits)
+        assert part.fits(mask) == (bits & 0x0F == 0 and whole.fits(mask)), bits
