@@ -199,7 +199,8 @@ class MemoryRequest:
     def __post_init__(self) -> None:
         if not isinstance(self.memory_bytes, int) or self.memory_bytes < 0:
             raise ValueError(f"memory_bytes must be an integer >= 0, got {self.memory_bytes!r}")
-        pairs = self.hugepages.items() if isinstance(self.hugepages, Mapping) else self.hugepages
+        # (dict first: the ABC check of Mapping is slow, and requests give dicts)
+        pairs = self.hugepages.items() if isinstance(self.hugepages, (dict, Mapping)) else self.hugepages
         norm: dict[int, int] = {}
         for size_kb, count in pairs:
             if not isinstance(size_kb, int) or size_kb <= 0:
