@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 from itertools import combinations
-from typing import Sequence
+from typing import Iterator, Sequence
 
 from numa_agent.admission.cpu_options import CpuManagerOptions
 from numa_agent.admission.cpu_topology import CpuTopology
@@ -220,18 +220,24 @@ class _Accumulator:
                 return
             self.take(self._core[core])
 
-    def _whole_cores_by_parent(self) -> list[int]:
+    def _whole_cores_by_parent(self) -> Iterator[int]:
+        """The wholly free cores, parent by parent in the parents' order, each
+        once. Made as taken: a request needs the first few, not every free
+        core of the machine; what is free is read before the first is taken,
+        so the order is the one a list made at once would have."""
         topo, free, groups = self.topo, self.free, self._core
         if topo.numa_first:
             parents, parent_bits, kids_of = self.sorted_sockets(), self._socket, topo.cores_of_socket
         else:
             parents, parent_bits, kids_of = self.sorted_numas(), self._numa, topo.cores_of_numa
-        out: list[int] = []
         busy = ~free
+        seen: set[int] = set()  # a core reached through two parents comes at its first place
         for parent in parents:
             if free & parent_bits[parent]:
-                out.extend([c for c in kids_of[parent] if not groups[c] & busy])
-        return self._dedupe(out)
+                for c in kids_of[parent]:
+                    if not groups[c] & busy and c not in seen:
+                        seen.add(c)
+                        yield c
 
     def take_remaining(self) -> None:
         """Single threads, lowest id first within each group of the order

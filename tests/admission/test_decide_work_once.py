@@ -610,3 +610,26 @@ def test_the_memory_managers_state_copies_no_group_index_when_every_node_is_in_r
     for bits in range(1, 256):
         mask = NumaMask.from_bits(bits)
         assert part.fits(mask) == (bits & 0x0F == 0 and whole.fits(mask)), bits
+
+
+def test_taking_whole_cores_lists_the_cores_of_no_more_nodes_than_it_takes_from(monkeypatch):
+    from numa_agent.admission import cpu_take
+    from numa_agent.admission.cpu_topology import CpuTopology
+
+    topo = CpuTopology.from_topology(make_topology(sockets=2, nodes_per_socket=4, cores_per_node=4,
+                                                   threads_per_core=2))
+    assert not topo.numa_first
+    available = topo.all_cpus - topo.numa_cpus[0]  # the rest of the machine, as a second take reads it
+    wanted = cpu_take.take_by_topology(topo, available, 4)
+
+    class Reads(dict):
+        read: list[int] = []
+
+        def __getitem__(self, node):
+            self.read.append(node)
+            return super().__getitem__(node)
+
+    monkeypatch.setitem(topo.__dict__, "cores_of_numa", Reads(topo.cores_of_numa))
+    taken = cpu_take.take_by_topology(topo, available, 4)
+    assert taken == wanted and len(taken) == 4 and taken.issubset(topo.numa_cpus[1])
+    assert Reads.read == [1]  # two whole cores of node 1: the other nodes' cores go unlisted
