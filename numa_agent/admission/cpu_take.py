@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 from itertools import combinations
-from typing import Iterator, Sequence
+from typing import Iterable, Iterator, Sequence
 
 from numa_agent.admission.cpu_options import CpuManagerOptions
 from numa_agent.admission.cpu_topology import CpuTopology
@@ -80,9 +80,12 @@ class _Accumulator:
         keyed.sort()
         return [i for _, i in keyed]
 
-    def _live_fullest_first(self, parent_bits: int, child_ids: Sequence[int], groups: dict[int, int]) -> list[int]:
-        """Children that still have a free CPU inside `parent_bits`, fullest first."""
-        free = self.free
+    def _live_fullest_first(self, parent_bits: int, child_ids: Sequence[int], groups: dict[int, int],
+                            free: int | None = None) -> list[int]:
+        """Children that still have a free CPU inside `parent_bits`, fullest
+        first (`free`: the free CPUs to read, default the current ones)."""
+        if free is None:
+            free = self.free
         live = free & parent_bits
         if not live:
             return []
@@ -122,16 +125,23 @@ class _Accumulator:
             out.extend(self._live_fullest_first(self._numa[numa], topo.sockets_of_numa[numa], self._socket))
         return self._dedupe(out)
 
-    def sorted_cores(self) -> list[int]:
-        topo = self.topo
-        out: list[int] = []
+    def sorted_cores(self) -> Iterator[int]:
+        """The cores with a free CPU, fullest first within each parent in the
+        parents' order, each once; made parent by parent as they are read:
+        single threads need the first few cores, not every core of the
+        machine ordered. What is free is read before the first core comes,
+        so the order is the one a list made at once would have."""
+        topo, free = self.topo, self.free
         if topo.numa_first:
-            for socket in self.sorted_sockets():
-                out.extend(self._live_fullest_first(self._socket[socket], topo.cores_of_socket[socket], self._core))
+            parents, parent_bits, kids_of = self.sorted_sockets(), self._socket, topo.cores_of_socket
         else:
-            for numa in self.sorted_numas():
-                out.extend(self._live_fullest_first(self._numa[numa], topo.cores_of_numa[numa], self._core))
-        return self._dedupe(out)
+            parents, parent_bits, kids_of = self.sorted_numas(), self._numa, topo.cores_of_numa
+        seen: set[int] = set()  # a core reached through two parents comes at its first place
+        for parent in parents:
+            for c in self._live_fullest_first(parent_bits[parent], kids_of[parent], self._core, free):
+                if c not in seen:
+                    seen.add(c)
+                    yield c
 
     def sorted_uncores(self) -> list[int]:
         out: list[int] = []
@@ -243,6 +253,7 @@ class _Accumulator:
         """Single threads, lowest id first within each group of the order
         (cores fullest first; sockets when spreading), straight from the
         bits: no set of ids is made per group."""
+        order: Iterable[int]
         if self.spread:
             groups, order = self._socket, self.sorted_sockets()
         else:

@@ -633,3 +633,28 @@ def test_taking_whole_cores_lists_the_cores_of_no_more_nodes_than_it_takes_from(
     taken = cpu_take.take_by_topology(topo, available, 4)
     assert taken == wanted and len(taken) == 4 and taken.issubset(topo.numa_cpus[1])
     assert Reads.read == [1]  # two whole cores of node 1: the other nodes' cores go unlisted
+
+
+def test_taking_single_threads_orders_the_cores_of_no_more_nodes_than_it_takes_from(monkeypatch):
+    from numa_agent.admission import cpu_take
+    from numa_agent.admission.cpu_topology import CpuTopology
+
+    topo = CpuTopology.from_topology(make_topology(sockets=2, nodes_per_socket=4, cores_per_node=4,
+                                                   threads_per_core=2))
+    available = topo.all_cpus - topo.numa_cpus[0]  # the rest of the machine, as a second take reads it
+    wanted = {count: cpu_take.take_by_topology(topo, available, count) for count in (1, 3)}
+
+    class Reads(dict):
+        read: list[int] = []
+
+        def __getitem__(self, node):
+            self.read.append(node)
+            return super().__getitem__(node)
+
+    monkeypatch.setitem(topo.__dict__, "cores_of_numa", Reads(topo.cores_of_numa))
+    for count in (1, 3):
+        Reads.read.clear()
+        taken = cpu_take.take_by_topology(topo, available, count)
+        assert taken == wanted[count] and len(taken) == count and taken.issubset(topo.numa_cpus[1])
+        # One thread (after a whole core, for 3): node 1's cores only, in order.
+        assert set(Reads.read) == {1}, count
