@@ -208,8 +208,7 @@ def _check_resource_names(machine: Machine, r: Resources) -> None:
         if not machine.devices.has(resource):
             known = ", ".join(machine.devices.names) or "none configured"
             raise InvalidRequest(f"unknown device resource {resource!r} (known: {known})")
-    sizes = {hp.size_kb for n in machine.node_ids for hp in machine.topology.node(n).hugepages} \
-        if r.hugepages else set()
+    sizes = machine.hugepage_sizes_kb
     for size_kb in r.hugepages:
         if size_kb not in sizes:
             known = ", ".join(page_size_text(kb) for kb in sorted(sizes)) or "none"

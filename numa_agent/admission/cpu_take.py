@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 from itertools import combinations
-from typing import Sequence
+from typing import Iterable, Iterator, Sequence
 
 from numa_agent.admission.cpu_options import CpuManagerOptions
 from numa_agent.admission.cpu_topology import CpuTopology
@@ -80,9 +80,12 @@ class _Accumulator:
         keyed.sort()
         return [i for _, i in keyed]
 
-    def _live_fullest_first(self, parent_bits: int, child_ids: Sequence[int], groups: dict[int, int]) -> list[int]:
-        """Children that still have a free CPU inside `parent_bits`, fullest first."""
-        free = self.free
+    def _live_fullest_first(self, parent_bits: int, child_ids: Sequence[int], groups: dict[int, int],
+                            free: int | None = None) -> list[int]:
+        """Children that still have a free CPU inside `parent_bits`, fullest
+        first (`free`: the free CPUs to read, default the current ones)."""
+        if free is None:
+            free = self.free
         live = free & parent_bits
         if not live:
             return []
@@ -97,7 +100,13 @@ class _Accumulator:
         return list(dict.fromkeys(ids))
 
     def sorted_numas(self) -> list[int]:
-        topo = self.topo
+        topo, free = self.topo, self.free
+        if free:
+            # Free CPUs on one node only (an allocation inside a one-node
+            # affinity, the common case): that node is the whole order.
+            only = topo.numa_of_cpu[(free & -free).bit_length() - 1]
+            if not free & ~self._numa[only]:
+                return [only]
         if topo.numa_first:
             live = [n for n in topo.numa_ids if self._numa[n] & self.free]
             return self._fullest_first(live, self._numa)
@@ -116,16 +125,23 @@ class _Accumulator:
             out.extend(self._live_fullest_first(self._numa[numa], topo.sockets_of_numa[numa], self._socket))
         return self._dedupe(out)
 
-    def sorted_cores(self) -> list[int]:
-        topo = self.topo
-        out: list[int] = []
+    def sorted_cores(self) -> Iterator[int]:
+        """The cores with a free CPU, fullest first within each parent in the
+        parents' order, each once; made parent by parent as they are read:
+        single threads need the first few cores, not every core of the
+        machine ordered. What is free is read before the first core comes,
+        so the order is the one a list made at once would have."""
+        topo, free = self.topo, self.free
         if topo.numa_first:
-            for socket in self.sorted_sockets():
-                out.extend(self._live_fullest_first(self._socket[socket], topo.cores_of_socket[socket], self._core))
+            parents, parent_bits, kids_of = self.sorted_sockets(), self._socket, topo.cores_of_socket
         else:
-            for numa in self.sorted_numas():
-                out.extend(self._live_fullest_first(self._numa[numa], topo.cores_of_numa[numa], self._core))
-        return self._dedupe(out)
+            parents, parent_bits, kids_of = self.sorted_numas(), self._numa, topo.cores_of_numa
+        seen: set[int] = set()  # a core reached through two parents comes at its first place
+        for parent in parents:
+            for c in self._live_fullest_first(parent_bits[parent], kids_of[parent], self._core, free):
+                if c not in seen:
+                    seen.add(c)
+                    yield c
 
     def sorted_uncores(self) -> list[int]:
         out: list[int] = []
@@ -214,23 +230,30 @@ class _Accumulator:
                 return
             self.take(self._core[core])
 
-    def _whole_cores_by_parent(self) -> list[int]:
+    def _whole_cores_by_parent(self) -> Iterator[int]:
+        """The wholly free cores, parent by parent in the parents' order, each
+        once. Made as taken: a request needs the first few, not every free
+        core of the machine; what is free is read before the first is taken,
+        so the order is the one a list made at once would have."""
         topo, free, groups = self.topo, self.free, self._core
         if topo.numa_first:
             parents, parent_bits, kids_of = self.sorted_sockets(), self._socket, topo.cores_of_socket
         else:
             parents, parent_bits, kids_of = self.sorted_numas(), self._numa, topo.cores_of_numa
-        out: list[int] = []
         busy = ~free
+        seen: set[int] = set()  # a core reached through two parents comes at its first place
         for parent in parents:
             if free & parent_bits[parent]:
-                out.extend([c for c in kids_of[parent] if not groups[c] & busy])
-        return self._dedupe(out)
+                for c in kids_of[parent]:
+                    if not groups[c] & busy and c not in seen:
+                        seen.add(c)
+                        yield c
 
     def take_remaining(self) -> None:
         """Single threads, lowest id first within each group of the order
         (cores fullest first; sockets when spreading), straight from the
         bits: no set of ids is made per group."""
+        order: Iterable[int]
         if self.spread:
             groups, order = self._socket, self.sorted_sockets()
         else:

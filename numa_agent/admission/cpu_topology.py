@@ -191,6 +191,11 @@ class CpuTopology:
                                       ("core", self.core_cpus), ("uncore", self.uncore_cpus))}
 
     @cached_property
+    def numa_of_cpu(self) -> dict[int, int]:
+        """CPU id -> its NUMA node: which one node a set of CPUs may lie in."""
+        return {c.cpu: c.numa for c in self.cpus}
+
+    @cached_property
     def core_size(self) -> int:
         """CPUs in every core when all cores are as large (0: they differ)."""
         sizes = {bits.bit_count() for bits in self.group_bits["core"].values()}

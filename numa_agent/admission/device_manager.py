@@ -212,27 +212,38 @@ def device_refusal_reason(
 ) -> str | None:
     """Why `device_hints` answers ``impossible()`` for this request, or None
     when it does not. `nodes` as for device_hints (None: every node)."""
+    return _examined(inventory, allocated, resource, count, None if nodes is None else NumaMask.bits_of(nodes))[0]
+
+
+def _examined(inventory: DeviceInventory, allocated: Mapping[str, frozenset[str]], resource: str, count: int,
+              universe: int | None) -> tuple[str | None, dict[int, int] | None]:
+    """(device_refusal_reason, the free devices per node of `universe`): the
+    count is what device_hints builds its fits() from, so the free devices are
+    looked up once. The count is None when the reason is given or the
+    devices have no NUMA node (no preference)."""
     if count <= 0:
-        return None
+        return None, None
     if not inventory.has(resource):
         known = ", ".join(inventory.names) or "none configured"
-        return f"unknown device resource {resource!r} (known: {known})"
+        return f"unknown device resource {resource!r} (known: {known})", None
     devices = inventory.devices(resource)
     if count > len(devices):
-        return f"{resource}: requested {count} devices, the machine has {len(devices)}"
+        return f"{resource}: requested {count} devices, the machine has {len(devices)}", None
     free = _free(inventory, allocated, resource)
     if count > len(free):
-        return f"{resource}: requested {count} devices, {len(free)} of {len(devices)} are free"
+        return f"{resource}: requested {count} devices, {len(free)} of {len(devices)} are free", None
     if all(d.numa_node < 0 for d in devices):
-        return None  # no NUMA preference
-    universe = NumaMask.bits_of(nodes) if nodes is not None else _all_nodes(devices)
-    free_known = sum(_per_node(free, universe).values())
+        return None, None  # no NUMA preference
+    if universe is None:
+        universe = _all_nodes(devices)
+    free_per_node = _per_node(free, universe)
+    free_known = sum(free_per_node.values())
     if count > free_known:
         unknown = sum(1 for d in free if d.numa_node < 0)
         return (f"{resource}: requested {count} devices, only {free_known} free devices have a "
                 f"NUMA node among {{{NumaMask.from_bits(universe).format()}}} "
-                f"({unknown} free devices have no known NUMA node)")
-    return None
+                f"({unknown} free devices have no known NUMA node)"), None
+    return None, free_per_node
 
 
 def _all_nodes(devices: Iterable[InventoryDevice]) -> int:
@@ -253,15 +264,15 @@ def device_hints(
     if count == 0:
         return HintSet.no_preference()
     universe = NumaMask.bits_of(nodes)
-    if device_refusal_reason(inventory, allocated, resource, count, NumaMask.from_bits(universe)):
+    reason, free_per_node = _examined(inventory, allocated, resource, count, universe)
+    if reason:
         return HintSet.impossible()
-    devices = inventory.devices(resource)
-    if all(d.numa_node < 0 for d in devices):
+    if free_per_node is None:  # no device of the resource has a NUMA node
         return HintSet.no_preference()
-    min_size = _narrowest_size(_per_node(devices, universe), count)
+    min_size = _narrowest_size(_per_node(inventory.devices(resource), universe), count)
     if min_size is None:
         return HintSet.impossible()
-    free_counts = {1 << n: c for n, c in _per_node(_free(inventory, allocated, resource), universe).items()}
+    free_counts = {1 << n: c for n, c in free_per_node.items()}
     fits, fits_alone = count_fits(free_counts, count)
 
     # More nodes never hold fewer devices: the merge may prune on that.

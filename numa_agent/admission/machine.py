@@ -157,6 +157,12 @@ class Machine:
         return {c.id: (c.siblings.bits, c.l3) for c in self.topology.cpus}
 
     @cached_property
+    def hugepage_sizes_kb(self) -> frozenset[int]:
+        """The page sizes (kB) of the usable nodes' hugepage pools: what a
+        request's hugepages are checked against, made once."""
+        return frozenset(hp.size_kb for n in self.node_ids for hp in self.topology.node(n).hugepages)
+
+    @cached_property
     def free_layout(self) -> tuple[tuple[int, str, int, int, tuple[tuple[str, str, int], ...]], ...]:
         """What a report of the free resources reads of the machine, per usable
         node: (node, its key, its usable CPUs' bits, its allocatable regular

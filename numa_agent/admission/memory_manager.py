@@ -30,6 +30,7 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, field
 from itertools import accumulate
+from operator import add, ge
 from types import MappingProxyType
 from typing import Iterable, Mapping
 
@@ -198,7 +199,8 @@ class MemoryRequest:
     def __post_init__(self) -> None:
         if not isinstance(self.memory_bytes, int) or self.memory_bytes < 0:
             raise ValueError(f"memory_bytes must be an integer >= 0, got {self.memory_bytes!r}")
-        pairs = self.hugepages.items() if isinstance(self.hugepages, Mapping) else self.hugepages
+        # (dict first: the ABC check of Mapping is slow, and requests give dicts)
+        pairs = self.hugepages.items() if isinstance(self.hugepages, (dict, Mapping)) else self.hugepages
         norm: dict[int, int] = {}
         for size_kb, count in pairs:
             if not isinstance(size_kb, int) or size_kb <= 0:
@@ -390,7 +392,24 @@ EMPTY_USAGE = MemoryUsage()
 def usage_with(usage: MemoryUsage, allocation: MemoryAllocation) -> MemoryUsage:
     """`usage` plus one more allocation. Raises MemoryAllocationError if the
     allocation's group overlaps a different group in use."""
-    group = allocation.group
+    return _with(usage, allocation.group, allocation.amounts)
+
+
+def usage_with_booked(usage: MemoryUsage, nodes: Iterable[int], per_node: Mapping[int, Mapping[str, int]]
+                      ) -> MemoryUsage:
+    """``usage_with`` of an allocation in the form bookings keep it (see
+    ``usage_from_booked``), without building and sorting a MemoryAllocation:
+    admission folds the new booking into the kept usage on every update."""
+    return _with(usage, *_checked(nodes, per_node))
+
+
+def usage_without_booked(usage: MemoryUsage, nodes: Iterable[int], per_node: Mapping[int, Mapping[str, int]]
+                         ) -> MemoryUsage:
+    """``usage_without`` of an allocation in the form bookings keep it."""
+    return _without(usage, *_checked(nodes, per_node))
+
+
+def _with(usage: MemoryUsage, group: NumaMask, amounts: Iterable[tuple[int, str, int]]) -> MemoryUsage:
     bits = group.bits
     if not bits:
         return usage
@@ -404,7 +423,7 @@ def usage_with(usage: MemoryUsage, allocation: MemoryAllocation) -> MemoryUsage:
                 f"{_fmt_mask(held)} in use on NUMA node {n}"
             )
     allocated = dict(usage._alloc_index)
-    for n, r, b in allocation.amounts:
+    for n, r, b in amounts:
         if b:
             allocated[(n, r)] = allocated.get((n, r), 0) + b
     counts = dict(usage._group_count)
@@ -415,14 +434,17 @@ def usage_with(usage: MemoryUsage, allocation: MemoryAllocation) -> MemoryUsage:
         for n in nodes:
             group_of[n] = bits
     new = MemoryUsage._of_indexes(allocated, counts, group_of, usage._used_bits | bits)
-    _carry_node_vectors(usage, new, allocation.amounts)
+    _carry_node_vectors(usage, new, amounts)
     return new
 
 
 def usage_without(usage: MemoryUsage, allocation: MemoryAllocation) -> MemoryUsage:
     """`usage` with one allocation released. Raises MemoryAllocationError if
     the allocation is not part of it."""
-    group = allocation.group
+    return _without(usage, allocation.group, allocation.amounts)
+
+
+def _without(usage: MemoryUsage, group: NumaMask, amounts: Iterable[tuple[int, str, int]]) -> MemoryUsage:
     bits = group.bits
     if not bits:
         return usage
@@ -432,7 +454,7 @@ def usage_without(usage: MemoryUsage, allocation: MemoryAllocation) -> MemoryUsa
             f"cannot release memory on group {{{group.format()}}}: no allocation uses it"
         )
     allocated = dict(usage._alloc_index)
-    for n, r, b in allocation.amounts:
+    for n, r, b in amounts:
         have = allocated.get((n, r), 0)
         if have < b:
             raise MemoryAllocationError(
@@ -451,7 +473,7 @@ def usage_without(usage: MemoryUsage, allocation: MemoryAllocation) -> MemoryUsa
     else:
         counts[bits] -= 1
     new = MemoryUsage._of_indexes(allocated, counts, group_of, used)
-    _carry_node_vectors(usage, new, allocation.amounts)
+    _carry_node_vectors(usage, new, amounts)
     return new
 
 
@@ -504,16 +526,20 @@ def usage_from_booked(booked: Iterable[tuple[Iterable[int], Mapping[int, Mapping
     (group nodes, node -> resource -> bytes), without building a
     MemoryAllocation for each (admission folds every booking of a state).
     Invalid amounts raise as ``MemoryAllocation`` does."""
-    def checked() -> Iterable[tuple[NumaMask, Iterable[tuple[int, str, int]]]]:
-        for nodes, per_node in booked:
-            group = NumaMask(nodes)
-            bits = group.bits
-            amounts = [(n, r, b) for n, per in per_node.items() for r, b in per.items() if b]
-            for n, _, b in amounts:
-                if b < 0 or n < 0 or not bits >> n & 1:
-                    MemoryAllocation(group, tuple(amounts))  # raises, naming the amount
-            yield group, amounts
-    return _fold(checked())
+    return _fold(_checked(nodes, per_node) for nodes, per_node in booked)
+
+
+def _checked(nodes: Iterable[int], per_node: Mapping[int, Mapping[str, int]]
+             ) -> tuple[NumaMask, list[tuple[int, str, int]]]:
+    """One booked allocation as (group, non-zero amounts); invalid amounts
+    raise as ``MemoryAllocation`` does."""
+    group = NumaMask(nodes)
+    bits = group.bits
+    amounts = [(n, r, b) for n, per in per_node.items() for r, b in per.items() if b]
+    for n, _, b in amounts:
+        if b < 0 or n < 0 or not bits >> n & 1:
+            MemoryAllocation(group, tuple(amounts))  # raises, naming the amount
+    return group, amounts
 
 
 def _fold(allocations: Iterable[tuple[NumaMask, Iterable[tuple[int, str, int]]]]) -> MemoryUsage:
@@ -836,7 +862,11 @@ class _State:
         self.free, self.allocatable = _node_vectors(capacity, usage, resources)
         self.used_bits = usage._used_bits & mem_bits
         group_of = usage._group_of
-        self.group_of = {n: g for n, g in group_of.items() if mem_bits >> n & 1} if group_of else {}
+        # Every used node in reach (the usual universe: every memory node):
+        # the usage's own index (read only here) serves, filtered by nothing.
+        if usage._used_bits & ~mem_bits:
+            group_of = {n: g for n, g in group_of.items() if mem_bits >> n & 1}
+        self.group_of = group_of
         self.width = len(resources)
 
     def group_ok(self, bits: int) -> bool:
@@ -857,9 +887,8 @@ class _State:
             return total >= need
         totals = [0] * self.width
         for n in _nodes_of(bits & self.mem_bits):
-            for c, v in enumerate(free[n]):
-                totals[c] += v
-        return all(t >= n for t, n in zip(totals, self.need, strict=True))
+            totals = list(map(add, totals, free[n]))  # summed in C, as fits_alone compares
+        return all(map(ge, totals, self.need))
 
     def fits(self, mask: NumaMask) -> bool:
         bits = mask.bits
@@ -878,7 +907,7 @@ class _State:
                     out |= 1 << n
             return out
         for n in _nodes_of(bits):
-            if all(f >= x for f, x in zip(free[n], need, strict=True)):
+            if all(map(ge, free[n], need)):  # compared in C: every vector has the request's width
                 out |= 1 << n
         return out
 
@@ -943,6 +972,25 @@ class _State:
         return min(candidates, key=lambda b: (b.bit_count(), b))
 
 
+# The last _State built, with what it was built from: an admission's hints and
+# its allocation read the same usage and request over the same universe (the
+# common case), so the allocation takes the hints' state instead of building
+# it again. Matched by identity: the inputs are immutable and held here.
+_last_state: tuple[MemoryCapacity, MemoryUsage, MemoryRequest, int, "_State"] | None = None
+
+
+def _state_of(capacity: MemoryCapacity, usage: MemoryUsage, request: MemoryRequest,
+              universe_bits: int) -> "_State":
+    global _last_state
+    last = _last_state
+    if last is not None and last[0] is capacity and last[1] is usage and last[2] is request \
+            and last[3] == universe_bits:
+        return last[4]
+    state = _State(capacity, usage, request, universe_bits)
+    _last_state = (capacity, usage, request, universe_bits, state)
+    return state
+
+
 def _universe(nodes: NumaMask | Iterable[int] | None, capacity: MemoryCapacity) -> int:
     return capacity.memory_nodes.bits if nodes is None else NumaMask.bits_of(nodes)
 
@@ -965,7 +1013,7 @@ def memory_hints(
     request. The same masks are offered for every resource, as the kubelet
     does. When no mask could ever hold the request every resource gets
     ``impossible()`` (see ``memory_refusal_reason``)."""
-    state = _State(capacity, usage, request, NumaMask.bits_of(nodes))
+    state = _state_of(capacity, usage, request, NumaMask.bits_of(nodes))
     if not state.resources:
         return {}
     min_size = state.min_size()
@@ -1064,7 +1112,7 @@ def allocate_memory(
     Raises MemoryAllocationError naming the resource, requested bytes and
     free bytes per node.
     """
-    state = _State(capacity, usage, request, _universe(nodes, capacity) | (affinity.bits if affinity else 0))
+    state = _state_of(capacity, usage, request, _universe(nodes, capacity) | (affinity.bits if affinity else 0))
     if not state.resources:
         return EMPTY_ALLOCATION
     aff_bits = affinity.bits if affinity is not None else 0

@@ -13,15 +13,13 @@ from typing import Any, Callable, Generic, Iterable, Mapping, Sequence, TypeVar
 from numa_agent.admission.errors import AllocationError
 from numa_agent.admission.machine import Machine
 from numa_agent.admission.memory_manager import (
-    MemoryAllocation,
     MemoryUsage,
     shortfalls,
     usage_from_booked,
-    usage_with,
-    usage_without,
+    usage_with_booked,
+    usage_without_booked,
 )
 from numa_agent.core.cpuset import CpuSet
-from numa_agent.core.hints import NumaMask
 from numa_agent.state.model import AgentState, Booking, FollowsChanges, Holder, Pod, Workload
 
 
@@ -95,18 +93,13 @@ class _KeptUsage(FollowsChanges):
         try:
             for b in (h.booking for h in removed):
                 if b.memory:
-                    usage = usage_without(usage, _allocation(b))
+                    usage = usage_without_booked(usage, *_booked(b))
             for b in (h.booking for h in added):
                 if b.memory:
-                    usage = usage_with(usage, _allocation(b))
+                    usage = usage_with_booked(usage, *_booked(b))
         except (ValueError, AllocationError):
             return None  # folded afresh when asked, which raises what is wrong
         return _KeptUsage(usage)
-
-
-def _allocation(b: Booking) -> MemoryAllocation:
-    group, amounts = _booked(b)
-    return MemoryAllocation(NumaMask(group), tuple((n, r, v) for n, per in amounts.items() for r, v in per.items()))
 
 
 T = TypeVar("T")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 import numa_agent.admission.memory_manager as mm
-from numa_agent.admission.admit import Request, Resources, decide
+from numa_agent.admission.admit import Request, Resources, decide, release
 from numa_agent.admission.machine import PolicyConfig, build_machine
 from numa_agent.admission.memory_manager import MEMORY, MemoryRequest, hugepages_resource, memory_hints
 from numa_agent.admission.view import memory_usage
@@ -516,3 +516,145 @@ def test_an_aligned_allocation_that_holds_the_request_takes_no_rest(monkeypatch)
     d = decide(m, AgentState(), Request("a", 0, Resources(cpus=3)))
     assert len(takes) == 1
     assert len(d.workload.booking.cpus) == 3 and len(d.workload.booking.numa_nodes) == 1
+
+
+@pytest.mark.parametrize("policy", ["best-effort", "single-numa-node"])
+def test_one_admission_builds_the_memory_managers_state_once(monkeypatch, policy):
+    m = machine(policy=policy)
+    built = counting(monkeypatch, mm, "_State")
+    d = decide(m, AgentState(), Request("a", 0, Resources(cpus=2, memory_bytes=4 * GIB, hugepages={2048: 64})))
+    # The hints' state serves the allocation: same usage, request and nodes.
+    assert len(built) == 1
+    assert d.workload.booking.memory_total(MEMORY) == 4 * GIB
+    decide(m, d.state, Request("b", 0, Resources(memory_bytes=GIB)))
+    assert len(built) == 2  # another request, its own
+
+
+def test_a_booking_folded_into_the_kept_usage_builds_no_memory_allocation(monkeypatch):
+    m = machine()
+    state = decide(m, AgentState(), Request("a", 0, Resources(memory_bytes=20 * GIB, hugepages={2048: 8}))).state
+    memory_usage(state)  # kept in the state, handed on by its updates
+    made = counting(monkeypatch, mm.MemoryAllocation, "__post_init__")
+    d = decide(m, state, Request("b", 0, Resources(cpus=2, memory_bytes=GIB, hugepages={2048: 8})))
+    assert len(made) == 1  # the memory manager's answer; the update folds the booking as it is
+    released, _, _ = release(d.state, "a")
+    assert len(made) == 1
+    monkeypatch.undo()
+    for s in (d.state, released):
+        fresh = mm.usage_from_booked((b.memory_group, b.memory) for b in s.top_level_bookings() if b.memory)
+        assert memory_usage(s) == fresh
+    assert memory_usage(released).allocated_bytes(0, MEMORY) == 0
+
+
+def test_device_hints_look_up_the_free_devices_once(monkeypatch):
+    from numa_agent.admission import device_manager as dm
+    from numa_agent.admission.registry import PROVIDERS
+    from numa_agent.admission.view import AdmissionView
+
+    gpu = ("0x030200", "0x10de", "0x20b0", "nvidia")
+    topo = make_topology(sockets=1, nodes_per_socket=4, cores_per_node=4, threads_per_core=2,
+                         memory_per_node_bytes=16 * GIB, devices=[(*gpu[:3], n, gpu[3]) for n in (0, 1, 1, 3)])
+    m = build_machine(topo, PolicyConfig(devices={"gpu": {"vendor": "0x10de"}}))
+    d = decide(m, AgentState(), Request("a", 0, Resources(devices={"gpu": 1})))
+    looked_up = counting(monkeypatch, dm, "_free")
+    (devices,) = [p for p in PROVIDERS if p.name == "devices"]
+    hints = devices.hints(Request("b", 0, Resources(devices={"gpu": 2})), AdmissionView(m, d.state))
+    assert len(looked_up) == 1
+    monkeypatch.undo()
+    # One GPU on node 0 is taken: node 1 alone holds two free ones.
+    assert hints is not None and hints["gpu"].fits_alone() == 0b10 and hints["gpu"].min_size == 1
+    assert dm.device_refusal_reason(m.devices, d.state.devices_in_use(), "gpu", 4) == \
+        "gpu: requested 4 devices, 3 of 4 are free"
+
+
+def test_taking_cpus_of_one_node_orders_no_node_or_socket(monkeypatch):
+    from numa_agent.admission import cpu_take
+    from numa_agent.admission.cpu_topology import CpuTopology
+
+    topo = CpuTopology.from_topology(make_topology(sockets=2, nodes_per_socket=2, cores_per_node=4,
+                                                   threads_per_core=2))
+    wanted = {n: cpu_take.take_by_topology(topo, topo.numa_cpus[n], count)
+              for n, count in ((1, 3), (2, 8), (3, 1))}
+    orderings = counting(monkeypatch, cpu_take._Accumulator, "sorted_sockets")
+    for n, count in ((1, 3), (2, 8), (3, 1)):
+        # Free CPUs on one node, as inside a one-node affinity: no ordering to make.
+        taken = cpu_take.take_by_topology(topo, topo.numa_cpus[n], count)
+        assert taken == wanted[n] and len(taken) == count and taken.issubset(topo.numa_cpus[n])
+    assert orderings == []
+
+
+def test_a_hugepage_request_reads_the_machines_page_sizes_once(monkeypatch):
+    from numa_agent.admission.admit import InvalidRequest
+
+    m = machine(nodes=8)
+    decide(m, AgentState(), Request("a", 0, Resources(memory_bytes=GIB, hugepages={2048: 8})))
+    looked_up = counting(monkeypatch, type(m.topology), "node")
+    d = decide(m, AgentState(), Request("b", 0, Resources(memory_bytes=GIB, hugepages={2048: 8})))
+    assert looked_up == []  # the page sizes were read for the machine once
+    assert d.workload.booking.memory_total(hugepages_resource(2048)) == 8 * 2048 * 1024
+    with pytest.raises(InvalidRequest, match="do not exist on this machine"):
+        decide(m, AgentState(), Request("c", 0, Resources(hugepages={4096: 1})))
+
+
+def test_the_memory_managers_state_copies_no_group_index_when_every_node_is_in_reach():
+    m = machine(nodes=8)
+    state = AgentState()
+    for i, gib in enumerate((20, 4, 4)):
+        state = decide(m, state, Request(f"w{i}", 0, Resources(memory_bytes=gib * GIB))).state
+    usage = memory_usage(state)
+    req = MemoryRequest(4 * GIB)
+    whole = mm._State(m.memory, usage, req, m.memory.memory_nodes.bits)
+    assert whole.group_of is usage._group_of  # read as it is, not filtered into a copy
+    part = mm._State(m.memory, usage, req, 0b11110000)
+    assert part.group_of == {n: g for n, g in usage._group_of.items() if n >= 4}
+    for bits in range(1, 256):
+        mask = NumaMask.from_bits(bits)
+        assert part.fits(mask) == (bits & 0x0F == 0 and whole.fits(mask)), bits
+
+
+def test_taking_whole_cores_lists_the_cores_of_no_more_nodes_than_it_takes_from(monkeypatch):
+    from numa_agent.admission import cpu_take
+    from numa_agent.admission.cpu_topology import CpuTopology
+
+    topo = CpuTopology.from_topology(make_topology(sockets=2, nodes_per_socket=4, cores_per_node=4,
+                                                   threads_per_core=2))
+    assert not topo.numa_first
+    available = topo.all_cpus - topo.numa_cpus[0]  # the rest of the machine, as a second take reads it
+    wanted = cpu_take.take_by_topology(topo, available, 4)
+
+    class Reads(dict):
+        read: list[int] = []
+
+        def __getitem__(self, node):
+            self.read.append(node)
+            return super().__getitem__(node)
+
+    monkeypatch.setitem(topo.__dict__, "cores_of_numa", Reads(topo.cores_of_numa))
+    taken = cpu_take.take_by_topology(topo, available, 4)
+    assert taken == wanted and len(taken) == 4 and taken.issubset(topo.numa_cpus[1])
+    assert Reads.read == [1]  # two whole cores of node 1: the other nodes' cores go unlisted
+
+
+def test_taking_single_threads_orders_the_cores_of_no_more_nodes_than_it_takes_from(monkeypatch):
+    from numa_agent.admission import cpu_take
+    from numa_agent.admission.cpu_topology import CpuTopology
+
+    topo = CpuTopology.from_topology(make_topology(sockets=2, nodes_per_socket=4, cores_per_node=4,
+                                                   threads_per_core=2))
+    available = topo.all_cpus - topo.numa_cpus[0]  # the rest of the machine, as a second take reads it
+    wanted = {count: cpu_take.take_by_topology(topo, available, count) for count in (1, 3)}
+
+    class Reads(dict):
+        read: list[int] = []
+
+        def __getitem__(self, node):
+            self.read.append(node)
+            return super().__getitem__(node)
+
+    monkeypatch.setitem(topo.__dict__, "cores_of_numa", Reads(topo.cores_of_numa))
+    for count in (1, 3):
+        Reads.read.clear()
+        taken = cpu_take.take_by_topology(topo, available, count)
+        assert taken == wanted[count] and len(taken) == count and taken.issubset(topo.numa_cpus[1])
+        # One thread (after a whole core, for 3): node 1's cores only, in order.
+        assert set(Reads.read) == {1}, count
