@@ -612,6 +612,19 @@ def test_the_memory_managers_state_copies_no_group_index_when_every_node_is_in_r
         assert part.fits(mask) == (bits & 0x0F == 0 and whole.fits(mask)), bits
 
 
+def spy_cores_of_numa(monkeypatch, topo) -> list[int]:
+    """The nodes whose cores `topo.cores_of_numa` is asked for from now on, in order."""
+    read: list[int] = []
+
+    class Reads(dict):
+        def __getitem__(self, node):
+            read.append(node)
+            return super().__getitem__(node)
+
+    monkeypatch.setitem(topo.__dict__, "cores_of_numa", Reads(topo.cores_of_numa))
+    return read
+
+
 def test_taking_whole_cores_lists_the_cores_of_no_more_nodes_than_it_takes_from(monkeypatch):
     from numa_agent.admission import cpu_take
     from numa_agent.admission.cpu_topology import CpuTopology
@@ -621,18 +634,10 @@ def test_taking_whole_cores_lists_the_cores_of_no_more_nodes_than_it_takes_from(
     assert not topo.numa_first
     available = topo.all_cpus - topo.numa_cpus[0]  # the rest of the machine, as a second take reads it
     wanted = cpu_take.take_by_topology(topo, available, 4)
-
-    class Reads(dict):
-        read: list[int] = []
-
-        def __getitem__(self, node):
-            self.read.append(node)
-            return super().__getitem__(node)
-
-    monkeypatch.setitem(topo.__dict__, "cores_of_numa", Reads(topo.cores_of_numa))
+    read = spy_cores_of_numa(monkeypatch, topo)
     taken = cpu_take.take_by_topology(topo, available, 4)
     assert taken == wanted and len(taken) == 4 and taken.issubset(topo.numa_cpus[1])
-    assert Reads.read == [1]  # two whole cores of node 1: the other nodes' cores go unlisted
+    assert read == [1]  # two whole cores of node 1: the other nodes' cores go unlisted
 
 
 def test_taking_single_threads_orders_the_cores_of_no_more_nodes_than_it_takes_from(monkeypatch):
@@ -643,18 +648,10 @@ def test_taking_single_threads_orders_the_cores_of_no_more_nodes_than_it_takes_f
                                                    threads_per_core=2))
     available = topo.all_cpus - topo.numa_cpus[0]  # the rest of the machine, as a second take reads it
     wanted = {count: cpu_take.take_by_topology(topo, available, count) for count in (1, 3)}
-
-    class Reads(dict):
-        read: list[int] = []
-
-        def __getitem__(self, node):
-            self.read.append(node)
-            return super().__getitem__(node)
-
-    monkeypatch.setitem(topo.__dict__, "cores_of_numa", Reads(topo.cores_of_numa))
+    read = spy_cores_of_numa(monkeypatch, topo)
     for count in (1, 3):
-        Reads.read.clear()
+        read.clear()
         taken = cpu_take.take_by_topology(topo, available, count)
         assert taken == wanted[count] and len(taken) == count and taken.issubset(topo.numa_cpus[1])
         # One thread (after a whole core, for 3): node 1's cores only, in order.
-        assert set(Reads.read) == {1}, count
+        assert set(read) == {1}, count
