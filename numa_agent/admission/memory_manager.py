@@ -972,22 +972,20 @@ class _State:
         return min(candidates, key=lambda b: (b.bit_count(), b))
 
 
-# The last _State built, with what it was built from: an admission's hints and
-# its allocation read the same usage and request over the same universe (the
-# common case), so the allocation takes the hints' state instead of building
-# it again. Matched by identity: the inputs are immutable and held here.
-_last_state: tuple[MemoryCapacity, MemoryUsage, MemoryRequest, int, "_State"] | None = None
+_STATE = "state"  # its key in MemoryUsage._derived: the last _State built on that usage
 
 
 def _state_of(capacity: MemoryCapacity, usage: MemoryUsage, request: MemoryRequest,
               universe_bits: int) -> "_State":
-    global _last_state
-    last = _last_state
-    if last is not None and last[0] is capacity and last[1] is usage and last[2] is request \
-            and last[3] == universe_bits:
-        return last[4]
+    """The _State of these inputs, kept on the usage as its node vectors are: an
+    admission's hints and its allocation read the same usage and request over
+    the same universe (the common case), so the allocation takes the state the
+    hints built. Matched by identity: the inputs are immutable and held here."""
+    kept = usage._derived.get(_STATE)
+    if kept is not None and kept[0] is capacity and kept[1] is request and kept[2] == universe_bits:
+        return kept[3]
     state = _State(capacity, usage, request, universe_bits)
-    _last_state = (capacity, usage, request, universe_bits, state)
+    usage._derived[_STATE] = (capacity, request, universe_bits, state)
     return state
 
 
