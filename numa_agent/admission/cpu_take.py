@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 from itertools import combinations
-from typing import Iterable, Iterator, Sequence
+from typing import Iterable, Iterator, Mapping, Sequence
 
 from numa_agent.admission.cpu_options import CpuManagerOptions
 from numa_agent.admission.cpu_topology import CpuTopology
@@ -125,17 +125,22 @@ class _Accumulator:
             out.extend(self._live_fullest_first(self._numa[numa], topo.sockets_of_numa[numa], self._socket))
         return self._dedupe(out)
 
+    def _core_parents(self) -> tuple[list[int], dict[int, int], Mapping[int, Sequence[int]]]:
+        """The groups cores are ordered within: (their ids in order, their bits,
+        their cores): sockets on a NUMA-first machine, else NUMA nodes."""
+        topo = self.topo
+        if topo.numa_first:
+            return self.sorted_sockets(), self._socket, topo.cores_of_socket
+        return self.sorted_numas(), self._numa, topo.cores_of_numa
+
     def sorted_cores(self) -> Iterator[int]:
         """The cores with a free CPU, fullest first within each parent in the
         parents' order, each once; made parent by parent as they are read:
         single threads need the first few cores, not every core of the
         machine ordered. What is free is read before the first core comes,
         so the order is the one a list made at once would have."""
-        topo, free = self.topo, self.free
-        if topo.numa_first:
-            parents, parent_bits, kids_of = self.sorted_sockets(), self._socket, topo.cores_of_socket
-        else:
-            parents, parent_bits, kids_of = self.sorted_numas(), self._numa, topo.cores_of_numa
+        free = self.free
+        parents, parent_bits, kids_of = self._core_parents()
         seen: set[int] = set()  # a core reached through two parents comes at its first place
         for parent in parents:
             for c in self._live_fullest_first(parent_bits[parent], kids_of[parent], self._core, free):
@@ -235,11 +240,8 @@ class _Accumulator:
         once. Made as taken: a request needs the first few, not every free
         core of the machine; what is free is read before the first is taken,
         so the order is the one a list made at once would have."""
-        topo, free, groups = self.topo, self.free, self._core
-        if topo.numa_first:
-            parents, parent_bits, kids_of = self.sorted_sockets(), self._socket, topo.cores_of_socket
-        else:
-            parents, parent_bits, kids_of = self.sorted_numas(), self._numa, topo.cores_of_numa
+        free, groups = self.free, self._core
+        parents, parent_bits, kids_of = self._core_parents()
         busy = ~free
         seen: set[int] = set()  # a core reached through two parents comes at its first place
         for parent in parents:
