@@ -229,20 +229,29 @@ def test_single_numa_node_merge_asks_no_single_node_fits_when_answered_at_once(m
     assert [b for b in asked if b.bit_count() == 1] == []
 
 
+def spy_orderings(monkeypatch, method: str) -> list[int]:
+    """How many CPUs the take still needed at each call of the accumulator's
+    ordering `method` from now on, in order."""
+    from numa_agent.admission import cpu_take
+
+    needed: list[int] = []
+    real = getattr(cpu_take._Accumulator, method)
+
+    def spy(self):
+        needed.append(self.needed)
+        return real(self)
+
+    monkeypatch.setattr(cpu_take._Accumulator, method, spy)
+    return needed
+
+
 def test_a_request_smaller_than_any_node_orders_no_node_for_taking_it_whole(monkeypatch):
     from numa_agent.admission import cpu_take
     from numa_agent.admission.cpu_topology import CpuTopology
     from numa_agent.core.cpuset import CpuSet
 
     topo = CpuTopology.from_topology(make_topology(sockets=2, nodes_per_socket=2, cores_per_node=4))
-    orderings = []
-    real = cpu_take._Accumulator.sorted_sockets
-
-    def spy(self):
-        orderings.append(self.needed)
-        return real(self)
-
-    monkeypatch.setattr(cpu_take._Accumulator, "sorted_sockets", spy)
+    orderings = spy_orderings(monkeypatch, "sorted_sockets")
     taken = cpu_take.take_by_topology(topo, topo.all_cpus - CpuSet([0]), 4)
     # Only the whole-core step orders the sockets (nodes: 8 CPUs, sockets: 16).
     assert len(orderings) == 1
@@ -437,14 +446,7 @@ def test_taking_whole_cores_of_one_size_sorts_no_cores(monkeypatch):
     half = min(topo.core_cpus[topo.cores_of_numa[1][0]])
     available = topo.all_cpus - CpuSet([half])
     want = CpuSet.union_of(topo.core_cpus[c] for c in topo.cores_of_numa[1][1:3])
-    orderings = []
-    real = cpu_take._Accumulator.sorted_cores
-
-    def spy(self):
-        orderings.append(self.needed)
-        return real(self)
-
-    monkeypatch.setattr(cpu_take._Accumulator, "sorted_cores", spy)
+    orderings = spy_orderings(monkeypatch, "sorted_cores")
     assert cpu_take.take_by_topology(topo, available, 4) == want
     assert orderings == []
     # An odd count still orders the cores for its last thread.
