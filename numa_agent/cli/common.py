@@ -17,6 +17,7 @@ from numa_agent.core import request_syntax, units
 from numa_agent.core.cpuset import EMPTY, CpuSet
 from numa_agent.core.listforms import ListForm, ListFormError, parse_list_form, resolve
 from numa_agent.core.names import DEFAULT_SOCKET, MEMORY_ONLY
+from numa_agent.core.printable import printable, printable_doc
 from numa_agent.core.record import Record
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (numa-run starts fast)
@@ -73,7 +74,9 @@ def call(args: argparse.Namespace, method: str, path: str,
 
 
 def print_error(prog: str, message: str) -> None:
-    print(f"{prog}: error: {message}", file=sys.stderr)
+    """One line on stderr: whatever the message quotes (a process's, a user's or the
+    agent's text) is escaped, so no control reaches the terminal and no line is forged."""
+    print(printable(f"{prog}: error: {message}"), file=sys.stderr)
 
 
 def report_agent_error(prog: str, exc: AgentError, *, as_json: bool = False,
@@ -412,7 +415,8 @@ def explanation_lines(explanation: dict[str, Any]) -> list[str]:
 
 
 def refusal_lines(prefix: str, error: dict[str, Any]) -> list[str]:
-    """A refusal: "<prefix>: <reason>", then the reasoning."""
+    """A refusal: "<prefix>: <reason>", then the reasoning (every text escaped)."""
+    prefix, error = printable(prefix), printable_doc(error)
     details = error.get("details") or {}
     reason = details.get("reason") or error.get("message") or "admission refused"
     message = error.get("message") or reason
@@ -423,7 +427,8 @@ def refusal_lines(prefix: str, error: dict[str, Any]) -> list[str]:
 
 
 def decision_lines(record: dict[str, Any]) -> list[str]:
-    """A one-line summary of an admission (or dry run), then its reasoning."""
+    """A one-line summary of an admission (or dry run), then its reasoning (every text escaped)."""
+    record = printable_doc(record)
     devices = ",".join(d.get("address", "?") for d in record.get("devices") or []) or "-"
     nodes = ",".join(str(n) for n in record.get("numa_nodes") or []) or "-"
     mems = ",".join(str(n) for n in record.get("mems") or []) or "-"
@@ -436,8 +441,9 @@ def decision_lines(record: dict[str, Any]) -> list[str]:
 
 
 def isolation_lines(record: dict[str, Any]) -> list[str]:
-    """What --isolate did for a workload and what it could not do."""
-    iso = record.get("isolation")
+    """What --isolate did for a workload and what it could not do (escaped: the
+    reasons not done quote what the kernel and irqbalance answered)."""
+    iso = printable_doc(record.get("isolation"))
     if not iso:
         return []
     done = ", ".join(iso.get("done") or []) or "nothing"

@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from numa_agent.cli import common
+from numa_agent.core.printable import printable
 from numa_agent.engines import oci_hook
 
 PROG = "numa-agent oci-hook"
@@ -31,6 +32,7 @@ def run(args: argparse.Namespace) -> int:
     raw = sys.stdin.buffer.read(oci_hook.MAX_STATE_BYTES + 1)
     status, lines = oci_hook.run(args.stage, raw, common.resolve_socket(args),
                                  refusal_lines=common.refusal_lines)
+    lines = [printable(line) for line in lines]  # they quote the container's annotations and id
     for line in lines:
         print(line, file=sys.stderr)
     if lines:

@@ -8,6 +8,8 @@ import sys
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from numa_agent.core.printable import printable
+
 if TYPE_CHECKING:
     pass
 
@@ -133,7 +135,7 @@ def run(args) -> int:
 
 
 def _refused(what: object, code: int) -> int:
-    print(f"numa-agent: {_one_line(what)}", file=sys.stderr)
+    print(printable(f"numa-agent: {_one_line(what)}"), file=sys.stderr)
     return code
 
 

@@ -8,6 +8,7 @@ from typing import Any
 
 from numa_agent.admission.request import describe_amounts
 from numa_agent.cli import common
+from numa_agent.core.printable import printable, printable_doc
 from numa_agent.core.topology import MEMORY_ONLY
 from numa_agent.core.units import format_bytes
 
@@ -64,7 +65,7 @@ def _kubelet(args: argparse.Namespace) -> int:
     directory = docs.get("directory")
     for name in ("cpu_manager_state", "memory_manager_state"):
         where = f"{directory.rstrip('/')}/{name}" if directory else f"{name} (not written: files are off)"
-        print(f"# {where}")
+        print(printable(f"# {where}"))
         common.print_json(docs.get(name))
     return 0
 
@@ -204,6 +205,10 @@ def memory_only_lines(nodes: list[dict[str, Any]], policy: dict[str, Any]) -> li
 
 
 def format_status(status: dict[str, Any], now: float, intruders: bool = False) -> list[str]:
+    """The status as lines for a person. Every text in it is escaped first (process names,
+    owners, cgroup paths, reasons: anyone's text), so that the columns are measured on
+    what is printed and no control character reaches the terminal; --json keeps them exact."""
+    status = printable_doc(status)
     policy = status.get("policy") or {}
     lines = [f"enforcement: {status.get('enforcement', '-')}   topology policy: "
              f"{policy.get('topology', '-')} (scope {policy.get('scope', '-')})   "

@@ -9,6 +9,7 @@ import sys
 
 from numa_agent.api.client import ClientError, request
 from numa_agent.cli import common
+from numa_agent.core.printable import printable
 from numa_agent.discovery.pci_ids import PCI_IDS_PATHS, PciIdsFile
 from numa_agent.discovery.sysfs import DiscoveryError, read_topology
 from numa_agent.service.snapshot import SnapshotError, extract_snapshot, is_archive, remove_snapshot
@@ -57,17 +58,17 @@ def run(args) -> int:
         args.sysfs_root = "/"
         note = agent_machine_note(args)
         if note is not None:
-            print(f"numa-agent topology: {note}", file=sys.stderr)
+            print(printable(f"numa-agent topology: {note}"), file=sys.stderr)
     try:
         root = args.sysfs_root
         if is_archive(root):
             scratch, root = extract_snapshot(root)
         topology = read_topology(root)
     except (DiscoveryError, SnapshotError) as exc:
-        print(f"numa-agent topology: {exc}", file=sys.stderr)
+        print(printable(f"numa-agent topology: {exc}"), file=sys.stderr)
         return 1
     except OSError as exc:  # e.g. a directory discovery may not list
-        print(f"numa-agent topology: {exc.filename or args.sysfs_root}: {exc.strerror or exc}",
+        print(printable(f"numa-agent topology: {exc.filename or args.sysfs_root}: {exc.strerror or exc}"),
               file=sys.stderr)
         return 1
     finally:
@@ -78,5 +79,7 @@ def run(args) -> int:
         json.dump(topology_to_json(topology, names), sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
-        sys.stdout.write(render_text(topology, names, all_devices=args.all_devices))
+        # Names from pci.ids and a snapshot's files: any control in them is escaped.
+        text = render_text(topology, names, all_devices=args.all_devices)
+        sys.stdout.write("".join(printable(line) + "\n" for line in text.splitlines()))
     return 0

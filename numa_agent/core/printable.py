@@ -24,6 +24,10 @@ path uses it.
 
 from __future__ import annotations
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (numa-run starts fast)
+if TYPE_CHECKING:
+    from typing import Any
+
 _NAMED = {0x09: "\\t", 0x0A: "\\n", 0x0D: "\\r"}
 _FORMAT = (0x061C, 0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A), 0x2028, 0x2029)
 
@@ -47,13 +51,15 @@ def printable(text: str) -> str:
     return out
 
 
-def printable_doc(value: object) -> object:
+def printable_doc(value: Any) -> Any:
     """A JSON-like document (dicts, lists, strings, numbers) with every string in it,
     keys included, made `printable`: for renderers that lay it out as text."""
     if isinstance(value, str):
         return printable(value)
     if isinstance(value, dict):
         return {printable_doc(k) if isinstance(k, str) else k: printable_doc(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
+    if isinstance(value, list):
         return [printable_doc(v) for v in value]
+    if isinstance(value, tuple):
+        return tuple(printable_doc(v) for v in value)
     return value
