@@ -5,6 +5,11 @@ reads a `<N>` syslog priority prefix at the start of each line. So when stderr *
 journal stream (JOURNAL_STREAM="dev:inode" matches stderr, as systemd.exec(5) advises to
 check) lines carry `<N>` and no timestamp; in a terminal they carry a timestamp and the
 level name. Every component logs to a child logger `numa_agent.<component>`.
+
+Messages quote what anyone can choose (process names, user names, cgroup paths, the
+errors that quote them), so both formats escape the message after its arguments are put
+in (core.printable): a record stays one line, with no control character and no forged
+line of its own; a traceback's lines are escaped each, its exceptions' messages first.
 """
 
 from __future__ import annotations
@@ -12,7 +17,10 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import traceback
 from typing import Mapping, TextIO
+
+from numa_agent.core.printable import printable
 
 ROOT_LOGGER = "numa_agent"
 LEVELS = ("debug", "info", "warning", "error", "critical")
@@ -39,7 +47,44 @@ def _syslog_priority(levelno: int) -> int:
     return _PRIORITY[logging.DEBUG]
 
 
-class JournalFormatter(logging.Formatter):
+def _escape_messages(exc: traceback.TracebackException) -> None:
+    """Each exception's message in the chain escaped, so that a message quoting a name
+    with a newline cannot start a line of its own inside the traceback."""
+    seen: set[int] = set()
+    todo = [exc]
+    while todo:
+        te = todo.pop()
+        if id(te) in seen:
+            continue
+        seen.add(id(te))
+        if isinstance(getattr(te, "_str", None), str):
+            # what format_exception_only shows after "Type: "
+            te._str = printable(te._str)  # type: ignore[attr-defined]
+        todo += [t for t in (te.__cause__, te.__context__, *(getattr(te, "exceptions", None) or ()))
+                 if t is not None]
+
+
+class EscapingFormatter(logging.Formatter):
+    """A formatter whose record is one printable line, its traceback printable lines."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        raw = record.message
+        record.message = printable(raw)
+        try:
+            return super().formatMessage(record)
+        finally:
+            record.message = raw  # other handlers format the record their own way
+
+    def formatException(self, ei) -> str:
+        exc = traceback.TracebackException(ei[0], ei[1], ei[2])
+        _escape_messages(exc)
+        return "\n".join(printable(line) for line in "".join(exc.format()).splitlines())
+
+    def formatStack(self, stack_info: str) -> str:
+        return "\n".join(printable(line) for line in stack_info.splitlines())
+
+
+class JournalFormatter(EscapingFormatter):
     """`<N>logger: message`; every line of a multi-line record (tracebacks) gets the
     prefix, since journald makes one entry per line and would file the rest as info."""
 
@@ -95,7 +140,7 @@ def setup_logging(
     if is_journal_stream(out, environ):
         handler.setFormatter(JournalFormatter())
     else:
-        handler.setFormatter(logging.Formatter(_TERMINAL_FORMAT))
+        handler.setFormatter(EscapingFormatter(_TERMINAL_FORMAT))
 
     logger = logging.getLogger(ROOT_LOGGER)
     for old in [h for h in logger.handlers if isinstance(h, _AgentHandler)]:  # a second call replaces ours

@@ -93,3 +93,43 @@ def test_second_setup_replaces_handler(tmp_path):
 def test_bad_level_lists_valid_ones():
     with pytest.raises(ValueError, match=r"invalid log level 'verbose'; valid levels: debug, info, warning, error, critical"):
         setup_logging("verbose")
+
+
+EVIL = "\x1b]0;owned\x07\r\n<3>numa_agent.api: forged\u202e"
+SHOWN = "\\x1b]0;owned\\x07\\r\\n<3>numa_agent.api: forged\\u202e"
+
+
+@pytest.mark.parametrize("journal", [True, False])
+def test_a_record_quoting_a_hostile_name_is_one_printable_line(tmp_path, journal):
+    out = tmp_path / "err"
+    with open(out, "w", newline="") as stream:
+        setup_logging("info", stream=stream, env=_journal_env(stream) if journal else {})
+        get_logger("observe").warning("intruder on workload %s's exclusive CPU %d: pid %d tid %d (%s)",
+                                      "web", 1, 7, 7, EVIL)
+        get_logger("observe").warning(EVIL)  # the message itself, not only its arguments
+    raw = out.read_bytes()
+    assert not any(b < 0x20 and b != 0x0A for b in raw), raw
+    lines = raw.decode().splitlines()
+    assert len(lines) == 2
+    assert lines[0].endswith(f"numa_agent.observe: intruder on workload web's exclusive CPU 1: pid 7 tid 7 ({SHOWN})")
+    assert lines[1].endswith(f"numa_agent.observe: {SHOWN}")
+
+
+def test_a_traceback_quoting_a_hostile_name_forges_no_line(tmp_path):
+    out = tmp_path / "err"
+    with open(out, "w") as stream:
+        setup_logging("info", stream=stream, env=_journal_env(stream))
+        try:
+            try:
+                raise KeyError(EVIL)
+            except KeyError as inner:
+                raise ValueError(f"no workload {EVIL}") from inner
+        except ValueError:
+            get_logger("api").exception("request failed for %s", EVIL)
+    lines = _lines(out)
+    assert lines[0] == f"<3>numa_agent.api: request failed for {SHOWN}"
+    assert all(line.startswith("<3>") for line in lines)
+    assert not [line for line in lines if "forged" in line and not line.startswith(("<3>ValueError", "<3>KeyError",
+                                                                                    "<3>numa_agent.api: request"))]
+    assert f"<3>ValueError: no workload {SHOWN}" in lines
+    assert not any(ch < " " for line in lines for ch in line)
