@@ -36,6 +36,7 @@ from prometheus_client.utils import floatToGoString
 
 from numa_agent.admission.quota import limited
 from numa_agent.core.cpuset import CpuSet
+from numa_agent.core.printable import printable
 from numa_agent.views.process_metrics import ProcessMetrics
 
 log = logging.getLogger("numa_agent.metrics")
@@ -62,11 +63,19 @@ def _agent_version() -> str:
         return "unknown"
 
 
+def _label(value: Any) -> str:
+    """A label value from the snapshot (a user's name, a workload's, a resource's) as
+    text a person reading a dashboard or the exposition can take: controls and bidi
+    controls escaped (core.printable); prometheus_client then escapes the backslash, the
+    quote and the newline as the exposition format requires."""
+    return printable(str(value))
+
+
 def _labelled_counts(values: Mapping[str, Any] | None, always: tuple[str, ...] = ()) -> list[tuple[str, float]]:
     """(label, value) pairs: the `always` labels first in that order, then the rest sorted."""
     values = values or {}
     out = [(key, float(values.get(key, 0))) for key in always]
-    out += [(str(key), float(values[key])) for key in sorted(values, key=str) if key not in always]
+    out += [(_label(key), float(values[key])) for key in sorted(values, key=str) if key not in always]
     return out
 
 
@@ -194,8 +203,8 @@ class AgentCollector:
 
         # The snapshot's own "info" (when the service supplies it) wins over our defaults.
         info_doc = snapshot.get("info") or {}
-        version = str(info_doc.get("version") or self._version)
-        enforcement = str(info_doc.get("enforcement") or status.get("enforcement") or "unknown")
+        version = _label(info_doc.get("version") or self._version)
+        enforcement = _label(info_doc.get("enforcement") or status.get("enforcement") or "unknown")
         info = GaugeMetricFamily(
             PREFIX + "info", "Agent version and enforcement mode (cgroup, simulated or affinity).",
             labels=["version", "enforcement"])
@@ -253,7 +262,7 @@ class AgentCollector:
                           "guarantees alignment (single-numa-node merge, full-pcpus-only CPUs).")):
             family = CounterMetricFamily(PREFIX + key, doc, labels=["scope", "boundary"])
             for scope, boundary, value in counters.get(key + "_total") or ():
-                family.add_metric([str(scope), str(boundary)], float(value))
+                family.add_metric([_label(scope), _label(boundary)], float(value))
             families.append(family)
         return families
 
@@ -280,7 +289,7 @@ class AgentCollector:
             PREFIX + "workload_memory_outside_ratio", "The share of a workload's memory outside its "
             "booked NUMA nodes (0-1).", labels=["workload"])
         for w in sorted(workloads, key=lambda w: str(w.get("name"))):
-            name = str(w.get("name"))
+            name = _label(w.get("name"))
             if w.get("exclusive") and "intruders" in w:
                 intruders.add_metric([name], float(len(w["intruders"])))
                 kernel.add_metric([name], float(len(w.get("kernel_threads") or ())))
@@ -318,10 +327,10 @@ class AgentCollector:
             add("memory_bytes", [node_id], node.get("memory_bytes"))
             pages = node.get("hugepages") or {}
             for size in sorted(pages, key=_page_size_key):
-                add("hugepages", [node_id, str(size)], pages[size])
+                add("hugepages", [node_id, _label(size)], pages[size])
             resources = node.get("devices") or {}
             for resource in sorted(resources):
-                add("devices", [str(resource), node_id], resources[resource])
+                add("devices", [_label(resource), node_id], resources[resource])
         return [family for key, _, _ in kinds for family in (by_state[key], capacity[key])]
 
 
@@ -338,7 +347,7 @@ def _memory_short_family(nodes: list[Mapping[str, Any]]) -> Metric:
         "shrank under its bookings: memory offlined or unplugged, a balloon, a hugepage pool "
         "resized); above 0 the node takes no new admission.", labels=["numa_node", "resource"])
     for node in sorted(nodes, key=lambda n: int(n["id"])):
-        missing = {str(s["resource"]): int(s["booked_bytes"]) - int(s["allocatable_bytes"])
+        missing = {_label(s["resource"]): int(s["booked_bytes"]) - int(s["allocatable_bytes"])
                    for s in node.get("memory_short") or ()}
         for resource in sorted({"memory", *missing}):
             short.add_metric([str(node["id"]), resource], float(missing.get(resource, 0)))
@@ -356,10 +365,10 @@ def _quota_families(owners: list[Mapping[str, Any]]) -> list[Metric]:
     limit = GaugeMetricFamily(PREFIX + "quota_limit", "An owner's limit from [quotas], by resource "
                               "(units as numa_agent_quota_used).", labels=labels)
     for owner in owners:
-        name = str(owner["owner"] if owner.get("owner") is not None else owner["owner_uid"])
+        name = _label(owner["owner"] if owner.get("owner") is not None else owner["owner_uid"])
         for resource, part in limited(owner):
-            used.add_metric([name, resource], float(part["used"]))
-            limit.add_metric([name, resource], float(part["limit"]))
+            used.add_metric([name, _label(resource)], float(part["used"]))
+            limit.add_metric([name, _label(resource)], float(part["limit"]))
     return [used, limit]
 
 

@@ -273,3 +273,40 @@ def test_info_from_the_snapshot_wins():
     (sample,) = families["numa_agent_info"].samples
     assert sample.labels == {"version": "0.1.0", "enforcement": "affinity"}
     assert sample.value == 1
+
+
+HOSTILE = "ev\x1b]0;owned\x07il\\ \"q\"\r\n# TYPE forged gauge\u202e\x85"
+
+
+def _hostile_snapshot() -> dict:
+    owner_part = {"used": 1, "limit": 4, "entry": "user"}
+    return {"status": {
+        "enforcement": "affinity", "nodes": [],
+        "workloads": [{"name": HOSTILE, "exclusive": True, "intruders": [{"command": HOSTILE}],
+                       "memory_numa": {"bytes": {"0": 4096}, "outside_bytes": 0, "outside_ratio": 0.0}}],
+        "quotas": [{"owner": HOSTILE, "owner_uid": 1000, "cpus": owner_part,
+                    "memory_bytes": {"used": 0, "limit": None, "entry": None}, "devices": {}}],
+    }, "counters": {"admission_errors_total": {HOSTILE: 1}}, "info": {"version": HOSTILE}}
+
+
+def test_hostile_label_values_keep_the_exposition_parseable():
+    from prometheus_client.exposition import generate_latest
+    from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
+    from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
+
+    from numa_agent.core.printable import printable
+
+    registry = build_registry(lambda: _hostile_snapshot(), version="1.0")
+    text = generate_latest(registry)
+    # no control byte but the line ends: nothing a terminal acts on, no forged line
+    assert not any(b < 0x20 and b != 0x0A or b == 0x7F for b in text)
+    shown = printable(HOSTILE)
+    families = {f.name: f for f in text_string_to_metric_families(text.decode())}
+    assert "forged" not in families
+    assert [s.labels["owner"] for s in families["numa_agent_quota_used"].samples] == [shown]
+    assert [s.labels["workload"] for s in families["numa_agent_exclusive_cpu_intruders"].samples] == [shown]
+    assert {s.labels["reason"] for s in families["numa_agent_admission_errors"].samples} == {shown}
+    assert families["numa_agent_info"].samples[0].labels["version"] == shown
+    # the stricter OpenMetrics parser reads the OpenMetrics exposition too
+    strict = {f.name: f for f in parse_openmetrics(generate_openmetrics(registry).decode())}
+    assert [s.labels["owner"] for s in strict["numa_agent_quota_used"].samples] == [shown]
