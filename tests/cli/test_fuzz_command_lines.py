@@ -36,6 +36,14 @@ FUZZ = settings(max_examples=100, derandomize=True, deadline=None, database=None
 MAX_LINE = 1000  # "short": one line a person reads, not a dump
 SERVE_EXITS = {0, 1, 2, 78}  # started, failed start, usage, EX_CONFIG (numa-agent(8))
 NUMA_RUN_EXITS = {0, 125, 126, 127}  # -s/--help, own failure, not executable, not found (numa-run(1))
+# Hostile names: what anyone may put in a process name, a user name or an argument, which
+# every message quoting it must show escaped (core.printable): no terminal escape, no
+# forged line, no bidi override, no undecodable byte.
+HOSTILE = ["\x1b]0;owned\x07", "\x1b[2J", "web\r\nnuma-run: error: forged", "\u202eexe.txt", "a\x00b",
+           "\x9b31m", "\udc9b", "\u2066x\u2069"]
+hostile_texts = st.one_of(st.sampled_from(HOSTILE),
+                          st.text(alphabet=st.one_of(st.sampled_from("\x1b\x07\r\n\x7f\x85\u202e"),
+                                                     st.characters(codec="utf-8")), max_size=10))
 
 # ---- configuration files -------------------------------------------------------------
 _BARE = re.compile(r"[A-Za-z0-9_-]+")
@@ -83,7 +91,7 @@ SECTIONS = _sections()
 PLAUSIBLE = ["static", "none", "Static", "best-effort", "single-numa-node", "pod", "0", "0-1", "0,32", "0-",
              "auto", "info", "debug", "0660", "0777", "refuse", "reconcile", "isolated", "1Gi", "2Mi", "all",
              "irqs", "unix:/nowhere/m.sock", "unix:rel.sock", "127.0.0.1:99999", "[::1]", "root",
-             "no-such-group-here", "0x10de", "mlx5_core", "", " ", "\x00", "é", "a" * 300]
+             "no-such-group-here", "0x10de", "mlx5_core", "", " ", "\x00", "é", "a" * 300, *HOSTILE]
 scalars = st.one_of(st.sampled_from(PLAUSIBLE), st.text(max_size=12), st.booleans(),
                     st.integers(min_value=-(2 ** 70), max_value=2 ** 70), st.floats())
 values = st.recursive(scalars, lambda inner: st.one_of(st.lists(inner, max_size=3),
@@ -130,6 +138,13 @@ serve_flags = st.lists(st.one_of(
                                                  st.text(max_size=8))),
     st.tuples(st.sampled_from(["--no-hotplug", "--bogus"]), st.none()),
 ), max_size=5)
+
+
+def _printable_lines(stderr: str) -> None:
+    """No control character but the line ends, no bidi control, no lone surrogate."""
+    bad = [ch for ch in stderr if ch != "\n" and (ch < " " or "\x7f" <= ch <= "\x9f" or "\ud800" <= ch <= "\udfff"
+                                                or "\u202a" <= ch <= "\u202e" or "\u2066" <= ch <= "\u2069")]
+    assert not bad, stderr
 
 
 def _one_line_failure(stderr: str, prefix: str) -> None:
@@ -200,6 +215,7 @@ def test_serve_never_shows_a_traceback(tmp_path_factory):
             os.chdir(cwd)
         assert code in SERVE_EXITS, (code, argv, stderr.getvalue())
         assert "Traceback" not in stderr.getvalue()  # nor from a thread of a started agent
+        _printable_lines(stderr.getvalue())
         if code != 0:
             _one_line_failure(stderr.getvalue(), "numa-agent")
 
@@ -217,14 +233,15 @@ numa_run_options = st.lists(st.one_of(
               st.sampled_from(["2Mi=1", "1Gi=4", "2048kB=1", "2M=1", "gpu=1", "gpu=-1", "=", "x", "../gpu=1"])),
     st.tuples(st.sampled_from(["-C", "-N", "-c", "-m", "-i", "-p", "-w"]), st.sampled_from(NODE_LISTS)),
     st.tuples(st.sampled_from(["--name", "--pod"]), st.one_of(st.sampled_from(["web", "a/b", "..", "Web", ""]),
-                                                               st.text(max_size=10))),
+                                                               st.text(max_size=10), hostile_texts)),
     st.tuples(st.just("--policy"), st.sampled_from(["none", "restricted", "strict", ""])),
     st.tuples(st.just("--isolate"), st.sampled_from(["irqs", "all", "irq", "idle,freq", ""])),
     st.tuples(st.sampled_from(["--shared", "--dry-run", "--json", "-v", "-l", "-s", "--isolate-strict",
                                "-H", "--huge", "--bogus"]), st.none()),
 ), max_size=6)
 commands = st.sampled_from([[], ["--"], ["true"], ["--", "true", "x"], ["/nonexistent/program"],
-                            ["/etc/passwd"], ["/"], ["no-such-program-here"]])
+                            ["/etc/passwd"], ["/"], ["no-such-program-here"],
+                            *([name] for name in HOSTILE), ["--", "/tmp/\x1b]0;owned\x07", "x"]])
 
 
 def test_numa_run_never_shows_a_traceback(tmp_path_factory, monkeypatch):
@@ -247,6 +264,7 @@ def test_numa_run_never_shows_a_traceback(tmp_path_factory, monkeypatch):
                 code = exc.code
         assert code in NUMA_RUN_EXITS, (code, argv, stderr.getvalue())
         assert "Traceback" not in stderr.getvalue()
+        _printable_lines(stderr.getvalue())
         if code != 0:
             _one_line_failure(stderr.getvalue(), "numa-run")
 
