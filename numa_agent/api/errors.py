@@ -10,6 +10,8 @@ beyond the standard library so that the CLI can read the codes cheaply.
 
 from __future__ import annotations
 
+from numa_agent.core.printable import printable
+
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (numa-run starts fast)
 if TYPE_CHECKING:
     from typing import Any
@@ -22,6 +24,9 @@ class ApiError(Exception):
     code: str = "internal_error"
 
     def __init__(self, message: str, *, details: dict[str, Any] | None = None) -> None:
+        # The message is for a person (a client may print it raw: `jq -r .error.message`),
+        # and quotes names anyone chose: escaped. `details` keeps exact values for programs.
+        message = printable(message)
         super().__init__(message)
         self.message = message
         self.details: dict[str, Any] = dict(details) if details else {}
