@@ -67,6 +67,14 @@ def _escape_messages(exc: traceback.TracebackException) -> None:
 class EscapingFormatter(logging.Formatter):
     """A formatter whose record is one printable line, its traceback printable lines."""
 
+    def format(self, record: logging.LogRecord) -> str:
+        # The traceback text another handler cached on the record is not escaped: made anew.
+        cached, record.exc_text = record.exc_text, None
+        try:
+            return super().format(record)
+        finally:
+            record.exc_text = cached
+
     def formatMessage(self, record: logging.LogRecord) -> str:
         raw = record.message
         record.message = printable(raw)

@@ -1,5 +1,6 @@
 import logging
 import os
+import sys
 
 import pytest
 
@@ -133,3 +134,19 @@ def test_a_traceback_quoting_a_hostile_name_forges_no_line(tmp_path):
                                                                                     "<3>numa_agent.api: request"))]
     assert f"<3>ValueError: no workload {SHOWN}" in lines
     assert not any(ch < " " for line in lines for ch in line)
+
+
+def test_a_traceback_another_handler_cached_raw_is_escaped_anew(tmp_path):
+    out = tmp_path / "err"
+    with open(out, "w") as stream:
+        setup_logging("info", stream=stream, env={})
+        try:
+            raise ValueError(EVIL)
+        except ValueError:
+            record = logging.getLogger("numa_agent.api").makeRecord(
+                "numa_agent.api", logging.ERROR, __file__, 1, "failed", (), sys.exc_info())
+        record.exc_text = logging.Formatter().formatException(record.exc_info)  # raw, as a plain handler caches it
+        logging.getLogger("numa_agent.api").handle(record)
+    text = out.read_text()
+    assert f"ValueError: {SHOWN}" in text
+    assert not any(ch < " " and ch != "\n" for ch in text)
