@@ -10,36 +10,40 @@ import unicodedata
 from contextlib import redirect_stderr
 from unittest import mock
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from numa_agent.cli import common, oci_hook_cmd
 from numa_agent.cli.status_cmd import format_status
 
 EVIL = "\x1b]0;owned\x07\x1b[2J\r\nforged line\u202e"
+BIDI_AND_BREAKS = {0x061C, 0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A), 0x2028, 0x2029}
 SHOWN = "\\x1b]0;owned\\x07\\x1b[2J\\r\\nforged line\\u202e"
 
 
 def assert_printable_lines(lines: list[str]) -> None:
     for line in lines:
-        bad = [ch for ch in line if unicodedata.category(ch) in ("Cc", "Cs") or 0x202A <= ord(ch) <= 0x202E]
+        bad = [ch for ch in line if unicodedata.category(ch) in ("Cc", "Cs") or ord(ch) in BIDI_AND_BREAKS]
         assert not bad, repr(line)
 
 
-def hostile_status() -> dict:
+def hostile_status(evil: str = EVIL) -> dict:
     return {
         "enforcement": "affinity", "policy": {"topology": "none", "scope": "container"}, "shared_pool": "0",
         "nodes": [{"id": 0, "cpus": {"capacity": 2, "reserved": 1, "allocated": 1, "free": 0}}],
         "workloads": [{
-            "name": "web", "owner": EVIL, "cpus": "1", "exclusive": True, "numa_nodes": [0],
-            "intruders": [{"pid": 7, "tid": 7, "command": EVIL, "cpu": 1}],
-            "kernel_threads": [{"pid": 9, "tid": 9, "command": EVIL, "cpu": 1}],
+            "name": "web", "owner": evil, "cpus": "1", "exclusive": True, "numa_nodes": [0],
+            "intruders": [{"pid": 7, "tid": 7, "command": evil, "cpu": 1}],
+            "kernel_threads": [{"pid": 9, "tid": 9, "command": evil, "cpu": 1}],
             "memory_numa": {"bytes": {"0": 4096}},
-            "rebuilt": True, "unknown": [EVIL],
+            "rebuilt": True, "unknown": [evil],
         }],
-        "quotas": [{"owner": EVIL, "cpus": {"used": 1}}],
-        "released": [{"pid": 7, "name": "web", "reason": EVIL, "released_unix": 1}],
-        "quarantined": [{"name": "web", "cpus": "1", "pid": 7, "marked": EVIL, "affinity": "1",
-                         "reason": EVIL, "remedy": EVIL}],
-        "isolation": {"restore_failures": [{"knob": EVIL, "original": "0", "error": EVIL}],
-                      "irqbalance": EVIL},
+        "quotas": [{"owner": evil, "cpus": {"used": 1}}],
+        "released": [{"pid": 7, "name": "web", "reason": evil, "released_unix": 1}],
+        "quarantined": [{"name": "web", "cpus": "1", "pid": 7, "marked": evil, "affinity": "1",
+                         "reason": evil, "remedy": evil}],
+        "isolation": {"restore_failures": [{"knob": evil, "original": "0", "error": evil}],
+                      "irqbalance": evil},
     }
 
 
@@ -90,3 +94,11 @@ def test_json_keeps_the_exact_value():
     common.print_json({"command": EVIL}, out)
     assert json.loads(out.getvalue()) == {"command": EVIL}
     assert "\x1b" not in out.getvalue()  # JSON's own escaping
+
+
+@settings(max_examples=200, derandomize=True, database=None, deadline=None)
+@given(st.text(alphabet=st.one_of(st.sampled_from("\x1b\x07\r\n\x00\x7f\x85\x9b\u202e\u2069\u2028\udc80"),
+                                  st.characters(codec="utf-8")), max_size=20))
+def test_status_text_is_printable_whatever_the_names_hold(text):
+    assert_printable_lines(format_status(hostile_status(text), now=100.0, intruders=True))
+    assert_printable_lines(format_status(hostile_status(text), now=100.0, intruders=False))
