@@ -1,0 +1,80 @@
+"""The agent reads the kernel's free hugepages (of its --sysfs-root tree) for an
+admission that asks for some, and refuses, naming the node and the shortfall,
+when pages the bookings leave free were taken outside it."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from numa_agent.api import errors
+from numa_agent.api.refusals import api_error
+from numa_agent.core.caller import Caller
+from numa_agent.daemon.config import AgentConfig
+from numa_agent.daemon.startup import Agent
+from numa_agent.service.refusals import HugepagesTaken
+from numa_agent.service.requests import AdmitRequest
+from tests.support.synthetic import make_topology
+from tests.support.sysfs_writer import write_sysfs
+
+ME = Caller(pid=os.getpid(), uid=0, gid=0)
+PAGE = 2 << 20
+
+
+def set_free(root, node, pages):
+    (root / f"sys/devices/system/node/node{node}/hugepages/hugepages-2048kB/free_hugepages").write_text(f"{pages}\n")
+
+
+@pytest.fixture
+def machine_root(tmp_path):
+    topo = make_topology(sockets=2, cores_per_node=2, threads_per_core=1, memory_per_node_bytes=4 << 30,
+                         hugepages_2m_per_node=8)
+    return write_sysfs(topo, tmp_path / "machine")
+
+
+@pytest.fixture
+def agent(machine_root, tmp_path):
+    cfg = AgentConfig(sysfs_root=str(machine_root), state_dir=str(tmp_path / "state"),
+                      socket=str(tmp_path / "agent.sock"), metrics_address=None, hotplug=False,
+                      pod_resources_socket="")
+    running = Agent(cfg).start()
+    yield running
+    running.stop()
+
+
+def test_pages_taken_outside_the_agent_refuse_naming_node_and_shortfall(agent, machine_root):
+    service = agent.service
+    set_free(machine_root, 0, 2)
+    set_free(machine_root, 1, 1)
+    with pytest.raises(HugepagesTaken) as refused:
+        service.admit(AdmitRequest(name="db", hugepages={"2048": 4}), ME)
+    assert refused.value.message.startswith("node 0: 2 free 2 MiB hugepages, 4 requested; 2 more needed")
+    details = refused.value.details
+    assert details["reason_code"] == "hugepages_not_free"
+    assert details["hugepages_short"] == [{"node": 0, "page_size_bytes": PAGE, "free_pages": 2,
+                                           "requested_pages": 4, "missing_pages": 2}]
+    assert service.counters.errors["hugepages_not_free"] == 1
+    answer = api_error(refused.value)
+    assert (type(answer), answer.status) == (errors.AdmissionRefused, 409)
+
+    # The pages come back on node 1: the same request is placed there.
+    set_free(machine_root, 1, 8)
+    placed = service.admit(AdmitRequest(name="db", hugepages={"2048": 4}), ME, dry_run=True)
+    assert (placed["mems"], placed["hugepages"]) == ([1], {"2048kB": {"1": 4 * PAGE}})
+
+
+def test_a_request_without_hugepages_reads_no_counter(agent):
+    service = agent.service
+    asked = []
+    read = service.hugepage_counters
+
+    def spy(pools):
+        asked.append(pools)
+        return read(pools)
+
+    service.hugepage_counters = spy
+    service.admit(AdmitRequest(name="plain", cpus=1), ME, dry_run=True)
+    assert asked == []
+    service.admit(AdmitRequest(name="paged", hugepages={"2048": 1}), ME, dry_run=True)
+    assert asked == [((0, 2048), (1, 2048))]
