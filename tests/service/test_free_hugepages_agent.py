@@ -10,6 +10,7 @@ import pytest
 
 from numa_agent.api import errors
 from numa_agent.api.refusals import api_error
+from numa_agent.cli.common import refusal_lines
 from numa_agent.core.caller import Caller
 from numa_agent.daemon.config import AgentConfig
 from numa_agent.daemon.startup import Agent
@@ -55,8 +56,15 @@ def test_pages_taken_outside_the_agent_refuse_naming_node_and_shortfall(agent, m
     assert details["hugepages_short"] == [{"node": 0, "page_size_bytes": PAGE, "free_pages": 2,
                                            "requested_pages": 4, "missing_pages": 2}]
     assert service.counters.errors["hugepages_not_free"] == 1
+    assert service.counters.pinning_errors["memory"] == 1  # the memory manager's refusal
     answer = api_error(refused.value)
     assert (type(answer), answer.status) == (errors.AdmissionRefused, 409)
+
+    # numa-agent explain (a dry run) gives the same reason first, then the reasoning.
+    with pytest.raises(HugepagesTaken) as explained:
+        service.admit(AdmitRequest(name="db", hugepages={"2048": 4}), ME, dry_run=True)
+    lines = refusal_lines("would refuse", api_error(explained.value).to_dict()["error"])
+    assert lines[0].startswith("would refuse: node 0: 2 free 2 MiB hugepages, 4 requested; 2 more needed")
 
     # The pages come back on node 1: the same request is placed there.
     set_free(machine_root, 1, 8)
