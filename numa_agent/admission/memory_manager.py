@@ -607,9 +607,9 @@ class KernelHugepages:
     mapping has reserved but not yet faulted in. The kernel keeps them for
     the whole machine only, so they are counted against every node.
     ``in_use``: (node, page size kB, bytes) of the agent's own bookings known
-    to be faulted in or reserved; None when that is not known (the affinity
-    fallback), and then every booked page counts as not yet used (see
-    ``kernel_available``). A (node, size) that ``free`` does not name is not
+    to be faulted in (their hugetlb cgroup's counts); None when nothing is
+    known (the affinity fallback). A booked page it does not name counts as
+    not yet used (see ``kernel_available``). A (node, size) that ``free`` does not name is not
     limited: its figure was not read."""
 
     free: tuple[tuple[int, int, int], ...] = ()
@@ -627,10 +627,10 @@ def kernel_available(figures: KernelHugepages, usage: MemoryUsage) -> dict[tuple
     """(node, hugepage resource) -> bytes a new booking can count on by the
     kernel's counters: free pages less reserved ones, less the pages live
     bookings hold there and have not yet used (the kernel still counts them
-    free). Not knowing which booked pages are in use, all of them count as
-    unused: never more than is really there is offered, at the price of
-    counting a faulted booked page twice (once gone from free, once held
-    back). The admission offers the smaller of this and its own free bytes."""
+    free). A booked page ``in_use`` does not name counts as unused: never
+    more than is really there is offered, at the price of counting such a
+    page twice once it is faulted in (gone from free, and held back). The
+    admission offers the smaller of this and its own free bytes."""
     reserved = dict(figures.reserved)
     in_use = {(n, s): b for n, s, b in figures.in_use or ()}
     allocated = usage._alloc_index.get

@@ -156,7 +156,8 @@ class AgentService:
     def admit(self, request: AdmitRequest, caller: Caller, dry_run: bool = False) -> dict:
         started = time.perf_counter()
         owner = self.owner(caller.uid) if self.quotas else None
-        kernel = counters_for(self.hugepage_counters, self.machine, request)  # sysfs: outside the lock
+        kernel = counters_for(self.hugepage_counters, self.machine, request,  # sysfs: outside the lock
+                              self.state, self.enforcer.path_of)
         with self._lock:
             request_id = None if dry_run else request.request_id
             if request_id is not None:

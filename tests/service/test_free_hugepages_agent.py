@@ -5,6 +5,7 @@ when pages the bookings leave free were taken outside it."""
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -14,6 +15,7 @@ from numa_agent.cli.common import refusal_lines
 from numa_agent.core.caller import Caller
 from numa_agent.daemon.config import AgentConfig
 from numa_agent.daemon.startup import Agent
+from numa_agent.enforcement.plan import workload_relpath
 from numa_agent.service.refusals import HugepagesTaken
 from numa_agent.service.requests import AdmitRequest
 from tests.support.synthetic import make_topology
@@ -86,3 +88,40 @@ def test_a_request_without_hugepages_reads_no_counter(agent):
     assert asked == []
     service.admit(AdmitRequest(name="paged", hugepages={"2048": 1}), ME, dry_run=True)
     assert asked == [((0, 2048), (1, 2048))]
+
+
+def test_pages_a_workload_has_faulted_in_are_not_held_back_twice(agent, machine_root):
+    service = agent.service
+    first = service.admit(AdmitRequest(name="first", hugepages={"2048": 4}), ME)
+    (node,) = first["mems"]
+    other = 1 - node
+    # first has faulted its 4 pages in: gone from the kernel's free count. An outsider
+    # took every page of the other node.
+    set_free(machine_root, node, 4)
+    set_free(machine_root, other, 0)
+    ask = AdmitRequest(name="second", hugepages={"2048": 4})
+    with pytest.raises(HugepagesTaken):  # not known in use: held back as still to come out of free
+        service.admit(ask, ME, dry_run=True)
+    cgroup = service.enforcer.path_of(workload_relpath(service.state.workload("first")))
+    (Path(cgroup) / "hugetlb.2MB.numa_stat").write_text(f"total={4 * PAGE} N{node}={4 * PAGE} N{other}=0\n")
+    placed = service.admit(ask, ME, dry_run=True)
+    assert placed["hugepages"] == {"2048kB": {str(node): 4 * PAGE}}
+
+
+def test_in_use_counts_no_more_than_was_booked_and_nothing_unreadable(tmp_path):
+    from numa_agent.service.hugepage_counters import booked_in_use
+    from numa_agent.state.model import AgentState, Booking, Workload
+
+    def workload(name, memory):
+        return Workload(name=name, owner_uid=0, booking=Booking(memory=memory), shared=True)
+
+    state = (AgentState()
+             .with_workload(workload("a", {0: {"hugepages-2048kB": 2 * PAGE}, 1: {"hugepages-2048kB": 2 * PAGE}}))
+             .with_workload(workload("b", {0: {"hugepages-2048kB": 4 * PAGE}})))
+    (tmp_path / "a").mkdir()
+    # a faulted 3 pages on node 0 (one more than it booked there) and none on node 1.
+    (tmp_path / "a/hugetlb.2MB.numa_stat").write_text(f"total={3 * PAGE} N0={3 * PAGE} N1=0\n")
+    paths = {"shared/a": str(tmp_path / "a"), "shared/b": str(tmp_path / "b")}  # b's file is missing
+    assert booked_in_use(state, paths.get, (2048,)) == (
+        (0, 2048, 2 * PAGE),)
+    assert booked_in_use(state, lambda rel: None, (2048,)) == ()
