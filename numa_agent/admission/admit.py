@@ -21,8 +21,9 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from numa_agent.admission.allocation_score import resource_figures, tie_rank
-from numa_agent.admission.errors import AllocationError, NodeFencedError
+from numa_agent.admission.errors import AllocationError, HugepagesNotFreeError, NodeFencedError
 from numa_agent.admission.machine import Machine
+from numa_agent.admission.memory_manager import KernelHugepages, hugepages_short
 from numa_agent.admission.provider import NOTHING, Allocation, HintProvider
 from numa_agent.admission.registry import PROVIDERS
 from numa_agent.admission.request import Request, Resources, describe_amounts
@@ -89,18 +90,21 @@ Providers = Sequence[HintProvider]
 
 
 def decide(machine: Machine, state: AgentState, req: Request,
-           providers: Providers = PROVIDERS, *, explain: bool = False) -> Decision:
+           providers: Providers = PROVIDERS, *, explain: bool = False,
+           kernel: KernelHugepages | None = None) -> Decision:
     """Admit `req` or raise Refusal / InvalidRequest. Never mutates anything.
     `providers` defaults to the registered ones. A refusal's explanation is whole;
     an admission's adds the free resources and every provider's hints only when
-    `explain` (a dry run, `numa-agent explain`): an admission does not pay for them."""
+    `explain` (a dry run, `numa-agent explain`): an admission does not pay for them.
+    `kernel`: the kernel's hugepage counters read for this request (see
+    `_book`); None: the bookings alone say what is free."""
     _check_request(machine, req)
     if state.workload(req.name) is not None:
         raise InvalidRequest(f"a workload named {req.name!r} already exists")
     if req.pod is not None:
-        return _decide_pod_member(machine, state, req, req.pod, providers, explain)
-    booking, explanation, pinned = _book(AdmissionView(machine, state), req, _policy(machine, req), providers,
-                                         explain)
+        return _decide_pod_member(machine, state, req, req.pod, providers, explain, kernel)
+    booking, explanation, pinned = _book(AdmissionView(machine, state, kernel=kernel), req, _policy(machine, req),
+                                         providers, explain)
     w = _workload(req, booking)
     return Decision(state=state.with_workload(w), workload=w, pod_created=None,
                     explanation=explanation, pinned=pinned)
@@ -240,6 +244,8 @@ def _book(view: AdmissionView, req: Request, policy_name: str, providers: Provid
         booking, pinned = _book_parts(view, req, policy_name, providers, explanation, merged)
     except Refusal as exc:
         exc.explanation.update(_details(view, merged))
+        if view.kernel is not None:
+            _refuse_if_pages_taken(view, req, policy_name, providers, exc)
         raise
     if explain:
         explanation.update(_details(view, merged))
@@ -282,6 +288,36 @@ def _book_parts(view: AdmissionView, req: Request, policy_name: str, providers: 
         _refuse_fenced(view, {*machine.nodes_of(booking.cpus), *booking.memory, *booking.memory_group},
                        explanation, pinned)
     return booking, pinned
+
+
+def _refuse_if_pages_taken(view: AdmissionView, req: Request, policy_name: str, providers: Providers,
+                           refusal: Refusal) -> None:
+    """A request refused while the kernel's hugepage counters cut what was free:
+    when the bookings alone would have admitted it, the pages taken outside the
+    agent are why, and the refusal says where and how many (the kubelet's
+    memory manager refuses so when the OS reports too few free hugepages).
+    Decided again only on a refusal: an admission costs one decision."""
+    kernel = view.kernel
+    assert kernel is not None
+    if not any(req.resources.hugepages.values()):
+        return
+    plain = AdmissionView(view.machine, view.state, pod=view.pod)
+    try:
+        booking, _ = _book_parts(plain, req, policy_name, providers, {}, [])
+    except Refusal:
+        return  # refused whatever the kernel says: the first reason stands
+    short = hugepages_short(kernel, view.memory_usage,
+                            ((n, r, b) for n, per in booking.memory.items() for r, b in per.items()))
+    if not short:
+        return
+    message = (f"{'; '.join(s.text() for s in short)} (the kernel's free pages less reserved ones and "
+               f"those booked workloads have not yet used: the rest were taken outside the agent)")
+    explanation = {**refusal.explanation, "reason": message,
+                   "hugepages_short": [{"node": s.node, "page_size_bytes": s.size_kb << 10,
+                                        "free_pages": s.free_pages, "requested_pages": s.requested_pages,
+                                        "missing_pages": s.missing_pages} for s in short]}
+    raise Refusal(HugepagesNotFreeError.reason, message, explanation, provider="memory",
+                  pinned=refusal.pinned) from None
 
 
 def fenced_text(view: AdmissionView) -> str:
@@ -433,7 +469,8 @@ def alignment(machine: Machine, b: Booking) -> dict[str, bool]:
 
 
 def _decide_pod_member(machine: Machine, state: AgentState, req: Request, pod_name: str,
-                       providers: Providers, explain: bool = False) -> Decision:
+                       providers: Providers, explain: bool = False,
+                       kernel: KernelHugepages | None = None) -> Decision:
     pod = state.pod(pod_name)
     pod_created = None
     explanation: dict[str, Any] = {}
@@ -443,8 +480,8 @@ def _decide_pod_member(machine: Machine, state: AgentState, req: Request, pod_na
             raise InvalidRequest(f"pod {req.pod!r} does not exist; its first member must give the pod "
                                  f"budget (--pod-cpus, --pod-memory, --pod-hugepages, --pod-device)")
         budget_req = replace(req, resources=req.pod_budget, cpunodebind=None, physcpubind=None)
-        booking, explanation, pinned = _book(AdmissionView(machine, state), budget_req, _policy(machine, req),
-                                             providers, explain)
+        booking, explanation, pinned = _book(AdmissionView(machine, state, kernel=kernel), budget_req,
+                                             _policy(machine, req), providers, explain)
         pod = Pod(name=pod_name, owner_uid=req.owner_uid, booking=booking, members=(),
                   created_unix=req.created_unix, request=req.pod_budget.to_json())
         pod_created = pod

@@ -68,6 +68,14 @@ class MemoryOnlyNodesError(MemoryAllocationError):
     reason = "topology_affinity_error"
 
 
+class HugepagesNotFreeError(MemoryAllocationError):
+    """Hugepages the bookings leave free but the kernel does not: taken outside
+    the agent (by processes it never admitted), so a workload placed on them
+    would fail when it faults them in."""
+
+    reason = "hugepages_not_free"
+
+
 class DeviceAllocationError(AllocationError):
     """A device request cannot be satisfied."""
 

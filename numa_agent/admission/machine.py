@@ -11,7 +11,7 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 from numa_agent.admission.cpu_manager import CpuManagerOptions, reserved_cpus
 from numa_agent.admission.cpu_topology import CpuTopology
@@ -161,6 +161,17 @@ class Machine:
         """The page sizes (kB) of the usable nodes' hugepage pools: what a
         request's hugepages are checked against, made once."""
         return frozenset(hp.size_kb for n in self.node_ids for hp in self.topology.node(n).hugepages)
+
+    def hugepage_pools(self, sizes_kb: Iterable[int]) -> tuple[tuple[int, int], ...]:
+        """(node, page size kB) of each usable node with memory that has a pool
+        of one of `sizes_kb`: the kernel counters an admission asking for those
+        sizes reads (none for a request without hugepages)."""
+        wanted = set(sizes_kb)
+        if not wanted:
+            return ()
+        memory = self.memory
+        return tuple((n, size) for size in sorted(wanted) for n in memory.node_ids
+                     if memory.get(n, hugepages_resource(size)).total)
 
     @cached_property
     def free_layout(self) -> tuple[tuple[int, str, int, int, tuple[tuple[str, str, int], ...]], ...]:

@@ -594,6 +594,91 @@ def shortfalls(capacity: MemoryCapacity, usage: MemoryUsage) -> tuple[tuple[int,
 _SHORTFALLS = "shortfalls"  # its key in MemoryUsage._derived (node vectors use tuples)
 
 
+# ------------------------------------------------------- kernel's counters
+
+
+@dataclass(frozen=True)
+class KernelHugepages:
+    """What the kernel's hugepage counters said when one request was about to
+    be decided, read at the edge for the nodes and page sizes it asks for.
+
+    ``free``: (node, page size kB, pages) from the node's ``free_hugepages``.
+    ``reserved``: (page size kB, pages) from ``resv_hugepages``: pages a
+    mapping has reserved but not yet faulted in. The kernel keeps them for
+    the whole machine only, so they are counted against every node.
+    ``in_use``: (node, page size kB, bytes) of the agent's own bookings known
+    to be faulted in (their hugetlb cgroup's counts); None when nothing is
+    known (the affinity fallback). A booked page it does not name counts as
+    not yet used (see ``kernel_available``). A (node, size) that ``free`` does not name is not
+    limited: its figure was not read."""
+
+    free: tuple[tuple[int, int, int], ...] = ()
+    reserved: tuple[tuple[int, int], ...] = ()
+    in_use: tuple[tuple[int, int, int], ...] | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "free", tuple(sorted(self.free)))
+        object.__setattr__(self, "reserved", tuple(sorted(self.reserved)))
+        if self.in_use is not None:
+            object.__setattr__(self, "in_use", tuple(sorted(self.in_use)))
+
+
+def kernel_available(figures: KernelHugepages, usage: MemoryUsage) -> dict[tuple[int, str], int]:
+    """(node, hugepage resource) -> bytes a new booking can count on by the
+    kernel's counters: free pages less reserved ones, less the pages live
+    bookings hold there and have not yet used (the kernel still counts them
+    free). A booked page ``in_use`` does not name counts as unused: never
+    more than is really there is offered, at the price of counting such a
+    page twice once it is faulted in (gone from free, and held back). The
+    admission offers the smaller of this and its own free bytes."""
+    reserved = dict(figures.reserved)
+    in_use = {(n, s): b for n, s, b in figures.in_use or ()}
+    allocated = usage._alloc_index.get
+    out: dict[tuple[int, str], int] = {}
+    for node, size_kb, pages in figures.free:
+        resource = hugepages_resource(size_kb)
+        booked = allocated((node, resource), 0)
+        unused = max(0, booked - in_use.get((node, size_kb), 0))
+        out[(node, resource)] = max(0, (pages - reserved.get(size_kb, 0)) * size_kb * 1024 - unused)
+    return out
+
+
+@dataclass(frozen=True)
+class HugepagesShort:
+    """A node whose free hugepages of one size fall short of what a booking
+    would take there: the kubelet-style figures a refusal states."""
+
+    node: int
+    size_kb: int
+    free_pages: int
+    requested_pages: int
+
+    @property
+    def missing_pages(self) -> int:
+        return self.requested_pages - self.free_pages
+
+    def text(self) -> str:
+        """"node 1: 2 free 2 MiB hugepages, 4 requested; 2 more needed"."""
+        return (f"node {self.node}: {self.free_pages} free {format_bytes(self.size_kb << 10)} hugepages, "
+                f"{self.requested_pages} requested; {self.missing_pages} more needed")
+
+
+def hugepages_short(figures: KernelHugepages, usage: MemoryUsage,
+                    amounts: Iterable[tuple[int, str, int]]) -> tuple[HugepagesShort, ...]:
+    """Where `amounts` ((node, resource, bytes), a booking's memory) takes more
+    hugepages than the kernel's counters leave (see ``kernel_available``)."""
+    available = kernel_available(figures, usage)
+    out = []
+    for node, resource, wanted in sorted(amounts):
+        size_kb = hugepage_size_kb(resource)
+        have = available.get((node, resource))
+        if size_kb is None or have is None or wanted <= have:
+            continue
+        page = size_kb * 1024
+        out.append(HugepagesShort(node, size_kb, have // page, -(-wanted // page)))
+    return tuple(out)
+
+
 # ------------------------------------------------------------ mask search
 
 
@@ -850,7 +935,7 @@ class _State:
     universe (`mem_bits`) are read."""
 
     def __init__(self, capacity: MemoryCapacity, usage: MemoryUsage, request: MemoryRequest,
-                 universe_bits: int) -> None:
+                 universe_bits: int, kernel: KernelHugepages | None = None) -> None:
         self.capacity = capacity
         self.amounts = request.amounts()
         self.resources = resources = tuple(r for r, _ in self.amounts)
@@ -860,6 +945,8 @@ class _State:
         # Every memory node in reach: a refusal may then speak of the whole machine.
         self.whole = mem_bits == capacity.memory_nodes.bits
         self.free, self.allocatable = _node_vectors(capacity, usage, resources)
+        if kernel is not None:
+            self.free = _within_kernel(self.free, resources, kernel_available(kernel, usage))
         self.used_bits = usage._used_bits & mem_bits
         group_of = usage._group_of
         # Every used node in reach (the usual universe: every memory node):
@@ -972,20 +1059,33 @@ class _State:
         return min(candidates, key=lambda b: (b.bit_count(), b))
 
 
+def _within_kernel(free: dict[int, tuple[int, ...]], resources: tuple[str, ...],
+                   available: Mapping[tuple[int, str], int]) -> dict[int, tuple[int, ...]]:
+    """`free` with each (node, resource) the kernel's counters name cut to what
+    they leave (a copy: the vectors kept on the usage are shared)."""
+    limited = dict(free)
+    for n, vector in free.items():
+        cut = tuple([min(v, available.get((n, r), v)) for v, r in zip(vector, resources, strict=True)])
+        if cut != vector:
+            limited[n] = cut
+    return limited
+
+
 _STATE = "state"  # its key in MemoryUsage._derived: the last _State built on that usage
 
 
 def _state_of(capacity: MemoryCapacity, usage: MemoryUsage, request: MemoryRequest,
-              universe_bits: int) -> "_State":
+              universe_bits: int, kernel: KernelHugepages | None = None) -> "_State":
     """The _State of these inputs, kept on the usage as its node vectors are: an
     admission's hints and its allocation read the same usage and request over
     the same universe (the common case), so the allocation takes the state the
     hints built. Matched by identity: the inputs are immutable and held here."""
     kept = usage._derived.get(_STATE)
-    if kept is not None and kept[0] is capacity and kept[1] is request and kept[2] == universe_bits:
-        return kept[3]
-    state = _State(capacity, usage, request, universe_bits)
-    usage._derived[_STATE] = (capacity, request, universe_bits, state)
+    if (kept is not None and kept[0] is capacity and kept[1] is request and kept[2] == universe_bits
+            and kept[3] is kernel):
+        return kept[4]
+    state = _State(capacity, usage, request, universe_bits, kernel)
+    usage._derived[_STATE] = (capacity, request, universe_bits, kernel, state)
     return state
 
 
@@ -1001,6 +1101,7 @@ def memory_hints(
     usage: MemoryUsage,
     request: MemoryRequest,
     nodes: NumaMask | Iterable[int],
+    kernel: KernelHugepages | None = None,
 ) -> dict[str, HintSet]:
     """The kubelet's memory hints: resource -> HintSet for every requested
     resource (resources requested at 0 are absent).
@@ -1010,8 +1111,12 @@ def memory_hints(
     few nodes as the fewest nodes whose allocatable could ever hold the whole
     request. The same masks are offered for every resource, as the kubelet
     does. When no mask could ever hold the request every resource gets
-    ``impossible()`` (see ``memory_refusal_reason``)."""
-    state = _state_of(capacity, usage, request, NumaMask.bits_of(nodes))
+    ``impossible()`` (see ``memory_refusal_reason``). ``kernel`` (the
+    kernel's hugepage counters) cuts the free bytes of the hugepages it names
+    (see ``kernel_available``), so masks on nodes whose pages were taken
+    outside the agent do not fit and the hints steer to nodes that have
+    them; the preferred size still follows the allocatable, as the kubelet's."""
+    state = _state_of(capacity, usage, request, NumaMask.bits_of(nodes), kernel)
     if not state.resources:
         return {}
     min_size = state.min_size()
@@ -1092,6 +1197,7 @@ def allocate_memory(
     *,
     nodes: NumaMask | Iterable[int] | None = None,
     require_preferred: bool = False,
+    kernel: KernelHugepages | None = None,
 ) -> MemoryAllocation:
     """Take the request's bytes, filling the group's nodes lowest id first.
 
@@ -1107,10 +1213,12 @@ def allocate_memory(
     an extension to a non-preferred size is refused, as the kubelet does.
     ``nodes`` (default: every memory node) bounds where the request may go
     beyond the affinity's own nodes: the nodes it may use without naming them.
+    ``kernel``: the kernel's hugepage counters, as ``memory_hints`` reads them.
     Raises MemoryAllocationError naming the resource, requested bytes and
     free bytes per node.
     """
-    state = _state_of(capacity, usage, request, _universe(nodes, capacity) | (affinity.bits if affinity else 0))
+    state = _state_of(capacity, usage, request, _universe(nodes, capacity) | (affinity.bits if affinity else 0),
+                      kernel)
     if not state.resources:
         return EMPTY_ALLOCATION
     aff_bits = affinity.bits if affinity is not None else 0

@@ -13,7 +13,9 @@ from typing import Any, Callable, Generic, Iterable, Mapping, Sequence, TypeVar
 from numa_agent.admission.errors import AllocationError
 from numa_agent.admission.machine import Machine
 from numa_agent.admission.memory_manager import (
+    KernelHugepages,
     MemoryUsage,
+    kernel_available,
     shortfalls,
     usage_from_booked,
     usage_with_booked,
@@ -128,11 +130,14 @@ class _once(Generic[T]):
 @dataclass(frozen=True)
 class AdmissionView:
     """The machine and state one admission reads. ``pod`` set: the request is
-    a member of that pod and takes its resources from the pod's budget."""
+    a member of that pod and takes its resources from the pod's budget.
+    ``kernel``: the kernel's hugepage counters read for this request (None:
+    none read, the bookings alone say what is free)."""
 
     machine: Machine
     state: AgentState
     pod: Pod | None = None
+    kernel: KernelHugepages | None = None
 
     def kept(self, key: str, request: object, compute: Callable[[], T]) -> T:
         """A value a provider derives from `request` in ``hints()`` and needs
@@ -180,17 +185,20 @@ class AdmissionView:
     def free(self) -> dict[str, dict[str, Any]]:
         """Per node: CPUs that can still become exclusive, free regular memory
         and, where the node has hugepage pools, their free bytes by page size
-        in kB (the request's keys): the numbers a refusal's text speaks of."""
+        in kB (the request's keys; no more than the kernel's counters leave,
+        where they were read): the numbers a refusal's text speaks of."""
         usage = self.memory_usage
         free_bits, allocated = self.allocatable_cpus.bits, usage.allocated_bytes
         fenced = self.fenced_nodes  # nothing of theirs is free for a new admission
+        kernel = {} if self.kernel is None else kernel_available(self.kernel, usage)
         out: dict[str, dict[str, Any]] = {}
         for n, key, cpu_bits, memory, pools in self.machine.free_layout:
             open_ = n not in fenced
             entry: dict[str, Any] = {"cpus": (free_bits & cpu_bits).bit_count(),
                                      "memory_bytes": max(0, memory - allocated(n, "memory")) if open_ else 0}
             if pools:
-                entry["hugepages_bytes"] = {size: max(0, allocatable - allocated(n, resource)) if open_ else 0
-                                            for size, resource, allocatable in pools}
+                entry["hugepages_bytes"] = {
+                    size: min(max(0, allocatable - allocated(n, resource)), kernel.get((n, resource), allocatable))
+                    if open_ else 0 for size, resource, allocatable in pools}
             out[key] = entry
         return out

@@ -13,6 +13,7 @@ HTTP_ERROR: dict[type[refusals.ServiceRefusal], type[errors.ApiError]] = {
     refusals.InConflict: errors.Conflict,                  # 409 name_in_use
     refusals.NoCapacity: errors.AdmissionRefused,          # 409 admission_refused
     refusals.TopologyRefused: errors.TopologyAffinityError,  # 409 topology_affinity_error
+    refusals.HugepagesTaken: errors.AdmissionRefused,      # 409 admission_refused
     refusals.RequestIdTaken: errors.RequestIdInUse,        # 409 request_id_in_use
     refusals.Unavailable: errors.ServiceUnavailable,       # 503 unavailable
 }

@@ -139,7 +139,7 @@ class Agent:
     def _start(self) -> "Agent":
         from numa_agent.admission.machine import MachineConfigError, build_machine
         from numa_agent.discovery.pci_ids import PciIdsFile
-        from numa_agent.discovery.sysfs import DiscoveryError, read_topology
+        from numa_agent.discovery.sysfs import DiscoveryError, read_free_hugepages, read_topology
         from numa_agent.service.agent_service import AgentService
         from numa_agent.service.recovery import PolicyChanged, restore
         from numa_agent.service.revocation_copy import RevocationCopy
@@ -177,6 +177,7 @@ class Agent:
         self.kubelet_files = _kubelet_state_files(cfg)
         service.state_publisher = self.kubelet_files
         service.sysfs_root = self.machine_source or os.path.abspath(cfg.sysfs_root)
+        service.hugepage_counters = functools.partial(read_free_hugepages, cfg.sysfs_root)
         service.revocation_copy = revocation_copy
         try:
             service.install(state)

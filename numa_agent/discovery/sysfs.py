@@ -36,7 +36,7 @@ from numa_agent.discovery.files import (
 )
 from numa_agent.discovery.pci import read_pci_devices
 
-__all__ = ["read_topology", "read_memory_figures", "DiscoveryError"]
+__all__ = ["read_topology", "read_memory_figures", "read_free_hugepages", "DiscoveryError"]
 
 _SIBLING_LISTS = ("core_cpus_list", "thread_siblings_list")
 _SIBLING_MASKS = ("core_cpus", "thread_siblings")
@@ -255,6 +255,33 @@ def read_memory_figures(root: str | os.PathLike = "/") -> MemoryFigures:
         pools = tuple((h.size_kb, h.total) for h in _read_hugepages(os.path.join(path, "hugepages")))
         out.append((node_id, total, pools))
     return tuple(out)
+
+
+FreeHugepages = tuple[tuple[tuple[int, int, int], ...], tuple[tuple[int, int], ...]]
+
+
+def read_free_hugepages(root: str | os.PathLike, pools: tuple[tuple[int, int], ...]) -> FreeHugepages:
+    """The kernel's hugepage counters an admission checks, for just `pools`
+    ((node, page size kB), what the request asks for): ((node, size, free
+    pages), ...) from each node's ``free_hugepages``, and ((size, reserved
+    pages), ...) from ``/sys/kernel/mm/hugepages``'s ``resv_hugepages``
+    (the kernel keeps reservations for the whole machine only). A counter
+    that is missing (an older snapshot, a pool gone since discovery) is
+    left out: the bookings alone then say what is free there."""
+    sys_dir = os.path.join(os.fspath(root), "sys")
+    free = []
+    for node, size_kb in pools:
+        pages = read_int(os.path.join(sys_dir, "devices", "system", "node", f"node{node}", "hugepages",
+                                      f"hugepages-{size_kb}kB", "free_hugepages"))
+        if pages is not None:
+            free.append((node, size_kb, max(0, pages)))
+    reserved = []
+    for size_kb in sorted({size for _, size in pools}):
+        pages = read_int(os.path.join(sys_dir, "kernel", "mm", "hugepages", f"hugepages-{size_kb}kB",
+                                      "resv_hugepages"))
+        if pages:
+            reserved.append((size_kb, max(0, pages)))
+    return tuple(free), tuple(reserved)
 
 
 def _read_node_meminfo(path: str) -> dict[str, int]:

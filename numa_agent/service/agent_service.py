@@ -35,6 +35,7 @@ from numa_agent.admission.admit import (
 from numa_agent.admission.admit import (
     release as release_workload,
 )
+from numa_agent.admission.errors import HugepagesNotFreeError
 from numa_agent.admission.machine import Machine
 from numa_agent.admission.quota import NO_QUOTAS, Owner, Quotas, check_quota, owner_usage, quota_view
 from numa_agent.admission.quota import REASON_CODE as QUOTA_EXCEEDED
@@ -61,7 +62,9 @@ from numa_agent.hotplug.rebase import memory_changes, rebase_state, shortfall_wa
 from numa_agent.isolation.keeper import ISOLATE, STRICT, IsolationKeeper, isolation_asked
 from numa_agent.service.caller import Owners, UserNames, system_owner, system_user_name
 from numa_agent.service.counters import Counters, ManagerOutcome
+from numa_agent.service.hugepage_counters import CounterReader, counters_for
 from numa_agent.service.refusals import (
+    HugepagesTaken,
     InConflict,
     InvalidInput,
     NoCapacity,
@@ -83,6 +86,7 @@ from numa_agent.state.model import REBUILT, AgentState, IsolationLedger, Workloa
 log = logging.getLogger("numa_agent.service")
 
 VERSION = __version__
+HUGEPAGES_NOT_FREE = HugepagesNotFreeError.reason
 
 
 class StatePublisher(Protocol):
@@ -139,6 +143,9 @@ class AgentService:
         self.state_publisher: StatePublisher | None = None
         # The revocations' copy beside the mark key, set at start-up; None: none kept.
         self.revocation_copy: RevocationCopy | None = None
+        # Reads the kernel's free hugepages for an admission asking for some, set at
+        # start-up (service/hugepage_counters.py); None: the bookings alone decide.
+        self.hugepage_counters: CounterReader | None = None
 
     @property
     def layout(self) -> Layout:
@@ -149,6 +156,8 @@ class AgentService:
     def admit(self, request: AdmitRequest, caller: Caller, dry_run: bool = False) -> dict:
         started = time.perf_counter()
         owner = self.owner(caller.uid) if self.quotas else None
+        kernel = counters_for(self.hugepage_counters, self.machine, request,  # sysfs: outside the lock
+                              self.state, self.enforcer.path_of)
         with self._lock:
             request_id = None if dry_run else request.request_id
             if request_id is not None:
@@ -162,7 +171,7 @@ class AgentService:
                 deciding = time.perf_counter()
                 # A dry run (numa-run --dry-run, numa-agent explain) shows every provider's
                 # hints and what was free; an admission's answer and log line do without.
-                decision = decide(self.machine, self.state, req, explain=dry_run)
+                decision = decide(self.machine, self.state, req, explain=dry_run, kernel=kernel)
                 if owner is not None:
                     check_quota(self.quotas, owner, self.state, decision.state, decision.explanation)
             except _NameTaken as exc:
@@ -892,7 +901,8 @@ class _NameTaken(InvalidRequest):
 
 def _refused(refusal: Refusal) -> ServiceRefusal:
     """The admission core's refusal of a valid request, with its explanation and reason."""
-    kind = {"topology_affinity_error": TopologyRefused, QUOTA_EXCEEDED: OverQuota}.get(refusal.code, NoCapacity)
+    kind = {"topology_affinity_error": TopologyRefused, QUOTA_EXCEEDED: OverQuota,
+            HUGEPAGES_NOT_FREE: HugepagesTaken}.get(refusal.code, NoCapacity)
     return kind(refusal.message, details={**refusal.explanation, "reason": refusal.message,
                                           "reason_code": refusal.code})
 

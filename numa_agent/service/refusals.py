@@ -44,6 +44,11 @@ class TopologyRefused(NoCapacity):
     """The topology manager's policy refused the merged hint."""
 
 
+class HugepagesTaken(NoCapacity):
+    """Hugepages the bookings leave free that the kernel says are taken (by
+    processes the agent never admitted); `details` name the node and shortfall."""
+
+
 class OverQuota(ServiceRefusal):
     """It would take its owner over a [quotas] limit; `details` names the quota."""
 

@@ -25,7 +25,7 @@ def test_the_statuses_and_codes_callers_rely_on():
         "OverQuota": (403, "quota_exceeded"), "UnknownWorkload": (404, "not_found"),
         "InConflict": (409, "name_in_use"), "NoCapacity": (409, "admission_refused"),
         "TopologyRefused": (409, "topology_affinity_error"), "RequestIdTaken": (409, "request_id_in_use"),
-        "Unavailable": (503, "unavailable"),
+        "Unavailable": (503, "unavailable"), "HugepagesTaken": (409, "admission_refused"),
     }
     # numa-run prints a refusal's explanation for exactly these codes
     assert {api_error(k("m")).code for k in (refusals.NoCapacity, refusals.TopologyRefused,

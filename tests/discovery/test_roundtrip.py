@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from numa_agent.core.cpuset import CpuSet
 from numa_agent.core.topology import PciDevice
-from numa_agent.discovery.sysfs import read_topology
+from numa_agent.discovery.sysfs import read_free_hugepages, read_topology
 from tests.support.synthetic import make_topology
 from tests.support.sysfs_writer import write_sysfs
 
@@ -93,3 +93,17 @@ def test_roundtrip_property(tmp_path_factory, sockets, nodes_per_socket, cores, 
                          threads_per_core=threads, numbering=numbering, l3_per=l3_per,
                          node_ids=node_ids, devices=devices)
     assert roundtrip(topo, tmp_path_factory.mktemp("m")) == topo
+
+
+def test_free_hugepages_are_read_for_just_the_pools_asked(tmp_path):
+    root = write_sysfs(make_topology(sockets=2, hugepages_2m_per_node=8, hugepages_1g_per_node=2), tmp_path / "m")
+    pool = root / "sys/devices/system/node/node1/hugepages/hugepages-2048kB"
+    (pool / "free_hugepages").write_text("3\n")
+    resv = root / "sys/kernel/mm/hugepages/hugepages-2048kB"
+    resv.mkdir(parents=True)
+    (resv / "resv_hugepages").write_text("1\n")
+    assert read_free_hugepages(root, ((0, 2048), (1, 2048))) == (((0, 2048, 8), (1, 2048, 3)), ((2048, 1),))
+    assert read_free_hugepages(root, ((1, 1048576),)) == (((1, 1048576, 2),), ())
+    # A counter that is not there (a pool gone since discovery) is left out.
+    assert read_free_hugepages(root, ((5, 2048),)) == ((), ((2048, 1),))
+    assert read_free_hugepages(root, ()) == ((), ())

@@ -56,7 +56,7 @@ class MemoryProvider:
             nodes = tuple(n for n in machine.ordinary_node_ids if n not in fenced)
         if request.within_mems is not None:
             nodes = tuple(n for n in nodes if n in request.within_mems)
-        return memory_hints(machine.memory, view.memory_usage, mem_request, nodes)
+        return memory_hints(machine.memory, view.memory_usage, mem_request, nodes, view.kernel)
 
     def allocate(self, request: Request, view: AdmissionView, affinity: NumaMask | None) -> Allocation:
         if view.pod is not None:
@@ -72,7 +72,7 @@ class MemoryProvider:
             where = _without_explicit(affinity, machine.explicit_nodes)
         try:
             alloc = allocate_memory(machine.memory, view.memory_usage, _memory_request(request, view), where,
-                                    nodes=machine.ordinary_node_mask)
+                                    nodes=machine.ordinary_node_mask, kernel=view.kernel)
         except MemoryAllocationError as exc:
             hint = None if membind is not None else memory_only_hint(request, view)
             if hint is None:
