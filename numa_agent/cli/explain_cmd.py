@@ -27,6 +27,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
+    for line in common.small_size_warnings([("--memory", args.memory), ("--pod-memory", args.pod_memory)]):
+        print(f"{PROG}: {line}", file=sys.stderr)
     try:
         body = common.build_request(args, context=common.placement_context(args))
         _, record = common.call(args, "POST", "/v1/workloads?dry_run=1", body)

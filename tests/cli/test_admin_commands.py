@@ -300,3 +300,18 @@ def test_resize_of_an_unknown_workload_is_one_line_exit_1(server, capsys):
     assert run(resize_cmd, ["resize", "nope", "--cpus", "2"], server) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "nope" in err[0]
+
+
+def test_resize_warns_of_a_memory_size_below_a_page_and_goes_on(server, fake, capsys):
+    admit(server, {"name": "web-1", "cpus": 2})
+    assert run(resize_cmd, ["resize", "web-1", "--memory", "1024"], server) == 0
+    captured = capsys.readouterr()
+    page = os.sysconf("SC_PAGE_SIZE")
+    assert captured.err.startswith("numa-agent resize: warning: --memory 1024 is 1,024 bytes, less than a ")
+    assert "did you mean 1024Mi or 1024M?" in captured.err and len(captured.err.splitlines()) == 1
+    assert page > 1024 and fake.calls[-1] == ("resize", {"name": "web-1", "cpus": None, "memory_bytes": 1024})
+
+
+def test_explain_warns_of_a_memory_size_below_a_page(server, capsys):
+    assert run(explain_cmd, ["explain", "--cpus", "1", "--memory", "100"], server) == 0
+    assert capsys.readouterr().err.startswith("numa-agent explain: warning: --memory 100 is 100 bytes")
