@@ -408,7 +408,8 @@ def explanation_lines(explanation: dict[str, Any]) -> list[str]:
         parts = []
         for node in sorted(free, key=lambda k: int(k) if str(k).lstrip("-").isdigit() else 0):
             item = free[node]
-            text = f"node {node}: {item.get('cpus', '-')} CPUs"
+            cpus = item.get("cpus", "-")
+            text = f"node {node}: {cpus} CPU{'' if cpus == 1 else 's'}"
             if "memory_bytes" in item:
                 text += f", {units.format_bytes(item['memory_bytes'])}"
             parts.append(text)
