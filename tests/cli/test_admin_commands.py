@@ -240,12 +240,24 @@ def test_status_says_which_isolation_setting_someone_else_changed():
 
 
 # ------------------------------------------------------------ topology
-def test_topology_says_when_the_agent_simulates_another_machine(server, fake, capsys):
-    fake.sysfs_root = "/srv/snapshots/intel-2s.tar.gz"
+def test_topology_follows_the_agent_that_simulates_another_machine(server, fake, snapshot, capsys):
+    root, _ = snapshot("intel-snb-2s-2numa-pci-nvme-nic")
+    assert run(topology_cmd, ["topology", "--json", "--sysfs-root", str(root)], server) == 0
+    named = capsys.readouterr().out
+    fake.sysfs_root = str(root)
+    assert run(topology_cmd, ["topology", "--json"], server) == 0
+    followed = capsys.readouterr()
+    assert followed.out == named  # the agent's machine, not this host's
+    assert followed.err == (f"numa-agent topology: the machine the agent at {server.socket_path} simulates "
+                            f"({root}); --sysfs-root / shows this host\n")
+
+
+def test_topology_says_when_it_cannot_follow_the_agents_machine(server, fake, capsys):
+    fake.sysfs_root = "/srv/snapshots/intel-2s.tar.gz"  # not on this host (or not readable)
     assert run(topology_cmd, ["topology", "--json"], server) == 0
     err = capsys.readouterr().err
-    assert "the agent at " in err and "simulates /srv/snapshots/intel-2s.tar.gz" in err
-    assert "--sysfs-root /srv/snapshots/intel-2s.tar.gz" in err
+    assert err.startswith("numa-agent topology: note: this is this host's machine, not the one the agent at ")
+    assert "simulates (/srv/snapshots/intel-2s.tar.gz: " in err and len(err.splitlines()) == 1
 
 
 def test_topology_is_quiet_when_the_agent_reads_this_host(server, fake, capsys):
