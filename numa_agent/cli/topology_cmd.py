@@ -23,9 +23,9 @@ def add_parser(subparsers) -> None:
                     "from sysfs/procfs and print them.",
     )
     p.add_argument("--sysfs-root", default=None, metavar="DIR|ARCHIVE",
-                   help="directory holding sys/ and proc/ (default: /, this host), or a snapshot archive "
-                        "of one (.tar.gz, .tgz, .tar), as serve takes it; without it, the machine the agent "
-                        "at --socket reads: this host, or the one it simulates (said on stderr)")
+                   help="directory holding sys/ and proc/ (/ is this host), or a snapshot archive of one "
+                        "(.tar.gz, .tgz, .tar), as serve takes it; default: the machine the agent at --socket "
+                        "reads, this host or the one it simulates (said on stderr); / when no agent answers")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
     p.add_argument("--all-devices", action="store_true",
                    help="list every PCI device (bridges, uncore, DMA engines, USB ...), not only "
