@@ -9,6 +9,7 @@ import sys
 
 from numa_agent.api.client import ClientError, request
 from numa_agent.cli import common
+from numa_agent.core.topology import Topology
 from numa_agent.discovery.pci_ids import PCI_IDS_PATHS, PciIdsFile
 from numa_agent.discovery.sysfs import DiscoveryError, read_topology
 from numa_agent.service.snapshot import SnapshotError, extract_snapshot, is_archive, remove_snapshot
@@ -50,12 +51,13 @@ def agent_machine(args) -> str | None:
     return source
 
 
-def _discover(root: str):
-    """The Topology under `root` (a directory or a snapshot archive)."""
+def _discover(source: str) -> Topology:
+    """The Topology under `source` (a directory or a snapshot archive)."""
     scratch = None
     try:
-        if is_archive(root):
-            scratch, root = extract_snapshot(root)
+        if not is_archive(source):
+            return read_topology(source)
+        scratch, root = extract_snapshot(source)
         return read_topology(root)
     finally:
         if scratch is not None:  # discovery has read everything it needs

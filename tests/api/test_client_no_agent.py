@@ -6,7 +6,6 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
-import threading
 
 import pytest
 
