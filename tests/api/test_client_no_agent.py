@@ -52,24 +52,32 @@ def test_no_socket_and_no_agent_starting_fails_at_once_saying_how_to_start(sock_
     assert "systemctl start numa-agent" in message and "numa-agent serve" in message
 
 
-def test_no_socket_while_an_agent_holds_its_state_lock_waits_for_it(fake, sock_dir, no_systemd,
-                                                                    sleeps, monkeypatch, capsys):
-    path = f"{sock_dir}/agent.sock"
-    lock = _hold_lock(f"{sock_dir}/state/lock")  # scripts/agent's layout: state/ beside the socket
-    servers = []
+def _agent_comes_during_the_first_wait(fake, path, monkeypatch, before=lambda: None) -> list[float]:
+    """GET /v1/health while the agent (after `before`) binds its socket during the
+    client's first wait; the waits the client made."""
+    waits: list[float] = []
+    servers: list[ApiServer] = []
 
-    def first_wait_then_bind(seconds):
-        sleeps.append(seconds)
-        if not servers:  # the starting agent binds its socket during the client's first wait
+    def bind(seconds):
+        waits.append(seconds)
+        if not servers:
+            before()
             servers.append(ApiServer(fake, path, poll_interval=0.05).start())
-    monkeypatch.setattr(client.time, "sleep", first_wait_then_bind)
+    monkeypatch.setattr(client.time, "sleep", bind)
     try:
         assert request(path, "GET", "/v1/health", busy_retry=30)[0] == 200
     finally:
         for srv in servers:
             srv.stop()
+    return waits
+
+
+def test_no_socket_while_an_agent_holds_its_state_lock_waits_for_it(fake, sock_dir, no_systemd, monkeypatch):
+    lock = _hold_lock(f"{sock_dir}/state/lock")  # scripts/agent's layout: state/ beside the socket
+    try:
+        assert len(_agent_comes_during_the_first_wait(fake, f"{sock_dir}/agent.sock", monkeypatch)) == 1
+    finally:
         os.close(lock)
-    assert len(sleeps) == 1
 
 
 def test_an_agent_that_stops_starting_ends_the_wait_with_its_log(sock_dir, no_systemd, monkeypatch):
@@ -117,19 +125,11 @@ def test_a_refused_socket_is_still_waited_for(fake, sock_dir, no_systemd, monkey
     path = f"{sock_dir}/agent.sock"
     dead = socket.socket(socket.AF_UNIX)
     dead.bind(path)
-    servers = []
 
-    def restart(seconds):
-        if not servers:
-            dead.close()
-            os.unlink(path)
-            servers.append(ApiServer(fake, path, poll_interval=0.05).start())
-    monkeypatch.setattr(client.time, "sleep", restart)
-    try:
-        assert request(path, "GET", "/v1/health", busy_retry=30)[0] == 200
-    finally:
-        for srv in servers:
-            srv.stop()
+    def stop_refusing():
+        dead.close()
+        os.unlink(path)
+    assert len(_agent_comes_during_the_first_wait(fake, path, monkeypatch, stop_refusing)) == 1
 
 
 def test_permission_denied_names_the_group_and_the_setting(sock_dir, monkeypatch):
