@@ -129,6 +129,12 @@ def small_size_warnings(sizes: list[tuple[str, int | None]], page: int | None = 
             for option, value in sizes if value and value < page]
 
 
+def warn_small_sizes(prog: str, sizes: list[tuple[str, int | None]]) -> None:
+    """small_size_warnings on stderr, each line under `prog`."""
+    for line in small_size_warnings(sizes):
+        print(f"{prog}: {line}", file=sys.stderr)
+
+
 def memory_booked_text(record: dict[str, Any]) -> str:
     """The memory a workload holds, for people: "1 GiB on node 0", "8 GiB on nodes 0,1
     (4 GiB, 4 GiB)", or "none booked" (the agent's memory_bytes: bytes per node)."""

@@ -517,8 +517,7 @@ def run(args: argparse.Namespace) -> int:
             what = "not found" if unusable == EXIT_NOT_FOUND else "not executable"
             common.print_error(PROG, f"{command[0]}: command {what}")
             return unusable
-    for line in common.small_size_warnings([("--memory", args.memory), ("--pod-memory", args.pod_memory)]):
-        print(f"{PROG}: {line}", file=sys.stderr)
+    common.warn_small_sizes(PROG, [("--memory", args.memory), ("--pod-memory", args.pod_memory)])
     args.slurm_case = slurm_case()
     admitted = _admit(args, command)
     if isinstance(admitted, int):

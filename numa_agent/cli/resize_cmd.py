@@ -4,7 +4,6 @@ workload's exclusive CPUs and memory in place."""
 from __future__ import annotations
 
 import argparse
-import sys
 
 from numa_agent.cli import common
 from numa_agent.cli.release_cmd import quote_name
@@ -36,8 +35,7 @@ def run(args: argparse.Namespace) -> int:
     if args.cpus is None and args.memory is None:
         common.print_error(PROG, "give --cpus N, --memory SIZE or both")
         return 2
-    for line in common.small_size_warnings([("--memory", args.memory)]):
-        print(f"{PROG}: {line}", file=sys.stderr)
+    common.warn_small_sizes(PROG, [("--memory", args.memory)])
     body = {key: value for key, value in (("cpus", args.cpus), ("memory_bytes", args.memory)) if value is not None}
     try:
         _, answer = common.call(args, "PATCH", f"/v1/workloads/{quote_name(args.name)}", body)
