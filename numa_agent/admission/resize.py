@@ -43,18 +43,26 @@ def resize(machine: Machine, state: AgentState, name: str, cpus: int | None = No
     view = AdmissionView(machine, state)  # what is free beside what the workload holds
     booking, added = w.booking, w.cpus_added
     explanation: dict[str, Any] = {"admit": True, "resize": {"from": _figures(w), "to": {}}}
-    if cpus is not None and cpus != len(booking.cpus):
-        booking, added = (_grow(view, w, cpus, explanation) if cpus > len(booking.cpus)
-                          else _shrink(machine, w, cpus))
-    request = dict(w.request)
-    if cpus is not None:
-        request["cpus"] = cpus
-    if memory_bytes is not None and w.pod is not None:
-        _check_pod_memory(state, w, memory_bytes, explanation)  # a member's memory is a limit in the budget
-        request["memory_bytes"] = memory_bytes
-    elif memory_bytes is not None and memory_bytes != booking.memory_total("memory"):
-        booking = _memory(view, w, booking, memory_bytes, explanation)
-        request["memory_bytes"] = memory_bytes
+    try:
+        if cpus is not None and cpus != len(booking.cpus):
+            booking, added = (_grow(view, w, cpus, explanation) if cpus > len(booking.cpus)
+                              else _shrink(machine, w, cpus))
+        request = dict(w.request)
+        if cpus is not None:
+            request["cpus"] = cpus
+        if memory_bytes is not None and w.pod is not None:
+            _check_pod_memory(state, w, memory_bytes, explanation)  # a member's memory is a limit in the budget
+            request["memory_bytes"] = memory_bytes
+        elif memory_bytes is not None and memory_bytes != booking.memory_total("memory"):
+            booking = _memory(view, w, booking, memory_bytes, explanation)
+            request["memory_bytes"] = memory_bytes
+    except Refusal as refusal:
+        # What a person needs to act on it, in their terms: what was asked against what it
+        # holds (the renderers say "from 6 to 20 CPUs, 14 more needed") and what is free where.
+        asked = {key: value for key, value in (("cpus", cpus), ("memory_bytes", memory_bytes)) if value is not None}
+        refusal.explanation["resize"] = {**refusal.explanation.get("resize", {}), "asked": asked}
+        refusal.explanation.setdefault("free", view.free)
+        raise
     numa_nodes = tuple(sorted(set(booking.numa_nodes) | set(machine.nodes_of(booking.cpus))))
     booking = replace(booking, numa_nodes=numa_nodes)
     resized = replace(w, booking=booking, cpus_added=added, request=request)
@@ -105,15 +113,17 @@ def _grow(view: AdmissionView, w: Workload, count: int, explanation: dict[str, A
             policy = w.request.get("policy") or machine.policy.topology_policy
             if policy in _ALIGNED_ONLY:
                 raise Refusal("topology_affinity_error",
-                              f"TopologyAffinityError: cannot grow {w.name} to {count} CPUs within NUMA node(s) "
-                              f"{','.join(map(str, nodes))} (policy {policy}): {len(own)} free there, "
-                              f"{needed} needed", explanation)
+                              f"TopologyAffinityError: cannot grow {w.name} from {len(have)} to {count} CPUs "
+                              f"within NUMA node(s) {','.join(map(str, nodes))} (policy {policy}): {needed} more "
+                              f"needed, {len(own)} free there", explanation)
             taken = taken | take_by_topology(topo, free - taken, rest, machine.cpu_options)
     except AllocationError as exc:
-        raise Refusal(exc.reason, f"cannot grow {w.name} to {count} CPUs: {exc}", explanation) from None
+        short = len(free) < needed  # else the rule of the CPU options refused: say which
+        raise Refusal(exc.reason, f"cannot grow {w.name} from {len(have)} to {count} CPUs: {needed} more needed, "
+                                  f"{len(free)} free" + ("" if short else f" ({exc})"), explanation) from None
     if not (view.shared_pool - taken):
-        raise Refusal("shared_pool_empty", f"growing {w.name} by CPUs {taken.format()} would leave the shared pool "
-                                           "empty", explanation)
+        raise Refusal("shared_pool_empty", f"growing {w.name} from {len(have)} to {count} CPUs (by {taken.format()}) "
+                                           "would leave the shared pool empty", explanation)
     return replace(w.booking, cpus=have | taken), (*w.cpus_added, *taken.ids())
 
 
@@ -128,8 +138,9 @@ def _grow_in_pod(view: AdmissionView, w: Workload, count: int,
     free = pod_shared_cpus(state, pod)
     needed = count - len(have)
     if needed > len(free):
-        raise Refusal("insufficient_cpus", f"pod {pod.name!r}: cannot grow {w.name} to {count} CPUs: {len(free)} of "
-                                           f"the pod's {len(pod.booking.cpus)} are not taken by members", explanation)
+        raise Refusal("insufficient_cpus", f"pod {pod.name!r}: cannot grow {w.name} from {len(have)} to {count} CPUs: "
+                                           f"{needed} more needed, {len(free)} of the pod's {len(pod.booking.cpus)} "
+                                           "not taken by members", explanation)
     siblings = CpuSet.union_of(core for core in machine.cpu_topology.core_cpus.values() if core & have) & free
     taken = CpuSet(siblings.ids()[:needed])
     if needed > len(taken):
@@ -191,9 +202,9 @@ def _memory(view: AdmissionView, w: Workload, booking: Booking, target: int,
         if rest:
             free = sum(free_bytes(machine.memory, usage, n, "memory") for n in nodes)
             raise Refusal("insufficient_memory",
-                          f"cannot grow {w.name}'s memory to {format_bytes(target)}: its node(s) "
-                          f"{','.join(map(str, nodes))} have {format_bytes(free)} free, "
-                          f"{format_bytes(target - current)} more needed", explanation)
+                          f"cannot grow {w.name}'s memory from {format_bytes(current)} to {format_bytes(target)}: "
+                          f"{format_bytes(target - current)} more needed, {format_bytes(free)} free on its "
+                          f"node(s) {','.join(map(str, nodes))}", explanation)
     else:
         rest = current - target
         for n in reversed(nodes):  # the last node of its group gives back first

@@ -79,7 +79,8 @@ def check_peer(sock: _socket.socket, socket_path: str, trusted: frozenset[int]) 
 
 
 # How long a client waits out a busy or restarting agent: "busy" and "request
-# timeout" are answered before the request reaches the service, a refused or missing socket took nothing, and
+# timeout" are answered before the request reaches the service, a refused socket (or a missing one
+# while an agent is starting: agent_starting) took nothing, and
 # a connection closed (or an answer not come in time) is retried only for a request that
 # is safe to repeat (not a POST, or one carrying a request id the agent
 # deduplicates). Overridden by $NUMA_AGENT_RETRY_SECONDS (0: no retry).
@@ -188,11 +189,22 @@ def _request_once(socket_path: str, method: str, path: str, body: dict | None,
             _connect(sock, socket_path, timeout)
         except OSError as exc:
             reason = exc.strerror or str(exc)
+            if exc.errno == errno.ENOENT:
+                # No socket at all: worth waiting for only while an agent is starting.
+                missing = f"cannot reach the agent at {socket_path}: {reason}; "
+                starting = agent_starting(socket_path)
+                if starting is None:
+                    raise AgentUnreachable(
+                        f"{missing}no agent runs or starts there: {START_HINT}") from None
+                raise _Retry(f"is starting ({starting})", AgentUnreachable(
+                    f"{missing}it did not come up in time although {starting}: see its log "
+                    "(`journalctl -u numa-agent`, or its own output)")) from None
+            if exc.errno in (errno.EACCES, errno.EPERM):
+                raise AgentUnreachable(permission_message(socket_path)) from None
             unreachable = AgentUnreachable(
-                f"cannot reach the agent at {socket_path}: {reason}; is the agent running? "
-                "start it with `numa-agent serve` or scripts/agent")
-            if exc.errno in (errno.ECONNREFUSED, errno.ENOENT, errno.EAGAIN):
-                # Nothing was sent: an agent restarting (socket closed or not yet there).
+                f"cannot reach the agent at {socket_path}: {reason}; is the agent running? {START_HINT}")
+            if exc.errno in (errno.ECONNREFUSED, errno.EAGAIN):
+                # Nothing was sent: the socket is there but nobody accepts (an agent restarting).
                 raise _Retry(f"does not answer ({reason.lower()})", unreachable) from None
             raise unreachable from None
         check_peer(sock, socket_path, trusted_uids() if trusted is None else trusted)
@@ -220,6 +232,125 @@ def _request_once(socket_path: str, method: str, path: str, body: dict | None,
         except BadResponse as exc:
             raise _Retry("closed the connection before answering", exc) from None
     return _parse_response(raw, socket_path)
+
+
+START_HINT = ("start it (`systemctl start numa-agent` where it is installed as a service, "
+              "`numa-agent serve` otherwise), or name a running agent's socket with --socket "
+              "or $NUMA_AGENT_SOCKET")
+
+# Where a starting agent's state directory lock may be: scripts/agent's layout (state/
+# beside the socket), and with the default socket the default state directory
+# (numa_agent.daemon.config.DEFAULT_STATE_DIR; the client may not import the daemon).
+DEFAULT_STATE_DIR = "/var/lib/numa-agent"
+_LOCK_NAME = "lock"  # numa_agent.state.directory.LOCK_NAME
+_UNIT = "numa-agent"
+
+
+def agent_starting(socket_path: str, proc_locks: str = "/proc/locks",
+                   systemd: Callable[[], str | None] | None = None) -> str | None:
+    """Why a socket path with no socket is worth waiting for (an agent is starting and
+    will bind it), or None. Read without disturbing the agent: the state directory's
+    lock through /proc/locks (taking the lock, even shared, could make the agent's own
+    attempt fail), systemd's view through `systemctl show`. `systemd` replaces that
+    call in tests: it returns what `systemctl show` would print, or None."""
+    from numa_agent.core.names import DEFAULT_SOCKET
+
+    directory = os.path.dirname(os.path.abspath(socket_path))
+    candidates = [os.path.join(directory, "state", _LOCK_NAME), os.path.join(directory, _LOCK_NAME)]
+    if os.path.abspath(socket_path) == DEFAULT_SOCKET:
+        candidates.append(os.path.join(DEFAULT_STATE_DIR, _LOCK_NAME))
+    held = _flocked(candidates, proc_locks)
+    if held is not None:
+        return f"an agent holds its state directory's lock ({held})"
+    return _systemd_starting(socket_path, (systemd or _systemctl_show)())
+
+
+def _flocked(paths: list[str], proc_locks: str) -> str | None:
+    """The first of `paths` some process holds a flock on, from the kernel's list."""
+    ids = {}
+    for path in paths:
+        try:
+            st = os.stat(path)
+        except OSError:
+            continue  # absent, or in a directory closed to us: cannot tell
+        ids[(os.major(st.st_dev), os.minor(st.st_dev), st.st_ino)] = path
+    if not ids:
+        return None
+    try:
+        with open(proc_locks) as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    for line in lines:  # "1: FLOCK  ADVISORY  WRITE 9549 fe:00:2146337 0 EOF"
+        fields = line.split()
+        if len(fields) < 6 or fields[1] != "FLOCK":
+            continue
+        major, _, rest = fields[5].partition(":")
+        minor, _, inode = rest.partition(":")
+        try:
+            key = (int(major, 16), int(minor, 16), int(inode))
+        except ValueError:
+            continue
+        if key in ids:
+            return ids[key]
+    return None
+
+
+def _systemctl_show() -> str | None:
+    """`systemctl show` of the agent's service and socket units, or None without systemd."""
+    if not os.path.isdir("/run/systemd/system"):
+        return None  # not booted with systemd
+    import subprocess  # only when no socket is there: numa-run starts fast otherwise
+
+    try:
+        done = subprocess.run(["systemctl", "show", "--property=Id,ActiveState,Listen",
+                               f"{_UNIT}.service", f"{_UNIT}.socket"],
+                              capture_output=True, text=True, timeout=5, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout if done.returncode == 0 else None
+
+
+def _systemd_starting(socket_path: str, shown: str | None) -> str | None:
+    """From `systemctl show` blocks: the service activating (a start, or a restart
+    waiting out RestartSec=), or a socket unit listening on `socket_path`."""
+    for block in (shown or "").split("\n\n"):
+        props = dict(line.partition("=")[::2] for line in block.splitlines() if "=" in line)
+        unit, state = props.get("Id", ""), props.get("ActiveState", "")
+        if unit.endswith(".service") and state == "activating":
+            return f"{unit} is activating"
+        listens = props.get("Listen", "").split()
+        if (unit.endswith(".socket") and state in ("active", "activating")
+                and os.path.abspath(socket_path) in listens):
+            return f"{unit} holds {socket_path}"
+    return None
+
+
+def permission_message(socket_path: str) -> str:
+    """Why connecting to the socket was denied, and the remedy: the socket's group and
+    mode (the agent's [agent] socket_group and socket_mode, or numa-agent.socket's)."""
+    try:
+        st = os.stat(socket_path)
+    except OSError:
+        directory = os.path.dirname(os.path.abspath(socket_path))
+        return (f"permission denied on {socket_path}: its directory {directory} is closed to you "
+                "(the agent's socket directory should be 0755)")
+    import grp  # only on this error: numa-run starts fast otherwise
+
+    try:
+        group = grp.getgrgid(st.st_gid).gr_name
+    except KeyError:
+        group = str(st.st_gid)
+    mode = st.st_mode & 0o7777
+    where = f"permission denied on {socket_path} (group {group}, mode {mode:04o})"
+    if st.st_gid in (os.getgid(), *os.getgroups()):
+        if not mode & 0o020:
+            return (f"{where}: you are in group {group}, which may not write it: set the agent's "
+                    f"[agent] socket_mode = \"0660\" (SocketMode= with numa-agent.socket)")
+        return (f"{where}: you are in group {group}, which may write it: a directory above it "
+                "is closed to you, or a security module (SELinux, AppArmor) denies it")
+    return (f"{where}: join group {group} (then log in again), or set the agent's [agent] "
+            f"socket_group to a group you are in (SocketGroup= with numa-agent.socket)")
 
 
 def _connect(sock: _socket.socket, socket_path: str, timeout: float) -> None:

@@ -119,6 +119,38 @@ def parse_size(text: str) -> int:
         raise _type_error(str(exc)) from None
 
 
+def small_size_warnings(sizes: list[tuple[str, int | None]], page: int | None = None) -> list[str]:
+    """One line for each size a person gave that is below a memory page: a plain number is
+    bytes (`--memory 1024` books 1 KiB), which is almost never what was meant. Warnings,
+    not errors: the request goes on. `page` defaults to this machine's page size."""
+    if not any(value for _, value in sizes):
+        return []
+    page = page or os.sysconf("SC_PAGE_SIZE")
+    return [f"warning: {option} {value} is {value:,} bytes, less than a {units.format_bytes(page)} "
+            f"page (a size without a unit is bytes): did you mean {value}Mi or {value}M? "
+            "(units Ki, Mi, Gi, Ti: 1024s; k, M, G, T: 1000s)"
+            for option, value in sizes if value and value < page]
+
+
+def warn_small_sizes(prog: str, sizes: list[tuple[str, int | None]]) -> None:
+    """small_size_warnings on stderr, each line under `prog`."""
+    for line in small_size_warnings(sizes):
+        print(f"{prog}: {line}", file=sys.stderr)
+
+
+def memory_booked_text(record: dict[str, Any]) -> str:
+    """The memory a workload holds, for people: "1 GiB on node 0", "8 GiB on nodes 0,1
+    (4 GiB, 4 GiB)", or "none booked" (the agent's memory_bytes: bytes per node)."""
+    per_node = {str(n): int(v) for n, v in (record.get("memory_bytes") or {}).items() if v}
+    if not per_node:
+        return "none booked"
+    nodes = sorted(per_node, key=lambda n: int(n) if n.isdigit() else 0)
+    text = f"{units.format_bytes(sum(per_node.values()))} on node{'s' if len(nodes) > 1 else ''} {','.join(nodes)}"
+    if len(nodes) > 1:
+        text += f" ({', '.join(units.format_bytes(per_node[n]) for n in nodes)})"
+    return text
+
+
 def _argument(parse, *args):
     """A request_syntax parser for argparse: its ValueError as argparse's error."""
     try:
@@ -385,7 +417,8 @@ def explanation_lines(explanation: dict[str, Any]) -> list[str]:
         parts = []
         for node in sorted(free, key=lambda k: int(k) if str(k).lstrip("-").isdigit() else 0):
             item = free[node]
-            text = f"node {node}: {item.get('cpus', '-')} CPUs"
+            cpus = item.get("cpus", "-")
+            text = f"node {node}: {cpus} CPU{'' if cpus == 1 else 's'}"
             if "memory_bytes" in item:
                 text += f", {units.format_bytes(item['memory_bytes'])}"
             parts.append(text)

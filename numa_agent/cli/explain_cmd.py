@@ -27,6 +27,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
+    common.warn_small_sizes(PROG, [("--memory", args.memory), ("--pod-memory", args.pod_memory)])
     try:
         body = common.build_request(args, context=common.placement_context(args))
         _, record = common.call(args, "POST", "/v1/workloads?dry_run=1", body)

@@ -307,6 +307,7 @@ def _print_binding(record: dict[str, Any], env: dict[str, str], memory_note: str
         applied = "not applied: enforcement simulated" if record.get("enforcement") == "simulated" \
             else "set"
         print(f"{PROG}: memory policy {policy.describe()} ({applied})", file=sys.stderr)
+    print(f"{PROG}: memory {common.memory_booked_text(record)}", file=sys.stderr)
     if memory_note:
         print(f"{PROG}: note: mems not enforced: {memory_note}", file=sys.stderr)
     for line in common.isolation_lines(record):
@@ -516,6 +517,7 @@ def run(args: argparse.Namespace) -> int:
             what = "not found" if unusable == EXIT_NOT_FOUND else "not executable"
             common.print_error(PROG, f"{command[0]}: command {what}")
             return unusable
+    common.warn_small_sizes(PROG, [("--memory", args.memory), ("--pod-memory", args.pod_memory)])
     args.slurm_case = slurm_case()
     admitted = _admit(args, command)
     if isinstance(admitted, int):

@@ -35,6 +35,7 @@ def run(args: argparse.Namespace) -> int:
     if args.cpus is None and args.memory is None:
         common.print_error(PROG, "give --cpus N, --memory SIZE or both")
         return 2
+    common.warn_small_sizes(PROG, [("--memory", args.memory)])
     body = {key: value for key, value in (("cpus", args.cpus), ("memory_bytes", args.memory)) if value is not None}
     try:
         _, answer = common.call(args, "PATCH", f"/v1/workloads/{quote_name(args.name)}", body)

@@ -10,6 +10,7 @@ import sys
 from numa_agent.api.client import ClientError, request
 from numa_agent.cli import common
 from numa_agent.core.printable import printable
+from numa_agent.core.topology import Topology
 from numa_agent.discovery.pci_ids import PCI_IDS_PATHS, PciIdsFile
 from numa_agent.discovery.sysfs import DiscoveryError, read_topology
 from numa_agent.service.snapshot import SnapshotError, extract_snapshot, is_archive, remove_snapshot
@@ -24,9 +25,9 @@ def add_parser(subparsers) -> None:
                     "from sysfs/procfs and print them.",
     )
     p.add_argument("--sysfs-root", default=None, metavar="DIR|ARCHIVE",
-                   help="directory holding sys/ and proc/ (default: /, this host), or a snapshot archive "
-                        "of one (.tar.gz, .tgz, .tar), as serve takes it; without it, a note on stderr says "
-                        "when the agent at --socket simulates another machine")
+                   help="directory holding sys/ and proc/ (/ is this host), or a snapshot archive of one "
+                        "(.tar.gz, .tgz, .tar), as serve takes it; default: the machine the agent at --socket "
+                        "reads, this host or the one it simulates (said on stderr); / when no agent answers")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
     p.add_argument("--all-devices", action="store_true",
                    help="list every PCI device (bridges, uncore, DMA engines, USB ...), not only "
@@ -38,9 +39,9 @@ def add_parser(subparsers) -> None:
     p.set_defaults(func=run)
 
 
-def agent_machine_note(args) -> str | None:
-    """When the agent at --socket simulates another machine than this host, which one
-    (None when it does not, or when no agent answers within a moment)."""
+def agent_machine(args) -> str | None:
+    """The machine the agent at --socket simulates (its --sysfs-root, a directory or an
+    archive), or None when it reads this host or no agent answers within a moment."""
     try:
         status, health = request(common.resolve_socket(args), "GET", "/v1/health", timeout=2, busy_retry=0)
     except ClientError:
@@ -48,22 +49,43 @@ def agent_machine_note(args) -> str | None:
     source = health.get("sysfs_root") if status == 200 else None
     if not isinstance(source, str) or os.path.abspath(source) == "/":
         return None
-    return (f"note: this is this host's machine; the agent at {common.resolve_socket(args)} simulates "
-            f"{source}: add --sysfs-root {source} to see it")
+    return source
+
+
+def _discover(source: str) -> Topology:
+    """The Topology under `source` (a directory or a snapshot archive)."""
+    scratch = None
+    try:
+        if not is_archive(source):
+            return read_topology(source)
+        scratch, root = extract_snapshot(source)
+        return read_topology(root)
+    finally:
+        if scratch is not None:  # discovery has read everything it needs
+            remove_snapshot(scratch)
 
 
 def run(args) -> int:
-    scratch = None
+    topology = None
     if args.sysfs_root is None:
+        # Follow the agent: show the machine it places work on, which it read from a path
+        # on this host (the agent answers on a local socket).
         args.sysfs_root = "/"
-        note = agent_machine_note(args)
-        if note is not None:
-            print(printable(f"numa-agent topology: {note}"), file=sys.stderr)
+        source = agent_machine(args)
+        socket_path = common.resolve_socket(args)
+        if source is not None:
+            try:
+                topology = _discover(source)
+            except (DiscoveryError, SnapshotError, OSError) as exc:
+                why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+                print(printable(f"numa-agent topology: note: this is this host's machine, not the one the agent at "
+                                f"{socket_path} simulates ({source}: {why})"), file=sys.stderr)
+            else:
+                print(printable(f"numa-agent topology: the machine the agent at {socket_path} simulates ({source}); "
+                                "--sysfs-root / shows this host"), file=sys.stderr)
     try:
-        root = args.sysfs_root
-        if is_archive(root):
-            scratch, root = extract_snapshot(root)
-        topology = read_topology(root)
+        if topology is None:
+            topology = _discover(args.sysfs_root)
     except (DiscoveryError, SnapshotError) as exc:
         print(printable(f"numa-agent topology: {exc}"), file=sys.stderr)
         return 1
@@ -71,9 +93,6 @@ def run(args) -> int:
         print(printable(f"numa-agent topology: {exc.filename or args.sysfs_root}: {exc.strerror or exc}"),
               file=sys.stderr)
         return 1
-    finally:
-        if scratch is not None:  # discovery has read everything it needs
-            remove_snapshot(scratch)
     names = PciIdsFile(args.pci_ids or PCI_IDS_PATHS).names(topology.pci_devices)
     if args.json:
         json.dump(topology_to_json(topology, names), sys.stdout, indent=2)

@@ -195,3 +195,15 @@ def test_a_pod_members_memory_stays_within_the_budget():
     with pytest.raises(Refusal) as refused:
         resize(m, state, "main", memory_bytes=5 * GiB)
     assert refused.value.code == "insufficient_memory" and "budget" in refused.value.message
+
+
+def test_a_refusal_carries_what_was_asked_and_what_is_free_per_node():
+    m = machine()
+    state, _ = admitted(m, cpus=6)
+    with pytest.raises(Refusal) as refused:
+        resize(m, state, "web", cpus=20)
+    assert "requested=" not in refused.value.message
+    explanation = refused.value.explanation
+    assert explanation["resize"]["asked"] == {"cpus": 20}
+    assert explanation["resize"]["from"]["cpus"] == state.workload("web").booking.cpus.format()
+    assert {node: free["cpus"] for node, free in explanation["free"].items()} == {"0": 1, "1": 8}

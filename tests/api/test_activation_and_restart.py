@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import socket
 import stat
@@ -164,6 +165,9 @@ def _in_thread(fn):
 def test_client_waits_for_a_restarted_server(fake, sock_dir, capsys):
     path = f"{sock_dir}/agent.sock"
     ApiServer(fake, path, poll_interval=0.05).start().stop()  # the agent stopped: no socket
+    os.mkdir(f"{sock_dir}/state")
+    lock = os.open(f"{sock_dir}/state/lock", os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(lock, fcntl.LOCK_EX)  # its successor starting: it holds the state directory
     body = {"cpus": 1, "request_id": new_request_id()}
     t, out = _in_thread(lambda: request(path, "POST", "/v1/workloads", body, busy_retry=20))
     time.sleep(1.5)
@@ -173,8 +177,9 @@ def test_client_waits_for_a_restarted_server(fake, sock_dir, capsys):
         t.join(20)
     finally:
         successor.stop()
+        os.close(lock)
     assert out.get("value", out.get("error"))[0] == 201
-    assert "does not answer (no such file or directory); retrying" in capsys.readouterr().err
+    assert "is starting (an agent holds its state directory's lock" in capsys.readouterr().err
 
 
 def test_client_retries_a_refused_connection(fake, sock_dir):
@@ -247,7 +252,7 @@ def test_stop_answers_requests_already_complete(sock_dir):
 def test_no_retry_budget_fails_at_once(sock_dir, monkeypatch):
     monkeypatch.setenv("NUMA_AGENT_RETRY_SECONDS", "0")
     started = time.monotonic()
-    with pytest.raises(AgentUnreachable, match="is the agent running"):
+    with pytest.raises(AgentUnreachable, match="no agent runs or starts there"):
         request(f"{sock_dir}/none.sock", "GET", "/v1/health")
     print(f"\nfailed after {time.monotonic() - started:.3f} s")
 

@@ -240,12 +240,24 @@ def test_status_says_which_isolation_setting_someone_else_changed():
 
 
 # ------------------------------------------------------------ topology
-def test_topology_says_when_the_agent_simulates_another_machine(server, fake, capsys):
-    fake.sysfs_root = "/srv/snapshots/intel-2s.tar.gz"
+def test_topology_follows_the_agent_that_simulates_another_machine(server, fake, snapshot, capsys):
+    root, _ = snapshot("intel-snb-2s-2numa-pci-nvme-nic")
+    assert run(topology_cmd, ["topology", "--json", "--sysfs-root", str(root)], server) == 0
+    named = capsys.readouterr().out
+    fake.sysfs_root = str(root)
+    assert run(topology_cmd, ["topology", "--json"], server) == 0
+    followed = capsys.readouterr()
+    assert followed.out == named  # the agent's machine, not this host's
+    assert followed.err == (f"numa-agent topology: the machine the agent at {server.socket_path} simulates "
+                            f"({root}); --sysfs-root / shows this host\n")
+
+
+def test_topology_says_when_it_cannot_follow_the_agents_machine(server, fake, capsys):
+    fake.sysfs_root = "/srv/snapshots/intel-2s.tar.gz"  # not on this host (or not readable)
     assert run(topology_cmd, ["topology", "--json"], server) == 0
     err = capsys.readouterr().err
-    assert "the agent at " in err and "simulates /srv/snapshots/intel-2s.tar.gz" in err
-    assert "--sysfs-root /srv/snapshots/intel-2s.tar.gz" in err
+    assert err.startswith("numa-agent topology: note: this is this host's machine, not the one the agent at ")
+    assert "simulates (/srv/snapshots/intel-2s.tar.gz: " in err and len(err.splitlines()) == 1
 
 
 def test_topology_is_quiet_when_the_agent_reads_this_host(server, fake, capsys):
@@ -300,3 +312,18 @@ def test_resize_of_an_unknown_workload_is_one_line_exit_1(server, capsys):
     assert run(resize_cmd, ["resize", "nope", "--cpus", "2"], server) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "nope" in err[0]
+
+
+def test_resize_warns_of_a_memory_size_below_a_page_and_goes_on(server, fake, capsys):
+    admit(server, {"name": "web-1", "cpus": 2})
+    assert run(resize_cmd, ["resize", "web-1", "--memory", "1024"], server) == 0
+    captured = capsys.readouterr()
+    page = os.sysconf("SC_PAGE_SIZE")
+    assert captured.err.startswith("numa-agent resize: warning: --memory 1024 is 1,024 bytes, less than a ")
+    assert "did you mean 1024Mi or 1024M?" in captured.err and len(captured.err.splitlines()) == 1
+    assert page > 1024 and fake.calls[-1] == ("resize", {"name": "web-1", "cpus": None, "memory_bytes": 1024})
+
+
+def test_explain_warns_of_a_memory_size_below_a_page(server, capsys):
+    assert run(explain_cmd, ["explain", "--cpus", "1", "--memory", "100"], server) == 0
+    assert capsys.readouterr().err.startswith("numa-agent explain: warning: --memory 100 is 100 bytes")

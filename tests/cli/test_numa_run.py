@@ -277,6 +277,33 @@ def test_affinity_mode_pins_itself(fake, sock_dir):
     assert "numa-run: wl-1 cpus 1 mems 0 devices - (affinity)" in out.stderr
 
 
+def test_a_memory_size_below_a_page_is_warned_of_and_verbose_shows_the_booking(server, fake):
+    out = run_numa_run(server, "--cpus", "1", "--memory", "1024", "-v", "--", "true")
+    assert out.returncode == 0, out.stderr
+    lines = out.stderr.splitlines()
+    assert lines[0].startswith("numa-run: warning: --memory 1024 is 1,024 bytes, less than a ")
+    assert "numa-run: memory 1 KiB on node 0" in lines
+    assert fake.calls[0][1][0].memory_bytes == 1024  # warned, and booked as asked
+
+
+def test_verbose_says_when_no_memory_is_booked(server):
+    out = run_numa_run(server, "--cpus", "1", "--memory", "4Gi", "-v", "--", "true")
+    assert out.returncode == 0, out.stderr
+    assert "warning" not in out.stderr and "numa-run: memory 4 GiB on node 0" in out.stderr.splitlines()
+    out = run_numa_run(server, "--cpus", "1", "-v", "--", "true")
+    assert "numa-run: memory none booked" in out.stderr.splitlines()
+
+
+def test_memory_booked_text_names_each_node():
+    from numa_agent.cli.common import memory_booked_text, small_size_warnings
+
+    assert memory_booked_text({"memory_bytes": {"1": 4 << 30, "0": 4 << 30}}) == \
+        "8 GiB on nodes 0,1 (4 GiB, 4 GiB)"
+    assert memory_booked_text({"memory_bytes": {"0": 0}}) == "none booked"
+    assert small_size_warnings([("--memory", 4096), ("--pod-memory", None), ("--memory", 0)], page=4096) == []
+    assert len(small_size_warnings([("--pod-memory", 4095)], page=4096)) == 1
+
+
 def test_command_not_found_is_127_and_books_nothing(server, fake):
     out = run_numa_run(server, "--cpus", "1", "no-such-command-xyz")
     assert out.returncode == 127
