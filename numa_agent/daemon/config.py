@@ -32,7 +32,7 @@ from numa_agent.admission.topology_manager import TopologyManagerOptions
 from numa_agent.core.cpuset import CpuSet, CpuSetParseError
 from numa_agent.core.names import DEFAULT_SOCKET
 from numa_agent.core.policy import TopologyPolicy, TopologyScope
-from numa_agent.core.units import parse_hugepage_size, parse_size
+from numa_agent.core.units import format_bytes, parse_hugepage_size, parse_size
 from numa_agent.daemon.logging_setup import check_level
 from numa_agent.isolation.plan import parse_kinds
 from numa_agent.views.metrics import check_address_form, socket_path_of
@@ -215,16 +215,66 @@ def load_config(path: str | Path | None, *, required: bool = False) -> AgentConf
     """Read `path` (default file when None). A missing default file means
     defaults; a missing file that was asked for is an error."""
     file = Path(path or DEFAULT_CONFIG)
+    raw = read_config_bytes(file, required=required)
+    if raw is None:
+        return AgentConfig()
+    return config_from_bytes(raw, file)
+
+
+# A configuration file is a few kilobytes; anything near this is not one (a log, an
+# image, /dev/zero), and reading it whole would only spend the agent's memory.
+MAX_CONFIG_BYTES = 1 << 20
+
+
+def read_config_bytes(file: Path, *, required: bool = False) -> bytes | None:
+    """The file's bytes, or None when it is missing and was not asked for.
+    Only a regular file is read (a symlink to one is fine, as /etc often has),
+    and at most MAX_CONFIG_BYTES of it: a device, FIFO or socket is refused
+    without blocking on it (O_NONBLOCK), and an endless file is never read whole."""
+    import stat
+
     try:
-        if file.is_fifo() or file.is_socket():  # opening a FIFO would block the start
-            raise ConfigError(f"config file {file} is not a regular file")
-        raw = file.read_bytes()
+        fd = os.open(file, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
     except FileNotFoundError:
         if required:
             raise ConfigError(f"config file {file} does not exist") from None
-        return AgentConfig()
+        return None
     except OSError as exc:
         raise ConfigError(f"cannot read config file {file}: {exc.strerror}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ConfigError(f"config file {file} is {_file_kind(st.st_mode)}, not a regular file")
+        if st.st_size > MAX_CONFIG_BYTES:
+            raise ConfigError(f"config file {file} is {format_bytes(st.st_size)}, larger than the "
+                              f"{format_bytes(MAX_CONFIG_BYTES)} a configuration may be")
+        chunks, left = [], MAX_CONFIG_BYTES + 1  # the size may change between fstat and read
+        while left > 0 and (chunk := os.read(fd, min(left, 1 << 16))):
+            chunks.append(chunk)
+            left -= len(chunk)
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {file}: {exc.strerror}") from None
+    finally:
+        os.close(fd)
+    if left <= 0:
+        raise ConfigError(f"config file {file} is larger than the {format_bytes(MAX_CONFIG_BYTES)} "
+                          "a configuration may be")
+    return b"".join(chunks)
+
+
+def _file_kind(mode: int) -> str:
+    import stat
+
+    for test, kind in ((stat.S_ISDIR, "a directory"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISFIFO, "a FIFO"),
+                       (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return kind
+    return "of another kind"
+
+
+def config_from_bytes(raw: bytes, file: Path) -> AgentConfig:
+    """The configuration a file's bytes hold; ConfigError naming `file` and the key."""
     try:
         doc = tomllib.loads(raw.decode("utf-8"))
     except UnicodeDecodeError as exc:

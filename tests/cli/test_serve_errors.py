@@ -131,6 +131,37 @@ def test_a_snapshot_that_is_no_archive_is_one_line(tmp_path):
     assert len([l for l in r.stderr.splitlines() if not l.startswith("20")]) == 1, r.stderr
 
 
+def _not_a_config(tmp_path, kind):
+    if kind == "device":
+        return "/dev/zero", "is a character device, not a regular file"
+    if kind == "fifo":
+        os.mkfifo(tmp_path / "fifo")
+        return str(tmp_path / "fifo"), "is a FIFO, not a regular file"
+    if kind == "directory":
+        return str(tmp_path), "is a directory, not a regular file"
+    big = tmp_path / "big.toml"
+    with open(big, "wb") as f:  # sparse: no disk spent on it
+        f.truncate(64 << 20)
+    return str(big), "is 64 MiB, larger than the 1 MiB a configuration may be"
+
+
+@pytest.mark.parametrize("kind", ["device", "fifo", "directory", "endless"])
+def test_a_config_that_is_no_regular_file_or_too_big_is_one_line(tmp_path, kind):
+    """Never read whole (/dev/zero would eat memory until a MemoryError), never
+    blocked on (a FIFO): one line, exit 78."""
+    path, needle = _not_a_config(tmp_path, kind)
+    r = serve(tmp_path, "--config", path)
+    one_clear_line(r, f"config file {path} {needle}", code=EX_CONFIG)
+    assert not (tmp_path / "s.sock").exists() and not (tmp_path / "state").exists()
+
+
+def test_a_symlink_to_a_regular_config_file_is_read(tmp_path):
+    cfg = tmp_path / "real.toml"
+    cfg.write_text('[agent]\nlog_level = "chatty"\n')
+    (tmp_path / "link.toml").symlink_to(cfg)
+    one_clear_line(serve(tmp_path, "--config", str(tmp_path / "link.toml")), "agent.log_level", code=EX_CONFIG)
+
+
 def test_missing_config_file_that_was_asked_for(tmp_path):
     one_clear_line(serve(tmp_path, "--config", str(tmp_path / "nope.toml")), "does not exist", code=EX_CONFIG)
 

@@ -1,5 +1,6 @@
 """The shipped sample config must load, and what it shows must be the defaults."""
 
+import os
 import re
 from pathlib import Path
 
@@ -324,19 +325,22 @@ def test_a_fifo_is_refused_rather_than_waited_on(tmp_path):
     import os
 
     os.mkfifo(tmp_path / "config.toml")
-    with pytest.raises(ConfigError, match=f"config file {tmp_path}/config.toml is not a regular file"):
+    with pytest.raises(ConfigError, match=f"config file {tmp_path}/config.toml is a FIFO, not a regular file"):
         load_config(tmp_path / "config.toml", required=True)
 
 
 def test_a_directory_or_unreadable_file_is_named(tmp_path, monkeypatch):
-    with pytest.raises(ConfigError, match=f"cannot read config file {tmp_path}: Is a directory"):
+    with pytest.raises(ConfigError, match=f"config file {tmp_path} is a directory, not a regular file"):
         load_config(tmp_path, required=True)
     path = _write(tmp_path, "")
+    real_open = os.open
 
-    def refused(self):
-        raise PermissionError(13, "Permission denied")
+    def refused(name, *args, **kwargs):
+        if str(name) == str(path):
+            raise PermissionError(13, "Permission denied")
+        return real_open(name, *args, **kwargs)
 
-    monkeypatch.setattr(Path, "read_bytes", refused)  # root reads a mode-000 file all the same
+    monkeypatch.setattr(os, "open", refused)  # root reads a mode-000 file all the same
     with pytest.raises(ConfigError, match=f"cannot read config file {path}: Permission denied"):
         load_config(path, required=True)
 
