@@ -4,6 +4,7 @@ one service that owns the state. `numa-agent serve` parses flags and calls this.
 
 from __future__ import annotations
 
+import errno
 import functools
 import importlib
 import logging
@@ -87,7 +88,7 @@ class Agent:
         except StateDirUntrusted as exc:
             raise StartupConfigError(str(exc)) from None
         except StateDirError as exc:
-            raise StartupError(f"{exc} (agent.state_dir, --state-dir)") from None
+            raise _startup_error(exc, f"{exc} (agent.state_dir, --state-dir)") from None
         except OSError as exc:
             raise _system_refused(exc) from None
         try:
@@ -193,19 +194,23 @@ class Agent:
         """Bind the API socket (served from start_edges on) and check the
         metrics port, so that a start failing on either writes nothing."""
         from numa_agent.api.server import ApiServer
-        from numa_agent.views.metrics import check_metrics_address
+        from numa_agent.views.metrics import check_metrics_address, socket_path_of
 
         cfg = self.cfg
         self.api = _claimed(lambda: ApiServer(None, cfg.socket, socket_mode=cfg.socket_mode,
                                               socket_group=cfg.socket_group).bind(),
-                            f"the API on {cfg.socket} (agent.socket, --socket)")
+                            f"the API on {cfg.socket} (agent.socket, --socket)", cfg.socket)
         self._claim_pod_resources()
         if cfg.metrics_address:
+            where = "(agent.metrics_address, --metrics-address)"
+            path = socket_path_of(cfg.metrics_address)
+            if path is not None:
+                _check_socket_place(path, f"metrics on {cfg.metrics_address} {where}")
             try:
                 check_metrics_address(cfg.metrics_address)
             except (OSError, ValueError) as exc:
                 what = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
-                raise StartupError(f"{what} (agent.metrics_address, --metrics-address)") from None
+                raise _startup_error(exc, f"{what} {where}") from None
 
     def _claim_pod_resources(self) -> None:
         """Bind the PodResources socket: a path taken or not writable stops the
@@ -219,7 +224,7 @@ class Agent:
         self.pod_resources = _claimed(
             lambda: PodResourcesServer(path, cfg.pod_namespace, socket_mode=cfg.socket_mode,
                                        socket_group=cfg.socket_group).bind(),
-            f"PodResources on {path} (kubelet.pod_resources_socket, --pod-resources-socket)")
+            f"PodResources on {path} (kubelet.pod_resources_socket, --pod-resources-socket)", path)
 
     def _within_cgroup_root(self, machine, enforcer: Enforcer):
         """The agent hands out what the enforcer's root is granted when it
@@ -266,6 +271,8 @@ class Agent:
                 self.metrics = start_metrics_server(cfg.metrics_address,
                                                     build_registry(service.metrics_snapshot),
                                                     socket_mode=cfg.socket_mode, socket_group=cfg.socket_group)
+            except UntrustedDirectory as exc:  # changed since it was checked
+                raise StartupConfigError(str(exc)) from None
             except (OSError, ValueError) as exc:  # taken since it was checked
                 raise StartupError(f"{exc} (agent.metrics_address, --metrics-address)") from None
         if self.hotplug is None and cfg.hotplug and os.path.abspath(cfg.sysfs_root) == "/":
@@ -459,8 +466,6 @@ def _check_descriptors(limit: int) -> None:
 def _system_refused(exc: OSError) -> StartupError:
     """An OSError no step of the start expected, as one line: running out of
     descriptors says which limit."""
-    import errno
-
     if exc.errno == errno.EMFILE:
         return StartupError(f"ran out of file descriptors while starting ({exc}); raise the open-files "
                             "limit (LimitNOFILE= in the unit, `ulimit -n` in a shell)")
@@ -524,8 +529,6 @@ def _affinity(cfg, machine, why_not: str) -> Enforcer:
 def _require_pidfd(why_not: str) -> None:
     """The fallback follows each workload's process through a pidfd (exits,
     and a PID taken by another process): without one it cannot run."""
-    import errno
-
     try:
         os.close(os.pidfd_open(os.getpid()))
     except (AttributeError, OSError) as exc:
@@ -567,7 +570,7 @@ def _refuse_foreign_cpus(cfg, machine, option: str) -> None:
     here = CpuSet(os.sched_getaffinity(0))
     foreign = machine.usable_cpus - here
     if foreign:
-        raise StartupError(
+        raise StartupConfigError(
             f"the --sysfs-root snapshot is not this machine: its CPUs {foreign.format()} are not "
             f"among the CPUs this process may use ({here.format()}), and {option} would pin real "
             f"processes to them. Drop {option}: with --sysfs-root the agent enforces into a "
@@ -652,7 +655,7 @@ def _workloads_unit_cgroup(mount: str, own: str, unit: str) -> tuple[str | None,
     would leave the agent down for as long as any workload runs. The workloads
     unit is started once and never restarted with the agent."""
     if "/" in unit or not unit.endswith(".service"):
-        raise StartupError(f"{WORKLOADS_UNIT_ENV}={unit!r} is not a service unit name")
+        raise StartupConfigError(f"{WORKLOADS_UNIT_ENV}={unit!r} is not a service unit name")
     path = os.path.join(mount, os.path.dirname(own).lstrip("/"), unit)
     if not os.path.isfile(os.path.join(path, "cgroup.controllers")):
         raise StartupError(f"the workloads unit {unit} has no cgroup at {path}: is it running? "
@@ -707,15 +710,69 @@ def _half(interval):
     return interval / 2 if interval else None
 
 
-def _claimed(bind: Callable[[], Any], what: str) -> Any:
-    """A server's socket bound by `bind`: a directory others may write is a
-    configuration error (exit 78), any other failure says it cannot serve `what`."""
+def _claimed(bind: Callable[[], Any], what: str, path: str) -> Any:
+    """A server's socket bound by `bind` at `path`: what the configuration alone
+    gets wrong is a configuration error (exit 78, _check_socket_place), any other
+    failure says it cannot serve `what`."""
+    _check_socket_place(path, what)
     try:
         return bind()
     except UntrustedDirectory as exc:
         raise StartupConfigError(str(exc)) from None
     except Exception as exc:
-        raise StartupError(f"cannot serve {what}: {exc}") from None
+        raise _startup_error(exc, f"cannot serve {what}: {exc}") from None
+
+
+def _check_socket_place(path: str, what: str) -> None:
+    """Before a socket is bound at `path`: a path no restart can make work (too
+    long for a Unix socket, a file that is not a socket, a directory others may
+    write or that cannot be made) stops the start as a configuration error
+    (StartupConfigError, exit 78). A socket another agent serves on is left to the
+    bind: it may be gone by the next try."""
+    import stat
+
+    from numa_agent.state.socket_file import SUN_PATH_MAX
+    from numa_agent.state.trusted_dir import open_directory
+
+    size = len(os.fsencode(path))
+    if size > SUN_PATH_MAX:
+        raise StartupConfigError(f"cannot serve {what}: the path is {size} bytes, longer than a Unix "
+                                 f"socket's {SUN_PATH_MAX}")
+    try:
+        if not stat.S_ISSOCK(os.lstat(path).st_mode):
+            raise StartupConfigError(f"cannot serve {what}: {path} exists and is not a socket; refusing "
+                                     "to replace it")
+    except OSError:
+        pass  # missing (the usual case), or the directory says why below
+    try:
+        open_directory(os.path.dirname(path) or ".", "socket directory", create_mode=0o755).close()
+    except UntrustedDirectory as exc:
+        raise StartupConfigError(str(exc)) from None
+    except OSError as exc:
+        raise _startup_error(exc, f"cannot serve {what}: {exc.strerror or exc}") from None
+
+
+# What an OSError says of a path that no restart can change: it names something
+# other than a directory, a read-only file system (ProtectSystem= without
+# ReadWritePaths=), no permission, a name too long or a loop of symlinks.
+_CONFIG_ERRNOS = frozenset({errno.ENOTDIR, errno.EISDIR, errno.EROFS, errno.EACCES, errno.EPERM,
+                            errno.ENAMETOOLONG, errno.ELOOP})
+
+
+def _startup_error(exc: BaseException, message: str) -> StartupError:
+    """`message` as a StartupConfigError (exit 78) when `exc`, or what it was
+    raised from, is an error of the configuration; else as a StartupError (exit 1,
+    restarted: a lock held, a port taken, an I/O error may pass)."""
+    seen: BaseException | None = exc
+    for _ in range(8):  # a chain is short; never loop on a cycle
+        if seen is None:
+            break
+        if isinstance(seen, OSError) and seen.errno in _CONFIG_ERRNOS:
+            return StartupConfigError(message)
+        if isinstance(seen, ValueError) and not isinstance(seen, OSError) and seen is exc:
+            return StartupConfigError(message)  # a path too long, a group unknown: the value is wrong
+        seen = seen.__cause__ or seen.__context__
+    return StartupError(message)
 
 
 def _kubelet_state_files(cfg):
@@ -731,7 +788,7 @@ def _kubelet_state_files(cfg):
     except StateFilesUntrusted as exc:
         raise StartupConfigError(str(exc)) from None
     except StateFilesError as exc:
-        raise StartupError(f"{exc} (kubelet.state_dir, --kubelet-state-dir)") from None
+        raise _startup_error(exc, f"{exc} (kubelet.state_dir, --kubelet-state-dir)") from None
     return files
 
 

@@ -268,13 +268,16 @@ def test_world_writable_state_dir_is_refused(tmp_path):
 
 @pytest.mark.parametrize("what,option", [("kubelet state directory", "--kubelet-state-dir"),
                                          ("socket directory", "--socket"),
-                                         ("socket directory", "--pod-resources-socket")])
+                                         ("socket directory", "--pod-resources-socket"),
+                                         ("socket directory", "--metrics-address")])
 def test_a_directory_others_can_write_is_refused_before_anything_is_written(tmp_path, what, option):
     """Exit 78, one line naming the directory, its owner and mode; nothing made in it."""
     shared = tmp_path / "shared"
     shared.mkdir()
     os.chmod(shared, 0o777)
     value = str(shared) if option == "--kubelet-state-dir" else str(shared / "x.sock")
+    if option == "--metrics-address":
+        value = f"unix:{value}"
     r = serve(tmp_path, "--cgroup-root", "none", option, value)
     one_clear_line(r, f"{what} {shared} is writable by its group or by others", "mode 0777", code=EX_CONFIG)
     assert os.listdir(shared) == []
@@ -326,3 +329,44 @@ def test_a_taken_metrics_port_stops_the_start_before_recovery_writes(tmp_path):
         assert not (tmp_path / "s.sock").exists()
     finally:
         taken.close()
+
+
+LISTENERS = [("--socket", "{}", "agent.socket"),
+             ("--pod-resources-socket", "{}", "kubelet.pod_resources_socket"),
+             ("--metrics-address", "unix:{}", "agent.metrics_address")]
+
+
+@pytest.mark.parametrize("option,form,key", LISTENERS)
+def test_a_socket_path_too_long_is_a_configuration_error(tmp_path, option, form, key):
+    path = str(tmp_path / ("x" * 120 + ".sock"))
+    r = serve(tmp_path, "--cgroup-root", "none", option, form.format(path))
+    one_clear_line(r, "longer than a Unix socket's 107", key, code=EX_CONFIG)
+    assert not (tmp_path / "state").exists()
+
+
+@pytest.mark.parametrize("option,form,key", LISTENERS)
+def test_a_socket_path_that_is_a_file_is_a_configuration_error(tmp_path, option, form, key):
+    """Someone's file at the path: no restart removes it."""
+    blocker = tmp_path / "blocker"
+    blocker.write_text("not a socket")
+    r = serve(tmp_path, "--cgroup-root", "none", option, form.format(blocker))
+    one_clear_line(r, f"{blocker} exists and is not a socket", key, code=EX_CONFIG)
+    assert blocker.read_text() == "not a socket" and not (tmp_path / "state").exists()
+
+
+@pytest.mark.parametrize("option,form,key", LISTENERS)
+def test_a_socket_under_a_file_is_a_configuration_error(tmp_path, option, form, key):
+    blocker = tmp_path / "blocker"
+    blocker.write_text("not a socket")
+    r = serve(tmp_path, "--cgroup-root", "none", option, form.format(blocker / "x.sock"))
+    one_clear_line(r, f"socket directory {blocker}", "is not a directory", code=EX_CONFIG)
+    assert not (tmp_path / "state").exists()
+
+
+@pytest.mark.parametrize("option", ["--state-dir", "--kubelet-state-dir"])
+def test_a_state_directory_under_a_file_is_a_configuration_error(tmp_path, option):
+    blocker = tmp_path / "blocker"
+    blocker.write_text("not a directory")
+    r = serve(tmp_path, "--cgroup-root", "none", option, str(blocker / "state"))
+    one_clear_line(r, str(blocker), code=EX_CONFIG)
+    assert blocker.read_text() == "not a directory"
