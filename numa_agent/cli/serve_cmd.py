@@ -122,7 +122,7 @@ def run(args) -> int:
     from numa_agent.daemon.startup import Agent, StartupConfigError, StartupError
 
     try:
-        return Agent(cfg).run_until_signal()
+        return Agent(cfg, read_config=lambda: _effective_config(args)).run_until_signal()
     except StartupError as exc:
         log.error("%s", _one_line(exc))
         return _refused(exc, EX_CONFIG if isinstance(exc, StartupConfigError) else 1)

@@ -425,6 +425,36 @@ def check_endpoints_apart(cfg: AgentConfig) -> None:
         seen[where] = key
 
 
+# ---- what a reload changed ------------------------------------------------------
+def _key_names() -> dict[str, str]:
+    """AgentConfig field (PolicyConfig's as "policy.<field>") -> the TOML key that sets it."""
+    names = {"quotas": "quotas", "policy.devices": "devices"}
+    for section in msgspec.structs.fields(ConfigFile):
+        if isinstance(section.default, _Section) and section.name != "quotas":  # quotas: one whole
+            prefix = "policy." if section.name.endswith("_manager") else ""
+            for f in msgspec.structs.fields(type(section.default)):
+                names[prefix + f.name] = f"{section.encode_name}.{f.encode_name}"
+    return names
+
+
+def changed_keys(old: AgentConfig, new: AgentConfig) -> list[tuple[str, str]]:
+    """(field, TOML key) of each setting `new` holds otherwise than `old`, in the
+    file's order; a field is an AgentConfig field or "policy.<PolicyConfig field>"."""
+    changed = []
+    for path, key in _key_names().items():
+        field_name = path.removeprefix("policy.")
+        if path.startswith("policy."):
+            before, after = getattr(old.policy, field_name), getattr(new.policy, field_name)
+        else:
+            before, after = getattr(old, field_name), getattr(new, field_name)
+        if before != after:
+            changed.append((path, key))
+    return sorted(changed, key=lambda pair: _KEY_ORDER.get(pair[1].partition(".")[0], len(_KEY_ORDER)))
+
+
+_KEY_ORDER = {f.encode_name: i for i, f in enumerate(msgspec.structs.fields(ConfigFile))}
+
+
 def _policy(parsed: ConfigFile) -> PolicyConfig:
     fields = {**parsed.cpu_manager.given(), **parsed.memory_manager.given(),
               **parsed.topology_manager.given()}

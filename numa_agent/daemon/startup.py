@@ -10,7 +10,6 @@ import importlib
 import logging
 import os
 import signal
-import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
@@ -59,11 +58,28 @@ def _log_machine(machine) -> None:
         log.info("%s", restriction)
 
 
+# Stop the agent (exit 0; workloads keep running): systemd's stop, ^C in a terminal.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+# Every signal with a handler of the agent's (run_until_signal); SIGPIPE is ignored.
+HANDLED_SIGNALS = (*STOP_SIGNALS, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
+# What a reload (SIGHUP) applies while the agent runs, by AgentConfig field: each is read
+# afresh at every use, and replaced whole under the service's lock. Every other key
+# (paths, sockets, policies, enforcement, the intruder scan's timer...) is taken at
+# start, by a thread, a bound socket or the checkpoint's bookings: it needs a restart.
+RELOADABLE = frozenset({"log_level", "quotas", "isolate_default", "isolate_group"})
+
+
 class Agent:
     """Wires the edges around the service; start(), stop()."""
 
-    def __init__(self, cfg: AgentConfig, hotplug_source: EventSource | None = None) -> None:
+    def __init__(self, cfg: AgentConfig, hotplug_source: EventSource | None = None,
+                 read_config: Callable[[], AgentConfig] | None = None) -> None:
         self.cfg = cfg
+        # The configuration as loaded (self.cfg may have a snapshot's extracted root
+        # for its sysfs_root), with what reloads applied: what a reload compares with.
+        self.running_config = cfg
+        # Reads the configuration again, flags over the file, for SIGHUP (None: nothing to read).
+        self.read_config = read_config
         self.api: ApiServer | None = None
         self.pod_resources: PodResourcesServer | None = None
         self.metrics: MetricsServer | None = None
@@ -362,16 +378,102 @@ class Agent:
         log.info("stopped; workloads keep running and keep their CPUs")
 
     def run_until_signal(self) -> int:
-        done = threading.Event()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda *_: done.set())
-        self.start()
+        """Start, then serve until SIGTERM or SIGINT (exit 0). Every signal systemd or
+        a user may send has an outcome (docs/numa-agent.md, Signals): SIGHUP reloads
+        the configuration, SIGUSR1 and SIGUSR2 are logged and change nothing, SIGPIPE
+        is ignored (a peer gone is an EPIPE on its socket). This thread acts on them;
+        a reload changes settings under the service's lock, so an admission is never
+        judged half under the old ones, and a stop lets the admissions under way finish."""
+        # The signals reach this thread through a pipe: the interpreter's C handler
+        # writes each one's number to the wakeup fd from whichever thread the kernel
+        # chose, and waking the loop needs no lock (an Event set from a Python-level
+        # handler deadlocks when the signal lands while this thread holds the Event's
+        # lock). The Python-level handlers only replace the default action.
+        wake_r, wake_w = os.pipe2(os.O_CLOEXEC)
+        os.set_blocking(wake_w, False)
+        previous = signal.set_wakeup_fd(wake_w)
+        for sig in HANDLED_SIGNALS:
+            signal.signal(sig, _noted)
+        signal.signal(signal.SIGPIPE, signal.SIG_IGN)
         try:
-            while not done.wait(3600):
-                pass
+            self.start()  # a signal meanwhile waits in the pipe: acted on once started
+            try:
+                self._serve_signals(wake_r)
+            finally:
+                self.stop()
         finally:
-            self.stop()
+            signal.set_wakeup_fd(previous)
+            os.close(wake_r)
+            os.close(wake_w)
         return 0
+
+    def _serve_signals(self, wake_r: int) -> None:
+        """Act on the signals read from `wake_r` (one byte each) until one says stop."""
+        while True:
+            taken = set(os.read(wake_r, 256))
+            stop = [sig for sig in STOP_SIGNALS if sig in taken]
+            if stop:
+                log.info("%s received: stopping", signal.Signals(stop[0]).name)
+                return
+            if signal.SIGHUP in taken:
+                self.reload()
+            for sig in (signal.SIGUSR1, signal.SIGUSR2):
+                if sig in taken:
+                    log.info("%s received: nothing to do (SIGHUP reloads the configuration, SIGTERM stops "
+                             "the agent)", signal.Signals(sig).name)
+
+    def reload(self) -> None:
+        """SIGHUP: read the configuration again (the file, and the flags over it),
+        apply what can change while the agent runs (RELOADABLE) and name, in one log
+        line, the changed keys that need a restart. A configuration that does not
+        load is logged and the running one kept: a reload never stops the agent."""
+        from numa_agent.daemon import sdnotify
+
+        sdnotify.reloading()
+        try:
+            self._reload()
+        finally:
+            sdnotify.ready()
+
+    def _reload(self) -> None:
+        from dataclasses import replace
+
+        from numa_agent.daemon.config import ConfigError, changed_keys
+
+        if self.read_config is None:
+            log.info("SIGHUP: this agent was started without a configuration to read again; nothing reloaded")
+            return
+        try:
+            new = self.read_config()
+            isolate_gid = _isolate_gid(new)
+        except (ConfigError, StartupError) as exc:
+            log.error("reload refused, the running configuration is kept: %s", _one_line(exc))
+            return
+        except Exception as exc:  # a bug must not stop the agent either
+            log.debug("reload failed", exc_info=True)
+            log.error("reload failed unexpectedly, the running configuration is kept: %s: %s",
+                      type(exc).__name__, _one_line(exc))
+            return
+        changed = changed_keys(self.running_config, new)
+        live = [(field, key) for field, key in changed if field in RELOADABLE]
+        later = [key for field, key in changed if field not in RELOADABLE]
+        if live:
+            self._apply_live(new, {field for field, _ in live}, isolate_gid)
+            self.running_config = replace(self.running_config, **{field: getattr(new, field) for field, _ in live})
+        log.info("configuration reloaded: %s applied; %s", ", ".join(key for _, key in live) or "nothing changed",
+                 f"changed but not applied until a restart: {', '.join(later)}" if later
+                 else "nothing that needs a restart changed")
+
+    def _apply_live(self, new: AgentConfig, fields: set[str], isolate_gid: int | None) -> None:
+        from numa_agent.daemon.logging_setup import ROOT_LOGGER, check_level
+
+        if "log_level" in fields:
+            logging.getLogger(ROOT_LOGGER).setLevel(check_level(new.log_level).upper())
+        settings = {"quotas": new.quotas, "isolate_default": new.isolate_default, "isolate_gid": isolate_gid}
+        wanted = {name: value for name, value in settings.items()
+                  if (name if name != "isolate_gid" else "isolate_group") in fields}
+        if wanted and self.service is not None:
+            self.service.reconfigure(**wanted)
 
 
 # ---- choosing the enforcer ----------------------------------------------------------
@@ -704,6 +806,14 @@ def _uid_of(pid: int) -> int:
         return os.stat(f"/proc/{pid}").st_uid
     except OSError:
         return 0
+
+
+def _noted(signum: int, frame: Any) -> None:
+    """The Python-level handler of HANDLED_SIGNALS: the wakeup fd has the signal already."""
+
+
+def _one_line(what: object) -> str:
+    return "; ".join(line.strip() for line in str(what).splitlines() if line.strip())
 
 
 def _half(interval):

@@ -140,6 +140,17 @@ class AgentService:
         # The revocations' copy beside the mark key, set at start-up; None: none kept.
         self.revocation_copy: RevocationCopy | None = None
 
+    def reconfigure(self, **settings: Any) -> None:
+        """Settings a reload (SIGHUP) changes while the agent runs: `quotas`,
+        `isolate_default`, `isolate_gid`. Set under the lock, so that an
+        admission is judged under the old ones or the new ones, never a mix."""
+        unknown = set(settings) - {"quotas", "isolate_default", "isolate_gid"}
+        if unknown:
+            raise TypeError(f"not reconfigurable while running: {', '.join(sorted(unknown))}")
+        with self._lock:
+            for name, value in settings.items():
+                setattr(self, name, value)
+
     @property
     def layout(self) -> Layout:
         """The cgroup layout enforced now (read without the lock: replaced whole)."""
