@@ -559,6 +559,9 @@ def _memory_resource(key: str, where: str) -> str:
 
 
 # ---- msgspec's errors, in the file's terms ---------------------------------------
+# Each section's keys, for "did you mean": a key put in the wrong section is found in its own.
+_SECTION_KEYS = {f.encode_name: sorted(g.encode_name for g in msgspec.structs.fields(type(f.default)))
+                 for f in msgspec.structs.fields(ConfigFile) if isinstance(f.default, _Section)}
 _AT = re.compile(r"^(?P<what>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.DOTALL)
 _UNKNOWN = re.compile(r"^Object contains unknown field `(?P<key>.*)`$", re.DOTALL)
 _BAD_ENUM = re.compile(r"^Invalid enum value (?P<value>.*)$", re.DOTALL)
@@ -583,7 +586,9 @@ def _config_message(error: str, root: Any, where: str) -> str:
     if unknown:
         key = f"{path}.{unknown['key']}" if path else unknown["key"]
         known = _keys_at(root, inner)
-        return f"unknown key {key}" + (f" (known: {', '.join(known)})" if known else "")
+        guess = _did_you_mean(unknown["key"], path, known, inner if root is ConfigFile and not where else None)
+        return f"unknown key {key}" + (f": did you mean {guess}?" if guess else "") + \
+            (f" (known: {', '.join(known)})" if known else "")
     bad = _BAD_ENUM.match(what)
     if bad:
         choices = _choices_at(root, inner)
@@ -593,6 +598,26 @@ def _config_message(error: str, root: Any, where: str) -> str:
         what = what.replace(word, toml)
     what = what[:1].lower() + what[1:]
     return f"{path}: {what}" if path else what
+
+
+def _did_you_mean(key: str, path: str, known: list[str], section: str | None) -> str:
+    """The key meant by `key`, unknown at `path`, in full: the same name in the section it
+    belongs to, else the closest spelling at `path`, else elsewhere in the file; "" if none
+    is close. `section` is the section (or "" the top) `key` stands in; None below that,
+    where only the keys at `path` are looked at."""
+    import difflib
+
+    close = difflib.get_close_matches(key, known, n=1, cutoff=0.75)
+    if section is None or "." in section or "[" in section:
+        return ".".join(p for p in (path, *close[:1]) if p) if close else ""
+    elsewhere = {f"{name}.{k}": k for name, keys in _SECTION_KEYS.items() if name != section for k in keys}
+    same = sorted(full for full, k in elsewhere.items() if k == key)
+    if same:
+        return " or ".join(same)
+    if close:
+        return ".".join(p for p in (path, close[0]) if p)
+    nearest = difflib.get_close_matches(key, sorted(set(elsewhere.values())), n=1, cutoff=0.75)
+    return " or ".join(sorted(full for full, k in elsewhere.items() if nearest and k == nearest[0]))
 
 
 def _type_at(root: Any, path: str) -> Any:
