@@ -447,12 +447,12 @@ class Agent:
             new = self.read_config()
             isolate_gid = _isolate_gid(new)
         except (ConfigError, StartupError) as exc:
-            log.error("reload refused, the running configuration is kept: %s", _one_line(exc))
+            log.error("reload refused, the running configuration is kept: %s", one_line(exc))
             return
         except Exception as exc:  # a bug must not stop the agent either
             log.debug("reload failed", exc_info=True)
             log.error("reload failed unexpectedly, the running configuration is kept: %s: %s",
-                      type(exc).__name__, _one_line(exc))
+                      type(exc).__name__, one_line(exc))
             return
         changed = changed_keys(self.running_config, new)
         live = [(field, key) for field, key in changed if field in RELOADABLE]
@@ -812,7 +812,8 @@ def _noted(signum: int, frame: Any) -> None:
     """The Python-level handler of HANDLED_SIGNALS: the wakeup fd has the signal already."""
 
 
-def _one_line(what: object) -> str:
+def one_line(what: object) -> str:
+    """Whatever a library's message holds, the operator's line is one line."""
     return "; ".join(line.strip() for line in str(what).splitlines() if line.strip())
 
 
