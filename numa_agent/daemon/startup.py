@@ -63,10 +63,11 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 # Every signal with a handler of the agent's (run_until_signal); SIGPIPE is ignored.
 HANDLED_SIGNALS = (*STOP_SIGNALS, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 # What a reload (SIGHUP) applies while the agent runs, by AgentConfig field: each is read
-# afresh at every use, and replaced whole under the service's lock. Every other key
+# afresh at every use, and replaced whole under the service's lock, or (metrics_address)
+# the endpoint is served anew before the old one closes. Every other key
 # (paths, sockets, policies, enforcement, the intruder scan's timer...) is taken at
 # start, by a thread, a bound socket or the checkpoint's bookings: it needs a restart.
-RELOADABLE = frozenset({"log_level", "quotas", "isolate_default", "isolate_group"})
+RELOADABLE = frozenset({"log_level", "quotas", "isolate_default", "isolate_group", "metrics_address"})
 
 
 class Agent:
@@ -457,23 +458,79 @@ class Agent:
         changed = changed_keys(self.running_config, new)
         live = [(field, key) for field, key in changed if field in RELOADABLE]
         later = [key for field, key in changed if field not in RELOADABLE]
-        if live:
-            self._apply_live(new, {field for field, _ in live}, isolate_gid)
-            self.running_config = replace(self.running_config, **{field: getattr(new, field) for field, _ in live})
-        log.info("configuration reloaded: %s applied; %s", ", ".join(key for _, key in live) or "nothing changed",
+        applied = self._apply_live(new, {field for field, _ in live}, isolate_gid) if live else set()
+        if applied:
+            values = {field: getattr(new, field) for field in applied}
+            self.running_config = replace(self.running_config, **values)
+            self.cfg = replace(self.cfg, **values)
+        later += [key for field, key in live if field not in applied]  # the metrics could not move
+        if not changed:
+            log.info("configuration reloaded: nothing changed")
+            return
+        done = ", ".join(key for field, key in live if field in applied)
+        log.info("configuration reloaded: %s; %s", f"{done} applied" if done else "nothing applied",
                  f"changed but not applied until a restart: {', '.join(later)}" if later
                  else "nothing that needs a restart changed")
 
-    def _apply_live(self, new: AgentConfig, fields: set[str], isolate_gid: int | None) -> None:
+    def _apply_live(self, new: AgentConfig, fields: set[str], isolate_gid: int | None) -> set[str]:
+        """Apply `fields` of `new`; the fields applied."""
         from numa_agent.daemon.logging_setup import ROOT_LOGGER, check_level
 
+        applied = set(fields)
         if "log_level" in fields:
             logging.getLogger(ROOT_LOGGER).setLevel(check_level(new.log_level).upper())
+        if "metrics_address" in fields and not self._move_metrics(new.metrics_address):
+            applied.discard("metrics_address")
         settings = {"quotas": new.quotas, "isolate_default": new.isolate_default, "isolate_gid": isolate_gid}
         wanted = {name: value for name, value in settings.items()
                   if (name if name != "isolate_gid" else "isolate_group") in fields}
         if wanted and self.service is not None:
             self.service.reconfigure(**wanted)
+        return applied
+
+    def _move_metrics(self, address: str | None) -> bool:
+        """The metrics endpoint served on `address` from now on (None: none); False, with
+        the endpoint left where it was, when the new address cannot be served. The new
+        one is listened on before the old one closes, so scrapes see no gap, except when
+        the old one holds the port the new one wants (127.0.0.1:9464 to 0.0.0.0:9464)."""
+        import errno
+
+        from numa_agent.views.metrics import build_registry, start_metrics_server
+
+        old, was, cfg, service = self.metrics, self.cfg.metrics_address, self.cfg, self.service
+        assert service is not None, "reloads come once started"
+        refusals = (OSError, ValueError, UntrustedDirectory)
+
+        def serve(where: str) -> MetricsServer:
+            return start_metrics_server(where, build_registry(service.metrics_snapshot),
+                                        socket_mode=cfg.socket_mode, socket_group=cfg.socket_group)
+
+        if address is None:
+            self.metrics = None
+        else:
+            try:
+                self.metrics = serve(address)
+            except refusals as exc:
+                if old is None or was is None or not (isinstance(exc, OSError) and exc.errno == errno.EADDRINUSE
+                                                      and _tcp_port(was) == _tcp_port(address)):
+                    log.error("metrics stay on %s: %s (agent.metrics_address)", was or "(none)", one_line(exc))
+                    return False
+                old.stop()  # the port may be the old endpoint's own: hand it over
+                try:
+                    self.metrics = serve(address)
+                    return True
+                except refusals as again:
+                    try:
+                        self.metrics = serve(was)
+                        log.error("metrics stay on %s: %s (agent.metrics_address)", was, one_line(again))
+                    except refusals as back:
+                        self.metrics = None
+                        log.error("metrics are off: %s; and back on %s: %s (agent.metrics_address)",
+                                  one_line(again), was, one_line(back))
+                    return False
+        if old is not None:
+            old.stop()
+        return True
 
 
 # ---- choosing the enforcer ----------------------------------------------------------
@@ -806,6 +863,13 @@ def _uid_of(pid: int) -> int:
         return os.stat(f"/proc/{pid}").st_uid
     except OSError:
         return 0
+
+
+def _tcp_port(address: str) -> int | None:
+    """The port of a HOST:PORT metrics address; None for unix:PATH."""
+    from numa_agent.views.metrics import parse_address, socket_path_of
+
+    return None if socket_path_of(address) is not None else parse_address(address)[1]
 
 
 def _noted(signum: int, frame: Any) -> None:

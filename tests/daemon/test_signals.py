@@ -13,11 +13,13 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 
 import pytest
 
 from numa_agent.core.cpuset import CpuSet
-from tests.support.agent_process import AgentProcess, wait_for
+from tests.support.agent_process import AgentProcess, free_port, wait_for
 from tests.support.synthetic import make_topology
 from tests.support.sysfs_writer import write_sysfs
 
@@ -30,12 +32,14 @@ def machine(tmp_path):
     return write_sysfs(topo, tmp_path / "machine")
 
 
-def agent_with(tmp_path, machine, config: str, env: dict | None = None) -> AgentProcess:
-    """An agent whose log level comes from its file (AgentProcess passes --log-level, a flag
-    a reload keeps over the file)."""
+def agent_with(tmp_path, machine, config: str, env: dict | None = None, *, metrics_in_file: bool = False
+               ) -> AgentProcess:
+    """An agent whose log level (and metrics address) come from its file: AgentProcess
+    passes them as flags, which a reload keeps over the file."""
     agent = AgentProcess(tmp_path, "--sysfs-root", str(machine), config=config, env=env)
-    at = agent.args.index("--log-level")
-    del agent.args[at:at + 2]
+    for flag in ("--log-level", "--metrics-address") if metrics_in_file else ("--log-level",):
+        at = agent.args.index(flag)
+        del agent.args[at:at + 2]
     return agent
 
 
@@ -106,7 +110,45 @@ def test_a_reload_keeps_the_flags_over_the_file(tmp_path, machine):
         assert agent.stop() == 0
 
 
-@pytest.mark.parametrize("sig", [signal.SIGUSR1, signal.SIGUSR2, signal.SIGPIPE])
+def scrape(port: int) -> int:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as answer:
+        return answer.status
+
+
+def refused(port: int) -> bool:
+    try:
+        scrape(port)
+    except urllib.error.URLError:
+        return True
+    return False
+
+
+def test_a_reload_moves_the_metrics_endpoint(tmp_path, machine):
+    first, second = free_port(), free_port()
+    agent = agent_with(tmp_path, machine, f'[agent]\nmetrics_address = "127.0.0.1:{first}"\n',
+                       metrics_in_file=True).start()
+    try:
+        assert wait_for(lambda: not refused(first), timeout=20)  # served just after the API
+        assert "agent.metrics_address applied" in reload(agent, f'[agent]\nmetrics_address = "127.0.0.1:{second}"\n')
+        assert scrape(second) == 200 and refused(first)
+        # the same port on every address: the old endpoint hands its port over
+        assert "agent.metrics_address applied" in reload(agent, f'[agent]\nmetrics_address = "0.0.0.0:{second}"\n')
+        assert scrape(second) == 200
+        with socket.socket() as taken:  # a port another process holds: the endpoint stays
+            taken.bind(("127.0.0.1", 0))
+            taken.listen(1)
+            line = reload(agent, f'[agent]\nmetrics_address = "127.0.0.1:{taken.getsockname()[1]}"\n')
+            assert "changed but not applied until a restart: agent.metrics_address" in line, line
+            assert lines_with(agent, "metrics stay on 0.0.0.0:")
+            assert len(lines_with(agent, f"serving metrics on http://0.0.0.0:{second}/")) == 1  # never closed
+            assert scrape(second) == 200
+        assert "agent.metrics_address applied" in reload(agent, '[agent]\nmetrics_address = ""\n')
+        assert refused(second)
+    finally:
+        assert agent.stop() == 0
+
+
+@pytest.mark.parametrize("sig", [signal.SIGUSR1, signal.SIGUSR2, signal.SIGPIPE], ids=lambda sig: sig.name)
 def test_other_signals_leave_the_agent_running(tmp_path, machine, sig):
     agent = agent_with(tmp_path, machine, "").start()
     try:
