@@ -801,7 +801,7 @@ def _mark_key(cfg) -> MarkKey:
     except UntrustedDirectory as exc:
         raise StartupConfigError(str(exc)) from None
     except (MarkKeyError, OSError) as exc:
-        raise StartupError(f"cannot set up the workload mark key: {exc}") from None
+        raise _startup_error(exc, f"cannot set up the workload mark key: {exc}") from None
 
 
 def _workloads_unit_cgroup(mount: str, own: str, unit: str) -> tuple[str | None, str]:
