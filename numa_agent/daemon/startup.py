@@ -388,8 +388,9 @@ class Agent:
         # The signals reach this thread through a pipe: the interpreter's C handler
         # writes each one's number to the wakeup fd from whichever thread the kernel
         # chose, and waking the loop needs no lock (an Event set from a Python-level
-        # handler deadlocks when the signal lands while this thread holds the Event's
-        # lock). The Python-level handlers only replace the default action.
+        # handler can deadlock when the signal lands while this thread holds the Event's
+        # lock). The Python-level handlers only replace the default action; they stay
+        # after the stop, so that a signal while the process exits cannot end it otherwise.
         wake_r, wake_w = os.pipe2(os.O_CLOEXEC)
         os.set_blocking(wake_w, False)
         previous = signal.set_wakeup_fd(wake_w)
@@ -456,6 +457,9 @@ class Agent:
                       type(exc).__name__, one_line(exc))
             return
         changed = changed_keys(self.running_config, new)
+        if not changed:
+            log.info("configuration reloaded: nothing changed")
+            return
         live = [(field, key) for field, key in changed if field in RELOADABLE]
         later = [key for field, key in changed if field not in RELOADABLE]
         applied = self._apply_live(new, {field for field, _ in live}, isolate_gid) if live else set()
@@ -464,9 +468,6 @@ class Agent:
             self.running_config = replace(self.running_config, **values)
             self.cfg = replace(self.cfg, **values)
         later += [key for field, key in live if field not in applied]  # the metrics could not move
-        if not changed:
-            log.info("configuration reloaded: nothing changed")
-            return
         done = ", ".join(key for field, key in live if field in applied)
         log.info("configuration reloaded: %s; %s", f"{done} applied" if done else "nothing applied",
                  f"changed but not applied until a restart: {', '.join(later)}" if later
@@ -493,8 +494,6 @@ class Agent:
         the endpoint left where it was, when the new address cannot be served. The new
         one is listened on before the old one closes, so scrapes see no gap, except when
         the old one holds the port the new one wants (127.0.0.1:9464 to 0.0.0.0:9464)."""
-        import errno
-
         from numa_agent.views.metrics import build_registry, start_metrics_server
 
         old, was, cfg, service = self.metrics, self.cfg.metrics_address, self.cfg, self.service
