@@ -370,3 +370,10 @@ def test_a_state_directory_under_a_file_is_a_configuration_error(tmp_path, optio
     r = serve(tmp_path, "--cgroup-root", "none", option, str(blocker / "state"))
     one_clear_line(r, str(blocker), code=EX_CONFIG)
     assert blocker.read_text() == "not a directory"
+
+
+@pytest.mark.parametrize("option,key", [("--state-dir", "agent.state_dir"), ("--kubelet-state-dir", "kubelet.state_dir")])
+def test_a_directory_name_no_file_system_takes_is_a_configuration_error(tmp_path, option, key):
+    """ENAMETOOLONG, as EROFS or EACCES: the path fails the same way at every restart."""
+    r = serve(tmp_path, "--cgroup-root", "none", option, str(tmp_path / ("x" * 300)))
+    one_clear_line(r, "File name too long", key, code=EX_CONFIG)
