@@ -469,9 +469,11 @@ class Agent:
             self.cfg = replace(self.cfg, **values)
         later += [key for field, key in live if field not in applied]  # the metrics could not move
         done = ", ".join(key for field, key in live if field in applied)
-        log.info("configuration reloaded: %s; %s", f"{done} applied" if done else "nothing applied",
-                 f"changed but not applied until a restart: {', '.join(later)}" if later
-                 else "nothing that needs a restart changed")
+        # At warning when something waits for a restart: an agent set to warning says it too.
+        log.log(logging.WARNING if later else logging.INFO, "configuration reloaded: %s; %s",
+                f"{done} applied" if done else "nothing applied",
+                f"changed but not applied until a restart: {', '.join(later)}" if later
+                else "nothing that needs a restart changed")
 
     def _apply_live(self, new: AgentConfig, fields: set[str], isolate_gid: int | None) -> set[str]:
         """Apply `fields` of `new`; the fields applied."""

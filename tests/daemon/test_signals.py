@@ -67,6 +67,7 @@ def test_sighup_applies_what_can_change_and_names_what_needs_a_restart(tmp_path,
     agent = agent_with(tmp_path, machine, '[agent]\nlog_level = "warning"\n').start()
     try:
         assert agent.call("POST", "/v1/workloads", {"name": "a", "cpus": 2})[0] == 201
+        assert " DEBUG " not in agent.log() and " INFO " not in agent.log()
         line = reload(agent, f'[agent]\nlog_level = "debug"\n[quotas]\nusers."{ME}" = {{ cpus = 1 }}\n'
                              '[topology_manager]\npolicy = "single-numa-node"\n')
         assert "configuration reloaded: agent.log_level, quotas applied; changed but not applied until a " \
@@ -76,8 +77,8 @@ def test_sighup_applies_what_can_change_and_names_what_needs_a_restart(tmp_path,
         code, body = agent.call("POST", "/v1/workloads", {"name": "b", "cpus": 1})
         assert code == 403 and body["error"]["code"] == "quota_exceeded", body
         assert [w["name"] for w in agent.call("GET", "/v1/workloads")[1]["workloads"]] == ["a"]
-        # debug now logs what warning did not: the refusal is logged at info
-        assert lines_with(agent, "refused b for uid"), agent.log()
+        # debug now logs what warning did not: each API request
+        assert wait_for(lambda: lines_with(agent, "DEBUG numa_agent.api: GET /v1/workloads from pid"))
         # the key that needs a restart is named again until the agent restarts
         assert "not applied until a restart: topology_manager.policy" in reload(agent)
     finally:
@@ -242,3 +243,12 @@ def test_signals_during_admissions_lose_nothing_and_book_nothing_twice(tmp_path,
         if again is not None:
             again.stop()
         agent.stop()
+
+
+def test_what_waits_for_a_restart_is_said_even_at_warning(tmp_path, machine):
+    agent = agent_with(tmp_path, machine, '[agent]\nlog_level = "warning"\n').start()
+    try:
+        line = reload(agent, '[agent]\nlog_level = "warning"\n[kubelet]\nnamespace = "other"\n')
+        assert "WARNING" in line and "not applied until a restart: kubelet.namespace" in line, line
+    finally:
+        assert agent.stop() == 0
