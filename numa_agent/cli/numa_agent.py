@@ -17,6 +17,7 @@ from numa_agent.cli import common
 # subcommand name -> module under numa_agent.cli
 SUBCOMMANDS = {
     "serve": "serve_cmd",
+    "check-config": "check_config_cmd",
     "topology": "topology_cmd",
     "status": "status_cmd",
     "explain": "explain_cmd",

@@ -64,9 +64,10 @@ _FLAGS = ("sysfs_root", "cgroup_root", "state_dir", "socket", "socket_group", "l
           "metrics_address", "pod_resources_socket", "kubelet_state_dir")
 
 
-def _effective_config(args):
+def effective_config(args):
     """The file's settings with the flags over them; ConfigError naming the
-    flag, or the file and the key, of a wrong value."""
+    flag, or the file and the key, of a wrong value. `args` may lack the flags
+    (check-config has --config alone)."""
     from numa_agent.daemon.config import (
         DEFAULT_CONFIG,
         ConfigError,
@@ -82,14 +83,14 @@ def _effective_config(args):
         raise ConfigError(f"{args.config or DEFAULT_CONFIG}: {unknown[0]}")
     overrides = {}
     for key in _FLAGS:
-        value = getattr(args, key)
+        value = getattr(args, key, None)
         if value is None:
             continue
         try:
             overrides[key] = agent_value(key, value)
         except ValueError as exc:
             raise ConfigError(f"--{key.replace('_', '-')}: {exc}") from None
-    if args.no_hotplug:
+    if getattr(args, "no_hotplug", False):
         overrides["hotplug"] = False
     cfg = replace(cfg, **overrides)
     for key, flag, where, group in (("socket_group", "--socket-group", "agent.socket_group", cfg.socket_group),
@@ -115,30 +116,28 @@ def run(args) -> int:
     from numa_agent.daemon.config import ConfigError
 
     try:
-        cfg = _effective_config(args)
+        cfg = effective_config(args)
     except ConfigError as exc:
-        return _refused(exc, EX_CONFIG)
+        return refused(exc, EX_CONFIG)
     from numa_agent.daemon.logging_setup import setup_logging
 
     setup_logging(cfg.log_level)  # checked with the configuration
-    from numa_agent.daemon.startup import Agent, StartupConfigError, StartupError
+    from numa_agent.daemon.startup import Agent, StartupConfigError, StartupError, one_line
 
     try:
-        return Agent(cfg).run_until_signal()
+        return Agent(cfg, read_config=lambda: effective_config(args)).run_until_signal()
     except StartupError as exc:
-        log.error("%s", _one_line(exc))
-        return _refused(exc, EX_CONFIG if isinstance(exc, StartupConfigError) else 1)
+        log.error("%s", one_line(exc))
+        return refused(exc, EX_CONFIG if isinstance(exc, StartupConfigError) else 1)
     except Exception as exc:  # a bug: one line for the operator, the trace at debug level
         log.debug("start-up failed", exc_info=True)
-        return _refused(f"start-up failed unexpectedly: {type(exc).__name__}: {exc} "
-                        "(run with --log-level debug for the trace)", 1)
+        return refused(f"start-up failed unexpectedly: {type(exc).__name__}: {exc} "
+                       "(run with --log-level debug for the trace)", 1)
 
 
-def _refused(what: object, code: int) -> int:
-    print(printable(f"numa-agent: {_one_line(what)}"), file=sys.stderr)
+def refused(what: object, code: int) -> int:
+    """`what` as the one line `numa-agent: ...` on stderr; `code`, to exit with."""
+    from numa_agent.daemon.startup import one_line
+
+    print(printable(f"numa-agent: {one_line(what)}"), file=sys.stderr)
     return code
-
-
-def _one_line(what: object) -> str:
-    """Whatever a library's message holds, the operator's line is one line."""
-    return "; ".join(line.strip() for line in str(what).splitlines() if line.strip())

@@ -32,7 +32,7 @@ from numa_agent.admission.topology_manager import TopologyManagerOptions
 from numa_agent.core.cpuset import CpuSet, CpuSetParseError
 from numa_agent.core.names import DEFAULT_SOCKET
 from numa_agent.core.policy import TopologyPolicy, TopologyScope
-from numa_agent.core.units import parse_hugepage_size, parse_size
+from numa_agent.core.units import format_bytes, parse_hugepage_size, parse_size
 from numa_agent.daemon.logging_setup import check_level
 from numa_agent.isolation.plan import parse_kinds
 from numa_agent.views.metrics import check_address_form, socket_path_of
@@ -215,16 +215,66 @@ def load_config(path: str | Path | None, *, required: bool = False) -> AgentConf
     """Read `path` (default file when None). A missing default file means
     defaults; a missing file that was asked for is an error."""
     file = Path(path or DEFAULT_CONFIG)
+    raw = read_config_bytes(file, required=required)
+    if raw is None:
+        return AgentConfig()
+    return config_from_bytes(raw, file)
+
+
+# A configuration file is a few kilobytes; anything near this is not one (a log, an
+# image, /dev/zero), and reading it whole would only spend the agent's memory.
+MAX_CONFIG_BYTES = 1 << 20
+
+
+def read_config_bytes(file: Path, *, required: bool = False) -> bytes | None:
+    """The file's bytes, or None when it is missing and was not asked for.
+    Only a regular file is read (a symlink to one is fine, as /etc often has),
+    and at most MAX_CONFIG_BYTES of it: a device, FIFO or socket is refused
+    without blocking on it (O_NONBLOCK), and an endless file is never read whole."""
+    import stat
+
     try:
-        if file.is_fifo() or file.is_socket():  # opening a FIFO would block the start
-            raise ConfigError(f"config file {file} is not a regular file")
-        raw = file.read_bytes()
+        fd = os.open(file, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
     except FileNotFoundError:
         if required:
             raise ConfigError(f"config file {file} does not exist") from None
-        return AgentConfig()
+        return None
     except OSError as exc:
         raise ConfigError(f"cannot read config file {file}: {exc.strerror}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ConfigError(f"config file {file} is {_file_kind(st.st_mode)}, not a regular file")
+        if st.st_size > MAX_CONFIG_BYTES:
+            raise ConfigError(f"config file {file} is {format_bytes(st.st_size)}, larger than the "
+                              f"{format_bytes(MAX_CONFIG_BYTES)} a configuration may be")
+        chunks, left = [], MAX_CONFIG_BYTES + 1  # the size may change between fstat and read
+        while left > 0 and (chunk := os.read(fd, min(left, 1 << 16))):
+            chunks.append(chunk)
+            left -= len(chunk)
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {file}: {exc.strerror}") from None
+    finally:
+        os.close(fd)
+    if left <= 0:
+        raise ConfigError(f"config file {file} is larger than the {format_bytes(MAX_CONFIG_BYTES)} "
+                          "a configuration may be")
+    return b"".join(chunks)
+
+
+def _file_kind(mode: int) -> str:
+    import stat
+
+    for test, kind in ((stat.S_ISDIR, "a directory"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISFIFO, "a FIFO"),
+                       (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return kind
+    return "of another kind"
+
+
+def config_from_bytes(raw: bytes, file: Path) -> AgentConfig:
+    """The configuration a file's bytes hold; ConfigError naming `file` and the key."""
     try:
         doc = tomllib.loads(raw.decode("utf-8"))
     except UnicodeDecodeError as exc:
@@ -375,6 +425,36 @@ def check_endpoints_apart(cfg: AgentConfig) -> None:
         seen[where] = key
 
 
+# ---- what a reload changed ------------------------------------------------------
+def _key_names() -> dict[str, str]:
+    """AgentConfig field (PolicyConfig's as "policy.<field>") -> the TOML key that sets it."""
+    names = {"quotas": "quotas", "policy.devices": "devices"}
+    for section in msgspec.structs.fields(ConfigFile):
+        if isinstance(section.default, _Section) and section.name != "quotas":  # quotas: one whole
+            prefix = "policy." if section.name.endswith("_manager") else ""
+            for f in msgspec.structs.fields(type(section.default)):
+                names[prefix + f.name] = f"{section.encode_name}.{f.encode_name}"
+    return names
+
+
+def changed_keys(old: AgentConfig, new: AgentConfig) -> list[tuple[str, str]]:
+    """(field, TOML key) of each setting `new` holds otherwise than `old`, in the
+    file's order; a field is an AgentConfig field or "policy.<PolicyConfig field>"."""
+    changed = []
+    for path, key in _key_names().items():
+        field_name = path.removeprefix("policy.")
+        if path.startswith("policy."):
+            before, after = getattr(old.policy, field_name), getattr(new.policy, field_name)
+        else:
+            before, after = getattr(old, field_name), getattr(new, field_name)
+        if before != after:
+            changed.append((path, key))
+    return sorted(changed, key=lambda pair: _KEY_ORDER.get(pair[1].partition(".")[0], len(_KEY_ORDER)))
+
+
+_KEY_ORDER = {f.encode_name: i for i, f in enumerate(msgspec.structs.fields(ConfigFile))}
+
+
 def _policy(parsed: ConfigFile) -> PolicyConfig:
     fields = {**parsed.cpu_manager.given(), **parsed.memory_manager.given(),
               **parsed.topology_manager.given()}
@@ -479,6 +559,9 @@ def _memory_resource(key: str, where: str) -> str:
 
 
 # ---- msgspec's errors, in the file's terms ---------------------------------------
+# Each section's keys, for "did you mean": a key put in the wrong section is found in its own.
+_SECTION_KEYS = {f.encode_name: sorted(g.encode_name for g in msgspec.structs.fields(type(f.default)))
+                 for f in msgspec.structs.fields(ConfigFile) if isinstance(f.default, _Section)}
 _AT = re.compile(r"^(?P<what>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.DOTALL)
 _UNKNOWN = re.compile(r"^Object contains unknown field `(?P<key>.*)`$", re.DOTALL)
 _BAD_ENUM = re.compile(r"^Invalid enum value (?P<value>.*)$", re.DOTALL)
@@ -503,7 +586,9 @@ def _config_message(error: str, root: Any, where: str) -> str:
     if unknown:
         key = f"{path}.{unknown['key']}" if path else unknown["key"]
         known = _keys_at(root, inner)
-        return f"unknown key {key}" + (f" (known: {', '.join(known)})" if known else "")
+        guess = _did_you_mean(unknown["key"], path, known, inner if root is ConfigFile and not where else None)
+        return f"unknown key {key}" + (f": did you mean {guess}?" if guess else "") + \
+            (f" (known: {', '.join(known)})" if known else "")
     bad = _BAD_ENUM.match(what)
     if bad:
         choices = _choices_at(root, inner)
@@ -513,6 +598,26 @@ def _config_message(error: str, root: Any, where: str) -> str:
         what = what.replace(word, toml)
     what = what[:1].lower() + what[1:]
     return f"{path}: {what}" if path else what
+
+
+def _did_you_mean(key: str, path: str, known: list[str], section: str | None) -> str:
+    """The key meant by `key`, unknown at `path`, in full: the same name in the section it
+    belongs to, else the closest spelling at `path`, else elsewhere in the file; "" if none
+    is close. `section` is the section (or "" the top) `key` stands in; None below that,
+    where only the keys at `path` are looked at."""
+    import difflib
+
+    close = difflib.get_close_matches(key, known, n=1, cutoff=0.75)
+    if section is None or "." in section or "[" in section:
+        return ".".join(p for p in (path, *close[:1]) if p) if close else ""
+    elsewhere = {f"{name}.{k}": k for name, keys in _SECTION_KEYS.items() if name != section for k in keys}
+    same = sorted(full for full, k in elsewhere.items() if k == key)
+    if same:
+        return " or ".join(same)
+    if close:
+        return ".".join(p for p in (path, close[0]) if p)
+    nearest = difflib.get_close_matches(key, sorted(set(elsewhere.values())), n=1, cutoff=0.75)
+    return " or ".join(sorted(full for full, k in elsewhere.items() if nearest and k == nearest[0]))
 
 
 def _type_at(root: Any, path: str) -> Any:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import time
 from typing import Mapping
 
 log = logging.getLogger("numa_agent.sdnotify")
@@ -56,6 +57,13 @@ def status(text: str, env: Mapping[str, str] | None = None) -> bool:
     """One-line status shown by `systemctl status`."""
     one_line = " ".join(text.splitlines())
     return notify(f"STATUS={one_line}", env)
+
+
+def reloading(env: Mapping[str, str] | None = None) -> bool:
+    """Tell systemd a reload began (sd_notify(3): RELOADING=1 with the CLOCK_MONOTONIC
+    time in microseconds); `ready()` when it is over, whether it applied or not."""
+    usec = time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000
+    return notify(f"RELOADING=1\nMONOTONIC_USEC={usec}", env)
 
 
 def stopping(env: Mapping[str, str] | None = None) -> bool:

@@ -4,12 +4,12 @@ one service that owns the state. `numa-agent serve` parses flags and calls this.
 
 from __future__ import annotations
 
+import errno
 import functools
 import importlib
 import logging
 import os
 import signal
-import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
@@ -58,11 +58,29 @@ def _log_machine(machine) -> None:
         log.info("%s", restriction)
 
 
+# Stop the agent (exit 0; workloads keep running): systemd's stop, ^C in a terminal.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+# Every signal with a handler of the agent's (run_until_signal); SIGPIPE is ignored.
+HANDLED_SIGNALS = (*STOP_SIGNALS, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
+# What a reload (SIGHUP) applies while the agent runs, by AgentConfig field: each is read
+# afresh at every use, and replaced whole under the service's lock, or (metrics_address)
+# the endpoint is served anew before the old one closes. Every other key
+# (paths, sockets, policies, enforcement, the intruder scan's timer...) is taken at
+# start, by a thread, a bound socket or the checkpoint's bookings: it needs a restart.
+RELOADABLE = frozenset({"log_level", "quotas", "isolate_default", "isolate_group", "metrics_address"})
+
+
 class Agent:
     """Wires the edges around the service; start(), stop()."""
 
-    def __init__(self, cfg: AgentConfig, hotplug_source: EventSource | None = None) -> None:
+    def __init__(self, cfg: AgentConfig, hotplug_source: EventSource | None = None,
+                 read_config: Callable[[], AgentConfig] | None = None) -> None:
         self.cfg = cfg
+        # The configuration as loaded (self.cfg may have a snapshot's extracted root
+        # for its sysfs_root), with what reloads applied: what a reload compares with.
+        self.running_config = cfg
+        # Reads the configuration again, flags over the file, for SIGHUP (None: nothing to read).
+        self.read_config = read_config
         self.api: ApiServer | None = None
         self.pod_resources: PodResourcesServer | None = None
         self.metrics: MetricsServer | None = None
@@ -87,7 +105,7 @@ class Agent:
         except StateDirUntrusted as exc:
             raise StartupConfigError(str(exc)) from None
         except StateDirError as exc:
-            raise StartupError(f"{exc} (agent.state_dir, --state-dir)") from None
+            raise _startup_error(exc, f"{exc} (agent.state_dir, --state-dir)") from None
         except OSError as exc:
             raise _system_refused(exc) from None
         try:
@@ -194,19 +212,23 @@ class Agent:
         """Bind the API socket (served from start_edges on) and check the
         metrics port, so that a start failing on either writes nothing."""
         from numa_agent.api.server import ApiServer
-        from numa_agent.views.metrics import check_metrics_address
+        from numa_agent.views.metrics import check_metrics_address, socket_path_of
 
         cfg = self.cfg
         self.api = _claimed(lambda: ApiServer(None, cfg.socket, socket_mode=cfg.socket_mode,
                                               socket_group=cfg.socket_group).bind(),
-                            f"the API on {cfg.socket} (agent.socket, --socket)")
+                            f"the API on {cfg.socket} (agent.socket, --socket)", cfg.socket)
         self._claim_pod_resources()
         if cfg.metrics_address:
+            where = "(agent.metrics_address, --metrics-address)"
+            path = socket_path_of(cfg.metrics_address)
+            if path is not None:
+                _check_socket_place(path, f"metrics on {cfg.metrics_address} {where}")
             try:
                 check_metrics_address(cfg.metrics_address)
             except (OSError, ValueError) as exc:
                 what = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
-                raise StartupError(f"{what} (agent.metrics_address, --metrics-address)") from None
+                raise _startup_error(exc, f"{what} {where}") from None
 
     def _claim_pod_resources(self) -> None:
         """Bind the PodResources socket: a path taken or not writable stops the
@@ -220,7 +242,7 @@ class Agent:
         self.pod_resources = _claimed(
             lambda: PodResourcesServer(path, cfg.pod_namespace, socket_mode=cfg.socket_mode,
                                        socket_group=cfg.socket_group).bind(),
-            f"PodResources on {path} (kubelet.pod_resources_socket, --pod-resources-socket)")
+            f"PodResources on {path} (kubelet.pod_resources_socket, --pod-resources-socket)", path)
 
     def _within_cgroup_root(self, machine, enforcer: Enforcer):
         """The agent hands out what the enforcer's root is granted when it
@@ -267,6 +289,8 @@ class Agent:
                 self.metrics = start_metrics_server(cfg.metrics_address,
                                                     build_registry(service.metrics_snapshot),
                                                     socket_mode=cfg.socket_mode, socket_group=cfg.socket_group)
+            except UntrustedDirectory as exc:  # changed since it was checked
+                raise StartupConfigError(str(exc)) from None
             except (OSError, ValueError) as exc:  # taken since it was checked
                 raise StartupError(f"{exc} (agent.metrics_address, --metrics-address)") from None
         if self.hotplug is None and cfg.hotplug and os.path.abspath(cfg.sysfs_root) == "/":
@@ -356,16 +380,159 @@ class Agent:
         log.info("stopped; workloads keep running and keep their CPUs")
 
     def run_until_signal(self) -> int:
-        done = threading.Event()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda *_: done.set())
-        self.start()
+        """Start, then serve until SIGTERM or SIGINT (exit 0). Every signal systemd or
+        a user may send has an outcome (docs/numa-agent.md, Signals): SIGHUP reloads
+        the configuration, SIGUSR1 and SIGUSR2 are logged and change nothing, SIGPIPE
+        is ignored (a peer gone is an EPIPE on its socket). This thread acts on them;
+        a reload changes settings under the service's lock, so an admission is never
+        judged half under the old ones, and a stop lets the admissions under way finish."""
+        # The signals reach this thread through a pipe: the interpreter's C handler
+        # writes each one's number to the wakeup fd from whichever thread the kernel
+        # chose, and waking the loop needs no lock (an Event set from a Python-level
+        # handler can deadlock when the signal lands while this thread holds the Event's
+        # lock). The Python-level handlers only replace the default action; they stay
+        # after the stop, so that a signal while the process exits cannot end it otherwise.
+        wake_r, wake_w = os.pipe2(os.O_CLOEXEC)
+        os.set_blocking(wake_w, False)
+        previous = signal.set_wakeup_fd(wake_w)
+        for sig in HANDLED_SIGNALS:
+            signal.signal(sig, _noted)
+        signal.signal(signal.SIGPIPE, signal.SIG_IGN)
         try:
-            while not done.wait(3600):
-                pass
+            self.start()  # a signal meanwhile waits in the pipe: acted on once started
+            try:
+                self._serve_signals(wake_r)
+            finally:
+                self.stop()
         finally:
-            self.stop()
+            signal.set_wakeup_fd(previous)
+            os.close(wake_r)
+            os.close(wake_w)
         return 0
+
+    def _serve_signals(self, wake_r: int) -> None:
+        """Act on the signals read from `wake_r` (one byte each) until one says stop."""
+        while True:
+            taken = set(os.read(wake_r, 256))
+            stop = [sig for sig in STOP_SIGNALS if sig in taken]
+            if stop:
+                log.info("%s received: stopping", signal.Signals(stop[0]).name)
+                return
+            if signal.SIGHUP in taken:
+                self.reload()
+            for sig in (signal.SIGUSR1, signal.SIGUSR2):
+                if sig in taken:
+                    log.info("%s received: nothing to do (SIGHUP reloads the configuration, SIGTERM stops "
+                             "the agent)", signal.Signals(sig).name)
+
+    def reload(self) -> None:
+        """SIGHUP: read the configuration again (the file, and the flags over it),
+        apply what can change while the agent runs (RELOADABLE) and name, in one log
+        line, the changed keys that need a restart. A configuration that does not
+        load is logged and the running one kept: a reload never stops the agent."""
+        from numa_agent.daemon import sdnotify
+
+        sdnotify.reloading()
+        try:
+            self._reload()
+        finally:
+            sdnotify.ready()
+
+    def _reload(self) -> None:
+        from dataclasses import replace
+
+        from numa_agent.daemon.config import ConfigError, changed_keys
+
+        if self.read_config is None:
+            log.info("SIGHUP: this agent was started without a configuration to read again; nothing reloaded")
+            return
+        try:
+            new = self.read_config()
+            isolate_gid = _isolate_gid(new)
+        except (ConfigError, StartupError) as exc:
+            log.error("reload refused, the running configuration is kept: %s", one_line(exc))
+            return
+        except Exception as exc:  # a bug must not stop the agent either
+            log.debug("reload failed", exc_info=True)
+            log.error("reload failed unexpectedly, the running configuration is kept: %s: %s",
+                      type(exc).__name__, one_line(exc))
+            return
+        changed = changed_keys(self.running_config, new)
+        if not changed:
+            log.info("configuration reloaded: nothing changed")
+            return
+        live = [(field, key) for field, key in changed if field in RELOADABLE]
+        later = [key for field, key in changed if field not in RELOADABLE]
+        applied = self._apply_live(new, {field for field, _ in live}, isolate_gid) if live else set()
+        if applied:
+            values = {field: getattr(new, field) for field in applied}
+            self.running_config = replace(self.running_config, **values)
+            self.cfg = replace(self.cfg, **values)
+        later += [key for field, key in live if field not in applied]  # the metrics could not move
+        done = ", ".join(key for field, key in live if field in applied)
+        # At warning when something waits for a restart: an agent set to warning says it too.
+        log.log(logging.WARNING if later else logging.INFO, "configuration reloaded: %s; %s",
+                f"{done} applied" if done else "nothing applied",
+                f"changed but not applied until a restart: {', '.join(later)}" if later
+                else "nothing that needs a restart changed")
+
+    def _apply_live(self, new: AgentConfig, fields: set[str], isolate_gid: int | None) -> set[str]:
+        """Apply `fields` of `new`; the fields applied."""
+        from numa_agent.daemon.logging_setup import ROOT_LOGGER, check_level
+
+        applied = set(fields)
+        if "log_level" in fields:
+            logging.getLogger(ROOT_LOGGER).setLevel(check_level(new.log_level).upper())
+        if "metrics_address" in fields and not self._move_metrics(new.metrics_address):
+            applied.discard("metrics_address")
+        settings = {"quotas": new.quotas, "isolate_default": new.isolate_default, "isolate_gid": isolate_gid}
+        wanted = {name: value for name, value in settings.items()
+                  if (name if name != "isolate_gid" else "isolate_group") in fields}
+        if wanted and self.service is not None:
+            self.service.reconfigure(**wanted)
+        return applied
+
+    def _move_metrics(self, address: str | None) -> bool:
+        """The metrics endpoint served on `address` from now on (None: none); False, with
+        the endpoint left where it was, when the new address cannot be served. The new
+        one is listened on before the old one closes, so scrapes see no gap, except when
+        the old one holds the port the new one wants (127.0.0.1:9464 to 0.0.0.0:9464)."""
+        from numa_agent.views.metrics import build_registry, start_metrics_server
+
+        old, was, cfg, service = self.metrics, self.cfg.metrics_address, self.cfg, self.service
+        assert service is not None, "reloads come once started"
+        refusals = (OSError, ValueError, UntrustedDirectory)
+
+        def serve(where: str) -> MetricsServer:
+            return start_metrics_server(where, build_registry(service.metrics_snapshot),
+                                        socket_mode=cfg.socket_mode, socket_group=cfg.socket_group)
+
+        if address is None:
+            self.metrics = None
+        else:
+            try:
+                self.metrics = serve(address)
+            except refusals as exc:
+                if old is None or was is None or not (isinstance(exc, OSError) and exc.errno == errno.EADDRINUSE
+                                                      and _tcp_port(was) == _tcp_port(address)):
+                    log.error("metrics stay on %s: %s (agent.metrics_address)", was or "(none)", one_line(exc))
+                    return False
+                old.stop()  # the port may be the old endpoint's own: hand it over
+                try:
+                    self.metrics = serve(address)
+                    return True
+                except refusals as again:
+                    try:
+                        self.metrics = serve(was)
+                        log.error("metrics stay on %s: %s (agent.metrics_address)", was, one_line(again))
+                    except refusals as back:
+                        self.metrics = None
+                        log.error("metrics are off: %s; and back on %s: %s (agent.metrics_address)",
+                                  one_line(again), was, one_line(back))
+                    return False
+        if old is not None:
+            old.stop()
+        return True
 
 
 # ---- choosing the enforcer ----------------------------------------------------------
@@ -460,8 +627,6 @@ def _check_descriptors(limit: int) -> None:
 def _system_refused(exc: OSError) -> StartupError:
     """An OSError no step of the start expected, as one line: running out of
     descriptors says which limit."""
-    import errno
-
     if exc.errno == errno.EMFILE:
         return StartupError(f"ran out of file descriptors while starting ({exc}); raise the open-files "
                             "limit (LimitNOFILE= in the unit, `ulimit -n` in a shell)")
@@ -525,8 +690,6 @@ def _affinity(cfg, machine, why_not: str) -> Enforcer:
 def _require_pidfd(why_not: str) -> None:
     """The fallback follows each workload's process through a pidfd (exits,
     and a PID taken by another process): without one it cannot run."""
-    import errno
-
     try:
         os.close(os.pidfd_open(os.getpid()))
     except (AttributeError, OSError) as exc:
@@ -568,7 +731,7 @@ def _refuse_foreign_cpus(cfg, machine, option: str) -> None:
     here = CpuSet(os.sched_getaffinity(0))
     foreign = machine.usable_cpus - here
     if foreign:
-        raise StartupError(
+        raise StartupConfigError(
             f"the --sysfs-root snapshot is not this machine: its CPUs {foreign.format()} are not "
             f"among the CPUs this process may use ({here.format()}), and {option} would pin real "
             f"processes to them. Drop {option}: with --sysfs-root the agent enforces into a "
@@ -640,7 +803,7 @@ def _mark_key(cfg) -> MarkKey:
     except UntrustedDirectory as exc:
         raise StartupConfigError(str(exc)) from None
     except (MarkKeyError, OSError) as exc:
-        raise StartupError(f"cannot set up the workload mark key: {exc}") from None
+        raise _startup_error(exc, f"cannot set up the workload mark key: {exc}") from None
 
 
 def _workloads_unit_cgroup(mount: str, own: str, unit: str) -> tuple[str | None, str]:
@@ -653,7 +816,7 @@ def _workloads_unit_cgroup(mount: str, own: str, unit: str) -> tuple[str | None,
     would leave the agent down for as long as any workload runs. The workloads
     unit is started once and never restarted with the agent."""
     if "/" in unit or not unit.endswith(".service"):
-        raise StartupError(f"{WORKLOADS_UNIT_ENV}={unit!r} is not a service unit name")
+        raise StartupConfigError(f"{WORKLOADS_UNIT_ENV}={unit!r} is not a service unit name")
     path = os.path.join(mount, os.path.dirname(own).lstrip("/"), unit)
     if not os.path.isfile(os.path.join(path, "cgroup.controllers")):
         raise StartupError(f"the workloads unit {unit} has no cgroup at {path}: is it running? "
@@ -704,19 +867,89 @@ def _uid_of(pid: int) -> int:
         return 0
 
 
+def _tcp_port(address: str) -> int | None:
+    """The port of a HOST:PORT metrics address; None for unix:PATH."""
+    from numa_agent.views.metrics import parse_address, socket_path_of
+
+    return None if socket_path_of(address) is not None else parse_address(address)[1]
+
+
+def _noted(signum: int, frame: Any) -> None:
+    """The Python-level handler of HANDLED_SIGNALS: the wakeup fd has the signal already."""
+
+
+def one_line(what: object) -> str:
+    """Whatever a library's message holds, the operator's line is one line."""
+    return "; ".join(line.strip() for line in str(what).splitlines() if line.strip())
+
+
 def _half(interval):
     return interval / 2 if interval else None
 
 
-def _claimed(bind: Callable[[], Any], what: str) -> Any:
-    """A server's socket bound by `bind`: a directory others may write is a
-    configuration error (exit 78), any other failure says it cannot serve `what`."""
+def _claimed(bind: Callable[[], Any], what: str, path: str) -> Any:
+    """A server's socket bound by `bind` at `path`: what the configuration alone
+    gets wrong is a configuration error (exit 78, _check_socket_place), any other
+    failure says it cannot serve `what`."""
+    _check_socket_place(path, what)
     try:
         return bind()
     except UntrustedDirectory as exc:
         raise StartupConfigError(str(exc)) from None
     except Exception as exc:
-        raise StartupError(f"cannot serve {what}: {exc}") from None
+        raise _startup_error(exc, f"cannot serve {what}: {exc}") from None
+
+
+def _check_socket_place(path: str, what: str) -> None:
+    """Before a socket is bound at `path`: a path no restart can make work (too
+    long for a Unix socket, a file that is not a socket, a directory others may
+    write or that cannot be made) stops the start as a configuration error
+    (StartupConfigError, exit 78). A socket another agent serves on is left to the
+    bind: it may be gone by the next try."""
+    import stat
+
+    from numa_agent.state.socket_file import SUN_PATH_MAX
+    from numa_agent.state.trusted_dir import open_directory
+
+    size = len(os.fsencode(path))
+    if size > SUN_PATH_MAX:
+        raise StartupConfigError(f"cannot serve {what}: the path is {size} bytes, longer than a Unix "
+                                 f"socket's {SUN_PATH_MAX}")
+    try:
+        if not stat.S_ISSOCK(os.lstat(path).st_mode):
+            raise StartupConfigError(f"cannot serve {what}: {path} exists and is not a socket; refusing "
+                                     "to replace it")
+    except OSError:
+        pass  # missing (the usual case), or the directory says why below
+    try:
+        open_directory(os.path.dirname(path) or ".", "socket directory", create_mode=0o755).close()
+    except UntrustedDirectory as exc:
+        raise StartupConfigError(str(exc)) from None
+    except OSError as exc:
+        raise _startup_error(exc, f"cannot serve {what}: {exc.strerror or exc}") from None
+
+
+# What an OSError says of a path that no restart can change: it names something
+# other than a directory, a read-only file system (ProtectSystem= without
+# ReadWritePaths=), no permission, a name too long or a loop of symlinks.
+_CONFIG_ERRNOS = frozenset({errno.ENOTDIR, errno.EISDIR, errno.EROFS, errno.EACCES, errno.EPERM,
+                            errno.ENAMETOOLONG, errno.ELOOP})
+
+
+def _startup_error(exc: BaseException, message: str) -> StartupError:
+    """`message` as a StartupConfigError (exit 78) when `exc`, or what it was
+    raised from, is an error of the configuration; else as a StartupError (exit 1,
+    restarted: a lock held, a port taken, an I/O error may pass)."""
+    seen: BaseException | None = exc
+    for _ in range(8):  # a chain is short; never loop on a cycle
+        if seen is None:
+            break
+        if isinstance(seen, OSError) and seen.errno in _CONFIG_ERRNOS:
+            return StartupConfigError(message)
+        if isinstance(seen, ValueError) and not isinstance(seen, OSError) and seen is exc:
+            return StartupConfigError(message)  # a path too long, a group unknown: the value is wrong
+        seen = seen.__cause__ or seen.__context__
+    return StartupError(message)
 
 
 def _kubelet_state_files(cfg):
@@ -732,7 +965,7 @@ def _kubelet_state_files(cfg):
     except StateFilesUntrusted as exc:
         raise StartupConfigError(str(exc)) from None
     except StateFilesError as exc:
-        raise StartupError(f"{exc} (kubelet.state_dir, --kubelet-state-dir)") from None
+        raise _startup_error(exc, f"{exc} (kubelet.state_dir, --kubelet-state-dir)") from None
     return files
 
 

@@ -147,6 +147,17 @@ class AgentService:
         # start-up (service/hugepage_counters.py); None: the bookings alone decide.
         self.hugepage_counters: CounterReader | None = None
 
+    def reconfigure(self, **settings: Any) -> None:
+        """Settings a reload (SIGHUP) changes while the agent runs: `quotas`,
+        `isolate_default`, `isolate_gid`. Set under the lock, so that an
+        admission is judged under the old ones or the new ones, never a mix."""
+        unknown = set(settings) - {"quotas", "isolate_default", "isolate_gid"}
+        if unknown:
+            raise TypeError(f"not reconfigurable while running: {', '.join(sorted(unknown))}")
+        with self._lock:
+            for name, value in settings.items():
+                setattr(self, name, value)
+
     @property
     def layout(self) -> Layout:
         """The cgroup layout enforced now (read without the lock: replaced whole)."""

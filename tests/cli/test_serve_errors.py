@@ -131,6 +131,37 @@ def test_a_snapshot_that_is_no_archive_is_one_line(tmp_path):
     assert len([l for l in r.stderr.splitlines() if not l.startswith("20")]) == 1, r.stderr
 
 
+def _not_a_config(tmp_path, kind):
+    if kind == "device":
+        return "/dev/zero", "is a character device, not a regular file"
+    if kind == "fifo":
+        os.mkfifo(tmp_path / "fifo")
+        return str(tmp_path / "fifo"), "is a FIFO, not a regular file"
+    if kind == "directory":
+        return str(tmp_path), "is a directory, not a regular file"
+    big = tmp_path / "big.toml"
+    with open(big, "wb") as f:  # sparse: no disk spent on it
+        f.truncate(64 << 20)
+    return str(big), "is 64 MiB, larger than the 1 MiB a configuration may be"
+
+
+@pytest.mark.parametrize("kind", ["device", "fifo", "directory", "endless"])
+def test_a_config_that_is_no_regular_file_or_too_big_is_one_line(tmp_path, kind):
+    """Never read whole (/dev/zero would eat memory until a MemoryError), never
+    blocked on (a FIFO): one line, exit 78."""
+    path, needle = _not_a_config(tmp_path, kind)
+    r = serve(tmp_path, "--config", path)
+    one_clear_line(r, f"config file {path} {needle}", code=EX_CONFIG)
+    assert not (tmp_path / "s.sock").exists() and not (tmp_path / "state").exists()
+
+
+def test_a_symlink_to_a_regular_config_file_is_read(tmp_path):
+    cfg = tmp_path / "real.toml"
+    cfg.write_text('[agent]\nlog_level = "chatty"\n')
+    (tmp_path / "link.toml").symlink_to(cfg)
+    one_clear_line(serve(tmp_path, "--config", str(tmp_path / "link.toml")), "agent.log_level", code=EX_CONFIG)
+
+
 def test_missing_config_file_that_was_asked_for(tmp_path):
     one_clear_line(serve(tmp_path, "--config", str(tmp_path / "nope.toml")), "does not exist", code=EX_CONFIG)
 
@@ -237,13 +268,16 @@ def test_world_writable_state_dir_is_refused(tmp_path):
 
 @pytest.mark.parametrize("what,option", [("kubelet state directory", "--kubelet-state-dir"),
                                          ("socket directory", "--socket"),
-                                         ("socket directory", "--pod-resources-socket")])
+                                         ("socket directory", "--pod-resources-socket"),
+                                         ("socket directory", "--metrics-address")])
 def test_a_directory_others_can_write_is_refused_before_anything_is_written(tmp_path, what, option):
     """Exit 78, one line naming the directory, its owner and mode; nothing made in it."""
     shared = tmp_path / "shared"
     shared.mkdir()
     os.chmod(shared, 0o777)
     value = str(shared) if option == "--kubelet-state-dir" else str(shared / "x.sock")
+    if option == "--metrics-address":
+        value = f"unix:{value}"
     r = serve(tmp_path, "--cgroup-root", "none", option, value)
     one_clear_line(r, f"{what} {shared} is writable by its group or by others", "mode 0777", code=EX_CONFIG)
     assert os.listdir(shared) == []
@@ -295,3 +329,51 @@ def test_a_taken_metrics_port_stops_the_start_before_recovery_writes(tmp_path):
         assert not (tmp_path / "s.sock").exists()
     finally:
         taken.close()
+
+
+LISTENERS = [("--socket", "{}", "agent.socket"),
+             ("--pod-resources-socket", "{}", "kubelet.pod_resources_socket"),
+             ("--metrics-address", "unix:{}", "agent.metrics_address")]
+
+
+@pytest.mark.parametrize("option,form,key", LISTENERS)
+def test_a_socket_path_too_long_is_a_configuration_error(tmp_path, option, form, key):
+    path = str(tmp_path / ("x" * 120 + ".sock"))
+    r = serve(tmp_path, "--cgroup-root", "none", option, form.format(path))
+    one_clear_line(r, "longer than a Unix socket's 107", key, code=EX_CONFIG)
+    assert not (tmp_path / "state").exists()
+
+
+@pytest.mark.parametrize("option,form,key", LISTENERS)
+def test_a_socket_path_that_is_a_file_is_a_configuration_error(tmp_path, option, form, key):
+    """Someone's file at the path: no restart removes it."""
+    blocker = tmp_path / "blocker"
+    blocker.write_text("not a socket")
+    r = serve(tmp_path, "--cgroup-root", "none", option, form.format(blocker))
+    one_clear_line(r, f"{blocker} exists and is not a socket", key, code=EX_CONFIG)
+    assert blocker.read_text() == "not a socket" and not (tmp_path / "state").exists()
+
+
+@pytest.mark.parametrize("option,form,key", LISTENERS)
+def test_a_socket_under_a_file_is_a_configuration_error(tmp_path, option, form, key):
+    blocker = tmp_path / "blocker"
+    blocker.write_text("not a socket")
+    r = serve(tmp_path, "--cgroup-root", "none", option, form.format(blocker / "x.sock"))
+    one_clear_line(r, f"socket directory {blocker}", "is not a directory", code=EX_CONFIG)
+    assert not (tmp_path / "state").exists()
+
+
+@pytest.mark.parametrize("option", ["--state-dir", "--kubelet-state-dir"])
+def test_a_state_directory_under_a_file_is_a_configuration_error(tmp_path, option):
+    blocker = tmp_path / "blocker"
+    blocker.write_text("not a directory")
+    r = serve(tmp_path, "--cgroup-root", "none", option, str(blocker / "state"))
+    one_clear_line(r, str(blocker), code=EX_CONFIG)
+    assert blocker.read_text() == "not a directory"
+
+
+@pytest.mark.parametrize("option,key", [("--state-dir", "agent.state_dir"), ("--kubelet-state-dir", "kubelet.state_dir")])
+def test_a_directory_name_no_file_system_takes_is_a_configuration_error(tmp_path, option, key):
+    """ENAMETOOLONG, as EROFS or EACCES: the path fails the same way at every restart."""
+    r = serve(tmp_path, "--cgroup-root", "none", option, str(tmp_path / ("x" * 300)))
+    one_clear_line(r, "File name too long", key, code=EX_CONFIG)

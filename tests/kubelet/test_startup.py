@@ -54,7 +54,7 @@ def test_a_path_that_cannot_be_a_socket_stops_the_start(tmp_path, machine, where
     r = serve(tmp_path, machine, "--pod-resources-socket", str(path))
     last = r.stderr.strip().splitlines()[-1]  # the log goes to stderr too; the error is the last line
     if where == "file":
-        assert r.returncode == 1 and last.startswith(
+        assert r.returncode == 78 and last.startswith(
             f"numa-agent: cannot serve PodResources on {path} (kubelet.pod_resources_socket, "
             "--pod-resources-socket): ")
         assert "exists and is not a socket" in last

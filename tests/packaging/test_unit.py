@@ -44,7 +44,7 @@ def root(tmp_path):
     shutil.copy(SLICE, etc)
     shutil.copy(SOCKET, etc)
     shutil.copy(WORKLOADS, etc)
-    for path in ("usr/local/bin/numa-agent", "bin/sleep"):
+    for path in ("usr/local/bin/numa-agent", "bin/sleep", "bin/kill"):
         binary = tmp_path / path
         binary.parent.mkdir(parents=True, exist_ok=True)
         binary.write_text("#!/bin/sh\nexit 0\n")
@@ -132,6 +132,8 @@ def test_service_settings_the_agent_relies_on():
     assert one("Service.NotifyAccess") == "main"
     assert one("Service.ExecStart") == "/usr/local/bin/numa-agent serve --config /etc/numa-agent/config.toml"
     assert one("Service.KillMode") == "process"
+    # `systemctl reload`: SIGHUP re-reads the configuration (the agent's RELOADING=1, READY=1).
+    assert one("Service.ExecReload") == "/bin/kill -HUP $MAINPID"
     assert one("Service.Restart") == "on-failure"
     # numa-agent serve's exit for a configuration error (cli/serve_cmd.py): never restarted.
     assert one("Service.RestartPreventExitStatus") == str(EX_CONFIG)

@@ -1,5 +1,6 @@
 """The shipped sample config must load, and what it shows must be the defaults."""
 
+import os
 import re
 from pathlib import Path
 
@@ -49,11 +50,31 @@ def _error(tmp_path, text):
 
 def test_unknown_key_is_named_with_the_known_ones(tmp_path):
     assert _error(tmp_path, '[cpu_manager]\npolcy = "static"\n') == (
-        "unknown key cpu_manager.polcy (known: options, policy, reserved_cpu_count, reserved_cpus)")
+        "unknown key cpu_manager.polcy: did you mean cpu_manager.policy? "
+        "(known: options, policy, reserved_cpu_count, reserved_cpus)")
     assert _error(tmp_path, '[topology]\npolicy = "none"\n').startswith(
         "unknown key topology (known: agent, cpu_manager, devices, isolation, kubelet, memory_manager, observe, "
         "quotas, topology_manager)")
-    assert _error(tmp_path, '[devices.gpu]\nvendr = "0x10de"\n').startswith("unknown key devices.gpu.vendr")
+    assert _error(tmp_path, '[devices.gpu]\nvendr = "0x10de"\n').startswith(
+        "unknown key devices.gpu.vendr: did you mean devices.gpu.vendor?")
+
+
+@pytest.mark.parametrize("text,guess", [
+    ('[agent]\nreserved_cpus = "0"\n', "unknown key agent.reserved_cpus: did you mean cpu_manager.reserved_cpus?"),
+    ('reserved_cpus = "0"\n', "unknown key reserved_cpus: did you mean cpu_manager.reserved_cpus?"),
+    ('[agent]\nnamespace = "x"\n', "unknown key agent.namespace: did you mean kubelet.namespace?"),
+    ('[agent]\npolicy = "static"\n',
+     "unknown key agent.policy: did you mean cpu_manager.policy or memory_manager.policy or topology_manager.policy?"),
+    ('[kubelet]\nreservd_cpus = "0"\n', "unknown key kubelet.reservd_cpus: did you mean cpu_manager.reserved_cpus?"),
+    ('[cpu_manger]\npolicy = "static"\n', "unknown key cpu_manger: did you mean cpu_manager?"),
+    ('[agent]\nlog_levl = "debug"\n', "unknown key agent.log_levl: did you mean agent.log_level?"),
+])
+def test_a_key_in_the_wrong_section_or_misspelt_names_the_one_meant(tmp_path, text, guess):
+    assert _error(tmp_path, text).startswith(guess + " (known: ")
+
+
+def test_no_guess_when_nothing_is_close(tmp_path):
+    assert _error(tmp_path, "[agent]\nzzz = 1\n").startswith("unknown key agent.zzz (known: ")
 
 
 def test_wrong_type_names_the_key(tmp_path):
@@ -294,13 +315,13 @@ def test_quota_entries_are_read_and_a_bad_one_named(tmp_path):
                                                             groups={"hpc": Limits(devices={"gpu": 0})})
     assert load_config(tmp_path / "none.toml").quotas == Quotas()
     assert _error(tmp_path, "[quotas]\nusers.alice = { cpu = 1 }\n") == \
-        "unknown key quotas.users.alice.cpu (known: cpus, devices, memory)"
+        "unknown key quotas.users.alice.cpu: did you mean quotas.users.alice.cpus? (known: cpus, devices, memory)"
     assert _error(tmp_path, "[quotas]\ngroups.hpc = { cpus = -1 }\n") == "quotas.groups.hpc.cpus: expected `int` >= 0"
     assert _error(tmp_path, '[quotas]\ndefault = { memory = "1x" }\n').startswith("quotas.default.memory: invalid size '1x'")
     assert _error(tmp_path, "[quotas]\nusers.bob = { devices = { gpu = 1 } }\n") == \
         "quotas.users.bob.devices.gpu: no such device resource in [devices] (known: none configured)"
     assert _error(tmp_path, "[quotas]\nuser.bob = { cpus = 1 }\n") == \
-        "unknown key quotas.user (known: default, groups, users)"
+        "unknown key quotas.user: did you mean quotas.users? (known: default, groups, users)"
 
 
 # ---- files that are not a configuration --------------------------------------------
@@ -324,19 +345,22 @@ def test_a_fifo_is_refused_rather_than_waited_on(tmp_path):
     import os
 
     os.mkfifo(tmp_path / "config.toml")
-    with pytest.raises(ConfigError, match=f"config file {tmp_path}/config.toml is not a regular file"):
+    with pytest.raises(ConfigError, match=f"config file {tmp_path}/config.toml is a FIFO, not a regular file"):
         load_config(tmp_path / "config.toml", required=True)
 
 
 def test_a_directory_or_unreadable_file_is_named(tmp_path, monkeypatch):
-    with pytest.raises(ConfigError, match=f"cannot read config file {tmp_path}: Is a directory"):
+    with pytest.raises(ConfigError, match=f"config file {tmp_path} is a directory, not a regular file"):
         load_config(tmp_path, required=True)
     path = _write(tmp_path, "")
+    real_open = os.open
 
-    def refused(self):
-        raise PermissionError(13, "Permission denied")
+    def refused(name, *args, **kwargs):
+        if str(name) == str(path):
+            raise PermissionError(13, "Permission denied")
+        return real_open(name, *args, **kwargs)
 
-    monkeypatch.setattr(Path, "read_bytes", refused)  # root reads a mode-000 file all the same
+    monkeypatch.setattr(os, "open", refused)  # root reads a mode-000 file all the same
     with pytest.raises(ConfigError, match=f"cannot read config file {path}: Permission denied"):
         load_config(path, required=True)
 
