@@ -639,8 +639,9 @@ class AgentService:
         for key, value in (("name", name), ("pod", body.pod)):
             if value is not None and not is_workload_name(value):
                 raise InvalidRequest(f"{key} {value!r} must be {NAME_RULE}")
-        if (refusal := engine_name_refusal(name, caller.uid)) is not None:
-            raise Refusal("forbidden", refusal)
+        for value in (name, body.pod):
+            if value is not None and (refusal := engine_name_refusal(value, caller.uid)) is not None:
+                raise Refusal("forbidden", refusal)
         if self.state.workload(name) is not None:
             raise _NameTaken(name)
         return to_admission_request(body, caller, name=name, created_unix=self.clock())

@@ -54,3 +54,11 @@ def test_a_containers_name_is_for_the_oci_hook_only(service):
         service.admit(AdmitRequest(name="ctr-0123456789ab", shared=True), MALLORY)
     assert service.admit(AdmitRequest(name="ctr-0123456789ab", shared=True), ROOT)["name"] == "ctr-0123456789ab"
     assert service.admit(AdmitRequest(name="ctr-web", shared=True), MALLORY)["name"] == "ctr-web"
+
+
+def test_a_sandboxs_pod_is_for_the_oci_hook_only(service):
+    from numa_agent.service.requests import PodBudget
+    with pytest.raises(NotPermitted, match="sandbox's pod"):
+        service.admit(AdmitRequest(name="first", cpus=1, pod="sbx-0123456789ab-db",
+                                   pod_budget=PodBudget(cpus=2)), MALLORY)
+    assert service.state.pods == ()
