@@ -18,7 +18,7 @@ from typing import Callable, Collection, Iterable, NamedTuple
 from numa_agent.core.cpuset import CpuSet
 from numa_agent.core.hints import NumaMask
 from numa_agent.enforcement.errors import EnforcementError
-from numa_agent.enforcement.marked import MarkedProcess, scan_marked
+from numa_agent.enforcement.marked import MarkedProcess, marked_pids, scan_marked
 from numa_agent.enforcement.plan import (
     SHARED_CGROUP,
     order_changes,
@@ -87,15 +87,20 @@ class AffinityEnforcer:
         if changed is not None:
             followers = [rel for rel in pool_followers(old, new) if rel not in changed]
             shrink_to, grow_to = pool_steps(old, new)
+        changes = list(order_changes(old, new, changed))
+        strays = self._strays(old, new, changes, followers if shrink_to is not None else [])
         if shrink_to is not None:
             self._pin_followers(pins, new, followers, shrink_to)
-        for change in order_changes(old, new, changed):
+            self._pin_strays(strays, followers, new, shrink_to)
+        for change in changes:
             if change.kind == "remove":
                 pid = self._pids.get(change.relpath)
                 alive = self._alive(change.relpath)
                 self._forget(change.relpath)
                 if pid is not None and alive and SHARED_CGROUP in new:
                     pins.add(pid, new[SHARED_CGROUP].cpus)  # back to the shared pool
+                if SHARED_CGROUP in new:
+                    self._pin_strays(strays, [change.relpath], old, new[SHARED_CGROUP].cpus)
                 continue
             spec = change.spec
             assert spec is not None
@@ -117,6 +122,42 @@ class AffinityEnforcer:
             # it forks from now on inherits the mask; a re-pin takes the tree).
             _pin_trees((pid,), spec.cpus, descendants=False)
             self.track(relpath, pid)
+
+    def _strays(self, old: Layout, new: Layout, changes: list, followers: list[str]) -> dict[str, list[int]]:
+        """The processes that left a workload's tree but carry its mark (a daemon's
+        double fork), by workload name, for the workloads whose CPUs go to the pool or
+        shrink with it: the removed ones and, when the pool shrinks, its followers. One
+        pass over /proc, only when there is such a workload."""
+        names = [spec.workload for c in changes if c.kind == "remove" and (spec := old.get(c.relpath))
+                 is not None and spec.workload is not None and SHARED_CGROUP in new]
+        names += [spec.workload for rel in followers if (spec := new.get(rel)) is not None
+                  and spec.workload is not None]
+        return marked_pids(names, self.proc_root, exclude=(os.getpid(),)) if names else {}
+
+    def _pin_strays(self, strays: dict[str, list[int]], relpaths: list[str], layout: Layout, cpus: CpuSet) -> None:
+        """Pin the marked processes of the workloads at `relpaths` (of `layout`) to
+        `cpus`, the pool's, each with its own descendants. Each is pinned only while a
+        pidfd holds it and it still carries the mark (its PID not another's meanwhile);
+        one that cannot be pinned is logged, not a failure of the change: the mark is
+        anyone's to set, and cannot make an admission or release fail."""
+        for rel in relpaths:
+            spec = layout.get(rel)
+            name = spec.workload if spec is not None else None
+            for pid in strays.get(name, ()) if name else ():
+                try:
+                    fd = os.pidfd_open(pid)
+                except OSError:
+                    continue  # exited meanwhile
+                try:
+                    if name in marked_pids((name,), self.proc_root, only=(pid,)):
+                        _pin_trees((pid,), cpus)
+                        log.info("%s: pid %d left the workload's process tree; pinned to the shared "
+                                 "pool's CPUs %s", rel, pid, cpus.format())
+                except EnforcementError as exc:
+                    log.warning("%s: cannot pin pid %d, which carries its mark, to the shared pool: %s",
+                                rel, pid, exc)
+                finally:
+                    os.close(fd)
 
     def _pin_followers(self, pins: "_Pins", new: Layout, followers: list[str], cpus: CpuSet) -> None:
         """Queue the pool's followers whose processes are still the admitted ones."""
