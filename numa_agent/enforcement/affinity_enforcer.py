@@ -143,7 +143,9 @@ class AffinityEnforcer:
         for rel in relpaths:
             spec = layout.get(rel)
             name = spec.workload if spec is not None else None
-            for pid in strays.get(name, ()) if name else ():
+            if name is None:
+                continue
+            for pid in strays.get(name, ()):
                 try:
                     fd = os.pidfd_open(pid)
                 except OSError:

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from numa_agent.cli import common
-from numa_agent.engines import oci_hook
 from numa_agent.engines import annotations as oci_hook_annotations
+from numa_agent.engines import oci_hook
 
 from .fake_agent import FakeAgent
 
