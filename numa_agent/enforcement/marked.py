@@ -99,20 +99,20 @@ def read_marked(pid: int, proc_root: str = "/proc", btime: int | None = None) ->
                          started_unix=started_unix(start_time, btime if btime is not None else boot_time(proc_root)))
 
 
-def marked_pids(names: Collection[str], proc_root: str = "/proc", exclude: Collection[int] = (),
-                only: Collection[int] | None = None) -> dict[str, list[int]]:
+def marked_pids(names: Collection[str], proc_root: str = "/proc", exclude: Collection[int] = ()) -> dict[str, list[int]]:
     """The PIDs whose `MARK` names one of `names`, by name: one pass over /proc reading
     only each process's environ. A process numa-run started passes the mark to all it
     forks, also to one that left the workload's process tree (a daemon's double fork:
     its parent exits, it is reparented to PID 1 or a subreaper), which a walk of the
     tree's children cannot find. Not a proof (anyone may set the variable): callers use
-    it only to take CPUs away, towards the shared pool. `only`: these PIDs, no scan."""
+    it only to take CPUs away: towards the shared pool, or within a booking for its
+    owner's own processes."""
     wanted = {f"{MARK}={name}".encode() for name in names}
     found: dict[str, list[int]] = {}
     if not wanted:
         return found
     try:
-        entries = os.listdir(proc_root) if only is None else [str(pid) for pid in only]
+        entries = os.listdir(proc_root)
     except OSError:
         return found
     prefix = f"{MARK}=".encode()

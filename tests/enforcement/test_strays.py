@@ -24,6 +24,8 @@ import os, sys, time
 r, w = os.pipe()
 if os.fork() == 0:
     if os.fork() == 0:
+        if os.environ.get("DROP_UID"):  # a process of another user
+            os.setresuid(*[int(os.environ["DROP_UID"])] * 3)
         os.close(r); os.write(w, str(os.getpid()).encode()); os.close(w)
         time.sleep(120)
     os._exit(0)
@@ -54,10 +56,10 @@ def daemonised():
     """(workload process, its double-forked grandchild) started with `name`'s mark on `cpus`."""
     started: list[tuple[subprocess.Popen, int]] = []
 
-    def start(name: str, cpus: CpuSet) -> tuple[subprocess.Popen, int]:
+    def start(name: str, cpus: CpuSet, uid: int | None = None) -> tuple[subprocess.Popen, int]:
+        env = {**os.environ, ENV_WORKLOAD: name, **({"DROP_UID": str(uid)} if uid is not None else {})}
         proc = subprocess.Popen([sys.executable, "-c", DAEMONISE], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                env={**os.environ, ENV_WORKLOAD: name}, text=True,
-                                preexec_fn=lambda: os.sched_setaffinity(0, cpus.ids()))
+                                env=env, text=True, preexec_fn=lambda: os.sched_setaffinity(0, cpus.ids()))
         assert proc.stdout is not None
         grandchild = int(proc.stdout.readline())
         started.append((proc, grandchild))
@@ -142,5 +144,29 @@ def test_a_stray_that_cannot_be_pinned_does_not_fail_the_change(daemonised, monk
                name: CgroupSpec(name, exclusive, (0,), workload=name, pid=None)}
         enforcer.apply(old, {SHARED_CGROUP: CgroupSpec(SHARED_CGROUP, pool | exclusive, (0,))})
         assert affinity(grandchild) == exclusive
+    finally:
+        enforcer.close()
+
+
+def test_a_resize_takes_its_owners_strays_into_the_smaller_booking_and_no_one_elses(daemonised):
+    from numa_agent.state.model import Workload
+    kept, given_back = cpus_or_skip()
+    if os.geteuid() != 0:
+        pytest.skip("starts a process of another uid")
+    name = f"ex-{os.getpid()}"
+    proc, own = daemonised(name, kept | given_back)
+    _, foreign = daemonised(name, kept | given_back, uid=65534)  # anyone may set the mark
+    record = Workload(name=name, owner_uid=os.geteuid())
+    enforcer = AffinityEnforcer("test")
+
+    def layout(cpus: CpuSet) -> dict:
+        return {SHARED_CGROUP: CgroupSpec(SHARED_CGROUP, CpuSet(), (0,)),
+                name: CgroupSpec(name, cpus, (0,), workload=name, pid=proc.pid, record=record)}
+
+    try:
+        assert enforcer.track(name, proc.pid)
+        enforcer.apply(layout(kept | given_back), layout(kept), changed=frozenset({name}))
+        assert affinity(proc.pid) == kept and affinity(own) == kept
+        assert affinity(foreign) == kept | given_back  # not pinned into another's booking
     finally:
         enforcer.close()
