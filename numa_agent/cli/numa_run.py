@@ -367,7 +367,7 @@ def slurm_request(args: argparse.Namespace, body: dict[str, Any], case: Confinem
     binding), within those CPUs. Returns why numa-run refuses, or None."""
     from numa_agent.core.slurm import shared_cgroup_refusal, tasks_on_node
 
-    body.setdefault("name", case.task.workload_name)
+    body.setdefault("name", case.task.workload_name(os.geteuid()))
     if case.in_place:
         shared = shared_cgroup_refusal(case.task, case.cgroup, tasks_on_node(os.environ))
         if shared:

@@ -14,7 +14,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
         "release", help="release a workload's CPUs, memory and devices",
         description="Release a workload. Only its owner (or root) may release it. With --slurm-job, "
-                    "release every workload of that Slurm job (named slurm-ID-STEP-TASK by numa-run): "
+                    "release every workload of that Slurm job (named slurm-ID-STEP-TASK-uUID by numa-run): "
                     "exit 0 when none is left, also when there was none.")
     parser.add_argument("name", metavar="NAME", nargs="?", help="workload name (see `numa-agent status`)")
     parser.add_argument("--slurm-job", metavar="ID",

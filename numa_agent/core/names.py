@@ -57,6 +57,45 @@ def is_workload_name(value: object) -> bool:
     return isinstance(value, str) and _fullmatch(_NAME, value) and ".." not in value
 
 
+# Names an engine derives, which no other user may take first (a Slurm job id is
+# sequential, a container id is shown by `podman ps`): numa-run's in a Slurm task,
+# `slurm-<job>-<step>-<task>-u<uid>`, carries the job's user, and only that uid may take it;
+# the OCI hook's, a container's `ctr-<12 hex>` and its sandbox's pods
+# `sbx-<12 hex>-<name>`, only root (the hook) may take.
+_SLURM_FORM = r"slurm-[0-9]+-.*"
+_CONTAINER_FORM = r"ctr-[0-9a-f]{12}"
+_SANDBOX_FORM = r"sbx-[0-9a-f]{12}(-.*)?"
+SANDBOX_POD_PREFIX = "sbx-"
+
+
+def sandbox_pod_name(sandbox12: str, name: str) -> str:
+    """The agent's name of pod `name` of the engine's sandbox (pod) whose id begins
+    `sandbox12`: a container can name only a pod of its own sandbox."""
+    return f"{SANDBOX_POD_PREFIX}{sandbox12}-{name}"
+
+
+def owner_suffix(uid: int) -> str:
+    """What an engine-derived name ends with to say whose it is: `-u1000`."""
+    return f"-u{uid}"
+
+
+def engine_name_refusal(name: str, uid: int) -> str | None:
+    """Why `uid` may not take `name`, which has a form an engine derives, or None.
+    Root may take any name; a free-form name is anyone's first."""
+    if uid == 0:
+        return None
+    if _fullmatch(_CONTAINER_FORM, name):
+        return (f"{name!r} has the form of a container's name (ctr- and 12 hex digits), which only "
+                "the OCI hook (root) takes; choose another --name")
+    if _fullmatch(_SANDBOX_FORM, name):
+        return (f"{name!r} has the form of a container sandbox's pod (sbx- and 12 hex digits), which "
+                "only the OCI hook (root) takes; choose another name")
+    if _fullmatch(_SLURM_FORM, name) and not name.endswith(owner_suffix(uid)):
+        return (f"{name!r} has the form of a Slurm task's name (slurm-JOB-...), which only the job's "
+                f"user takes, ending in {owner_suffix(uid)!r} for uid {uid}; choose another --name")
+    return None
+
+
 def is_resource_name(value: object) -> bool:
     """A valid device resource name, as the config and the API accept it."""
     return isinstance(value, str) and len(value) <= NAME_MAX and _fullmatch(_RESOURCE, value)

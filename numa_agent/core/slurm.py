@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from numa_agent.core.cpuset import CpuSet
+from numa_agent.core.names import owner_suffix
 from numa_agent.core.topology import Topology
 
 MIB = 1 << 20
@@ -126,10 +127,12 @@ class SlurmTask:
     step: str  # "0", "1"... or "batch", "extern", "interactive"
     procid: str
 
-    @property
-    def workload_name(self) -> str:
-        """`slurm-<job>-<step>-<procid>`: what `release --slurm-job` finds by its prefix."""
-        return f"{job_prefix(self.job)}{self.step}-{self.procid}"
+    def workload_name(self, uid: int) -> str:
+        """`slurm-<job>-<step>-<procid>-u<uid>`: what `release --slurm-job` finds by its
+        prefix. The uid (the job's user, whom the task runs as) makes it that user's: no
+        other user can take the name first (core.names.engine_name_refusal), though
+        Slurm's job ids are sequential and so the rest of it can be guessed."""
+        return f"{job_prefix(self.job)}{self.step}-{self.procid}{owner_suffix(uid)}"
 
     @property
     def label(self) -> str:

@@ -18,7 +18,7 @@ from typing import Callable, Collection, Iterable, NamedTuple
 from numa_agent.core.cpuset import CpuSet
 from numa_agent.core.hints import NumaMask
 from numa_agent.enforcement.errors import EnforcementError
-from numa_agent.enforcement.marked import MarkedProcess, scan_marked
+from numa_agent.enforcement.marked import MarkedProcess, marked_pids, read_marked, scan_marked
 from numa_agent.enforcement.plan import (
     SHARED_CGROUP,
     order_changes,
@@ -87,20 +87,30 @@ class AffinityEnforcer:
         if changed is not None:
             followers = [rel for rel in pool_followers(old, new) if rel not in changed]
             shrink_to, grow_to = pool_steps(old, new)
+        changes = list(order_changes(old, new, changed))
+        strays = self._strays(old, new, changes, followers if shrink_to is not None else [])
         if shrink_to is not None:
             self._pin_followers(pins, new, followers, shrink_to)
-        for change in order_changes(old, new, changed):
+            self._pin_strays(strays, followers, new, shrink_to)
+        for change in changes:
             if change.kind == "remove":
                 pid = self._pids.get(change.relpath)
                 alive = self._alive(change.relpath)
                 self._forget(change.relpath)
                 if pid is not None and alive and SHARED_CGROUP in new:
                     pins.add(pid, new[SHARED_CGROUP].cpus)  # back to the shared pool
+                if SHARED_CGROUP in new:
+                    self._pin_strays(strays, [change.relpath], old, new[SHARED_CGROUP].cpus)
                 continue
             spec = change.spec
             assert spec is not None
             if move is not None and move[0] == spec.relpath:
                 continue  # pinned below, with the pid the caller's pidfd vouches for
+            if change.kind == "shrink" and spec.workload is not None and spec.record is not None:
+                # A resize gives CPUs back: its strays keep only the owner's (the mark is
+                # anyone's, so into a booking go only the owner's own processes).
+                self._pin_strays(strays, [spec.relpath], {spec.relpath: spec}, spec.cpus,
+                                 owner=spec.record.owner_uid)
             # Only a process whose pidfd says it is still the same one: its PID
             # may already be another process's if it exited a moment ago.
             if spec.workload is None or spec.pid is None or not self._alive(spec.relpath):
@@ -117,6 +127,49 @@ class AffinityEnforcer:
             # it forks from now on inherits the mask; a re-pin takes the tree).
             _pin_trees((pid,), spec.cpus, descendants=False)
             self.track(relpath, pid)
+
+    def _strays(self, old: Layout, new: Layout, changes: list, followers: list[str]) -> dict[str, list[int]]:
+        """The processes that left a workload's tree but carry its mark (a daemon's
+        double fork), by workload name, for the workloads whose CPUs go to the pool or
+        shrink with it: the removed ones, those a resize shrinks and, when the pool
+        shrinks, its followers. One pass over /proc, only when there is such a workload."""
+        names = [spec.workload for c in changes if c.kind == "remove" and (spec := old.get(c.relpath))
+                 is not None and spec.workload is not None and SHARED_CGROUP in new]
+        names += [spec.workload for rel in followers if (spec := new.get(rel)) is not None
+                  and spec.workload is not None]
+        names += [c.spec.workload for c in changes if c.kind == "shrink" and c.spec is not None
+                  and c.spec.workload is not None and c.spec.record is not None]
+        return marked_pids(names, self.proc_root, exclude=(os.getpid(),)) if names else {}
+
+    def _pin_strays(self, strays: dict[str, list[int]], relpaths: list[str], layout: Layout, cpus: CpuSet,
+                    owner: int | None = None) -> None:
+        """Pin the marked processes of the workloads at `relpaths` (of `layout`) to
+        `cpus` (the pool's; with `owner`, of that uid's own booking: only its processes),
+        each with its own descendants. Each is pinned only while a pidfd holds it and it
+        still carries the mark (its PID not another's meanwhile); one that cannot be
+        pinned is logged, not a failure of the change: the mark is anyone's to set, and
+        cannot make an admission or release fail."""
+        for rel in relpaths:
+            spec = layout.get(rel)
+            name = spec.workload if spec is not None else None
+            if name is None:
+                continue
+            for pid in strays.get(name, ()):
+                try:
+                    fd = os.pidfd_open(pid)
+                except OSError:
+                    continue  # exited meanwhile
+                try:
+                    marked = read_marked(pid, self.proc_root)
+                    if marked is not None and marked.name == name and owner in (None, marked.uid):
+                        _pin_trees((pid,), cpus)
+                        log.info("%s: pid %d left the workload's process tree; pinned to CPUs %s",
+                                 rel, pid, cpus.format())
+                except EnforcementError as exc:
+                    log.warning("%s: cannot pin pid %d, which carries its mark, to CPUs %s: %s",
+                                rel, pid, cpus.format(), exc)
+                finally:
+                    os.close(fd)
 
     def _pin_followers(self, pins: "_Pins", new: Layout, followers: list[str], cpus: CpuSet) -> None:
         """Queue the pool's followers whose processes are still the admitted ones."""

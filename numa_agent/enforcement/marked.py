@@ -15,6 +15,7 @@ returns plain values. Processes that exit during the scan are skipped.
 from __future__ import annotations
 
 import os
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from numa_agent.core.cpuset import CpuSet, CpuSetParseError
@@ -98,6 +99,39 @@ def read_marked(pid: int, proc_root: str = "/proc", btime: int | None = None) ->
                          started_unix=started_unix(start_time, btime if btime is not None else boot_time(proc_root)))
 
 
+def marked_pids(names: Collection[str], proc_root: str = "/proc", exclude: Collection[int] = ()) -> dict[str, list[int]]:
+    """The PIDs whose `MARK` names one of `names`, by name: one pass over /proc reading
+    only each process's environ. A process numa-run started passes the mark to all it
+    forks, also to one that left the workload's process tree (a daemon's double fork:
+    its parent exits, it is reparented to PID 1 or a subreaper), which a walk of the
+    tree's children cannot find. Not a proof (anyone may set the variable): callers use
+    it only to take CPUs away: towards the shared pool, or within a booking for its
+    owner's own processes."""
+    wanted = {f"{MARK}={name}".encode() for name in names}
+    found: dict[str, list[int]] = {}
+    if not wanted:
+        return found
+    try:
+        entries = os.listdir(proc_root)
+    except OSError:
+        return found
+    prefix = f"{MARK}=".encode()
+    for entry in entries:
+        if not entry.isdigit() or int(entry) in exclude:
+            continue
+        try:
+            with open(f"{proc_root}/{entry}/environ", "rb") as f:
+                environ = f.read()
+        except OSError:  # exited, a kernel thread, or not ours to read
+            continue
+        if prefix not in environ:
+            continue
+        item = next((i for i in environ.split(b"\0") if i in wanted), None)
+        if item is not None:
+            found.setdefault(item[len(prefix):].decode("utf-8", "replace"), []).append(int(entry))
+    return found
+
+
 def _environment(raw: bytes) -> dict[str, str]:
     out = {}
     for item in raw.split(b"\0"):
@@ -112,4 +146,4 @@ def _flag(value: str | None) -> bool | None:
     return {"1": True, "0": False}.get(value.strip()) if value is not None else None
 
 
-__all__ = ["MARK", "MarkedProcess", "read_marked", "scan_marked"]
+__all__ = ["MARK", "MarkedProcess", "marked_pids", "read_marked", "scan_marked"]

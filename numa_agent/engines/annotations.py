@@ -8,20 +8,25 @@ its value and the expected syntax, because it is all a container's author sees.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import re
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from numa_agent.core import request_syntax, units
 from numa_agent.core.cpuset import EMPTY
 from numa_agent.core.listforms import parse_list_form, resolve
-from numa_agent.core.names import NAME_RULE, is_workload_name
+from numa_agent.core.names import NAME_MAX, NAME_RULE, SANDBOX_POD_PREFIX, is_workload_name, sandbox_pod_name
 from numa_agent.core.policy import POLICY_NAMES, STRATEGY_NAMES
 
 PREFIX = "numa-agent.io/"
 HUGEPAGES = "hugepages-"
 _SHOWN_VALUE_CHARS = 80
 _SHOWN_KEY_CHARS = 120
+HEX64 = re.compile(r"[0-9a-f]{64}")
 MAX_VALUE_CHARS = 256  # no value of ours is longer; the parsers' messages repeat what they read
+
+# sbx-, 12 hex digits, '-': what the sandbox adds to the pod annotation's name.
+POD_NAME_MAX = NAME_MAX - len(SANDBOX_POD_PREFIX) - 13
 
 # annotation (after the prefix) -> the syntax of its value, for error messages and the docs.
 SYNTAX: dict[str, str] = {
@@ -35,9 +40,14 @@ SYNTAX: dict[str, str] = {
     "policy": "one of " + ", ".join(POLICY_NAMES),
     "numa-allocation-strategy": "one of " + ", ".join(STRATEGY_NAMES)
                                 + " (how equally good NUMA nodes are chosen: spread, pack, or the lowest)",
-    "pod": f"a pod name ({NAME_RULE})",
+    "pod": f"a pod name ({NAME_RULE}; at most {POD_NAME_MAX}): a pod of the container's own sandbox",
 }
 KNOWN = tuple(PREFIX + key for key in SYNTAX)
+POD = PREFIX + "pod"
+# Where the engine itself says which sandbox (pod) a container belongs to: CRI-O's
+# (podman writes it too for a container of a pod), containerd's CRI. Written by the
+# engine, not by the container's author: the one identity a pod membership is taken from.
+SANDBOX_KEYS = ("io.kubernetes.cri-o.SandboxID", "io.kubernetes.cri.sandbox-id")
 
 
 class AnnotationError(ValueError):
@@ -61,6 +71,23 @@ def _printable(key: str) -> str:
 def ours(annotations: Mapping[str, Any] | None) -> dict[str, Any]:
     """The annotations addressed to numa-agent (empty: the container is not ours)."""
     return {k: v for k, v in (annotations or {}).items() if isinstance(k, str) and k.startswith(PREFIX)}
+
+
+def sandbox_pod(annotations: Mapping[str, Any], pod: str, digest: Callable[[str], str]) -> str:
+    """The agent's name of the pod `pod` (the `numa-agent.io/pod` annotation) within the
+    sandbox the engine's own annotation names (`SANDBOX_KEYS`): `sbx-<sandbox id12>-<pod>`,
+    so that a container cannot join another sandbox's pod, whatever it names.
+    AnnotationError when the engine names no sandbox. `digest`: a sandbox id's hex digest
+    when it is not 64 hex digits itself (as for a container id)."""
+    sandbox = next((v for k in SANDBOX_KEYS if isinstance(v := annotations.get(k), str) and v), None)
+    if sandbox is None:
+        raise AnnotationError(POD, pod, "the container's engine names no sandbox (pod) it belongs to "
+                              f"({' or '.join(SANDBOX_KEYS)}); a container joins only its own sandbox's pod",
+                              SYNTAX["pod"])
+    if len(pod) > POD_NAME_MAX:
+        raise AnnotationError(POD, pod, f"longer than {POD_NAME_MAX} characters", SYNTAX["pod"])
+    hex_id = sandbox if HEX64.fullmatch(sandbox) else digest(sandbox)
+    return sandbox_pod_name(hex_id[:12], pod)
 
 
 def admission_body(annotations: Mapping[str, Any]) -> dict[str, Any]:

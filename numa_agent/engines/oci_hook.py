@@ -9,7 +9,9 @@ reads its state and exits 0 without connecting to the agent. For an annotated on
   /proc/PID/cgroup). A refusal, a bad annotation or an unreachable agent exits 1,
   which makes the engine fail the container: annotated containers fail closed.
   The request id is derived from the container id, so a retried hook gets the
-  booking already made instead of a second one.
+  booking already made instead of a second one. A `numa-agent.io/pod` names a pod
+  of the container's own sandbox only (the engine's sandbox id annotation):
+  `sbx-<sandbox id12>-<pod>`, never another sandbox's pod.
 - poststop: release that workload if this container's request id made it (already
   gone, or another container's of the same 12-digit name: fine). The agent also
   releases it when the cgroup empties, since an engine that dies skips poststop.
@@ -22,14 +24,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from numa_agent.api.client import AgentUnreachable, ClientError, request
 from numa_agent.enforcement.processes import parse_cgroup
-from numa_agent.engines.annotations import AnnotationError, admission_body, ours
+from numa_agent.engines.annotations import HEX64, AnnotationError, admission_body, ours, sandbox_pod
 
 PROG = "numa-agent"
 MAX_STATE_BYTES = 1 << 20
@@ -43,7 +44,6 @@ EXIT_FAILED = 1
 RETRY_SECONDS = 10.0
 RETRY_ENV = "NUMA_AGENT_RETRY_SECONDS"
 ANSWER_TIMEOUT = 90.0  # one admission under load (20 containers at once in an emulated guest)
-_HEX64 = re.compile(r"[0-9a-f]{64}")
 
 
 class HookError(Exception):
@@ -62,7 +62,7 @@ class ContainerState:
 
     @property
     def short_id(self) -> str:
-        return self.id[:12] if _HEX64.fullmatch(self.id) else _digest(self.id)[:12]
+        return self.id[:12] if HEX64.fullmatch(self.id) else _digest(self.id)[:12]
 
     @property
     def workload_name(self) -> str:
@@ -73,7 +73,7 @@ class ContainerState:
     def request_id(self) -> str:
         """The container id itself when it is 64 lower-case hex (the agent's request id
         form), else its sha256: the same container always asks with the same id."""
-        return self.id if _HEX64.fullmatch(self.id) else _digest(self.id)
+        return self.id if HEX64.fullmatch(self.id) else _digest(self.id)
 
 
 def _digest(text: str) -> str:
@@ -119,6 +119,8 @@ def cgroup_from_proc(text: str) -> str | None:
 def admission(state: ContainerState, cgroup: str) -> dict[str, Any]:
     """The POST /v1/workloads body for an annotated container (AnnotationError if one is bad)."""
     body = admission_body(state.annotations)
+    if "pod" in body:  # never the pod the annotation names alone: that pod of the container's sandbox
+        body["pod"] = sandbox_pod(state.annotations, body["pod"], _digest)
     body.update(name=state.workload_name, cgroup=cgroup, request_id=state.request_id)
     return body
 

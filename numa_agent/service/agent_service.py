@@ -43,7 +43,7 @@ from numa_agent.admission.resize import resize as resize_workload
 from numa_agent.core.caller import Caller
 from numa_agent.core.hints import TopologyHint
 from numa_agent.core.mark import issue_mark, start_time_of
-from numa_agent.core.names import NAME_RULE, is_workload_name
+from numa_agent.core.names import NAME_RULE, engine_name_refusal, is_workload_name
 from numa_agent.core.pci import NO_NAMES
 from numa_agent.discovery.pci_ids import PciNameSource
 from numa_agent.enforcement.errors import EnforcementError
@@ -659,6 +659,9 @@ class AgentService:
         for key, value in (("name", name), ("pod", body.pod)):
             if value is not None and not is_workload_name(value):
                 raise InvalidRequest(f"{key} {value!r} must be {NAME_RULE}")
+        for value in (name, body.pod):
+            if value is not None and (refusal := engine_name_refusal(value, caller.uid)) is not None:
+                raise Refusal("forbidden", refusal)
         if self.state.workload(name) is not None:
             raise _NameTaken(name)
         return to_admission_request(body, caller, name=name, created_unix=self.clock())

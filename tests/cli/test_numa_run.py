@@ -493,7 +493,7 @@ def test_a_slurm_task_is_named_after_its_job_step_and_rank_and_says_its_case(ser
     out = run_numa_run(server, "--shared", "true", env=SLURM_ENV)
     assert out.returncode == 0, out.stderr
     request, _ = fake.calls[0][1]
-    assert request.name == "slurm-12-0-2"
+    assert request.name == f"slurm-12-0-2-u{os.geteuid()}"  # the job's user's (core.names)
     assert [line for line in out.stderr.splitlines() if line.startswith("numa-run: Slurm step 12.0 task 2: ")]
 
 
@@ -524,7 +524,7 @@ def _case(cgroup, cgroup_cpus, affinity):
 def test_in_a_step_cgroup_numa_run_asks_to_be_booked_in_place():
     refused, body = _slurm_body(["--cpus", "2"], _case(STEP_CGROUP, "2-5", "2-5"))
     assert refused is None
-    assert body["in_place"] is True and body["name"] == "slurm-12-0-2" and "physcpubind" not in body
+    assert body["in_place"] is True and body["name"] == f"slurm-12-0-2-u{os.geteuid()}" and "physcpubind" not in body
     assert body["within_cpus"] == "2-5"  # also for an agent that cannot read the grant itself
 
 

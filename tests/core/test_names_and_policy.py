@@ -67,3 +67,14 @@ def test_policy_type_is_the_kubelet_names_and_rules():
     assert TopologyPolicy.NONE.rule == "" and "single-node" in TopologyPolicy.SINGLE_NUMA_NODE.rule
     with pytest.raises(ValueError, match="expected one of none, best-effort, restricted, single-numa-node"):
         TopologyPolicy.parse("strict")
+
+
+def test_engine_derived_names_are_their_owners():
+    from numa_agent.core.names import engine_name_refusal
+    assert engine_name_refusal("slurm-12-0-0-u1000", 1000) is None
+    assert "Slurm task" in (engine_name_refusal("slurm-12-0-0-u1000", 1001) or "")
+    assert "Slurm task" in (engine_name_refusal("slurm-12-0-0", 1000) or "")  # whose is not said
+    assert "Slurm task" in (engine_name_refusal("slurm-12-0-0-u10001", 1000) or "")  # not a prefix
+    assert "container" in (engine_name_refusal("ctr-0123456789ab", 1000) or "")
+    assert all(engine_name_refusal(n, 0) is None for n in ("slurm-12-0-0", "ctr-0123456789ab"))
+    assert all(engine_name_refusal(n, 1000) is None for n in ("slurm-web", "ctr-web", "web", "slurm-12x"))

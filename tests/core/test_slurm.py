@@ -111,21 +111,21 @@ def test_outside_slurm_there_is_no_task():
 def test_name_from_the_environment():
     task = slurm_task({"SLURM_JOB_ID": "12", "SLURM_STEP_ID": "0", "SLURM_PROCID": "3"})
     assert task == SlurmTask("12", "0", "3")
-    assert task.workload_name == "slurm-12-0-3" and task.workload_name.startswith(job_prefix("12"))
+    assert task.workload_name(1000) == "slurm-12-0-3-u1000" and task.workload_name(1000).startswith(job_prefix("12"))
 
 
 @pytest.mark.parametrize("step_id,word", [("4294967291", "batch"), ("4294967292", "extern"),
                                           ("4294967290", "interactive")])
 def test_special_step_ids_are_named_as_slurm_names_their_cgroups(step_id, word):
     task = slurm_task({"SLURM_JOB_ID": "7", "SLURM_STEP_ID": step_id, "SLURM_PROCID": "0"})
-    assert task is not None and task.workload_name == f"slurm-7-{word}-0"
+    assert task is not None and task.workload_name(5) == f"slurm-7-{word}-0-u5"
 
 
 def test_the_cgroup_names_the_step_when_slurm_tracks_the_task():
     env = {"SLURM_JOB_ID": "12", "SLURM_PROCID": "1"}  # a batch script has no SLURM_STEP_ID
-    assert slurm_task(env, "/system.slice/slurmstepd.scope/job_12/step_batch/user/task_0").workload_name == \
-        "slurm-12-batch-1"
-    assert slurm_task(env).workload_name == "slurm-12-batch-1"
+    assert slurm_task(env, "/system.slice/slurmstepd.scope/job_12/step_batch/user/task_0").workload_name(5) == \
+        "slurm-12-batch-1-u5"
+    assert slurm_task(env).workload_name(5) == "slurm-12-batch-1-u5"
     assert step_of_cgroup(TASK_CGROUP, "12") == "0"
     assert step_of_cgroup(TASK_CGROUP, "13") is None  # another job's cgroup is not this task's
     assert step_of_cgroup("/user.slice/job_12", "12") is None

@@ -201,7 +201,9 @@ def test_a_pool_change_lists_a_followed_process_s_threads_through_a_held_descrip
             assert enforcer.track(f"shared/s{i}", pid)
         monkeypatch.setattr(os, "listdir", lambda path=".": listed.append(path) or real_listdir(path))
         repin(enforcer, pids, wide, narrow)
-        assert len(listed) == len(pids) and not any(isinstance(path, str) for path in listed)
+        # Each tree's threads through its held descriptor; by path only /proc itself, once:
+        # the search for the processes that left a tree but carry its mark (test_strays.py).
+        assert len(listed) == len(pids) + 1 and [p for p in listed if isinstance(p, str)] == ["/proc"]
         assert all(CpuSet(os.sched_getaffinity(pid)) == narrow for pid in pids)
     finally:
         enforcer.close()

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from numa_agent.cli import common
+from numa_agent.engines import annotations as oci_hook_annotations
 from numa_agent.engines import oci_hook
 
 from .fake_agent import FakeAgent
@@ -202,3 +203,18 @@ def test_the_command_prints_the_refusal_on_stderr_and_exits_1(agent):
 def test_the_command_takes_only_the_known_stages(agent):
     done = run_command("poststart", state(), agent.path)
     assert done.returncode == 2 and b"invalid choice" in done.stderr
+
+
+def test_the_pod_a_container_joins_is_of_its_own_sandbox():
+    sandbox = "5" * 64
+    for key in oci_hook_annotations.SANDBOX_KEYS:
+        st = oci_hook.parse_state(state({"numa-agent.io/pod": "db", key: sandbox}))
+        assert oci_hook.admission(st, CGROUP)["pod"] == f"sbx-{sandbox[:12]}-db"
+    st = oci_hook.parse_state(state({"numa-agent.io/pod": "db", "io.kubernetes.cri.sandbox-id": "pod-x"}))
+    assert oci_hook.admission(st, CGROUP)["pod"] == f"sbx-{hashlib.sha256(b'pod-x').hexdigest()[:12]}-db"
+    st = oci_hook.parse_state(state({"numa-agent.io/pod": "db"}))
+    with pytest.raises(oci_hook_annotations.AnnotationError, match="names no sandbox"):
+        oci_hook.admission(st, CGROUP)
+    st = oci_hook.parse_state(state({"numa-agent.io/pod": "d" * 50, "io.kubernetes.cri.sandbox-id": sandbox}))
+    with pytest.raises(oci_hook_annotations.AnnotationError, match="longer than 46"):
+        oci_hook.admission(st, CGROUP)

@@ -106,3 +106,39 @@ def test_poststop_after_an_upgrade_releases_what_the_previous_version_admitted(m
     assert [w["name"] for w in machine.service.list_workloads()] == [f"ctr-{CID[:12]}"]
     assert hook(machine, "poststop", None, {"numa-agent.io/cpus": "1"}, tmp_path) == (0, [])
     assert machine.service.list_workloads() == []
+
+
+SANDBOX_A, SANDBOX_B = "a" * 64, "b" * 64
+
+
+def test_a_container_joins_only_a_pod_of_its_own_sandbox(machine, tmp_path):
+    """The hook asks with root's authority, which passes the pod's owner check: the pod it
+    joins comes from the engine's sandbox id, not from the annotation alone. A container of
+    sandbox A naming sandbox B's pod is not joined to it (and books nothing of its budget)."""
+    from numa_agent.service.requests import AdmitRequest, PodBudget
+    from tests.service.test_engine_cgroup import root_caller
+    b_pod = f"sbx-{SANDBOX_B[:12]}-db"  # the pod of sandbox B, its budget made by root
+    machine.service.admit(AdmitRequest(name="b-first", cpus=1, pod=b_pod, pod_budget=PodBudget(cpus=2)),
+                          root_caller())
+    tenant = "d0d0" + "0" * 60
+    pid = machine.container(f"/libpod_parent/libpod-{tenant}").pid
+    for names in ("db", b_pod):  # B's pod by the annotation's own name, or by the agent's
+        status, lines = hook(machine, "createRuntime", pid, {"numa-agent.io/pod": names, "numa-agent.io/cpus": "1",
+                                                             "io.kubernetes.cri-o.SandboxID": SANDBOX_A},
+                             tmp_path, cid=tenant)
+        assert status == 1 and f"sbx-{SANDBOX_A[:12]}-" in lines[0] and "does not exist" in lines[0]
+    assert machine.service.state.pod(b_pod).members == ("b-first",)
+    # A container of sandbox B is joined to it.
+    cid = "e0e0" + "0" * 60
+    pid = machine.container(f"/libpod_parent/libpod-{cid}").pid
+    assert hook(machine, "createRuntime", pid, {"numa-agent.io/pod": "db", "numa-agent.io/cpus": "1",
+                                                "io.kubernetes.cri-o.SandboxID": SANDBOX_B},
+                tmp_path, cid=cid) == (0, [])
+    assert machine.service.state.pod(b_pod).members == ("b-first", f"ctr-{cid[:12]}")
+
+
+def test_a_pod_annotation_without_a_sandbox_fails_closed(machine, tmp_path):
+    pid = machine.container().pid
+    status, lines = hook(machine, "createRuntime", pid, {"numa-agent.io/pod": "db"}, tmp_path)
+    assert status == 1 and "names no sandbox" in lines[0]
+    assert machine.service.list_workloads() == []

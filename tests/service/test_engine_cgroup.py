@@ -171,7 +171,7 @@ def test_in_place_takes_the_callers_own_cgroup_if_it_owns_everything_there(machi
     assert engine_cpus(machine, "/system.slice/slurmstepd.scope/job_7/step_0/task_0") == CpuSet.parse(view["cpus"])
     other = machine.container("/system.slice/slurmstepd.scope/job_8/step_0/task_0")
     with pytest.raises(NotPermitted, match="holds pid"):
-        machine.service.admit(AdmitRequest(name="slurm-8-0-0", cpus=2, in_place=True),
+        machine.service.admit(AdmitRequest(name=f"slurm-8-0-0-u{os.getuid() + 1}", cpus=2, in_place=True),
                               Caller(pid=other.pid, uid=os.getuid() + 1, gid=0))
 
 

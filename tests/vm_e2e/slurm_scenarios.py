@@ -324,7 +324,7 @@ def s_one_task(g: SlurmGuest) -> str:
     (w,) = running_tasks(g, "one", proc, record, 1)
     cpus, mems, cgroup = check_task(g, w, record, 0)
     job = w["name"].split("-")[1]
-    check(w["name"] == f"slurm-{job}-0-0", f"the workload is named {w['name']}")
+    check(w["name"] == f"slurm-{job}-0-0-u{w['owner_uid']}", f"the workload is named {w['name']}")
     check(not (g.shared_pool() & cpus), f"the shared pool {g.shared_pool().format()} still has {cpus.format()}")
     line = case_line(g, "one", job, 0)
     check("did not confine" in line, f"numa-run's case line: {line!r}")
