@@ -342,7 +342,7 @@ class AgentService:
             new_layout, touched = update_layout(self.machine, old_layout, old_state, new_state, *changes)
         if self.isolation is not None:
             new_state = self.isolation.prepare(new_state)  # originals checkpointed before any write
-        self._save(new_state)
+        self._save(new_state, undo=old_state)
         if new_state.revoked != old_state.revoked:
             self._copy_revocations(new_state)
         try:
@@ -405,13 +405,20 @@ class AgentService:
     # default so that nothing else need know of it.
     _checkpoint_trouble: tuple[str, float] | None = None
 
-    def _save(self, state: AgentState) -> None:
+    def _save(self, state: AgentState, undo: AgentState | None = None) -> None:
         """Make `state` durable: only its change from the last one checkpointed
-        (the store's journal), or a whole snapshot when the store says so."""
+        (the store's journal), or a whole snapshot when the store says so.
+        Any OSError on the way is a checkpoint failure: Unavailable, with the
+        health degraded until a later commit succeeds. `undo`: the state that
+        stands when this one is refused, put back should the refused one have
+        landed (renamed into place, not known durable), so that a start never
+        reads a change that was refused."""
         self._record_isolation(state)
         try:
             kind = self.store.commit(state)
-        except CheckpointError as exc:
+        except (CheckpointError, OSError) as exc:
+            if getattr(exc, "landed", False) and undo is not None:
+                self._put_back(undo, exc)
             self.counters.checkpoint_failures_total += 1
             self.counters.checkpoint_healthy = False
             if self._checkpoint_trouble is None:
@@ -432,6 +439,16 @@ class AgentService:
             log.warning("checkpoint in %s written again after %.1f s of failures",
                         self.store.directory, self.clock() - self._checkpoint_trouble[1])
             self._checkpoint_trouble = None
+
+    def _put_back(self, state: AgentState, failure: Exception) -> None:
+        """The checkpoint holds `state` again, as a whole snapshot, after a
+        refused change may have landed; best effort (the store's next commit
+        is a whole snapshot anyway)."""
+        try:
+            self.store.commit(state, snapshot=True)
+        except (CheckpointError, OSError) as exc:
+            log.error("the checkpoint may hold a change that was refused (%s) and cannot be put back: %s; "
+                      "the next commit that succeeds writes the state whole", failure, exc)
 
     # (machine, state) as last installed, one value read in one step by
     # readers on other threads (the PodResources server) without the lock.

@@ -76,7 +76,13 @@ class CheckpointCorruptError(CheckpointError):
 
 
 class CheckpointWriteError(CheckpointError):
-    """Saving failed; the previous checkpoint (if any) is still in place."""
+    """Saving failed. Unless `landed`, the previous checkpoint (if any) is still
+    what a load reads; `landed`: the new one may be (it was renamed into place,
+    or its journal entry could not be cut off again), but is not known durable."""
+
+    def __init__(self, message: str, *, landed: bool = False) -> None:
+        super().__init__(message)
+        self.landed = landed
 
 
 class CheckpointReadError(CheckpointError):
@@ -145,7 +151,14 @@ class CheckpointStore:
         entries, when the journal would outgrow the snapshot, or when the
         files are not as this store left them). Returns "journal",
         "snapshot", or None when nothing changed. CheckpointWriteError when
-        it is not durable; the state last committed then still stands."""
+        it is not durable (any OSError on the way is one); the state last
+        committed then still stands, unless the error says it `landed`."""
+        try:
+            return self._commit(state, snapshot)
+        except OSError as exc:  # a step not wrapped on its own: the same refusal
+            raise self._not_written(exc) from None
+
+    def _commit(self, state: AgentState, snapshot: bool) -> str | None:
         last = self._last
         if snapshot or last is None or self._base is None or not self._files_as_left():
             return self._snapshot(state)
@@ -192,13 +205,16 @@ class CheckpointStore:
             # Part of the entry may be there: cut it off so no later entry
             # follows it; whatever happens, the next commit is a snapshot.
             self._base = None
+            landed = False
             if fd >= 0:
                 try:
                     os.ftruncate(fd, self._journal_size)
                 except OSError:
-                    pass
+                    landed = True  # the entry may stay and be replayed
             raise CheckpointWriteError(f"appending to {self.journal_path} failed: {_describe(exc)}; "
-                                       "the checkpoint still holds the previous state") from None
+                                       + ("the entry may remain" if landed else
+                                          "the checkpoint still holds the previous state"),
+                                       landed=landed) from None
         finally:
             if fd >= 0:
                 os.close(fd)
@@ -223,7 +239,19 @@ class CheckpointStore:
 
     # ---- save ---------------------------------------------------------------
     def save(self, payload: dict) -> None:
-        """Write `payload` as the whole checkpoint (a snapshot) and empty the journal."""
+        """Write `payload` as the whole checkpoint (a snapshot) and empty the
+        journal. CheckpointWriteError for any OSError on the way."""
+        try:
+            self._save(payload)
+        except OSError as exc:  # a step not wrapped on its own (listing stale temporaries...)
+            raise self._not_written(exc) from None
+
+    def _not_written(self, exc: OSError) -> CheckpointWriteError:
+        self._last = self._base = None  # the next commit writes a whole snapshot
+        return CheckpointWriteError(f"checkpoint in {self.directory} not written: {_describe(exc)}; "
+                                    "the previous checkpoint is unchanged")
+
+    def _save(self, payload: dict) -> None:
         if not isinstance(payload, dict):
             raise TypeError(f"checkpoint payload must be a dict, got {type(payload).__name__}")
         try:
@@ -270,9 +298,12 @@ class CheckpointStore:
         except OSError as exc:
             raise CheckpointWriteError(
                 f"checkpoint {self.path} was replaced but fsync of {self.directory} failed: "
-                f"{_describe(exc)}; the new checkpoint may not survive a power loss") from None
+                f"{_describe(exc)}; the new checkpoint may not survive a power loss", landed=True) from None
         if not empty_first:
-            self._empty_journal()
+            try:
+                self._empty_journal()
+            except CheckpointWriteError as exc:
+                raise CheckpointWriteError(str(exc), landed=True) from None
         self._base, self._seq, self._snapshot_size = checksum, 0, len(content)
 
     def _journal_names(self, checksum: str) -> bool:
