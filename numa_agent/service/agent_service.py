@@ -355,11 +355,16 @@ class AgentService:
                 self.enforcer.apply(new_layout, old_layout, None, changed=touched)
             except (EnforcementError, OSError) as undo_exc:
                 log.error("rollback of the cgroup tree failed too: %s", undo_exc)
-            self._save(old_state)
-            if new_state.revoked != old_state.revoked:
-                self._copy_revocations(old_state)
             msg = str(exc) if not isinstance(exc, ProcessLookupError) else \
                 "the requesting process exited before it could be moved into its workload"
+            try:
+                self._save(old_state)
+            except Unavailable:
+                # Health is degraded; the store's next commit that succeeds is a whole
+                # snapshot of the state that stands. The caller hears the first failure.
+                log.error("the checkpoint still holds the change refused (%s) until a commit succeeds", msg)
+            if new_state.revoked != old_state.revoked:
+                self._copy_revocations(old_state)
             raise Unavailable(f"enforcement failed, nothing was booked: {msg}") from None
         if new_state.revoked and new_layout.get(SHARED_CGROUP) != old_layout.get(SHARED_CGROUP):
             hand_to_pool(new_state, self.enforcer, new_layout)  # released processes follow the pool

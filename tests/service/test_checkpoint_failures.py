@@ -260,3 +260,35 @@ def test_out_of_descriptors_the_api_answers_503_then_recovers(tmp_path, kind):
     status, health = router.dispatch(_request("GET", "/v1/health"), ME)
     assert health["status"] == "ok" and health["checkpoint"]["healthy"] is True
     assert [w["name"] for w in CheckpointStore(tmp_path / "state").load()["workloads"]] == ["web"]
+
+
+def test_enforcement_and_its_checkpoint_rollback_failing_say_the_first_failure(agent, monkeypatch):
+    """Enforcement fails and so does checkpointing the state back: still nothing
+    booked, the caller hears why enforcement failed, health is degraded, and
+    the next commit that succeeds makes the checkpoint agree again."""
+    from numa_agent.enforcement.errors import CgroupNoSpaceError
+    from numa_agent.state.checkpoint import CheckpointWriteError
+
+    service, faulty, cg_root, state_dir = agent
+    real_move, real_commit = service.enforcer.cgroup.move_pid, service.store.commit
+    calls = []
+
+    def failing_move(rel, pid):
+        raise CgroupNoSpaceError(f"write {pid} to {rel}/cgroup.procs: ENOSPC", path=rel)
+
+    def commit_once(state, *, snapshot=False):
+        calls.append(state)
+        if len(calls) > 1:
+            raise CheckpointWriteError("appending to the journal failed: EIO (Input/output error)")
+        return real_commit(state, snapshot=snapshot)
+
+    monkeypatch.setattr(service.enforcer.cgroup, "move_pid", failing_move)
+    monkeypatch.setattr(service.store, "commit", commit_once)
+    with pytest.raises(Unavailable, match=r"^enforcement failed, nothing was booked: .*cgroup.procs: ENOSPC"):
+        service.admit(AdmitRequest(name="web", cpus=2), ME)
+    monkeypatch.setattr(service.enforcer.cgroup, "move_pid", real_move)
+    monkeypatch.setattr(service.store, "commit", real_commit)
+    assert service.state.workloads == () and not (cg_root / "wl-web").exists()
+    assert service.health()["status"] == "degraded"
+    service.admit(AdmitRequest(name="other", cpus=1), ME)
+    check_recovered(service, state_dir)
