@@ -216,3 +216,20 @@ def test_a_booked_workload_whose_cgroup_lost_its_files_is_made_whole(env, sleepe
     service2, report = start(machine, state_dir, cg_root)
     assert [w.name for w in service2.state.workloads] == ["kept"], report
     assert cg_file(cg_root, "wl-kept", "cpuset.cpus") == kept["cpus"]
+
+
+def test_dying_before_a_released_cgroup_with_a_process_is_emptied(env, monkeypatch, sleepers):
+    """Released by an operator while its process runs: the agent dies before
+    moving that process out (an rmdir now would be EBUSY). The revocation in
+    the checkpoint keeps it from being adopted again; start-up hands the
+    process to the shared pool and removes the cgroup."""
+    machine, state_dir, cg_root, service, kept = env
+    web = sleepers()
+    service.admit(AdmitRequest(name="web", cpus=2), web)
+    crash_at(monkeypatch, service.enforcer.cgroup, "move_pid", before=True)
+    with pytest.raises(Crash):
+        service.release("web", ROOT)
+    monkeypatch.undo()
+    assert web.pid in CgroupV2(cg_root, SimulatedCgroupfs(cg_root)).procs("wl-web")
+    restart_and_check(machine, state_dir, cg_root, kept, sleepers)
+    assert CgroupV2(cg_root, SimulatedCgroupfs(cg_root)).cgroup_of(web.pid).endswith("/shared/_released")
