@@ -519,7 +519,12 @@ class AgentService:
         with self._lock:
             new_state, lost = rebase_state(machine, self.state)
             old_machine, self.machine = self.machine, machine
-            self._commit(new_state, move=None, caller=None)
+            try:
+                self._commit(new_state, move=None, caller=None)
+            except Unavailable:
+                # The machine and its rebased state are taken on together or not at all.
+                self.machine = old_machine
+                raise
             for name, what in lost:
                 log.warning("hotplug: workload %s lost %s", name, what)
             for level, message in memory_changes(old_machine, machine, self.state):

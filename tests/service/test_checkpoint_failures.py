@@ -292,3 +292,29 @@ def test_enforcement_and_its_checkpoint_rollback_failing_say_the_first_failure(a
     assert service.health()["status"] == "degraded"
     service.admit(AdmitRequest(name="other", cpus=1), ME)
     check_recovered(service, state_dir)
+
+
+def test_a_hotplug_that_cannot_be_checkpointed_keeps_the_machine_it_had(agent):
+    """The machine re-read after hotplug is taken on with its rebased state,
+    or not at all: a refused commit leaves the old machine with the old state
+    (new admissions are not decided on CPUs the bookings were not fitted to)."""
+    import dataclasses
+
+    from numa_agent.admission.machine import PolicyConfig, build_machine
+
+    service, faulty, cg_root, state_dir = agent
+    service.admit(AdmitRequest(name="web", cpus=2), ME)
+    old_machine, before = service.machine, service.state
+    lost = min(service.state.workload("web").booking.cpus)
+    topology = old_machine.topology
+    offline = dataclasses.replace(topology, cpus=tuple(dataclasses.replace(c, online=False) if c.id == lost else c
+                                                       for c in topology.cpus))
+    new_machine = build_machine(offline, PolicyConfig(topology_policy="best-effort",
+                                                      devices={"gpu": {"vendor": "0x10de"}}))
+    refusal = fail_once(service, faulty, ("journal_open", errno.EIO), lambda: service.replace_machine(new_machine))
+    assert refusal.message.startswith(DOCUMENTED)
+    assert service.machine is old_machine and service.state is before
+    assert service.health()["status"] == "degraded"
+    service.replace_machine(new_machine)
+    assert service.machine is new_machine and lost not in service.state.workload("web").booking.cpus
+    check_recovered(service, state_dir)
