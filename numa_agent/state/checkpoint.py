@@ -143,6 +143,12 @@ class CheckpointStore:
         self._snapshot_size = 0
         self._journal_sig: tuple[int, int, int] | None = None  # (device, inode, size)
 
+    def close(self) -> None:
+        """Let go of the directory this store opened itself (one given is the giver's)."""
+        if self._held is not None and not self._given:
+            self._held.close()
+            self._held = None
+
     # ---- commit -------------------------------------------------------------
     def commit(self, state: AgentState, *, snapshot: bool = False) -> str | None:
         """Make `state` durable: the change from the state this store last

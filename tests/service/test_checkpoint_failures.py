@@ -124,12 +124,17 @@ def agent(tmp_path, monkeypatch):
         real_write_all(fd, data)
     monkeypatch.setattr(checkpoint, "write_all", write_all)
     yield service, faulty, cg_root, tmp_path / "state"
+    enforcer.close()  # its descriptors: hundreds of cases run in one process
     faulty.close()
 
 
 def on_disk(state_dir) -> dict:
     """What a start would load."""
-    return CheckpointStore(state_dir).load()
+    store = CheckpointStore(state_dir)
+    try:
+        return store.load()
+    finally:
+        store.close()
 
 
 def as_loaded(state) -> dict:
@@ -219,17 +224,19 @@ def _open_fds() -> int:
 
 
 @pytest.mark.parametrize("kind", ["snapshot", "journal"])
-def test_out_of_descriptors_the_api_answers_503_then_recovers(tmp_path, kind):
+def test_out_of_descriptors_the_api_answers_503_then_recovers(tmp_path, request, kind):
     """Really out of descriptors: the soft RLIMIT_NOFILE lowered and every
     descriptor below it taken, then given back."""
     machine = make_machine()
     cg_root = make_simulated_cgroup_root(tmp_path / "cg", machine.usable_cpus, [0, 1])
     store = CheckpointStore(tmp_path / "state", compact_every=0 if kind == "snapshot" else 1000)
+    request.addfinalizer(store.close)
     enforcer = CgroupEnforcer(CgroupV2(cg_root, SimulatedCgroupfs(cg_root)))
     enforcer.setup()
     state, _ = restore(machine, store, enforcer)
     service = AgentService(machine, store, enforcer)
     service.install(state)
+    request.addfinalizer(enforcer.close)
     router = _Router(service)
     body = msgspec.json.encode({"name": "web", "cpus": 2})
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -259,7 +266,7 @@ def test_out_of_descriptors_the_api_answers_503_then_recovers(tmp_path, kind):
     assert status == 201 and admitted["name"] == "web"
     status, health = router.dispatch(_request("GET", "/v1/health"), ME)
     assert health["status"] == "ok" and health["checkpoint"]["healthy"] is True
-    assert [w["name"] for w in CheckpointStore(tmp_path / "state").load()["workloads"]] == ["web"]
+    assert [w["name"] for w in on_disk(tmp_path / "state")["workloads"]] == ["web"]
 
 
 def test_enforcement_and_its_checkpoint_rollback_failing_say_the_first_failure(agent, monkeypatch):

@@ -38,7 +38,8 @@ def env(tmp_path, sleepers):
     cg_root = make_simulated_cgroup_root(tmp_path / "cg", machine.usable_cpus, [0, 1])
     service, _ = start(machine, tmp_path / "state", cg_root)
     kept = service.admit(AdmitRequest(name="kept", cpus=2), sleepers())  # whole, populated
-    return machine, tmp_path / "state", cg_root, service, kept
+    yield machine, tmp_path / "state", cg_root, service, kept
+    service.enforcer.close()
 
 
 def crash_at(monkeypatch, owner, name, after=0, before=False, when=lambda *a: True):
@@ -71,8 +72,16 @@ def restart_and_check(machine, state_dir, cg_root, kept, sleepers, gone=("wl-web
         assert not (cg_root / rel).exists(), rel
     admitted = service.admit(AdmitRequest(name="web", cpus=2), sleepers())
     assert cg_file(cg_root, "wl-web", "cpuset.cpus") == admitted["cpus"]
-    assert [w["name"] for w in CheckpointStore(state_dir).load()["workloads"]] == ["kept", "web"]
-    return service
+    assert [w["name"] for w in on_disk(state_dir)["workloads"]] == ["kept", "web"]
+    service.enforcer.close()
+
+
+def on_disk(state_dir) -> dict:
+    store = CheckpointStore(state_dir)
+    try:
+        return store.load()
+    finally:
+        store.close()
 
 
 def _dir_named(name):
@@ -117,7 +126,7 @@ def test_dying_while_a_cgroup_is_made_does_not_block_the_next_start(env, monkeyp
     with pytest.raises(Crash):
         service.admit(AdmitRequest(name="web", cpus=2), sleepers())
     monkeypatch.undo()
-    assert "web" in [w["name"] for w in CheckpointStore(state_dir).load()["workloads"]]
+    assert "web" in [w["name"] for w in on_disk(state_dir)["workloads"]]
     restart_and_check(machine, state_dir, cg_root, kept, sleepers)
 
 
@@ -204,6 +213,7 @@ def test_a_half_made_cgroup_with_a_process_follows_the_orphan_rules(env, sleeper
     assert "x" in report.adopted
     x = service2.state.workload("x")
     assert not set(x.booking.cpus) & set(service2.state.workload("kept").booking.cpus)
+    service2.enforcer.close()
 
 
 def test_a_booked_workload_whose_cgroup_lost_its_files_is_made_whole(env, sleepers):
@@ -216,6 +226,7 @@ def test_a_booked_workload_whose_cgroup_lost_its_files_is_made_whole(env, sleepe
     service2, report = start(machine, state_dir, cg_root)
     assert [w.name for w in service2.state.workloads] == ["kept"], report
     assert cg_file(cg_root, "wl-kept", "cpuset.cpus") == kept["cpus"]
+    service2.enforcer.close()
 
 
 def test_dying_before_a_released_cgroup_with_a_process_is_emptied(env, monkeypatch, sleepers):
