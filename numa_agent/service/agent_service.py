@@ -77,7 +77,7 @@ from numa_agent.service.requests import AdmitRequest, to_admission_request, with
 from numa_agent.service.revocation_copy import RevocationCopy
 from numa_agent.service.revocations import hand_to_pool, process_lives, pruned, released_views, revocation_of
 from numa_agent.service.tally import workload_tally
-from numa_agent.state.checkpoint import CheckpointError
+from numa_agent.state.checkpoint import CheckpointError, describe_oserror
 from numa_agent.state.model import REBUILT, AgentState, IsolationLedger, Workload
 
 log = logging.getLogger("numa_agent.service")
@@ -165,6 +165,9 @@ class AgentService:
                 decision = decide(self.machine, self.state, req, explain=dry_run)
                 if owner is not None:
                     check_quota(self.quotas, owner, self.state, decision.state, decision.explanation)
+            except OSError as exc:  # a file the decision needs (the caller's cgroup...): descriptors out
+                raise Unavailable(f"cannot decide the admission, nothing was booked: {describe_oserror(exc)}") \
+                    from None
             except _NameTaken as exc:
                 self.counters.refused("name_in_use", time.perf_counter() - started)
                 raise InConflict(f"a workload named {exc.args[0]!r} already exists; choose another --name") from None

@@ -217,7 +217,7 @@ class CheckpointStore:
                     os.ftruncate(fd, self._journal_size)
                 except OSError:
                     landed = True  # the entry may stay and be replayed
-            raise CheckpointWriteError(f"appending to {self.journal_path} failed: {_describe(exc)}; "
+            raise CheckpointWriteError(f"appending to {self.journal_path} failed: {describe_oserror(exc)}; "
                                        + ("the entry may remain" if landed else
                                           "the checkpoint still holds the previous state"),
                                        landed=landed) from None
@@ -254,7 +254,7 @@ class CheckpointStore:
 
     def _not_written(self, exc: OSError) -> CheckpointWriteError:
         self._last = self._base = None  # the next commit writes a whole snapshot
-        return CheckpointWriteError(f"checkpoint in {self.directory} not written: {_describe(exc)}; "
+        return CheckpointWriteError(f"checkpoint in {self.directory} not written: {describe_oserror(exc)}; "
                                     "the previous checkpoint is unchanged")
 
     def _save(self, payload: dict) -> None:
@@ -292,7 +292,7 @@ class CheckpointStore:
                 os.close(fd)
             if temp:
                 _unlink_quietly(held, temp)
-            raise CheckpointWriteError(f"saving checkpoint {self.path} failed: {_describe(exc)}; "
+            raise CheckpointWriteError(f"saving checkpoint {self.path} failed: {describe_oserror(exc)}; "
                                        "the previous checkpoint is unchanged") from None
         self._base = None  # until the journal is known to follow this snapshot
         try:
@@ -304,7 +304,7 @@ class CheckpointStore:
         except OSError as exc:
             raise CheckpointWriteError(
                 f"checkpoint {self.path} was replaced but fsync of {self.directory} failed: "
-                f"{_describe(exc)}; the new checkpoint may not survive a power loss", landed=True) from None
+                f"{describe_oserror(exc)}; the new checkpoint may not survive a power loss", landed=True) from None
         if not empty_first:
             try:
                 self._empty_journal()
@@ -336,7 +336,7 @@ class CheckpointStore:
         except OSError as exc:
             self._base = None
             raise CheckpointWriteError(f"cannot empty the journal {self.journal_path}: "
-                                       f"{_describe(exc)}") from None
+                                       f"{describe_oserror(exc)}") from None
         try:
             st = os.fstat(fd)
             if st.st_size:
@@ -345,7 +345,7 @@ class CheckpointStore:
         except OSError as exc:
             self._base = None
             raise CheckpointWriteError(f"cannot empty the journal {self.journal_path}: "
-                                       f"{_describe(exc)}") from None
+                                       f"{describe_oserror(exc)}") from None
         finally:
             os.close(fd)
         self._journal_sig = (st.st_dev, st.st_ino, 0)
@@ -384,7 +384,7 @@ class CheckpointStore:
                                        "a directory above it is missing") from None
         except OSError as exc:
             raise CheckpointWriteError(f"cannot create state directory {self.directory}: "
-                                       f"{_describe(exc)}") from None
+                                       f"{describe_oserror(exc)}") from None
         return self._held
 
     def _keep_previous(self) -> None:
@@ -461,7 +461,7 @@ class CheckpointStore:
             return Loaded(data, path, tuple(damaged))
         except OSError as exc:
             raise CheckpointReadError(f"cannot read the journal {self.journal_path}: "
-                                      f"{_describe(exc)}") from None
+                                      f"{describe_oserror(exc)}") from None
         read = journal.parse_journal(raw)
         entries, inconsistency = journal.replayable(read, checksum)
         problem = read.damage or inconsistency
@@ -493,7 +493,7 @@ class CheckpointStore:
             raise CheckpointReadError(str(exc)) from None
         except OSError as exc:
             raise CheckpointReadError(f"cannot read checkpoint {path}: "
-                                      f"{_describe(exc)}") from None
+                                      f"{describe_oserror(exc)}") from None
         if not raw.strip():
             raise CheckpointCorruptError(path, "file is empty")
         try:
@@ -547,7 +547,7 @@ class CheckpointStore:
             held.fsync()
         except OSError as exc:
             raise CheckpointWriteError(f"cannot move {source} aside to {target}: "
-                                       f"{_describe(exc)}") from None
+                                       f"{describe_oserror(exc)}") from None
         return target
 
 
@@ -571,7 +571,8 @@ def _unlink_quietly(held: TrustedDir, name: str) -> None:
         pass
 
 
-def _describe(exc: OSError) -> str:
+def describe_oserror(exc: OSError) -> str:
+    """An OSError in one line: its errno's name and text ("EMFILE (Too many open files)")."""
     code = exc.errno
     if code is None:
         return str(exc)

@@ -325,3 +325,18 @@ def test_a_hotplug_that_cannot_be_checkpointed_keeps_the_machine_it_had(agent):
     service.replace_machine(new_machine)
     assert service.machine is new_machine and lost not in service.state.workload("web").booking.cpus
     check_recovered(service, state_dir)
+
+
+def test_a_file_the_decision_needs_failing_is_a_refusal(agent, monkeypatch):
+    """Out of descriptors before anything is decided (reading the caller's
+    cgroup for in_place): the documented 503's kind, one line, nothing booked."""
+    service, faulty, cg_root, state_dir = agent
+
+    def no_descriptor(pid):
+        raise OSError(errno.EMFILE, os.strerror(errno.EMFILE), f"/proc/{pid}/cgroup")
+
+    monkeypatch.setattr(service.enforcer, "cgroup_of", no_descriptor)
+    with pytest.raises(Unavailable, match=r"^cannot decide the admission, nothing was booked: EMFILE "
+                                          r"\(Too many open files\)$"):
+        service.admit(AdmitRequest(name="web", cpus=2, in_place=True), ME)
+    assert service.state.workloads == ()
