@@ -507,8 +507,11 @@ class AgentService:
             # Before the layout: a released workload's cgroup left by a crash
             # still holds its CPUs (a partition would keep them from the pool).
             hand_to_pool(state, self.enforcer, layout)
-            self.enforcer.apply({}, layout, None)
+            # So are the empty cgroups no booking names (a workload released at this
+            # start, what a crash left half made): one made a partition holds CPUs
+            # that the pool, written next, is checked to have.
             self.enforcer.prune(layout)
+            self.enforcer.apply({}, layout, None)
             self._record_isolation(state)  # its cgroup exists now; before any knob is written
             self.state, self._layout = state, layout
             for text in shortfall_warnings(self.machine, state):  # memory gone while the agent was down

@@ -244,3 +244,29 @@ def test_dying_before_a_released_cgroup_with_a_process_is_emptied(env, monkeypat
     assert web.pid in CgroupV2(cg_root, SimulatedCgroupfs(cg_root)).procs("wl-web")
     restart_and_check(machine, state_dir, cg_root, kept, sleepers)
     assert CgroupV2(cg_root, SimulatedCgroupfs(cg_root)).cgroup_of(web.pid).endswith("/shared/_released")
+
+
+def test_dying_after_a_workload_became_a_partition_before_its_process_moved_in(tmp_path, monkeypatch, sleepers):
+    """With partitions, an exclusive workload's cgroup takes its CPUs from the
+    pool as soon as it is a partition. Dying before the process moved in
+    leaves it empty and known to the checkpoint: released at the next start,
+    its CPUs must come back to the pool before the pool is written and read
+    back, or every start fails its check of the pool's effective CPUs."""
+    machine = make_machine()
+    cg_root = make_simulated_cgroup_root(tmp_path / "cg", machine.usable_cpus, [0, 1])
+    CgroupV2(cg_root, SimulatedCgroupfs(cg_root)).set_partition("", "root")  # the administrator's decision
+    service, _ = start(machine, tmp_path / "state", cg_root, partitions="isolated")
+    kept = service.admit(AdmitRequest(name="kept", cpus=2), sleepers())
+    crash_at(monkeypatch, service.enforcer.cgroup, "set_partition", when=lambda rel, *a: rel == "wl-web")
+    with pytest.raises(Crash):
+        service.admit(AdmitRequest(name="web", cpus=2), sleepers())
+    monkeypatch.undo()
+    service.enforcer.close()
+    assert cg_file(cg_root, "wl-web", "cpuset.cpus.partition") == "isolated"
+    service2, report = start(machine, tmp_path / "state", cg_root, partitions="isolated")
+    assert [w.name for w in service2.state.workloads] == ["kept"] and report.released == ("web",)
+    assert not (cg_root / "wl-web").exists()
+    assert cg_file(cg_root, "wl-kept", "cpuset.cpus.partition") == "isolated"
+    pool = CpuSet.parse(cg_file(cg_root, "shared", "cpuset.cpus.effective"))
+    assert pool.isdisjoint(CpuSet.parse(kept["cpus"])) and len(pool) == len(machine.usable_cpus) - 2
+    service2.enforcer.close()
