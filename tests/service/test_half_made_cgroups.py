@@ -20,8 +20,8 @@ from numa_agent.enforcement.cgroup import CgroupV2
 from numa_agent.enforcement.record import RECORD_XATTR
 from numa_agent.enforcement.simulated_cgroupfs import SimulatedCgroupfs, make_simulated_cgroup_root
 from numa_agent.service.requests import AdmitRequest
-from numa_agent.state.checkpoint import CheckpointStore
 from tests.service.test_agent_service import make_machine
+from tests.service.test_checkpoint_failures import on_disk
 from tests.support.simulated_service import cg_file, start
 
 ME = Caller(pid=os.getpid(), uid=1000, gid=1000)
@@ -74,14 +74,6 @@ def restart_and_check(machine, state_dir, cg_root, kept, sleepers, gone=("wl-web
     assert cg_file(cg_root, "wl-web", "cpuset.cpus") == admitted["cpus"]
     assert [w["name"] for w in on_disk(state_dir)["workloads"]] == ["kept", "web"]
     service.enforcer.close()
-
-
-def on_disk(state_dir) -> dict:
-    store = CheckpointStore(state_dir)
-    try:
-        return store.load()
-    finally:
-        store.close()
 
 
 def _dir_named(name):
