@@ -352,8 +352,13 @@ class Agent:
                 log.info("hotplug: %s %s %s", event.kind, event.action, event.id)
             if not events:
                 return
+        from numa_agent.service.refusals import Unavailable
+
         machine = build_machine(read_topology(self.cfg.sysfs_root), self.cfg.policy)
-        service.replace_machine(machine)
+        try:
+            service.replace_machine(machine)
+        except Unavailable as exc:  # the checkpoint: health says so; the old machine stays
+            log.error("hotplug: the changed machine is not taken on: %s", exc.message)
 
     def _kubelet_documents(self) -> dict:
         """GET /v1/kubelet: the documents of the state the service last published."""

@@ -92,6 +92,10 @@ _READ_ONLY = {
     "memory.current", "memory.events", "memory.stat", "cpu.stat",
 }
 _PARTITION_TYPES = ("root", "isolated")
+# Every cgroup's own files (besides cgroup.controllers), as mkdir makes them.
+_CORE_FILES = {"cgroup.subtree_control": "", "cgroup.procs": "", "cgroup.threads": "", "cgroup.type": "domain",
+               "cgroup.events": "populated 0\nfrozen 0", "cgroup.freeze": "0", "cgroup.max.depth": "max",
+               "cgroup.max.descendants": "max"}
 _SIDECAR_PREFIX = ".xattr."
 # As cgroupfs makes them; at most these bits, whatever the umask.
 _DIR_MODE, _FILE_MODE = 0o755, 0o644
@@ -165,6 +169,7 @@ class SimulatedCgroupfs:
         self._populated_kids: dict[Path, int] = {}
         # cgroup -> its children that do not follow it by link (see _Dependents)
         self._deps: dict[Path, _Dependents] | None = None
+        self._whole = False  # every cgroup checked for a crash's leftovers (_make_whole)
 
     # ---- entry points used by the driver (CgroupFiles) ---------------------
     def read(self, file: Path) -> bytes:
@@ -366,6 +371,7 @@ class SimulatedCgroupfs:
         are dropped, as the kernel would have."""
         if self._where is not None:
             return self._where
+        self._make_whole()
         self._where = {}
         self._epoll = select.epoll()
         for cgroup_dir in self._all_cgroups():
@@ -566,9 +572,37 @@ class SimulatedCgroupfs:
         instance's first change to the tree (which also turns the effective
         files of a tree written by an older agent into links)."""
         if self._deps is None:
+            self._make_whole()
+        if self._deps is None:
             self.recompute()
         assert self._deps is not None
         return self._deps
+
+    def _make_whole(self) -> None:
+        """Once per instance, before the tree is first read or changed: give
+        every cgroup that a crash left half made (a directory lacking some of
+        its interface files, from inside `mkdir` or `rmdir` here) the files its
+        mkdir would have made, as the kernel's mkdir and rmdir, being atomic,
+        never leave one without them; then recompute every effective file.
+        What it then holds (nothing asked, no record, no process) is the
+        agent's to adopt or remove, as on the kernel's tree."""
+        if self._whole:
+            return
+        self._whole = True
+        completed = []
+        for cgroup_dir in self._all_cgroups():  # parents before children
+            if cgroup_dir == self.root:
+                continue
+            enabled = _ordered(_words(_get(cgroup_dir.parent / "cgroup.subtree_control")))
+            wanted = {"cgroup.controllers", *_CORE_FILES, *self._controller_files(enabled)}
+            if not wanted <= set(os.listdir(cgroup_dir)):
+                self._write_core_files(cgroup_dir, enabled)
+                self._write_controller_files(cgroup_dir, enabled)
+                completed.append(cgroup_dir)
+        if completed:
+            log.warning("simulated cgroup(s) %s were left half made by a crash; given the files their "
+                        "mkdir makes", ", ".join(str(d.relative_to(self.root)) for d in completed))
+            self.recompute()
 
     def _deps_of(self, cgroup_dir: Path) -> _Dependents:
         deps = self._dependents()
@@ -765,11 +799,7 @@ class SimulatedCgroupfs:
     # ---- interface files -------------------------------------------------------
     def _write_core_files(self, cgroup_dir: Path, enabled: Iterable[str]) -> None:
         _put(cgroup_dir / "cgroup.controllers", " ".join(_ordered(enabled)))
-        for name, value in (("cgroup.subtree_control", ""), ("cgroup.procs", ""),
-                            ("cgroup.threads", ""), ("cgroup.type", "domain"),
-                            ("cgroup.events", "populated 0\nfrozen 0"),
-                            ("cgroup.freeze", "0"), ("cgroup.max.depth", "max"),
-                            ("cgroup.max.descendants", "max")):
+        for name, value in _CORE_FILES.items():
             if not (cgroup_dir / name).exists():
                 _put(cgroup_dir / name, value)
 

@@ -80,7 +80,7 @@ from numa_agent.service.requests import AdmitRequest, to_admission_request, with
 from numa_agent.service.revocation_copy import RevocationCopy
 from numa_agent.service.revocations import hand_to_pool, process_lives, pruned, released_views, revocation_of
 from numa_agent.service.tally import workload_tally
-from numa_agent.state.checkpoint import CheckpointError
+from numa_agent.state.checkpoint import CheckpointError, describe_oserror
 from numa_agent.state.model import REBUILT, AgentState, IsolationLedger, Workload
 
 log = logging.getLogger("numa_agent.service")
@@ -185,6 +185,9 @@ class AgentService:
                 decision = decide(self.machine, self.state, req, explain=dry_run, kernel=kernel)
                 if owner is not None:
                     check_quota(self.quotas, owner, self.state, decision.state, decision.explanation)
+            except OSError as exc:  # a file the decision needs (the caller's cgroup...): descriptors out
+                raise Unavailable(f"cannot decide the admission, nothing was booked: {describe_oserror(exc)}") \
+                    from None
             except _NameTaken as exc:
                 self.counters.refused("name_in_use", time.perf_counter() - started)
                 raise InConflict(f"a workload named {exc.args[0]!r} already exists; choose another --name") from None
@@ -362,7 +365,7 @@ class AgentService:
             new_layout, touched = update_layout(self.machine, old_layout, old_state, new_state, *changes)
         if self.isolation is not None:
             new_state = self.isolation.prepare(new_state)  # originals checkpointed before any write
-        self._save(new_state)
+        self._save(new_state, undo=old_state)
         if new_state.revoked != old_state.revoked:
             self._copy_revocations(new_state)
         try:
@@ -375,11 +378,16 @@ class AgentService:
                 self.enforcer.apply(new_layout, old_layout, None, changed=touched)
             except (EnforcementError, OSError) as undo_exc:
                 log.error("rollback of the cgroup tree failed too: %s", undo_exc)
-            self._save(old_state)
-            if new_state.revoked != old_state.revoked:
-                self._copy_revocations(old_state)
             msg = str(exc) if not isinstance(exc, ProcessLookupError) else \
                 "the requesting process exited before it could be moved into its workload"
+            try:
+                self._save(old_state)
+            except Unavailable:
+                # Health is degraded; the store's next commit that succeeds is a whole
+                # snapshot of the state that stands. The caller hears the first failure.
+                log.error("the checkpoint still holds the change refused (%s) until a commit succeeds", msg)
+            if new_state.revoked != old_state.revoked:
+                self._copy_revocations(old_state)
             raise Unavailable(f"enforcement failed, nothing was booked: {msg}") from None
         if new_state.revoked and new_layout.get(SHARED_CGROUP) != old_layout.get(SHARED_CGROUP):
             hand_to_pool(new_state, self.enforcer, new_layout)  # released processes follow the pool
@@ -425,13 +433,20 @@ class AgentService:
     # default so that nothing else need know of it.
     _checkpoint_trouble: tuple[str, float] | None = None
 
-    def _save(self, state: AgentState) -> None:
+    def _save(self, state: AgentState, undo: AgentState | None = None) -> None:
         """Make `state` durable: only its change from the last one checkpointed
-        (the store's journal), or a whole snapshot when the store says so."""
+        (the store's journal), or a whole snapshot when the store says so.
+        Any OSError on the way is a checkpoint failure: Unavailable, with the
+        health degraded until a later commit succeeds. `undo`: the state that
+        stands when this one is refused, put back should the refused one have
+        landed (renamed into place, not known durable), so that a start never
+        reads a change that was refused."""
         self._record_isolation(state)
         try:
             kind = self.store.commit(state)
-        except CheckpointError as exc:
+        except (CheckpointError, OSError) as exc:
+            if getattr(exc, "landed", False) and undo is not None:
+                self._put_back(undo, exc)
             self.counters.checkpoint_failures_total += 1
             self.counters.checkpoint_healthy = False
             if self._checkpoint_trouble is None:
@@ -452,6 +467,16 @@ class AgentService:
             log.warning("checkpoint in %s written again after %.1f s of failures",
                         self.store.directory, self.clock() - self._checkpoint_trouble[1])
             self._checkpoint_trouble = None
+
+    def _put_back(self, state: AgentState, failure: Exception) -> None:
+        """The checkpoint holds `state` again, as a whole snapshot, after a
+        refused change may have landed; best effort (the store's next commit
+        is a whole snapshot anyway)."""
+        try:
+            self.store.commit(state, snapshot=True)
+        except (CheckpointError, OSError) as exc:
+            log.error("the checkpoint may hold a change that was refused (%s) and cannot be put back: %s; "
+                      "the next commit that succeeds writes the state whole", failure, exc)
 
     # (machine, state) as last installed, one value read in one step by
     # readers on other threads (the PodResources server) without the lock.
@@ -502,8 +527,11 @@ class AgentService:
             # Before the layout: a released workload's cgroup left by a crash
             # still holds its CPUs (a partition would keep them from the pool).
             hand_to_pool(state, self.enforcer, layout)
-            self.enforcer.apply({}, layout, None)
+            # So are the empty cgroups no booking names (a workload released at this
+            # start, what a crash left half made): one made a partition holds CPUs
+            # that the pool, written next, is checked to have.
             self.enforcer.prune(layout)
+            self.enforcer.apply({}, layout, None)
             self._record_isolation(state)  # its cgroup exists now; before any knob is written
             self.state, self._layout = state, layout
             for text in shortfall_warnings(self.machine, state):  # memory gone while the agent was down
@@ -517,7 +545,12 @@ class AgentService:
         with self._lock:
             new_state, lost = rebase_state(machine, self.state)
             old_machine, self.machine = self.machine, machine
-            self._commit(new_state, move=None, caller=None)
+            try:
+                self._commit(new_state, move=None, caller=None)
+            except Unavailable:
+                # The machine and its rebased state are taken on together or not at all.
+                self.machine = old_machine
+                raise
             for name, what in lost:
                 log.warning("hotplug: workload %s lost %s", name, what)
             for level, message in memory_changes(old_machine, machine, self.state):

@@ -76,7 +76,13 @@ class CheckpointCorruptError(CheckpointError):
 
 
 class CheckpointWriteError(CheckpointError):
-    """Saving failed; the previous checkpoint (if any) is still in place."""
+    """Saving failed. Unless `landed`, the previous checkpoint (if any) is still
+    what a load reads; `landed`: the new one may be (it was renamed into place,
+    or its journal entry could not be cut off again), but is not known durable."""
+
+    def __init__(self, message: str, *, landed: bool = False) -> None:
+        super().__init__(message)
+        self.landed = landed
 
 
 class CheckpointReadError(CheckpointError):
@@ -137,6 +143,12 @@ class CheckpointStore:
         self._snapshot_size = 0
         self._journal_sig: tuple[int, int, int] | None = None  # (device, inode, size)
 
+    def close(self) -> None:
+        """Let go of the directory this store opened itself (one given is the giver's)."""
+        if self._held is not None and not self._given:
+            self._held.close()
+            self._held = None
+
     # ---- commit -------------------------------------------------------------
     def commit(self, state: AgentState, *, snapshot: bool = False) -> str | None:
         """Make `state` durable: the change from the state this store last
@@ -145,7 +157,14 @@ class CheckpointStore:
         entries, when the journal would outgrow the snapshot, or when the
         files are not as this store left them). Returns "journal",
         "snapshot", or None when nothing changed. CheckpointWriteError when
-        it is not durable; the state last committed then still stands."""
+        it is not durable (any OSError on the way is one); the state last
+        committed then still stands, unless the error says it `landed`."""
+        try:
+            return self._commit(state, snapshot)
+        except OSError as exc:  # a step not wrapped on its own: the same refusal
+            raise self._not_written(exc) from None
+
+    def _commit(self, state: AgentState, snapshot: bool) -> str | None:
         last = self._last
         if snapshot or last is None or self._base is None or not self._files_as_left():
             return self._snapshot(state)
@@ -192,13 +211,16 @@ class CheckpointStore:
             # Part of the entry may be there: cut it off so no later entry
             # follows it; whatever happens, the next commit is a snapshot.
             self._base = None
+            landed = False
             if fd >= 0:
                 try:
                     os.ftruncate(fd, self._journal_size)
                 except OSError:
-                    pass
-            raise CheckpointWriteError(f"appending to {self.journal_path} failed: {_describe(exc)}; "
-                                       "the checkpoint still holds the previous state") from None
+                    landed = True  # the entry may stay and be replayed
+            raise CheckpointWriteError(f"appending to {self.journal_path} failed: {describe_oserror(exc)}; "
+                                       + ("the entry may remain" if landed else
+                                          "the checkpoint still holds the previous state"),
+                                       landed=landed) from None
         finally:
             if fd >= 0:
                 os.close(fd)
@@ -223,7 +245,19 @@ class CheckpointStore:
 
     # ---- save ---------------------------------------------------------------
     def save(self, payload: dict) -> None:
-        """Write `payload` as the whole checkpoint (a snapshot) and empty the journal."""
+        """Write `payload` as the whole checkpoint (a snapshot) and empty the
+        journal. CheckpointWriteError for any OSError on the way."""
+        try:
+            self._save(payload)
+        except OSError as exc:  # a step not wrapped on its own (listing stale temporaries...)
+            raise self._not_written(exc) from None
+
+    def _not_written(self, exc: OSError) -> CheckpointWriteError:
+        self._last = self._base = None  # the next commit writes a whole snapshot
+        return CheckpointWriteError(f"checkpoint in {self.directory} not written: {describe_oserror(exc)}; "
+                                    "the previous checkpoint is unchanged")
+
+    def _save(self, payload: dict) -> None:
         if not isinstance(payload, dict):
             raise TypeError(f"checkpoint payload must be a dict, got {type(payload).__name__}")
         try:
@@ -258,7 +292,7 @@ class CheckpointStore:
                 os.close(fd)
             if temp:
                 _unlink_quietly(held, temp)
-            raise CheckpointWriteError(f"saving checkpoint {self.path} failed: {_describe(exc)}; "
+            raise CheckpointWriteError(f"saving checkpoint {self.path} failed: {describe_oserror(exc)}; "
                                        "the previous checkpoint is unchanged") from None
         self._base = None  # until the journal is known to follow this snapshot
         try:
@@ -270,9 +304,12 @@ class CheckpointStore:
         except OSError as exc:
             raise CheckpointWriteError(
                 f"checkpoint {self.path} was replaced but fsync of {self.directory} failed: "
-                f"{_describe(exc)}; the new checkpoint may not survive a power loss") from None
+                f"{describe_oserror(exc)}; the new checkpoint may not survive a power loss", landed=True) from None
         if not empty_first:
-            self._empty_journal()
+            try:
+                self._empty_journal()
+            except CheckpointWriteError as exc:
+                raise CheckpointWriteError(str(exc), landed=True) from None
         self._base, self._seq, self._snapshot_size = checksum, 0, len(content)
 
     def _journal_names(self, checksum: str) -> bool:
@@ -299,7 +336,7 @@ class CheckpointStore:
         except OSError as exc:
             self._base = None
             raise CheckpointWriteError(f"cannot empty the journal {self.journal_path}: "
-                                       f"{_describe(exc)}") from None
+                                       f"{describe_oserror(exc)}") from None
         try:
             st = os.fstat(fd)
             if st.st_size:
@@ -308,7 +345,7 @@ class CheckpointStore:
         except OSError as exc:
             self._base = None
             raise CheckpointWriteError(f"cannot empty the journal {self.journal_path}: "
-                                       f"{_describe(exc)}") from None
+                                       f"{describe_oserror(exc)}") from None
         finally:
             os.close(fd)
         self._journal_sig = (st.st_dev, st.st_ino, 0)
@@ -347,7 +384,7 @@ class CheckpointStore:
                                        "a directory above it is missing") from None
         except OSError as exc:
             raise CheckpointWriteError(f"cannot create state directory {self.directory}: "
-                                       f"{_describe(exc)}") from None
+                                       f"{describe_oserror(exc)}") from None
         return self._held
 
     def _keep_previous(self) -> None:
@@ -424,7 +461,7 @@ class CheckpointStore:
             return Loaded(data, path, tuple(damaged))
         except OSError as exc:
             raise CheckpointReadError(f"cannot read the journal {self.journal_path}: "
-                                      f"{_describe(exc)}") from None
+                                      f"{describe_oserror(exc)}") from None
         read = journal.parse_journal(raw)
         entries, inconsistency = journal.replayable(read, checksum)
         problem = read.damage or inconsistency
@@ -456,7 +493,7 @@ class CheckpointStore:
             raise CheckpointReadError(str(exc)) from None
         except OSError as exc:
             raise CheckpointReadError(f"cannot read checkpoint {path}: "
-                                      f"{_describe(exc)}") from None
+                                      f"{describe_oserror(exc)}") from None
         if not raw.strip():
             raise CheckpointCorruptError(path, "file is empty")
         try:
@@ -510,7 +547,7 @@ class CheckpointStore:
             held.fsync()
         except OSError as exc:
             raise CheckpointWriteError(f"cannot move {source} aside to {target}: "
-                                       f"{_describe(exc)}") from None
+                                       f"{describe_oserror(exc)}") from None
         return target
 
 
@@ -534,7 +571,8 @@ def _unlink_quietly(held: TrustedDir, name: str) -> None:
         pass
 
 
-def _describe(exc: OSError) -> str:
+def describe_oserror(exc: OSError) -> str:
+    """An OSError in one line: its errno's name and text ("EMFILE (Too many open files)")."""
     code = exc.errno
     if code is None:
         return str(exc)

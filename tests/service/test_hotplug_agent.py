@@ -209,3 +209,27 @@ def test_a_restart_on_less_memory_than_was_booked_says_so_and_fences(running, ca
             again.service.admit(AdmitRequest(name="there", cpus=1, cpunodebind=[1]), caller)
     finally:
         again.stop()
+
+
+def test_a_hotplug_the_checkpoint_refuses_is_one_log_line(running, monkeypatch, caplog):
+    """The changed machine cannot be checkpointed: the agent keeps the machine
+    it had (with the state fitted to it), says so in one line, and health is
+    degraded; no traceback."""
+    from numa_agent.state.checkpoint import CheckpointWriteError
+
+    agent, topo, source, change, caller, tmp = running
+    service = agent.service
+    cpus = CpuSet.parse(service.admit(AdmitRequest(name="w", cpus=4), caller)["cpus"])
+    before = service.machine
+
+    def broken(state, snapshot=False):
+        raise CheckpointWriteError("appending to the journal failed: EROFS (Read-only file system)")
+
+    monkeypatch.setattr(service.store, "commit", broken)
+    change(replace(topo, cpus=tuple(replace(c, online=False) if c.id == cpus.max() else c for c in topo.cpus)))
+    caplog.set_level("ERROR")
+    agent._on_hotplug([HotplugEvent("cpu", "offline", f"/devices/system/cpu/cpu{cpus.max()}", cpus.max())])
+    assert service.machine is before and service.state.workload("w").booking.cpus == cpus
+    assert service.health()["status"] == "degraded"
+    lines = [r for r in caplog.records if "hotplug" in r.getMessage()]
+    assert len(lines) == 1 and lines[0].exc_info is None and "EROFS" in lines[0].getMessage()
