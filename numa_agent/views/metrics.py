@@ -437,7 +437,8 @@ def metrics_per_peer_cap(max_connections: int) -> int:
     return max(1, max_connections // 4)
 
 
-def _nofile_limit() -> int:
+def nofile_limit() -> int:
+    """The soft RLIMIT_NOFILE now in force (a large figure for unlimited)."""
     import resource
 
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -543,7 +544,7 @@ class MetricsListener:
                  peer_of: Callable[[socket.socket, Any], tuple[str, Any]] = _peer_of) -> None:
         self.socket = listener
         self.registry = registry
-        self.max_connections = max_connections or metrics_connection_cap(_nofile_limit())
+        self.max_connections = max_connections or metrics_connection_cap(nofile_limit())
         self.max_per_peer = max_per_peer or metrics_per_peer_cap(self.max_connections)
         self.deadline = deadline
         self.refused = dict.fromkeys(METRICS_REFUSAL_REASONS, 0)
