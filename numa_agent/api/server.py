@@ -57,6 +57,7 @@ from numa_agent.core.caller import Caller
 from numa_agent.enforcement.processes import process_identity
 from numa_agent.service.refusals import ServiceRefusal
 from numa_agent.state.socket_file import SocketInUse, place_socket, remove_socket
+from numa_agent.views.metrics import metrics_connection_cap
 
 log = logging.getLogger("numa_agent.api")
 
@@ -397,7 +398,7 @@ def activated_socket(environ: MutableMapping[str, str], pid: int, *,
 
 # ---------------------------------------------------------------- limits
 LISTEN_BACKLOG = 65535  # the kernel caps it at net.core.somaxconn
-FD_RESERVE = 256  # descriptors kept for the checkpoint, cgroup files, netlink, metrics
+FD_RESERVE = 256  # descriptors kept for the checkpoint, cgroup files, netlink, logs
 MAX_CONNECTIONS_CEILING = 16384
 MAX_INCOMPLETE_PER_UID = 1024
 ACCEPT_BATCH = 256  # accepts per loop turn, so reads of accepted ones are not starved
@@ -417,10 +418,19 @@ def raise_nofile_limit() -> int:
     return soft if soft != resource.RLIM_INFINITY else MAX_CONNECTIONS_CEILING * 2 + FD_RESERVE
 
 
+def listeners_share(nofile: int) -> int:
+    """Descriptors the other listeners hold at most for an open-file limit:
+    /metrics and PodResources (kubelet/grpc_server.py) each bound their
+    connections to `metrics_connection_cap`. Left out of the API's bound, so
+    that clients holding connections there never take an admission's."""
+    return 2 * metrics_connection_cap(nofile)
+
+
 def connection_cap(nofile: int) -> int:
     """Connections served at once for an open-file limit: each holds its
-    socket and the caller's pidfd."""
-    return max(16, min(MAX_CONNECTIONS_CEILING, (nofile - FD_RESERVE) // 2))
+    socket and the caller's pidfd; the reserve and the other listeners'
+    share come first."""
+    return max(16, min(MAX_CONNECTIONS_CEILING, (nofile - FD_RESERVE - listeners_share(nofile)) // 2))
 
 
 # ---------------------------------------------------------------- server
