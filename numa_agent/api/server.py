@@ -433,6 +433,13 @@ def connection_cap(nofile: int) -> int:
     return max(16, min(MAX_CONNECTIONS_CEILING, (nofile - FD_RESERVE - listeners_share(nofile)) // 2))
 
 
+def incomplete_cap(max_connections: int) -> int:
+    """Unfinished connections one uid may hold: a quarter of the bound (at most
+    MAX_INCOMPLETE_PER_UID), so no one user's idle clients take every slot
+    when a small open-file limit makes the bound small."""
+    return max(1, min(MAX_INCOMPLETE_PER_UID, max_connections // 4))
+
+
 # ---------------------------------------------------------------- server
 _READING, _QUEUED, _WRITING, _CLOSED = range(4)
 _LISTENER = object()
@@ -499,7 +506,8 @@ class ApiServer:
     Limits: `max_connections` at once (default: from the open-file limit,
     raised to its hard limit when serving starts) and
     `max_incomplete_per_uid` connections per peer uid that have not finished
-    sending their request, so one user's slow clients cannot starve
+    sending their request (default: a quarter of `max_connections`, at most
+    MAX_INCOMPLETE_PER_UID), so one user's slow clients cannot starve
     another's; root and the agent's own uid count like any other. What is
     turned away is counted (`stats()`, and `service.counters.api_refused`
     for the metrics) and logged at most once a second.
@@ -516,7 +524,7 @@ class ApiServer:
                  socket_group: str | None = None, *,
                  request_deadline: float = REQUEST_DEADLINE_SECONDS,
                  max_connections: int | None = None,
-                 max_incomplete_per_uid: int = MAX_INCOMPLETE_PER_UID,
+                 max_incomplete_per_uid: int | None = None,
                  poll_interval: float = 0.5,
                  credentials: Callable[[socket.socket], Credentials] = peer_credentials,
                  environ: MutableMapping[str, str] | None = None,
@@ -527,7 +535,7 @@ class ApiServer:
         self.socket_group = socket_group
         self.request_deadline = request_deadline
         self.max_connections = max_connections
-        self.max_incomplete_per_uid = max_incomplete_per_uid
+        self.max_incomplete_per_uid = max_incomplete_per_uid  # None: incomplete_cap(max_connections)
         self.poll_interval = poll_interval  # longest select() wait
         self.router = _Router(service)
         self.activated = False
@@ -619,6 +627,8 @@ class ApiServer:
         nofile = raise_nofile_limit()
         if self.max_connections is None:
             self.max_connections = connection_cap(nofile)
+        if self.max_incomplete_per_uid is None:
+            self.max_incomplete_per_uid = incomplete_cap(self.max_connections)
         self._sel = selectors.DefaultSelector()
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
@@ -781,7 +791,8 @@ class ApiServer:
             self._admit_connection(sock)
 
     def _admit_connection(self, sock: socket.socket) -> None:
-        assert self.max_connections is not None and self._sel is not None
+        assert self.max_connections is not None and self.max_incomplete_per_uid is not None
+        assert self._sel is not None
         with self._live_lock:
             full = self._live >= self.max_connections
         if full:
