@@ -555,7 +555,7 @@ class MetricsListener:
         self._paused_until = 0.0
         self._unlogged: dict[str, int] = {}
         self._logged_at = -1e9
-        self._running = False
+        self._running = True  # from here: a shutdown() before the thread runs still ends it
         self._done = threading.Event()
         self._sel = selectors.DefaultSelector()
         self._wake_r, self._wake_w = socket.socketpair()
@@ -575,7 +575,6 @@ class MetricsListener:
 
     # -- lifecycle (serve_forever in its thread; shutdown and server_close from another)
     def serve_forever(self) -> None:
-        self._running = True
         try:
             while self._running:
                 for key, _ in self._sel.select(self._timeout(time.monotonic())):

@@ -174,3 +174,29 @@ def test_render_scrape_answers_as_prometheus_client_does():
     assert only_head.endswith(b"\r\n\r\n") and b"Content-Length: 0" not in only_head
     assert render_scrape(registry, b"POST /metrics HTTP/1.1").startswith(b"HTTP/1.1 405 ")
     assert render_scrape(registry, b"garbage").startswith(b"HTTP/1.1 400 ")
+
+
+def test_a_stop_before_the_serving_thread_runs_still_ends_it(monkeypatch):
+    import select
+
+    from numa_agent.views import metrics
+
+    serve = metrics.MetricsListener.serve_forever
+
+    ended = []
+
+    def late(self):
+        select.select([self._wake_r], [], [], PATIENCE)  # shutdown() has told it to end by then
+        try:
+            serve(self)
+        except Exception as exc:  # e.g. its selector closed under it by server_close()
+            ended.append(exc)
+        else:
+            ended.append("cleanly")
+
+    monkeypatch.setattr(metrics.MetricsListener, "serve_forever", late)
+    server = start_metrics_server("127.0.0.1:0", build_registry(lambda: SNAPSHOT, version="t"))
+    thread = server._thread
+    server.stop()
+    thread.join(PATIENCE)
+    assert ended == ["cleanly"]
