@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import socket
 import tempfile
-import time
 
 import pytest
 
 from tests.support.agent_process import AgentProcess, machine_with_devices, numa_run, wait_for
+from tests.support.chaos import connect_unix
 
 NOFILE = 512  # the agent's soft and hard RLIMIT_NOFILE here
 FLOOD = 700  # connections per listener: more than the agent has descriptors
@@ -45,18 +45,9 @@ def open_idle(connect, count: int) -> list[socket.socket]:
 
 def unix_connector(path: str):
     def connect() -> socket.socket:
-        s = socket.socket(socket.AF_UNIX)
-        s.setblocking(False)
-        give_up = time.monotonic() + CONNECT_PATIENCE
-        while True:
-            try:
-                s.connect(path)
-                break
-            except BlockingIOError:  # the listen queue is full: wait for the agent to accept
-                if time.monotonic() > give_up:
-                    s.close()
-                    raise
-                time.sleep(0.005)
+        s = connect_unix(path, CONNECT_PATIENCE)  # waits for room in the listen queue
+        if s is None:
+            raise OSError(f"cannot connect to {path}")
         s.settimeout(PATIENCE)
         return s
     return connect

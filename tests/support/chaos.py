@@ -115,7 +115,7 @@ class Storm:
         self.release_squatters()
         for path in self.listeners:
             for i in range(self.squat):
-                s = _connect_unix(path)
+                s = connect_unix(path)
                 if s is None:
                     break  # the listen queue stays full: the agent is not accepting there
                 if i % 2:
@@ -265,7 +265,7 @@ class Storm:
                 self.agent.kill()
 
 
-def _connect_unix(path: str, patience: float = 2.0) -> socket.socket | None:
+def connect_unix(path: str, patience: float = 2.0) -> socket.socket | None:
     """A connection to `path`, waiting up to `patience` s for room in its listen
     queue; None if there is none by then, or the connection is refused."""
     s = socket.socket(socket.AF_UNIX)
