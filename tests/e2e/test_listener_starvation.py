@@ -6,6 +6,7 @@ plain scrape answers and counts what was turned away."""
 
 from __future__ import annotations
 
+import shutil
 import socket
 import tempfile
 
@@ -117,3 +118,4 @@ def test_idle_metrics_and_podresources_connections_never_stop_an_admission(tmp_p
         assert "numa_agent_admission_requests_total{result=\"admitted\"} 1.0" in body
     finally:
         assert agent.stop() == 0, agent.log()[-3000:]
+        shutil.rmtree(short, ignore_errors=True)
