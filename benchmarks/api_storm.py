@@ -6,7 +6,8 @@ others given with --checkout, e.g. main, to compare):
    or failed otherwise; and how many met a busy answer on the way.
 2. Good requests (GET /v1/health, POST /v1/workloads?dry_run=1) one after
    another while another user keeps 64 slowloris and 1,000 idle connections
-   open (reopening what the agent closes): answered, busy, failed, and the
+   open on the API, and 1,000 idle ones each on /metrics and PodResources
+   (reopening what the agent closes): answered, busy, failed, and the
    latency p50/p99 of the answered ones.
 
 Figures only; nothing here asserts. Needs root for the attacker to run as
@@ -57,11 +58,14 @@ class Agent:
     def __init__(self, checkout: Path, workdir: Path) -> None:
         self.checkout = checkout
         self.socket = str(workdir / "agent.sock")
+        self.metrics_port = _free_port()
+        # Where the attacker also squats: /metrics and PodResources (beside the socket).
+        self.other_listeners = f"tcp:{self.metrics_port},unix:{workdir / 'pod-resources.sock'}"
         config = workdir / "config.toml"
         config.write_text('[agent]\nsocket_mode = "0666"\n')
         self.argv = [sys.executable, "-m", "numa_agent.cli.numa_agent", "serve", "--config", str(config),
                      "--state-dir", str(workdir / "state"), "--socket", self.socket,
-                     "--metrics-address", f"127.0.0.1:{_free_port()}", "--no-hotplug",
+                     "--metrics-address", f"127.0.0.1:{self.metrics_port}", "--no-hotplug",
                      "--cgroup-root", "none", "--log-level", "warning"]
         self.log = open(workdir / "agent.log", "ab")
         self.proc: subprocess.Popen | None = None
@@ -156,24 +160,30 @@ ATTACKER = textwrap.dedent("""
     import os, resource, selectors, socket, sys, time
     path, slow, idle, seconds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
     uid = int(sys.argv[5])
+    others = [t for t in sys.argv[6].split(",") if t] if len(sys.argv) > 6 else []
     if uid >= 0 and os.getuid() == 0:
         os.setgroups([]); os.setgid(uid); os.setuid(uid)
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     sel = selectors.DefaultSelector()
-    def connect(kind):
-        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    def connect(kind, where=None):
+        where = where or "unix:" + path
+        tcp = where.startswith("tcp:")
+        s = socket.socket(socket.AF_INET if tcp else socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(2)
         try:
-            s.connect(path)
+            s.connect(("127.0.0.1", int(where[4:])) if tcp else where[5:])
         except OSError:
             s.close(); return
         s.setblocking(False)
         if kind == "slow":
             try: s.send(b"POST /v1/workloads HTTP/1.1\\r\\nContent-Length: 100\\r\\n\\r\\n{")
             except OSError: pass
-        sel.register(s, selectors.EVENT_READ, kind)
+        sel.register(s, selectors.EVENT_READ, (kind, where))
     for _ in range(slow): connect("slow")
     for _ in range(idle): connect("idle")
+    for where in others:
+        for _ in range(idle): connect("idle", where)
     print("ready", flush=True)
     end = time.monotonic() + seconds
     reopened = 0
@@ -183,7 +193,7 @@ ATTACKER = textwrap.dedent("""
             try: data = s.recv(4096)
             except OSError: data = b""
             if not data or data.startswith(b"HTTP/"):
-                sel.unregister(s); s.close(); connect(key.data); reopened += 1
+                sel.unregister(s); s.close(); connect(*key.data); reopened += 1
     print("reopened", reopened, flush=True)
 """)
 
@@ -191,7 +201,7 @@ ATTACKER = textwrap.dedent("""
 def slow_and_idle(agent: Agent, slow: int, idle: int, requests: int) -> dict[str, Any]:
     uid = NOBODY if os.getuid() == 0 else -1
     attacker = subprocess.Popen([sys.executable, "-c", ATTACKER, agent.socket, str(slow), str(idle),
-                                 "600", str(uid)], stdout=subprocess.PIPE, text=True)
+                                 "600", str(uid), agent.other_listeners], stdout=subprocess.PIPE, text=True)
     try:
         assert attacker.stdout is not None
         if attacker.stdout.readline().strip() != "ready":
@@ -250,7 +260,8 @@ def render(reports: list[dict[str, Any]]) -> str:
     lines = [f"{clients} concurrent `numa-run --cpus 1 -- true`:",
              table(["checkout", "admitted", "capacity refusal", "busy", "error", "met busy", "s"], b_rows),
              "", f"{s0['requests']} good requests with {s0['slowloris']} slowloris + {s0['idle']} idle "
-                 f"connections open (attacker uid {s0['attacker_uid']}):",
+                 f"connections open, and {s0['idle']} idle on /metrics and on PodResources "
+                 f"(attacker uid {s0['attacker_uid']}):",
              table(["checkout", "answered", "busy", "error", "p50 ms", "p99 ms", "s"], s_rows)]
     for r in reports:
         lines.append(f"  {r['checkout']}: {r['revision']}")

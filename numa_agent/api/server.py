@@ -57,6 +57,7 @@ from numa_agent.core.caller import Caller
 from numa_agent.enforcement.processes import process_identity
 from numa_agent.service.refusals import ServiceRefusal
 from numa_agent.state.socket_file import SocketInUse, place_socket, remove_socket
+from numa_agent.views.metrics import metrics_connection_cap
 
 log = logging.getLogger("numa_agent.api")
 
@@ -397,7 +398,7 @@ def activated_socket(environ: MutableMapping[str, str], pid: int, *,
 
 # ---------------------------------------------------------------- limits
 LISTEN_BACKLOG = 65535  # the kernel caps it at net.core.somaxconn
-FD_RESERVE = 256  # descriptors kept for the checkpoint, cgroup files, netlink, metrics
+FD_RESERVE = 256  # descriptors kept for the checkpoint, cgroup files, netlink, logs
 MAX_CONNECTIONS_CEILING = 16384
 MAX_INCOMPLETE_PER_UID = 1024
 ACCEPT_BATCH = 256  # accepts per loop turn, so reads of accepted ones are not starved
@@ -417,10 +418,26 @@ def raise_nofile_limit() -> int:
     return soft if soft != resource.RLIM_INFINITY else MAX_CONNECTIONS_CEILING * 2 + FD_RESERVE
 
 
+def listeners_share(nofile: int) -> int:
+    """Descriptors the other listeners hold at most for an open-file limit:
+    /metrics and PodResources (kubelet/grpc_server.py) each bound their
+    connections to `metrics_connection_cap`. Left out of the API's bound, so
+    that clients holding connections there never take an admission's."""
+    return 2 * metrics_connection_cap(nofile)
+
+
 def connection_cap(nofile: int) -> int:
     """Connections served at once for an open-file limit: each holds its
-    socket and the caller's pidfd."""
-    return max(16, min(MAX_CONNECTIONS_CEILING, (nofile - FD_RESERVE) // 2))
+    socket and the caller's pidfd; the reserve and the other listeners'
+    share come first."""
+    return max(16, min(MAX_CONNECTIONS_CEILING, (nofile - FD_RESERVE - listeners_share(nofile)) // 2))
+
+
+def incomplete_cap(max_connections: int) -> int:
+    """Unfinished connections one uid may hold: a quarter of the bound (at most
+    MAX_INCOMPLETE_PER_UID), so no one user's idle clients take every slot
+    when a small open-file limit makes the bound small."""
+    return max(1, min(MAX_INCOMPLETE_PER_UID, max_connections // 4))
 
 
 # ---------------------------------------------------------------- server
@@ -489,7 +506,8 @@ class ApiServer:
     Limits: `max_connections` at once (default: from the open-file limit,
     raised to its hard limit when serving starts) and
     `max_incomplete_per_uid` connections per peer uid that have not finished
-    sending their request, so one user's slow clients cannot starve
+    sending their request (default: a quarter of `max_connections`, at most
+    MAX_INCOMPLETE_PER_UID), so one user's slow clients cannot starve
     another's; root and the agent's own uid count like any other. What is
     turned away is counted (`stats()`, and `service.counters.api_refused`
     for the metrics) and logged at most once a second.
@@ -506,7 +524,7 @@ class ApiServer:
                  socket_group: str | None = None, *,
                  request_deadline: float = REQUEST_DEADLINE_SECONDS,
                  max_connections: int | None = None,
-                 max_incomplete_per_uid: int = MAX_INCOMPLETE_PER_UID,
+                 max_incomplete_per_uid: int | None = None,
                  poll_interval: float = 0.5,
                  credentials: Callable[[socket.socket], Credentials] = peer_credentials,
                  environ: MutableMapping[str, str] | None = None,
@@ -517,7 +535,7 @@ class ApiServer:
         self.socket_group = socket_group
         self.request_deadline = request_deadline
         self.max_connections = max_connections
-        self.max_incomplete_per_uid = max_incomplete_per_uid
+        self.max_incomplete_per_uid = max_incomplete_per_uid  # None: incomplete_cap(max_connections)
         self.poll_interval = poll_interval  # longest select() wait
         self.router = _Router(service)
         self.activated = False
@@ -609,6 +627,8 @@ class ApiServer:
         nofile = raise_nofile_limit()
         if self.max_connections is None:
             self.max_connections = connection_cap(nofile)
+        if self.max_incomplete_per_uid is None:
+            self.max_incomplete_per_uid = incomplete_cap(self.max_connections)
         self._sel = selectors.DefaultSelector()
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
@@ -771,7 +791,8 @@ class ApiServer:
             self._admit_connection(sock)
 
     def _admit_connection(self, sock: socket.socket) -> None:
-        assert self.max_connections is not None and self._sel is not None
+        assert self.max_connections is not None and self.max_incomplete_per_uid is not None
+        assert self._sel is not None
         with self._live_lock:
             full = self._live >= self.max_connections
         if full:

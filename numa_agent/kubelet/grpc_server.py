@@ -12,6 +12,12 @@ Who may connect is decided, as for the HTTP API, by the socket file's mode
 and group (the same `socket_mode` / `socket_group`), set before the path
 exists (numa_agent.state.socket_file). Bad input (garbage bytes, a client that
 never finishes its request) is grpcio's to refuse; it holds no worker thread.
+Connections are bounded as /metrics' are (`connection_cap`: a share of the
+open-file limit the API leaves alone; grpcio closes one beyond it at once),
+and one that has not finished the HTTP/2 handshake (preface and settings)
+within HANDSHAKE_TIMEOUT_MS is closed. grpcio offers no hook before the
+handshake, so there is no per-peer bound here: who may connect at all is the
+socket file's group.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import grpc
 from numa_agent.kubelet import pod_resources
 from numa_agent.kubelet import podresources_pb2 as pb
 from numa_agent.state.socket_file import place_socket, remove_socket
+from numa_agent.views.metrics import metrics_connection_cap, nofile_limit
 
 log = logging.getLogger("numa_agent.kubelet")
 
@@ -37,8 +44,16 @@ MAX_REQUEST_BYTES = 64 * 1024
 # A connection lives at most this long (then is closed gracefully; clients
 # reconnect): a client that never finishes holds nothing for ever.
 MAX_CONNECTION_AGE_MS = 10 * 60 * 1000
-MAX_CONNECTION_IDLE_MS = 5 * 60 * 1000
+MAX_CONNECTION_IDLE_MS = 60 * 1000  # no call in flight: closed gracefully (GOAWAY), clients reconnect
 GRACE_MS = 30 * 1000
+# Connect, then nothing (or the preface and nothing): closed after this.
+HANDSHAKE_TIMEOUT_MS = 5 * 1000
+
+
+def connection_cap(nofile: int) -> int:
+    """Connections PodResources holds at once: the same share of the open-file
+    limit as /metrics, which the API's bound leaves (api/server.py, `listeners_share`)."""
+    return metrics_connection_cap(nofile)
 
 
 class PodResourcesServer:
@@ -46,8 +61,10 @@ class PodResourcesServer:
     attach() names the service once it exists, start() serves, stop() ends."""
 
     def __init__(self, socket_path: str, namespace: str = pod_resources.DEFAULT_NAMESPACE, *,
-                 socket_mode: int = 0o660, socket_group: str | None = None, workers: int = WORKERS) -> None:
+                 socket_mode: int = 0o660, socket_group: str | None = None, workers: int = WORKERS,
+                 max_connections: int | None = None) -> None:
         self.socket_path = os.path.abspath(socket_path)
+        self.max_connections = max_connections or connection_cap(nofile_limit())
         self.namespace = namespace
         self.socket_mode = socket_mode
         self.socket_group = socket_group
@@ -70,6 +87,8 @@ class PodResourcesServer:
                      ("grpc.max_connection_age_ms", MAX_CONNECTION_AGE_MS),
                      ("grpc.max_connection_age_grace_ms", GRACE_MS),
                      ("grpc.max_connection_idle_ms", MAX_CONNECTION_IDLE_MS),
+                     ("grpc.max_allowed_incoming_connections", self.max_connections),
+                     ("grpc.server_handshake_timeout_ms", HANDSHAKE_TIMEOUT_MS),
                      ("grpc.so_reuseport", 0)])
 
         def bind_at(path: str) -> None:

@@ -17,12 +17,19 @@ Prometheus defines them; the `+Inf` bucket is added from `count` when absent.
 
 from __future__ import annotations
 
+import errno
+import gzip
 import logging
 import math
-import socketserver
+import selectors
+import socket
+import struct
 import threading
+import time
+from collections import deque
 from importlib import metadata
 from typing import Any, Callable, Iterator, Mapping
+from urllib.parse import parse_qs, urlsplit
 
 from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector
 from prometheus_client.core import (
@@ -31,7 +38,7 @@ from prometheus_client.core import (
     HistogramMetricFamily,
     Metric,
 )
-from prometheus_client.exposition import MetricsHandler, start_http_server
+from prometheus_client.exposition import choose_encoder, gzip_accepted
 from prometheus_client.utils import floatToGoString
 
 from numa_agent.admission.quota import limited
@@ -411,6 +418,375 @@ def parse_address(address: str) -> tuple[str, int]:
     return host, int(port_text)
 
 
+# ---------------------------------------------------------------- the listener
+# A connection must send its whole request head within this of its accept (a
+# deadline for the head, not for each recv: a client trickling a byte at a time
+# is dropped as one that sends nothing), and read the whole answer within it of
+# the answer's start.
+METRICS_REQUEST_DEADLINE_SECONDS = 5.0
+MAX_METRICS_HEAD_BYTES = 8 * 1024
+METRICS_CONNECTIONS_FLOOR = 4
+METRICS_CONNECTIONS_CEILING = 64
+# Connections are turned away past the bound (503 busy), past a peer's share of
+# it (503 per_peer_limit: a uid on unix:, a remote address on TCP), or dropped
+# at the deadline (timeout).
+METRICS_REFUSAL_REASONS = ("busy", "per_peer_limit", "timeout")
+
+
+def metrics_connection_cap(nofile: int) -> int:
+    """Connections /metrics holds at once for an open-file limit: a sixteenth of
+    it, from 4 to 64. Each costs one descriptor and no thread; the API's bound
+    (api/server.py, `connection_cap`) is taken from what is left, so idle
+    scrapers can never take the descriptors an admission needs."""
+    return max(METRICS_CONNECTIONS_FLOOR, min(METRICS_CONNECTIONS_CEILING, nofile // 16))
+
+
+def metrics_per_peer_cap(max_connections: int) -> int:
+    """A quarter of the bound per peer: one user (or host) cannot hold it all."""
+    return max(1, max_connections // 4)
+
+
+def nofile_limit() -> int:
+    """The soft RLIMIT_NOFILE now in force (a large figure for unlimited)."""
+    import resource
+
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return soft if soft != resource.RLIM_INFINITY else 1 << 20
+
+
+def _peer_of(sock: socket.socket, address: Any) -> tuple[str, Any]:
+    """Whom a connection counts against: its uid on a Unix socket (SO_PEERCRED), its
+    remote address on TCP."""
+    if sock.family == socket.AF_UNIX:
+        creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        return ("uid", struct.unpack("3i", creds)[1])
+    return ("address", address[0] if isinstance(address, tuple) else address)
+
+
+_STATUS_TEXT = {200: "OK", 400: "Bad Request", 405: "Method Not Allowed", 408: "Request Timeout",
+                431: "Request Header Fields Too Large", 500: "Internal Server Error",
+                503: "Service Unavailable"}
+
+
+def _http_response(status: int, body: bytes, headers: tuple[tuple[str, str], ...] = (),
+                   *, head_only: bool = False) -> bytes:
+    lines = [f"HTTP/1.1 {status} {_STATUS_TEXT.get(status, 'Unknown')}",
+             *(f"{name}: {value}" for name, value in headers),
+             f"Content-Length: {len(body)}", "Connection: close", "", ""]
+    return "\r\n".join(lines).encode("latin-1") + (b"" if head_only else body)
+
+
+def _text_response(status: int, text: str, *extra: tuple[str, str]) -> bytes:
+    return _http_response(status, text.encode() + b"\n", (("Content-Type", "text/plain; charset=utf-8"), *extra))
+
+
+def render_scrape(registry: CollectorRegistry, head: bytes) -> bytes:
+    """The whole HTTP answer to one request head (pure but for the collection):
+    GET or HEAD of any path, `name[]=` to restrict, OpenMetrics and gzip by the
+    Accept headers, as prometheus_client's own handler answers."""
+    try:
+        text = head.decode("latin-1")
+        request_line, *header_lines = text.split("\r\n")
+        method, target, version = request_line.split(" ")
+        if not version.startswith("HTTP/") or not target.startswith("/"):
+            raise ValueError(request_line)
+        headers = {}
+        for line in header_lines:
+            name, sep, value = line.partition(":")
+            if not sep:
+                raise ValueError(line)
+            headers[name.strip().lower()] = value.strip()
+    except ValueError:
+        return _text_response(400, "malformed request")
+    if method not in ("GET", "HEAD"):
+        return _text_response(405, "only GET and HEAD", ("Allow", "GET, HEAD"))
+    try:
+        params = parse_qs(urlsplit(target).query)
+        encoder, content_type = choose_encoder(headers.get("accept") or "")
+        source: Any = registry.restricted_registry(params["name[]"]) if "name[]" in params else registry
+        output = encoder(source)
+    except Exception:
+        log.exception("metrics scrape failed")
+        return _text_response(500, "error generating metric output")
+    out_headers: tuple[tuple[str, str], ...] = (("Content-Type", content_type),)
+    if gzip_accepted(headers.get("accept-encoding") or ""):
+        output = gzip.compress(output)
+        out_headers += (("Content-Encoding", "gzip"),)
+    return _http_response(200, output, out_headers, head_only=method == "HEAD")
+
+
+class _Client:
+    """One connection: what it sent so far, or what is left to send it."""
+
+    __slots__ = ("sock", "peer", "buf", "deadline", "out")
+
+    def __init__(self, sock: socket.socket, peer: tuple[str, Any], deadline: float) -> None:
+        self.sock = sock
+        self.peer = peer
+        self.buf = bytearray()
+        self.deadline = deadline
+        self.out: memoryview | None = None  # set once the answer is under way
+
+
+_LISTENING = object()
+_WAKING = object()
+
+
+class MetricsListener:
+    """/metrics on one listening socket (TCP or Unix), from one thread.
+
+    The thread multiplexes every connection with `selectors`: a connection
+    costs one descriptor and a buffer, never a thread. At most
+    `max_connections` are held at once (by default `metrics_connection_cap`
+    of the open-file limit) and at most `max_per_peer` of them by one peer;
+    one beyond either is answered 503 and closed at once. A connection
+    whose request head has not arrived within `deadline` seconds of its
+    accept, or which has not read the answer within `deadline` of its start,
+    is dropped. What is turned away is counted by reason (`stats()`, and the
+    `numa_agent_metrics_refused_connections` family) and logged at most once
+    a second.
+    """
+
+    def __init__(self, listener: socket.socket, registry: CollectorRegistry, *,
+                 max_connections: int | None = None, max_per_peer: int | None = None,
+                 deadline: float = METRICS_REQUEST_DEADLINE_SECONDS,
+                 peer_of: Callable[[socket.socket, Any], tuple[str, Any]] = _peer_of) -> None:
+        self.socket = listener
+        self.registry = registry
+        self.max_connections = max_connections or metrics_connection_cap(nofile_limit())
+        self.max_per_peer = max_per_peer or metrics_per_peer_cap(self.max_connections)
+        self.deadline = deadline
+        self.refused = dict.fromkeys(METRICS_REFUSAL_REASONS, 0)
+        self._peer_of = peer_of
+        self._clients: dict[int, _Client] = {}
+        self._per_peer: dict[tuple[str, Any], int] = {}
+        self._deadlines: deque[tuple[float, _Client]] = deque()
+        self._paused_until = 0.0
+        self._unlogged: dict[str, int] = {}
+        self._logged_at = -1e9
+        self._running = True  # from here: a shutdown() before the thread runs still ends it
+        self._done = threading.Event()
+        self._sel = selectors.DefaultSelector()
+        self._wake_r, self._wake_w = socket.socketpair()
+        for end in (listener, self._wake_r, self._wake_w):
+            end.setblocking(False)
+        self._sel.register(listener, selectors.EVENT_READ, _LISTENING)
+        self._sel.register(self._wake_r, selectors.EVENT_READ, _WAKING)
+
+    @property
+    def server_address(self) -> Any:
+        return self.socket.getsockname()
+
+    def stats(self) -> dict[str, Any]:
+        """Connections open and turned away so far, by reason (base units, stable keys)."""
+        return {"open_connections": len(self._clients), "max_connections": self.max_connections,
+                "max_per_peer": self.max_per_peer, "refused_connections_total": dict(self.refused)}
+
+    # -- lifecycle (serve_forever in its thread; shutdown and server_close from another)
+    def serve_forever(self) -> None:
+        try:
+            while self._running:
+                for key, _ in self._sel.select(self._timeout(time.monotonic())):
+                    self._ready(key.data)
+                self._expire(time.monotonic())
+        finally:
+            for client in list(self._clients.values()):
+                self._close(client)
+            self._done.set()
+
+    def shutdown(self) -> None:
+        self._running = False
+        try:
+            self._wake_w.send(b"\0")
+        except OSError:
+            pass
+        self._done.wait(timeout=5)
+
+    def server_close(self) -> None:
+        self._sel.close()
+        for end in (self.socket, self._wake_r, self._wake_w):
+            end.close()
+
+    # -- the loop ------------------------------------------------------------
+    def _timeout(self, now: float) -> float:
+        wait = 0.5
+        if self._deadlines:
+            wait = min(wait, self._deadlines[0][0] - now)
+        if self._paused_until:
+            wait = min(wait, self._paused_until - now)
+        return max(0.0, wait)
+
+    def _ready(self, data: Any) -> None:
+        if data is _LISTENING:
+            self._accept()
+        elif data is _WAKING:
+            try:
+                while self._wake_r.recv(64):
+                    pass
+            except OSError:
+                pass
+        else:
+            try:
+                self._on_read(data) if data.out is None else self._on_write(data)
+            except Exception:  # one connection's trouble must not stop the endpoint
+                log.exception("metrics connection handling failed")
+                self._close(data)
+
+    def _accept(self) -> None:
+        for _ in range(64):
+            try:
+                sock, address = self.socket.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                if exc.errno in (errno.ECONNABORTED, errno.EPROTO):
+                    continue
+                # Out of descriptors (or worse): stop accepting for a moment, never spin.
+                log.warning("cannot accept metrics connections: %s; pausing accepts for 0.1 s", exc)
+                self._sel.unregister(self.socket)
+                self._paused_until = time.monotonic() + 0.1
+                return
+            self._admit(sock, address)
+
+    def _admit(self, sock: socket.socket, address: Any) -> None:
+        sock.setblocking(False)
+        if len(self._clients) >= self.max_connections:
+            self._refuse(sock, "busy", f"at the limit of {self.max_connections} metrics connections")
+            return
+        try:
+            peer = self._peer_of(sock, address)
+        except OSError:
+            sock.close()
+            return
+        if self._per_peer.get(peer, 0) >= self.max_per_peer:
+            self._refuse(sock, "per_peer_limit", f"{self.max_per_peer} metrics connections open from "
+                                                 f"{peer[0]} {peer[1]}")
+            return
+        client = _Client(sock, peer, time.monotonic() + self.deadline)
+        self._clients[sock.fileno()] = client
+        self._per_peer[peer] = self._per_peer.get(peer, 0) + 1
+        self._sel.register(sock, selectors.EVENT_READ, client)
+        self._deadlines.append((client.deadline, client))
+
+    def _refuse(self, sock: socket.socket, reason: str, text: str) -> None:
+        self._count(reason)
+        try:
+            sock.send(_text_response(503, f"{text}; retry", ("Retry-After", "1")))
+        except OSError:
+            pass
+        sock.close()
+
+    def _count(self, reason: str) -> None:
+        self.refused[reason] += 1
+        self._unlogged[reason] = self._unlogged.get(reason, 0) + 1
+        now = time.monotonic()
+        if now - self._logged_at >= 1.0:
+            log.warning("metrics connections turned away in the last second or so: %s",
+                        ", ".join(f"{n} {why}" for why, n in sorted(self._unlogged.items())))
+            self._unlogged.clear()
+            self._logged_at = now
+
+    def _on_read(self, client: _Client) -> None:
+        try:
+            chunk = client.sock.recv(4096)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            chunk = b""
+        if not chunk:
+            self._close(client)
+            return
+        client.buf += chunk
+        end = client.buf.find(b"\r\n\r\n")
+        if end < 0:
+            if len(client.buf) > MAX_METRICS_HEAD_BYTES:
+                self._answer(client, _text_response(431, f"request head exceeds {MAX_METRICS_HEAD_BYTES} bytes"))
+            return
+        self._answer(client, render_scrape(self.registry, bytes(client.buf[:end])))
+
+    def _answer(self, client: _Client, data: bytes) -> None:
+        client.buf = bytearray()
+        client.out = memoryview(data)
+        client.deadline = time.monotonic() + self.deadline
+        self._deadlines.append((client.deadline, client))
+        self._sel.modify(client.sock, selectors.EVENT_WRITE, client)
+        self._on_write(client)
+
+    def _on_write(self, client: _Client) -> None:
+        assert client.out is not None
+        try:
+            sent = client.sock.send(client.out)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            self._close(client)
+            return
+        client.out = client.out[sent:]
+        if not client.out:
+            try:
+                client.sock.shutdown(socket.SHUT_WR)
+            except OSError:
+                pass
+            self._close(client)
+
+    def _expire(self, now: float) -> None:
+        if self._paused_until and now >= self._paused_until:
+            self._paused_until = 0.0
+            self._sel.register(self.socket, selectors.EVENT_READ, _LISTENING)
+        deadlines = self._deadlines
+        while deadlines and deadlines[0][0] <= now:
+            deadline, client = deadlines.popleft()
+            if client.deadline != deadline or self._clients.get(client.sock.fileno()) is not client:
+                continue  # answered (a later deadline is queued) or closed already
+            self._count("timeout")
+            if client.out is None:
+                try:
+                    client.sock.send(_text_response(408, f"request not received within {self.deadline:g} s"))
+                except OSError:
+                    pass
+            self._close(client)
+
+    def _close(self, client: _Client) -> None:
+        fd = client.sock.fileno()
+        if fd < 0 or self._clients.get(fd) is not client:
+            return
+        del self._clients[fd]
+        left = self._per_peer.get(client.peer, 0) - 1
+        if left > 0:
+            self._per_peer[client.peer] = left
+        else:
+            self._per_peer.pop(client.peer, None)
+        try:
+            self._sel.unregister(client.sock)
+        except (KeyError, ValueError):
+            pass
+        client.sock.close()
+
+
+class _ListenerCollector:
+    """The endpoint's own refusals, as `numa_agent_metrics_refused_connections`."""
+
+    def __init__(self, listener: MetricsListener) -> None:
+        self._listener = listener
+
+    def collect(self) -> Iterator[Metric]:
+        stats = self._listener.stats()
+        refused = CounterMetricFamily(
+            PREFIX + "metrics_refused_connections",
+            "Metrics connections turned away: busy (connection bound), per_peer_limit (one uid "
+            "or address at its share), timeout (request not sent or answer not read in time).",
+            labels=["reason"])
+        for reason in METRICS_REFUSAL_REASONS:
+            refused.add_metric([reason], float(stats["refused_connections_total"][reason]))
+        yield refused
+        yield GaugeMetricFamily(PREFIX + "metrics_open_connections",
+                                "Metrics connections open now (a scrape counts itself).",
+                                value=float(stats["open_connections"]))
+        yield GaugeMetricFamily(PREFIX + "metrics_max_connections",
+                                "Metrics connections held at most at once.",
+                                value=float(stats["max_connections"]))
+
+
 class MetricsServer:
     """A running /metrics endpoint; `stop()` closes the socket and joins its thread."""
 
@@ -431,6 +807,10 @@ class MetricsServer:
             return self._url
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"http://{host}:{self.port}/metrics"
+
+    def stats(self) -> dict[str, Any]:
+        """Connections open and turned away, by reason (MetricsListener.stats)."""
+        return self._httpd.stats()
 
     def stop(self) -> None:
         self._httpd.shutdown()
@@ -488,38 +868,53 @@ def check_metrics_address(address: str) -> None:
 
 
 def start_metrics_server(address: str, registry: CollectorRegistry, *, socket_mode: int = 0o660,
-                         socket_group: str | None = None) -> MetricsServer:
+                         socket_group: str | None = None, max_connections: int | None = None,
+                         deadline: float = METRICS_REQUEST_DEADLINE_SECONDS) -> MetricsServer:
     """Serve `registry` on `address` in a thread: "HOST:PORT" (port 0 picks a free
     one), or "unix:PATH", a Unix socket placed with `socket_mode` and
-    `socket_group` as the API's is, so only that group can read the workloads' names."""
+    `socket_group` as the API's is, so only that group can read the workloads' names.
+    Bounded as `MetricsListener` says; its refusals join `registry`."""
     path = socket_path_of(address)
     if path is not None:
-        server = _serve_unix(path, registry, socket_mode, socket_group)
+        listener, on_stop, url = _listen_unix(path, socket_mode, socket_group)
     else:
-        host, port = parse_address(address)
-        try:
-            httpd, thread = start_http_server(port, addr=host, registry=registry)
-        except OSError as exc:
-            raise OSError(exc.errno, f"metrics: cannot listen on {address}: {exc.strerror or exc}") from exc
-        server = MetricsServer(httpd, thread)
-    log.info("serving metrics on %s", server.url)
+        listener, on_stop, url = _listen_tcp(address), None, None
+    httpd = MetricsListener(listener, registry, max_connections=max_connections, deadline=deadline)
+    registry.register(_ListenerCollector(httpd))
+    thread = threading.Thread(target=httpd.serve_forever, name="numa-agent-metrics", daemon=True)
+    thread.start()
+    server = MetricsServer(httpd, thread, url=url, on_stop=on_stop)
+    log.info("serving metrics on %s (at most %d connections, %d per peer)", server.url,
+             httpd.max_connections, httpd.max_per_peer)
     return server
 
 
-class _UnixHTTPServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
-    daemon_threads = True
+def _listen_tcp(address: str) -> socket.socket:
+    host, port = parse_address(address)
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        family, _, _, _, sockaddr = infos[0]
+        sock = socket.socket(family, socket.SOCK_STREAM)
+    except OSError as exc:
+        raise OSError(exc.errno, f"metrics: cannot listen on {address}: {exc.strerror or exc}") from exc
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(sockaddr)
+        sock.listen(128)
+    except OSError as exc:
+        sock.close()
+        raise OSError(exc.errno, f"metrics: cannot listen on {address}: {exc.strerror or exc}") from exc
+    return sock
 
 
-def _serve_unix(path: str, registry: CollectorRegistry, mode: int, group: str | None) -> MetricsServer:
+def _listen_unix(path: str, mode: int, group: str | None) -> tuple[socket.socket, Callable[[], None], str]:
     from numa_agent.state.socket_file import SocketInUse, place_socket, remove_socket
 
-    httpd = _UnixHTTPServer(path, MetricsHandler.factory(registry), bind_and_activate=False)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        inode = place_socket(path, mode, group, httpd.socket.bind, option="agent.metrics_address")
-        httpd.server_activate()
+        inode = place_socket(path, mode, group, sock.bind, option="agent.metrics_address")
+        sock.listen(128)
     except (OSError, ValueError, SocketInUse) as exc:
-        httpd.server_close()
+        sock.close()
         raise OSError(f"metrics: cannot listen on {UNIX_PREFIX}{path}: {exc}") from None
-    thread = threading.Thread(target=httpd.serve_forever, name="numa-agent-metrics", daemon=True)
-    thread.start()
-    return MetricsServer(httpd, thread, url=f"{UNIX_PREFIX}{path}", on_stop=lambda: remove_socket(path, inode))
+    return sock, lambda: remove_socket(path, inode), f"{UNIX_PREFIX}{path}"

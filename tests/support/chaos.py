@@ -13,7 +13,10 @@ agent has had time to notice exits, every check below is one result:
 - no CPU is exclusive to two workloads (by the kernel's view of each);
 - no running client is forgotten (every live client is listed);
 - no dead client holds anything (every listed workload's process lives);
-- in cgroup mode, no workload's memory.max was loosened by the restart.
+- in cgroup mode, no workload's memory.max was loosened by the restart;
+- the agent admits while idle and half-open connections squat on every
+  listener (the API socket, /metrics on unix:, PodResources), more of them
+  than its open-file limit (`--nofile`, default 1024) has descriptors.
 
 Prints one line per failed check and a closing `N passed, M failed`; exits 1
 if any failed. Bounded in time and in clients; cleans up what it started.
@@ -24,8 +27,10 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import resource
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -41,6 +46,7 @@ MAX_CLIENTS = 6
 DAMAGES = ("truncate", "bitflip", "empty", "delete", "none", "none",
            "journal-torn", "journal-bitflip", "journal-torn")
 SETTLE_SECONDS = 3.0  # for the agent to see exits after a restart
+HALF_REQUEST = b"GET /v1/health HTTP/1.1\r\nHost: x"  # a head never finished
 
 
 @dataclass
@@ -58,7 +64,7 @@ class Outcome:
 
 class Storm:
     def __init__(self, workdir: Path, cgroup_root: str, rng: random.Random,
-                 lifetime: tuple[float, float] = (1.0, 15.0)) -> None:
+                 lifetime: tuple[float, float] = (1.0, 15.0), nofile: int = 1024, squat: int = 1024) -> None:
         self.workdir = workdir
         self.state_dir = workdir / "state"
         self.socket = str(workdir / "agent.sock")
@@ -69,14 +75,24 @@ class Storm:
         self.limits: dict[str, str] = {}  # cgroup mode: memory.max seen before a kill
         self.count = 0
         self.lifetime = lifetime  # how long a client's command runs: many must outlive a restart
+        self.nofile = nofile  # the agent's RLIMIT_NOFILE, soft and hard
+        self.squat = squat  # idle connections opened on each listener per round
+        self.squatters: list[socket.socket] = []
+        metrics = workdir / "metrics.sock"
+        self.listeners = [self.socket, str(workdir / "pod-resources.sock")]
+        self.metrics_address = ""
+        if len(str(metrics)) < 100:  # a unix socket path's limit, with room to spare
+            self.metrics_address = f"unix:{metrics}"
+            self.listeners.append(str(metrics))
 
     # ---- the agent ------------------------------------------------------------------
     def start_agent(self) -> None:
         log = open(self.workdir / "agent.log", "ab")
         self.agent = subprocess.Popen(
             [sys.executable, "-m", "numa_agent.cli.numa_agent", "serve", "--state-dir", str(self.state_dir),
-             "--socket", self.socket, "--metrics-address", "", "--no-hotplug", "--cgroup-root", self.cgroup_root],
-            stdout=log, stderr=subprocess.STDOUT)
+             "--socket", self.socket, "--metrics-address", self.metrics_address, "--no-hotplug",
+             "--cgroup-root", self.cgroup_root],
+            stdout=log, stderr=subprocess.STDOUT, preexec_fn=self._limit_nofile)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             if self.agent.poll() is not None:
@@ -88,6 +104,41 @@ class Storm:
                 pass
             time.sleep(0.05)
         raise RuntimeError("the agent did not answer within 60 s")
+
+    def _limit_nofile(self) -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (self.nofile, self.nofile))
+
+    # ---- squatters: idle and half-open connections on every listener -----------------
+    def squat_listeners(self) -> int:
+        """Open `squat` connections on each listener, every other one sending half
+        a request head and then nothing; the agent refuses or times them out."""
+        self.release_squatters()
+        for path in self.listeners:
+            for i in range(self.squat):
+                s = connect_unix(path)
+                if s is None:
+                    break  # the listen queue stays full: the agent is not accepting there
+                if i % 2:
+                    try:
+                        s.send(HALF_REQUEST)
+                    except OSError:
+                        pass
+                self.squatters.append(s)
+        return len(self.squatters)
+
+    def release_squatters(self) -> None:
+        for s in self.squatters:
+            s.close()
+        self.squatters = []
+
+    def admits_while_squatted(self) -> bool:
+        """A plain numa-run is admitted while the squatters hold their connections."""
+        try:
+            return subprocess.run(
+                [sys.executable, "-m", "numa_agent.cli.numa_run", "--socket", self.socket, "--shared",
+                 "--", "true"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60).returncode == 0
+        except subprocess.TimeoutExpired:
+            return False
 
     def kill_agent(self) -> None:
         if self.agent is not None and self.agent.poll() is None:
@@ -201,6 +252,7 @@ class Storm:
         return path if path.is_dir() else None
 
     def cleanup(self) -> None:
+        self.release_squatters()
         for proc in self.clients.values():
             if proc.poll() is None:
                 proc.kill()
@@ -211,6 +263,26 @@ class Storm:
                 self.agent.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 self.agent.kill()
+
+
+def connect_unix(path: str, patience: float = 2.0) -> socket.socket | None:
+    """A connection to `path`, waiting up to `patience` s for room in its listen
+    queue; None if there is none by then, or the connection is refused."""
+    s = socket.socket(socket.AF_UNIX)
+    s.setblocking(False)
+    give_up = time.monotonic() + patience
+    while True:
+        try:
+            s.connect(path)
+            return s
+        except BlockingIOError:
+            if time.monotonic() > give_up:
+                break
+            time.sleep(0.005)
+        except OSError:
+            break
+    s.close()
+    return None
 
 
 def _agent_cgroup_root() -> str:
@@ -236,9 +308,9 @@ def _comm(pid: int) -> str:
 
 
 def run(seconds: float, kills: int, cgroup_root: str, seed: int, workdir: Path,
-        lifetime: tuple[float, float] = (1.0, 15.0)) -> Outcome:
+        lifetime: tuple[float, float] = (1.0, 15.0), nofile: int = 1024, squat: int = 1024) -> Outcome:
     rng = random.Random(seed)
-    storm = Storm(workdir, cgroup_root, rng, lifetime)
+    storm = Storm(workdir, cgroup_root, rng, lifetime, nofile, squat)
     out = Outcome()
     deadline = time.monotonic() + seconds
     interval = seconds / max(1, kills)
@@ -259,7 +331,13 @@ def run(seconds: float, kills: int, cgroup_root: str, seed: int, workdir: Path,
             print(f"round {round_no}: agent killed, checkpoint damage: {damage}, "
                   f"{len(storm.clients)} client(s) in flight", flush=True)
             storm.start_agent()
+            if squat:
+                held = storm.squat_listeners()
+                out.check(storm.admits_while_squatted(),
+                          f"round {round_no}: numa-run was not admitted while {held} idle or half-open "
+                          f"connections squatted on {len(storm.listeners)} listeners")
             storm.check(out, round_no)
+            storm.release_squatters()
     finally:
         storm.cleanup()
     return out
@@ -272,6 +350,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cgroup-root", default="none", help="the agent's --cgroup-root (default none: affinity)")
     p.add_argument("--seed", type=int, default=None, help="random seed (default: time)")
     p.add_argument("--workdir", help="where the agent's state and log go (default: a temporary directory)")
+    p.add_argument("--nofile", type=int, default=1024, help="the agent's open-file limit (default 1024)")
+    p.add_argument("--squat", type=int, default=None, metavar="N",
+                   help="idle and half-open connections opened on each listener every round (default: "
+                        "--nofile, so that each listener alone could exhaust the agent; 0: none)")
     p.add_argument("--client-seconds", default="1,15", metavar="MIN,MAX",
                    help="how long each client's command runs (default 1,15; slower machines want more)")
     args = p.parse_args(argv)
@@ -284,7 +366,8 @@ def main(argv: list[str] | None = None) -> int:
     workdir.mkdir(parents=True, exist_ok=True)
     print(f"chaos: seed {seed}, {args.seconds:g} s, up to {args.kills} kills, cgroup root {args.cgroup_root}, "
           f"work in {workdir}", flush=True)
-    out = run(args.seconds, args.kills, args.cgroup_root, seed, workdir, (low, high))
+    out = run(args.seconds, args.kills, args.cgroup_root, seed, workdir, (low, high), args.nofile,
+              args.nofile if args.squat is None else args.squat)
     if not out.passed and not out.failures:
         # A storm that checked nothing proves nothing: clients all gone before a check.
         print("chaos: no check ran (every client had exited before the agent was back); "
