@@ -660,10 +660,11 @@ class ApiServer:
         self._prepare()
         self._loop()
 
-    def stop(self) -> None:
+    def stop(self, leave_socket: bool = False) -> None:
         """Stop accepting and close unfinished connections (their clients
         retry), let the workers answer the requests already complete (for a
-        few seconds at most), close the socket and remove our socket file."""
+        few seconds at most), close the socket and remove our socket file;
+        with `leave_socket`, the file stays (an agent stopping after it served)."""
         listener = self._listener
         if listener is None:
             return
@@ -677,7 +678,8 @@ class ApiServer:
                 self._thread = None
         self._listener = None
         listener.close()
-        self._remove_socket()
+        if not leave_socket:
+            self._remove_socket()
         for lane in self._lanes.values():
             for _ in range(READ_WORKERS + WRITE_WORKERS):
                 lane.put(None)

@@ -372,7 +372,12 @@ class Agent:
         from numa_agent.daemon import sdnotify
 
         sdnotify.stopping()
-        for part in (self.api, self.pod_resources, self.loop, self.watcher, self.sampler, self.metrics):
+        if self.api is not None:
+            # The socket file stays: a client that finds it refusing waits for the next
+            # agent (a restart), where a missing one fails at once (no agent starts).
+            # The next agent replaces it; systemd's socket unit keeps its own the same way.
+            self.api.stop(leave_socket=True)
+        for part in (self.pod_resources, self.loop, self.watcher, self.sampler, self.metrics):
             if part is not None:
                 part.stop()
         if self.kubelet_files is not None:
