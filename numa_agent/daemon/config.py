@@ -229,7 +229,7 @@ MAX_CONFIG_BYTES = 1 << 20
 def read_config_bytes(file: Path, *, required: bool = False) -> bytes | None:
     """The file's bytes, or None when it is missing and was not asked for.
     Only a regular file is read (a symlink to one is fine, as /etc often has),
-    and at most MAX_CONFIG_BYTES of it: a device, FIFO or socket is refused
+    and at most MAX_CONFIG_BYTES of it: a device (but /dev/null, read as empty), FIFO or socket is refused
     without blocking on it (O_NONBLOCK), and an endless file is never read whole."""
     import stat
 
@@ -243,6 +243,8 @@ def read_config_bytes(file: Path, *, required: bool = False) -> bytes | None:
         raise ConfigError(f"cannot read config file {file}: {exc.strerror}") from None
     try:
         st = os.fstat(fd)
+        if stat.S_ISCHR(st.st_mode) and (os.major(st.st_rdev), os.minor(st.st_rdev)) == (1, 3):
+            return b""  # /dev/null, the usual way to say "no file, the defaults"
         if not stat.S_ISREG(st.st_mode):
             raise ConfigError(f"config file {file} is {_file_kind(st.st_mode)}, not a regular file")
         if st.st_size > MAX_CONFIG_BYTES:

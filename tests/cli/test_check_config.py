@@ -44,3 +44,10 @@ def test_a_missing_or_endless_file_is_refused(tmp_path):
     r = check("--config", "/dev/zero")
     assert (r.returncode, r.stderr) == (EX_CONFIG, "numa-agent: config file /dev/zero is a character device, "
                                                    "not a regular file\n")
+
+
+def test_dev_null_is_the_empty_file_it_always_was():
+    """`--config /dev/null`: no file, every default (as `ssh -F /dev/null`); any other
+    device is still refused above."""
+    r = check("--config", "/dev/null")
+    assert (r.returncode, r.stdout, r.stderr) == (0, "ok\n", "")
