@@ -48,7 +48,10 @@ def resize(machine: Machine, state: AgentState, name: str, cpus: int | None = No
     explanation: dict[str, Any] = {"admit": True, "resize": {"from": _figures(w), "to": {}}}
     try:
         try:
-            decision = decide(machine, without, request, kernel=kernel)
+            # The hugepages it keeps are its own already: the kernel's counters, which
+            # show them taken, would refuse them to it. A resize does not change them.
+            pages = kernel if not any(request.resources.hugepages.values()) else None
+            decision = decide(machine, without, request, kernel=pages)
         except InvalidRequest as exc:
             raise Refusal("bad_request", str(exc)) from None
         except Refusal as refusal:
@@ -165,6 +168,9 @@ def _check_resizable(w: Workload, cpus: int | None, memory_bytes: int | None) ->
                                        "start it with --cpus N to have them")
     if w.request.get("physcpubind") is not None and cpus is not None and cpus != len(w.booking.cpus):
         raise Refusal("not_resizable", f"{w.name} named its CPUs (-C): resize it by starting it again")
+    if memory_bytes is not None and w.pod is None and not w.booking.memory:
+        # Booking memory now would choose its nodes afresh and move its mems: a resize never moves.
+        raise Refusal("not_resizable", f"{w.name} has no memory booking to resize: start it with --memory SIZE")
 
 
 def _figures(w: Workload) -> dict[str, Any]:

@@ -85,6 +85,14 @@ def test_growing_named_cpus_is_not_resizable():
     assert refused.value.code == "not_resizable"
 
 
+def test_memory_for_a_workload_without_a_memory_booking_is_not_resizable():
+    m = machine()
+    state, w = admitted(m, cpus=2)
+    with pytest.raises(Refusal) as refused:
+        resize(m, state, "web", memory_bytes=GiB)  # booked afresh, its mems could move
+    assert refused.value.code == "not_resizable"
+
+
 def test_a_grown_workload_keeps_its_memory_nodes_in_mems():
     m = machine()
     state, w = admitted(m, cpus=2, memory=1 * GiB, membind=(0,))
@@ -93,3 +101,33 @@ def test_a_grown_workload_keeps_its_memory_nodes_in_mems():
     with pytest.raises(Refusal) as refused:
         resize(m, state, "web", memory_bytes=9 * GiB)  # -m 0 holds 8 GiB
     assert refused.value.code == "insufficient_memory"
+
+
+def test_a_resize_keeps_its_devices_and_their_node():
+    from tests.admission.test_admit import machine as with_devices
+
+    m = with_devices("single-numa-node")
+    state = decide(m, AgentState(), Request(name="web", owner_uid=1000,
+                                            resources=Resources(cpus=2, devices={"gpu": 1}))).state
+    w = state.workload("web")
+    grown = resize(m, state, "web", cpus=4)
+    assert grown.workload.booking.devices == w.booking.devices
+    assert grown.workload.booking.numa_nodes == w.booking.numa_nodes == (1,)  # the GPU's node
+    back = resize(m, grown.state, "web", cpus=2).workload.booking
+    assert back.cpus == w.booking.cpus and back.devices == w.booking.devices and back.numa_nodes == (1,)
+    assert grown.state.devices_in_use() == state.devices_in_use()  # held once
+
+
+def test_a_resize_keeps_its_hugepages_whatever_the_kernel_counters_say():
+    from numa_agent.admission.memory_manager import KernelHugepages
+
+    topo = make_topology(sockets=2, cores_per_node=4, threads_per_core=2, memory_per_node_bytes=8 * GiB,
+                         hugepages_2m_per_node=64)
+    m = build_machine(topo, PolicyConfig(topology_policy="single-numa-node"))
+    state = decide(m, AgentState(), Request(name="web", owner_uid=1000,
+                                            resources=Resources(cpus=2, hugepages={2048: 64}))).state
+    node = next(iter(state.workload("web").booking.memory))
+    # All 64 pages of its node are in use: its own, faulted in.
+    kernel = KernelHugepages(free=((node, 2048, 0),), in_use=((node, 2048, 64 * (2 << 20)),))
+    d = resize(m, state, "web", cpus=4, kernel=kernel)
+    assert d.workload.booking.memory == state.workload("web").booking.memory
