@@ -116,3 +116,29 @@ def test_a_resize_keeps_every_rule_its_admission_checked(scene, data):
     assert set(got.numa_nodes) == set(cpu_nodes) | set(got.mems)
     assert set(got.memory) <= set(got.mems) or not got.memory
     _check_state(m, d.state)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.filter_too_much, HealthCheck.too_slow])
+@given(st.integers(2, 8), st.integers(1, 4), st.booleans(), st.integers(1, 8))
+def test_a_pod_member_resizes_inside_its_pod(budget, first, sharing, target):
+    topo = make_topology(sockets=2, cores_per_node=4, threads_per_core=2, memory_per_node_bytes=4 * GiB)
+    m = build_machine(topo, PolicyConfig(topology_policy="best-effort"))
+    assume(first + 1 + sharing <= budget)
+    state = decide(m, AgentState(), Request("main", 1000, Resources(cpus=first), pod="pd",
+                                            pod_budget=Resources(cpus=budget))).state
+    state = decide(m, state, Request("other", 1000, Resources(cpus=1), pod="pd")).state
+    if sharing:
+        state = decide(m, state, Request("side", 1000, Resources(), pod="pd")).state
+    pod, held = state.pod("pd"), state.workload("main").booking.cpus
+    try:
+        d = resize(m, state, "main", cpus=target)
+    except Refusal:
+        return
+    got = d.workload.booking.cpus
+    assert len(got) == target and got.issubset(pod.booking.cpus)
+    assert held.issubset(got) if target >= len(held) else got.issubset(held)
+    assert got.isdisjoint(d.state.workload("other").booking.cpus)
+    if sharing:
+        assert pod.booking.cpus - got - d.state.workload("other").booking.cpus  # the sharers keep a CPU
+    assert d.state.exclusive_cpus() == state.exclusive_cpus()  # the machine's pool does not change
+    assert d.state.pod("pd").members == pod.members
