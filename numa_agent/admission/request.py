@@ -7,6 +7,7 @@ from typing import Any, Mapping
 
 from numa_agent.core.cpuset import CpuSet
 from numa_agent.core.units import format_bytes
+from numa_agent.state.model import Booking
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,16 @@ def _counted(count: int, what: str) -> str:
 
 
 @dataclass(frozen=True)
+class Keep:
+    """What a resize keeps: the booking its workload holds, decided again at the
+    new size against the state without it (`admission/keep.py`). `added`: the
+    CPUs resizes added, oldest first (a shrink gives them back first)."""
+
+    booking: Booking
+    added: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
 class Request:
     name: str
     owner_uid: int
@@ -70,6 +81,8 @@ class Request:
     cgroup: str | None = None
     within_cpus: CpuSet | None = None
     within_mems: tuple[int, ...] | None = None
+    # Set only by a resize (None for every admission): the booking to keep.
+    keep: Keep | None = None
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {**self.resources.to_json(), "shared": self.shared}

@@ -133,6 +133,13 @@ class RequestTimeout(ApiError):
     code = "request_timeout"
 
 
+class NotResizable(ApiError):
+    """The workload cannot be resized as asked (shared, or its CPUs were named)."""
+
+    status = 409
+    code = "not_resizable"
+
+
 class RequestIdInUse(ApiError):
     """The admission's request id was already used by another user or process."""
 

@@ -11,6 +11,7 @@ HTTP_ERROR: dict[type[refusals.ServiceRefusal], type[errors.ApiError]] = {
     refusals.OverQuota: errors.QuotaExceeded,              # 403 quota_exceeded
     refusals.UnknownWorkload: errors.NotFound,             # 404 not_found
     refusals.InConflict: errors.Conflict,                  # 409 name_in_use
+    refusals.NotResizable: errors.NotResizable,            # 409 not_resizable
     refusals.NoCapacity: errors.AdmissionRefused,          # 409 admission_refused
     refusals.TopologyRefused: errors.TopologyAffinityError,  # 409 topology_affinity_error
     refusals.HugepagesTaken: errors.AdmissionRefused,      # 409 admission_refused

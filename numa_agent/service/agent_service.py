@@ -69,6 +69,7 @@ from numa_agent.service.refusals import (
     InvalidInput,
     NoCapacity,
     NotPermitted,
+    NotResizable,
     OverQuota,
     RequestIdTaken,
     ServiceRefusal,
@@ -290,11 +291,14 @@ class AgentService:
         pure core, then committed as an admission is (checkpoint, then enforcement,
         kubelet files and isolation), so a crash leaves the old booking or the new."""
         started = time.perf_counter()
-        owner = self.owner(caller.uid) if self.quotas else None
+        held = self.state.workload(name)  # its owner's quota, whoever asks (looked up outside the lock)
+        owner = self.owner(caller.uid if held is None else held.owner_uid) if self.quotas else None
         with self._lock:
             w = self.state.workload(name)
             if w is None:
                 raise UnknownWorkload(f"no workload named {name!r}")
+            if owner is not None and owner.uid != w.owner_uid:  # replaced meanwhile
+                owner = self.owner(w.owner_uid)
             if not caller.is_root and caller.uid != w.owner_uid:
                 raise NotPermitted(f"workload {name!r} belongs to uid {w.owner_uid}; only its owner or root may resize it")
             if w.quarantined:
@@ -307,7 +311,7 @@ class AgentService:
                 self.counters.refused(exc.code, time.perf_counter() - started)
                 log.warning("resize of %s refused for uid %d: %s", name, caller.uid, exc.message)
                 invalid = {"not_found": UnknownWorkload, "bad_request": InvalidInput,
-                           "not_resizable": InConflict}.get(exc.code)
+                           "not_resizable": NotResizable}.get(exc.code)
                 if invalid is not None:
                     raise invalid(exc.message) from None
                 raise _refused(exc) from None

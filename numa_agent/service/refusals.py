@@ -36,6 +36,11 @@ class InConflict(ServiceRefusal):
     """The name or the engine cgroup is taken, or the workload is held for an operator."""
 
 
+class NotResizable(ServiceRefusal):
+    """The workload's request cannot say the resize asked (a shared workload's CPUs,
+    CPUs it named growing beyond them): start it again instead."""
+
+
 class NoCapacity(ServiceRefusal):
     """Valid, but it cannot be admitted now; `details` is the explanation."""
 

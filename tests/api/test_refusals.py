@@ -24,6 +24,7 @@ def test_the_statuses_and_codes_callers_rely_on():
         "InvalidInput": (400, "bad_request"), "NotPermitted": (403, "forbidden"),
         "OverQuota": (403, "quota_exceeded"), "UnknownWorkload": (404, "not_found"),
         "InConflict": (409, "name_in_use"), "NoCapacity": (409, "admission_refused"),
+        "NotResizable": (409, "not_resizable"),
         "TopologyRefused": (409, "topology_affinity_error"), "RequestIdTaken": (409, "request_id_in_use"),
         "Unavailable": (503, "unavailable"), "HugepagesTaken": (409, "admission_refused"),
     }

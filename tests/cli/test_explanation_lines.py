@@ -50,9 +50,9 @@ def test_a_refused_growth_says_from_how_many_to_how_many_and_what_is_free_where(
 
 
 def test_a_growth_an_aligned_policy_refuses_says_it_in_the_same_terms():
-    lines = _refused_resize("restricted", cpus=9)
-    assert lines[0] == ("numa-agent resize: refused: TopologyAffinityError: cannot grow web from 6 to 9 CPUs "
-                        "within NUMA node(s) 0 (policy restricted): 3 more needed, 1 free there")
+    lines = _refused_resize("restricted", cpus=8)
+    assert lines[0] == ("numa-agent resize: refused: TopologyAffinityError: cannot grow web from 6 to 8 CPUs "
+                        "within NUMA node(s) 0 (policy restricted): 2 more needed, 1 free there")
     assert lines[1] == "  free: node 0: 1 CPU, 7 GiB; node 1: 8 CPUs, 8 GiB"
 
 

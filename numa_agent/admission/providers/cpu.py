@@ -12,7 +12,9 @@ from numa_agent.admission.errors import (
     CpusBusyError,
     PodSharedPartEmptyError,
     SharedPoolEmptyError,
+    SMTAlignmentError,
 )
+from numa_agent.admission.keep import grow_cpus, shrink_cpus
 from numa_agent.admission.machine import Machine
 from numa_agent.admission.provider import NOTHING, Allocation
 from numa_agent.admission.request import Request
@@ -63,8 +65,13 @@ class CpuProvider:
         pinned = request.physcpubind is not None or request.cpunodebind is not None
         if view.pod is not None or pinned or not _wants_exclusive(request, machine):
             return None
-        return {"cpu": cpu_hints(machine.cpu_topology, _available(request, view), request.resources.cpus,
-                                 machine.cpu_options)}
+        count, available = request.resources.cpus, _available(request, view)
+        kept = request.keep.booking.cpus if request.keep is not None else None
+        if kept:  # a resize: masks holding its CPUs (growth) or `count` of them (shrink)
+            if count < len(kept):
+                return {"cpu": cpu_hints(machine.cpu_topology, kept, count, machine.cpu_options)}
+            return {"cpu": cpu_hints(machine.cpu_topology, available, count, machine.cpu_options, reusable=kept)}
+        return {"cpu": cpu_hints(machine.cpu_topology, available, count, machine.cpu_options)}
 
     def allocate(self, request: Request, view: AdmissionView, affinity: NumaMask | None) -> Allocation:
         if view.pod is not None:
@@ -107,7 +114,21 @@ def _pick(request: Request, view: AdmissionView, affinity: NumaMask | None) -> C
         raise CpuAllocationError(f"not enough CPUs: requested {count}, {len(available)} free for exclusive use"
                                  f"{_per_node_cpu_text(machine, available)}")
     where = NumaMask(request.cpunodebind) if request.cpunodebind else affinity
+    if request.keep is not None and request.keep.booking.cpus:
+        return _resized(machine, request, available, where)
     return allocate_cpus(machine.cpu_topology, available, count, where, machine.cpu_options)
+
+
+def _resized(machine: Machine, request: Request, available: CpuSet, where: NumaMask | None) -> CpuSet:
+    """A resize's CPUs: the kept ones and more (growth) or a subset of them (shrink)."""
+    assert request.keep is not None
+    kept, count, options = request.keep.booking.cpus, request.resources.cpus, machine.cpu_options
+    topo = machine.cpu_topology
+    if count <= len(kept):
+        return shrink_cpus(topo, kept, request.keep.added, count, where, options)
+    if options.full_pcpus_only and (count - len(kept)) % topo.cpus_per_core:
+        raise SMTAlignmentError(count, topo.cpus_per_core)
+    return grow_cpus(topo, available, kept, count, where, options)
 
 
 def _allocate_in_pod(request: Request, view: AdmissionView) -> Allocation:
@@ -132,6 +153,8 @@ def _allocate_in_pod(request: Request, view: AdmissionView) -> Allocation:
             f"that share the rest ({', '.join(m.name for m in members if m.shared)})")
     machine = view.machine
     try:
+        if request.keep is not None and request.keep.booking.cpus:
+            return Allocation(cpus=_resized(machine, request, shared_part, None))
         cpus = allocate_cpus(machine.cpu_topology, shared_part, count, None, machine.cpu_options)
     except CpuAllocationError as exc:
         # Inside a pod every CPU shortfall reads as insufficient_cpus.

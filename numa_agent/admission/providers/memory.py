@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from numa_agent.admission.errors import MemoryAllocationError, MemoryOnlyNodesError
+from numa_agent.admission.keep import keep_memory, require_nodes
 from numa_agent.admission.memory_manager import (
     MemoryRequest,
     allocate_memory,
@@ -56,7 +57,12 @@ class MemoryProvider:
             nodes = tuple(n for n in machine.ordinary_node_ids if n not in fenced)
         if request.within_mems is not None:
             nodes = tuple(n for n in nodes if n in request.within_mems)
-        return memory_hints(machine.memory, view.memory_usage, mem_request, nodes, view.kernel)
+        hints = memory_hints(machine.memory, view.memory_usage, mem_request, nodes, view.kernel)
+        kept = request.keep.booking if request.keep is not None else None
+        if kept is not None and kept.memory:  # a resize: masks holding the nodes its memory is on
+            held = kept.memory_group or tuple(kept.memory)
+            return {resource: require_nodes(h, held) for resource, h in hints.items()}
+        return hints
 
     def allocate(self, request: Request, view: AdmissionView, affinity: NumaMask | None) -> Allocation:
         if view.pod is not None:
@@ -66,6 +72,9 @@ class MemoryProvider:
         if not _wants_memory(request, view):
             return NOTHING if membind is None else Allocation(mems=membind)
         machine = view.machine
+        if request.keep is not None and request.keep.booking.memory:
+            return keep_memory(machine.memory, view.memory_usage, request.keep.booking,
+                               request.resources.memory_bytes, membind)
         if membind is not None:
             where: NumaMask | None = NumaMask(membind)
         else:
