@@ -6,6 +6,9 @@ cpu; the attributes are the ones the scheduler plugin reads."""
 from __future__ import annotations
 
 import copy
+import shutil
+import socket
+import tempfile
 from pathlib import Path
 
 import jsonschema
@@ -15,6 +18,8 @@ import yaml
 from numa_agent.admission.admit import InvalidRequest, Refusal, decide
 from numa_agent.admission.machine import PolicyConfig, build_machine
 from numa_agent.admission.request import Request, Resources
+from numa_agent.api.client import request
+from numa_agent.api.server import ApiServer
 from numa_agent.discovery.sysfs import read_topology
 from numa_agent.state.model import AgentState
 from numa_agent.views.nrt import node_resource_topology, option_attribute, topology_policies
@@ -185,3 +190,39 @@ def test_deprecated_policy_names():
     assert topology_policies("best-effort", "pod") == ["BestEffortPodLevel"]
     assert topology_policies("none", "container") == ["None"]
     assert option_attribute("numa-allocation-strategy") == "topologyManagerOptionNumaAllocationStrategy"
+
+
+class _ViewOnly:
+    """A service that has only what GET /v1/nrt reads: its (machine, state) view."""
+
+    def __init__(self, view) -> None:
+        self._view = view
+
+    def view(self):
+        return self._view
+
+
+@pytest.fixture
+def served():
+    """(machine, booked state, the service, the socket path of an ApiServer serving its view)."""
+    machine = build_machine(make_topology(), PolicyConfig())
+    state = _book(machine, AgentState(policy_fingerprint=machine.policy.fingerprint()))
+    sock_dir = tempfile.mkdtemp(prefix="na-nrt-", dir="/tmp")  # short: a unix socket path
+    service = _ViewOnly((machine, state))
+    server = ApiServer(service, f"{sock_dir}/agent.sock", request_deadline=1.0, poll_interval=0.02).start()
+    try:
+        yield machine, state, service, server.socket_path
+    finally:
+        server.stop()
+        shutil.rmtree(sock_dir, ignore_errors=True)
+
+
+def test_get_v1_nrt_serves_the_object_of_the_services_view(validator, served):
+    machine, state, service, path = served
+    status, body = request(path, "GET", "/v1/nrt")
+    assert status == 200
+    assert body == node_resource_topology(machine, state, socket.gethostname())
+    assert validator.is_valid(body)
+    service._view = None  # not started yet: no machine to describe
+    status, body = request(path, "GET", "/v1/nrt")
+    assert status == 503 and body["error"]["code"] == "unavailable"
