@@ -6,6 +6,7 @@ cpu; the attributes are the ones the scheduler plugin reads."""
 from __future__ import annotations
 
 import copy
+import json
 import shutil
 import socket
 import tempfile
@@ -20,6 +21,8 @@ from numa_agent.admission.machine import PolicyConfig, build_machine
 from numa_agent.admission.request import Request, Resources
 from numa_agent.api.client import request
 from numa_agent.api.server import ApiServer
+from numa_agent.cli.export_cmd import to_yaml
+from numa_agent.cli.numa_agent import main
 from numa_agent.discovery.sysfs import read_topology
 from numa_agent.state.model import AgentState
 from numa_agent.views.nrt import node_resource_topology, option_attribute, topology_policies
@@ -226,3 +229,34 @@ def test_get_v1_nrt_serves_the_object_of_the_services_view(validator, served):
     service._view = None  # not started yet: no machine to describe
     status, body = request(path, "GET", "/v1/nrt")
     assert status == 503 and body["error"]["code"] == "unavailable"
+
+
+def test_export_asks_the_agent_so_available_counts_its_bookings(served, capsys):
+    machine, state, _, path = served
+    assert main(["export", "nrt", "--socket", path, "--node-name", "worker-7"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed == node_resource_topology(machine, state, "worker-7")
+    assert any(r["available"] < r["allocatable"] for z in printed["zones"] for r in z["resources"])
+
+
+def test_export_without_an_agent_is_one_line(capsys):
+    assert main(["export", "nrt", "--socket", "/tmp/na-nrt-no-such.sock"]) == 1
+    out, err = capsys.readouterr()
+    assert out == "" and len(err.strip().splitlines()) == 1 and err.startswith("numa-agent export: error: ")
+
+
+@pytest.mark.parametrize("name", ["power9-2s-smt4-gpu-numa-nodes", "intel-snb-2s-2numa-pci-nvme-nic"])
+def test_export_from_a_machine_in_json_and_yaml_is_the_same_object(snapshot, capsys, validator, name):
+    root = str(snapshot(name)[0])
+    machine = build_machine(read_topology(root), PolicyConfig())
+    expected = node_resource_topology(machine, AgentState(policy_fingerprint=""), "n1")
+    for output, parse in (("json", json.loads), ("yaml", yaml.safe_load)):
+        assert main(["export", "nrt", "--sysfs-root", root, "--node-name", "n1", "-o", output]) == 0
+        assert parse(capsys.readouterr().out) == expected
+    assert validator.is_valid(expected)
+
+
+def test_the_yaml_emitter_keeps_every_value_its_type():
+    doc = {"a": "10", "b": 10, "c": ["true", True, None, "x: y", "- z"], "d": [], "e": {}, "f": [{"g": [1]}],
+           "h": "quote\" \\ and \u00e9"}
+    assert yaml.safe_load(to_yaml(doc)) == doc
