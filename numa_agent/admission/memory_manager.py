@@ -28,6 +28,7 @@ Everything here is pure and iterates sorted tuples only.
 from __future__ import annotations
 
 import bisect
+import functools
 from dataclasses import dataclass, field
 from itertools import accumulate
 from operator import add, ge
@@ -43,6 +44,7 @@ _nodes_of = NumaMask.nodes_of
 
 MEMORY = "memory"
 _HUGEPAGES_PREFIX = "hugepages-"
+_BINARY = ((1 << 40, "Ti"), (1 << 30, "Gi"), (1 << 20, "Mi"), (1 << 10, "Ki"))
 
 
 class MemoryConfigError(ValueError):
@@ -61,6 +63,20 @@ def hugepage_size_kb(resource: str) -> int | None:
     if len(digits) + len(_HUGEPAGES_PREFIX) + 2 != len(resource) or not digits.isdigit():
         return None
     return int(digits)
+
+
+@functools.lru_cache(maxsize=64)
+def kubelet_resource(resource: str) -> str:
+    """The kubelet's name of a memory resource: "memory", or a hugepage size
+    as a quantity ("hugepages-2048kB" -> "hugepages-2Mi")."""
+    size_kb = hugepage_size_kb(resource)
+    if size_kb is None:
+        return resource
+    size = size_kb << 10
+    for unit, suffix in _BINARY:
+        if size % unit == 0:
+            return f"hugepages-{size // unit}{suffix}"
+    return f"hugepages-{size}"
 
 
 def _fmt_mask(bits: int) -> str:

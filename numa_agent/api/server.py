@@ -307,6 +307,7 @@ class _Router:
                 caller.uid, memory=_query_flag(req.query, "memory")))},
             "/v1/allocatable": {"GET": lambda: (200, allocatable_view(self.service.status(caller.uid)))},
             "/v1/kubelet": {"GET": lambda: (200, self._kubelet())},
+            "/v1/nrt": {"GET": lambda: (200, self._nrt())},
             "/v1/workloads": {
                 "GET": lambda: (200, {"workloads": self.service.list_workloads(caller.uid)}),
                 "POST": lambda: self._admit(req, caller),
@@ -315,7 +316,7 @@ class _Router:
         methods = fixed.get(path)
         if methods is None:
             raise NotFound(f"no route {path[:100]!r}; see /v1/health, /v1/topology, "
-                           "/v1/status, /v1/allocatable, /v1/workloads, /v1/kubelet")
+                           "/v1/status, /v1/allocatable, /v1/workloads, /v1/kubelet, /v1/nrt")
         handler = methods.get(req.method)
         if handler is None:
             raise MethodNotAllowed(f"{req.method[:20]} is not allowed on {path}",
@@ -328,6 +329,17 @@ class _Router:
         if self.kubelet_documents is None:
             raise NotFound("this agent serves no kubelet-shaped documents")
         return self.kubelet_documents()
+
+    def _nrt(self) -> dict:
+        """This node's NodeResourceTopology object, named by the host name (views/nrt.py)."""
+        from numa_agent.api.errors import ServiceUnavailable
+        from numa_agent.views.nrt import node_resource_topology
+
+        view = self.service.view()
+        if view is None:
+            raise ServiceUnavailable("the agent has not discovered the machine yet")
+        machine, state = view
+        return node_resource_topology(machine, state, socket.gethostname())
 
     def _admit(self, req: _Request, caller: Caller) -> tuple[int, Any]:
         dry_run = _query_flag(req.query, "dry_run")

@@ -26,6 +26,7 @@ SUBCOMMANDS = {
     "pod-resources": "pod_resources_cmd",
     "oci-hook": "oci_hook_cmd",
     "slurm-node": "slurm_node_cmd",
+    "export": "export_cmd",
 }
 
 

@@ -25,14 +25,13 @@ every workload again.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 from typing import Any, Iterable, Mapping, Sequence
 
 import msgspec
 
 from numa_agent.admission.machine import Machine
-from numa_agent.admission.memory_manager import hugepage_size_kb
+from numa_agent.admission.memory_manager import kubelet_resource
 from numa_agent.admission.view import effective_cpus, memory_usage, shared_pool
 from numa_agent.core.cpuset import CpuSet
 from numa_agent.state.model import AgentState, Booking, FollowsChanges, Holder, Workload
@@ -42,21 +41,6 @@ MEMORY_MANAGER_STATE = "memory_manager_state"
 CHECKSUM_KEY = b',"checksum":'
 # The memory manager's policy names as the kubelet spells them in its state file.
 _MEMORY_POLICY = {"static": "Static", "none": "None"}
-_BINARY = ((1 << 40, "Ti"), (1 << 30, "Gi"), (1 << 20, "Mi"), (1 << 10, "Ki"))
-
-
-@functools.lru_cache(maxsize=64)
-def kubelet_resource(resource: str) -> str:
-    """The kubelet's name of a memory resource: "memory", or a hugepage size
-    as a quantity ("hugepages-2048kB" -> "hugepages-2Mi")."""
-    size_kb = hugepage_size_kb(resource)
-    if size_kb is None:
-        return resource
-    size = size_kb << 10
-    for unit, suffix in _BINARY:
-        if size % unit == 0:
-            return f"hugepages-{size // unit}{suffix}"
-    return f"hugepages-{size}"
 
 
 def pod_of(w: Workload) -> str:

@@ -69,8 +69,8 @@ def test_numa_agent_page_names_every_command_and_its_options():
 
     page = (REPO / "docs/man/numa-agent.8").read_text().replace("\\-", "-")
     subs = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
-    assert sorted(subs.choices) == ["check-config", "explain", "oci-hook", "pod-resources", "release", "resize",
-                                   "serve", "slurm-node", "status", "topology"]
+    assert sorted(subs.choices) == ["check-config", "explain", "export", "oci-hook", "pod-resources", "release",
+                                   "resize", "serve", "slurm-node", "status", "topology"]
     for name, sub in subs.choices.items():
         section = page.split(f".SS {name}\n", 1)[1].split(".SS ", 1)[0]
         # each option by the name its synopsis shows (an alias such as numactl's older
