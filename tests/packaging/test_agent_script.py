@@ -12,7 +12,7 @@ SNAPSHOT = "tests/fixtures/sysfs/intel-snb-2s-2numa-pci-nvme-nic.tar.gz"
 def run_agent_script(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
     stub = tmp_path / "bin" / "numa-agent"
     stub.parent.mkdir()
-    stub.write_text('#!/bin/sh\nfor a in "$@"; do echo "$a"; done\n')
+    stub.write_text('#!/bin/sh\nprintf "%s\\n" "$@"\n')
     stub.chmod(0o755)
     # .venv/bin already on PATH: bootstrap.sh leaves PATH alone, so the stand-in comes first.
     path = os.pathsep.join([str(stub.parent), str(REPO / ".venv" / "bin"), "/usr/bin", "/bin"])
