@@ -15,11 +15,19 @@ _numa_agent_bootstrap() {
     local stamp="$VENV/.installed-from"
     want="$(sha256sum "$ROOT/pyproject.toml" | cut -d' ' -f1)" || return 1
     if [ ! -x "$VENV/bin/python" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-        echo "numa-agent: setting up $VENV (first run or pyproject.toml changed)..." >&2
+        echo "numa-agent: setting up $VENV (first run or pyproject.toml changed), 3 steps" >&2
+        echo "numa-agent: 1/3 making the venv (python3 -m venv)" >&2
         python3 -m venv "$VENV" || return 1
+        echo "numa-agent: 2/3 upgrading pip" >&2
         "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade pip >&2 || return 1
-        "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -e "$ROOT[test]" >&2 || return 1
+        echo "numa-agent: 3/3 installing numa-agent (editable) and its test tools; pip's progress follows" >&2
+        # setuptools warns on every editable install of a package at the top of the
+        # repository (a numa_agent/ folder in the working directory is imported first):
+        # here that folder is the package itself, so the warning says nothing.
+        PYTHONWARNINGS="ignore:Editable installation" \
+            "$VENV/bin/python" -m pip install --disable-pip-version-check -e "$ROOT[test]" >&2 || return 1
         echo "$want" > "$stamp"
+        echo "numa-agent: $VENV is ready" >&2
     fi
     case ":$PATH:" in
         *":$VENV/bin:"*) ;;
