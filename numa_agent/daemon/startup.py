@@ -277,11 +277,7 @@ class Agent:
         service, api = self.service, self.api
         assert service is not None and api is not None, "the edges start after the service"
         self._start_observer(service)  # before the API serves: every status has its fields
-        api.attach(service, self._kubelet_documents)
-        api.start()
-        if self.pod_resources is not None:
-            self.pod_resources.attach(service)
-            self.pod_resources.start()
+        # Metrics listen before the API answers: a client that sees the agent up can scrape it.
         if cfg.metrics_address:
             from numa_agent.views.metrics import build_registry, start_metrics_server
 
@@ -293,6 +289,11 @@ class Agent:
                 raise StartupConfigError(str(exc)) from None
             except (OSError, ValueError) as exc:  # taken since it was checked
                 raise StartupError(f"{exc} (agent.metrics_address, --metrics-address)") from None
+        api.attach(service, self._kubelet_documents)
+        api.start()
+        if self.pod_resources is not None:
+            self.pod_resources.attach(service)
+            self.pod_resources.start()
         if self.hotplug is None and cfg.hotplug and os.path.abspath(cfg.sysfs_root) == "/":
             from numa_agent.hotplug.events import HotplugUnavailable, UdevEventSource
 
