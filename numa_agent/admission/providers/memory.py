@@ -23,7 +23,7 @@ from numa_agent.admission.memory_manager import (
 from numa_agent.admission.provider import NOTHING, Allocation
 from numa_agent.admission.request import Request
 from numa_agent.admission.view import AdmissionView
-from numa_agent.core.hints import HintSet, NumaMask
+from numa_agent.core.hints import HintSet, NumaMask, TopologyHint
 from numa_agent.core.units import format_bytes
 
 TOPOLOGY_AFFINITY_ERROR = "TopologyAffinityError"
@@ -49,7 +49,9 @@ class MemoryProvider:
         if view.pod is not None:
             return None
         mem_request = _memory_request(request, view)  # checks the amounts, asked for or not
-        if request.membind is not None or not _wants_memory(request, view):
+        if request.membind is not None:
+            return _membind_hints(request, view, mem_request, request.membind)
+        if not _wants_memory(request, view):
             return None
         machine, fenced = view.machine, view.fenced_nodes
         nodes: NumaMask | tuple[int, ...] = machine.ordinary_node_mask
@@ -102,6 +104,25 @@ class MemoryProvider:
                 if int(n) in memory_nodes and int(n) in ordinary]
         why = f"memory: requested {format_bytes(wanted)}, {nodes_have(free)}"
         return why if hint is None else f"{why}; {hint}"
+
+
+def _membind_hints(request: Request, view: AdmissionView, mem_request: MemoryRequest,
+                   membind: tuple[int, ...]) -> Mapping[str, HintSet] | None:
+    """-m names where the memory goes (its nodes are booked as one group, `mems` is
+    them): the one mask of those nodes, so the CPUs are placed beside it. Preferred
+    as the memory manager's hint on that mask would be (as narrow as the fewest of
+    those nodes that could hold the request; one node when nothing is booked). A
+    request the named nodes cannot hold gets no say here: allocate() says why."""
+    mask = NumaMask(membind)
+    if not _wants_memory(request, view):
+        return {"memory": HintSet.explicit([TopologyHint(mask, mask.count() == 1)])}
+    hints = memory_hints(view.machine.memory, view.memory_usage, mem_request, membind, view.kernel)
+    out: dict[str, HintSet] = {}
+    for resource, h in hints.items():
+        if h.kind != "generated" or h.fits is None or not h.fits(mask):
+            return None
+        out[resource] = HintSet.explicit([TopologyHint(mask, h.is_preferred(mask))])
+    return out or None
 
 
 def _without_explicit(affinity: NumaMask | None, explicit: tuple[int, ...]) -> NumaMask | None:
