@@ -117,6 +117,9 @@ def _pick(request: Request, view: AdmissionView, affinity: NumaMask | None) -> C
     if not _wants_exclusive(request, machine):
         return CpuSet()
     count = request.resources.cpus
+    if request.keep is not None and request.keep.booking.cpus:
+        # A resize: a shrink takes nothing from what is free; a growth adds to what it keeps.
+        available = available | request.keep.booking.cpus
     if count > len(available) and request.within_cpus is not None:
         raise CpuAllocationError(_outside_grant(request, view, count))
     if count > len(available):

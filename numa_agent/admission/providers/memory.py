@@ -59,10 +59,17 @@ class MemoryProvider:
             nodes = tuple(n for n in machine.ordinary_node_ids if n not in fenced)
         if request.within_mems is not None:
             nodes = tuple(n for n in nodes if n in request.within_mems)
-        hints = memory_hints(machine.memory, view.memory_usage, mem_request, nodes, view.kernel)
         kept = request.keep.booking if request.keep is not None else None
-        if kept is not None and kept.memory:  # a resize: masks holding the nodes its memory is on
-            held = kept.memory_group or tuple(kept.memory)
+        held = () if kept is None else kept.memory_group or tuple(kept.memory)
+        if held and set(held) & set(fenced):
+            # On a fenced node the free bytes are short of what others booked: what it
+            # keeps stays where it is (decide refuses it more there), its one mask.
+            hints = memory_hints(machine.memory, view.memory_usage, mem_request, (*nodes, *held), view.kernel)
+            mask = NumaMask(held)
+            return {resource: HintSet.explicit([TopologyHint(mask, h.kind == "generated" and h.is_preferred(mask))])
+                    for resource, h in hints.items()}
+        hints = memory_hints(machine.memory, view.memory_usage, mem_request, nodes, view.kernel)
+        if held:  # a resize: masks holding the nodes its memory is on
             return {resource: require_nodes(h, held) for resource, h in hints.items()}
         return hints
 
