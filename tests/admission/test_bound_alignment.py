@@ -64,3 +64,13 @@ def test_policy_none_places_the_memory_as_before():
     b = decide(m, AgentState(), req("x", cpus=2, memory_bytes=GiB, cpunodebind=(1,))).workload.booking
     assert m.nodes_of(b.cpus) == (1,)
     assert set(b.memory) == {0}
+
+
+@pytest.mark.parametrize("policy", ["none", "best-effort", "single-numa-node"])
+def test_membind_memory_never_spills_off_the_named_nodes(policy):
+    """-m 0 is cpuset.mems 0: memory booked on another node would be memory the
+    kernel never gives it, and that node's free memory told wrong."""
+    m = machine(policy)  # 8 GiB a node
+    with pytest.raises(Refusal) as err:
+        decide(m, AgentState(), req("x", cpus=2, memory_bytes=10 * GiB, membind=(0,)))
+    assert err.value.code == "insufficient_memory"

@@ -84,13 +84,15 @@ class MemoryProvider:
         if request.keep is not None and request.keep.booking.memory:
             return keep_memory(machine.memory, view.memory_usage, request.keep.booking,
                                request.resources.memory_bytes, membind)
-        if membind is not None:
+        if membind is not None:  # cpuset.mems: the memory goes nowhere else
             where: NumaMask | None = NumaMask(membind)
+            bounds = where
         else:
             where = _without_explicit(affinity, machine.explicit_nodes)
+            bounds = machine.ordinary_node_mask
         try:
             alloc = allocate_memory(machine.memory, view.memory_usage, _memory_request(request, view), where,
-                                    nodes=machine.ordinary_node_mask, kernel=view.kernel)
+                                    nodes=bounds, kernel=view.kernel)
         except MemoryAllocationError as exc:
             hint = None if membind is not None else memory_only_hint(request, view)
             if hint is None:
