@@ -104,8 +104,9 @@ def decide(machine: Machine, state: AgentState, req: Request,
         raise InvalidRequest(f"a workload named {req.name!r} already exists")
     if req.pod is not None:
         return _decide_pod_member(machine, state, req, req.pod, providers, explain, kernel)
-    booking, explanation, pinned = _book(AdmissionView(machine, state, kernel=kernel), req, _policy(machine, req),
-                                         providers, explain)
+    keeps = None if req.keep is None else req.keep.booking
+    booking, explanation, pinned = _book(AdmissionView(machine, state, kernel=kernel, keeps=keeps), req,
+                                         _policy(machine, req), providers, explain)
     w = _workload(req, booking)
     return Decision(state=state.with_workload(w), workload=w, pod_created=None,
                     explanation=explanation, pinned=pinned)
@@ -309,7 +310,7 @@ def _refuse_if_pages_taken(view: AdmissionView, req: Request, policy_name: str, 
     assert kernel is not None
     if not any(req.resources.hugepages.values()):
         return
-    plain = AdmissionView(view.machine, view.state, pod=view.pod)
+    plain = AdmissionView(view.machine, view.state, pod=view.pod, keeps=view.keeps)
     try:
         booking, _ = _book_parts(plain, req, policy_name, providers, {}, [])
     except Refusal:

@@ -88,3 +88,21 @@ def test_a_resize_off_the_fence_is_decided_as_before():
     w = state.workload("web")
     assert set(w.booking.memory) == {0}
     assert resize(m, state, "web", memory_bytes=2 * GiB).workload.booking.memory == {0: {"memory": 2 * GiB}}
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_a_workload_alone_over_its_node_is_fenced_for_its_own_growth(policy):
+    """The resize is decided on the state without it, but the fence counts what it
+    keeps: a node short of memory because of it alone takes no more of it."""
+    m = machine(topology(), topology_policy=policy)
+    state = decide(m, AgentState(), req("web", cpus=2, memory_bytes=6 * GiB, cpunodebind=(1,), membind=(1,))).state
+    shrunk = machine(topology(4 * GiB), topology_policy=policy)
+    state, _ = rebase_state(shrunk, state)
+    assert fenced_nodes(shrunk, state) == (1,)
+    for ask in ({"cpus": 4}, {"memory_bytes": 7 * GiB}):
+        with pytest.raises(Refusal) as err:
+            resize(shrunk, state, "web", **ask)
+        assert err.value.code == "numa_node_memory_short", ask
+        assert "node 1 memory: 6 GiB booked, 4 GiB allocatable" in err.value.message
+    assert resize(shrunk, state, "web", cpus=1, memory_bytes=5 * GiB).workload.booking.memory == \
+        {1: {"memory": 5 * GiB}}
