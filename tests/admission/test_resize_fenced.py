@@ -5,11 +5,13 @@ allowed, adding on the fenced node is refused as an admission there would be."""
 import pytest
 
 from numa_agent.admission.admit import Refusal, decide, release
+from numa_agent.admission.machine import PolicyConfig, build_machine
 from numa_agent.admission.resize import resize
 from numa_agent.admission.view import allocatable_cpus, fenced_nodes
 from numa_agent.hotplug.rebase import rebase_state
 from numa_agent.state.model import AgentState
 from tests.hotplug.test_memory_capacity import GiB, machine, req, topology
+from tests.support.synthetic import make_topology, with_node_memory
 
 POLICIES = ["best-effort", "restricted", "single-numa-node", "none"]
 
@@ -106,3 +108,17 @@ def test_a_workload_alone_over_its_node_is_fenced_for_its_own_growth(policy):
         assert "node 1 memory: 6 GiB booked, 4 GiB allocatable" in err.value.message
     assert resize(shrunk, state, "web", cpus=1, memory_bytes=5 * GiB).workload.booking.memory == \
         {1: {"memory": 5 * GiB}}
+
+
+@pytest.mark.parametrize("policy", ["restricted", "single-numa-node"])
+def test_giving_back_on_a_node_shrunk_below_what_it_keeps_is_admitted(policy):
+    """No node can hold what it keeps any more: its one node is still as narrow as
+    a mask gets, so the aligned policies prefer it (found by the resize property)."""
+    topo = make_topology(sockets=1, cores_per_node=4, threads_per_core=1, memory_per_node_bytes=8 * GiB)
+    m = build_machine(topo, PolicyConfig(topology_policy=policy))
+    state = decide(m, AgentState(), req("web", cpus=2, memory_bytes=2 * GiB)).state
+    shrunk = build_machine(with_node_memory(topo, 0, GiB), PolicyConfig(topology_policy=policy))
+    state, _ = rebase_state(shrunk, state)
+    assert fenced_nodes(shrunk, state) == (0,)
+    got = resize(shrunk, state, "web", cpus=1, memory_bytes=3 * GiB // 2).workload.booking
+    assert len(got.cpus) == 1 and got.memory == {0: {"memory": 3 * GiB // 2}}

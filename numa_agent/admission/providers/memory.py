@@ -62,12 +62,15 @@ class MemoryProvider:
         kept = request.keep.booking if request.keep is not None else None
         held = () if kept is None else kept.memory_group or tuple(kept.memory)
         if held and set(held) & set(fenced):
-            # On a fenced node the free bytes are short of what others booked: what it
-            # keeps stays where it is (decide refuses it more there), its one mask.
+            # On a fenced node the free bytes are short of what is booked: what it keeps
+            # stays where it is (decide refuses it more there), its one mask, preferred
+            # as the memory manager's hint on it would be, and always on one node (the
+            # narrowest any mask is, when the node shrank below what it keeps).
             hints = memory_hints(machine.memory, view.memory_usage, mem_request, (*nodes, *held), view.kernel)
             mask = NumaMask(held)
-            return {resource: HintSet.explicit([TopologyHint(mask, h.kind == "generated" and h.is_preferred(mask))])
-                    for resource, h in hints.items()}
+            return {resource: HintSet.explicit([TopologyHint(
+                mask, mask.count() == 1 or (h.kind == "generated" and h.is_preferred(mask)))])
+                for resource, h in hints.items()}
         hints = memory_hints(machine.memory, view.memory_usage, mem_request, nodes, view.kernel)
         if held:  # a resize: masks holding the nodes its memory is on
             return {resource: require_nodes(h, held) for resource, h in hints.items()}
