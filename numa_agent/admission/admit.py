@@ -22,6 +22,7 @@ from typing import Any, Mapping, Sequence
 
 from numa_agent.admission.allocation_score import resource_figures, tie_rank
 from numa_agent.admission.errors import AllocationError, HugepagesNotFreeError, NodeFencedError
+from numa_agent.admission.keep import added_nodes, gives_back_only
 from numa_agent.admission.machine import Machine
 from numa_agent.admission.memory_manager import KernelHugepages, hugepages_short
 from numa_agent.admission.provider import NOTHING, Allocation, HintProvider
@@ -103,8 +104,9 @@ def decide(machine: Machine, state: AgentState, req: Request,
         raise InvalidRequest(f"a workload named {req.name!r} already exists")
     if req.pod is not None:
         return _decide_pod_member(machine, state, req, req.pod, providers, explain, kernel)
-    booking, explanation, pinned = _book(AdmissionView(machine, state, kernel=kernel), req, _policy(machine, req),
-                                         providers, explain)
+    keeps = None if req.keep is None else req.keep.booking
+    booking, explanation, pinned = _book(AdmissionView(machine, state, kernel=kernel, keeps=keeps), req,
+                                         _policy(machine, req), providers, explain)
     w = _workload(req, booking)
     return Decision(state=state.with_workload(w), workload=w, pod_created=None,
                     explanation=explanation, pinned=pinned)
@@ -269,6 +271,9 @@ def _book_parts(view: AdmissionView, req: Request, policy_name: str, providers: 
                 explanation: dict[str, Any], merged: list[_Merged]) -> tuple[Booking, frozenset[str]]:
     machine = view.machine
     fenced = view.fenced_nodes
+    keep = req.keep
+    if keep is not None and gives_back_only(keep, req.resources, machine.policy.memory_policy == "static"):
+        fenced = ()  # giving back is always allowed: the fence holds off only what is added
     if not fenced:
         affinity = _merge(view, req, policy_name, providers, explanation, merged)
         booking, pinned = _allocate(view, req, affinity, providers, explanation)
@@ -277,6 +282,8 @@ def _book_parts(view: AdmissionView, req: Request, policy_name: str, providers: 
         asked = set(req.cpunodebind or ()) | set(req.membind or ())
         if req.physcpubind is not None:
             asked.update(machine.nodes_of(req.physcpubind))
+        if keep is not None and req.resources.memory_bytes > keep.booking.memory_total("memory"):
+            asked.update(keep.booking.memory_group or keep.booking.memory)  # memory grows where it is
         _refuse_fenced(view, asked, explanation)
         try:
             affinity = _merge(view, req, policy_name, providers, explanation, merged)
@@ -284,9 +291,11 @@ def _book_parts(view: AdmissionView, req: Request, policy_name: str, providers: 
         except Refusal as exc:  # the fence may be why: say so
             raise Refusal(exc.code, f"{exc.message}; {fenced_text(view)}", exc.explanation,
                           provider=exc.provider, pinned=exc.pinned) from None
-        # The providers steer clear of fenced nodes; this holds whatever they chose.
-        _refuse_fenced(view, {*machine.nodes_of(booking.cpus), *booking.memory, *booking.memory_group},
-                       explanation, pinned)
+        # The providers steer clear of fenced nodes; this holds whatever they chose. A
+        # resize answers for what it adds: what it keeps there is its own already.
+        lands = added_nodes(keep, booking, machine.nodes_of) if keep is not None else \
+            {*machine.nodes_of(booking.cpus), *booking.memory, *booking.memory_group}
+        _refuse_fenced(view, lands, explanation, pinned)
     return booking, pinned
 
 
@@ -301,7 +310,7 @@ def _refuse_if_pages_taken(view: AdmissionView, req: Request, policy_name: str, 
     assert kernel is not None
     if not any(req.resources.hugepages.values()):
         return
-    plain = AdmissionView(view.machine, view.state, pod=view.pod)
+    plain = AdmissionView(view.machine, view.state, pod=view.pod, keeps=view.keeps)
     try:
         booking, _ = _book_parts(plain, req, policy_name, providers, {}, [])
     except Refusal:

@@ -19,7 +19,7 @@ a container's CPUs under the static CPU manager:
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Callable, Iterable
 
 from numa_agent.admission.cpu_manager import allocate_cpus
 from numa_agent.admission.cpu_options import CpuManagerOptions
@@ -27,6 +27,7 @@ from numa_agent.admission.cpu_topology import CpuTopology
 from numa_agent.admission.errors import MemoryAllocationError, SMTAlignmentError
 from numa_agent.admission.memory_manager import MemoryCapacity, MemoryUsage, free_bytes
 from numa_agent.admission.provider import Allocation
+from numa_agent.admission.request import Keep, Resources
 from numa_agent.core.cpuset import CpuSet
 from numa_agent.core.hints import HintSet, NumaMask
 from numa_agent.core.units import format_bytes
@@ -139,3 +140,24 @@ def keep_memory(capacity: MemoryCapacity, usage: MemoryUsage, kept: Booking, tar
     triples = tuple((n, r, v) for n, per in sorted(amounts.items()) for r, v in sorted(per.items()) if v)
     mems = membind if membind is not None else tuple(sorted({n for n, _, _ in triples})) or kept.mems
     return Allocation(memory=triples, memory_group=kept.memory_group, mems=mems)
+
+
+def gives_back_only(keep: Keep, resources: Resources, memory_managed: bool) -> bool:
+    """Whether a resize only gives back (or keeps): no more CPUs than it holds and,
+    where the memory manager books memory, no more regular memory. Giving back is
+    always allowed, a fenced node's included: the fence holds off what is added."""
+    held = keep.booking
+    if resources.cpus > len(held.cpus):
+        return False
+    return not (memory_managed and resources.memory_bytes > held.memory_total("memory"))
+
+
+def added_nodes(keep: Keep, booking: Booking, nodes_of_cpus: Callable[[CpuSet], Iterable[int]]) -> set[int]:
+    """The nodes a resize's booking adds on: those of its new CPUs and, when its
+    regular memory grew, every node of its memory group (the kernel may place the
+    added pages on any of them)."""
+    new = booking.cpus - keep.booking.cpus
+    nodes = set(nodes_of_cpus(new)) if new else set()
+    if booking.memory_total("memory") > keep.booking.memory_total("memory"):
+        nodes.update(booking.memory_group or booking.memory)
+    return nodes

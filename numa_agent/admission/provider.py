@@ -52,8 +52,9 @@ class HintProvider(Protocol):
 
     def hints(self, request: Request, view: AdmissionView) -> Mapping[str, HintSet] | None:
         """resource -> hints for `request` against the view, or None when the
-        provider has no say in the merge (nothing asked, or pinned by the
-        request). Not asked for pod members: the pod budget was merged."""
+        provider has no say in the merge (nothing asked). A request that names
+        its nodes or CPUs (-N, -m, -C) has hints of them, so the merge places
+        the rest beside them. Not asked for pod members: the pod budget was merged."""
         ...
 
     def allocate(self, request: Request, view: AdmissionView, affinity: NumaMask | None) -> Allocation:

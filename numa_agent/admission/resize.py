@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from numa_agent.admission.admit import Decision, InvalidRequest, Refusal, decide
+from numa_agent.admission.admit import Decision, InvalidRequest, Refusal, decide, fenced_text
 from numa_agent.admission.machine import Machine
 from numa_agent.admission.memory_manager import KernelHugepages, free_bytes
 from numa_agent.admission.request import Keep, Request, Resources
@@ -139,8 +139,9 @@ def _in_resize_terms(machine: Machine, state: AgentState, w: Workload, cpus: int
         if code == "topology_affinity_error" and policy in _ALIGNED_ONLY:
             nodes = w.booking.numa_nodes or machine.nodes_of(w.booking.cpus)
             there = free & machine.cpus_of_nodes(nodes)
+            fence = f"; {fenced_text(view)}" if set(nodes) & set(view.fenced_nodes) else ""
             return said(f"TopologyAffinityError: {head} within NUMA node(s) {','.join(map(str, nodes))} "
-                        f"(policy {policy}): {needed} more needed, {len(there)} free there")
+                        f"(policy {policy}): {needed} more needed, {len(there)} free there{fence}")
         if code == "shared_pool_empty":
             return said(f"growing {w.name} from {have} to {cpus} CPUs would leave the shared pool empty")
         short = code == "insufficient_cpus" and len(free) < needed

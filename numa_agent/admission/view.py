@@ -132,12 +132,15 @@ class AdmissionView:
     """The machine and state one admission reads. ``pod`` set: the request is
     a member of that pod and takes its resources from the pod's budget.
     ``kernel``: the kernel's hugepage counters read for this request (None:
-    none read, the bookings alone say what is free)."""
+    none read, the bookings alone say what is free). ``keeps``: what a resize's
+    workload holds (`Request.keep`; the state is without it): its memory counts
+    towards the fence, so a node short with it stays fenced for its growth."""
 
     machine: Machine
     state: AgentState
     pod: Pod | None = None
     kernel: KernelHugepages | None = None
+    keeps: Booking | None = None
 
     def kept(self, key: str, request: object, compute: Callable[[], T]) -> T:
         """A value a provider derives from `request` in ``hints()`` and needs
@@ -155,7 +158,10 @@ class AdmissionView:
 
     @_once
     def shortfalls(self) -> tuple[tuple[int, str, int, int], ...]:
-        return shortfalls(self.machine.memory, self.memory_usage)
+        usage = self.memory_usage
+        if self.keeps is not None and self.keeps.memory:
+            usage = usage_with_booked(usage, *_booked(self.keeps))
+        return shortfalls(self.machine.memory, usage)
 
     @_once
     def fenced_nodes(self) -> tuple[int, ...]:

@@ -1,6 +1,6 @@
 """Property tests: whatever a resize leaves satisfies every rule an admission of
 the same request checks, on random machines, policies, CPU manager options and
-constraint sets (-N, within_cpus, memory); growth keeps what it held, a shrink
+constraint sets (-N, -m, within_cpus, memory); growth keeps what it held, a shrink
 keeps a subset of it, a refusal changes nothing, and nothing is held twice."""
 
 from __future__ import annotations
@@ -13,10 +13,11 @@ from numa_agent.admission.cpu_options import CpuPolicyConfigError
 from numa_agent.admission.machine import MachineConfigError, PolicyConfig, build_machine
 from numa_agent.admission.memory_manager import shortfalls
 from numa_agent.admission.resize import resize
-from numa_agent.admission.view import memory_usage, shared_pool
+from numa_agent.admission.view import fenced_nodes, memory_usage, shared_pool
 from numa_agent.core.cpuset import CpuSet
+from numa_agent.hotplug.rebase import rebase_state
 from numa_agent.state.model import AgentState
-from tests.support.synthetic import make_topology
+from tests.support.synthetic import make_topology, with_node_memory
 
 GiB = 1 << 30
 POLICIES = ("none", "best-effort", "restricted", "single-numa-node")
@@ -47,9 +48,10 @@ def scenes(draw):
     cpunodebind = draw(st.none() | st.sets(st.sampled_from(nodes), min_size=1).map(lambda s: tuple(sorted(s))))
     usable = m.usable_cpus.ids()
     within = draw(st.none() | st.sets(st.sampled_from(usable), min_size=per_core).map(CpuSet))
+    membind = draw(st.none() | st.sets(st.sampled_from(nodes), min_size=1).map(lambda s: tuple(sorted(s))))
     memory = draw(st.sampled_from([0, GiB // 2, GiB, 3 * GiB]))
     request = Request("web", 1000, Resources(cpus=per_core * draw(st.integers(1, 3)), memory_bytes=memory),
-                      cpunodebind=cpunodebind, within_cpus=within)
+                      cpunodebind=cpunodebind, membind=membind, within_cpus=within)
     try:
         state = decide(m, state, request).state
     except (Refusal, InvalidRequest):
@@ -95,6 +97,8 @@ def test_a_resize_keeps_every_rule_its_admission_checked(scene, data):
         assert got.cpus.issubset(CpuSet.parse(r["within_cpus"]))
     if r.get("cpunodebind") is not None:
         assert got.cpus.issubset(m.cpus_of_nodes(tuple(r["cpunodebind"])))
+    if r.get("membind") is not None:
+        assert set(got.mems) == set(r["membind"]) and set(got.memory) <= set(r["membind"])
     if m.cpu_options.full_pcpus_only:
         assert _whole_cores(m, got.cpus)
     if memory is not None:
@@ -103,13 +107,13 @@ def test_a_resize_keeps_every_rule_its_admission_checked(scene, data):
     # request decided afresh on the state without the workload is admitted too
     policy = m.policy.topology_policy
     cpu_nodes = m.nodes_of(got.cpus)
-    merged = r.get("cpunodebind") is None  # -N places the CPUs without the CPU hints
-    if policy == "single-numa-node" and merged:
-        assert len(set(cpu_nodes) | set(got.memory)) == 1
-    if policy == "restricted" and merged and not m.cpu_options.align_by_socket:
+    if policy == "single-numa-node":  # -N and -m take part in the merge like the rest
+        assert len(set(cpu_nodes) | set(got.memory) | set(got.mems)) == 1
+    if policy == "restricted" and not m.cpu_options.align_by_socket:
         assert len(cpu_nodes) <= m.cpu_topology.min_nodes_for(cpus)
     fresh = Request("web", 1000, Resources(cpus=cpus, memory_bytes=got.memory_total("memory")),
                     cpunodebind=None if r.get("cpunodebind") is None else tuple(r["cpunodebind"]),
+                    membind=None if r.get("membind") is None else tuple(r["membind"]),
                     within_cpus=None if r.get("within_cpus") is None else CpuSet.parse(r["within_cpus"]))
     decide(m, state.without_workload("web"), fresh)
     # its nodes are those of what it holds now
@@ -142,3 +146,33 @@ def test_a_pod_member_resizes_inside_its_pod(budget, first, sharing, target):
         assert pod.booking.cpus - got - d.state.workload("other").booking.cpus  # the sharers keep a CPU
     assert d.state.exclusive_cpus() == state.exclusive_cpus()  # the machine's pool does not change
     assert d.state.pod("pd").members == pod.members
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.filter_too_much,
+                                                                  HealthCheck.too_slow])
+@given(scenes(), st.data())
+def test_on_a_node_short_of_memory_a_resize_gives_back_and_adds_only_off_it(scene, data):
+    """The node web's memory is on loses memory below its bookings (fenced): a
+    resize that only gives back is admitted and keeps a subset of what it held; a
+    growth adds nothing on a fenced node (its new CPUs, or memory grown there)."""
+    m, state, per_core = scene
+    w = state.workload("web")
+    assume(w.booking.memory)
+    node = min(w.booking.memory)
+    shrunk = build_machine(with_node_memory(m.topology, node, GiB // 4), m.policy)
+    state, _ = rebase_state(shrunk, state)
+    fenced = fenced_nodes(shrunk, state)
+    assert node in fenced
+    held, memory = w.booking.cpus, w.booking.memory_total("memory")
+    cpus = per_core * data.draw(st.integers(1, len(shrunk.usable_cpus) // per_core), label="cores")
+    grows_memory = data.draw(st.booleans(), label="grows memory")
+    target = memory + GiB if grows_memory else data.draw(st.integers(1, memory), label="memory")
+    try:
+        got = resize(shrunk, state, "web", cpus=cpus, memory_bytes=target).workload.booking
+    except Refusal as refusal:
+        assert cpus > len(held) or grows_memory, refusal.message  # giving back is always allowed
+        return
+    assert not grows_memory  # its memory group holds a fenced node
+    added = got.cpus - held
+    assert not set(shrunk.nodes_of(added)) & set(fenced) if added else got.cpus.issubset(held)
+    assert got.memory_total("memory") == target and set(got.memory) <= set(w.booking.memory)

@@ -1,5 +1,6 @@
 """Property tests: the fast merge equals the kubelet's literal cross product
-on random small machines, for every policy and option."""
+on random small machines, for every policy and option; and admission's use of
+it places requests that name nodes or CPUs (-N, -m, -C) as the policy says."""
 
 from __future__ import annotations
 
@@ -8,13 +9,18 @@ import math
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
+from numa_agent.admission.admit import InvalidRequest, Refusal, Request, Resources, decide
+from numa_agent.admission.machine import PolicyConfig, build_machine
 from numa_agent.admission.topology_manager import (
     POLICIES,
     TopologyManagerOptions,
     _merge,
 )
+from numa_agent.core.cpuset import CpuSet
 from numa_agent.core.hints import HintSet, NumaMask, TopologyHint
+from numa_agent.state.model import AgentState
 from tests.support.reference_merge import kubelet_lists, reference_merge
+from tests.support.synthetic import make_topology
 
 
 def _subsets(nodes):
@@ -137,3 +143,55 @@ def test_fast_merge_equals_cross_product_when_monotone_sets_must_cut_together(da
     want = reference_merge(providers, nodes, policy)
     got, exact = _merge(providers, nodes, policy, None, None)
     assert exact and got == want
+
+
+# ---------------------------------------------------------------------------
+# The merge as admission drives it: requests that name nodes or CPUs (-N, -m, -C)
+# land where the policy says, like those that do not.
+
+GiB = 1 << 30
+
+
+@st.composite
+def bound_requests(draw):
+    topo = make_topology(sockets=draw(st.integers(1, 2)), nodes_per_socket=draw(st.integers(1, 2)),
+                         cores_per_node=draw(st.integers(2, 4)), threads_per_core=draw(st.sampled_from([1, 2])),
+                         memory_per_node_bytes=4 * GiB)
+    m = build_machine(topo, PolicyConfig(topology_policy=draw(st.sampled_from(["single-numa-node", "restricted"]))))
+    state = AgentState()
+    for i in range(draw(st.integers(0, 2))):  # neighbours, some of which may not fit
+        try:
+            state = decide(m, state, Request(f"n{i}", 1001, Resources(
+                cpus=draw(st.integers(1, 3)), memory_bytes=draw(st.sampled_from([0, GiB]))))).state
+        except Refusal:  # a neighbour that does not fit is left out
+            pass
+    node_sets = st.sets(st.sampled_from(m.node_ids), min_size=1).map(lambda s: tuple(sorted(s)))
+    memory = draw(st.sampled_from([0, GiB // 2, GiB, 3 * GiB, 6 * GiB]))
+    membind = draw(st.none() | node_sets)
+    if draw(st.booleans()):
+        pinned = CpuSet(draw(st.sets(st.sampled_from(m.usable_cpus.ids()), min_size=1, max_size=4)))
+        request = Request("x", 1000, Resources(memory_bytes=memory), physcpubind=pinned, membind=membind)
+    else:
+        request = Request("x", 1000, Resources(cpus=draw(st.integers(1, 6)), memory_bytes=memory),
+                          cpunodebind=draw(st.none() | node_sets), membind=membind)
+    return m, state, request
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(bound_requests())
+def test_named_nodes_and_cpus_land_as_the_aligned_policies_say(scene):
+    m, state, request = scene
+    try:
+        b = decide(m, state, request).workload.booking
+    except (Refusal, InvalidRequest):
+        return
+    cpu_nodes = set(m.nodes_of(b.cpus))
+    if request.cpunodebind is not None:
+        assert cpu_nodes <= set(request.cpunodebind)
+    if request.membind is not None:
+        assert set(b.mems) == set(request.membind) and set(b.memory) <= set(request.membind)
+    if m.policy.topology_policy == "single-numa-node":
+        assert len(cpu_nodes | set(b.memory) | set(b.mems)) == 1
+        assert b.numa_nodes == tuple(sorted(cpu_nodes | set(b.mems)))
+    else:  # restricted: the CPUs span no more nodes than their count needs
+        assert len(cpu_nodes) <= m.cpu_topology.min_nodes_for(len(b.cpus))

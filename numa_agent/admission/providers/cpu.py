@@ -62,9 +62,18 @@ class CpuProvider:
 
     def hints(self, request: Request, view: AdmissionView) -> Mapping[str, HintSet] | None:
         machine = view.machine
-        pinned = request.physcpubind is not None or request.cpunodebind is not None
-        if view.pod is not None or pinned or not _wants_exclusive(request, machine):
+        if view.pod is not None:
             return None
+        if request.physcpubind is not None:
+            # The CPUs are named: the masks holding all of them, preferred when as narrow
+            # as any mask holding that many could be (as the kubelet regenerates the hints
+            # of CPUs a container already holds), so the memory is placed beside them.
+            pinned = request.physcpubind
+            return {"cpu": cpu_hints(machine.cpu_topology, pinned, len(pinned), machine.cpu_options,
+                                     already_allocated=pinned)}
+        if not _wants_exclusive(request, machine):
+            return None
+        # -N narrows what is available: the hints are those of the named nodes' CPUs.
         count, available = request.resources.cpus, _available(request, view)
         kept = request.keep.booking.cpus if request.keep is not None else None
         if kept:  # a resize: masks holding its CPUs (growth) or `count` of them (shrink)
@@ -108,12 +117,19 @@ def _pick(request: Request, view: AdmissionView, affinity: NumaMask | None) -> C
     if not _wants_exclusive(request, machine):
         return CpuSet()
     count = request.resources.cpus
+    if request.keep is not None and request.keep.booking.cpus:
+        # A resize: a shrink takes nothing from what is free; a growth adds to what it keeps.
+        available = available | request.keep.booking.cpus
     if count > len(available) and request.within_cpus is not None:
         raise CpuAllocationError(_outside_grant(request, view, count))
     if count > len(available):
         raise CpuAllocationError(f"not enough CPUs: requested {count}, {len(available)} free for exclusive use"
                                  f"{_per_node_cpu_text(machine, available)}")
-    where = NumaMask(request.cpunodebind) if request.cpunodebind else affinity
+    where = affinity
+    if request.cpunodebind:  # the merge took -N into the CPU hints: its affinity lies on them
+        named = NumaMask(request.cpunodebind)
+        where = named if affinity is None or not affinity.bits & named.bits else \
+            NumaMask.from_bits(affinity.bits & named.bits)
     if request.keep is not None and request.keep.booking.cpus:
         return _resized(machine, request, available, where)
     return allocate_cpus(machine.cpu_topology, available, count, where, machine.cpu_options)

@@ -23,7 +23,7 @@ from numa_agent.admission.memory_manager import (
 from numa_agent.admission.provider import NOTHING, Allocation
 from numa_agent.admission.request import Request
 from numa_agent.admission.view import AdmissionView
-from numa_agent.core.hints import HintSet, NumaMask
+from numa_agent.core.hints import HintSet, NumaMask, TopologyHint
 from numa_agent.core.units import format_bytes
 
 TOPOLOGY_AFFINITY_ERROR = "TopologyAffinityError"
@@ -49,7 +49,9 @@ class MemoryProvider:
         if view.pod is not None:
             return None
         mem_request = _memory_request(request, view)  # checks the amounts, asked for or not
-        if request.membind is not None or not _wants_memory(request, view):
+        if request.membind is not None:
+            return _membind_hints(request, view, mem_request, request.membind)
+        if not _wants_memory(request, view):
             return None
         machine, fenced = view.machine, view.fenced_nodes
         nodes: NumaMask | tuple[int, ...] = machine.ordinary_node_mask
@@ -57,10 +59,20 @@ class MemoryProvider:
             nodes = tuple(n for n in machine.ordinary_node_ids if n not in fenced)
         if request.within_mems is not None:
             nodes = tuple(n for n in nodes if n in request.within_mems)
-        hints = memory_hints(machine.memory, view.memory_usage, mem_request, nodes, view.kernel)
         kept = request.keep.booking if request.keep is not None else None
-        if kept is not None and kept.memory:  # a resize: masks holding the nodes its memory is on
-            held = kept.memory_group or tuple(kept.memory)
+        held = () if kept is None else kept.memory_group or tuple(kept.memory)
+        if held and set(held) & set(fenced):
+            # On a fenced node the free bytes are short of what is booked: what it keeps
+            # stays where it is (decide refuses it more there), its one mask, preferred
+            # as the memory manager's hint on it would be, and always on one node (the
+            # narrowest any mask is, when the node shrank below what it keeps).
+            hints = memory_hints(machine.memory, view.memory_usage, mem_request, (*nodes, *held), view.kernel)
+            mask = NumaMask(held)
+            return {resource: HintSet.explicit([TopologyHint(
+                mask, mask.count() == 1 or (h.kind == "generated" and h.is_preferred(mask)))])
+                for resource, h in hints.items()}
+        hints = memory_hints(machine.memory, view.memory_usage, mem_request, nodes, view.kernel)
+        if held:  # a resize: masks holding the nodes its memory is on
             return {resource: require_nodes(h, held) for resource, h in hints.items()}
         return hints
 
@@ -75,13 +87,15 @@ class MemoryProvider:
         if request.keep is not None and request.keep.booking.memory:
             return keep_memory(machine.memory, view.memory_usage, request.keep.booking,
                                request.resources.memory_bytes, membind)
-        if membind is not None:
+        if membind is not None:  # cpuset.mems: the memory goes nowhere else
             where: NumaMask | None = NumaMask(membind)
+            bounds = where
         else:
             where = _without_explicit(affinity, machine.explicit_nodes)
+            bounds = machine.ordinary_node_mask
         try:
             alloc = allocate_memory(machine.memory, view.memory_usage, _memory_request(request, view), where,
-                                    nodes=machine.ordinary_node_mask, kernel=view.kernel)
+                                    nodes=bounds, kernel=view.kernel)
         except MemoryAllocationError as exc:
             hint = None if membind is not None else memory_only_hint(request, view)
             if hint is None:
@@ -102,6 +116,25 @@ class MemoryProvider:
                 if int(n) in memory_nodes and int(n) in ordinary]
         why = f"memory: requested {format_bytes(wanted)}, {nodes_have(free)}"
         return why if hint is None else f"{why}; {hint}"
+
+
+def _membind_hints(request: Request, view: AdmissionView, mem_request: MemoryRequest,
+                   membind: tuple[int, ...]) -> Mapping[str, HintSet] | None:
+    """-m names where the memory goes (its nodes are booked as one group, `mems` is
+    them): the one mask of those nodes, so the CPUs are placed beside it. Preferred
+    as the memory manager's hint on that mask would be (as narrow as the fewest of
+    those nodes that could hold the request; one node when nothing is booked). A
+    request the named nodes cannot hold gets no say here: allocate() says why."""
+    mask = NumaMask(membind)
+    if not _wants_memory(request, view):
+        return {"memory": HintSet.explicit([TopologyHint(mask, mask.count() == 1)])}
+    hints = memory_hints(view.machine.memory, view.memory_usage, mem_request, membind, view.kernel)
+    out: dict[str, HintSet] = {}
+    for resource, h in hints.items():
+        if h.kind != "generated" or h.fits is None or not h.fits(mask):
+            return None
+        out[resource] = HintSet.explicit([TopologyHint(mask, h.is_preferred(mask))])
+    return out or None
 
 
 def _without_explicit(affinity: NumaMask | None, explicit: tuple[int, ...]) -> NumaMask | None:
