@@ -172,3 +172,9 @@ def test_the_application_core_speaks_no_protocol():
     """The use-cases import none of their adapters (HTTP, the kubelet's files and gRPC,
     the OCI hook), nor the daemon that assembles them, nor the commands."""
     assert package_graph(import_graph())["service"].isdisjoint({"api", "kubelet", "engines", "daemon", "cli"})
+
+
+def test_the_nri_wire_knows_no_use_case():
+    """NRI's wire and plugin session import the vocabulary and the state's files only:
+    what a container means is the handler's, given to the session from above."""
+    assert package_graph(import_graph())["nri"] <= {PACKAGE, "core", "state"}
