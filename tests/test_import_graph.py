@@ -131,8 +131,8 @@ LAYERS: tuple[frozenset[str], ...] = tuple(frozenset(layer.split()) for layer in
     "numa_agent",                  # the version, nothing else
     "core",                        # the shared vocabulary: cpusets, hints, names, units, the caller
     "state discovery",             # the state model and its files; sysfs read into a Topology
-    "nri",                         # NRI's wire: ttrpc, the multiplexer, the plugin session (no meaning)
-    "admission isolation",         # the pure managers and merge; the isolation planner and knobs
+    "admission isolation nri",     # the pure managers and merge; the isolation planner and knobs;
+                                   # NRI's wire and plugin session (no meaning: that is its handler's)
     "enforcement hotplug",         # cgroups and affinity; fitting state to changed hardware
     "observe",                     # intruders and memory per node
     "views",                       # renderings of values: the topology report, the metrics collector

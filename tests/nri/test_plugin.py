@@ -85,6 +85,7 @@ def handler():
 def running(tmp_path, handler):
     s = Session(tmp_path, handler)
     yield s
+    handler.release.set()  # a failed test must not leave the worker stuck in the handler
     s.finish()
 
 
