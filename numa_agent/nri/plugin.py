@@ -251,11 +251,14 @@ class PluginSession:
         return self.call("UpdateContainers", request, api.UpdateContainersResponse, REQUEST_TIMEOUT)
 
     def call(self, method: str, request: Any, response_type: Any, timeout: float) -> Any:
-        stream_id = self._ids.next()
+        """Call the runtime (from any thread, the handler's included): the decoded answer;
+        NriError for a connection that broke or a runtime that did not answer in
+        `timeout`, ttrpc.RemoteError for a runtime that answered an error."""
         answer: queue.Queue[tuple[int, str, bytes] | BaseException] = queue.Queue(1)
-        with self._pending_lock:
+        with self._pending_lock:  # ids and the pending table together: callers on several threads
             if self._closed.is_set():
                 raise NriError(f"NRI: the connection is closed; {method} not sent")
+            stream_id = self._ids.next()
             self._pending[stream_id] = answer
         try:
             payload = ttrpc.encode_request(RUNTIME_SERVICE, method, request.SerializeToString(),
