@@ -12,6 +12,7 @@ import pytest
 
 from numa_agent.nri import nri_api_pb2 as api
 from numa_agent.nri import plugin
+from numa_agent.nri import ttrpc_wire_pb2 as wire
 from tests.nri.fake_runtime import PLUGIN_CONN, FakeRuntime
 
 UNIMPLEMENTED, DEADLINE_EXCEEDED = 12, 4
@@ -289,3 +290,21 @@ def test_a_trusted_socket_connects(tmp_path):
     assert rt.conn.recv(1) == b"x"
     sock.close()
     rt.close()
+
+
+def test_unsolicited_updates_go_to_the_runtime_on_the_plugins_connection(running):
+    rt = running.runtime
+    rt.expect_register()
+    result: list = []
+    caller = threading.Thread(target=lambda: result.append(running.session.update_containers(
+        [api.ContainerUpdate(container_id="ctr-1")])))
+    caller.start()
+    m = rt.read_message()
+    assert (m.conn, m.type, m.stream_id) == (2, 1, 3)  # odd and after RegisterPlugin's 1
+    request = wire.Request.FromString(m.payload)
+    assert (request.service, request.method) == ("nri.pkg.api.v1alpha1.Runtime", "UpdateContainers")
+    assert [u.container_id for u in api.UpdateContainersRequest.FromString(request.payload).update] == ["ctr-1"]
+    rt.send_ttrpc(2, 3, 2, wire.Response(payload=api.UpdateContainersResponse(
+        failed=[api.ContainerUpdate(container_id="ctr-1")]).SerializeToString()).SerializeToString())
+    caller.join(10)
+    assert [u.container_id for u in result[0].failed] == ["ctr-1"]
