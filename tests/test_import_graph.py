@@ -131,7 +131,8 @@ LAYERS: tuple[frozenset[str], ...] = tuple(frozenset(layer.split()) for layer in
     "numa_agent",                  # the version, nothing else
     "core",                        # the shared vocabulary: cpusets, hints, names, units, the caller
     "state discovery",             # the state model and its files; sysfs read into a Topology
-    "admission isolation",         # the pure managers and merge; the isolation planner and knobs
+    "admission isolation nri",     # the pure managers and merge; the isolation planner and knobs;
+                                   # NRI's wire and plugin session (no meaning: that is its handler's)
     "enforcement hotplug",         # cgroups and affinity; fitting state to changed hardware
     "observe",                     # intruders and memory per node
     "views",                       # renderings of values: the topology report, the metrics collector
@@ -171,3 +172,9 @@ def test_the_application_core_speaks_no_protocol():
     """The use-cases import none of their adapters (HTTP, the kubelet's files and gRPC,
     the OCI hook), nor the daemon that assembles them, nor the commands."""
     assert package_graph(import_graph())["service"].isdisjoint({"api", "kubelet", "engines", "daemon", "cli"})
+
+
+def test_the_nri_wire_knows_no_use_case():
+    """NRI's wire and plugin session import the vocabulary and the state's files only:
+    what a container means is the handler's, given to the session from above."""
+    assert package_graph(import_graph())["nri"] <= {PACKAGE, "core", "state"}
