@@ -5,8 +5,8 @@ blocking, into per-connection buffers with a deadline from the accept; a
 small fixed pool of worker threads runs the complete requests (the service
 is synchronous and serialises admissions with its own lock). So a slow,
 idle or hostile client costs a buffer and two descriptors, never a thread,
-and a burst of clients waits in the listen queue and the workers' FIFO
-rather than being turned away. The caller's identity comes from
+and a burst of clients waits in the listen queue and the workers' queue
+(each user's in turn) rather than being turned away. The caller's identity comes from
 SO_PEERCRED (and a pidfd) on the accepted socket. The standard library's
 `http.server` is not used because its limits (header count, line length, no
 overall deadline, no body cap) are not the ones this API needs; the small
@@ -21,7 +21,6 @@ from __future__ import annotations
 import errno
 import logging
 import os
-import queue
 import resource
 import selectors
 import socket
@@ -503,17 +502,65 @@ class _RateLog:
             self._unlogged, self._logged_at = 0, now
 
 
+class _FairLane:
+    """Complete requests waiting for a worker, taken in turn by uid: each uid's own in
+    the order they completed, one uid's next only after one of every other uid waiting.
+    A user who sends a flood of complete requests (each costs the agent a decision)
+    waits behind their own flood, never puts it in front of another user's request.
+    None (stop) is taken only once no request waits, as a FIFO would give it."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._by_uid: dict[int, deque[tuple[_Conn, _Request]]] = {}
+        self._turns: deque[int] = deque()  # uids with requests waiting, next first
+        self._stops = 0
+
+    def put(self, item: tuple[_Conn, _Request] | None) -> None:
+        with self._cond:
+            if item is None:
+                self._stops += 1
+            else:
+                uid = item[0].caller.uid
+                waiting = self._by_uid.get(uid)
+                if waiting is None:
+                    waiting = self._by_uid[uid] = deque()
+                    self._turns.append(uid)
+                waiting.append(item)
+            self._cond.notify()
+
+    def get(self) -> tuple[_Conn, _Request] | None:
+        with self._cond:
+            while not self._turns and not self._stops:
+                self._cond.wait()
+            if not self._turns:
+                self._stops -= 1
+                return None
+            uid = self._turns.popleft()
+            waiting = self._by_uid[uid]
+            item = waiting.popleft()
+            if waiting:
+                self._turns.append(uid)
+            else:
+                del self._by_uid[uid]
+            return item
+
+    def qsize(self) -> int:
+        with self._cond:
+            return sum(len(waiting) for waiting in self._by_uid.values())
+
+
 class ApiServer:
     """Serves `service` (the AgentService contract) on a Unix socket.
 
     One I/O thread multiplexes every connection with `selectors`: it accepts,
     reads into per-connection buffers and parses; a connection that has not
     sent its whole request within `request_deadline` of its accept is
-    answered 408 and closed. Complete requests go, in the order they
-    completed, to a small fixed pool of workers (reads and writes in separate
-    lanes, so status and health never queue behind admissions, which the
-    service serialises anyway). A slow or idle client costs a buffer and two
-    descriptors (socket, pidfd), never a thread.
+    answered 408 and closed. Complete requests go to a small fixed pool of
+    workers (reads and writes in separate lanes, so status and health never
+    queue behind admissions, which the service serialises anyway), each lane
+    taken in turn by uid and in the order they completed within one uid
+    (_FairLane). A slow or idle client costs a buffer and two descriptors
+    (socket, pidfd), never a thread.
 
     Limits: `max_connections` at once (default: from the open-file limit,
     raised to its hard limit when serving starts) and
@@ -558,7 +605,7 @@ class ApiServer:
         self._inode: tuple[int, int] | None = None
         self._thread: threading.Thread | None = None
         self._workers: list[threading.Thread] = []
-        self._lanes: dict[str, queue.SimpleQueue[tuple[_Conn, _Request] | None]] = {}
+        self._lanes: dict[str, _FairLane] = {}
         self._sel: selectors.BaseSelector | None = None
         self._wake_r: socket.socket | None = None
         self._wake_w: socket.socket | None = None
@@ -650,7 +697,7 @@ class ApiServer:
         self._running = True
         self._accept_handbacks = True
         self._loop_done.clear()
-        self._lanes = {"read": queue.SimpleQueue(), "write": queue.SimpleQueue()}
+        self._lanes = {"read": _FairLane(), "write": _FairLane()}
         self._workers = []
         for lane, count in (("read", READ_WORKERS), ("write", WRITE_WORKERS)):
             for i in range(count):
@@ -993,7 +1040,7 @@ class ApiServer:
             self._live -= 1
 
     # -- workers ----------------------------------------------------------
-    def _work(self, lane: "queue.SimpleQueue[tuple[_Conn, _Request] | None]") -> None:
+    def _work(self, lane: _FairLane) -> None:
         while True:
             item = lane.get()
             if item is None:

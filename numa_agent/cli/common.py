@@ -111,16 +111,25 @@ def _type_error(message: str) -> Exception:
     return argparse.ArgumentTypeError(message)
 
 
+class GivenSize(int):
+    """A size in bytes as a person gave it: `unit` says whether the text named a unit
+    (`1Ki`, `1k`) or was a plain number, which small_size_warnings warns of."""
+
+    unit: bool = False
+
+
 def parse_size(text: str) -> int:
     """core.units.parse_size for argparse (its rule: Kubernetes quantities)."""
     try:
-        return units.parse_size(text)
+        size = GivenSize(units.parse_size(text))
     except ValueError as exc:
         raise _type_error(str(exc)) from None
+    size.unit = not text.strip().isdigit()
+    return size
 
 
 def small_size_warnings(sizes: list[tuple[str, int | None]], page: int | None = None) -> list[str]:
-    """One line for each size a person gave that is below a memory page: a plain number is
+    """One line for each size a person gave as a plain number below a memory page: it is
     bytes (`--memory 1024` books 1 KiB), which is almost never what was meant. Warnings,
     not errors: the request goes on. `page` defaults to this machine's page size."""
     if not any(value for _, value in sizes):
@@ -129,7 +138,7 @@ def small_size_warnings(sizes: list[tuple[str, int | None]], page: int | None = 
     return [f"warning: {option} {value} is {value:,} bytes, less than a {units.format_bytes(page)} "
             f"page (a size without a unit is bytes): did you mean {value}Mi or {value}M? "
             "(units Ki, Mi, Gi, Ti: 1024s; k, M, G, T: 1000s)"
-            for option, value in sizes if value and value < page]
+            for option, value in sizes if value and value < page and not getattr(value, "unit", False)]
 
 
 def warn_small_sizes(prog: str, sizes: list[tuple[str, int | None]]) -> None:

@@ -405,7 +405,10 @@ class Agent:
         # after the stop, so that a signal while the process exits cannot end it otherwise.
         wake_r, wake_w = os.pipe2(os.O_CLOEXEC)
         os.set_blocking(wake_w, False)
-        previous = signal.set_wakeup_fd(wake_w)
+        # A storm of signals fills the pipe: each one past its room is then noted by the
+        # Python-level handler (_noted) instead, and not reported on stderr.
+        previous = signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
+        _NOTED.clear()
         for sig in HANDLED_SIGNALS:
             signal.signal(sig, _noted)
         signal.signal(signal.SIGPIPE, signal.SIG_IGN)
@@ -422,9 +425,18 @@ class Agent:
         return 0
 
     def _serve_signals(self, wake_r: int) -> None:
-        """Act on the signals read from `wake_r` (one byte each) until one says stop."""
+        """Act on the signals read from `wake_r` (one byte each), and those noted by
+        _noted, until one says stop. The whole pipe is read at once: a storm of SIGHUPs
+        is one reload, not one per few hundred. When the pipe was full the byte of a
+        signal is lost, but _noted has it; the wait is bounded so it is seen even if
+        the pipe stays empty afterwards."""
+        import select
+
         while True:
-            taken = set(os.read(wake_r, 256))
+            readable, _, _ = select.select([wake_r], [], [], 1.0)
+            taken = set(os.read(wake_r, 1 << 16)) if readable else set()
+            while _NOTED:
+                taken.add(_NOTED.pop())
             stop = [sig for sig in STOP_SIGNALS if sig in taken]
             if stop:
                 log.info("%s received: stopping", signal.Signals(stop[0]).name)
@@ -885,8 +897,15 @@ def _tcp_port(address: str) -> int | None:
     return None if socket_path_of(address) is not None else parse_address(address)[1]
 
 
+# Signals the Python-level handler saw (run_until_signal's loop takes them): the one
+# record of a signal whose byte a full wakeup pipe had no room for.
+_NOTED: set[int] = set()
+
+
 def _noted(signum: int, frame: Any) -> None:
-    """The Python-level handler of HANDLED_SIGNALS: the wakeup fd has the signal already."""
+    """The Python-level handler of HANDLED_SIGNALS: the wakeup fd has the signal
+    already, unless a storm of signals had filled it; noted here for that case."""
+    _NOTED.add(signum)
 
 
 def one_line(what: object) -> str:

@@ -137,6 +137,7 @@ def make_simulated_cgroup_root(path: str | os.PathLike, cpus: CpuSet, mems: Iter
     fake._write_controller_files(root, enabled)
     _put(root / "cpuset.cpus", cpus.format())
     _put(root / "cpuset.mems", mems_set.format())
+    fake._make_whole()  # a tree a crash left half made is read whole, by this recompute too
     fake.recompute()
     return root
 

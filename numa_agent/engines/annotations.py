@@ -47,6 +47,8 @@ POD = PREFIX + "pod"
 # Where the engine itself says which sandbox (pod) a container belongs to: CRI-O's
 # (podman writes it too for a container of a pod), containerd's CRI. Written by the
 # engine, not by the container's author: the one identity a pod membership is taken from.
+# Both present and different (an engine that passes a pod's own annotations through can
+# carry the other engine's key, set by the tenant): refused, neither is trusted.
 SANDBOX_KEYS = ("io.kubernetes.cri-o.SandboxID", "io.kubernetes.cri.sandbox-id")
 
 
@@ -79,7 +81,12 @@ def sandbox_pod(annotations: Mapping[str, Any], pod: str, digest: Callable[[str]
     so that a container cannot join another sandbox's pod, whatever it names.
     AnnotationError when the engine names no sandbox. `digest`: a sandbox id's hex digest
     when it is not 64 hex digits itself (as for a container id)."""
-    sandbox = next((v for k in SANDBOX_KEYS if isinstance(v := annotations.get(k), str) and v), None)
+    named = {v for k in SANDBOX_KEYS if isinstance(v := annotations.get(k), str) and v}
+    if len(named) > 1:  # one is not the engine's: an annotation passed through from the pod
+        raise AnnotationError(POD, pod, f"the container's annotations name two different sandboxes "
+                              f"({' and '.join(SANDBOX_KEYS)}); the pod is not joined when its "
+                              "sandbox is in doubt", SYNTAX["pod"])
+    sandbox = next(iter(named), None)
     if sandbox is None:
         raise AnnotationError(POD, pod, "the container's engine names no sandbox (pod) it belongs to "
                               f"({' or '.join(SANDBOX_KEYS)}); a container joins only its own sandbox's pod",

@@ -270,7 +270,11 @@ class AgentService:
                 raise NotPermitted(f"workload {name!r} belongs to uid {w.owner_uid}; only its owner "
                                    f"or root may release it")
             new_state, released, pod = release_workload(self.state, name)
-            new_state = self._revoked_after(new_state, w, reason, asked=caller is not None)
+            try:
+                new_state = self._revoked_after(new_state, w, reason, asked=caller is not None)
+            except (EnforcementError, OSError) as exc:  # whether it still runs, unread: descriptors out
+                what = describe_oserror(exc) if isinstance(exc, OSError) else str(exc)
+                raise Unavailable(f"cannot release {name}, nothing was released: {what}") from None
             index, engines = self._request_index(), self._engine_index()
             self._commit(new_state, move=None, caller=None)
             index.pop(str(w.request.get("request_id")), None)

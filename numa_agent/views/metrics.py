@@ -428,7 +428,7 @@ MAX_METRICS_HEAD_BYTES = 8 * 1024
 METRICS_CONNECTIONS_FLOOR = 4
 METRICS_CONNECTIONS_CEILING = 64
 # Connections are turned away past the bound (503 busy), past a peer's share of
-# it (503 per_peer_limit: a uid on unix:, a remote address on TCP), or dropped
+# it (503 per_peer_limit: a uid, or a remote host's address on TCP), or dropped
 # at the deadline (timeout).
 METRICS_REFUSAL_REASONS = ("busy", "per_peer_limit", "timeout")
 
@@ -455,12 +455,55 @@ def nofile_limit() -> int:
 
 
 def _peer_of(sock: socket.socket, address: Any) -> tuple[str, Any]:
-    """Whom a connection counts against: its uid on a Unix socket (SO_PEERCRED), its
-    remote address on TCP."""
+    """Whom a connection counts against: its uid on a Unix socket (SO_PEERCRED); on TCP
+    the uid too when the peer is a socket of this host (any of 127.0.0.0/8, or one of
+    the host's own addresses: one user binding each connection to another address is
+    still one peer), else its remote address."""
     if sock.family == socket.AF_UNIX:
         creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
         return ("uid", struct.unpack("3i", creds)[1])
+    uid = _local_tcp_peer_uid(sock)
+    if uid is not None:
+        return ("uid", uid)
     return ("address", address[0] if isinstance(address, tuple) else address)
+
+
+# sock_diag(7): one exact lookup of a TCP socket by its four-tuple.
+_NETLINK_SOCK_DIAG = 4
+_SOCK_DIAG_BY_FAMILY = 20
+_NLM_F_REQUEST = 1
+_NLMSG_HEADER = struct.Struct("=IHHII")
+_INET_DIAG_NOCOOKIE = 0xFFFFFFFF
+
+
+def _local_tcp_peer_uid(sock: socket.socket) -> int | None:
+    """The uid owning the other end of TCP connection `sock` when that end is a socket
+    of this host (sock_diag finds it by its four-tuple), else None."""
+    try:
+        local, remote = sock.getsockname(), sock.getpeername()
+        family = sock.family
+
+        def raw(host: str) -> bytes:
+            return socket.inet_pton(family, host).ljust(16, b"\0")
+
+        # The peer's socket, seen from its side: our remote end is its source.
+        sockid = (struct.pack("!HH", remote[1], local[1]) + raw(remote[0]) + raw(local[0])
+                  + struct.pack("=III", 0, _INET_DIAG_NOCOOKIE, _INET_DIAG_NOCOOKIE))
+        request = struct.pack("=BBBBI", family, socket.IPPROTO_TCP, 0, 0, 0xFFFFFFFF) + sockid
+        header = _NLMSG_HEADER.pack(_NLMSG_HEADER.size + len(request), _SOCK_DIAG_BY_FAMILY,
+                                    _NLM_F_REQUEST, 1, 0)
+        with socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, _NETLINK_SOCK_DIAG) as diag:
+            diag.settimeout(1.0)
+            diag.send(header + request)
+            answer = diag.recv(8192)
+        _, kind, _, _, _ = _NLMSG_HEADER.unpack_from(answer)
+        if kind != _SOCK_DIAG_BY_FAMILY:
+            return None  # NLMSG_ERROR: no such socket here, the peer is another host
+        # inet_diag_msg: family, state, timer, retrans; the 48-byte sockid; expires,
+        # rqueue, wqueue, uid, inode.
+        return int(struct.unpack_from("=IIIII", answer, _NLMSG_HEADER.size + 4 + 48)[3])
+    except (OSError, ValueError, struct.error):
+        return None
 
 
 _STATUS_TEXT = {200: "OK", 400: "Bad Request", 405: "Method Not Allowed", 408: "Request Timeout",

@@ -230,3 +230,51 @@ def test_health_and_status_answer_while_admissions_wait_on_the_service(fake, soc
         gate.set()
         srv.stop()
     assert sorted(r[0] for r in results) == [201] * 6
+
+
+def test_one_users_flood_of_requests_does_not_queue_in_front_of_another_user(sock_dir):
+    """A user who sends many complete admissions (dry runs cost the agent a decision
+    each) fills the workers' queue; another user's admission is served in its turn,
+    after at most one of the flood's per worker, not after all of them."""
+    service = CountingService()
+    gate = threading.Event()
+    order: list[str] = []
+    original = service.admit
+
+    def admit(req, caller, dry_run=False):
+        order.append(req.name)
+        gate.wait(60)  # the flood's first two hold both write workers until the gate opens
+        return original(req, caller, dry_run=True)
+
+    service.admit = admit
+    srv = ApiServer(service, f"{sock_dir}/agent.sock", poll_interval=0.05, request_deadline=60,
+                    credentials=uid_by_peer_name({"flood": OTHER_UID, "victim": THIRD_UID})).start()
+    held = []
+    try:
+        def post(prefix: str, i: int) -> socket.socket:
+            body = b'{"name": "%s-%d", "cpus": 1}' % (prefix.encode(), i)
+            s = open_as(srv.socket_path, prefix, i)
+            s.sendall(b"POST /v1/workloads HTTP/1.1\r\nContent-Type: application/json\r\n"
+                      b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+            s.settimeout(60)
+            held.append(s)
+            return s
+
+        for i in range(22):
+            post("flood", i)
+        lane = srv._lanes["write"]
+        deadline = time.monotonic() + 30  # a bound on the wait, not a measure
+        while (len(order) < 2 or lane.qsize() < 20) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(order) == 2 and lane.qsize() == 20
+        victim = post("victim", 0)
+        while lane.qsize() < 21 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        gate.set()
+        assert victim.recv(4096).startswith(b"HTTP/1.1 201")
+        assert order.index("victim-0") <= 4, order
+    finally:
+        gate.set()
+        for s in held:
+            s.close()
+        srv.stop()

@@ -304,6 +304,17 @@ def test_memory_booked_text_names_each_node():
     assert len(small_size_warnings([("--pod-memory", 4095)], page=4096)) == 1
 
 
+def test_a_small_size_with_a_unit_is_not_taken_for_a_plain_number():
+    # `--memory 1Ki` says what it means: no "a size without a unit is bytes" warning
+    # quoting 1024, which the user never typed.
+    from numa_agent.cli.common import parse_size, small_size_warnings
+
+    assert small_size_warnings([("--memory", parse_size("1Ki")), ("--pod-memory", parse_size("1k"))],
+                               page=4096) == []
+    lines = small_size_warnings([("--memory", parse_size("1024"))], page=4096)
+    assert len(lines) == 1 and lines[0].startswith("warning: --memory 1024 is 1,024 bytes")
+
+
 def test_command_not_found_is_127_and_books_nothing(server, fake):
     out = run_numa_run(server, "--cpus", "1", "no-such-command-xyz")
     assert out.returncode == 127

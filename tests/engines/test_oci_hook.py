@@ -218,3 +218,16 @@ def test_the_pod_a_container_joins_is_of_its_own_sandbox():
     st = oci_hook.parse_state(state({"numa-agent.io/pod": "d" * 50, "io.kubernetes.cri.sandbox-id": sandbox}))
     with pytest.raises(oci_hook_annotations.AnnotationError, match="longer than 46"):
         oci_hook.admission(st, CGROUP)
+
+
+def test_two_sandboxes_named_by_the_two_engines_keys_are_refused():
+    # containerd writes its own key; a tenant whose pod annotations it passes through
+    # could add CRI-O's, which is read first, naming another tenant's sandbox.
+    own, other = "5" * 64, "6" * 64
+    st = oci_hook.parse_state(state({"numa-agent.io/pod": "db", "io.kubernetes.cri.sandbox-id": own,
+                                     "io.kubernetes.cri-o.SandboxID": other}))
+    with pytest.raises(oci_hook_annotations.AnnotationError, match="two different sandboxes"):
+        oci_hook.admission(st, CGROUP)
+    st = oci_hook.parse_state(state({"numa-agent.io/pod": "db", "io.kubernetes.cri.sandbox-id": own,
+                                     "io.kubernetes.cri-o.SandboxID": own}))
+    assert oci_hook.admission(st, CGROUP)["pod"] == f"sbx-{own[:12]}-db"

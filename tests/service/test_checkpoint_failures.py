@@ -341,3 +341,28 @@ def test_a_file_the_decision_needs_failing_is_a_refusal(agent, monkeypatch):
                                           r"\(Too many open files\)$"):
         service.admit(AdmitRequest(name="web", cpus=2, in_place=True), ME)
     assert service.state.workloads == ()
+
+
+@pytest.mark.parametrize("failing", ["cgroup", "os"])
+def test_a_file_the_release_needs_failing_is_a_refusal(agent, monkeypatch, failing):
+    """Out of descriptors while the release looks whether the workload's processes
+    still run (its cgroup.events), before anything is checkpointed: a 503 that
+    releases nothing, not a 500 with a traceback."""
+    from numa_agent.enforcement.errors import CgroupError
+
+    service, faulty, cg_root, state_dir = agent
+    service.admit(AdmitRequest(name="web", cpus=2), ME)
+    before = service.state
+
+    def no_descriptor(rel):
+        if failing == "cgroup":
+            raise CgroupError(f"read {cg_root / rel / 'cgroup.events'} failed: EMFILE (Too many open files)")
+        raise OSError(errno.EMFILE, os.strerror(errno.EMFILE), str(cg_root / rel / "cgroup.events"))
+
+    monkeypatch.setattr(service.enforcer, "populated", no_descriptor)
+    with pytest.raises(Unavailable, match=r"^cannot release web, nothing was released: .*EMFILE"):
+        service.release("web", ROOT)
+    assert service.state is before and (cg_root / "wl-web").is_dir()
+    monkeypatch.undo()
+    service.release("web", ROOT)
+    assert service.state.workloads == ()

@@ -154,6 +154,20 @@ def test_dying_in_the_middle_of_a_simulated_rmdir(env, monkeypatch, sleepers):
     restart_and_check(machine, state_dir, cg_root, kept, sleepers)
 
 
+def test_the_agents_start_refreshes_a_tree_with_a_cgroup_its_rmdir_left_half(env, sleepers):
+    """The agent's start refreshes the simulated root (make_simulated_cgroup_root) before
+    anything reads the tree. The rmdir removes a cgroup's files in directory order: a
+    death after cpuset.cpus went and before cpuset.cpus.effective did must not stop the
+    start there ("No such file or directory: .../cpuset.cpus")."""
+    machine, state_dir, cg_root, service, kept = env
+    service.enforcer.close()
+    CgroupV2(cg_root, SimulatedCgroupfs(cg_root)).create("wl-web")
+    (cg_root / "wl-web" / "cpuset.cpus").unlink()  # as that death leaves it
+    assert (cg_root / "wl-web" / "cpuset.cpus.effective").is_file()
+    make_simulated_cgroup_root(cg_root, machine.usable_cpus, [0, 1])  # as startup's _simulated_cgroup
+    restart_and_check(machine, state_dir, cg_root, kept, sleepers)
+
+
 # ---- trees left so, that the checkpoint does not know ------------------------------------------
 def _empty_dir(cg_root, machine, rel):
     (cg_root / rel).mkdir()

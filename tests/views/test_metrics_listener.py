@@ -162,6 +162,42 @@ def test_the_peer_is_the_uid_on_a_unix_socket_and_the_address_on_tcp():
         assert _peer_of(s, ("192.0.2.7", 41000)) == ("address", "192.0.2.7")
 
 
+def test_a_local_tcp_peer_is_its_uid_whichever_loopback_address_it_uses():
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        for source in ("127.0.0.2", "127.0.0.3"):
+            with socket.socket() as client:
+                client.bind((source, 0))
+                client.connect(listener.getsockname())
+                conn, address = listener.accept()
+                with conn:
+                    assert address[0] == source
+                    assert _peer_of(conn, address) == ("uid", os.getuid())
+
+
+def test_one_local_user_cannot_take_every_slot_from_many_loopback_addresses():
+    # 127.0.0.0/8 is all this host's: a user who binds each connection to another
+    # loopback address is still one peer, held to its share of the bound.
+    server = start_metrics_server("127.0.0.1:0", build_registry(lambda: SNAPSHOT, version="t"),
+                                  max_connections=8, deadline=PATIENCE)
+    held = []
+    try:
+        for source in ("127.0.0.2", "127.0.0.3"):
+            for _ in range(2):  # a quarter of 8 per peer
+                s = socket.socket()
+                s.bind((source, 0))
+                s.connect((server.host, server.port))
+                s.settimeout(PATIENCE)
+                held.append(s)
+        assert read_all(held[2]).startswith(b"HTTP/1.1 503 ")
+        assert server.stats()["refused_connections_total"]["per_peer_limit"] >= 1
+    finally:
+        for s in held:
+            s.close()
+        server.stop()
+
+
 def test_render_scrape_answers_as_prometheus_client_does():
     registry = build_registry(lambda: SNAPSHOT, version="t")
     ok = render_scrape(registry, b"GET /metrics?name[]=numa_agent_info HTTP/1.1\r\nAccept: text/plain")
