@@ -243,8 +243,8 @@ def _output(path: Path) -> str:
 
 
 def running_tasks(g: SlurmGuest, name: str, proc: subprocess.Popen, record: Path, tasks: int) -> list[dict]:
-    """Until `tasks` workloads slurm-<job>-0-<procid> are listed and each task wrote its
-    record; returns the listed workloads by procid."""
+    """Until `tasks` workloads slurm-<job>-0-<procid>-u<uid> are listed and each task wrote
+    its record; returns the listed workloads by procid."""
     def ready():
         if proc.poll() is not None:
             return "exited"
@@ -257,7 +257,7 @@ def running_tasks(g: SlurmGuest, name: str, proc: subprocess.Popen, record: Path
                                  f"{SLURM_TIMEOUT:g} s: listed {[w['name'] for w in g.slurm_workloads()]}; "
                                  f"srun: {last_lines(srun_out, 6)}; slurmd: {g.slurm.tail('slurmd.log')}")
     assert isinstance(got, list)
-    return sorted(got, key=lambda w: int(w["name"].rsplit("-", 1)[1]))
+    return sorted(got, key=lambda w: int(w["name"].rsplit("-", 2)[1]))  # slurm-J-S-<procid>-u<uid>
 
 
 def check_task(g: SlurmGuest, w: dict, record: Path, procid: int) -> tuple[CpuSet, CpuSet, str]:
