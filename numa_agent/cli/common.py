@@ -492,3 +492,43 @@ def isolation_lines(record: dict[str, Any]) -> list[str]:
     lines = [f"  isolation ({', '.join(iso.get('asked') or [])}{', strict' if iso.get('strict') else ''}): "
              f"{done} done"]
     return lines + [f"  isolation not done: {item}" for item in iso.get("not_done") or []]
+
+
+def discover_at(source: str):
+    """The Topology under `source`: a sys/ and proc/ tree, or a snapshot archive of one
+    (extracted for discovery and removed again once read)."""
+    from numa_agent.discovery.sysfs import read_topology
+    from numa_agent.service.snapshot import extract_snapshot, is_archive, remove_snapshot
+
+    if not is_archive(source):
+        return read_topology(source)
+    scratch, root = extract_snapshot(source)
+    try:
+        return read_topology(root)
+    finally:
+        remove_snapshot(scratch)  # discovery has read everything it needs
+
+
+def offline_machine(config: str | None, sysfs_root: str | None):
+    """(config, topology, machine) without an agent, as `serve` would build them: the config
+    file (the default one only if it is there), and the machine under `sysfs_root` or the
+    config's own (`discover_at`). A failure is a CliError with its one line."""
+    from dataclasses import replace
+
+    from numa_agent.admission.machine import MachineConfigError, build_machine
+    from numa_agent.daemon.config import ConfigError, load_config
+    from numa_agent.discovery.sysfs import DiscoveryError
+    from numa_agent.service.snapshot import SnapshotError
+
+    try:
+        cfg = load_config(config, required=config is not None)
+        if sysfs_root is not None:
+            cfg = replace(cfg, sysfs_root=sysfs_root)
+        topology = discover_at(cfg.sysfs_root)
+        return cfg, topology, build_machine(topology, cfg.policy)
+    except (ConfigError, DiscoveryError, SnapshotError) as exc:
+        raise CliError(str(exc)) from None
+    except MachineConfigError as exc:
+        raise CliError(f"configuration does not fit this machine: {exc}") from None
+    except OSError as exc:
+        raise CliError(f"{exc.filename or sysfs_root}: {exc.strerror or exc}") from None

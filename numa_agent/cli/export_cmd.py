@@ -10,7 +10,6 @@ import argparse
 import json
 import socket
 import sys
-from dataclasses import replace
 from typing import Any
 
 from numa_agent.cli import common
@@ -71,34 +70,12 @@ def _from_agent(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _from_machine(args: argparse.Namespace) -> dict[str, Any]:
-    from numa_agent.admission.machine import MachineConfigError, build_machine
-    from numa_agent.daemon.config import ConfigError, load_config
-    from numa_agent.discovery.sysfs import DiscoveryError, read_topology
-    from numa_agent.service.snapshot import SnapshotError, extract_snapshot, is_archive, remove_snapshot
     from numa_agent.state.model import AgentState
     from numa_agent.views.nrt import node_resource_topology
 
-    scratch = None
-    try:
-        cfg = load_config(args.config, required=args.config is not None)
-        if args.sysfs_root is not None:
-            cfg = replace(cfg, sysfs_root=args.sysfs_root)
-        root = cfg.sysfs_root
-        if is_archive(root):
-            scratch, extracted = extract_snapshot(root)
-            root = str(extracted)
-        machine = build_machine(read_topology(root), cfg.policy)
-        return node_resource_topology(machine, AgentState(policy_fingerprint=machine.policy.fingerprint()),
-                                      args.node_name or socket.gethostname())
-    except (ConfigError, DiscoveryError, SnapshotError) as exc:
-        raise common.CliError(str(exc)) from None
-    except MachineConfigError as exc:
-        raise common.CliError(f"configuration does not fit this machine: {exc}") from None
-    except OSError as exc:
-        raise common.CliError(f"{exc.filename or args.sysfs_root}: {exc.strerror or exc}") from None
-    finally:
-        if scratch is not None:
-            remove_snapshot(scratch)
+    _, _, machine = common.offline_machine(args.config, args.sysfs_root)
+    return node_resource_topology(machine, AgentState(policy_fingerprint=machine.policy.fingerprint()),
+                                  args.node_name or socket.gethostname())
 
 
 # ---- YAML, for this object's shape -----------------------------------------------

@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import socket
 import sys
-from dataclasses import replace
 
 PROG = "numa-agent slurm-node"
 
@@ -34,42 +33,18 @@ def add_parser(subparsers) -> None:
 
 
 def run(args) -> int:
-    from numa_agent.admission.machine import MachineConfigError, build_machine
+    from numa_agent.cli import common
     from numa_agent.core.slurm import SlurmShapeError, node_line, spec_note
-    from numa_agent.daemon.config import ConfigError, load_config
-    from numa_agent.discovery.sysfs import DiscoveryError, read_topology
-    from numa_agent.service.snapshot import SnapshotError, extract_snapshot, is_archive, remove_snapshot
 
-    scratch = None
     try:
-        cfg = load_config(args.config, required=args.config is not None)
-        if args.sysfs_root is not None:
-            cfg = replace(cfg, sysfs_root=args.sysfs_root)
-        root = cfg.sysfs_root
-        if is_archive(root):
-            scratch, extracted = extract_snapshot(root)
-            root = str(extracted)
-        topology = read_topology(root)
-        machine = build_machine(topology, cfg.policy)
+        cfg, topology, machine = common.offline_machine(args.config, args.sysfs_root)
         reserved_memory = sum(per_node.get("memory", 0) for per_node in cfg.policy.reserved_memory.values())
         name = args.node_name or socket.gethostname().split(".")[0]
         line = node_line(name, topology, machine.reserved_cpus, reserved_memory)
         note = spec_note(topology, machine.reserved_cpus)
-    except (ConfigError, DiscoveryError, SnapshotError) as exc:
+    except (common.CliError, SlurmShapeError) as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return 1
-    except MachineConfigError as exc:
-        print(f"{PROG}: configuration does not fit this machine: {exc}", file=sys.stderr)
-        return 1
-    except SlurmShapeError as exc:
-        print(f"{PROG}: {exc}", file=sys.stderr)
-        return 1
-    except OSError as exc:
-        print(f"{PROG}: {exc.filename or args.sysfs_root}: {exc.strerror or exc}", file=sys.stderr)
-        return 1
-    finally:
-        if scratch is not None:
-            remove_snapshot(scratch)
     print(line)
     if note:
         print(f"{PROG}: note: {note}", file=sys.stderr)

@@ -10,10 +10,9 @@ import sys
 from numa_agent.api.client import ClientError, request
 from numa_agent.cli import common
 from numa_agent.core.printable import printable
-from numa_agent.core.topology import Topology
 from numa_agent.discovery.pci_ids import PCI_IDS_PATHS, PciIdsFile
-from numa_agent.discovery.sysfs import DiscoveryError, read_topology
-from numa_agent.service.snapshot import SnapshotError, extract_snapshot, is_archive, remove_snapshot
+from numa_agent.discovery.sysfs import DiscoveryError
+from numa_agent.service.snapshot import SnapshotError
 from numa_agent.views.topology_report import render_text, topology_to_json
 
 
@@ -52,19 +51,6 @@ def agent_machine(args) -> str | None:
     return source
 
 
-def _discover(source: str) -> Topology:
-    """The Topology under `source` (a directory or a snapshot archive)."""
-    scratch = None
-    try:
-        if not is_archive(source):
-            return read_topology(source)
-        scratch, root = extract_snapshot(source)
-        return read_topology(root)
-    finally:
-        if scratch is not None:  # discovery has read everything it needs
-            remove_snapshot(scratch)
-
-
 def run(args) -> int:
     topology = None
     if args.sysfs_root is None:
@@ -75,7 +61,7 @@ def run(args) -> int:
         socket_path = common.resolve_socket(args)
         if source is not None:
             try:
-                topology = _discover(source)
+                topology = common.discover_at(source)
             except (DiscoveryError, SnapshotError, OSError) as exc:
                 why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
                 print(printable(f"numa-agent topology: note: this is this host's machine, not the one the agent at "
@@ -85,7 +71,7 @@ def run(args) -> int:
                                 "--sysfs-root / shows this host"), file=sys.stderr)
     try:
         if topology is None:
-            topology = _discover(args.sysfs_root)
+            topology = common.discover_at(args.sysfs_root)
     except (DiscoveryError, SnapshotError) as exc:
         print(printable(f"numa-agent topology: {exc}"), file=sys.stderr)
         return 1
