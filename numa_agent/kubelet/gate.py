@@ -232,59 +232,66 @@ class ConnectionGate:
         pair = end.pair
         if pair not in self._pairs:
             return
-        if mask & selectors.EVENT_WRITE and end.out:
-            try:
-                sent = end.sock.send(end.out)
-            except (BlockingIOError, InterruptedError):
-                sent = 0
-            except OSError:
-                self._close(pair)
-                return
-            end.out = end.out[sent:]
-            if not end.out:
-                if pair.closing_at and end is pair.client:
-                    self._close(pair)  # all the server said has been passed on
-                    return
-                if pair.other(end).eof_in:
-                    try:
-                        end.sock.shutdown(socket.SHUT_WR)
-                    except OSError:
-                        pass
-        if mask & selectors.EVENT_READ and not end.eof_in:
-            dst = pair.other(end)
-            try:
-                chunk = end.sock.recv(CHUNK)
-            except (BlockingIOError, InterruptedError):
-                chunk = None
-            except OSError:
-                self._close(pair)
-                return
-            if chunk == b"":
-                end.eof_in = True
-                if end is pair.server:  # the server closed: pass on what is left, then end
-                    if not dst.out:
-                        self._close(pair)
-                        return
-                    pair.closing_at = time.monotonic() + FLUSH_SECONDS
-                    self._closing.append(pair)
-                elif not dst.out:
-                    try:
-                        dst.sock.shutdown(socket.SHUT_WR)
-                    except OSError:
-                        self._close(pair)
-                        return
-            elif chunk:
-                dst.out += chunk
-                try:  # most often it goes at once
-                    sent = dst.sock.send(dst.out)
-                except (BlockingIOError, InterruptedError):
-                    sent = 0
-                except OSError:
-                    self._close(pair)
-                    return
-                dst.out = dst.out[sent:]
+        if mask & selectors.EVENT_WRITE and end.out and not self._flush(end):
+            return
+        if mask & selectors.EVENT_READ and not end.eof_in and not self._pass_on(end):
+            return
         self._interest(pair.client)
         self._interest(pair.server)
+
+    def _send(self, end: _End) -> bool:
+        """Write what waits for `end`; False when the pair has ended."""
+        try:
+            sent = end.sock.send(end.out)
+        except (BlockingIOError, InterruptedError):
+            sent = 0
+        except OSError:
+            self._close(end.pair)
+            return False
+        end.out = end.out[sent:]
+        return True
+
+    def _flush(self, end: _End) -> bool:
+        pair = end.pair
+        if not self._send(end):
+            return False
+        if not end.out:
+            if pair.closing_at and end is pair.client:
+                self._close(pair)  # all the server said has been passed on
+                return False
+            if pair.other(end).eof_in:
+                self._half_close(end)
+        return True
+
+    def _half_close(self, end: _End) -> None:
+        try:
+            end.sock.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+
+    def _pass_on(self, end: _End) -> bool:
+        """Read from `end` into what waits for the other; False when the pair has ended."""
+        pair, dst = end.pair, end.pair.other(end)
+        try:
+            chunk = end.sock.recv(CHUNK)
+        except (BlockingIOError, InterruptedError):
+            return True
+        except OSError:
+            self._close(pair)
+            return False
+        if chunk:
+            dst.out += chunk
+            return self._send(dst)  # most often it goes at once
+        end.eof_in = True
+        if end is pair.server:  # the server closed: pass on what is left, then end
+            if not dst.out:
+                self._close(pair)
+                return False
+            pair.closing_at = time.monotonic() + FLUSH_SECONDS
+            self._closing.append(pair)
+        elif not dst.out:
+            self._half_close(dst)
+        return True
 
     def _interest(self, end: _End) -> None:
         """Read while nothing waits for the other end; write while something waits for this one."""

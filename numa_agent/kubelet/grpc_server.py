@@ -12,8 +12,8 @@ Who may connect is decided, as for the HTTP API, by the socket file's mode
 and group (the same `socket_mode` / `socket_group`), set before the path
 exists (numa_agent.state.socket_file). Bad input (garbage bytes, a client that
 never finishes its request) is grpcio's to refuse; it holds no worker thread.
-Connections are bounded as /metrics' are (`connection_cap`: a share of the
-open-file limit the API leaves alone), in total and per user: grpcio offers
+Connections are bounded (`connection_cap`: as many as fit, three descriptors
+each, in the share of the open-file limit the API leaves alone), in total and per user: grpcio offers
 no hook before the HTTP/2 handshake, so the public socket is served by a gate
 of ours (kubelet/gate.py) that reads each peer's uid (SO_PEERCRED), closes a
 connection beyond the bound or beyond its user's quarter of it, and splices
@@ -38,8 +38,8 @@ from typing import Any, Callable
 import grpc
 
 from numa_agent.kubelet import pod_resources
-from numa_agent.kubelet.gate import ConnectionGate, GateCollector
 from numa_agent.kubelet import podresources_pb2 as pb
+from numa_agent.kubelet.gate import ConnectionGate, GateCollector
 from numa_agent.state.socket_file import place_socket, remove_socket
 from numa_agent.views.metrics import metrics_connection_cap, nofile_limit
 
@@ -58,10 +58,21 @@ GRACE_MS = 30 * 1000
 HANDSHAKE_TIMEOUT_MS = 5 * 1000
 
 
-def connection_cap(nofile: int) -> int:
-    """Connections PodResources holds at once: the same share of the open-file
-    limit as /metrics, which the API's bound leaves (api/server.py, `listeners_share`)."""
+# Descriptors one connection holds: the client's socket and the gate's to
+# grpcio, both in the gate, and grpcio's own end.
+DESCRIPTORS_PER_CONNECTION = 3
+
+
+def descriptor_share(nofile: int) -> int:
+    """Descriptors PodResources' connections hold at most: the same share of the
+    open-file limit as /metrics, which the API's bound leaves (api/server.py,
+    `listeners_share`)."""
     return metrics_connection_cap(nofile)
+
+
+def connection_cap(nofile: int) -> int:
+    """Connections PodResources holds at once: as many as fit in its descriptor share."""
+    return max(2, descriptor_share(nofile) // DESCRIPTORS_PER_CONNECTION)
 
 
 class PodResourcesServer:

@@ -26,8 +26,6 @@ SETTINGS = b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"  # an empty SETTINGS frame: t
 PATIENCE = 30.0  # a bound, not a measure
 NOBODY = 65534
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="runs the attacker as another uid")
-
 
 class Starting:
     def view(self):
@@ -96,6 +94,7 @@ def hold_as_nobody(path: str, count: int):
     return pid, go_w, kept
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="runs the attacker as another uid")
 def test_one_user_holding_connections_cannot_stop_roots_list(server):
     share = server.stats()["max_per_peer"]
     assert share == 2  # a quarter of 8
@@ -126,3 +125,9 @@ def test_refusals_are_logged_at_most_once_a_second(monkeypatch, caplog):
     assert len([r for r in caplog.records if "turned away" in r.getMessage()]) == 1
     gate.server_close()
     b.close()
+
+
+@pytest.mark.parametrize("nofile", [384, 1024, 65536, 1 << 20])
+def test_connections_through_the_gate_fit_in_the_descriptor_share(nofile):
+    held = grpc_server.DESCRIPTORS_PER_CONNECTION * grpc_server.connection_cap(nofile)
+    assert held <= grpc_server.descriptor_share(nofile)
