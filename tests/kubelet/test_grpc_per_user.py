@@ -131,3 +131,14 @@ def test_refusals_are_logged_at_most_once_a_second(monkeypatch, caplog):
 def test_connections_through_the_gate_fit_in_the_descriptor_share(nofile):
     held = grpc_server.DESCRIPTORS_PER_CONNECTION * grpc_server.connection_cap(nofile)
     assert held <= grpc_server.descriptor_share(nofile)
+
+
+def test_grpcios_own_socket_is_private_and_goes_with_the_server(tmp_path):
+    srv = grpc_server.PodResourcesServer(str(tmp_path / "pr.sock"), max_connections=8).bind()
+    srv.attach(Starting())
+    srv.start()
+    private = srv._private_dir
+    assert private is not None and os.stat(private).st_mode & 0o777 == 0o700
+    assert os.listdir(private) == ["grpc.sock"]
+    srv.stop()
+    assert not os.path.exists(private) and not (tmp_path / "pr.sock").exists()
