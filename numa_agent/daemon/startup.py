@@ -281,9 +281,11 @@ class Agent:
         if cfg.metrics_address:
             from numa_agent.views.metrics import build_registry, start_metrics_server
 
+            registry = build_registry(service.metrics_snapshot)
+            if self.pod_resources is not None:  # its gate's refusals beside the metrics listener's
+                registry.register(self.pod_resources.collector())
             try:
-                self.metrics = start_metrics_server(cfg.metrics_address,
-                                                    build_registry(service.metrics_snapshot),
+                self.metrics = start_metrics_server(cfg.metrics_address, registry,
                                                     socket_mode=cfg.socket_mode, socket_group=cfg.socket_group)
             except UntrustedDirectory as exc:  # changed since it was checked
                 raise StartupConfigError(str(exc)) from None

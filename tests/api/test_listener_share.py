@@ -15,7 +15,7 @@ from numa_agent.views.metrics import metrics_connection_cap
 @pytest.mark.parametrize("nofile", [384, 512, 1000, 1024, 4096, 65536, 524288, 1 << 20])
 def test_the_api_bound_leaves_the_metrics_and_podresources_bounds(nofile):
     metrics = metrics_connection_cap(nofile)
-    pod_resources = grpc_server.connection_cap(nofile)
+    pod_resources = grpc_server.descriptor_share(nofile)
     assert listeners_share(nofile) == metrics + pod_resources
     assert 2 * connection_cap(nofile) + metrics + pod_resources + FD_RESERVE <= nofile
 
@@ -23,7 +23,7 @@ def test_the_api_bound_leaves_the_metrics_and_podresources_bounds(nofile):
 def test_podresources_takes_its_bound_from_the_open_file_limit(tmp_path, monkeypatch):
     monkeypatch.setattr(grpc_server, "nofile_limit", lambda: 512)
     server = grpc_server.PodResourcesServer(str(tmp_path / "pr.sock"))
-    assert server.max_connections == metrics_connection_cap(512) == 32
+    assert server.max_connections == metrics_connection_cap(512) // grpc_server.DESCRIPTORS_PER_CONNECTION == 10
 
 
 def test_one_user_cannot_hold_every_api_slot_when_the_bound_is_small(sock_dir):

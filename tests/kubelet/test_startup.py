@@ -100,3 +100,17 @@ def test_state_files_and_list_unchanged_after_kill_and_restart(tmp_path, machine
 def _list(tmp_path):
     with grpc.insecure_channel(f"unix:{tmp_path / 'pod-resources.sock'}") as channel:
         return pb_grpc.PodResourcesListerStub(channel).List(pb.ListPodResourcesRequest(), timeout=10)
+
+
+def test_the_pod_resources_gate_is_scraped_beside_the_metrics_listener(tmp_path, machine):
+    import urllib.request
+
+    agent = AgentProcess(tmp_path, "--sysfs-root", str(machine)).start()
+    try:
+        wait_for(lambda: (tmp_path / "pod-resources.sock").exists(), 20)
+        with urllib.request.urlopen(f"http://127.0.0.1:{agent.metrics_port}/metrics", timeout=30) as r:
+            text = r.read().decode()
+    finally:
+        agent.stop()
+    assert 'numa_agent_pod_resources_refused_connections_total{reason="per_peer_limit"} 0.0' in text
+    assert "numa_agent_pod_resources_max_connections " in text
