@@ -213,11 +213,7 @@ class ConnectionGate(BoundedListener):
         self._pairs.discard(pair)
         self._release(pair.peer)
         for end in (pair.client, pair.server):
-            try:
-                self._sel.unregister(end.sock)
-            except (KeyError, ValueError):
-                pass
-            end.sock.close()
+            self._forget(end.sock)
 
 
 class GateCollector:

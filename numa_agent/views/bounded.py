@@ -214,6 +214,14 @@ class BoundedListener:
         else:
             self._per_peer.pop(peer, None)
 
+    def _forget(self, sock: socket.socket) -> None:
+        """Stop watching a connection's socket (if it is watched) and close it."""
+        try:
+            self._sel.unregister(sock)
+        except (KeyError, ValueError):
+            pass
+        sock.close()
+
     def _refuse(self, sock: socket.socket, reason: str, text: str = "") -> None:
         """Close a connection turned away (a subclass may first tell it `text`) and count it."""
         sock.close()

@@ -698,11 +698,7 @@ class MetricsListener(BoundedListener):
             return
         del self._clients[fd]
         self._release(client.peer)
-        try:
-            self._sel.unregister(client.sock)
-        except (KeyError, ValueError):
-            pass
-        client.sock.close()
+        self._forget(client.sock)
 
 
 class _ListenerCollector:
