@@ -23,13 +23,13 @@ import errno
 import logging
 import selectors
 import socket
-import threading
 import time
 from collections import deque
 from typing import Any, Callable, Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from numa_agent.views.bounded import BoundedListener
 from numa_agent.views.metrics import PREFIX, _peer_of, metrics_per_peer_cap
 
 log = logging.getLogger("numa_agent.kubelet")
@@ -37,9 +37,6 @@ log = logging.getLogger("numa_agent.kubelet")
 REFUSAL_REASONS = ("busy", "per_peer_limit")
 CHUNK = 64 * 1024  # bytes read at once, and held at most per direction
 FLUSH_SECONDS = 5.0  # the server closed: what it sent reaches a reader within this, or is dropped
-
-_LISTENING = object()
-_WAKING = object()
 
 
 class _End:
@@ -67,137 +64,31 @@ class _Pair:
         return self.server if end is self.client else self.client
 
 
-class ConnectionGate:
+class ConnectionGate(BoundedListener):
     """Accepts on `listener`, passes each admitted connection to `upstream`
     (a Unix socket path). Run `serve_forever` in a thread; `shutdown` and
-    `server_close` from another."""
+    `server_close` from another. The loop, the bounds and the refusal
+    bookkeeping are `BoundedListener`'s (views/bounded.py); the splice is
+    this class's."""
+
+    log = log
 
     def __init__(self, listener: socket.socket, upstream: str, *, max_connections: int,
                  max_per_peer: int | None = None, what: str = "PodResources",
                  peer_of: Callable[[socket.socket, Any], tuple[str, Any]] = _peer_of) -> None:
-        self.socket = listener
         self.upstream = upstream
         self.what = what
-        self.max_connections = max_connections
-        self.max_per_peer = max_per_peer or metrics_per_peer_cap(max_connections)
-        self.refused = dict.fromkeys(REFUSAL_REASONS, 0)
-        self._peer_of = peer_of
         self._pairs: set[_Pair] = set()
-        self._per_peer: dict[tuple[str, Any], int] = {}
         self._closing: deque[_Pair] = deque()
-        self._unlogged: dict[str, int] = {}
-        self._logged_at = -1e9
-        self._paused_until = 0.0
-        self._accepting = True
-        self._running = True
-        self._done = threading.Event()
-        self._sel = selectors.DefaultSelector()
-        self._wake_r, self._wake_w = socket.socketpair()
-        for end in (listener, self._wake_r, self._wake_w):
-            end.setblocking(False)
-        self._sel.register(listener, selectors.EVENT_READ, _LISTENING)
-        self._sel.register(self._wake_r, selectors.EVENT_READ, _WAKING)
+        super().__init__(listener, max_connections=max_connections,
+                         max_per_peer=max_per_peer or metrics_per_peer_cap(max_connections),
+                         reasons=REFUSAL_REASONS, peer_of=peer_of)
 
-    def stats(self) -> dict[str, Any]:
-        """Connections open and turned away so far, by reason (base units, stable keys)."""
-        return {"open_connections": len(self._pairs), "max_connections": self.max_connections,
-                "max_per_peer": self.max_per_peer, "refused_connections_total": dict(self.refused)}
+    # -- what BoundedListener asks of it ------------------------------------------
+    def _open_count(self) -> int:
+        return len(self._pairs)
 
-    # -- lifecycle ---------------------------------------------------------------
-    def serve_forever(self) -> None:
-        try:
-            while self._running:
-                for key, mask in self._sel.select(self._timeout(time.monotonic())):
-                    self._ready(key.data, mask)
-                self._expire(time.monotonic())
-        finally:
-            for pair in list(self._pairs):
-                self._close(pair)
-            self._done.set()
-
-    def stop_accepting(self) -> None:
-        """New connections wait in the backlog (and fail when the socket goes); held ones go on."""
-        self._accepting = False
-        self._wake()
-
-    def shutdown(self) -> None:
-        self._running = False
-        self._wake()
-        self._done.wait(timeout=5)
-
-    def server_close(self) -> None:
-        self._sel.close()
-        for end in (self.socket, self._wake_r, self._wake_w):
-            end.close()
-
-    def _wake(self) -> None:
-        try:
-            self._wake_w.send(b"\0")
-        except OSError:
-            pass
-
-    # -- the loop ----------------------------------------------------------------
-    def _timeout(self, now: float) -> float:
-        wait = 0.5
-        if self._closing:
-            wait = min(wait, self._closing[0].closing_at - now)
-        if self._paused_until:
-            wait = min(wait, self._paused_until - now)
-        return max(0.0, wait)
-
-    def _ready(self, data: Any, mask: int) -> None:
-        if data is _LISTENING:
-            self._accept()
-        elif data is _WAKING:
-            try:
-                while self._wake_r.recv(64):
-                    pass
-            except OSError:
-                pass
-            if not self._accepting and self._listening():
-                self._sel.unregister(self.socket)
-        else:
-            try:
-                self._on_event(data, mask)
-            except Exception:  # one connection's trouble must not stop the endpoint
-                log.exception("%s connection handling failed", self.what)
-                self._close(data.pair)
-
-    def _listening(self) -> bool:
-        try:
-            return self._sel.get_key(self.socket).data is _LISTENING
-        except KeyError:
-            return False
-
-    def _accept(self) -> None:
-        for _ in range(64):
-            if not self._accepting:
-                return
-            try:
-                sock, address = self.socket.accept()
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError as exc:
-                if exc.errno in (errno.ECONNABORTED, errno.EPROTO):
-                    continue
-                log.warning("cannot accept %s connections: %s; pausing accepts for 0.1 s", self.what, exc)
-                self._sel.unregister(self.socket)
-                self._paused_until = time.monotonic() + 0.1
-                return
-            self._admit(sock, address)
-
-    def _admit(self, sock: socket.socket, address: Any) -> None:
-        if len(self._pairs) >= self.max_connections:
-            self._refuse(sock, "busy")
-            return
-        try:
-            peer = self._peer_of(sock, address)
-        except OSError:
-            sock.close()
-            return
-        if self._per_peer.get(peer, 0) >= self.max_per_peer:
-            self._refuse(sock, "per_peer_limit")
-            return
+    def _open(self, sock: socket.socket, peer: tuple[str, Any]) -> None:
         server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         server.setblocking(False)
         try:
@@ -208,26 +99,30 @@ class ConnectionGate:
                 log.warning("cannot reach the %s server at %s: %s", self.what, self.upstream, exc)
             self._refuse(sock, "busy")
             return
-        sock.setblocking(False)
         pair = _Pair(sock, server, peer)
         self._pairs.add(pair)
-        self._per_peer[peer] = self._per_peer.get(peer, 0) + 1
+        self._hold(peer)
         self._sel.register(sock, selectors.EVENT_READ, pair.client)
         self._sel.register(server, selectors.EVENT_READ, pair.server)
 
-    def _refuse(self, sock: socket.socket, reason: str) -> None:
-        sock.close()
-        self.refused[reason] += 1
-        self._unlogged[reason] = self._unlogged.get(reason, 0) + 1
-        now = time.monotonic()
-        if now - self._logged_at >= 1.0:
-            log.warning("%s connections turned away in the last second or so: %s (at most %d at once, "
-                        "%d per user)", self.what,
-                        ", ".join(f"{n} {why}" for why, n in sorted(self._unlogged.items())),
-                        self.max_connections, self.max_per_peer)
-            self._unlogged.clear()
-            self._logged_at = now
+    def _drop(self, end: _End) -> None:
+        self._close(end.pair)
 
+    def _close_all(self) -> None:
+        for pair in list(self._pairs):
+            self._close(pair)
+
+    def _next_deadline(self) -> float | None:
+        return self._closing[0].closing_at if self._closing else None
+
+    def _expire_connections(self, now: float) -> None:
+        while self._closing and self._closing[0].closing_at <= now:
+            self._close(self._closing.popleft())
+
+    def _refusal_detail(self) -> str:
+        return f" (at most {self.max_connections} at once, {self.max_per_peer} per user)"
+
+    # -- the splice ------------------------------------------------------------------
     def _on_event(self, end: _End, mask: int) -> None:
         pair = end.pair
         if pair not in self._pairs:
@@ -312,29 +207,13 @@ class ConnectionGate:
         elif key.events != events:
             self._sel.modify(end.sock, events, end)
 
-    def _expire(self, now: float) -> None:
-        if self._paused_until and now >= self._paused_until:
-            self._paused_until = 0.0
-            if self._accepting:
-                self._sel.register(self.socket, selectors.EVENT_READ, _LISTENING)
-        while self._closing and self._closing[0].closing_at <= now:
-            self._close(self._closing.popleft())
-
     def _close(self, pair: _Pair) -> None:
         if pair not in self._pairs:
             return
         self._pairs.discard(pair)
-        left = self._per_peer.get(pair.peer, 0) - 1
-        if left > 0:
-            self._per_peer[pair.peer] = left
-        else:
-            self._per_peer.pop(pair.peer, None)
+        self._release(pair.peer)
         for end in (pair.client, pair.server):
-            try:
-                self._sel.unregister(end.sock)
-            except (KeyError, ValueError):
-                pass
-            end.sock.close()
+            self._forget(end.sock)
 
 
 class GateCollector:

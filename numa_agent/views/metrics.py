@@ -17,7 +17,6 @@ Prometheus defines them; the `+Inf` bucket is added from `count` when absent.
 
 from __future__ import annotations
 
-import errno
 import gzip
 import logging
 import math
@@ -44,6 +43,7 @@ from prometheus_client.utils import floatToGoString
 from numa_agent.admission.quota import limited
 from numa_agent.core.cpuset import CpuSet
 from numa_agent.core.printable import printable
+from numa_agent.views.bounded import BoundedListener
 from numa_agent.views.process_metrics import ProcessMetrics
 
 log = logging.getLogger("numa_agent.metrics")
@@ -571,11 +571,7 @@ class _Client:
         self.out: memoryview | None = None  # set once the answer is under way
 
 
-_LISTENING = object()
-_WAKING = object()
-
-
-class MetricsListener:
+class MetricsListener(BoundedListener):
     """/metrics on one listening socket (TCP or Unix), from one thread.
 
     The thread multiplexes every connection with `selectors`: a connection
@@ -587,131 +583,50 @@ class MetricsListener:
     accept, or which has not read the answer within `deadline` of its start,
     is dropped. What is turned away is counted by reason (`stats()`, and the
     `numa_agent_metrics_refused_connections` family) and logged at most once
-    a second.
+    a second. The loop, the bounds and the refusal bookkeeping are
+    `BoundedListener`'s (views/bounded.py); the HTTP is this class's.
     """
+
+    what = "metrics"
+    log = log
 
     def __init__(self, listener: socket.socket, registry: CollectorRegistry, *,
                  max_connections: int | None = None, max_per_peer: int | None = None,
                  deadline: float = METRICS_REQUEST_DEADLINE_SECONDS,
                  peer_of: Callable[[socket.socket, Any], tuple[str, Any]] = _peer_of) -> None:
-        self.socket = listener
+        cap = max_connections or metrics_connection_cap(nofile_limit())
         self.registry = registry
-        self.max_connections = max_connections or metrics_connection_cap(nofile_limit())
-        self.max_per_peer = max_per_peer or metrics_per_peer_cap(self.max_connections)
         self.deadline = deadline
-        self.refused = dict.fromkeys(METRICS_REFUSAL_REASONS, 0)
-        self._peer_of = peer_of
         self._clients: dict[int, _Client] = {}
-        self._per_peer: dict[tuple[str, Any], int] = {}
         self._deadlines: deque[tuple[float, _Client]] = deque()
-        self._paused_until = 0.0
-        self._unlogged: dict[str, int] = {}
-        self._logged_at = -1e9
-        self._running = True  # from here: a shutdown() before the thread runs still ends it
-        self._done = threading.Event()
-        self._sel = selectors.DefaultSelector()
-        self._wake_r, self._wake_w = socket.socketpair()
-        for end in (listener, self._wake_r, self._wake_w):
-            end.setblocking(False)
-        self._sel.register(listener, selectors.EVENT_READ, _LISTENING)
-        self._sel.register(self._wake_r, selectors.EVENT_READ, _WAKING)
+        super().__init__(listener, max_connections=cap, max_per_peer=max_per_peer or metrics_per_peer_cap(cap),
+                         reasons=METRICS_REFUSAL_REASONS, peer_of=peer_of)
 
-    @property
-    def server_address(self) -> Any:
-        return self.socket.getsockname()
+    # -- what BoundedListener asks of it ------------------------------------------
+    def _open_count(self) -> int:
+        return len(self._clients)
 
-    def stats(self) -> dict[str, Any]:
-        """Connections open and turned away so far, by reason (base units, stable keys)."""
-        return {"open_connections": len(self._clients), "max_connections": self.max_connections,
-                "max_per_peer": self.max_per_peer, "refused_connections_total": dict(self.refused)}
-
-    # -- lifecycle (serve_forever in its thread; shutdown and server_close from another)
-    def serve_forever(self) -> None:
-        try:
-            while self._running:
-                for key, _ in self._sel.select(self._timeout(time.monotonic())):
-                    self._ready(key.data)
-                self._expire(time.monotonic())
-        finally:
-            for client in list(self._clients.values()):
-                self._close(client)
-            self._done.set()
-
-    def shutdown(self) -> None:
-        self._running = False
-        try:
-            self._wake_w.send(b"\0")
-        except OSError:
-            pass
-        self._done.wait(timeout=5)
-
-    def server_close(self) -> None:
-        self._sel.close()
-        for end in (self.socket, self._wake_r, self._wake_w):
-            end.close()
-
-    # -- the loop ------------------------------------------------------------
-    def _timeout(self, now: float) -> float:
-        wait = 0.5
-        if self._deadlines:
-            wait = min(wait, self._deadlines[0][0] - now)
-        if self._paused_until:
-            wait = min(wait, self._paused_until - now)
-        return max(0.0, wait)
-
-    def _ready(self, data: Any) -> None:
-        if data is _LISTENING:
-            self._accept()
-        elif data is _WAKING:
-            try:
-                while self._wake_r.recv(64):
-                    pass
-            except OSError:
-                pass
-        else:
-            try:
-                self._on_read(data) if data.out is None else self._on_write(data)
-            except Exception:  # one connection's trouble must not stop the endpoint
-                log.exception("metrics connection handling failed")
-                self._close(data)
-
-    def _accept(self) -> None:
-        for _ in range(64):
-            try:
-                sock, address = self.socket.accept()
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError as exc:
-                if exc.errno in (errno.ECONNABORTED, errno.EPROTO):
-                    continue
-                # Out of descriptors (or worse): stop accepting for a moment, never spin.
-                log.warning("cannot accept metrics connections: %s; pausing accepts for 0.1 s", exc)
-                self._sel.unregister(self.socket)
-                self._paused_until = time.monotonic() + 0.1
-                return
-            self._admit(sock, address)
-
-    def _admit(self, sock: socket.socket, address: Any) -> None:
-        sock.setblocking(False)
-        if len(self._clients) >= self.max_connections:
-            self._refuse(sock, "busy", f"at the limit of {self.max_connections} metrics connections")
-            return
-        try:
-            peer = self._peer_of(sock, address)
-        except OSError:
-            sock.close()
-            return
-        if self._per_peer.get(peer, 0) >= self.max_per_peer:
-            self._refuse(sock, "per_peer_limit", f"{self.max_per_peer} metrics connections open from "
-                                                 f"{peer[0]} {peer[1]}")
-            return
+    def _open(self, sock: socket.socket, peer: tuple[str, Any]) -> None:
         client = _Client(sock, peer, time.monotonic() + self.deadline)
         self._clients[sock.fileno()] = client
-        self._per_peer[peer] = self._per_peer.get(peer, 0) + 1
+        self._hold(peer)
         self._sel.register(sock, selectors.EVENT_READ, client)
         self._deadlines.append((client.deadline, client))
 
-    def _refuse(self, sock: socket.socket, reason: str, text: str) -> None:
+    def _on_event(self, client: _Client, mask: int) -> None:
+        self._on_read(client) if client.out is None else self._on_write(client)
+
+    def _drop(self, client: _Client) -> None:
+        self._close(client)
+
+    def _close_all(self) -> None:
+        for client in list(self._clients.values()):
+            self._close(client)
+
+    def _next_deadline(self) -> float | None:
+        return self._deadlines[0][0] if self._deadlines else None
+
+    def _refuse(self, sock: socket.socket, reason: str, text: str = "") -> None:
         self._count(reason)
         try:
             sock.send(_text_response(503, f"{text}; retry", ("Retry-After", "1")))
@@ -719,16 +634,7 @@ class MetricsListener:
             pass
         sock.close()
 
-    def _count(self, reason: str) -> None:
-        self.refused[reason] += 1
-        self._unlogged[reason] = self._unlogged.get(reason, 0) + 1
-        now = time.monotonic()
-        if now - self._logged_at >= 1.0:
-            log.warning("metrics connections turned away in the last second or so: %s",
-                        ", ".join(f"{n} {why}" for why, n in sorted(self._unlogged.items())))
-            self._unlogged.clear()
-            self._logged_at = now
-
+    # -- the HTTP --------------------------------------------------------------------
     def _on_read(self, client: _Client) -> None:
         try:
             chunk = client.sock.recv(4096)
@@ -772,10 +678,7 @@ class MetricsListener:
                 pass
             self._close(client)
 
-    def _expire(self, now: float) -> None:
-        if self._paused_until and now >= self._paused_until:
-            self._paused_until = 0.0
-            self._sel.register(self.socket, selectors.EVENT_READ, _LISTENING)
+    def _expire_connections(self, now: float) -> None:
         deadlines = self._deadlines
         while deadlines and deadlines[0][0] <= now:
             deadline, client = deadlines.popleft()
@@ -794,16 +697,8 @@ class MetricsListener:
         if fd < 0 or self._clients.get(fd) is not client:
             return
         del self._clients[fd]
-        left = self._per_peer.get(client.peer, 0) - 1
-        if left > 0:
-            self._per_peer[client.peer] = left
-        else:
-            self._per_peer.pop(client.peer, None)
-        try:
-            self._sel.unregister(client.sock)
-        except (KeyError, ValueError):
-            pass
-        client.sock.close()
+        self._release(client.peer)
+        self._forget(client.sock)
 
 
 class _ListenerCollector:

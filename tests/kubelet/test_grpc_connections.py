@@ -4,46 +4,23 @@ and nothing more) is closed: idle clients cannot take the agent's descriptors.""
 
 from __future__ import annotations
 
-import os
 import socket
-import tempfile
 import time
 
-import grpc
 import pytest
 
 from numa_agent.kubelet import grpc_server
-from numa_agent.kubelet import podresources_pb2 as pb
-from numa_agent.kubelet import podresources_pb2_grpc as pb_grpc
+from tests.support.pod_resources import answers, running_server
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 PATIENCE = 30.0  # how long a test waits for the server to act: a bound, not a measure
 
 
-class Starting:
-    def view(self):
-        return None  # answered UNAVAILABLE "the agent is starting": an answer all the same
-
-
 @pytest.fixture
 def server(monkeypatch):
     monkeypatch.setattr(grpc_server, "HANDSHAKE_TIMEOUT_MS", 500)
-    where = tempfile.mkdtemp(prefix="na-pr-", dir="/tmp")
-    srv = grpc_server.PodResourcesServer(os.path.join(where, "pr.sock"), max_connections=8).bind()
-    srv.attach(Starting())
-    srv.start()
-    yield srv
-    srv.stop()
-    os.rmdir(where)
-
-
-def answers(path: str) -> bool:
-    with grpc.insecure_channel(f"unix:{path}") as channel:
-        try:
-            pb_grpc.PodResourcesListerStub(channel).List(pb.ListPodResourcesRequest(), timeout=PATIENCE)
-        except grpc.RpcError as exc:
-            return exc.code() == grpc.StatusCode.UNAVAILABLE and exc.details() == "the agent is starting"
-    return False
+    with running_server(max_connections=8) as srv:
+        yield srv
 
 
 def closed_by_server(s: socket.socket) -> bool:

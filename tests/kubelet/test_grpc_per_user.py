@@ -8,18 +8,14 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import socket
-import tempfile
 
-import grpc
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from numa_agent.kubelet import gate as gate_mod
 from numa_agent.kubelet import grpc_server
-from numa_agent.kubelet import podresources_pb2 as pb
-from numa_agent.kubelet import podresources_pb2_grpc as pb_grpc
+from tests.support.pod_resources import Starting, answers, running_server
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 SETTINGS = b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"  # an empty SETTINGS frame: the handshake is done
@@ -27,31 +23,11 @@ PATIENCE = 30.0  # a bound, not a measure
 NOBODY = 65534
 
 
-class Starting:
-    def view(self):
-        return None
-
-
 @pytest.fixture
 def server():
-    where = tempfile.mkdtemp(prefix="na-pr-", dir="/tmp")
-    os.chmod(where, 0o755)  # the other user may reach the socket; its mode lets it connect
-    srv = grpc_server.PodResourcesServer(os.path.join(where, "pr.sock"), socket_mode=0o666,
-                                         max_connections=8).bind()
-    srv.attach(Starting())
-    srv.start()
-    yield srv
-    srv.stop()
-    shutil.rmtree(where)
-
-
-def list_answered(path: str) -> bool:
-    with grpc.insecure_channel(f"unix:{path}") as channel:
-        try:
-            pb_grpc.PodResourcesListerStub(channel).List(pb.ListPodResourcesRequest(), timeout=PATIENCE)
-        except grpc.RpcError as exc:
-            return exc.code() == grpc.StatusCode.UNAVAILABLE and exc.details() == "the agent is starting"
-    return False
+    # the directory and the socket's mode let the other user connect
+    with running_server(dir_mode=0o755, socket_mode=0o666, max_connections=8) as srv:
+        yield srv
 
 
 def hold_as_nobody(path: str, count: int):
@@ -101,7 +77,7 @@ def test_one_user_holding_connections_cannot_stop_roots_list(server):
     pid, go, kept = hold_as_nobody(server.socket_path, 3 * server.max_connections)
     try:
         assert kept == share
-        assert list_answered(server.socket_path)
+        assert answers(server.socket_path)
         assert server.stats()["refused_connections_total"]["per_peer_limit"] == 3 * server.max_connections - share
     finally:
         os.close(go)
