@@ -42,7 +42,10 @@ def test_connections_beyond_the_bound_are_closed_and_held_ones_at_the_handshake_
         s = socket.socket(socket.AF_UNIX)
         s.connect(server.socket_path)
         if i % 2:
-            s.sendall(PREFACE)  # half-open: the preface and nothing more
+            try:
+                s.sendall(PREFACE)  # half-open: the preface and nothing more
+            except BrokenPipeError:
+                pass  # beyond the bound: the gate closed it already, as closed_by_server finds
         held.append(s)
     closed = sum(closed_by_server(s) for s in held)
     assert closed == len(held)  # the bound's 8 at the handshake deadline, the rest at once
