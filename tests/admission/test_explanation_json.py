@@ -34,7 +34,9 @@ def _machine(policy: str, scope: str = "container"):
 
 
 def _json(value: Any) -> Any:
-    return json.loads(json.dumps(value, sort_keys=True, default=str))
+    """The JSON the API answers: as_json() of the typed value (a dict on main)."""
+    as_json = getattr(value, "as_json", None)
+    return json.loads(json.dumps(as_json() if as_json is not None else value, sort_keys=True))
 
 
 def _run(machine, state, req, explain):
