@@ -98,3 +98,26 @@ def test_the_explanations_json_is_as_on_main():
 if __name__ == "__main__" and sys.argv[1:] == ["--write"]:
     GOLDEN.parent.mkdir(exist_ok=True)
     GOLDEN.write_text(json.dumps(cases(), indent=1, sort_keys=True) + "\n")
+
+
+def test_the_explanation_is_a_typed_value_no_one_can_change():
+    import dataclasses
+
+    import pytest
+
+    from numa_agent.admission.explanation import Explanation
+
+    m = _machine("single-numa-node")
+    d = decide(m, AgentState(), Request("a", 1000, Resources(cpus=2)), explain=True)
+    e = d.explanation
+    assert isinstance(e, Explanation) and e.admit
+    assert e.topology is not None and (e.topology.policy, e.topology.verdict) == ("single-numa-node", "aligned")
+    assert e.providers is not None and [p.provider for p in e.providers] == ["cpu"]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        e.admit = False  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        e["admit"] = False  # type: ignore[index]
+    with pytest.raises(Refusal) as refused:
+        decide(m, d.state, Request("b", 1000, Resources(cpus=60)))
+    assert isinstance(refused.value.explanation, Explanation) and not refused.value.explanation.admit
+    assert refused.value.explanation.reason is not None and e.admit  # the first one is untouched
