@@ -256,7 +256,7 @@ def _book(view: AdmissionView, req: Request, policy_name: str, providers: Provid
         raise refusal from None
     if explain:
         explanation = _details(explanation, view, merged)
-    return booking, replace(explanation, alignment=alignment(view.machine, booking)), pinned
+    return booking, explanation.but(alignment=alignment(view.machine, booking)), pinned
 
 
 # The providers' hints as the merge was given them (name, hints) and its result.
@@ -265,7 +265,7 @@ _Merged = tuple[list[tuple[str, Mapping[str, HintSet]]], MergeResult]
 
 def _details(explanation: Explanation, view: AdmissionView, merged: Sequence[_Merged]) -> Explanation:
     """`explanation` with its costly part: what was free before, every provider's hints."""
-    return replace(explanation, free=view.free,
+    return explanation.but(free=view.free,
                    providers=_provider_summaries(*merged[0]) if merged else explanation.providers)
 
 
@@ -280,7 +280,7 @@ def _book_parts(view: AdmissionView, req: Request, policy_name: str, providers: 
         affinity, explanation = _merge(view, req, policy_name, providers, explanation, merged)
         booking, pinned = _allocate(view, req, affinity, providers, explanation)
     else:
-        explanation = replace(explanation, fenced_nodes=tuple(fenced))
+        explanation = explanation.but(fenced_nodes=tuple(fenced))
         asked = set(req.cpunodebind or ()) | set(req.membind or ())
         if req.physcpubind is not None:
             asked.update(machine.nodes_of(req.physcpubind))
@@ -322,7 +322,7 @@ def _refuse_if_pages_taken(view: AdmissionView, req: Request, policy_name: str, 
         return
     message = (f"{'; '.join(s.text() for s in short)} (the kernel's free pages less reserved ones and "
                f"those booked workloads have not yet used: the rest were taken outside the agent)")
-    explanation = replace(refusal.explanation, reason=message,
+    explanation = refusal.explanation.but(reason=message,
                           hugepages_short=tuple({"node": s.node, "page_size_bytes": s.size_kb << 10,
                                                  "free_pages": s.free_pages, "requested_pages": s.requested_pages,
                                                  "missing_pages": s.missing_pages} for s in short))
@@ -365,13 +365,13 @@ def _merge(view: AdmissionView, req: Request, policy_name: str, providers: Provi
                           machine.tm_options, machine.distances, tie=tie, closeness=machine.closeness)
     merged_out.append((asked, result))
     merged = result.merged
-    explanation = replace(explanation, merged=merged,
+    explanation = explanation.but(merged=merged,
                           topology=_topology(policy_name, machine.policy.topology_scope, result.verdict),
                           tie_break=_tie_break(strategy, tie, asked, machine, policy_name, merged.mask)
                           if tie is not None and merged.mask is not None else explanation.tie_break)
     if not result.admit:
         reason = _topology_reason(view, req, providers, policy_name, result)
-        raise Refusal("topology_affinity_error", reason, replace(explanation, reason=reason))
+        raise Refusal("topology_affinity_error", reason, explanation.but(reason=reason))
     if policy_name == "none" or merged.mask is None or merged.mask.count() >= len(machine.node_ids):
         return None, explanation
     return merged.mask, explanation
@@ -511,13 +511,13 @@ def _decide_pod_member(machine: Machine, state: AgentState, req: Request, pod_na
                              "-C/-N/-m cannot be combined with --pod")
 
     view = AdmissionView(machine, state, pod=pod)
-    explanation = replace(explanation, requested=req.resources.to_json(),
+    explanation = explanation.but(requested=req.resources.to_json(),
                           pod=PodPart(pod.name, dict(pod.request), pod.booking.cpus.format(),
                                       view.pod_shared_cpus.format()))
     booking, pinned = _allocate(view, req, None, providers, explanation, pinned)
     w = _workload(req, booking, shared=req.resources.cpus == 0)
     new_state = state.with_workload(w).with_pod(replace(pod, members=tuple(sorted((*pod.members, w.name)))))
-    explanation = replace(explanation, alignment=alignment(machine, pod.booking))
+    explanation = explanation.but(alignment=alignment(machine, pod.booking))
     return Decision(state=new_state, workload=w, pod_created=pod_created, explanation=explanation,
                     pinned=pinned)
 

@@ -23,7 +23,7 @@ from typing import Any, Iterable, Iterator, Mapping, Sequence
 from numa_agent.admission.admit import Refusal
 from numa_agent.admission.explanation import Explanation
 from numa_agent.core.units import format_bytes
-from numa_agent.state.model import AgentState, Booking, FollowsChanges, Holder, replace
+from numa_agent.state.model import AgentState, Booking, FollowsChanges, Holder
 
 CPUS = "cpus"
 MEMORY = "memory_bytes"
@@ -163,7 +163,7 @@ def check_quota(quotas: Quotas, owner: Owner, before: AgentState, after: AgentSt
         if then > now and then > limit.amount:
             quota = {"entry": limit.entry, "resource": resource, "limit": limit.amount,
                      "held": now, "asked": then - now}
-            raise Refusal(REASON_CODE, _reason(owner, quota), replace(explanation, quota=quota))
+            raise Refusal(REASON_CODE, _reason(owner, quota), explanation.but(quota=quota))
 
 
 def _reason(owner: Owner, quota: Mapping[str, Any]) -> str:

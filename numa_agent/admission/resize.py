@@ -63,7 +63,7 @@ def resize(machine: Machine, state: AgentState, name: str, cpus: int | None = No
         # The decision's own details (hints, merge) are of the state without the workload:
         # they are kept under "decided", out of what the renderers print.
         asked = {key: value for key, value in (("cpus", cpus), ("memory_bytes", memory_bytes)) if value is not None}
-        decided = replace(refusal.explanation, free=None, resize=None)
+        decided = refusal.explanation.but(free=None, resize=None)
         raise refusal.explained(Explanation(admit=False, resize=ResizePart(before, {}, asked),
                                             free=AdmissionView(machine, state).free, decided=decided)) from None
     booking = decision.workload.booking
@@ -75,7 +75,7 @@ def resize(machine: Machine, state: AgentState, name: str, cpus: int | None = No
     if memory_bytes is not None:
         recorded["memory_bytes"] = memory_bytes
     resized = replace(w, booking=booking, cpus_added=tuple(added), request=recorded)
-    explanation = replace(decision.explanation, admit=True, resize=ResizePart(before, _figures(resized)))
+    explanation = decision.explanation.but(admit=True, resize=ResizePart(before, _figures(resized)))
     new_state = state.with_workload(resized)
     return Decision(new_state, resized, None, explanation,
                     pinned=frozenset(p for p, held in (("cpu", booking.cpus), ("memory", booking.memory)) if held))
