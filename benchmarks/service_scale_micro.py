@@ -25,6 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.stats import table  # noqa: E402
 from numa_agent.admission.machine import PolicyConfig, build_machine  # noqa: E402
 from numa_agent.core.caller import Caller  # noqa: E402
+from numa_agent.enforcement.errors import EnforcementError  # noqa: E402
+from numa_agent.enforcement.protocol import NO_LIMITS, Enforcer  # noqa: E402
 from numa_agent.kubelet.files import StateFiles  # noqa: E402
 from numa_agent.service.agent_service import AgentService  # noqa: E402
 from numa_agent.service.requests import AdmitRequest  # noqa: E402
@@ -36,23 +38,78 @@ PROBES = 200
 
 
 class NoEnforcer:
+    """An Enforcer with nothing to enforce: every role of the protocol, answered
+    as for a machine where no workload has a process or a cgroup. What is
+    measured is the service's own work, not a mechanism's."""
+
     mode = "none"
-    reason = None
+    reason = "benchmark: nothing is enforced"
+
+    # Applying
+    def setup(self):
+        pass
 
     def apply(self, old, new, move=None, changed=None):
         pass
 
-    def prune(self, layout):
+    def evict(self, relpath, pid, identity, layout):
+        pass
+
+    def verify(self, layout, relpaths=None):
+        pass
+
+    def close(self):
+        pass
+
+    # Tracking: no workload has a process
+    def track(self, relpath, pid, identity=None):
+        return False
+
+    def fds(self):
+        return []
+
+    def released(self, ready_fds):
         return []
 
     def populated(self, relpath):
         return False  # a released workload's processes are gone: nothing to revoke
 
+    def pids(self, relpath):
+        return []
+
+    def subtree_pids(self, relpath):
+        return []
+
+    def live_marked(self):
+        return []
+
+    # Records: nothing is kept beside the checkpoint
+    def exists(self, relpath):
+        return False
+
     def path_of(self, relpath):
         return None
 
-    def close(self):
+    def read_cpuset(self, relpath):
+        raise EnforcementError(f"{relpath}: nothing is enforced in this benchmark")
+
+    def read_limits(self, relpath):
+        return NO_LIMITS
+
+    def write_record(self, relpath, data):
         pass
+
+    def read_record(self, relpath):
+        return None
+
+    def existing(self):
+        return []
+
+    def prune(self, layout):
+        return []
+
+    def granted(self):
+        return None
 
 
 def measure(machine, counts: list[int], tmp: Path, kubelet: bool) -> dict[tuple[str, int], tuple[float, float]]:
@@ -60,7 +117,9 @@ def measure(machine, counts: list[int], tmp: Path, kubelet: bool) -> dict[tuple[
     kubelet state files published after each change (written by their thread)."""
     me = Caller(pid=os.getpid(), uid=1000, gid=1000)
     figures = {}
-    service = AgentService(machine, CheckpointStore(tmp / "state"), NoEnforcer())
+    enforcer = NoEnforcer()
+    assert isinstance(enforcer, Enforcer)  # every role the service may ask for
+    service = AgentService(machine, CheckpointStore(tmp / "state"), enforcer)
     files = StateFiles(tmp / "kubelet") if kubelet else None
     if files is not None:
         files.check()

@@ -22,6 +22,7 @@ from typing import Any, Mapping, Sequence
 
 from numa_agent.admission.allocation_score import resource_figures, tie_rank
 from numa_agent.admission.errors import AllocationError, HugepagesNotFreeError, NodeFencedError
+from numa_agent.admission.explanation import Explanation, PodPart, ProviderHints, Topology
 from numa_agent.admission.keep import added_nodes, gives_back_only
 from numa_agent.admission.machine import Machine
 from numa_agent.admission.memory_manager import KernelHugepages, hugepages_short
@@ -60,14 +61,19 @@ class Refusal(Exception):
     providers that had allocated their part before it (the kubelet's managers
     count both as pinning requests)."""
 
-    def __init__(self, code: str, message: str, explanation: Mapping[str, Any] | None = None,
+    def __init__(self, code: str, message: str, explanation: Explanation | None = None,
                  provider: str | None = None, pinned: frozenset[str] = frozenset()):
         super().__init__(message)
         self.code = code
         self.message = message
-        self.explanation = {**(explanation or {}), "admit": False}
+        self.explanation = Explanation(admit=False) if explanation is None else explanation.refused()
         self.provider = provider
         self.pinned = pinned
+
+    def explained(self, explanation: Explanation, message: str | None = None) -> Refusal:
+        """The same refusal with `explanation` (and `message`, when given)."""
+        return Refusal(self.code, self.message if message is None else message, explanation,
+                       provider=self.provider, pinned=self.pinned)
 
 
 class InvalidRequest(ValueError):
@@ -79,7 +85,7 @@ class Decision:
     state: AgentState
     workload: Workload
     pod_created: Pod | None
-    explanation: Mapping[str, Any]
+    explanation: Explanation
     # The providers whose part of the booking holds something (a pod's budget included).
     pinned: frozenset[str] = frozenset()
 
@@ -233,52 +239,48 @@ def _workload(req: Request, booking: Booking, shared: bool | None = None) -> Wor
 
 
 def _book(view: AdmissionView, req: Request, policy_name: str, providers: Providers,
-          explain: bool = False) -> tuple[Booking, dict[str, Any], frozenset[str]]:
+          explain: bool = False) -> tuple[Booking, Explanation, frozenset[str]]:
     """Book `req.resources` against the machine (a workload outside pods, or
     a pod budget): hints from every provider, the merge, then every
     provider's allocation inside the merged affinity. The free resources and
     the providers' hints join the explanation of a refusal, or when `explain`."""
-    explanation: dict[str, Any] = {"admit": True,
-                                   "topology": _topology(policy_name, view.machine.policy.topology_scope),
-                                   "merged": None, "requested": req.resources.to_json()}
+    explanation = Explanation(admit=True, topology=_topology(policy_name, view.machine.policy.topology_scope),
+                              requested=req.resources.to_json())
     merged: list[_Merged] = []  # what _merge asked and decided, for the details
     try:
-        booking, pinned = _book_parts(view, req, policy_name, providers, explanation, merged)
+        booking, pinned, explanation = _book_parts(view, req, policy_name, providers, explanation, merged)
     except Refusal as exc:
-        exc.explanation.update(_details(view, merged))
+        refusal = exc.explained(_details(exc.explanation, view, merged))
         if view.kernel is not None:
-            _refuse_if_pages_taken(view, req, policy_name, providers, exc)
-        raise
+            _refuse_if_pages_taken(view, req, policy_name, providers, refusal)
+        raise refusal from None
     if explain:
-        explanation.update(_details(view, merged))
-    explanation["alignment"] = alignment(view.machine, booking)
-    return booking, explanation, pinned
+        explanation = _details(explanation, view, merged)
+    return booking, explanation.but(alignment=alignment(view.machine, booking)), pinned
 
 
 # The providers' hints as the merge was given them (name, hints) and its result.
 _Merged = tuple[list[tuple[str, Mapping[str, HintSet]]], MergeResult]
 
 
-def _details(view: AdmissionView, merged: Sequence[_Merged]) -> dict[str, Any]:
-    """The costly part of an explanation: what was free before, every provider's hints."""
-    details: dict[str, Any] = {"free": view.free}
-    if merged:
-        details["providers"] = _provider_summaries(*merged[0])
-    return details
+def _details(explanation: Explanation, view: AdmissionView, merged: Sequence[_Merged]) -> Explanation:
+    """`explanation` with its costly part: what was free before, every provider's hints."""
+    return explanation.but(free=view.free,
+                   providers=_provider_summaries(*merged[0]) if merged else explanation.providers)
 
 
 def _book_parts(view: AdmissionView, req: Request, policy_name: str, providers: Providers,
-                explanation: dict[str, Any], merged: list[_Merged]) -> tuple[Booking, frozenset[str]]:
+                explanation: Explanation, merged: list[_Merged]) -> tuple[Booking, frozenset[str], Explanation]:
     machine = view.machine
     fenced = view.fenced_nodes
     keep = req.keep
     if keep is not None and gives_back_only(keep, req.resources, machine.policy.memory_policy == "static"):
         fenced = ()  # giving back is always allowed: the fence holds off only what is added
     if not fenced:
-        affinity = _merge(view, req, policy_name, providers, explanation, merged)
+        affinity, explanation = _merge(view, req, policy_name, providers, explanation, merged)
         booking, pinned = _allocate(view, req, affinity, providers, explanation)
     else:
-        explanation["fenced_nodes"] = list(fenced)
+        explanation = explanation.but(fenced_nodes=tuple(fenced))
         asked = set(req.cpunodebind or ()) | set(req.membind or ())
         if req.physcpubind is not None:
             asked.update(machine.nodes_of(req.physcpubind))
@@ -286,17 +288,16 @@ def _book_parts(view: AdmissionView, req: Request, policy_name: str, providers: 
             asked.update(keep.booking.memory_group or keep.booking.memory)  # memory grows where it is
         _refuse_fenced(view, asked, explanation)
         try:
-            affinity = _merge(view, req, policy_name, providers, explanation, merged)
+            affinity, explanation = _merge(view, req, policy_name, providers, explanation, merged)
             booking, pinned = _allocate(view, req, affinity, providers, explanation)
         except Refusal as exc:  # the fence may be why: say so
-            raise Refusal(exc.code, f"{exc.message}; {fenced_text(view)}", exc.explanation,
-                          provider=exc.provider, pinned=exc.pinned) from None
+            raise exc.explained(exc.explanation, f"{exc.message}; {fenced_text(view)}") from None
         # The providers steer clear of fenced nodes; this holds whatever they chose. A
         # resize answers for what it adds: what it keeps there is its own already.
         lands = added_nodes(keep, booking, machine.nodes_of) if keep is not None else \
             {*machine.nodes_of(booking.cpus), *booking.memory, *booking.memory_group}
         _refuse_fenced(view, lands, explanation, pinned)
-    return booking, pinned
+    return booking, pinned, explanation
 
 
 def _refuse_if_pages_taken(view: AdmissionView, req: Request, policy_name: str, providers: Providers,
@@ -312,7 +313,7 @@ def _refuse_if_pages_taken(view: AdmissionView, req: Request, policy_name: str, 
         return
     plain = AdmissionView(view.machine, view.state, pod=view.pod, keeps=view.keeps)
     try:
-        booking, _ = _book_parts(plain, req, policy_name, providers, {}, [])
+        booking, _, _ = _book_parts(plain, req, policy_name, providers, Explanation(admit=True), [])
     except Refusal:
         return  # refused whatever the kernel says: the first reason stands
     short = hugepages_short(kernel, view.memory_usage,
@@ -321,10 +322,10 @@ def _refuse_if_pages_taken(view: AdmissionView, req: Request, policy_name: str, 
         return
     message = (f"{'; '.join(s.text() for s in short)} (the kernel's free pages less reserved ones and "
                f"those booked workloads have not yet used: the rest were taken outside the agent)")
-    explanation = {**refusal.explanation, "reason": message,
-                   "hugepages_short": [{"node": s.node, "page_size_bytes": s.size_kb << 10,
-                                        "free_pages": s.free_pages, "requested_pages": s.requested_pages,
-                                        "missing_pages": s.missing_pages} for s in short]}
+    explanation = refusal.explanation.but(reason=message,
+                          hugepages_short=tuple({"node": s.node, "page_size_bytes": s.size_kb << 10,
+                                                 "free_pages": s.free_pages, "requested_pages": s.requested_pages,
+                                                 "missing_pages": s.missing_pages} for s in short))
     raise Refusal(HugepagesNotFreeError.reason, message, explanation, provider="memory",
                   pinned=refusal.pinned) from None
 
@@ -338,7 +339,7 @@ def fenced_text(view: AdmissionView) -> str:
             f"have now ({short}); they do again once their memory comes back or workloads there leave")
 
 
-def _refuse_fenced(view: AdmissionView, nodes: set[int], explanation: dict[str, Any],
+def _refuse_fenced(view: AdmissionView, nodes: set[int], explanation: Explanation,
                    pinned: frozenset[str] = frozenset()) -> None:
     """The memory manager's refusal, as the kubelet's managers count it: the node's memory is why."""
     if nodes & set(view.fenced_nodes):
@@ -346,9 +347,10 @@ def _refuse_fenced(view: AdmissionView, nodes: set[int], explanation: dict[str, 
 
 
 def _merge(view: AdmissionView, req: Request, policy_name: str, providers: Providers,
-           explanation: dict[str, Any], merged_out: list[_Merged]) -> NumaMask | None:
-    """The merged NUMA affinity (None: no restriction), or a topology refusal; the
-    merge's result is appended to `merged_out` for the explanation's details."""
+           explanation: Explanation, merged_out: list[_Merged]) -> tuple[NumaMask | None, Explanation]:
+    """The merged NUMA affinity (None: no restriction) and `explanation` with the
+    merge, or a topology refusal; the merge's result is appended to `merged_out`
+    for the explanation's details."""
     machine = view.machine
     asked: list[tuple[str, Mapping[str, HintSet]]] = []
     for provider in providers:
@@ -363,21 +365,20 @@ def _merge(view: AdmissionView, req: Request, policy_name: str, providers: Provi
                           machine.tm_options, machine.distances, tie=tie, closeness=machine.closeness)
     merged_out.append((asked, result))
     merged = result.merged
-    explanation["merged"] = merged.to_json()
-    if tie is not None and merged.mask is not None:
-        explanation["tie_break"] = _tie_break(strategy, tie, asked, machine, policy_name, merged.mask)
-    explanation["topology"] = _topology(policy_name, machine.policy.topology_scope, result.verdict)
+    explanation = explanation.but(merged=merged,
+                          topology=_topology(policy_name, machine.policy.topology_scope, result.verdict),
+                          tie_break=_tie_break(strategy, tie, asked, machine, policy_name, merged.mask)
+                          if tie is not None and merged.mask is not None else explanation.tie_break)
     if not result.admit:
         reason = _topology_reason(view, req, providers, policy_name, result)
-        explanation["reason"] = reason
-        raise Refusal("topology_affinity_error", reason, explanation)
+        raise Refusal("topology_affinity_error", reason, explanation.but(reason=reason))
     if policy_name == "none" or merged.mask is None or merged.mask.count() >= len(machine.node_ids):
-        return None
-    return merged.mask
+        return None, explanation
+    return merged.mask, explanation
 
 
 def _allocate(view: AdmissionView, req: Request, affinity: NumaMask | None, providers: Providers,
-              explanation: dict[str, Any],
+              explanation: Explanation,
               pinned: frozenset[str] = frozenset()) -> tuple[Booking, frozenset[str]]:
     """Every provider's part, in registration order, combined into one Booking; and
     `pinned` with the providers whose part holds something."""
@@ -454,6 +455,8 @@ def _memory_nodes_near(machine: Machine, nodes) -> tuple[int, ...]:
 def alignment_guaranteed(explanation: Mapping[str, Any]) -> bool:
     """The kubelet's IsAlignmentGuaranteed: the request was merged (not a later pod member,
     which takes its pod's budget) under single-numa-node, which admits only on one node."""
+    if isinstance(explanation, Explanation):
+        return explanation.topology is not None and explanation.topology.policy == "single-numa-node"
     return (explanation.get("topology") or {}).get("policy") == "single-numa-node"
 
 
@@ -482,7 +485,6 @@ def _decide_pod_member(machine: Machine, state: AgentState, req: Request, pod_na
                        kernel: KernelHugepages | None = None) -> Decision:
     pod = state.pod(pod_name)
     pod_created = None
-    explanation: dict[str, Any] = {}
     pinned: frozenset[str] = frozenset()
     if pod is None:
         if req.pod_budget is None or req.pod_budget.is_empty():
@@ -503,20 +505,19 @@ def _decide_pod_member(machine: Machine, state: AgentState, req: Request, pod_na
         if req.owner_uid != pod.owner_uid and req.owner_uid != 0:
             raise Refusal("forbidden", f"pod {pod.name!r} belongs to uid {pod.owner_uid}")
         # Not merged again: a member takes from the budget its pod was aligned for.
-        explanation = {"admit": True, "topology": _topology("pod-budget", "pod"),
-                       "providers": [], "merged": None}
+        explanation = Explanation(admit=True, topology=_topology("pod-budget", "pod"), providers=())
     if req.physcpubind is not None or req.cpunodebind is not None or req.membind is not None:
         raise InvalidRequest("pod members take their CPUs and memory from the pod budget; "
                              "-C/-N/-m cannot be combined with --pod")
 
     view = AdmissionView(machine, state, pod=pod)
-    explanation = {**explanation, "requested": req.resources.to_json(), "pod": pod.name,
-                   "pod_budget": dict(pod.request), "pod_cpus": pod.booking.cpus.format(),
-                   "pod_shared_cpus_before": view.pod_shared_cpus.format()}
+    explanation = explanation.but(requested=req.resources.to_json(),
+                          pod=PodPart(pod.name, dict(pod.request), pod.booking.cpus.format(),
+                                      view.pod_shared_cpus.format()))
     booking, pinned = _allocate(view, req, None, providers, explanation, pinned)
     w = _workload(req, booking, shared=req.resources.cpus == 0)
     new_state = state.with_workload(w).with_pod(replace(pod, members=tuple(sorted((*pod.members, w.name)))))
-    explanation["alignment"] = alignment(machine, pod.booking)
+    explanation = explanation.but(alignment=alignment(machine, pod.booking))
     return Decision(state=new_state, workload=w, pod_created=pod_created, explanation=explanation,
                     pinned=pinned)
 
@@ -525,17 +526,13 @@ def _decide_pod_member(machine: Machine, state: AgentState, req: Request, pod_na
 # explanations
 
 
-def _topology(policy: str, scope: str, verdict: str = NOT_CHECKED) -> dict[str, str]:
-    """The topology manager's part: its policy and scope, and what its merge
-    said of the alignment ("aligned", "not-aligned", "not-checked"), which
-    is not the outcome: that is the explanation's "admit"."""
-    return {"policy": policy, "scope": scope, "verdict": verdict}
+def _topology(policy: str, scope: str, verdict: str = NOT_CHECKED) -> Topology:
+    return Topology(policy, scope, verdict)
 
 
-def _provider_summaries(asked: Sequence[tuple[str, Any]], result: MergeResult) -> list[dict[str, Any]]:
+def _provider_summaries(asked: Sequence[tuple[str, Any]], result: MergeResult) -> tuple[ProviderHints, ...]:
     names = [name for name, _ in asked]
-    return [{**dict(summary), "provider": names[summary.provider]}
-            for summary in result.provider_summaries]
+    return tuple(ProviderHints(names[summary.provider], summary) for summary in result.provider_summaries)
 
 
 def _topology_reason(view: AdmissionView, req: Request, providers: Providers, policy_name: str,

@@ -402,9 +402,6 @@ class MemoryUsage:
         return tuple(m for m, _ in self.groups if m.count() > 1)
 
 
-EMPTY_USAGE = MemoryUsage()
-
-
 def usage_with(usage: MemoryUsage, allocation: MemoryAllocation) -> MemoryUsage:
     """`usage` plus one more allocation. Raises MemoryAllocationError if the
     allocation's group overlaps a different group in use."""

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 from numa_agent.admission.admit import Refusal
+from numa_agent.admission.explanation import Explanation
 from numa_agent.core.units import format_bytes
 from numa_agent.state.model import AgentState, Booking, FollowsChanges, Holder
 
@@ -147,7 +148,7 @@ class _KeptOwnerUsage(FollowsChanges):
 
 # ---- the rule ------------------------------------------------------------------------
 def check_quota(quotas: Quotas, owner: Owner, before: AgentState, after: AgentState,
-                explanation: Mapping[str, Any]) -> None:
+                explanation: Explanation) -> None:
     """Refusal (`quota_exceeded`) when going from `before` to `after` (an
     admission's decision) adds to a resource the owner is limited in and leaves
     it holding more than its limit. A resource the admission does not add to
@@ -162,7 +163,7 @@ def check_quota(quotas: Quotas, owner: Owner, before: AgentState, after: AgentSt
         if then > now and then > limit.amount:
             quota = {"entry": limit.entry, "resource": resource, "limit": limit.amount,
                      "held": now, "asked": then - now}
-            raise Refusal(REASON_CODE, _reason(owner, quota), {**explanation, "quota": quota})
+            raise Refusal(REASON_CODE, _reason(owner, quota), explanation.but(quota=quota))
 
 
 def _reason(owner: Owner, quota: Mapping[str, Any]) -> str:

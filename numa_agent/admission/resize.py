@@ -22,6 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 from numa_agent.admission.admit import Decision, InvalidRequest, Refusal, decide, fenced_text
+from numa_agent.admission.explanation import Explanation, ResizePart
 from numa_agent.admission.machine import Machine
 from numa_agent.admission.memory_manager import KernelHugepages, free_bytes
 from numa_agent.admission.request import Keep, Request, Resources
@@ -45,7 +46,7 @@ def resize(machine: Machine, state: AgentState, name: str, cpus: int | None = No
     target_memory = _recorded_memory(w) if memory_bytes is None else memory_bytes
     request = _request(w, target_cpus, target_memory)
     without = _without(state, w)
-    explanation: dict[str, Any] = {"admit": True, "resize": {"from": _figures(w), "to": {}}}
+    before = _figures(w)
     try:
         try:
             # The hugepages it keeps are its own already: the kernel's counters, which
@@ -62,10 +63,9 @@ def resize(machine: Machine, state: AgentState, name: str, cpus: int | None = No
         # The decision's own details (hints, merge) are of the state without the workload:
         # they are kept under "decided", out of what the renderers print.
         asked = {key: value for key, value in (("cpus", cpus), ("memory_bytes", memory_bytes)) if value is not None}
-        decided = {k: v for k, v in refusal.explanation.items() if k not in ("admit", "free", "resize")}
-        refusal.explanation = {"admit": False, "resize": {**explanation["resize"], "asked": asked},
-                               "free": AdmissionView(machine, state).free, "decided": decided}
-        raise
+        decided = refusal.explanation.but(free=None, resize=None)
+        raise refusal.explained(Explanation(admit=False, resize=ResizePart(before, {}, asked),
+                                            free=AdmissionView(machine, state).free, decided=decided)) from None
     booking = decision.workload.booking
     kept = booking.cpus & w.booking.cpus
     added = (*(c for c in w.cpus_added if c in kept), *(booking.cpus - w.booking.cpus).ids())
@@ -75,8 +75,7 @@ def resize(machine: Machine, state: AgentState, name: str, cpus: int | None = No
     if memory_bytes is not None:
         recorded["memory_bytes"] = memory_bytes
     resized = replace(w, booking=booking, cpus_added=tuple(added), request=recorded)
-    explanation = {**decision.explanation, **explanation}
-    explanation["resize"]["to"] = _figures(resized)
+    explanation = decision.explanation.but(admit=True, resize=ResizePart(before, _figures(resized)))
     new_state = state.with_workload(resized)
     return Decision(new_state, resized, None, explanation,
                     pinned=frozenset(p for p, held in (("cpu", booking.cpus), ("memory", booking.memory)) if held))

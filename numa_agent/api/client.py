@@ -85,7 +85,6 @@ def check_peer(sock: _socket.socket, socket_path: str, trusted: frozenset[int]) 
 # is safe to repeat (not a POST, or one carrying a request id the agent
 # deduplicates). Overridden by $NUMA_AGENT_RETRY_SECONDS (0: no retry).
 RETRY_SECONDS = 30.0
-BUSY_RETRY_SECONDS = RETRY_SECONDS
 RETRY_ENV = "NUMA_AGENT_RETRY_SECONDS"
 _NOTICE_AFTER = 1.0
 

@@ -220,11 +220,6 @@ def peer_groups(conn: socket.socket) -> tuple[int, ...]:
     return struct.unpack(f"{len(raw) // 4}I", raw[: len(raw) // 4 * 4])
 
 
-def peer_caller(conn: socket.socket) -> Caller:
-    """The connecting process as the kernel reports it, with a pidfd pinned."""
-    return pinned_caller(conn, peer_credentials(conn))
-
-
 # ---------------------------------------------------------------- routing
 def _json_body(status: int, payload: Any) -> bytes:
     body = msgspec.json.encode(payload)

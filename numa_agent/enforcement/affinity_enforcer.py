@@ -16,7 +16,6 @@ import threading
 from typing import Callable, Collection, Iterable, NamedTuple
 
 from numa_agent.core.cpuset import CpuSet
-from numa_agent.core.hints import NumaMask
 from numa_agent.enforcement.errors import EnforcementError
 from numa_agent.enforcement.marked import MarkedProcess, marked_pids, read_marked, scan_marked
 from numa_agent.enforcement.plan import (
@@ -65,13 +64,6 @@ class AffinityEnforcer:
 
     def path_of(self, relpath: str) -> str | None:
         return None
-
-    def cgroup_of(self, pid: int) -> str | None:
-        return None
-
-    def engine_grant(self, cgroup: str) -> tuple[CpuSet, NumaMask]:
-        raise EnforcementError(f"cannot enforce on the engine's cgroup {cgroup}: this agent pins "
-                               f"with sched_setaffinity ({self.reason}); that needs a cgroup v2 cpuset")
 
     def apply(self, old: Layout, new: Layout, move: tuple[str, int] | None = None,
               changed: Collection[str] | None = None) -> None:
@@ -295,9 +287,6 @@ class AffinityEnforcer:
         """Only the tracked workloads: nothing of a workload outlives the
         agent but its process, so there is never anything to adopt."""
         return sorted(self._pidfds)
-
-    def engine_cgroups(self) -> list[str]:
-        return []
 
     def prune(self, layout: Layout) -> list[str]:
         return []  # nothing is left behind by a released workload

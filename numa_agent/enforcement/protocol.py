@@ -1,12 +1,17 @@
 """The interface between the service and the enforcement edge, in four roles.
 
 `Applying` puts layouts on the machine, `Tracking` follows the workloads'
-processes, `Records` is what outlives the checkpoint beside them, and
-`EngineCgroups` where a workload is enforced. `Enforcer` is all four: what the
-daemon assembles, the service holds and start-up recovery uses; a caller that
-needs one role asks for that one. Every implementation provides all of it, so
-callers never ask which one they hold: `mode` and `reason` exist only to be
-reported (status, health, metrics, log lines), never to branch on.
+processes, and `Records` is what outlives the checkpoint beside them and where
+a workload is enforced. `Enforcer` is those three: what the daemon assembles,
+the service holds and start-up recovery uses; a caller that needs one role asks
+for that one. Every implementation provides all of it, with real code (a test
+holds each method to that), so callers never ask which one they hold: `mode`
+and `reason` exist only to be reported (status, health, metrics, log lines),
+never to branch on.
+
+`EngineCgroups` (enforcing on an engine's cgroup: a container's, a Slurm
+task's) is a capability, not a role: only a cgroup v2 enforcer has it, and a
+caller that needs it asks explicitly (`engines_of(enforcer)`, None without).
 
 Paths are the relative workload/pod paths of `plan.py` ("wl-web",
 "pod-a/web"); a layout maps them to the `CgroupSpec` they must match.
@@ -131,7 +136,12 @@ class Tracking(Protocol):
 
 class Records(Protocol):
     """What outlives the checkpoint beside the processes: the booking record kept with
-    each cgroup, what a cgroup holds now, and what start-up adopts or prunes."""
+    each cgroup, what a cgroup holds now, where it is, and what start-up adopts or prunes."""
+
+    def path_of(self, relpath: str) -> str | None:
+        """What to show a user as where the workload is enforced (the cgroup
+        directory), None when there is no such place."""
+        ...
 
     def exists(self, relpath: str) -> bool:
         ...
@@ -171,26 +181,22 @@ class Records(Protocol):
         ...
 
 
+@runtime_checkable
 class EngineCgroups(Protocol):
-    """Where a workload is enforced, and the engines' cgroups (containers', Slurm
-    tasks') it may be enforced on."""
-
-    def path_of(self, relpath: str) -> str | None:
-        """What to show a user as where the workload is enforced (the cgroup
-        directory), None when there is no such place."""
-        ...
+    """The engines' cgroups (containers', Slurm tasks') a workload may be enforced
+    on: an optional capability, held only by an enforcer that writes cgroup v2
+    cpusets. Ask with `engines_of`."""
 
     def engine_grant(self, cgroup: str) -> tuple[CpuSet, NumaMask]:
         """What an engine's cgroup (`cgroup`, as /proc/PID/cgroup names it: a
         container's, a Slurm task's) may be given: its parent's effective CPUs
         and memory nodes, which the engine decided. Raises EnforcementError
-        when the cgroup does not exist or the mechanism cannot enforce on an
-        engine's cgroup."""
+        when the cgroup does not exist or is not an engine's."""
         ...
 
     def cgroup_of(self, pid: int) -> str | None:
         """The cgroup process `pid` is in, as /proc/PID/cgroup names it; None
-        when it is gone or the mechanism has no cgroups."""
+        when it is gone."""
         ...
 
     def engine_cgroups(self) -> list[str]:
@@ -202,10 +208,16 @@ class EngineCgroups(Protocol):
 
 
 @runtime_checkable
-class Enforcer(Applying, Tracking, Records, EngineCgroups, Protocol):
+class Enforcer(Applying, Tracking, Records, Protocol):
     """Every role at once: what the daemon assembles, the service holds and start-up
     recovery uses. The other callers ask for the role they use (a revocation's
     record: Records; the rebuild from live processes: Tracking)."""
 
 
-__all__ = ["NO_LIMITS", "Applying", "EngineCgroups", "Enforcer", "Grant", "Layout", "Limits", "Records", "Tracking"]
+def engines_of(enforcer: object) -> EngineCgroups | None:
+    """`enforcer`'s engine cgroups, None when it cannot enforce on an engine's
+    cgroup (it pins with sched_setaffinity)."""
+    return enforcer if isinstance(enforcer, EngineCgroups) else None
+
+
+__all__ = ["NO_LIMITS", "Applying", "EngineCgroups", "Enforcer", "Grant", "Layout", "Limits", "Records", "Tracking", "engines_of"]

@@ -17,7 +17,7 @@ import errno
 import os
 import re
 from pathlib import Path
-from typing import Mapping, Protocol
+from typing import Protocol
 
 from numa_agent.core.cpuset import CpuSet, CpuSetParseError
 from numa_agent.isolation.irqbalance import RUN_DIR, IrqbalanceSocket
@@ -160,17 +160,6 @@ class SimulatedKnobs(ProcSysKnobs):
 
     def lost(self) -> bool:
         return False
-
-
-def read_all(files: KnobFiles, keys) -> Mapping[str, str]:
-    """The values of `keys` that can be read (a knob that is gone is left out)."""
-    out = {}
-    for key in keys:
-        try:
-            out[key] = files.read(key)
-        except OSError:
-            pass
-    return out
 
 
 def _listdir(path: Path) -> list[Path]:

@@ -56,7 +56,7 @@ from numa_agent.enforcement.plan import (
     workload_relpath,
 )
 from numa_agent.enforcement.processes import pidfd_alive
-from numa_agent.enforcement.protocol import Enforcer, Layout
+from numa_agent.enforcement.protocol import Enforcer, Layout, engines_of
 from numa_agent.enforcement.record import LEDGER_RECORD, decode_ledger, encode_ledger
 from numa_agent.hotplug.rebase import memory_changes, rebase_state, shortfall_warnings
 from numa_agent.isolation.keeper import ISOLATE, STRICT, IsolationKeeper, isolation_asked
@@ -718,14 +718,18 @@ class AgentService:
         if cgroup is not None and not caller.is_root:
             raise NotPermitted("only root may have a named cgroup enforced (an engine's hook runs as root); "
                                "numa-run asks for its own with in_place")
+        engines = engines_of(self.enforcer)
         if cgroup is None:
-            cgroup = self.enforcer.cgroup_of(caller.pid)
+            cgroup = None if engines is None else engines.cgroup_of(caller.pid)
             if cgroup is None or cgroup.count("/") < 2:
                 raise InvalidRequest(f"in_place: pid {caller.pid} is in cgroup {cgroup or '(none)'}, "
                                      "not below an engine's cgroup")
+        if engines is None:
+            raise InvalidRequest(f"cgroup {cgroup}: cannot enforce on the engine's cgroup {cgroup}: this agent pins "
+                                 f"with sched_setaffinity ({self.enforcer.reason}); that needs a cgroup v2 cpuset")
         try:
             # First: a path that is not an engine's (the agent's own tree) is a 400, whoever asks.
-            cpus, mems = self.enforcer.engine_grant(cgroup)
+            cpus, mems = engines.engine_grant(cgroup)
             if body.cgroup is None and not caller.is_root:
                 _check_root_owned(self.enforcer.path_of(cgroup), cgroup)
                 _check_owns_cgroup(self.enforcer.subtree_pids(cgroup), caller, cgroup)

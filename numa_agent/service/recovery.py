@@ -46,7 +46,7 @@ from numa_agent.enforcement.plan import (
     safe_component,
     workload_relpath,
 )
-from numa_agent.enforcement.protocol import Enforcer, Limits
+from numa_agent.enforcement.protocol import Enforcer, Limits, engines_of
 from numa_agent.enforcement.record import decode_record
 from numa_agent.hotplug.rebase import rebase_state
 from numa_agent.service.rebuild import rebuild_from_live, source_text
@@ -246,9 +246,12 @@ def _adopt_engines(machine: Machine, state: AgentState, enforcer: Enforcer) -> t
     """Adopt the workloads enforced on engines' cgroups (containers, Slurm
     tasks) that the state lost, from the record on each: only one that names
     that very cgroup, while it still holds processes, never double-booking."""
+    engines = engines_of(enforcer)
+    if engines is None:
+        return state, []
     known = sorted(w.cgroup for w in state.workloads if w.cgroup is not None)
     adopted: list[str] = []
-    for rel in enforcer.engine_cgroups():  # parents before children
+    for rel in engines.engine_cgroups():  # parents before children
         if rel in known or not enforcer.populated(rel):
             continue
         clash = engine_clash(known, rel)

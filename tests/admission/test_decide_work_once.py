@@ -66,7 +66,7 @@ def test_node_vectors_carried_through_usage_updates_equal_a_fresh_build(seed):
     m = machine(nodes=8)
     cap, hp = m.memory, mm.hugepages_resource(2048)
     resource_sets = ((MEMORY,), (MEMORY, hp), (hp,))
-    usage, live = mm.EMPTY_USAGE, []
+    usage, live = mm.MemoryUsage(), []
     for step in range(40):
         for resources in resource_sets:
             mm._node_vectors(cap, usage, resources)  # kept on this usage, then carried on
@@ -140,7 +140,7 @@ def test_node_vectors_kept_on_the_usage_are_the_usages_own():
 def test_the_preferred_size_pool_is_built_once_per_capacity_and_node_set(monkeypatch):
     m = machine(nodes=8)
     shapes = counting(monkeypatch, mm, "_PoolShape")
-    cap, usage = m.memory, mm.EMPTY_USAGE
+    cap, usage = m.memory, mm.MemoryUsage()
     sizes = []
     for gib in (4, 20, 40, 100):
         hints = memory_hints(cap, usage, MemoryRequest(gib * GIB), range(8))
@@ -160,7 +160,7 @@ def test_preferred_size_without_a_search_equals_the_searched_one():
     hp = hugepages_resource(2048)
     for gib, pages in ((4, 0), (20, 0), (20, 600), (4, 1500), (100, 4000)):
         req = MemoryRequest(gib * GIB, {2048: pages})
-        state = mm._State(m.memory, mm.EMPTY_USAGE, req, m.memory.memory_nodes.bits)
+        state = mm._State(m.memory, mm.MemoryUsage(), req, m.memory.memory_nodes.bits)
         searched = mm._Pool(mm._PoolShape(tuple(state.allocatable.items()), state.width))
         searched._uniform = False  # force the search
         assert state.min_size() == searched.fewest(state.need), (gib, pages, hp)

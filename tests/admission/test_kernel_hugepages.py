@@ -12,10 +12,10 @@ from hypothesis import strategies as st
 from numa_agent.admission.admit import Refusal, Request, Resources, decide
 from numa_agent.admission.machine import PolicyConfig, build_machine
 from numa_agent.admission.memory_manager import (
-    EMPTY_USAGE,
     HugepagesShort,
     KernelHugepages,
     MemoryRequest,
+    MemoryUsage,
     allocate_memory,
     hugepages_resource,
     hugepages_short,
@@ -66,12 +66,12 @@ def test_available_is_free_less_reserved_less_booked_pages_not_known_in_use():
 
 def test_a_node_whose_counter_was_not_read_is_not_limited():
     m = machine(pages=8)
-    hints = memory_hints(m.memory, EMPTY_USAGE, MemoryRequest(hugepages={2048: 8}), (0, 1), kernel({1: 0}))
+    hints = memory_hints(m.memory, MemoryUsage(), MemoryRequest(hugepages={2048: 8}), (0, 1), kernel({1: 0}))
     assert [(h.mask.nodes(), h.preferred) for h in hints[HP2M].hints() if h.mask.count() == 1] == [((0,), True)]
 
 
 def test_shortfall_reads_like_the_kubelet():
-    short = hugepages_short(kernel({1: 2}), EMPTY_USAGE, [(1, HP2M, 4 * PAGE), (0, HP2M, 4 * PAGE)])
+    short = hugepages_short(kernel({1: 2}), MemoryUsage(), [(1, HP2M, 4 * PAGE), (0, HP2M, 4 * PAGE)])
     assert short == (HugepagesShort(node=1, size_kb=2048, free_pages=2, requested_pages=4),)
     assert short[0].text() == "node 1: 2 free 2 MiB hugepages, 4 requested; 2 more needed"
 
@@ -79,13 +79,13 @@ def test_shortfall_reads_like_the_kubelet():
 def test_hints_prefer_the_node_that_has_the_pages():
     m = machine(pages=8)
     request = MemoryRequest(hugepages={2048: 4})
-    plain = memory_hints(m.memory, EMPTY_USAGE, request, (0, 1))[HP2M]
-    cut = memory_hints(m.memory, EMPTY_USAGE, request, (0, 1), kernel({0: 1, 1: 8}))[HP2M]
+    plain = memory_hints(m.memory, MemoryUsage(), request, (0, 1))[HP2M]
+    cut = memory_hints(m.memory, MemoryUsage(), request, (0, 1), kernel({0: 1, 1: 8}))[HP2M]
     one_node = [h.mask.nodes() for h in plain.hints() if h.preferred]
     assert one_node == [(0,), (1,)]
     assert [h.mask.nodes() for h in cut.hints() if h.preferred] == [(1,)]
     # And the allocation, given no affinity, takes them there.
-    alloc = allocate_memory(m.memory, EMPTY_USAGE, request, None, kernel=kernel({0: 1, 1: 8}))
+    alloc = allocate_memory(m.memory, MemoryUsage(), request, None, kernel=kernel({0: 1, 1: 8}))
     assert alloc.amounts == ((1, HP2M, 4 * PAGE),)
 
 

@@ -11,13 +11,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from numa_agent.admission.memory_manager import (
-    EMPTY_USAGE,
     MEMORY,
     MemoryAllocation,
     MemoryAllocationError,
     MemoryCapacity,
     MemoryConfigError,
     MemoryRequest,
+    MemoryUsage,
     allocate_memory,
     free_bytes,
     hugepages_resource,
@@ -36,6 +36,8 @@ GiB = 1 << 30
 MiB = 1 << 20
 HP2M = hugepages_resource(2048)
 HP1G = hugepages_resource(1024 * 1024)
+
+EMPTY_USAGE = MemoryUsage()
 
 
 def machine(mem_gib, hp2m=None, hp1g=None, reserved=None):

@@ -1,8 +1,8 @@
-"""Affinity fallback: what this machine allows, exercised on child processes."""
+"""Memory binding of the affinity fallback: what this machine allows, exercised on child
+processes. (Its CPU pinning is AffinityEnforcer's: test_repin.py, test_strays.py.)"""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import textwrap
@@ -10,10 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from numa_agent.core.cpuset import CpuSet
 from numa_agent.core.mempolicy import MPOL_BIND
-from numa_agent.enforcement.affinity import pin_process
-from numa_agent.enforcement.errors import AffinityError
 from numa_agent.enforcement.mempolicy import PolicyResult, bind_self, get_policy
 
 REPO = Path(__file__).resolve().parents[2]
@@ -24,31 +21,6 @@ def status_field(pid, name):
         if line.startswith(name + ":"):
             return line.split(":", 1)[1].strip()
     raise AssertionError(f"{name} not in /proc/{pid}/status")
-
-
-def test_pin_child_to_cpu0(sleepers):
-    proc = sleepers()
-    pin_process(proc.pid, CpuSet([0]))
-    assert status_field(proc.pid, "Cpus_allowed_list") == "0"
-    assert CpuSet(os.sched_getaffinity(proc.pid)) == CpuSet([0])
-
-
-def test_pin_to_every_allowed_cpu_round_trips(sleepers):
-    mine = CpuSet(os.sched_getaffinity(0))
-    proc = sleepers()
-    pin_process(proc.pid, mine)
-    assert CpuSet.parse(status_field(proc.pid, "Cpus_allowed_list")) == mine
-
-
-def test_pin_errors_are_explained():
-    with pytest.raises(AffinityError, match="refusing to pin pid 1 to an empty CPU set"):
-        pin_process(1, CpuSet())
-    with pytest.raises(AffinityError, match=r"sched_setaffinity\(pid 2147483647, CPUs 0\) failed: "
-                                            r"ESRCH \(no such process\)"):
-        pin_process(2**31 - 1, CpuSet([0]))
-    with pytest.raises(AffinityError, match=r"CPUs 4000\) failed: EINVAL \(none of these CPUs is "
-                                            r"online and allowed"):
-        pin_process(os.getpid(), CpuSet([4000]))
 
 
 def run_child(code):

@@ -15,9 +15,9 @@ from numa_agent.core.hints import NumaMask
 from numa_agent.enforcement.affinity_enforcer import AffinityEnforcer
 from numa_agent.enforcement.cgroup import CgroupV2, KernelFiles
 from numa_agent.enforcement.cgroup_enforcer import CgroupEnforcer
-from numa_agent.enforcement.protocol import Applying, Enforcer, EngineCgroups, Grant, Records, Tracking
+from numa_agent.enforcement.protocol import Applying, Enforcer, Grant, Records, Tracking
 
-ROLES = (Applying, Tracking, Records, EngineCgroups)
+ROLES = (Applying, Tracking, Records)  # EngineCgroups: a capability, see test_no_stubs.py
 OWN = {role: {name for name in vars(role) if not name.startswith("_")} for role in ROLES}
 ROLE_OF = {name: role for role, names in OWN.items() for name in names}
 MEMBERS = sorted(ROLE_OF)
@@ -42,7 +42,7 @@ def test_the_protocol_covers_what_the_service_uses():
 
 
 def test_the_roles_split_the_protocol_without_overlap():
-    assert sum(len(names) for names in OWN.values()) == len(MEMBERS) == 26
+    assert sum(len(names) for names in OWN.values()) == len(MEMBERS) == 23
     assert all(role in Enforcer.__mro__ for role in ROLES)
     assert {name for name in vars(Enforcer) if not name.startswith("_")} == set()  # nothing of its own
     assert OWN[Tracking] >= {"track", "fds", "released"} and OWN[Applying] >= {"apply", "verify", "evict"}
