@@ -1,10 +1,12 @@
 """AgentService: the one owner of the state.
 
-Every admission and release runs under one lock, in this order:
+Every admission and release is decided and checkpointed under one lock, then
+enforced without it (service/commit.py: a stalled kernel write holds up only
+the changes that depend on it), then acknowledged:
 decide (pure) -> checkpoint the new state -> enforce -> acknowledge. If
-enforcement fails, the previous state is checkpointed again and the kernel
-side rolled back, so nothing is half-booked. Readers (status, metrics) get
-immutable snapshots and never wait for a long admission.
+enforcement fails, the change is taken back by a new one committed the same
+way, so nothing is half-booked. Readers (status, metrics) get immutable
+snapshots and never wait for a long admission.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import os
 import re
 import threading
 import time
-from typing import Any, Callable, Mapping, Protocol
+from typing import Any, Callable, Mapping
 
 import msgspec
 
@@ -48,19 +50,15 @@ from numa_agent.core.pci import NO_NAMES
 from numa_agent.discovery.pci_ids import PciNameSource
 from numa_agent.enforcement.errors import EnforcementError
 from numa_agent.enforcement.plan import (
-    SHARED_CGROUP,
     CgroupLayout,
-    desired_layout,
     engine_clash,
-    update_layout,
     workload_relpath,
 )
-from numa_agent.enforcement.processes import pidfd_alive
 from numa_agent.enforcement.protocol import Enforcer, Layout
-from numa_agent.enforcement.record import LEDGER_RECORD, decode_ledger, encode_ledger
-from numa_agent.hotplug.rebase import memory_changes, rebase_state, shortfall_warnings
+from numa_agent.hotplug.rebase import memory_changes, rebase_state
 from numa_agent.isolation.keeper import ISOLATE, STRICT, IsolationKeeper, isolation_asked
 from numa_agent.service.caller import Owners, UserNames, system_owner, system_user_name
+from numa_agent.service.commit import CommitUnit, StatePublisher, check_alive
 from numa_agent.service.counters import Counters, ManagerOutcome
 from numa_agent.service.hugepage_counters import CounterReader, counters_for
 from numa_agent.service.refusals import (
@@ -78,22 +76,15 @@ from numa_agent.service.refusals import (
 )
 from numa_agent.service.requests import AdmitRequest, to_admission_request, with_engine_grant
 from numa_agent.service.revocation_copy import RevocationCopy
-from numa_agent.service.revocations import hand_to_pool, process_lives, pruned, released_views, revocation_of
+from numa_agent.service.revocations import process_lives, pruned, released_views, revocation_of
 from numa_agent.service.tally import workload_tally
-from numa_agent.state.checkpoint import CheckpointError, describe_oserror
-from numa_agent.state.model import REBUILT, AgentState, IsolationLedger, Workload
+from numa_agent.state.checkpoint import describe_oserror
+from numa_agent.state.model import REBUILT, AgentState, Workload
 
 log = logging.getLogger("numa_agent.service")
 
 VERSION = __version__
 HUGEPAGES_NOT_FREE = HugepagesNotFreeError.reason
-
-
-class StatePublisher(Protocol):
-    """Told each state the service installs, under its lock, before the change is
-    acknowledged (the kubelet's state files: kubelet/files.py's StateFiles)."""
-
-    def publish(self, machine: Machine, state: AgentState) -> None: ...
 
 
 class AgentService:
@@ -104,11 +95,13 @@ class AgentService:
                  isolate_gid: int | None = None, mark_key: bytes | None = None,
                  pci_names: PciNameSource | None = None,
                  user_name: UserNames = system_user_name, quotas: Quotas = NO_QUOTAS,
-                 owner: Owners = system_owner) -> None:
-        self.machine = machine
+                 owner: Owners = system_owner, state_publisher: StatePublisher | None = None,
+                 revocation_copy: RevocationCopy | None = None,
+                 hugepage_counters: CounterReader | None = None, sysfs_root: str = "/",
+                 observer: Any = None) -> None:
         # Where the machine was discovered ("/": this host; else a captured sysfs tree or
         # archive it simulates), so `numa-agent topology` can say which machine it shows.
-        self.sysfs_root = "/"
+        self.sysfs_root = sysfs_root
         # [quotas]: what each owner may hold; `owner` says who a uid is (its name
         # and groups), asked outside the lock: the user database may be remote.
         self.quotas = quotas
@@ -130,22 +123,49 @@ class AgentService:
         self.enforcer = enforcer
         self.clock = clock
         self._topology_json = topology_json
-        self.state = AgentState(policy_fingerprint=machine.policy.fingerprint())
         self.counters = Counters()
         self.started = clock()
         self._lock = threading.RLock()
-        self._layout: Layout = {}
-        # Intruders and memory locality (numa_agent.observe), set at start-up;
-        # None: status shows neither.
-        self.observer: Any = None
-        # Told every new state under the lock (the kubelet-shaped state files,
-        # kubelet/files.py), set at start-up; None: nobody is told.
-        self.state_publisher: StatePublisher | None = None
-        # The revocations' copy beside the mark key, set at start-up; None: none kept.
-        self.revocation_copy: RevocationCopy | None = None
-        # Reads the kernel's free hugepages for an admission asking for some, set at
-        # start-up (service/hugepage_counters.py); None: the bookings alone decide.
-        self.hugepage_counters: CounterReader | None = None
+        # The state, its layout and the checkpoint. `state_publisher` is told every
+        # new state (the kubelet-shaped state files, kubelet/files.py; None: nobody);
+        # `revocation_copy` is the revocations' copy beside the mark key (None: none kept).
+        self._unit = CommitUnit(machine, store, enforcer, self._lock, counters=self.counters, clock=clock,
+                                isolation=isolation, state_publisher=state_publisher,
+                                revocation_copy=revocation_copy)
+        # Intruders and memory locality (numa_agent.observe); None: status shows neither.
+        self.observer: Any = observer
+        # Reads the kernel's free hugepages for an admission asking for some
+        # (service/hugepage_counters.py); None: the bookings alone decide.
+        self.hugepage_counters: CounterReader | None = hugepage_counters
+
+    @property
+    def machine(self) -> Machine:
+        return self._unit.machine
+
+    @property
+    def state(self) -> AgentState:
+        """The state that stands (replaced whole: read without the lock)."""
+        return self._unit.state
+
+    @property
+    def state_publisher(self) -> StatePublisher | None:
+        return self._unit.state_publisher
+
+    @state_publisher.setter
+    def state_publisher(self, publisher: StatePublisher | None) -> None:
+        self._unit.state_publisher = publisher
+
+    @property
+    def revocation_copy(self) -> RevocationCopy | None:
+        return self._unit.revocation_copy
+
+    @property
+    def _checkpoint_trouble(self) -> tuple[str, float] | None:
+        return self._unit.checkpoint_trouble
+
+    @property
+    def _layout(self) -> Layout:
+        return self._unit.layout
 
     def reconfigure(self, **settings: Any) -> None:
         """Settings a reload (SIGHUP) changes while the agent runs: `quotas`,
@@ -160,8 +180,9 @@ class AgentService:
 
     @property
     def layout(self) -> Layout:
-        """The cgroup layout enforced now (read without the lock: replaced whole)."""
-        return self._layout
+        """The cgroup layout of the state that stands (read without the lock:
+        replaced whole); its writes may still be under way."""
+        return self._unit.layout
 
     # ---- admission ---------------------------------------------------------
     def admit(self, request: AdmitRequest, caller: Caller, dry_run: bool = False) -> dict:
@@ -228,19 +249,30 @@ class AgentService:
             index, engines = self._request_index(), self._engine_index()
             # On an engine's cgroup the processes are already where they belong.
             move = None if w.cgroup is not None else (workload_relpath(w), caller.pid)
-            self._commit(new_state, move=move, caller=caller)
-            if request_id is not None:
-                index[request_id] = w.name
-            if w.cgroup is not None:
-                bisect.insort(engines, w.cgroup)
-            self._request_index_state = self._engine_index_state = self.state
-            self._refuse_if_not_isolated(w, started)
-            self.counters.admitted(time.perf_counter() - started, decision.explanation.get("alignment", {}))
-            log.info("admitted %s for uid %d pid %d: cpus %s mems %s devices %s | merged: %s",
-                     w.name, caller.uid, caller.pid, effective_cpus(self.machine, new_state, w).format(),
-                     ",".join(map(str, w.booking.mems)), ",".join(w.booking.device_addresses()) or "-",
-                     _merged_text(decision.explanation))
-            return self._admission_view(new_state, w, decision.explanation, dry_run=False)
+            pending = self._unit.stage(new_state, move=move, caller=caller)
+            self._indexed(index, engines, admitted=w)
+        self._unit.apply(pending)  # the kernel writes: without the lock
+        self._refuse_if_not_isolated(w, started)
+        self.counters.admitted(time.perf_counter() - started, decision.explanation.get("alignment", {}))
+        log.info("admitted %s for uid %d pid %d: cpus %s mems %s devices %s | merged: %s",
+                 w.name, caller.uid, caller.pid, effective_cpus(self.machine, new_state, w).format(),
+                 ",".join(map(str, w.booking.mems)), ",".join(w.booking.device_addresses()) or "-",
+                 _merged_text(decision.explanation))
+        return self._admission_view(new_state, w, decision.explanation, dry_run=False)
+
+    def _indexed(self, index: dict[str, str], engines: list[str], admitted: Workload | None = None,
+                 released: Workload | None = None) -> None:
+        """The request ids and engine cgroups kept in step with the state just staged."""
+        if admitted is not None:
+            if admitted.request.get("request_id") is not None:
+                index[str(admitted.request["request_id"])] = admitted.name
+            if admitted.cgroup is not None:
+                bisect.insort(engines, admitted.cgroup)
+        if released is not None:
+            index.pop(str(released.request.get("request_id")), None)
+            if released.cgroup is not None and released.cgroup in engines:
+                engines.remove(released.cgroup)
+        self._request_index_state = self._engine_index_state = self.state
 
     def _manager_outcome(self, body: AdmitRequest, explanation: Mapping[str, Any], pinned: frozenset[str],
                          failed: str | None, merge_refused: bool) -> ManagerOutcome:
@@ -271,18 +303,16 @@ class AgentService:
             new_state, released, pod = release_workload(self.state, name)
             new_state = self._revoked_after(new_state, w, reason, asked=caller is not None)
             index, engines = self._request_index(), self._engine_index()
-            self._commit(new_state, move=None, caller=None)
-            index.pop(str(w.request.get("request_id")), None)
-            if w.cgroup is not None and w.cgroup in engines:
-                engines.remove(w.cgroup)
-            self._request_index_state = self._engine_index_state = self.state
-            self.counters.releases_total += 1
-            if w.quarantined:
-                log.warning("released the held CPUs %s of %s (pid %s at start-up) on an operator's "
-                            "request", w.booking.cpus.format() or "(none)", name, w.request.get("pid"))
-            log.info("released %s (%s)%s", name, reason, f"; pod {pod.name} budget freed" if pod else "")
-            return {"name": name, "released": True, "reason": reason,
-                    "pod_released": pod.name if pod else None}
+            pending = self._unit.stage(new_state)
+            self._indexed(index, engines, released=w)
+        self._unit.apply(pending)  # the kernel writes: without the lock
+        self.counters.releases_total += 1
+        if w.quarantined:
+            log.warning("released the held CPUs %s of %s (pid %s at start-up) on an operator's "
+                        "request", w.booking.cpus.format() or "(none)", name, w.request.get("pid"))
+        log.info("released %s (%s)%s", name, reason, f"; pod {pod.name} budget freed" if pod else "")
+        return {"name": name, "released": True, "reason": reason,
+                "pod_released": pod.name if pod else None}
 
     def resize(self, name: str, caller: Caller, cpus: int | None = None,
                memory_bytes: int | None = None) -> dict:
@@ -311,12 +341,14 @@ class AgentService:
                 if invalid is not None:
                     raise invalid(exc.message) from None
                 raise _refused(exc) from None
-            self._commit(decision.state, move=None, caller=None)
-            resized = decision.workload
-            log.info("resized %s for uid %d: cpus %s -> %s, memory %s -> %s", name, caller.uid,
-                     w.booking.cpus.format() or "-", resized.booking.cpus.format() or "-",
-                     w.booking.memory_total("memory"), resized.booking.memory_total("memory"))
-            return self._admission_view(self.state, resized, decision.explanation, dry_run=False)
+            pending = self._unit.stage(decision.state)
+            installed = self.state
+        self._unit.apply(pending)  # the kernel writes: without the lock
+        resized = decision.workload
+        log.info("resized %s for uid %d: cpus %s -> %s, memory %s -> %s", name, caller.uid,
+                 w.booking.cpus.format() or "-", resized.booking.cpus.format() or "-",
+                 w.booking.memory_total("memory"), resized.booking.memory_total("memory"))
+        return self._admission_view(installed, resized, decision.explanation, dry_run=False)
 
     def _revoked_after(self, state: AgentState, w: Workload, reason: str, asked: bool) -> AgentState:
         """`state` (without `w`) with the revocations of which a trace remains,
@@ -340,78 +372,6 @@ class AgentService:
                     "managed, and is never taken for a workload again", w.name, reason, w.pid)
         return state.with_revoked((*state.revoked, revocation_of(w, self.clock())))
 
-    def _copy_revocations(self, state: AgentState) -> None:
-        """After the checkpoint: the revocations' copy beside the mark key, which
-        a lost checkpoint does not take along (service/revocation_copy.py)."""
-        if self.revocation_copy is not None:
-            self.revocation_copy.save(state.revoked)
-
-    def _commit(self, new_state: AgentState, move, caller: Caller | None) -> None:
-        """Checkpoint, then enforce; undo both if enforcement fails.
-
-        The new layout is derived from the current one for what changed
-        (the workloads and pods `new_state` names as changed since the
-        current state), so an admission does not cost more on a node with a
-        thousand workloads; anything else (hotplug, a new machine, a state
-        not derived from the current one) is laid out in full."""
-        old_state, old_layout = self.state, self._layout
-        changes = new_state.changes_since(old_state) \
-            if getattr(self, "_layout_machine", None) is self.machine else None
-        touched: frozenset[str] | None = None
-        new_layout: Layout
-        if changes is None:
-            new_layout = desired_layout(self.machine, new_state)
-        else:
-            new_layout, touched = update_layout(self.machine, old_layout, old_state, new_state, *changes)
-        if self.isolation is not None:
-            new_state = self.isolation.prepare(new_state)  # originals checkpointed before any write
-        self._save(new_state, undo=old_state)
-        if new_state.revoked != old_state.revoked:
-            self._copy_revocations(new_state)
-        try:
-            if move is not None and caller is not None:
-                _check_alive(caller)
-            self.enforcer.apply(old_layout, new_layout, move, changed=touched)
-        except (EnforcementError, OSError, ProcessLookupError) as exc:
-            log.error("enforcement failed, rolling back: %s", exc)
-            try:
-                self.enforcer.apply(new_layout, old_layout, None, changed=touched)
-            except (EnforcementError, OSError) as undo_exc:
-                log.error("rollback of the cgroup tree failed too: %s", undo_exc)
-            msg = str(exc) if not isinstance(exc, ProcessLookupError) else \
-                "the requesting process exited before it could be moved into its workload"
-            try:
-                self._save(old_state)
-            except Unavailable:
-                # Health is degraded; the store's next commit that succeeds is a whole
-                # snapshot of the state that stands. The caller hears the first failure.
-                log.error("the checkpoint still holds the change refused (%s) until a commit succeeds", msg)
-            if new_state.revoked != old_state.revoked:
-                self._copy_revocations(old_state)
-            raise Unavailable(f"enforcement failed, nothing was booked: {msg}") from None
-        if new_state.revoked and new_layout.get(SHARED_CGROUP) != old_layout.get(SHARED_CGROUP):
-            hand_to_pool(new_state, self.enforcer, new_layout)  # released processes follow the pool
-        # The layout is the full layout of this state on this machine: the
-        # next commit may start from it.
-        self.state, self._layout, self._layout_machine = new_state, new_layout, self.machine
-        self._publish()
-        self._isolate()
-
-    def _isolate(self) -> None:
-        """Write the isolation knobs for the current state; checkpoint the
-        ledger without the knobs that hold their original again. If that
-        checkpoint fails they stay recorded, and restoring them again later
-        writes what they already hold."""
-        if self.isolation is None:
-            return
-        after = self.isolation.enforce(self.state)
-        if after is not self.state:
-            try:
-                self._save(after)
-            except Unavailable:
-                return
-            self.state = after
-
     def isolation_pending(self) -> bool:
         """A restore failed and waits for its retry, or irqbalance restarted and is to be told again."""
         return self.isolation is not None and (bool(self.isolation.restore_failures())
@@ -426,136 +386,42 @@ class AgentService:
 
     def retry_isolation(self) -> None:
         with self._lock:
-            self._isolate()
-
-    # Set by _save while the checkpoint cannot be written: (what failed, since
-    # when, on the service clock); health and metrics report it. A class-level
-    # default so that nothing else need know of it.
-    _checkpoint_trouble: tuple[str, float] | None = None
-
-    def _save(self, state: AgentState, undo: AgentState | None = None) -> None:
-        """Make `state` durable: only its change from the last one checkpointed
-        (the store's journal), or a whole snapshot when the store says so.
-        Any OSError on the way is a checkpoint failure: Unavailable, with the
-        health degraded until a later commit succeeds. `undo`: the state that
-        stands when this one is refused, put back should the refused one have
-        landed (renamed into place, not known durable), so that a start never
-        reads a change that was refused."""
-        self._record_isolation(state)
-        try:
-            kind = self.store.commit(state)
-        except (CheckpointError, OSError) as exc:
-            if getattr(exc, "landed", False) and undo is not None:
-                self._put_back(undo, exc)
-            self.counters.checkpoint_failures_total += 1
-            self.counters.checkpoint_healthy = False
-            if self._checkpoint_trouble is None:
-                # Once per outage: a release retried every few seconds must not fill the log.
-                log.error("checkpoint write failed: %s; admissions and releases are refused "
-                          "until it can be written", exc)
-                self._checkpoint_trouble = (str(exc), self.clock())
-            else:
-                log.debug("checkpoint write still failing: %s", exc)
-                self._checkpoint_trouble = (str(exc), self._checkpoint_trouble[1])
-            raise Unavailable(f"cannot write the checkpoint, nothing was booked: {exc}") from None
-        self.counters.checkpoint_healthy = True
-        if kind is not None:
-            self.counters.checkpoint_writes_total += 1
-        if kind == "snapshot":
-            self.counters.checkpoint_snapshots_total += 1
-        if self._checkpoint_trouble is not None:
-            log.warning("checkpoint in %s written again after %.1f s of failures",
-                        self.store.directory, self.clock() - self._checkpoint_trouble[1])
-            self._checkpoint_trouble = None
-
-    def _put_back(self, state: AgentState, failure: Exception) -> None:
-        """The checkpoint holds `state` again, as a whole snapshot, after a
-        refused change may have landed; best effort (the store's next commit
-        is a whole snapshot anyway)."""
-        try:
-            self.store.commit(state, snapshot=True)
-        except (CheckpointError, OSError) as exc:
-            log.error("the checkpoint may hold a change that was refused (%s) and cannot be put back: %s; "
-                      "the next commit that succeeds writes the state whole", failure, exc)
-
-    # (machine, state) as last installed, one value read in one step by
-    # readers on other threads (the PodResources server) without the lock.
-    _view: tuple[Machine, AgentState] | None = None
+            self._unit.isolate()
 
     def view(self) -> tuple[Machine, AgentState] | None:
-        return self._view
-
-    def _publish(self) -> None:
-        """The kubelet state files and the readers' view for the state just
-        installed (the bookings only: what isolation records changes nothing
-        in them)."""
-        self._view = (self.machine, self.state)
-        if self.state_publisher is not None:
-            self.state_publisher.publish(self.machine, self.state)
-
-    _ledger_recorded: IsolationLedger | None = None
-
-    def _record_isolation(self, state: AgentState) -> None:
-        """The isolation ledger also on the cgroup root (best effort, before the
-        checkpoint): the originals outlive the checkpoint's loss, as the
-        workloads' own records do. The affinity fallback has no such place."""
-        if self.isolation is None or state.isolation == self._ledger_recorded:
-            return
-        self.enforcer.write_record(LEDGER_RECORD, encode_ledger(state.isolation))
-        self._ledger_recorded = state.isolation
+        """(machine, state) as last published, one value read in one step by
+        readers on other threads (the PodResources server) without the lock."""
+        return self._unit.view()
 
     # ---- lifecycle -------------------------------------------------------------------
     def install(self, state: AgentState) -> None:
-        """Adopt a restored state: checkpoint it as a whole snapshot (which
-        also empties the journal it was restored from), then make the kernel
-        match (cgroups re-written, leftovers of released workloads removed)."""
+        """Adopt a restored state: checkpoint it whole, then make the kernel match."""
         with self._lock:
-            layout = desired_layout(self.machine, state)
-            if self.isolation is not None:
-                recorded = decode_ledger(self.enforcer.read_record(LEDGER_RECORD)) \
-                    if self.enforcer.exists(LEDGER_RECORD) else None  # a first start: nothing kept yet
-                state = self.isolation.prepare(self.isolation.recovered(state, recorded))
-            state = pruned(state, self.enforcer)
-            try:
-                self.store.commit(state, snapshot=True)
-            except CheckpointError as exc:
-                self.counters.checkpoint_failures_total += 1
-                raise Unavailable(f"cannot write the checkpoint: {exc}") from None
-            self.counters.checkpoint_writes_total += 1
-            self.counters.checkpoint_snapshots_total += 1
-            self._copy_revocations(state)  # the copy as pruned, or made from the checkpoint's
-            # Before the layout: a released workload's cgroup left by a crash
-            # still holds its CPUs (a partition would keep them from the pool).
-            hand_to_pool(state, self.enforcer, layout)
-            # So are the empty cgroups no booking names (a workload released at this
-            # start, what a crash left half made): one made a partition holds CPUs
-            # that the pool, written next, is checked to have.
-            self.enforcer.prune(layout)
-            self.enforcer.apply({}, layout, None)
-            self._record_isolation(state)  # its cgroup exists now; before any knob is written
-            self.state, self._layout = state, layout
-            for text in shortfall_warnings(self.machine, state):  # memory gone while the agent was down
-                log.warning("%s", text)
-            self._publish()
-            self._isolate()  # restores what workloads gone while the agent was down held
+            self._unit.install(state)
 
     def replace_machine(self, machine: Machine) -> list[tuple[str, str]]:
         """The hardware changed: fit the bookings to the new machine and
-        correct the cgroups. Returns (workload, what it lost) pairs."""
-        with self._lock:
-            new_state, lost = rebase_state(machine, self.state)
-            old_machine, self.machine = self.machine, machine
-            try:
-                self._commit(new_state, move=None, caller=None)
-            except Unavailable:
-                # The machine and its rebased state are taken on together or not at all.
-                self.machine = old_machine
-                raise
-            for name, what in lost:
-                log.warning("hotplug: workload %s lost %s", name, what)
-            for level, message in memory_changes(old_machine, machine, self.state):
-                log.log(logging.WARNING if level == "warning" else logging.INFO, "hotplug: %s", message)
-            return lost
+        correct the cgroups, all at once once no change is being applied.
+        Returns (workload, what it lost) pairs."""
+        unit = self._unit
+        while True:
+            unit.drain()
+            with self._lock:
+                if unit.applying():
+                    continue  # a change was staged meanwhile
+                new_state, lost = rebase_state(machine, self.state)
+                old_machine, unit.machine = unit.machine, machine
+                try:
+                    unit.commit_whole(new_state)
+                except Unavailable:
+                    # The machine and its rebased state are taken on together or not at all.
+                    unit.machine = old_machine
+                    raise
+                for name, what in lost:
+                    log.warning("hotplug: workload %s lost %s", name, what)
+                for level, message in memory_changes(old_machine, machine, self.state):
+                    log.log(logging.WARNING if level == "warning" else logging.INFO, "hotplug: %s", message)
+                return lost
 
     # ---- requests ----------------------------------------------------------------
     # request_id -> workload name, for `_request_index_state` (the state it was
@@ -613,7 +479,7 @@ class AgentService:
                                  "(another user or process); send a new random one")
         try:
             # The agent may have stopped between the checkpoint and the move.
-            _check_alive(caller)
+            check_alive(caller)
             if w.cgroup is None:
                 self.enforcer.apply(self._layout, self._layout, (workload_relpath(w), caller.pid))
             else:
@@ -979,13 +845,6 @@ def _check_owns_cgroup(pids: list[int], caller: Caller, cgroup: str) -> None:
         if uid != caller.uid:
             raise NotPermitted(f"cgroup {cgroup} holds pid {pid} of uid {uid}; only root, or the owner "
                                "of every process in it, may have it enforced")
-
-
-def _check_alive(caller: Caller) -> None:
-    """The pidfd, opened when the caller connected, still names a live
-    process: so caller.pid was not recycled for somebody else."""
-    if caller.pidfd is not None and not pidfd_alive(caller.pidfd):
-        raise ProcessLookupError(f"pid {caller.pid} exited")
 
 
 def _merged_text(explanation: Mapping[str, Any]) -> str:
