@@ -171,3 +171,42 @@ def test_the_application_core_speaks_no_protocol():
     """The use-cases import none of their adapters (HTTP, the kubelet's files and gRPC,
     the OCI hook), nor the daemon that assembles them, nor the commands."""
     assert package_graph(import_graph())["service"].isdisjoint({"api", "kubelet", "engines", "daemon", "cli"})
+
+
+def reachable(graph: dict[str, set[str]], start: str) -> set[str]:
+    """Every module `start` imports, directly or through others."""
+    seen: set[str] = set()
+    todo = [start]
+    while todo:
+        for t in graph[todo.pop()]:
+            if t not in seen:
+                seen.add(t)
+                todo.append(t)
+    return seen
+
+
+def test_reachable_follows_imports_through_others():
+    assert reachable({"a": {"b"}, "b": {"c"}, "c": set(), "d": {"a"}}, "a") == {"b", "c"}
+
+
+SERVICE = "numa_agent.service"
+ADAPTER_PACKAGES = ("api", "kubelet", "views", "engines")
+
+
+def test_the_read_side_reaches_no_writer():
+    """Status, health and the metrics' views never write: the read side imports
+    neither the commit unit nor the assembled service (service/read_side.py)."""
+    assert reachable(import_graph(), f"{SERVICE}.read_side") & {f"{SERVICE}.commit", f"{SERVICE}.agent_service"} \
+        == set()
+
+
+def test_the_adapters_hold_the_protocol_not_the_service():
+    """The API, the kubelet's servers, the views and the OCI hook name the service by
+    service/ports.py's AgentApi: none reaches the implementation or its commit unit."""
+    graph = import_graph()
+    implementation = {f"{SERVICE}.agent_service", f"{SERVICE}.commit"}
+    reached = {m: sorted(reachable(graph, m) & implementation) for m in graph
+               if m.split(".")[1:2] and m.split(".")[1] in ADAPTER_PACKAGES}
+    assert {m: r for m, r in reached.items() if r} == {}
+    assert f"{SERVICE}.ports" in graph["numa_agent.api.server"]
+    assert f"{SERVICE}.ports" in graph["numa_agent.kubelet.grpc_server"]

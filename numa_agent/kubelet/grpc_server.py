@@ -26,6 +26,7 @@ import grpc
 
 from numa_agent.kubelet import pod_resources
 from numa_agent.kubelet import podresources_pb2 as pb
+from numa_agent.service.ports import PublishedView
 from numa_agent.state.socket_file import place_socket, remove_socket
 
 log = logging.getLogger("numa_agent.kubelet")
@@ -52,7 +53,7 @@ class PodResourcesServer:
         self.socket_mode = socket_mode
         self.socket_group = socket_group
         self.workers = workers
-        self.service: Any = None
+        self.service: PublishedView | None = None
         self._server: Any = None
         self._inode: tuple[int, int] | None = None
         # The List answer, kept per pod and for the state it was last built
@@ -84,7 +85,7 @@ class PodResourcesServer:
         self._server = server
         return self
 
-    def attach(self, service: Any) -> None:
+    def attach(self, service: PublishedView) -> None:
         self.service = service
 
     def start(self) -> "PodResourcesServer":

@@ -14,7 +14,7 @@ from numa_agent.enforcement.plan import desired_layout
 from numa_agent.service.refusals import Unavailable
 from numa_agent.service.requests import AdmitRequest
 from numa_agent.state.checkpoint import CheckpointStore
-from tests.service.test_agent_service import env, make_machine  # noqa: F401 (the fixture)
+from tests.service.test_agent_service import env  # noqa: F401 (a fixture)
 from tests.support.simulated_service import cg_file, start
 
 ME = Caller(pid=os.getpid(), uid=1000, gid=1000)
