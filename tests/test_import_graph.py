@@ -210,3 +210,15 @@ def test_the_adapters_hold_the_protocol_not_the_service():
     assert {m: r for m, r in reached.items() if r} == {}
     assert f"{SERVICE}.ports" in graph["numa_agent.api.server"]
     assert f"{SERVICE}.ports" in graph["numa_agent.kubelet.grpc_server"]
+
+
+def test_the_use_cases_reach_no_adapter():
+    """service/cases/ (release, resize) are given their ports (cases/ports.py):
+    they reach no adapter, no assembly, nor the assembled service itself."""
+    graph = import_graph()
+    cases = [m for m in graph if m.startswith(f"{SERVICE}.cases.")]
+    assert {f"{SERVICE}.cases.release", f"{SERVICE}.cases.resize"} <= set(cases)
+    outside = ("numa_agent.api", "numa_agent.kubelet", "numa_agent.daemon", "numa_agent.cli", "numa_agent.engines",
+               f"{SERVICE}.agent_service")
+    assert {m: sorted(t for t in reachable(graph, m) if t.startswith(outside)) for m in cases} \
+        == {m: [] for m in cases}

@@ -29,14 +29,9 @@ from numa_agent.admission.admit import (
     decide,
     effective_cpus,
 )
-from numa_agent.admission.admit import (
-    release as release_workload,
-)
-from numa_agent.admission.errors import HugepagesNotFreeError
 from numa_agent.admission.machine import Machine
 from numa_agent.admission.quota import NO_QUOTAS, Quotas, check_quota
 from numa_agent.admission.quota import REASON_CODE as QUOTA_EXCEEDED
-from numa_agent.admission.resize import resize as resize_workload
 from numa_agent.core.caller import Caller
 from numa_agent.core.hints import TopologyHint
 from numa_agent.core.names import NAME_RULE, engine_name_refusal, is_workload_name
@@ -51,33 +46,29 @@ from numa_agent.enforcement.protocol import Enforcer, Layout
 from numa_agent.hotplug.rebase import memory_changes, rebase_state
 from numa_agent.isolation.keeper import ISOLATE, STRICT, IsolationKeeper, isolation_asked
 from numa_agent.service.caller import Owners, UserNames, system_owner, system_user_name
-from numa_agent.service.commit import CommitUnit, StatePublisher, check_alive
+from numa_agent.service.cases import release as release_case
+from numa_agent.service.cases import resize as resize_case
+from numa_agent.service.cases.refusal import refused
+from numa_agent.service.commit import CommitUnit, Pending, StatePublisher, check_alive
 from numa_agent.service.counters import Counters, ManagerOutcome
 from numa_agent.service.hugepage_counters import CounterReader, counters_for
 from numa_agent.service.read_side import VERSION as VERSION  # (re-exported: the info series)
 from numa_agent.service.read_side import ReadSide
 from numa_agent.service.refusals import (
-    HugepagesTaken,
     InConflict,
     InvalidInput,
     NoCapacity,
     NotPermitted,
-    OverQuota,
     RequestIdTaken,
-    ServiceRefusal,
-    TopologyRefused,
     Unavailable,
-    UnknownWorkload,
 )
 from numa_agent.service.requests import AdmitRequest, to_admission_request, with_engine_grant
 from numa_agent.service.revocation_copy import RevocationCopy
-from numa_agent.service.revocations import process_lives, pruned, revocation_of
 from numa_agent.state.checkpoint import describe_oserror
 from numa_agent.state.model import AgentState, Workload
 
 log = logging.getLogger("numa_agent.service")
 
-HUGEPAGES_NOT_FREE = HugepagesNotFreeError.reason
 
 
 class AgentService(ReadSide):
@@ -221,7 +212,7 @@ class AgentService(ReadSide):
                             _hints_text(exc.explanation), _merged_text(exc.explanation))
                 if exc.code == "forbidden":
                     raise NotPermitted(exc.message) from None
-                raise _refused(exc) from None
+                raise refused(exc) from None
             if not dry_run:
                 outcome = self._manager_outcome(request, decision.explanation, decision.pinned, None,
                                                 merge_refused=False)
@@ -278,92 +269,32 @@ class AgentService(ReadSide):
 
     def release(self, name: str, caller: Caller | None, reason: str = "requested",
                 request_id: str | None = None) -> dict:
-        """Release `name`; with `request_id`, only if that admission made it (a
-        workload recorded without one, from before ids were kept, is taken by name)."""
-        with self._lock:
-            w = self.state.workload(name)
-            if w is None:
-                raise UnknownWorkload(f"no workload named {name!r}")
-            if request_id is not None and w.request.get("request_id") not in (None, request_id):
-                raise UnknownWorkload(f"no workload named {name!r} admitted under request id {request_id}")
-            if caller is None and w.quarantined:
-                # Not the exit of a followed process: the hold stays until an operator asks.
-                raise InConflict(f"{name} holds CPUs {w.booking.cpus.format() or '(none)'} for an "
-                                 f"operator; only `numa-agent release {name}` as root frees them")
-            if caller is not None and not caller.is_root and caller.uid != w.owner_uid:
-                raise NotPermitted(f"workload {name!r} belongs to uid {w.owner_uid}; only its owner "
-                                   f"or root may release it")
-            new_state, released, pod = release_workload(self.state, name)
-            new_state = self._revoked_after(new_state, w, reason, asked=caller is not None)
-            index, engines = self._request_index(), self._engine_index()
-            pending = self._unit.stage(new_state)
-            self._indexed(index, engines, released=w)
-        self._unit.apply(pending)  # the kernel writes: without the lock
-        self.counters.releases_total += 1
-        if w.quarantined:
-            log.warning("released the held CPUs %s of %s (pid %s at start-up) on an operator's "
-                        "request", w.booking.cpus.format() or "(none)", name, w.request.get("pid"))
-        log.info("released %s (%s)%s", name, reason, f"; pod {pod.name} budget freed" if pod else "")
-        return {"name": name, "released": True, "reason": reason,
-                "pod_released": pod.name if pod else None}
+        """Release `name` (service/cases/release.py)."""
+        return release_case.release(self, name, caller, reason, request_id)
 
     def resize(self, name: str, caller: Caller, cpus: int | None = None,
                memory_bytes: int | None = None) -> dict:
-        """Grow or shrink `name`'s exclusive CPUs and memory in place: decided by the
-        pure core, then committed as an admission is (checkpoint, then enforcement,
-        kubelet files and isolation), so a crash leaves the old booking or the new."""
-        started = time.perf_counter()
-        owner = self.owner(caller.uid) if self.quotas else None
-        with self._lock:
-            w = self.state.workload(name)
-            if w is None:
-                raise UnknownWorkload(f"no workload named {name!r}")
-            if not caller.is_root and caller.uid != w.owner_uid:
-                raise NotPermitted(f"workload {name!r} belongs to uid {w.owner_uid}; only its owner or root may resize it")
-            if w.quarantined:
-                raise InConflict(f"{name} is held for an operator, not a workload to resize")
-            try:
-                decision = resize_workload(self.machine, self.state, name, cpus=cpus, memory_bytes=memory_bytes)
-                if owner is not None:
-                    check_quota(self.quotas, owner, self.state, decision.state, decision.explanation)
-            except Refusal as exc:
-                self.counters.refused(exc.code, time.perf_counter() - started)
-                log.warning("resize of %s refused for uid %d: %s", name, caller.uid, exc.message)
-                invalid = {"not_found": UnknownWorkload, "bad_request": InvalidInput,
-                           "not_resizable": InConflict}.get(exc.code)
-                if invalid is not None:
-                    raise invalid(exc.message) from None
-                raise _refused(exc) from None
-            pending = self._unit.stage(decision.state)
-            installed = self.state
-        self._unit.apply(pending)  # the kernel writes: without the lock
-        resized = decision.workload
-        log.info("resized %s for uid %d: cpus %s -> %s, memory %s -> %s", name, caller.uid,
-                 w.booking.cpus.format() or "-", resized.booking.cpus.format() or "-",
-                 w.booking.memory_total("memory"), resized.booking.memory_total("memory"))
-        return self._admission_view(installed, resized, decision.explanation, dry_run=False)
+        """Grow or shrink `name` in place (service/cases/resize.py)."""
+        return resize_case.resize(self, name, caller, cpus=cpus, memory_bytes=memory_bytes)
 
-    def _revoked_after(self, state: AgentState, w: Workload, reason: str, asked: bool) -> AgentState:
-        """`state` (without `w`) with the revocations of which a trace remains,
-        and `w`'s own when it was `asked` (not the agent's own release of an
-        exit or a refusal) and its process still runs: released, it must not
-        come back at a restart (service/revocations.py). A hold names no
-        process the agent follows: its own is the one it was held for."""
-        state = pruned(state, self.enforcer)
-        if not asked:
-            return state
-        if w.quarantined:
-            pid, identity = w.request.get("pid"), w.request.get("pid_identity")
-            w = msgspec.structs.replace(w, pid=pid if isinstance(pid, int) else None,
-                                        pid_identity=identity if isinstance(identity, str) else None)
-            running = process_lives(revocation_of(w, 0.0))
-        else:
-            running = self.enforcer.populated(workload_relpath(w))
-        if not running:
-            return state
-        log.warning("released %s (%s) while pid %s still runs: it stays on the shared pool, no longer "
-                    "managed, and is never taken for a workload again", w.name, reason, w.pid)
-        return state.with_revoked((*state.revoked, revocation_of(w, self.clock())))
+    # ---- the parts the use cases are given (service/cases/ports.py) -----------------
+    @property
+    def lock(self) -> threading.RLock:
+        return self._lock
+
+    def stage(self, new_state: AgentState, released: Workload | None = None) -> Pending:
+        index, engines = self._request_index(), self._engine_index()
+        pending = self._unit.stage(new_state)
+        if released is not None:
+            self._indexed(index, engines, released=released)
+        return pending
+
+    def apply(self, pending: Pending) -> None:
+        self._unit.apply(pending)
+
+    def admission_view(self, state: AgentState, w: Workload, explanation: Mapping[str, Any],
+                       dry_run: bool) -> dict:
+        return self._admission_view(state, w, explanation, dry_run)
 
     def isolation_pending(self) -> bool:
         """A restore failed and waits for its retry, or irqbalance restarted and is to be told again."""
@@ -591,14 +522,6 @@ class AgentService(ReadSide):
 
 class _NameTaken(InvalidRequest):
     pass
-
-
-def _refused(refusal: Refusal) -> ServiceRefusal:
-    """The admission core's refusal of a valid request, with its explanation and reason."""
-    kind = {"topology_affinity_error": TopologyRefused, QUOTA_EXCEEDED: OverQuota,
-            HUGEPAGES_NOT_FREE: HugepagesTaken}.get(refusal.code, NoCapacity)
-    return kind(refusal.message, details={**refusal.explanation, "reason": refusal.message,
-                                          "reason_code": refusal.code})
 
 
 def _check_root_owned(path: str | None, cgroup: str) -> None:
