@@ -61,6 +61,17 @@ class ReadSide:
     def _checkpoint_trouble(self) -> tuple[str, float] | None:
         raise NotImplementedError
 
+    def view(self) -> tuple[Machine, AgentState] | None:
+        raise NotImplementedError
+
+    def shown(self) -> AgentState:
+        """The state as last published, the one every view shows: a change is
+        shown once its cgroups are written, as the kubelet's files and
+        PodResources show it (the state decisions start from may hold changes
+        still being written: service/commit.py)."""
+        view = self.view()
+        return view[1] if view is not None else self.state
+
     def _isolation_view(self, w: Workload) -> dict[str, Any] | None:
         asked = isolation_asked(w)
         if not asked:
@@ -128,7 +139,7 @@ class ReadSide:
         }
 
     def list_workloads(self, viewer_uid: int | None = None) -> list[dict]:
-        state = self.state
+        state = self.shown()
         views = [self._workload_view(state, w, viewer_uid) for w in state.workloads if not w.quarantined]
         self._with_owner_names(views)
         return views
@@ -155,7 +166,7 @@ class ReadSide:
     def status(self, viewer_uid: int | None = None, memory: bool = False) -> dict:
         """`memory`: also read the memory per node of workloads without a
         cgroup (/proc/PID/numa_maps, costly)."""
-        state = self.state  # one immutable snapshot for the whole view
+        state = self.shown()  # one immutable snapshot for the whole view
         status = self._status(state, viewer_uid)
         names = self._with_owner_names(status["workloads"] + status["pods"])
         status["quotas"] = self._quota_views(state, names)
@@ -232,7 +243,7 @@ class ReadSide:
                 "memory_only_nodes": self.machine.policy.memory_only_nodes}
 
     def health(self) -> dict:
-        state = self.state
+        state = self.shown()
         held = self._quarantined_views(state)
         out: dict[str, Any] = {"status": "ok", "enforcement": self.enforcer.mode, "reason": self.enforcer.reason,
                "uptime_seconds": round(self.clock() - self.started, 3), "version": VERSION,
@@ -261,7 +272,7 @@ class ReadSide:
 
     def metrics_snapshot(self) -> dict:
         with self._lock:
-            state = self.state
+            state = self.shown()
             status, counters = self._metrics_status(state), self.counters.snapshot()
             knobs = self.isolation.knob_counts(state) if self.isolation else {}
         status["quotas"] = self._quota_views(state, {}) if self.quotas else []  # metrics: only owners with one
