@@ -282,14 +282,6 @@ class CommitUnit:
             pending.written.set()
             pending.finished.set()
 
-    def commit(self, new_state: AgentState, move: tuple[str, int] | None = None,
-               caller: Caller | None = None) -> None:
-        """Stage and apply in one step; the lock is let go for the writes
-        (the caller must not hold it more than once)."""
-        with self.lock:
-            pending = self.stage(new_state, move, caller)
-        self.apply(pending)
-
     def _write_cgroups(self, p: Pending) -> None:
         """The change's own cgroups, against the pool as it is in the kernel
         (written first when this change takes CPUs from it)."""
@@ -492,6 +484,7 @@ class CommitUnit:
             except Unavailable:
                 return
             self.state = after
+            self.publish()  # what isolation holds is shown (status) with the state that holds it
 
     def copy_revocations(self, state: AgentState) -> None:
         """After the checkpoint: the revocations' copy beside the mark key, which
