@@ -292,6 +292,9 @@ class AgentService(ReadSide):
     def apply(self, pending: Pending) -> None:
         self._unit.apply(pending)
 
+    def wait_written(self, relpath: str) -> None:
+        self._unit.wait_written(relpath)
+
     def admission_view(self, state: AgentState, w: Workload, explanation: Mapping[str, Any],
                        dry_run: bool) -> dict:
         return self._admission_view(state, w, explanation, dry_run)

@@ -372,6 +372,13 @@ class CommitUnit:
                 pass  # logged: the next whole layout (a restart, hotplug) corrects the tree
         raise Unavailable(f"enforcement failed, nothing was booked: {msg}") from None
 
+    def wait_written(self, relpath: str) -> None:
+        """Wait (the lock not held) for the changes staged so far that write `relpath`."""
+        with self.lock:
+            pending = [p for p in self._pending if p.keys is None or relpath in p.keys]
+        for p in pending:
+            p.written.wait()
+
     def applying(self) -> bool:
         """Some change is staged and its writes not done (the lock held)."""
         return bool(self._pending)

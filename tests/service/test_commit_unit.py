@@ -11,7 +11,7 @@ from numa_agent.core.caller import Caller
 from numa_agent.core.cpuset import CpuSet
 from numa_agent.enforcement.errors import CgroupNoSpaceError
 from numa_agent.enforcement.plan import desired_layout
-from numa_agent.service.refusals import Unavailable
+from numa_agent.service.refusals import InConflict, Unavailable
 from numa_agent.service.requests import AdmitRequest
 from numa_agent.state.checkpoint import CheckpointStore
 from tests.service.test_agent_service import env  # noqa: F401 (a fixture)
@@ -139,3 +139,20 @@ def test_an_admission_taking_the_cpus_of_a_stalled_release_waits_for_it(env, mon
     assert release.error is None and admit.error is None
     assert CpuSet.parse(admit.results[0]["cpus"]) & cpus
     agree(service, root, state_dir, {"next"})
+
+
+def test_an_exit_seen_before_the_process_moved_in_releases_nothing(env, monkeypatch):  # noqa: F811
+    """The event loop may see a new workload's cgroup empty between its making and the
+    move: that release, asked while the admission is still being written, is refused."""
+    machine, state_dir, root = env
+    service, _ = start(machine, state_dir, root)
+    stall = Stall(service, monkeypatch, "wl-slow")
+    slow = Run(lambda: service.admit(AdmitRequest(name="slow", cpus=2), ME))
+    assert stall.entered.wait(WAIT)
+    exited = Run(lambda: service.release("slow", None, reason="exited"))
+    stall.let_through()
+    slow.join(WAIT)
+    exited.join(WAIT)
+    assert slow.error is None
+    assert isinstance(exited.error, InConflict)
+    agree(service, root, state_dir, {"slow"})

@@ -23,6 +23,14 @@ def release(parts: CaseParts, name: str, caller: Caller | None, reason: str = "r
     """Release `name`; with `request_id`, only if that admission made it (a
     workload recorded without one, from before ids were kept, is taken by name).
     `caller` None: the agent's own release (an exit, a refusal taken back)."""
+    seen = parts.state.workload(name)
+    if caller is None and reason == "exited" and seen is not None:
+        # An exit seen while the workload's admission was still being written (its
+        # cgroup made, the process not yet moved in) is no exit: looked at again after.
+        rel = workload_relpath(seen)
+        parts.wait_written(rel)
+        if parts.enforcer.populated(rel):
+            raise InConflict(f"{name} has its process in its cgroup: not released as exited")
     with parts.lock:
         w = parts.state.workload(name)
         if w is None:
