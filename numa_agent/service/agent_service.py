@@ -292,8 +292,8 @@ class AgentService(ReadSide):
     def apply(self, pending: Pending) -> None:
         self._unit.apply(pending)
 
-    def wait_written(self, relpath: str) -> None:
-        self._unit.wait_written(relpath)
+    def wait_written(self, relpath: str) -> bool:
+        return self._unit.wait_written(relpath)
 
     def admission_view(self, state: AgentState, w: Workload, explanation: Mapping[str, Any],
                        dry_run: bool) -> dict:

@@ -372,12 +372,14 @@ class CommitUnit:
                 pass  # logged: the next whole layout (a restart, hotplug) corrects the tree
         raise Unavailable(f"enforcement failed, nothing was booked: {msg}") from None
 
-    def wait_written(self, relpath: str) -> None:
-        """Wait (the lock not held) for the changes staged so far that write `relpath`."""
+    def wait_written(self, relpath: str) -> bool:
+        """Wait (the lock not held) for the changes staged so far that write
+        `relpath`; False when there was none."""
         with self.lock:
             pending = [p for p in self._pending if p.keys is None or relpath in p.keys]
         for p in pending:
             p.written.wait()
+        return bool(pending)
 
     def applying(self) -> bool:
         """Some change is staged and its writes not done (the lock held)."""

@@ -35,8 +35,9 @@ class CaseParts(Protocol):
     def apply(self, pending: Any) -> None:
         """The staged change's kernel writes, without the lock."""
 
-    def wait_written(self, relpath: str) -> None:
-        """Wait (the lock not held) for the changes staged so far that write `relpath`."""
+    def wait_written(self, relpath: str) -> bool:
+        """Wait (the lock not held) for the changes staged so far that write
+        `relpath`; False when there was none."""
 
     def admission_view(self, state: AgentState, w: Workload, explanation: Mapping[str, Any],
                        dry_run: bool) -> dict[str, Any]: ...

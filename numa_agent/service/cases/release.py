@@ -28,8 +28,7 @@ def release(parts: CaseParts, name: str, caller: Caller | None, reason: str = "r
         # An exit seen while the workload's admission was still being written (its
         # cgroup made, the process not yet moved in) is no exit: looked at again after.
         rel = workload_relpath(seen)
-        parts.wait_written(rel)
-        if parts.enforcer.populated(rel):
+        if parts.wait_written(rel) and parts.enforcer.populated(rel):
             raise InConflict(f"{name} has its process in its cgroup: not released as exited")
     with parts.lock:
         w = parts.state.workload(name)
