@@ -32,7 +32,7 @@ from numa_agent.admission.admit import (
 )
 from numa_agent.admission.machine import Machine, PolicyConfig, build_machine
 from numa_agent.admission.registry import PROVIDERS as REGISTERED
-from numa_agent.admission.topology_manager import decide as merge_decide
+from numa_agent.admission.topology_manager import merge_hints
 from numa_agent.admission.view import AdmissionView
 from numa_agent.core.hints import HintSet, NumaMask, TopologyHint
 from numa_agent.state.model import AgentState
@@ -261,7 +261,7 @@ def run_row(numa_nodes: int, policy: str, sequence: Sequence[Resources], seed: i
 
         t0 = time.perf_counter_ns()
         providers = provider_hints(machine, state, res)
-        ours = merge_decide(providers, machine.node_ids, policy, machine.tm_options, machine.distances)
+        ours = merge_hints(providers, machine.node_ids, policy, machine.tm_options, machine.distances)
         merge_ms = (time.perf_counter_ns() - t0) / 1e6
 
         baseline = None
@@ -432,7 +432,7 @@ def render_table(rows: Sequence[dict[str, Any]]) -> str:
                      fmt(r["merge_ratio"], 1), target])
     notes = [f"  {r['numa_nodes']:>2} nodes {r['policy']}: baseline {r['baseline_note']}"
              for r in rows if r["baseline_note"]]
-    legend = ("ours = decide(): hints + merge + allocation; merge = hints + topology_manager.decide "
+    legend = ("ours = decide(): hints + merge + allocation; merge = hints + topology_manager.merge_hints "
               "(our merge; the hint summaries are made only for refusals and dry runs); "
               "base = hints + the kubelet's cross-product merge.\n"
               "ratio = base p50 / ours p50, m.ratio = base p50 / merge p50, both on the requests "

@@ -178,3 +178,54 @@ def test_the_nri_wire_knows_no_use_case():
     """NRI's wire and plugin session import the vocabulary and the state's files only:
     what a container means is the handler's, given to the session from above."""
     assert package_graph(import_graph())["nri"] <= {PACKAGE, "core", "state"}
+
+
+def reachable(graph: dict[str, set[str]], start: str) -> set[str]:
+    """Every module `start` imports, directly or through others."""
+    seen: set[str] = set()
+    todo = [start]
+    while todo:
+        for t in graph[todo.pop()]:
+            if t not in seen:
+                seen.add(t)
+                todo.append(t)
+    return seen
+
+
+def test_reachable_follows_imports_through_others():
+    assert reachable({"a": {"b"}, "b": {"c"}, "c": set(), "d": {"a"}}, "a") == {"b", "c"}
+
+
+SERVICE = "numa_agent.service"
+ADAPTER_PACKAGES = ("api", "kubelet", "views", "engines")
+
+
+def test_the_read_side_reaches_no_writer():
+    """Status, health and the metrics' views never write: the read side imports
+    neither the commit unit nor the assembled service (service/read_side.py)."""
+    assert reachable(import_graph(), f"{SERVICE}.read_side") & {f"{SERVICE}.commit", f"{SERVICE}.agent_service"} \
+        == set()
+
+
+def test_the_adapters_hold_the_protocol_not_the_service():
+    """The API, the kubelet's servers, the views and the OCI hook name the service by
+    service/ports.py's AgentApi: none reaches the implementation or its commit unit."""
+    graph = import_graph()
+    implementation = {f"{SERVICE}.agent_service", f"{SERVICE}.commit"}
+    reached = {m: sorted(reachable(graph, m) & implementation) for m in graph
+               if m.split(".")[1:2] and m.split(".")[1] in ADAPTER_PACKAGES}
+    assert {m: r for m, r in reached.items() if r} == {}
+    assert f"{SERVICE}.ports" in graph["numa_agent.api.server"]
+    assert f"{SERVICE}.ports" in graph["numa_agent.kubelet.grpc_server"]
+
+
+def test_the_use_cases_reach_no_adapter():
+    """service/cases/ (release, resize) are given their ports (cases/ports.py):
+    they reach no adapter, no assembly, nor the assembled service itself."""
+    graph = import_graph()
+    cases = [m for m in graph if m.startswith(f"{SERVICE}.cases.")]
+    assert {f"{SERVICE}.cases.release", f"{SERVICE}.cases.resize"} <= set(cases)
+    outside = ("numa_agent.api", "numa_agent.kubelet", "numa_agent.daemon", "numa_agent.cli", "numa_agent.engines",
+               f"{SERVICE}.agent_service")
+    assert {m: sorted(t for t in reachable(graph, m) if t.startswith(outside)) for m in cases} \
+        == {m: [] for m in cases}

@@ -29,8 +29,7 @@ from numa_agent.admission.memory_manager import KernelHugepages, hugepages_short
 from numa_agent.admission.provider import NOTHING, Allocation, HintProvider
 from numa_agent.admission.registry import PROVIDERS
 from numa_agent.admission.request import Request, Resources, describe_amounts
-from numa_agent.admission.topology_manager import NOT_CHECKED, MergeResult
-from numa_agent.admission.topology_manager import decide as merge_decide
+from numa_agent.admission.topology_manager import NOT_CHECKED, MergeResult, merge_hints
 from numa_agent.admission.view import (
     AdmissionView,
     allocatable_cpus,
@@ -154,7 +153,7 @@ def _tie_break(strategy: AllocationStrategy, tie, asked, machine: Machine, polic
     sign = 1 if strategy is AllocationStrategy.LEAST_ALLOCATED else -1
     out: dict[str, Any] = {"strategy": strategy.value, "nodes": list(chosen.nodes()),
                            "score": sign * tie(chosen.bits)}
-    plain = merge_decide([hints for _, hints in asked], machine.node_ids, policy_name,
+    plain = merge_hints([hints for _, hints in asked], machine.node_ids, policy_name,
                          machine.tm_options, machine.distances, closeness=machine.closeness).merged.mask
     if plain is not None and plain != chosen:
         out["instead_of"] = list(plain.nodes())
@@ -361,7 +360,7 @@ def _merge(view: AdmissionView, req: Request, policy_name: str, providers: Provi
     # The figures are read only under a strategy: `none`, the default, costs nothing.
     tie = None if strategy is AllocationStrategy.NONE else tie_rank(
         strategy, [[resource_figures(view, name, r) for r in hints] for name, hints in asked])
-    result = merge_decide([hints for _, hints in asked], machine.node_mask, policy_name,
+    result = merge_hints([hints for _, hints in asked], machine.node_mask, policy_name,
                           machine.tm_options, machine.distances, tie=tie, closeness=machine.closeness)
     merged_out.append((asked, result))
     merged = result.merged

@@ -955,7 +955,7 @@ class MergeResult:
         return f"TopologyAffinityError: {hints}; merged {merged} {state}; {rule}"
 
 
-def decide(providers: Sequence[ProviderInput], numa_nodes: Sequence[int] | NumaMask, policy: str,
+def merge_hints(providers: Sequence[ProviderInput], numa_nodes: Sequence[int] | NumaMask, policy: str,
            options: TopologyManagerOptions | None = None,
            distances: Mapping[int, Mapping[int, int]] | None = None, tie: TieScore | None = None,
            closeness: Closeness | None = None) -> MergeResult:
@@ -967,7 +967,7 @@ def decide(providers: Sequence[ProviderInput], numa_nodes: Sequence[int] | NumaM
 
 __all__ = [
     "POLICIES", "SCOPES", "FITS_BUDGET", "Closeness", "TopologyConfigError", "TopologyManagerOptions", "missing_distance",
-    "HintSummary", "MergeResult", "merge", "admit", "verdict", "decide", "provider_resources",
+    "HintSummary", "MergeResult", "merge", "admit", "verdict", "merge_hints", "provider_resources",
     "ALIGNED", "NOT_ALIGNED", "NOT_CHECKED",
     "check_policy", "check_scope",
 ]

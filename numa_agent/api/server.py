@@ -54,6 +54,7 @@ from numa_agent.api.validation import (
 )
 from numa_agent.core.caller import Caller
 from numa_agent.enforcement.processes import process_identity
+from numa_agent.service.ports import AgentApi
 from numa_agent.service.refusals import ServiceRefusal
 from numa_agent.state.socket_file import SocketInUse, place_socket, remove_socket
 from numa_agent.views.metrics import metrics_connection_cap
@@ -279,10 +280,15 @@ def allocatable_view(status: dict[str, Any]) -> dict[str, Any]:
 class _Router:
     """Maps (method, path) to a service call; raises ApiError subclasses."""
 
-    def __init__(self, service: Any, kubelet_documents: Callable[[], dict] | None = None) -> None:
-        self.service = service
+    def __init__(self, service: AgentApi | None, kubelet_documents: Callable[[], dict] | None = None) -> None:
+        self._service = service  # None: bound before the service exists, never served so (attach)
         # GET /v1/kubelet, answered by the kubelet's adapter (kubelet/files.py); None: not served.
         self.kubelet_documents = kubelet_documents
+
+    @property
+    def service(self) -> AgentApi:
+        assert self._service is not None, "served only once a service is attached"
+        return self._service
 
     def dispatch(self, req: _Request, caller: Caller) -> tuple[int, Any]:
         try:
@@ -574,7 +580,7 @@ class ApiServer:
     activation the passed socket is served instead and never unlinked.
     """
 
-    def __init__(self, service: Any, socket_path: str, socket_mode: int = 0o660,
+    def __init__(self, service: AgentApi | None, socket_path: str, socket_mode: int = 0o660,
                  socket_group: str | None = None, *,
                  request_deadline: float = REQUEST_DEADLINE_SECONDS,
                  max_connections: int | None = None,
@@ -668,7 +674,7 @@ class ApiServer:
         self._ensure_listener()
         return self
 
-    def attach(self, service: Any, kubelet_documents: Callable[[], dict] | None = None) -> None:
+    def attach(self, service: AgentApi, kubelet_documents: Callable[[], dict] | None = None) -> None:
         """The service to serve, when it exists only after bind(), and what
         answers GET /v1/kubelet."""
         self.service = service

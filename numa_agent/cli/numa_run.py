@@ -25,7 +25,7 @@ from numa_agent.core.mempolicy import (
     MemoryPolicy,
     PolicyRefused,
     chosen_policy,
-    decide,
+    effective_policy,
     failure_message,
     name_policy_nodes,
     request_membind,
@@ -427,7 +427,7 @@ def _admit(args: argparse.Namespace,
         asked = _policy_options(args, context)
         membind = request_membind(asked, common.resolve_nodes(args.membind, context))
         if args.membind is not None:
-            decide(asked, membind or [])  # an explicit -m that leaves the nodes out: refuse now
+            effective_policy(asked, membind or [])  # an explicit -m that leaves the nodes out: refuse now
         body = common.build_request(args, command, context, membind)
         if args.slurm_case is not None:
             refused = slurm_request(args, body, args.slurm_case)
@@ -527,7 +527,7 @@ def run(args: argparse.Namespace) -> int:
         mems = ",".join(str(n) for n in record.get("mems") or [])
         print(f"{PROG}: {args.slurm_case.line(str(record.get('cpus') or ''), mems)}", file=sys.stderr)
     try:
-        policy = decide(asked, record.get("mems") or [])
+        policy = effective_policy(asked, record.get("mems") or [])
     except PolicyRefused as exc:
         common.print_error(PROG, f"refused: {exc}")
         if not args.dry_run:

@@ -10,7 +10,7 @@ command. The rules, in one place:
   nodes is what numactl's user means (so -p books its node, and the fallback
   numactl's -p allows stays inside the booking: give -m for a wider one);
 - the nodes must lie within the booked memory nodes, the answer's `mems`
-  (`decide`), else the request is refused before exec.
+  (`effective_policy`), else the request is refused before exec.
 
 `show_lines` formats what ``numactl --show`` prints from the values the
 caller read.
@@ -118,7 +118,7 @@ def name_policy_nodes(policy: MemoryPolicy | None, membind_given: bool, message:
     return f"{policy.option} {nodes_text(policy.nodes)}: {message[len(prefix):]}"
 
 
-def decide(policy: MemoryPolicy | None, booked_mems: Sequence[int]) -> MemoryPolicy | None:
+def effective_policy(policy: MemoryPolicy | None, booked_mems: Sequence[int]) -> MemoryPolicy | None:
     """The policy to set for a booking whose memory nodes are `booked_mems`."""
     if policy is None:
         return None

@@ -189,14 +189,13 @@ class Agent:
             raise StartupConfigError(str(exc)) from None
         except Exception as exc:
             raise StartupError(f"cannot restore state: {exc}") from None
+        self.kubelet_files = _kubelet_state_files(cfg)
         service = AgentService(machine, store, enforcer, isolation=_isolation_keeper(cfg),
                                isolate_default=cfg.isolate_default, isolate_gid=isolate_gid,
-                               mark_key=mark_key, pci_names=PciIdsFile(), quotas=cfg.quotas)
-        self.kubelet_files = _kubelet_state_files(cfg)
-        service.state_publisher = self.kubelet_files
-        service.sysfs_root = self.machine_source or os.path.abspath(cfg.sysfs_root)
-        service.hugepage_counters = functools.partial(read_free_hugepages, cfg.sysfs_root)
-        service.revocation_copy = revocation_copy
+                               mark_key=mark_key, pci_names=PciIdsFile(), quotas=cfg.quotas,
+                               state_publisher=self.kubelet_files, revocation_copy=revocation_copy,
+                               sysfs_root=self.machine_source or os.path.abspath(cfg.sysfs_root),
+                               hugepage_counters=functools.partial(read_free_hugepages, cfg.sysfs_root))
         try:
             service.install(state)
         except Exception as exc:

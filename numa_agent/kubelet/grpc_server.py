@@ -40,6 +40,7 @@ import grpc
 from numa_agent.kubelet import pod_resources
 from numa_agent.kubelet import podresources_pb2 as pb
 from numa_agent.kubelet.gate import ConnectionGate, GateCollector
+from numa_agent.service.ports import PublishedView
 from numa_agent.state.socket_file import place_socket, remove_socket
 from numa_agent.views.metrics import metrics_connection_cap, nofile_limit
 
@@ -88,7 +89,7 @@ class PodResourcesServer:
         self.socket_mode = socket_mode
         self.socket_group = socket_group
         self.workers = workers
-        self.service: Any = None
+        self.service: PublishedView | None = None
         self._server: Any = None
         self._gate: ConnectionGate | None = None
         self._gate_thread: threading.Thread | None = None
@@ -154,7 +155,7 @@ class PodResourcesServer:
         """`numa_agent_pod_resources_refused_connections{reason}` and the open/max gauges."""
         return GateCollector(lambda: self._gate, "pod_resources", "PodResources")
 
-    def attach(self, service: Any) -> None:
+    def attach(self, service: PublishedView) -> None:
         self.service = service
 
     def start(self) -> "PodResourcesServer":

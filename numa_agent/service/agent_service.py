@@ -1,10 +1,12 @@
 """AgentService: the one owner of the state.
 
-Every admission and release runs under one lock, in this order:
+Every admission and release is decided and checkpointed under one lock, then
+enforced without it (service/commit.py: a stalled kernel write holds up only
+the changes that depend on it), then acknowledged:
 decide (pure) -> checkpoint the new state -> enforce -> acknowledge. If
-enforcement fails, the previous state is checkpointed again and the kernel
-side rolled back, so nothing is half-booked. Readers (status, metrics) get
-immutable snapshots and never wait for a long admission.
+enforcement fails, the change is taken back by a new one committed the same
+way, so nothing is half-booked. Readers (status, metrics) get immutable
+snapshots and never wait for a long admission.
 """
 
 from __future__ import annotations
@@ -15,89 +17,61 @@ import os
 import re
 import threading
 import time
-from typing import Any, Callable, Mapping, Protocol
+from typing import Any, Callable, Mapping
 
 import msgspec
 
-from numa_agent import __version__
-from numa_agent.admission.accounting import node_accounting
 from numa_agent.admission.admit import (
     InvalidRequest,
     Refusal,
     Request,
-    alignment,
     alignment_guaranteed,
     decide,
     effective_cpus,
-    pod_shared_cpus,
-    shared_pool,
 )
-from numa_agent.admission.admit import (
-    release as release_workload,
-)
-from numa_agent.admission.errors import HugepagesNotFreeError
 from numa_agent.admission.machine import Machine
-from numa_agent.admission.quota import NO_QUOTAS, Owner, Quotas, check_quota, owner_usage, quota_view
+from numa_agent.admission.quota import NO_QUOTAS, Quotas, check_quota
 from numa_agent.admission.quota import REASON_CODE as QUOTA_EXCEEDED
-from numa_agent.admission.resize import resize as resize_workload
 from numa_agent.core.caller import Caller
 from numa_agent.core.hints import TopologyHint
-from numa_agent.core.mark import issue_mark, start_time_of
 from numa_agent.core.names import NAME_RULE, engine_name_refusal, is_workload_name
-from numa_agent.core.pci import NO_NAMES
 from numa_agent.discovery.pci_ids import PciNameSource
 from numa_agent.enforcement.errors import EnforcementError
 from numa_agent.enforcement.plan import (
-    SHARED_CGROUP,
     CgroupLayout,
-    desired_layout,
     engine_clash,
-    update_layout,
     workload_relpath,
 )
-from numa_agent.enforcement.processes import pidfd_alive
 from numa_agent.enforcement.protocol import Enforcer, Layout, engines_of
-from numa_agent.enforcement.record import LEDGER_RECORD, decode_ledger, encode_ledger
-from numa_agent.hotplug.rebase import memory_changes, rebase_state, shortfall_warnings
+from numa_agent.hotplug.rebase import memory_changes, rebase_state
 from numa_agent.isolation.keeper import ISOLATE, STRICT, IsolationKeeper, isolation_asked
 from numa_agent.service.caller import Owners, UserNames, system_owner, system_user_name
+from numa_agent.service.cases import release as release_case
+from numa_agent.service.cases import resize as resize_case
+from numa_agent.service.cases.refusal import refused
+from numa_agent.service.commit import CommitUnit, Pending, StatePublisher, check_alive
 from numa_agent.service.counters import Counters, ManagerOutcome
 from numa_agent.service.hugepage_counters import CounterReader, counters_for
+from numa_agent.service.read_side import VERSION as VERSION  # (re-exported: the info series)
+from numa_agent.service.read_side import ReadSide
 from numa_agent.service.refusals import (
-    HugepagesTaken,
     InConflict,
     InvalidInput,
     NoCapacity,
     NotPermitted,
-    NotResizable,
-    OverQuota,
     RequestIdTaken,
-    ServiceRefusal,
-    TopologyRefused,
     Unavailable,
-    UnknownWorkload,
 )
 from numa_agent.service.requests import AdmitRequest, to_admission_request, with_engine_grant
 from numa_agent.service.revocation_copy import RevocationCopy
-from numa_agent.service.revocations import hand_to_pool, process_lives, pruned, released_views, revocation_of
-from numa_agent.service.tally import workload_tally
-from numa_agent.state.checkpoint import CheckpointError, describe_oserror
-from numa_agent.state.model import REBUILT, AgentState, IsolationLedger, Workload
+from numa_agent.state.checkpoint import describe_oserror
+from numa_agent.state.model import AgentState, Workload
 
 log = logging.getLogger("numa_agent.service")
 
-VERSION = __version__
-HUGEPAGES_NOT_FREE = HugepagesNotFreeError.reason
 
 
-class StatePublisher(Protocol):
-    """Told each state the service installs, under its lock, before the change is
-    acknowledged (the kubelet's state files: kubelet/files.py's StateFiles)."""
-
-    def publish(self, machine: Machine, state: AgentState) -> None: ...
-
-
-class AgentService:
+class AgentService(ReadSide):
     def __init__(self, machine: Machine, store, enforcer: Enforcer, *,
                  clock: Callable[[], float] = time.time,
                  topology_json: Callable[[], dict] | None = None,
@@ -105,11 +79,13 @@ class AgentService:
                  isolate_gid: int | None = None, mark_key: bytes | None = None,
                  pci_names: PciNameSource | None = None,
                  user_name: UserNames = system_user_name, quotas: Quotas = NO_QUOTAS,
-                 owner: Owners = system_owner) -> None:
-        self.machine = machine
+                 owner: Owners = system_owner, state_publisher: StatePublisher | None = None,
+                 revocation_copy: RevocationCopy | None = None,
+                 hugepage_counters: CounterReader | None = None, sysfs_root: str = "/",
+                 observer: Any = None) -> None:
         # Where the machine was discovered ("/": this host; else a captured sysfs tree or
         # archive it simulates), so `numa-agent topology` can say which machine it shows.
-        self.sysfs_root = "/"
+        self.sysfs_root = sysfs_root
         # [quotas]: what each owner may hold; `owner` says who a uid is (its name
         # and groups), asked outside the lock: the user database may be remote.
         self.quotas = quotas
@@ -131,22 +107,49 @@ class AgentService:
         self.enforcer = enforcer
         self.clock = clock
         self._topology_json = topology_json
-        self.state = AgentState(policy_fingerprint=machine.policy.fingerprint())
         self.counters = Counters()
         self.started = clock()
         self._lock = threading.RLock()
-        self._layout: Layout = {}
-        # Intruders and memory locality (numa_agent.observe), set at start-up;
-        # None: status shows neither.
-        self.observer: Any = None
-        # Told every new state under the lock (the kubelet-shaped state files,
-        # kubelet/files.py), set at start-up; None: nobody is told.
-        self.state_publisher: StatePublisher | None = None
-        # The revocations' copy beside the mark key, set at start-up; None: none kept.
-        self.revocation_copy: RevocationCopy | None = None
-        # Reads the kernel's free hugepages for an admission asking for some, set at
-        # start-up (service/hugepage_counters.py); None: the bookings alone decide.
-        self.hugepage_counters: CounterReader | None = None
+        # The state, its layout and the checkpoint. `state_publisher` is told every
+        # new state (the kubelet-shaped state files, kubelet/files.py; None: nobody);
+        # `revocation_copy` is the revocations' copy beside the mark key (None: none kept).
+        self._unit = CommitUnit(machine, store, enforcer, self._lock, counters=self.counters, clock=clock,
+                                isolation=isolation, state_publisher=state_publisher,
+                                revocation_copy=revocation_copy)
+        # Intruders and memory locality (numa_agent.observe); None: status shows neither.
+        self.observer: Any = observer
+        # Reads the kernel's free hugepages for an admission asking for some
+        # (service/hugepage_counters.py); None: the bookings alone decide.
+        self.hugepage_counters: CounterReader | None = hugepage_counters
+
+    @property
+    def machine(self) -> Machine:
+        return self._unit.machine
+
+    @property
+    def state(self) -> AgentState:
+        """The state that stands (replaced whole: read without the lock)."""
+        return self._unit.state
+
+    @property
+    def state_publisher(self) -> StatePublisher | None:
+        return self._unit.state_publisher
+
+    @state_publisher.setter
+    def state_publisher(self, publisher: StatePublisher | None) -> None:
+        self._unit.state_publisher = publisher
+
+    @property
+    def revocation_copy(self) -> RevocationCopy | None:
+        return self._unit.revocation_copy
+
+    @property
+    def _checkpoint_trouble(self) -> tuple[str, float] | None:
+        return self._unit.checkpoint_trouble
+
+    @property
+    def _layout(self) -> Layout:
+        return self._unit.layout
 
     def reconfigure(self, **settings: Any) -> None:
         """Settings a reload (SIGHUP) changes while the agent runs: `quotas`,
@@ -161,8 +164,9 @@ class AgentService:
 
     @property
     def layout(self) -> Layout:
-        """The cgroup layout enforced now (read without the lock: replaced whole)."""
-        return self._layout
+        """The cgroup layout of the state that stands (read without the lock:
+        replaced whole); its writes may still be under way."""
+        return self._unit.layout
 
     # ---- admission ---------------------------------------------------------
     def admit(self, request: AdmitRequest, caller: Caller, dry_run: bool = False) -> dict:
@@ -208,7 +212,7 @@ class AgentService:
                             _hints_text(exc.explanation), _merged_text(exc.explanation))
                 if exc.code == "forbidden":
                     raise NotPermitted(exc.message) from None
-                raise _refused(exc) from None
+                raise refused(exc) from None
             if not dry_run:
                 outcome = self._manager_outcome(request, decision.explanation, decision.pinned, None,
                                                 merge_refused=False)
@@ -229,19 +233,30 @@ class AgentService:
             index, engines = self._request_index(), self._engine_index()
             # On an engine's cgroup the processes are already where they belong.
             move = None if w.cgroup is not None else (workload_relpath(w), caller.pid)
-            self._commit(new_state, move=move, caller=caller)
-            if request_id is not None:
-                index[request_id] = w.name
-            if w.cgroup is not None:
-                bisect.insort(engines, w.cgroup)
-            self._request_index_state = self._engine_index_state = self.state
-            self._refuse_if_not_isolated(w, started)
-            self.counters.admitted(time.perf_counter() - started, decision.explanation.get("alignment", {}))
-            log.info("admitted %s for uid %d pid %d: cpus %s mems %s devices %s | merged: %s",
-                     w.name, caller.uid, caller.pid, effective_cpus(self.machine, new_state, w).format(),
-                     ",".join(map(str, w.booking.mems)), ",".join(w.booking.device_addresses()) or "-",
-                     _merged_text(decision.explanation))
-            return self._admission_view(new_state, w, decision.explanation, dry_run=False)
+            pending = self._unit.stage(new_state, move=move, caller=caller)
+            self._indexed(index, engines, admitted=w)
+        self._unit.apply(pending)  # the kernel writes: without the lock
+        self._refuse_if_not_isolated(w, started)
+        self.counters.admitted(time.perf_counter() - started, decision.explanation.get("alignment", {}))
+        log.info("admitted %s for uid %d pid %d: cpus %s mems %s devices %s | merged: %s",
+                 w.name, caller.uid, caller.pid, effective_cpus(self.machine, new_state, w).format(),
+                 ",".join(map(str, w.booking.mems)), ",".join(w.booking.device_addresses()) or "-",
+                 _merged_text(decision.explanation))
+        return self._admission_view(new_state, w, decision.explanation, dry_run=False)
+
+    def _indexed(self, index: dict[str, str], engines: list[str], admitted: Workload | None = None,
+                 released: Workload | None = None) -> None:
+        """The request ids and engine cgroups kept in step with the state just staged."""
+        if admitted is not None:
+            if admitted.request.get("request_id") is not None:
+                index[str(admitted.request["request_id"])] = admitted.name
+            if admitted.cgroup is not None:
+                bisect.insort(engines, admitted.cgroup)
+        if released is not None:
+            index.pop(str(released.request.get("request_id")), None)
+            if released.cgroup is not None and released.cgroup in engines:
+                engines.remove(released.cgroup)
+        self._request_index_state = self._engine_index_state = self.state
 
     def _manager_outcome(self, body: AdmitRequest, explanation: Mapping[str, Any], pinned: frozenset[str],
                          failed: str | None, merge_refused: bool) -> ManagerOutcome:
@@ -254,171 +269,35 @@ class AgentService:
 
     def release(self, name: str, caller: Caller | None, reason: str = "requested",
                 request_id: str | None = None) -> dict:
-        """Release `name`; with `request_id`, only if that admission made it (a
-        workload recorded without one, from before ids were kept, is taken by name)."""
-        with self._lock:
-            w = self.state.workload(name)
-            if w is None:
-                raise UnknownWorkload(f"no workload named {name!r}")
-            if request_id is not None and w.request.get("request_id") not in (None, request_id):
-                raise UnknownWorkload(f"no workload named {name!r} admitted under request id {request_id}")
-            if caller is None and w.quarantined:
-                # Not the exit of a followed process: the hold stays until an operator asks.
-                raise InConflict(f"{name} holds CPUs {w.booking.cpus.format() or '(none)'} for an "
-                                 f"operator; only `numa-agent release {name}` as root frees them")
-            if caller is not None and not caller.is_root and caller.uid != w.owner_uid:
-                raise NotPermitted(f"workload {name!r} belongs to uid {w.owner_uid}; only its owner "
-                                   f"or root may release it")
-            new_state, released, pod = release_workload(self.state, name)
-            try:
-                new_state = self._revoked_after(new_state, w, reason, asked=caller is not None)
-            except (EnforcementError, OSError) as exc:  # whether it still runs, unread: descriptors out
-                what = describe_oserror(exc) if isinstance(exc, OSError) else str(exc)
-                raise Unavailable(f"cannot release {name}, nothing was released: {what}") from None
-            index, engines = self._request_index(), self._engine_index()
-            self._commit(new_state, move=None, caller=None)
-            index.pop(str(w.request.get("request_id")), None)
-            if w.cgroup is not None and w.cgroup in engines:
-                engines.remove(w.cgroup)
-            self._request_index_state = self._engine_index_state = self.state
-            self.counters.releases_total += 1
-            if w.quarantined:
-                log.warning("released the held CPUs %s of %s (pid %s at start-up) on an operator's "
-                            "request", w.booking.cpus.format() or "(none)", name, w.request.get("pid"))
-            log.info("released %s (%s)%s", name, reason, f"; pod {pod.name} budget freed" if pod else "")
-            return {"name": name, "released": True, "reason": reason,
-                    "pod_released": pod.name if pod else None}
+        """Release `name` (service/cases/release.py)."""
+        return release_case.release(self, name, caller, reason, request_id)
 
     def resize(self, name: str, caller: Caller, cpus: int | None = None,
                memory_bytes: int | None = None) -> dict:
-        """Grow or shrink `name`'s exclusive CPUs and memory in place: decided by the
-        pure core, then committed as an admission is (checkpoint, then enforcement,
-        kubelet files and isolation), so a crash leaves the old booking or the new."""
-        started = time.perf_counter()
-        held = self.state.workload(name)  # its owner's quota, whoever asks (looked up outside the lock)
-        owner = self.owner(caller.uid if held is None else held.owner_uid) if self.quotas else None
-        with self._lock:
-            w = self.state.workload(name)
-            if w is None:
-                raise UnknownWorkload(f"no workload named {name!r}")
-            if owner is not None and owner.uid != w.owner_uid:  # replaced meanwhile
-                owner = self.owner(w.owner_uid)
-            if not caller.is_root and caller.uid != w.owner_uid:
-                raise NotPermitted(f"workload {name!r} belongs to uid {w.owner_uid}; only its owner or root may resize it")
-            if w.quarantined:
-                raise InConflict(f"{name} is held for an operator, not a workload to resize")
-            try:
-                decision = resize_workload(self.machine, self.state, name, cpus=cpus, memory_bytes=memory_bytes)
-                if owner is not None:
-                    check_quota(self.quotas, owner, self.state, decision.state, decision.explanation)
-            except Refusal as exc:
-                self.counters.refused(exc.code, time.perf_counter() - started)
-                log.warning("resize of %s refused for uid %d: %s", name, caller.uid, exc.message)
-                invalid = {"not_found": UnknownWorkload, "bad_request": InvalidInput,
-                           "not_resizable": NotResizable}.get(exc.code)
-                if invalid is not None:
-                    raise invalid(exc.message) from None
-                raise _refused(exc) from None
-            self._commit(decision.state, move=None, caller=None)
-            resized = decision.workload
-            log.info("resized %s for uid %d: cpus %s -> %s, memory %s -> %s", name, caller.uid,
-                     w.booking.cpus.format() or "-", resized.booking.cpus.format() or "-",
-                     w.booking.memory_total("memory"), resized.booking.memory_total("memory"))
-            return self._admission_view(self.state, resized, decision.explanation, dry_run=False)
+        """Grow or shrink `name` in place (service/cases/resize.py)."""
+        return resize_case.resize(self, name, caller, cpus=cpus, memory_bytes=memory_bytes)
 
-    def _revoked_after(self, state: AgentState, w: Workload, reason: str, asked: bool) -> AgentState:
-        """`state` (without `w`) with the revocations of which a trace remains,
-        and `w`'s own when it was `asked` (not the agent's own release of an
-        exit or a refusal) and its process still runs: released, it must not
-        come back at a restart (service/revocations.py). A hold names no
-        process the agent follows: its own is the one it was held for."""
-        state = pruned(state, self.enforcer)
-        if not asked:
-            return state
-        if w.quarantined:
-            pid, identity = w.request.get("pid"), w.request.get("pid_identity")
-            w = msgspec.structs.replace(w, pid=pid if isinstance(pid, int) else None,
-                                        pid_identity=identity if isinstance(identity, str) else None)
-            running = process_lives(revocation_of(w, 0.0))
-        else:
-            running = self.enforcer.populated(workload_relpath(w))
-        if not running:
-            return state
-        log.warning("released %s (%s) while pid %s still runs: it stays on the shared pool, no longer "
-                    "managed, and is never taken for a workload again", w.name, reason, w.pid)
-        return state.with_revoked((*state.revoked, revocation_of(w, self.clock())))
+    # ---- the parts the use cases are given (service/cases/ports.py) -----------------
+    @property
+    def lock(self) -> threading.RLock:
+        return self._lock
 
-    def _copy_revocations(self, state: AgentState) -> None:
-        """After the checkpoint: the revocations' copy beside the mark key, which
-        a lost checkpoint does not take along (service/revocation_copy.py)."""
-        if self.revocation_copy is not None:
-            self.revocation_copy.save(state.revoked)
+    def stage(self, new_state: AgentState, released: Workload | None = None) -> Pending:
+        index, engines = self._request_index(), self._engine_index()
+        pending = self._unit.stage(new_state)
+        if released is not None:
+            self._indexed(index, engines, released=released)
+        return pending
 
-    def _commit(self, new_state: AgentState, move, caller: Caller | None) -> None:
-        """Checkpoint, then enforce; undo both if enforcement fails.
+    def apply(self, pending: Pending) -> None:
+        self._unit.apply(pending)
 
-        The new layout is derived from the current one for what changed
-        (the workloads and pods `new_state` names as changed since the
-        current state), so an admission does not cost more on a node with a
-        thousand workloads; anything else (hotplug, a new machine, a state
-        not derived from the current one) is laid out in full."""
-        old_state, old_layout = self.state, self._layout
-        changes = new_state.changes_since(old_state) \
-            if getattr(self, "_layout_machine", None) is self.machine else None
-        touched: frozenset[str] | None = None
-        new_layout: Layout
-        if changes is None:
-            new_layout = desired_layout(self.machine, new_state)
-        else:
-            new_layout, touched = update_layout(self.machine, old_layout, old_state, new_state, *changes)
-        if self.isolation is not None:
-            new_state = self.isolation.prepare(new_state)  # originals checkpointed before any write
-        self._save(new_state, undo=old_state)
-        if new_state.revoked != old_state.revoked:
-            self._copy_revocations(new_state)
-        try:
-            if move is not None and caller is not None:
-                _check_alive(caller)
-            self.enforcer.apply(old_layout, new_layout, move, changed=touched)
-        except (EnforcementError, OSError, ProcessLookupError) as exc:
-            log.error("enforcement failed, rolling back: %s", exc)
-            try:
-                self.enforcer.apply(new_layout, old_layout, None, changed=touched)
-            except (EnforcementError, OSError) as undo_exc:
-                log.error("rollback of the cgroup tree failed too: %s", undo_exc)
-            msg = str(exc) if not isinstance(exc, ProcessLookupError) else \
-                "the requesting process exited before it could be moved into its workload"
-            try:
-                self._save(old_state)
-            except Unavailable:
-                # Health is degraded; the store's next commit that succeeds is a whole
-                # snapshot of the state that stands. The caller hears the first failure.
-                log.error("the checkpoint still holds the change refused (%s) until a commit succeeds", msg)
-            if new_state.revoked != old_state.revoked:
-                self._copy_revocations(old_state)
-            raise Unavailable(f"enforcement failed, nothing was booked: {msg}") from None
-        if new_state.revoked and new_layout.get(SHARED_CGROUP) != old_layout.get(SHARED_CGROUP):
-            hand_to_pool(new_state, self.enforcer, new_layout)  # released processes follow the pool
-        # The layout is the full layout of this state on this machine: the
-        # next commit may start from it.
-        self.state, self._layout, self._layout_machine = new_state, new_layout, self.machine
-        self._publish()
-        self._isolate()
+    def wait_written(self, relpath: str) -> bool:
+        return self._unit.wait_written(relpath)
 
-    def _isolate(self) -> None:
-        """Write the isolation knobs for the current state; checkpoint the
-        ledger without the knobs that hold their original again. If that
-        checkpoint fails they stay recorded, and restoring them again later
-        writes what they already hold."""
-        if self.isolation is None:
-            return
-        after = self.isolation.enforce(self.state)
-        if after is not self.state:
-            try:
-                self._save(after)
-            except Unavailable:
-                return
-            self.state = after
+    def admission_view(self, state: AgentState, w: Workload, explanation: Mapping[str, Any],
+                       dry_run: bool) -> dict:
+        return self._admission_view(state, w, explanation, dry_run)
 
     def isolation_pending(self) -> bool:
         """A restore failed and waits for its retry, or irqbalance restarted and is to be told again."""
@@ -434,136 +313,42 @@ class AgentService:
 
     def retry_isolation(self) -> None:
         with self._lock:
-            self._isolate()
-
-    # Set by _save while the checkpoint cannot be written: (what failed, since
-    # when, on the service clock); health and metrics report it. A class-level
-    # default so that nothing else need know of it.
-    _checkpoint_trouble: tuple[str, float] | None = None
-
-    def _save(self, state: AgentState, undo: AgentState | None = None) -> None:
-        """Make `state` durable: only its change from the last one checkpointed
-        (the store's journal), or a whole snapshot when the store says so.
-        Any OSError on the way is a checkpoint failure: Unavailable, with the
-        health degraded until a later commit succeeds. `undo`: the state that
-        stands when this one is refused, put back should the refused one have
-        landed (renamed into place, not known durable), so that a start never
-        reads a change that was refused."""
-        self._record_isolation(state)
-        try:
-            kind = self.store.commit(state)
-        except (CheckpointError, OSError) as exc:
-            if getattr(exc, "landed", False) and undo is not None:
-                self._put_back(undo, exc)
-            self.counters.checkpoint_failures_total += 1
-            self.counters.checkpoint_healthy = False
-            if self._checkpoint_trouble is None:
-                # Once per outage: a release retried every few seconds must not fill the log.
-                log.error("checkpoint write failed: %s; admissions and releases are refused "
-                          "until it can be written", exc)
-                self._checkpoint_trouble = (str(exc), self.clock())
-            else:
-                log.debug("checkpoint write still failing: %s", exc)
-                self._checkpoint_trouble = (str(exc), self._checkpoint_trouble[1])
-            raise Unavailable(f"cannot write the checkpoint, nothing was booked: {exc}") from None
-        self.counters.checkpoint_healthy = True
-        if kind is not None:
-            self.counters.checkpoint_writes_total += 1
-        if kind == "snapshot":
-            self.counters.checkpoint_snapshots_total += 1
-        if self._checkpoint_trouble is not None:
-            log.warning("checkpoint in %s written again after %.1f s of failures",
-                        self.store.directory, self.clock() - self._checkpoint_trouble[1])
-            self._checkpoint_trouble = None
-
-    def _put_back(self, state: AgentState, failure: Exception) -> None:
-        """The checkpoint holds `state` again, as a whole snapshot, after a
-        refused change may have landed; best effort (the store's next commit
-        is a whole snapshot anyway)."""
-        try:
-            self.store.commit(state, snapshot=True)
-        except (CheckpointError, OSError) as exc:
-            log.error("the checkpoint may hold a change that was refused (%s) and cannot be put back: %s; "
-                      "the next commit that succeeds writes the state whole", failure, exc)
-
-    # (machine, state) as last installed, one value read in one step by
-    # readers on other threads (the PodResources server) without the lock.
-    _view: tuple[Machine, AgentState] | None = None
+            self._unit.isolate()
 
     def view(self) -> tuple[Machine, AgentState] | None:
-        return self._view
-
-    def _publish(self) -> None:
-        """The kubelet state files and the readers' view for the state just
-        installed (the bookings only: what isolation records changes nothing
-        in them)."""
-        self._view = (self.machine, self.state)
-        if self.state_publisher is not None:
-            self.state_publisher.publish(self.machine, self.state)
-
-    _ledger_recorded: IsolationLedger | None = None
-
-    def _record_isolation(self, state: AgentState) -> None:
-        """The isolation ledger also on the cgroup root (best effort, before the
-        checkpoint): the originals outlive the checkpoint's loss, as the
-        workloads' own records do. The affinity fallback has no such place."""
-        if self.isolation is None or state.isolation == self._ledger_recorded:
-            return
-        self.enforcer.write_record(LEDGER_RECORD, encode_ledger(state.isolation))
-        self._ledger_recorded = state.isolation
+        """(machine, state) as last published, one value read in one step by
+        readers on other threads (the PodResources server) without the lock."""
+        return self._unit.view()
 
     # ---- lifecycle -------------------------------------------------------------------
     def install(self, state: AgentState) -> None:
-        """Adopt a restored state: checkpoint it as a whole snapshot (which
-        also empties the journal it was restored from), then make the kernel
-        match (cgroups re-written, leftovers of released workloads removed)."""
+        """Adopt a restored state: checkpoint it whole, then make the kernel match."""
         with self._lock:
-            layout = desired_layout(self.machine, state)
-            if self.isolation is not None:
-                recorded = decode_ledger(self.enforcer.read_record(LEDGER_RECORD)) \
-                    if self.enforcer.exists(LEDGER_RECORD) else None  # a first start: nothing kept yet
-                state = self.isolation.prepare(self.isolation.recovered(state, recorded))
-            state = pruned(state, self.enforcer)
-            try:
-                self.store.commit(state, snapshot=True)
-            except CheckpointError as exc:
-                self.counters.checkpoint_failures_total += 1
-                raise Unavailable(f"cannot write the checkpoint: {exc}") from None
-            self.counters.checkpoint_writes_total += 1
-            self.counters.checkpoint_snapshots_total += 1
-            self._copy_revocations(state)  # the copy as pruned, or made from the checkpoint's
-            # Before the layout: a released workload's cgroup left by a crash
-            # still holds its CPUs (a partition would keep them from the pool).
-            hand_to_pool(state, self.enforcer, layout)
-            # So are the empty cgroups no booking names (a workload released at this
-            # start, what a crash left half made): one made a partition holds CPUs
-            # that the pool, written next, is checked to have.
-            self.enforcer.prune(layout)
-            self.enforcer.apply({}, layout, None)
-            self._record_isolation(state)  # its cgroup exists now; before any knob is written
-            self.state, self._layout = state, layout
-            for text in shortfall_warnings(self.machine, state):  # memory gone while the agent was down
-                log.warning("%s", text)
-            self._publish()
-            self._isolate()  # restores what workloads gone while the agent was down held
+            self._unit.install(state)
 
     def replace_machine(self, machine: Machine) -> list[tuple[str, str]]:
         """The hardware changed: fit the bookings to the new machine and
-        correct the cgroups. Returns (workload, what it lost) pairs."""
-        with self._lock:
-            new_state, lost = rebase_state(machine, self.state)
-            old_machine, self.machine = self.machine, machine
-            try:
-                self._commit(new_state, move=None, caller=None)
-            except Unavailable:
-                # The machine and its rebased state are taken on together or not at all.
-                self.machine = old_machine
-                raise
-            for name, what in lost:
-                log.warning("hotplug: workload %s lost %s", name, what)
-            for level, message in memory_changes(old_machine, machine, self.state):
-                log.log(logging.WARNING if level == "warning" else logging.INFO, "hotplug: %s", message)
-            return lost
+        correct the cgroups, all at once once no change is being applied.
+        Returns (workload, what it lost) pairs."""
+        unit = self._unit
+        while True:
+            unit.drain()
+            with self._lock:
+                if unit.applying():
+                    continue  # a change was staged meanwhile
+                new_state, lost = rebase_state(machine, self.state)
+                old_machine, unit.machine = unit.machine, machine
+                try:
+                    unit.commit_whole(new_state)
+                except Unavailable:
+                    # The machine and its rebased state are taken on together or not at all.
+                    unit.machine = old_machine
+                    raise
+                for name, what in lost:
+                    log.warning("hotplug: workload %s lost %s", name, what)
+                for level, message in memory_changes(old_machine, machine, self.state):
+                    log.log(logging.WARNING if level == "warning" else logging.INFO, "hotplug: %s", message)
+                return lost
 
     # ---- requests ----------------------------------------------------------------
     # request_id -> workload name, for `_request_index_state` (the state it was
@@ -621,7 +406,7 @@ class AgentService:
                                  "(another user or process); send a new random one")
         try:
             # The agent may have stopped between the checkpoint and the move.
-            _check_alive(caller)
+            check_alive(caller)
             if w.cgroup is None:
                 self.enforcer.apply(self._layout, self._layout, (workload_relpath(w), caller.pid))
             else:
@@ -685,16 +470,6 @@ class AgentService:
                                            "reason_code": "isolation_unavailable",
                                            "isolation": list(failed)})
 
-    def _isolation_view(self, w: Workload) -> dict[str, Any] | None:
-        asked = isolation_asked(w)
-        if not asked:
-            return None
-        report = self.isolation.report(w) if self.isolation is not None else None
-        return {"asked": list(asked), "strict": bool(w.request.get(STRICT)),
-                "done": list(report.done) if report else [],
-                "not_done": list(report.not_done) if report else
-                [f"{k}: not available in this agent" for k in asked]}
-
     def _request_from(self, body: AdmitRequest, caller: Caller) -> Request:
         name = body.name or self._generate_name(body, caller)
         for key, value in (("name", name), ("pod", body.pod)):
@@ -752,218 +527,8 @@ class AgentService:
             name = f"{base}-{caller.pid}-{n}"
         return name
 
-    # ---- views ---------------------------------------------------------------------
-    def _admission_view(self, state: AgentState, w: Workload, explanation, dry_run: bool) -> dict:
-        view = self._workload_view(state, w)
-        if dry_run and view.get("isolation"):
-            view["isolation"].update(done=[], not_done=list(self.isolation.missing(state, w.name))
-                                     if self.isolation is not None else view["isolation"]["not_done"])
-        view.update({
-            "cgroup": None if dry_run else self.enforcer.path_of(workload_relpath(w)),
-            "enforcement": self.enforcer.mode,
-            "explanation": dict(explanation), "dry_run": dry_run,
-            "mark": None if dry_run else self._mark(w),
-        })
-        return view
-
-    def _mark(self, w: Workload) -> str | None:
-        """The token proving the agent admitted `w` for its own process: the
-        same for a replay (it depends only on name, pid and start time)."""
-        start_time = start_time_of(w.pid_identity)
-        if self.mark_key is None or w.pid is None or start_time is None:
-            return None
-        return issue_mark(self.mark_key, w.name, w.pid, start_time)
-
-    def _workload_view(self, state: AgentState, w: Workload, viewer_uid: int | None = None) -> dict:
-        """`viewer_uid`: who asks (None: the agent itself). A command line can
-        carry secrets, so only root and the owner see it."""
-        topo = self.machine.topology
-        devices = []
-        for resource, addr in w.booking.devices:
-            d = topo.device(addr)
-            devices.append({"resource": resource, "address": addr, "numa_node": d.numa_node,
-                            "vendor": d.vendor, "device": d.device})
-        hugepages: dict[str, dict[str, int]] = {}
-        memory: dict[str, int] = {}
-        for node, per in sorted(w.booking.memory.items()):
-            for resource, amount in per.items():
-                if resource == "memory":
-                    memory[str(node)] = amount
-                else:
-                    hugepages.setdefault(resource[len("hugepages-"):], {})[str(node)] = amount
-        return {
-            "name": w.name, "owner_uid": w.owner_uid, "pod": w.pod, "pid": w.pid,
-            "cpus": effective_cpus(self.machine, state, w).format(), "exclusive": not w.shared,
-            "numa_nodes": list(w.booking.numa_nodes), "mems": list(w.booking.mems),
-            "memory_bytes": memory, "memory_limit_bytes": w.request.get("memory_bytes") or None,
-            "hugepages": hugepages, "devices": devices, "created_unix": w.created_unix,
-            "command": list(w.command) if _may_see_command(viewer_uid, w.owner_uid) else None,
-            "aligned": alignment(self.machine, w.booking),
-            "lost": list(w.lost),
-            # "partial" when rebuilt from its process after the checkpoint lost it
-            "rebuilt": w.request.get(REBUILT),
-            "unknown": list(w.request.get("unknown") or []),
-            "isolation": self._isolation_view(w),
-            # The engine's cgroup it is enforced on (/proc/PID/cgroup's form), None: the agent's tree.
-            "engine_cgroup": w.cgroup,
-        }
-
-    def list_workloads(self, viewer_uid: int | None = None) -> list[dict]:
-        state = self.state
-        views = [self._workload_view(state, w, viewer_uid) for w in state.workloads if not w.quarantined]
-        self._with_owner_names(views)
-        return views
-
-    def _with_owner_names(self, views: list[dict]) -> dict[int, str | None]:
-        """Each view's `owner`: its `owner_uid`'s user name, None when it has none;
-        returns the names by uid."""
-        names = {uid: self.user_name(uid) for uid in {v["owner_uid"] for v in views}}
-        for v in views:
-            v["owner"] = names[v["owner_uid"]]
-        return names
-
-    @staticmethod
-    def _quarantined_views(state: AgentState) -> list[dict]:
-        """CPUs held at start-up for processes that could not be attributed;
-        only an operator's release hands them out."""
-        return [{"name": w.name, "cpus": w.booking.cpus.format(), "pid": w.request.get("pid"),
-                 "uid": w.request.get("uid"), "affinity": w.request.get("affinity"),
-                 "marked": w.request.get("marked"), "reason": w.request.get("reason"),
-                 "remedy": f"stop or re-pin pid {w.request.get('pid')}, then "
-                           f"`numa-agent release {w.name}` as root"}
-                for w in state.workloads if w.quarantined]
-
-    def status(self, viewer_uid: int | None = None, memory: bool = False) -> dict:
-        """`memory`: also read the memory per node of workloads without a
-        cgroup (/proc/PID/numa_maps, costly)."""
-        state = self.state  # one immutable snapshot for the whole view
-        status = self._status(state, viewer_uid)
-        names = self._with_owner_names(status["workloads"] + status["pods"])
-        status["quotas"] = self._quota_views(state, names)
-        return self._observed(state, status, memory)
-
-    def _quota_views(self, state: AgentState, names: Mapping[int, str | None]) -> list[dict[str, Any]]:
-        """Per owner holding anything, what it holds and its limits (quota.quota_view).
-        The user database is asked here, outside the lock: for each owner's name and
-        groups when there are quotas, else for its name unless `names` has it."""
-        def owner(uid: int) -> Owner:
-            if self.quotas:
-                return self.owner(uid)
-            return Owner(uid, names[uid] if uid in names else self.user_name(uid))
-
-        return [quota_view(self.quotas, owner(uid), usage) for uid, usage in sorted(owner_usage(state).items())]
-
-    def _observed(self, state: AgentState, status: dict, memory: bool = False, scrape: bool = False) -> dict:
-        """Intruders and memory per node added (files read: never under the lock).
-        `scrape`: a metrics scrape's, which reads no file: the workloads with a
-        series, the memory figures from the observer's last sample."""
-        if self.observer is None:
-            status["workloads"] = [] if scrape else status["workloads"]
-        elif scrape:
-            self.observer.annotate_scrape(state, status)
-        else:
-            self.observer.annotate(state, status, memory=memory)
-        return status
-
-    def _status(self, state: AgentState, viewer_uid: int | None) -> dict:
-        return {
-            "enforcement": self.enforcer.mode,
-            "enforcement_reason": self.enforcer.reason,
-            # The options in effect, this product's defaults included, not only the file's.
-            "policy": {**self.machine.policy.describe(),
-                       "topology_options": self.machine.tm_options.to_mapping()},
-            "reserved_cpus": self.machine.reserved_cpus.format(),
-            "shared_pool": shared_pool(self.machine, state).format(),
-            "nodes": node_accounting(self.machine, state),
-            "workloads": [self._workload_view(state, w, viewer_uid) for w in state.workloads
-                          if not w.quarantined],
-            "quarantined": self._quarantined_views(state),
-            "released": released_views(state),
-            "pods": [{"name": p.name, "owner_uid": p.owner_uid, "cpus": p.booking.cpus.format(),
-                      "numa_nodes": list(p.booking.numa_nodes), "mems": list(p.booking.mems),
-                      "members": list(p.members), "shared_cpus": pod_shared_cpus(state, p).format(),
-                      "budget": dict(p.request), "created_unix": p.created_unix}
-                     for p in state.pods],
-            "isolation": self.isolation.status(state) if self.isolation is not None else None,
-        }
-
-    def _metrics_status(self, state: AgentState) -> dict:
-        """What the metrics read of status: the node figures and counts kept in
-        the state's memo (O(nodes), not O(workloads)); the workloads with a
-        series of their own (intruders, memory per node) are the observer's
-        to list (`_observed`, scrape=True), from its memo and last sample."""
-        tally = workload_tally(state)
-        return {
-            "enforcement": self.enforcer.mode,
-            "shared_pool": shared_pool(self.machine, state).format(),
-            "nodes": node_accounting(self.machine, state),
-            "workload_tally": {"held": tally.held, "lost": tally.lost},
-            "pod_count": len(state.pods),
-            "isolation": self.isolation.status(state) if self.isolation is not None else None,
-        }
-
-    def topology(self) -> dict:
-        if self._topology_json is not None:
-            return self._topology_json()
-        from numa_agent.views.topology_report import topology_to_json
-        topology = self.machine.topology
-        names = NO_NAMES if self.pci_names is None else self.pci_names.names(topology.pci_devices)
-        # numa-run's "all" leaves memory-only nodes out unless this says "ordinary".
-        return {**topology_to_json(topology, names),
-                "memory_only_nodes": self.machine.policy.memory_only_nodes}
-
-    def health(self) -> dict:
-        state = self.state
-        held = self._quarantined_views(state)
-        out: dict[str, Any] = {"status": "ok", "enforcement": self.enforcer.mode, "reason": self.enforcer.reason,
-               "uptime_seconds": round(self.clock() - self.started, 3), "version": VERSION,
-               "sysfs_root": self.sysfs_root,
-               "workloads": len(state.workloads) - len(held),
-               "quarantined": [{"name": q["name"], "cpus": q["cpus"], "pid": q["pid"]} for q in held]}
-        trouble = self._checkpoint_trouble
-        out["checkpoint"] = {"healthy": trouble is None, "state_dir": str(self.store.directory),
-                             "error": trouble[0] if trouble else None,
-                             "failing_seconds": round(self.clock() - trouble[1], 3) if trouble else 0.0,
-                             "pending_releases": self.counters.pending_releases}
-        if trouble is not None:
-            pending = self.counters.pending_releases
-            out["status"] = "degraded"
-            out["degraded_reason"] = (
-                f"the checkpoint in state directory {self.store.directory} cannot be written "
-                f"(for {self.clock() - trouble[1]:.0f} s): {trouble[0]}; admissions and releases are "
-                f"refused until it can" + (f"; {pending} release(s) of exited workloads are retried"
-                                           if pending else ""))
-        if held:
-            out["attention"] = ("CPUs held for processes that could not be attributed at start-up: "
-                                + "; ".join(f"{q['name']} (pid {q['pid']}, CPUs {q['cpus'] or 'none'})"
-                                            for q in held)
-                                + "; see `numa-agent status`, then `numa-agent release NAME` as root")
-        return out
-
-    def metrics_snapshot(self) -> dict:
-        with self._lock:
-            state = self.state
-            status, counters = self._metrics_status(state), self.counters.snapshot()
-            knobs = self.isolation.knob_counts(state) if self.isolation else {}
-        status["quotas"] = self._quota_views(state, {}) if self.quotas else []  # metrics: only owners with one
-        return {"status": self._observed(state, status, scrape=True), "counters": counters, "isolation_knobs": knobs,
-                "info": {"version": VERSION, "enforcement": self.enforcer.mode}}
-
-
-def _may_see_command(viewer_uid: int | None, owner_uid: int) -> bool:
-    return viewer_uid is None or viewer_uid == 0 or viewer_uid == owner_uid
-
-
 class _NameTaken(InvalidRequest):
     pass
-
-
-def _refused(refusal: Refusal) -> ServiceRefusal:
-    """The admission core's refusal of a valid request, with its explanation and reason."""
-    kind = {"topology_affinity_error": TopologyRefused, QUOTA_EXCEEDED: OverQuota,
-            HUGEPAGES_NOT_FREE: HugepagesTaken}.get(refusal.code, NoCapacity)
-    return kind(refusal.message, details={**refusal.explanation, "reason": refusal.message,
-                                          "reason_code": refusal.code})
 
 
 def _check_root_owned(path: str | None, cgroup: str) -> None:
@@ -991,13 +556,6 @@ def _check_owns_cgroup(pids: list[int], caller: Caller, cgroup: str) -> None:
         if uid != caller.uid:
             raise NotPermitted(f"cgroup {cgroup} holds pid {pid} of uid {uid}; only root, or the owner "
                                "of every process in it, may have it enforced")
-
-
-def _check_alive(caller: Caller) -> None:
-    """The pidfd, opened when the caller connected, still names a live
-    process: so caller.pid was not recycled for somebody else."""
-    if caller.pidfd is not None and not pidfd_alive(caller.pidfd):
-        raise ProcessLookupError(f"pid {caller.pid} exited")
 
 
 def _merged_text(explanation: Mapping[str, Any]) -> str:

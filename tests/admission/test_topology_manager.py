@@ -13,8 +13,8 @@ from numa_agent.admission.topology_manager import (
     admit,
     check_policy,
     check_scope,
-    decide,
     merge,
+    merge_hints,
 )
 from numa_agent.core.hints import HintSet, NumaMask, TopologyHint
 from tests.support.reference_merge import reference_merge
@@ -109,7 +109,7 @@ def test_no_numa_node_is_refused():
 # ---- policies --------------------------------------------------------------
 
 def test_none_policy_does_not_merge_and_admits():
-    result = decide([{"cpu": HintSet.impossible()}], [0, 1], "none")
+    result = merge_hints([{"cpu": HintSet.impossible()}], [0, 1], "none")
     assert result.merged == H(None, True) and result.admit
 
 
@@ -141,7 +141,7 @@ def test_disagreeing_generated_sets_fall_back_to_the_best_non_preferred_mask():
     got = merge(providers, [0, 1, 2, 3], "best-effort")
     # The kubelet's rule: width B=2 first, and {0,1} = cpu {0,1} & gpu {0,1,2}.
     assert got == reference_merge(providers, [0, 1, 2, 3], "best-effort") == H([0, 1], False)
-    assert not decide(providers, [0, 1, 2, 3], "restricted").admit
+    assert not merge_hints(providers, [0, 1, 2, 3], "restricted").admit
 
 
 def test_two_monotone_sets_can_meet_on_a_mask_neither_offers():
@@ -171,7 +171,7 @@ def test_prefer_closest_breaks_width_ties_by_distance():
 def test_refusal_explains_each_providers_hints_and_the_rule():
     providers = [{"cpu": HintSet.explicit([H([1]), H([0, 1], False)])},
                  {"memory": HintSet.explicit([H([0, 1], False)])}]
-    result = decide(providers, [0, 1], "single-numa-node")
+    result = merge_hints(providers, [0, 1], "single-numa-node")
     assert not result.admit
     text = result.explanation()
     assert text.startswith("TopologyAffinityError: cpu hints [{1} preferred, {0,1}], "
@@ -184,7 +184,7 @@ def test_refusal_explains_each_providers_hints_and_the_rule():
 def test_summaries_stay_short_on_64_nodes():
     nodes = list(range(64))
     cpu = cpu_like({n: 16 for n in nodes}, request=20, per_node_capacity=16)
-    result = decide([{"cpu": cpu}, {"memory": HintSet.explicit([H([n]) for n in nodes])}], nodes,
+    result = merge_hints([{"cpu": cpu}, {"memory": HintSet.explicit([H([n]) for n in nodes])}], nodes,
                     "restricted", TopologyManagerOptions(max_allowable_numa_nodes=64))
     cpu_summary, mem_summary = result.provider_summaries
     assert len(cpu_summary.hints) <= 4 and cpu_summary.more == -1

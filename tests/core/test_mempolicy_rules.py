@@ -11,7 +11,7 @@ from numa_agent.core.mempolicy import (
     MemoryPolicy,
     PolicyRefused,
     chosen_policy,
-    decide,
+    effective_policy,
     failure_message,
     request_membind,
     show_lines,
@@ -50,17 +50,17 @@ def test_request_membind(policy, membind, asked):
 
 def test_decide_within_the_booking():
     policy = MemoryPolicy(MPOL_INTERLEAVE, (0, 1))
-    assert decide(policy, [0, 1, 2]) == policy
-    assert decide(MemoryPolicy(MPOL_LOCAL), [3]) == MemoryPolicy(MPOL_LOCAL)
-    assert decide(None, []) is None
+    assert effective_policy(policy, [0, 1, 2]) == policy
+    assert effective_policy(MemoryPolicy(MPOL_LOCAL), [3]) == MemoryPolicy(MPOL_LOCAL)
+    assert effective_policy(None, []) is None
 
 
 def test_decide_refuses_nodes_outside_the_booking():
     with pytest.raises(PolicyRefused, match=r"--interleave 0-1: node\(s\) 1 lie outside the "
                                             r"booked memory nodes 0 .*--membind 0-1"):
-        decide(MemoryPolicy(MPOL_INTERLEAVE, (0, 1)), [0])
+        effective_policy(MemoryPolicy(MPOL_INTERLEAVE, (0, 1)), [0])
     with pytest.raises(PolicyRefused, match="no memory nodes"):
-        decide(MemoryPolicy(MPOL_LOCAL), [])
+        effective_policy(MemoryPolicy(MPOL_LOCAL), [])
 
 
 def test_weighted_interleave_einval_names_the_kernel_need():

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from numa_agent.admission.allocation_score import tie_rank
-from numa_agent.admission.topology_manager import TopologyManagerOptions, decide
+from numa_agent.admission.topology_manager import TopologyManagerOptions, merge_hints
 from numa_agent.core.hints import HintSet, NumaMask, TopologyHint
 
 Section = Callable[[dict, dict], "str | None"]
@@ -64,7 +64,7 @@ def run_merge(case: dict, doc: dict) -> str | None:
     tie = tie_rank(options.numa_allocation_strategy, _allocation(case))
     problems = []
     for policy in case["policies"]:
-        result = decide(providers, case["numa_nodes"], policy, options, distances, tie=tie)
+        result = merge_hints(providers, case["numa_nodes"], policy, options, distances, tie=tie)
         if result.merged != expected:
             problems.append(f"{policy}: merged {result.merged}, expected {expected}")
         want_admit = case["expected_admit"][policy]
