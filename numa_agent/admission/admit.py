@@ -274,7 +274,17 @@ def _book_parts(view: AdmissionView, req: Request, policy_name: str, providers: 
     fenced = view.fenced_nodes
     keep = req.keep
     if keep is not None and gives_back_only(keep, req.resources, machine.policy.memory_policy == "static"):
-        fenced = ()  # giving back is always allowed: the fence holds off only what is added
+        # Giving back is always allowed: the fence holds off only what is added, and a
+        # placement the policy would no longer merge (its nodes shrank, the policy
+        # changed, -m apart from its CPUs) still gives back from what it holds.
+        try:
+            affinity, explanation = _merge(view, req, policy_name, providers, explanation, merged)
+        except Refusal as exc:
+            if exc.code != "topology_affinity_error":
+                raise
+            affinity = None  # the shrink is taken from what it holds, wherever that is
+        booking, pinned = _allocate(view, req, affinity, providers, explanation)
+        return booking, pinned, explanation
     if not fenced:
         affinity, explanation = _merge(view, req, policy_name, providers, explanation, merged)
         booking, pinned = _allocate(view, req, affinity, providers, explanation)
