@@ -22,9 +22,9 @@ COMM = b"\x1b]0;owned\x07\x1b[2J\r"  # retitle, clear the screen, return: 13 of 
 SHOWN = "\\x1b]0;owned\\x07\\x1b[2J\\r"
 INTRUDER = f"""
 import os, sys, time
-os.sched_setaffinity(0, {{int(sys.argv[1])}})
-with open("/proc/self/comm", "wb") as f:
+with open("/proc/self/comm", "wb") as f:  # named first: never seen on the CPU as "python"
     f.write({COMM!r})
+os.sched_setaffinity(0, {{int(sys.argv[1])}})
 print("named", flush=True)
 while True:
     time.sleep(0.02)  # wakes on that CPU, the only one it may run on
