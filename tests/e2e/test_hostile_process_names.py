@@ -22,7 +22,7 @@ COMM = b"\x1b]0;owned\x07\x1b[2J\r"  # retitle, clear the screen, return: 13 of 
 SHOWN = "\\x1b]0;owned\\x07\\x1b[2J\\r"
 INTRUDER = f"""
 import os, sys, time
-with open("/proc/self/comm", "wb") as f:  # named first: never seen on the CPU as "python"
+with open("/proc/self/comm", "wb") as f:  # named first: never on the CPU as "python"
     f.write({COMM!r})
 os.sched_setaffinity(0, {{int(sys.argv[1])}})
 print("named", flush=True)
@@ -54,7 +54,9 @@ def test_a_process_named_with_escapes_is_shown_escaped(agent):
         listed = wait_for(lambda: agent.call("GET", "/v1/workloads")[1]["workloads"], timeout=10)
         assert [w["name"] for w in listed] == ["victim"]
         (cpu,) = CpuSet.parse(listed[0]["cpus"])
-        intruder = subprocess.Popen([sys.executable, "-c", INTRUDER, str(cpu)], stdout=subprocess.PIPE)
+        elsewhere = os.sched_getaffinity(0) - {cpu}  # off the workload's CPU until it is named
+        intruder = subprocess.Popen([sys.executable, "-c", INTRUDER, str(cpu)], stdout=subprocess.PIPE,
+                                    preexec_fn=lambda: os.sched_setaffinity(0, elsewhere))
         assert intruder.stdout is not None and intruder.stdout.readline() == b"named\n"
 
         def found():
