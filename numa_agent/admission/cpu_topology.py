@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Iterable, Mapping
+from typing import Iterable
 
 from numa_agent.core.cpuset import CpuSet
 from numa_agent.core.hints import NumaMask
@@ -100,43 +100,6 @@ class CpuTopology:
             num_sockets=len({i.socket for i in cpus}),
             num_numa_nodes=len({i.numa for i in cpus}),
             num_uncore_caches=len({i.uncore for i in cpus}),
-        )
-
-    @classmethod
-    def from_vectors(cls, entry: Mapping) -> "CpuTopology":
-        """A `topologies` entry of the conformance vectors:
-        {"header": {"NumCPUs": .., ...}, "cpus": [{"cpu", "core", "socket", "numa", "uncore"}]}."""
-        try:
-            header = entry["header"]
-            cpus = tuple(sorted(
-                (CpuInfo(int(c["cpu"]), int(c["core"]), int(c["socket"]), int(c["numa"]),
-                         int(c.get("uncore", 0))) for c in entry["cpus"]),
-                key=lambda i: i.cpu,
-            ))
-            return cls(
-                cpus=cpus,
-                num_cpus=int(header["NumCPUs"]),
-                num_cores=int(header["NumCores"]),
-                num_sockets=int(header["NumSockets"]),
-                num_numa_nodes=int(header.get("NumNUMANodes") or 0),
-                num_uncore_caches=int(header.get("NumUncoreCache") or 0),
-            )
-        except (KeyError, TypeError, ValueError) as exc:
-            if isinstance(exc, CpuTopologyError):
-                raise
-            raise CpuTopologyError(f"bad topology entry: {exc!r}") from None
-
-    @classmethod
-    def from_cpus(cls, cpus: Iterable[CpuInfo]) -> "CpuTopology":
-        """Header counts derived from the CPUs themselves (tests, benchmarks)."""
-        infos = tuple(sorted(cpus, key=lambda i: i.cpu))
-        return cls(
-            cpus=infos,
-            num_cpus=len(infos),
-            num_cores=len({i.core for i in infos}),
-            num_sockets=len({i.socket for i in infos}),
-            num_numa_nodes=len({i.numa for i in infos}),
-            num_uncore_caches=len({i.uncore for i in infos}),
         )
 
     # ---- header-derived ratios (integer division, like the kubelet) -------
@@ -273,10 +236,6 @@ class CpuTopology:
             if cpus is not None:
                 bits |= cpus.bits
         return CpuSet.from_bits(bits)
-
-    def numas_of(self, cpus: CpuSet) -> NumaMask:
-        """The NUMA nodes holding at least one of `cpus`."""
-        return NumaMask(n for n, node_cpus in self.numa_cpus.items() if node_cpus.bits & cpus.bits)
 
     def sockets_of_numas(self, nodes: Iterable[int]) -> tuple[int, ...]:
         out: set[int] = set()

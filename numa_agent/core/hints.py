@@ -120,12 +120,6 @@ class NumaMask:
     def issubset(self, other: "NumaMask") -> bool:
         return self.bits & ~other.bits == 0
 
-    def is_narrower_than(self, other: "NumaMask") -> bool:
-        c1, c2 = self.count(), other.count()
-        if c1 == c2:
-            return self.bits < other.bits
-        return c1 < c2
-
     def sort_key(self) -> tuple[int, int]:
         """Key that sorts narrowest-first, the kubelet's order."""
         return (self.count(), self.bits)

@@ -250,8 +250,10 @@ class Agent:
         from dataclasses import replace
 
         from numa_agent.admission.machine import MachineConfigError, build_machine
+        from numa_agent.enforcement.protocol import kept_records
 
-        grant = enforcer.granted()
+        kept = kept_records(enforcer)
+        grant = kept.granted() if kept is not None else None
         if grant is None:
             return machine
         cpus, mems = grant.cpus, grant.mems

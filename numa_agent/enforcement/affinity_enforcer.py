@@ -25,7 +25,7 @@ from numa_agent.enforcement.plan import (
     pool_steps,
 )
 from numa_agent.enforcement.processes import exited_among, pidfd_exited, process_identity
-from numa_agent.enforcement.protocol import NO_LIMITS, Grant, Layout, Limits
+from numa_agent.enforcement.protocol import Layout
 
 log = logging.getLogger("numa_agent.enforcement")
 
@@ -274,25 +274,10 @@ class AffinityEnforcer:
             raise EnforcementError(f"cannot read the affinity of pid {pid} ({relpath}): "
                                    f"{exc.strerror}") from None
 
-    def read_limits(self, relpath: str) -> Limits:
-        return NO_LIMITS  # numa-run binds memory nodes; nothing limits amounts
-
-    def write_record(self, relpath: str, data: bytes) -> None:
-        pass  # nothing outlives the agent but the process: no place for a record
-
-    def read_record(self, relpath: str) -> bytes | None:
-        return None
-
     def existing(self) -> list[str]:
         """Only the tracked workloads: nothing of a workload outlives the
         agent but its process, so there is never anything to adopt."""
         return sorted(self._pidfds)
-
-    def prune(self, layout: Layout) -> list[str]:
-        return []  # nothing is left behind by a released workload
-
-    def granted(self) -> Grant | None:
-        return None  # the agent hands out what its own process may use
 
     def live_marked(self) -> list[MarkedProcess] | None:
         """Processes carrying NUMA_AGENT_WORKLOAD (numa_agent.enforcement.marked):

@@ -464,11 +464,6 @@ class CgroupV2:
         self._write(self._file(relpath, "cpuset.cpus"), "\n")
         self._write(self._file(relpath, "cpuset.mems"), "\n")
 
-    def write_cpus_exclusive(self, relpath: str, cpus: CpuSet) -> None:
-        """`cpuset.cpus.exclusive` (Linux 6.7+): CPUs handed down for a
-        partition below a cgroup that is not itself a partition root."""
-        self._write(self._file(relpath, "cpuset.cpus.exclusive"), cpus.format())
-
     def read_effective(self, relpath: str = "") -> tuple[CpuSet, NumaMask]:
         """(CPUs, memory nodes) the kernel actually grants; the requested
         files are read when a (fake) tree has no `*.effective` ones."""

@@ -135,8 +135,9 @@ class Tracking(Protocol):
 
 
 class Records(Protocol):
-    """What outlives the checkpoint beside the processes: the booking record kept with
-    each cgroup, what a cgroup holds now, where it is, and what start-up adopts or prunes."""
+    """What the mechanism holds now: where a workload is, what it is confined to,
+    and what start-up finds to adopt. What it keeps beside the checkpoint (a
+    booking record, leftovers to prune) is the KeptRecords capability."""
 
     def path_of(self, relpath: str) -> str | None:
         """What to show a user as where the workload is enforced (the cgroup
@@ -150,9 +151,24 @@ class Records(Protocol):
         """(CPUs, memory nodes) `relpath` is confined to, as found."""
         ...
 
+    def existing(self) -> list[str]:
+        """Every path the mechanism holds, parents before children; start-up
+        adopts those the checkpoint does not know."""
+        ...
+
+
+@runtime_checkable
+class KeptRecords(Protocol):
+    """What a mechanism keeps beside the checkpoint and outliving it: a booking
+    record with each cgroup, the limits set on it, the leftovers start-up
+    prunes, and the grant of the tree above the agent. An optional capability,
+    held only by an enforcer with a place to keep them (cgroup v2): with
+    sched_setaffinity nothing outlives the agent but the process. Ask with
+    `kept_records`."""
+
     def read_limits(self, relpath: str) -> Limits:
         """The memory and hugetlb limits `relpath` has now (NO_LIMITS where
-        the mechanism keeps none)."""
+        it has none)."""
         ...
 
     def write_record(self, relpath: str, data: bytes) -> None:
@@ -162,13 +178,7 @@ class Records(Protocol):
         ...
 
     def read_record(self, relpath: str) -> bytes | None:
-        """What `write_record` stored, None when there is nothing (or the
-        mechanism keeps nothing beyond its processes)."""
-        ...
-
-    def existing(self) -> list[str]:
-        """Every path the mechanism holds, parents before children; start-up
-        adopts those the checkpoint does not know."""
+        """What `write_record` stored, None when there is nothing."""
         ...
 
     def prune(self, layout: Layout) -> list[str]:
@@ -211,7 +221,7 @@ class EngineCgroups(Protocol):
 class Enforcer(Applying, Tracking, Records, Protocol):
     """Every role at once: what the daemon assembles, the service holds and start-up
     recovery uses. The other callers ask for the role they use (a revocation's
-    record: Records; the rebuild from live processes: Tracking)."""
+    record: Records and KeptRecords; the rebuild from live processes: Tracking)."""
 
 
 def engines_of(enforcer: object) -> EngineCgroups | None:
@@ -220,4 +230,12 @@ def engines_of(enforcer: object) -> EngineCgroups | None:
     return enforcer if isinstance(enforcer, EngineCgroups) else None
 
 
-__all__ = ["NO_LIMITS", "Applying", "EngineCgroups", "Enforcer", "Grant", "Layout", "Limits", "Records", "Tracking", "engines_of"]
+def kept_records(enforcer: object) -> KeptRecords | None:
+    """What `enforcer` keeps beside the checkpoint, None when it keeps nothing
+    beyond its processes (it pins with sched_setaffinity): no record to read
+    or write, no limits, nothing to prune, no grant above the agent."""
+    return enforcer if isinstance(enforcer, KeptRecords) else None
+
+
+__all__ = ["NO_LIMITS", "Applying", "EngineCgroups", "Enforcer", "Grant", "KeptRecords", "Layout", "Limits",
+           "Records", "Tracking", "engines_of", "kept_records"]

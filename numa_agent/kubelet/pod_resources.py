@@ -55,18 +55,6 @@ def pod(machine: Machine, state: AgentState, name: str, namespace: str) -> pb.Po
                            containers=[container(machine, state, w) for w in members])
 
 
-def list_response(machine: Machine, state: AgentState, namespace: str) -> pb.ListPodResourcesResponse:
-    pods: dict[str, None] = {}
-    for w in state.workloads:
-        pods.setdefault(pod_of(w), None)
-    out = []
-    for name in pods:
-        p = pod(machine, state, name, namespace)
-        if p is not None:
-            out.append(p)
-    return pb.ListPodResourcesResponse(pod_resources=out)
-
-
 class ListEncoder:
     """The encoded List answer for the latest state, each pod's part kept and
     encoded again only when a change names it: a repeated field's encoding

@@ -48,7 +48,7 @@ from numa_agent.enforcement.plan import (
     update_layout,
 )
 from numa_agent.enforcement.processes import pidfd_alive
-from numa_agent.enforcement.protocol import Enforcer, Layout
+from numa_agent.enforcement.protocol import Enforcer, Layout, kept_records
 from numa_agent.enforcement.record import LEDGER_RECORD, decode_ledger, encode_ledger
 from numa_agent.hotplug.rebase import shortfall_warnings
 from numa_agent.isolation.keeper import IsolationKeeper
@@ -437,8 +437,9 @@ class CommitUnit:
         workloads removed)."""
         layout = desired_layout(self.machine, state)
         if self.isolation is not None:
-            recorded = decode_ledger(self.enforcer.read_record(LEDGER_RECORD)) \
-                if self.enforcer.exists(LEDGER_RECORD) else None  # a first start: nothing kept yet
+            kept = kept_records(self.enforcer)
+            recorded = decode_ledger(kept.read_record(LEDGER_RECORD)) \
+                if kept is not None and self.enforcer.exists(LEDGER_RECORD) else None  # a first start: nothing kept yet
             state = self.isolation.prepare(self.isolation.recovered(state, recorded))
         state = pruned(state, self.enforcer)
         try:
@@ -455,7 +456,8 @@ class CommitUnit:
         # So are the empty cgroups no booking names (a workload released at this
         # start, what a crash left half made): one made a partition holds CPUs
         # that the pool, written next, is checked to have.
-        self.enforcer.prune(layout)
+        if (kept := kept_records(self.enforcer)) is not None:
+            kept.prune(layout)
         self.enforcer.apply({}, layout, None)
         self._pool_written = self._pool_specs(layout, CpuSet())
         self.record_isolation(state)  # its cgroup exists now; before any knob is written
@@ -553,5 +555,6 @@ class CommitUnit:
         workloads' own records do. The affinity fallback has no such place."""
         if self.isolation is None or state.isolation == self._ledger_recorded:
             return
-        self.enforcer.write_record(LEDGER_RECORD, encode_ledger(state.isolation))
+        if (kept := kept_records(self.enforcer)) is not None:
+            kept.write_record(LEDGER_RECORD, encode_ledger(state.isolation))
         self._ledger_recorded = state.isolation

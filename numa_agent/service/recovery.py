@@ -46,7 +46,7 @@ from numa_agent.enforcement.plan import (
     safe_component,
     workload_relpath,
 )
-from numa_agent.enforcement.protocol import Enforcer, Limits, engines_of
+from numa_agent.enforcement.protocol import NO_LIMITS, Enforcer, Limits, engines_of, kept_records
 from numa_agent.enforcement.record import decode_record
 from numa_agent.hotplug.rebase import rebase_state
 from numa_agent.service.rebuild import rebuild_from_live, source_text
@@ -232,7 +232,7 @@ def _adopt(machine: Machine, state: AgentState, enforcer: Enforcer,
         pod = state.pod(place.pod) if place.pod is not None else None
         if place.pod is not None and pod is None:
             continue
-        if _revoked(state, rel, enforcer.read_record(rel) if state.revoked else None):
+        if _revoked(state, rel, _kept_record(enforcer, rel) if state.revoked else None):
             continue
         w = _adopted_workload(machine, state, enforcer, rel, place, pod, uid_of)
         state = state.with_workload(w)
@@ -260,7 +260,7 @@ def _adopt_engines(machine: Machine, state: AgentState, enforcer: Enforcer) -> t
             log.warning("engine cgroup %s: a booking record below or above %s, which holds a workload; "
                         "left alone", rel, clash)
             continue
-        data = enforcer.read_record(rel)
+        data = _kept_record(enforcer, rel)
         try:
             record = decode_record(data) if data is not None else None
         except ValueError as exc:
@@ -317,9 +317,21 @@ def _place_of(rel: str) -> _Place | None:
     return None
 
 
+def _kept_record(enforcer: Enforcer, rel: str) -> bytes | None:
+    """The booking record kept with `rel`, None when the enforcer keeps none."""
+    kept = kept_records(enforcer)
+    return kept.read_record(rel) if kept is not None else None
+
+
+def _kept_limits(enforcer: Enforcer, rel: str) -> Limits:
+    """The limits set on `rel`, NO_LIMITS when the enforcer sets none."""
+    kept = kept_records(enforcer)
+    return kept.read_limits(rel) if kept is not None else NO_LIMITS
+
+
 def _record_of(enforcer: Enforcer, rel: str, place: _Place, cpus: CpuSet) -> Workload | Pod | None:
     """The cgroup's booking record, when it has one that agrees with the cgroup."""
-    data = enforcer.read_record(rel)
+    data = _kept_record(enforcer, rel)
     if data is None:
         return None
     try:
@@ -361,7 +373,7 @@ def _adopted_pod(machine: Machine, state: AgentState, enforcer: Enforcer, rel: s
     if isinstance(record, Pod):
         # Members are adopted from their own cgroups, which come next.
         return replace(record, booking=_claimable(machine, state, rel, record.booking), members=())
-    limits = enforcer.read_limits(rel)
+    limits = _kept_limits(enforcer, rel)
     cpus = _unbooked(machine, state, cpus, rel)
     memory, group = _memory_of_limits(machine, state, rel, mems, limits)
     return Pod(name=place.name, owner_uid=0, request=_limits_request(limits),
@@ -376,7 +388,7 @@ def _adopted_workload(machine: Machine, state: AgentState, enforcer: Enforcer, r
     record = _record_of(enforcer, rel, place, cpus)
     if isinstance(record, Workload):
         return _from_record(machine, state, rel, record, pod, pids)
-    limits = enforcer.read_limits(rel)
+    limits = _kept_limits(enforcer, rel)
     if pod is not None:
         # A member's memory is a limit inside its pod's budget, not a booking.
         shared = cpus == pod.booking.cpus or len(cpus) == 0

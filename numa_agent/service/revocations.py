@@ -35,7 +35,7 @@ from typing import Any, Callable, Iterable
 from numa_agent.enforcement.errors import EnforcementError
 from numa_agent.enforcement.plan import workload_relpath
 from numa_agent.enforcement.processes import process_alive, process_identity
-from numa_agent.enforcement.protocol import Enforcer, Layout, Records
+from numa_agent.enforcement.protocol import Enforcer, Layout, Records, kept_records
 from numa_agent.enforcement.record import decode_record
 from numa_agent.state.model import AgentState, Revocation, Workload
 
@@ -61,9 +61,10 @@ def process_lives(r: Revocation) -> bool:
 def record_remains(r: Revocation, enforcer: Records) -> bool:
     """Its cgroup still carries the revoked booking's record (its release was
     not enforced yet); never a later workload's of the same name."""
-    if not r.cgroup or not enforcer.exists(r.cgroup):
+    kept = kept_records(enforcer)
+    if kept is None or not r.cgroup or not enforcer.exists(r.cgroup):
         return False
-    return revoked_by((r,), enforcer.read_record(r.cgroup)) is not None
+    return revoked_by((r,), kept.read_record(r.cgroup)) is not None
 
 
 def revoked_by(revoked: Iterable[Revocation], data: bytes | None) -> Revocation | None:

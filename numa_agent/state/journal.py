@@ -94,11 +94,6 @@ def _changed(old: Sequence[_Named], new: Sequence[_Named]) -> tuple[list[_Named]
 
 
 # ---- replay --------------------------------------------------------------------------
-def apply_delta(data: dict[str, Any], delta: Delta) -> dict[str, Any]:
-    """The state JSON `data` with `delta` applied (a new dict; `data` is not changed)."""
-    return replay(data, (delta,))
-
-
 def replay(data: dict[str, Any], deltas: Iterable[Delta]) -> dict[str, Any]:
     """`data` (a state's JSON) with each delta applied in order; ValueError
     when a delta is not of the form `state_delta` makes."""

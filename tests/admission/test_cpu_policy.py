@@ -18,6 +18,7 @@ from numa_agent.admission.cpu_take import take_by_topology, take_by_topology_dis
 from numa_agent.admission.cpu_topology import CpuInfo, CpuTopology, CpuTopologyError
 from numa_agent.core.cpuset import CpuSet
 from numa_agent.core.hints import NumaMask, TopologyHint
+from tests.support.cpu_topology import from_cpus, from_vectors
 from tests.support.synthetic import make_topology
 
 
@@ -32,7 +33,7 @@ def machine(sockets=2, nodes_per_socket=1, cores_per_node=4, threads=2, uncores_
         uncore = node * uncores_per_node + (core % cores_per_node) // per_uncore
         for t in range(threads):
             infos.append(CpuInfo(core + t * total, core, node // nodes_per_socket, node, uncore))
-    return CpuTopology.from_cpus(infos)
+    return from_cpus(infos)
 
 
 # ---- CpuTopology ----------------------------------------------------------
@@ -60,7 +61,7 @@ def test_from_topology_uses_the_package_when_no_l3_is_known():
 
 def test_from_vectors_refuses_a_bad_entry():
     with pytest.raises(CpuTopologyError, match="bad topology entry"):
-        CpuTopology.from_vectors({"cpus": []})
+        from_vectors({"cpus": []})
 
 
 def test_duplicate_cpu_ids_are_refused():
@@ -109,7 +110,7 @@ def test_incompatible_options_name_both(a, b):
 
 
 def test_align_by_socket_refused_when_sockets_outnumber_nodes():
-    topo = CpuTopology.from_cpus([CpuInfo(i, i, i, 0, 0) for i in range(4)])  # 4 sockets, 1 node
+    topo = from_cpus([CpuInfo(i, i, i, 0, 0) for i in range(4)])  # 4 sockets, 1 node
     with pytest.raises(CpuPolicyConfigError, match="align-by-socket needs sockets at least as large"):
         CpuManagerOptions(align_by_socket=True).validate(topo)
     CpuManagerOptions(align_by_socket=True).validate(machine(nodes_per_socket=2))

@@ -12,6 +12,7 @@ from numa_agent.admission.cpu_manager import (
 from numa_agent.admission.cpu_topology import CpuInfo, CpuTopology
 from numa_agent.core.cpuset import CpuSet
 from numa_agent.core.hints import NumaMask
+from tests.support.cpu_topology import from_cpus, numas_of
 from tests.support.synthetic import make_topology
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -32,7 +33,7 @@ def machines(draw):
         socket = node // nodes_per_socket
         for t in range(threads):
             infos.append(CpuInfo(core + t * total, core, socket, node, socket if l3_per_socket else node))
-    return CpuTopology.from_cpus(infos)
+    return from_cpus(infos)
 
 
 OPTIONS = st.sampled_from([
@@ -76,7 +77,7 @@ def test_allocation_is_an_exact_deterministic_subset(data, topo, options):
     assert got.issubset(available)
     assert len(got) == request
     # Same inputs, fresh values (no cached state): same answer.
-    fresh = CpuTopology.from_cpus(topo.cpus)
+    fresh = from_cpus(topo.cpus)
     assert allocate_cpus(fresh, CpuSet(available.ids()), request, mask, options) == got
 
 
@@ -141,7 +142,7 @@ def test_large_machine_hints_and_allocation_complete():
     assert hint_set.min_size == 3
     assert hint_set.fits(NumaMask(range(3))) and not hint_set.fits(NumaMask(range(2)))
     got = allocate_cpus(topo, topo.all_cpus, 40, NumaMask(range(3)), CpuManagerOptions())
-    assert len(got) == 40 and topo.numas_of(got) == NumaMask(range(3))
+    assert len(got) == 40 and numas_of(topo, got) == NumaMask(range(3))
     spread = allocate_cpus(topo, topo.all_cpus, 40, None,
                            CpuManagerOptions(distribute_cpus_across_numa=True, full_pcpus_only=True))
-    assert len(spread) == 40 and len(topo.numas_of(spread)) == 3
+    assert len(spread) == 40 and len(numas_of(topo, spread)) == 3

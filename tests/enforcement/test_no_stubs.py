@@ -1,8 +1,9 @@
 """Each enforcer fills the roles it claims with real code: no role method that
 only returns a constant, passes or raises to satisfy the Protocol. A role one
-enforcer cannot fill is a capability the caller asks for (`engines_of`), not a
-stub. The few constant answers that are the true answer of a mechanism are
-listed below, each with its reason; a new one has to be argued for here."""
+enforcer cannot fill is a capability the caller asks for (`engines_of`,
+`kept_records`), not a stub. The few constant answers that are the true answer
+of a mechanism are listed below, each with its reason; a new one has to be
+argued for here."""
 
 from __future__ import annotations
 
@@ -14,9 +15,18 @@ import pytest
 
 from numa_agent.enforcement.affinity_enforcer import AffinityEnforcer
 from numa_agent.enforcement.cgroup_enforcer import CgroupEnforcer
-from numa_agent.enforcement.protocol import Applying, EngineCgroups, Records, Tracking, engines_of
+from numa_agent.enforcement.protocol import (
+    Applying,
+    EngineCgroups,
+    KeptRecords,
+    Records,
+    Tracking,
+    engines_of,
+    kept_records,
+)
 
 ROLES = (Applying, Tracking, Records)
+CAPABILITIES = (EngineCgroups, KeptRecords)
 ENFORCERS = (CgroupEnforcer, AffinityEnforcer)
 
 # (class, method) -> why its constant answer is the mechanism's real one.
@@ -24,11 +34,6 @@ LEGIT = {
     ("AffinityEnforcer", "setup"): "sched_setaffinity needs nothing made before use: no tree, no controllers",
     ("AffinityEnforcer", "verify"): "nothing to read back: a pin either took or raised, and children inherit it",
     ("AffinityEnforcer", "path_of"): "the documented answer where a workload has no directory to show",
-    ("AffinityEnforcer", "read_limits"): "the documented answer where nothing limits amounts (numa-run binds nodes)",
-    ("AffinityEnforcer", "write_record"): "best effort by contract; nothing outlives the agent but the process",
-    ("AffinityEnforcer", "read_record"): "the documented answer when the mechanism keeps nothing beyond its processes",
-    ("AffinityEnforcer", "prune"): "no leftovers can exist: nothing outlives the agent but the process",
-    ("AffinityEnforcer", "granted"): "the documented answer where nothing above the agent grants CPUs",
     ("CgroupEnforcer", "live_marked"): "the documented answer where the cgroup tree is the record start-up adopts",
 }
 
@@ -39,7 +44,7 @@ def role_methods(role: type) -> list[str]:
 
 
 def claimed(cls: type) -> list[str]:
-    roles = ROLES + ((EngineCgroups,) if all(hasattr(cls, n) for n in role_methods(EngineCgroups)) else ())
+    roles = ROLES + tuple(cap for cap in CAPABILITIES if all(hasattr(cls, n) for n in role_methods(cap)))
     return sorted({name for role in roles for name in role_methods(role)})
 
 
@@ -107,3 +112,12 @@ def test_only_the_cgroup_enforcer_enforces_on_engines_cgroups():
     assert set(role_methods(EngineCgroups)) <= set(claimed(CgroupEnforcer))
     assert engines_of(AffinityEnforcer("test")) is None
     assert not any(hasattr(AffinityEnforcer, n) for n in role_methods(EngineCgroups))
+
+
+def test_only_the_cgroup_enforcer_keeps_records_beside_the_checkpoint():
+    # sched_setaffinity keeps nothing that outlives the agent: no record, no
+    # limits, no leftovers, no grant. The callers ask, as for engines' cgroups.
+    assert set(role_methods(KeptRecords)) == {"read_limits", "write_record", "read_record", "prune", "granted"}
+    assert set(role_methods(KeptRecords)) <= set(claimed(CgroupEnforcer))
+    assert kept_records(AffinityEnforcer("test")) is None
+    assert not any(hasattr(AffinityEnforcer, n) for n in role_methods(KeptRecords))

@@ -1,5 +1,6 @@
 """Both enforcers provide the whole Enforcer protocol, with the same signatures,
-so the service never needs to ask which one it holds."""
+so the service never needs to ask which one it holds (only for a capability:
+EngineCgroups, KeptRecords)."""
 
 from __future__ import annotations
 
@@ -15,9 +16,9 @@ from numa_agent.core.hints import NumaMask
 from numa_agent.enforcement.affinity_enforcer import AffinityEnforcer
 from numa_agent.enforcement.cgroup import CgroupV2, KernelFiles
 from numa_agent.enforcement.cgroup_enforcer import CgroupEnforcer
-from numa_agent.enforcement.protocol import Applying, Enforcer, Grant, Records, Tracking
+from numa_agent.enforcement.protocol import Applying, Enforcer, Grant, KeptRecords, Records, Tracking, kept_records
 
-ROLES = (Applying, Tracking, Records)  # EngineCgroups: a capability, see test_no_stubs.py
+ROLES = (Applying, Tracking, Records)  # EngineCgroups, KeptRecords: capabilities, see test_no_stubs.py
 OWN = {role: {name for name in vars(role) if not name.startswith("_")} for role in ROLES}
 ROLE_OF = {name: role for role, names in OWN.items() for name in names}
 MEMBERS = sorted(ROLE_OF)
@@ -38,11 +39,11 @@ def enforcer(request):
 def test_the_protocol_covers_what_the_service_uses():
     assert ATTRIBUTES == ["mode", "reason"]
     assert set(METHODS) >= {"setup", "apply", "verify", "exists", "populated", "pids", "existing",
-                            "prune", "track", "fds", "released", "granted", "close"}
+                            "track", "fds", "released", "close"}
 
 
 def test_the_roles_split_the_protocol_without_overlap():
-    assert sum(len(names) for names in OWN.values()) == len(MEMBERS) == 23
+    assert sum(len(names) for names in OWN.values()) == len(MEMBERS) == 18
     assert all(role in Enforcer.__mro__ for role in ROLES)
     assert {name for name in vars(Enforcer) if not name.startswith("_")} == set()  # nothing of its own
     assert OWN[Tracking] >= {"track", "fds", "released"} and OWN[Applying] >= {"apply", "verify", "evict"}
@@ -52,6 +53,12 @@ def test_both_enforcers_are_enforcers(enforcer):
     assert isinstance(enforcer, Enforcer)
     assert isinstance(enforcer.mode, str) and enforcer.mode
     assert enforcer.reason is None or isinstance(enforcer.reason, str)
+
+
+@pytest.mark.parametrize("name", sorted(n for n in vars(KeptRecords) if not n.startswith("_")))
+def test_the_kept_records_have_the_capabilitys_signature(name):
+    wanted = inspect.signature(getattr(KeptRecords, name), eval_str=True)
+    assert inspect.signature(getattr(CgroupEnforcer, name), eval_str=True) == wanted
 
 
 @pytest.mark.parametrize("cls", [CgroupEnforcer, AffinityEnforcer])
@@ -66,7 +73,8 @@ def test_event_loop_side_of_a_fresh_enforcer(enforcer):
     fds = enforcer.fds()
     assert fds and all(isinstance(fd, int) and fd >= 0 for fd in fds)
     assert enforcer.released(set()) == []
-    assert enforcer.existing() == [] and enforcer.prune({}) == []
+    kept = kept_records(enforcer)
+    assert enforcer.existing() == [] and (kept is None or kept.prune({}) == [])
 
 
 def test_track_of_an_unknown_workload_is_false(enforcer):
@@ -141,7 +149,9 @@ def test_affinity_counts_an_exited_unreaped_process_as_gone(sleepers):
 
 def test_only_a_real_cgroup_root_grants(enforcer):
     # A simulated tree was made from the machine's own view: nothing to learn.
-    assert enforcer.granted() is None
+    # Affinity mode has nothing above the agent to grant (no KeptRecords).
+    kept = kept_records(enforcer)
+    assert kept is None or kept.granted() is None
 
 
 def test_kernel_cgroup_root_grants_its_effective_cpuset(tmp_path):

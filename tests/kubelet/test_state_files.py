@@ -16,9 +16,10 @@ from numa_agent.admission.machine import PolicyConfig, build_machine
 from numa_agent.admission.request import Request, Resources
 from numa_agent.kubelet import podresources_pb2 as pb
 from numa_agent.kubelet.files import StateFiles, StateFilesError
-from numa_agent.kubelet.pod_resources import ListEncoder, list_response
+from numa_agent.kubelet.pod_resources import ListEncoder
 from numa_agent.kubelet.state_files import StateDocuments, checksum_ok, documents, kubelet_resource
 from numa_agent.state.model import AgentState
+from tests.support.pod_resources import list_response
 from tests.support.synthetic import make_topology
 
 GPU = ("0x030200", "0x10de", "0x20b0", 1, "nvidia")

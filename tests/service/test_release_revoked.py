@@ -19,7 +19,6 @@ from numa_agent.core.mark import issue_mark, start_time_of
 from numa_agent.enforcement.affinity_enforcer import AffinityEnforcer
 from numa_agent.enforcement.processes import process_identity
 from numa_agent.kubelet.files import StateFiles
-from numa_agent.kubelet.pod_resources import list_response
 from numa_agent.kubelet.state_files import CPU_MANAGER_STATE
 from numa_agent.service.agent_service import AgentService
 from numa_agent.service.recovery import restore
@@ -28,6 +27,7 @@ from numa_agent.state.checkpoint import CheckpointStore
 from tests.service.test_agent_service import Crash
 from tests.service.test_rebuild import KEY, ROOT, machine_of
 from tests.support.marks import give_mark, spawn_awaiting_mark
+from tests.support.pod_resources import list_response
 
 needs_two = pytest.mark.skipif(not {0, 1} <= os.sched_getaffinity(0), reason="needs CPUs 0 and 1")
 pytestmark = needs_two

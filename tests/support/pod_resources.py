@@ -1,5 +1,6 @@
 """A PodResources server for the connection tests (tests/kubelet/test_grpc_*), and
-the one question they ask of it: does a List get an answer?"""
+the one question they ask of it: does a List get an answer? Also the whole List
+answer built at once, which the tests compare the kept parts against."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ import grpc
 from numa_agent.kubelet import grpc_server
 from numa_agent.kubelet import podresources_pb2 as pb
 from numa_agent.kubelet import podresources_pb2_grpc as pb_grpc
+from numa_agent.kubelet.pod_resources import pod
+from numa_agent.kubelet.state_files import pod_of
 
 PATIENCE = 30.0  # how long a List may take to be answered: a bound, not a measure
 
@@ -48,3 +51,16 @@ def answers(path: str) -> bool:
         except grpc.RpcError as exc:
             return exc.code() == grpc.StatusCode.UNAVAILABLE and exc.details() == "the agent is starting"
     return False
+
+
+def list_response(machine, state, namespace: str) -> pb.ListPodResourcesResponse:
+    """The List answer of `state`, every pod encoded afresh."""
+    pods: dict[str, None] = {}
+    for w in state.workloads:
+        pods.setdefault(pod_of(w), None)
+    out = []
+    for name in pods:
+        p = pod(machine, state, name, namespace)
+        if p is not None:
+            out.append(p)
+    return pb.ListPodResourcesResponse(pod_resources=out)

@@ -88,7 +88,7 @@ def _reference_pick(closest: bool, distances: Mapping[int, Mapping[int, int]] | 
             if da != db:
                 return a if da < db else b
             return a if a.bits < b.bits else b
-        return a if a.is_narrower_than(b) else b
+        return a if a.sort_key() < b.sort_key() else b  # narrower, then lower bits
 
     return pick
 

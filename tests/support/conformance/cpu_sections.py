@@ -14,12 +14,13 @@ from numa_agent.admission.cpu_take import (
 )
 from numa_agent.admission.cpu_topology import CpuTopology
 from numa_agent.core.cpuset import CpuSet
+from tests.support.cpu_topology import from_vectors
 
 Section = Callable[[dict, dict], "str | None"]
 
 
 def _topology(case: dict, doc: dict) -> CpuTopology:
-    return CpuTopology.from_vectors(doc["topologies"][case["topology"]])
+    return from_vectors(doc["topologies"][case["topology"]])
 
 
 def _take_options(case: dict) -> CpuManagerOptions:
