@@ -26,6 +26,7 @@ from numa_agent.enforcement.plan import CgroupLayout, workload_relpath
 from numa_agent.enforcement.protocol import Enforcer, Layout
 from numa_agent.hotplug.rebase import memory_changes, rebase_state
 from numa_agent.isolation.keeper import IsolationKeeper
+from numa_agent.observe.observer import Observer
 from numa_agent.service.caller import Owners, UserNames, system_owner, system_user_name
 from numa_agent.service.cases import admit as admit_case
 from numa_agent.service.cases import release as release_case
@@ -55,7 +56,7 @@ class AgentService(ReadSide):
                  owner: Owners = system_owner, state_publisher: StatePublisher | None = None,
                  revocation_copy: RevocationCopy | None = None,
                  hugepage_counters: CounterReader | None = None, sysfs_root: str = "/",
-                 observer: Any = None) -> None:
+                 observer: Observer | None = None) -> None:
         # Where the machine was discovered ("/": this host; else a captured sysfs tree or
         # archive it simulates), so `numa-agent topology` can say which machine it shows.
         self.sysfs_root = sysfs_root
@@ -90,7 +91,7 @@ class AgentService(ReadSide):
                                 isolation=isolation, state_publisher=state_publisher,
                                 revocation_copy=revocation_copy)
         # Intruders and memory locality (numa_agent.observe); None: status shows neither.
-        self.observer: Any = observer
+        self.observer: Observer | None = observer
         # Reads the kernel's free hugepages for an admission asking for some
         # (service/hugepage_counters.py); None: the bookings alone decide.
         self.hugepage_counters: CounterReader | None = hugepage_counters
