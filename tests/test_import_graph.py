@@ -220,11 +220,11 @@ def test_the_adapters_hold_the_protocol_not_the_service():
 
 
 def test_the_use_cases_reach_no_adapter():
-    """service/cases/ (release, resize) are given their ports (cases/ports.py):
+    """service/cases/ (admit, release, resize) are given their ports (cases/ports.py):
     they reach no adapter, no assembly, nor the assembled service itself."""
     graph = import_graph()
     cases = [m for m in graph if m.startswith(f"{SERVICE}.cases.")]
-    assert {f"{SERVICE}.cases.release", f"{SERVICE}.cases.resize"} <= set(cases)
+    assert {f"{SERVICE}.cases.admit", f"{SERVICE}.cases.release", f"{SERVICE}.cases.resize"} <= set(cases)
     outside = ("numa_agent.api", "numa_agent.kubelet", "numa_agent.daemon", "numa_agent.cli", "numa_agent.engines",
                f"{SERVICE}.agent_service")
     assert {m: sorted(t for t in reachable(graph, m) if t.startswith(outside)) for m in cases} \

@@ -26,10 +26,11 @@ if TYPE_CHECKING:
     from numa_agent.hotplug.events import EventSource
     from numa_agent.kubelet.files import StateFiles
     from numa_agent.kubelet.grpc_server import PodResourcesServer
-    from numa_agent.observe.observer import MemorySampler
+    from numa_agent.observe.observer import MemorySampler, Observer
     from numa_agent.observe.watcher import IntruderWatcher
     from numa_agent.service.agent_service import AgentService
     from numa_agent.state.directory import StateDirClaim
+    from numa_agent.state.model import AgentState
     from numa_agent.views.metrics import MetricsServer
 
 log = logging.getLogger("numa_agent.startup")
@@ -190,12 +191,16 @@ class Agent:
         except Exception as exc:
             raise StartupError(f"cannot restore state: {exc}") from None
         self.kubelet_files = _kubelet_state_files(cfg)
+        # The intruder watcher reads the state of the service it is given to: bound below.
+        state_of = _ServiceState()
         service = AgentService(machine, store, enforcer, isolation=_isolation_keeper(cfg),
                                isolate_default=cfg.isolate_default, isolate_gid=isolate_gid,
                                mark_key=mark_key, pci_names=PciIdsFile(), quotas=cfg.quotas,
                                state_publisher=self.kubelet_files, revocation_copy=revocation_copy,
                                sysfs_root=self.machine_source or os.path.abspath(cfg.sysfs_root),
-                               hugepage_counters=functools.partial(read_free_hugepages, cfg.sysfs_root))
+                               hugepage_counters=functools.partial(read_free_hugepages, cfg.sysfs_root),
+                               observer=self._observer(enforcer, state_of))
+        state_of.service = service
         try:
             service.install(state)
         except Exception as exc:
@@ -277,7 +282,7 @@ class Agent:
         cfg = self.cfg
         service, api = self.service, self.api
         assert service is not None and api is not None, "the edges start after the service"
-        self._start_observer(service)  # before the API serves: every status has its fields
+        self._start_observing(service)  # before the API serves: every status has its fields
         # Metrics listen before the API answers: a client that sees the agent up can scrape it.
         if cfg.metrics_address:
             from numa_agent.views.metrics import build_registry, start_metrics_server
@@ -318,27 +323,35 @@ class Agent:
         log.info("ready: socket %s, enforcement %s%s", cfg.socket, service.enforcer.mode,
                  f" ({service.enforcer.reason})" if service.enforcer.reason else "")
 
-    def _start_observer(self, service) -> None:
-        """Memory locality in status, and the intruder scan on its own timer
-        (off with intruder_scan_seconds = 0). It reads <sysfs root>/proc: a
-        captured tree without tasks shows none."""
-        from numa_agent.observe.observer import MEMORY_SAMPLE_SECONDS, MemorySampler, Observer
+    def _observer(self, enforcer: Enforcer, state_of: Callable[[], AgentState]) -> Observer:
+        """Memory locality in status, and the intruder scan (started with the
+        edges; off with intruder_scan_seconds = 0). It reads <sysfs root>/proc:
+        a captured tree without tasks shows none."""
+        from numa_agent.observe.observer import Observer
         from numa_agent.observe.procfs import ProcReader
         from numa_agent.observe.watcher import IntruderWatcher, guarded_of
 
-        cfg, enforcer = self.cfg, service.enforcer
+        cfg = self.cfg
         source = ProcReader(os.path.join(cfg.sysfs_root, "proc"))
         # How /proc/PID/cgroup names the workloads' cgroups: below the mount,
         # or (simulated) below the simulated tree's root.
         mount = CGROUP_MOUNT if enforcer.mode == "cgroup" else enforcer.path_of("")
         if cfg.intruder_scan_seconds > 0:
-            self.watcher = IntruderWatcher(lambda: guarded_of(service.state, enforcer.path_of, mount),
-                                           source, cfg.intruder_scan_seconds).start()
-        service.observer = Observer(source, enforcer.path_of, self.watcher)
-        # The memory per node the metrics report, sampled at the scan's pace: a
-        # scrape reads no file (docs/monitoring.md, staleness).
-        self.sampler = MemorySampler(service.observer, lambda: service.state,
-                                     cfg.intruder_scan_seconds or MEMORY_SAMPLE_SECONDS).start()
+            self.watcher = IntruderWatcher(lambda: guarded_of(state_of(), enforcer.path_of, mount),
+                                           source, cfg.intruder_scan_seconds)
+        return Observer(source, enforcer.path_of, self.watcher)
+
+    def _start_observing(self, service: AgentService) -> None:
+        """The intruder scan on its own timer, and the memory per node the
+        metrics report, sampled at the scan's pace: a scrape reads no file
+        (docs/monitoring.md, staleness)."""
+        from numa_agent.observe.observer import MEMORY_SAMPLE_SECONDS, MemorySampler
+
+        if self.watcher is not None:
+            self.watcher.start()
+        if service.observer is not None:
+            self.sampler = MemorySampler(service.observer, lambda: service.state,
+                                         self.cfg.intruder_scan_seconds or MEMORY_SAMPLE_SECONDS).start()
 
     def _on_hotplug(self, events) -> None:
         """Kernel events arrived (None: some were lost): re-read the machine."""
@@ -562,6 +575,20 @@ class Agent:
 
 
 # ---- choosing the enforcer ----------------------------------------------------------
+class _ServiceState:
+    """The state of the service, for what the service is given and reads it
+    back (the intruder watcher): bound once the service is made, read only by
+    a scan, which starts with the edges."""
+
+    def __init__(self) -> None:
+        self.service: AgentService | None = None
+
+    def __call__(self) -> AgentState:
+        if self.service is None:
+            raise RuntimeError("the service's state was read before the service was made")
+        return self.service.state
+
+
 class EnforcerUnavailable(Exception):
     """An enforcer cannot run here; the message says why. The next one is tried."""
 

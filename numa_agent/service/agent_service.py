@@ -14,57 +14,31 @@ from __future__ import annotations
 import bisect
 import logging
 import os
-import re
 import threading
 import time
 from typing import Any, Callable, Mapping
 
-import msgspec
-
-from numa_agent.admission.admit import (
-    InvalidRequest,
-    Refusal,
-    Request,
-    alignment_guaranteed,
-    decide,
-    effective_cpus,
-)
 from numa_agent.admission.machine import Machine
-from numa_agent.admission.quota import NO_QUOTAS, Quotas, check_quota
-from numa_agent.admission.quota import REASON_CODE as QUOTA_EXCEEDED
+from numa_agent.admission.quota import NO_QUOTAS, Quotas
 from numa_agent.core.caller import Caller
-from numa_agent.core.hints import TopologyHint
-from numa_agent.core.names import NAME_RULE, engine_name_refusal, is_workload_name
 from numa_agent.discovery.pci_ids import PciNameSource
-from numa_agent.enforcement.errors import EnforcementError
-from numa_agent.enforcement.plan import (
-    CgroupLayout,
-    engine_clash,
-    workload_relpath,
-)
-from numa_agent.enforcement.protocol import Enforcer, Layout, engines_of
+from numa_agent.enforcement.plan import CgroupLayout, workload_relpath
+from numa_agent.enforcement.protocol import Enforcer, Layout
 from numa_agent.hotplug.rebase import memory_changes, rebase_state
-from numa_agent.isolation.keeper import ISOLATE, STRICT, IsolationKeeper, isolation_asked
+from numa_agent.isolation.keeper import IsolationKeeper
+from numa_agent.observe.observer import Observer
 from numa_agent.service.caller import Owners, UserNames, system_owner, system_user_name
+from numa_agent.service.cases import admit as admit_case
 from numa_agent.service.cases import release as release_case
 from numa_agent.service.cases import resize as resize_case
-from numa_agent.service.cases.refusal import refused
 from numa_agent.service.commit import CommitUnit, Pending, StatePublisher, check_alive
-from numa_agent.service.counters import Counters, ManagerOutcome
-from numa_agent.service.hugepage_counters import CounterReader, counters_for
+from numa_agent.service.counters import Counters
+from numa_agent.service.hugepage_counters import CounterReader
 from numa_agent.service.read_side import VERSION as VERSION  # (re-exported: the info series)
 from numa_agent.service.read_side import ReadSide
-from numa_agent.service.refusals import (
-    InConflict,
-    InvalidInput,
-    NoCapacity,
-    NotPermitted,
-    RequestIdTaken,
-    Unavailable,
-)
-from numa_agent.service.requests import AdmitRequest, to_admission_request, with_engine_grant
+from numa_agent.service.refusals import NotPermitted, Unavailable
+from numa_agent.service.requests import AdmitRequest
 from numa_agent.service.revocation_copy import RevocationCopy
-from numa_agent.state.checkpoint import describe_oserror
 from numa_agent.state.model import AgentState, Workload
 
 log = logging.getLogger("numa_agent.service")
@@ -82,7 +56,7 @@ class AgentService(ReadSide):
                  owner: Owners = system_owner, state_publisher: StatePublisher | None = None,
                  revocation_copy: RevocationCopy | None = None,
                  hugepage_counters: CounterReader | None = None, sysfs_root: str = "/",
-                 observer: Any = None) -> None:
+                 observer: Observer | None = None) -> None:
         # Where the machine was discovered ("/": this host; else a captured sysfs tree or
         # archive it simulates), so `numa-agent topology` can say which machine it shows.
         self.sysfs_root = sysfs_root
@@ -117,7 +91,7 @@ class AgentService(ReadSide):
                                 isolation=isolation, state_publisher=state_publisher,
                                 revocation_copy=revocation_copy)
         # Intruders and memory locality (numa_agent.observe); None: status shows neither.
-        self.observer: Any = observer
+        self.observer: Observer | None = observer
         # Reads the kernel's free hugepages for an admission asking for some
         # (service/hugepage_counters.py); None: the bookings alone decide.
         self.hugepage_counters: CounterReader | None = hugepage_counters
@@ -168,81 +142,10 @@ class AgentService(ReadSide):
         replaced whole); its writes may still be under way."""
         return self._unit.layout
 
-    # ---- admission ---------------------------------------------------------
+    # ---- the use cases (service/cases/) -----------------------------------------
     def admit(self, request: AdmitRequest, caller: Caller, dry_run: bool = False) -> dict:
-        started = time.perf_counter()
-        owner = self.owner(caller.uid) if self.quotas else None
-        kernel = counters_for(self.hugepage_counters, self.machine, request,  # sysfs: outside the lock
-                              self.state, self.enforcer.path_of)
-        with self._lock:
-            request_id = None if dry_run else request.request_id
-            if request_id is not None:
-                replayed = self._replay(request_id, caller)
-                if replayed is not None:
-                    return replayed
-            deciding = time.perf_counter()
-            try:
-                req = self._request_from(request, caller)
-                req = self._on_engine_cgroup(req, request, caller)
-                deciding = time.perf_counter()
-                # A dry run (numa-run --dry-run, numa-agent explain) shows every provider's
-                # hints and what was free; an admission's answer and log line do without.
-                decision = decide(self.machine, self.state, req, explain=dry_run, kernel=kernel)
-                if owner is not None:
-                    check_quota(self.quotas, owner, self.state, decision.state, decision.explanation)
-            except OSError as exc:  # a file the decision needs (the caller's cgroup...): descriptors out
-                raise Unavailable(f"cannot decide the admission, nothing was booked: {describe_oserror(exc)}") \
-                    from None
-            except _NameTaken as exc:
-                self.counters.refused("name_in_use", time.perf_counter() - started)
-                raise InConflict(f"a workload named {exc.args[0]!r} already exists; choose another --name") from None
-            except InvalidRequest as exc:
-                self.counters.refused("bad_request", time.perf_counter() - started)
-                raise InvalidInput(str(exc)) from None
-            except Refusal as exc:
-                # forbidden: no manager was asked; over a quota: refused after the managers
-                # decided, as the kubelet's never see a pod its namespace's quota refused.
-                if exc.code not in ("forbidden", QUOTA_EXCEEDED) and not dry_run:
-                    outcome = self._manager_outcome(request, exc.explanation, exc.pinned, exc.provider,
-                                                    merge_refused=exc.provider is None)
-                    self.counters.decided(outcome, time.perf_counter() - deciding)
-                self.counters.refused(exc.code, time.perf_counter() - started)
-                log.warning("refused %s for uid %d pid %d: %s | hints: %s | merged: %s",
-                            request.name or "(unnamed)", caller.uid, caller.pid, exc.message,
-                            _hints_text(exc.explanation), _merged_text(exc.explanation))
-                if exc.code == "forbidden":
-                    raise NotPermitted(exc.message) from None
-                raise refused(exc) from None
-            if not dry_run:
-                outcome = self._manager_outcome(request, decision.explanation, decision.pinned, None,
-                                                merge_refused=False)
-                self.counters.decided(outcome, time.perf_counter() - deciding)
-            w = decision.workload
-            w = self._with_isolation(w, request, caller, started)
-            decision_state = decision.state if w is decision.workload else decision.state.with_workload(w)
-            self._check_strict(decision_state, w, started)
-            if dry_run:
-                self.counters.dry_run(time.perf_counter() - started)
-                return self._admission_view(decision_state, w, decision.explanation, dry_run=True)
-
-            new_state = decision_state
-            if request_id is not None:
-                # Checkpointed with the workload, so a retry after a restart finds it.
-                w = msgspec.structs.replace(w, request={**w.request, "request_id": request_id})
-                new_state = new_state.with_workload(w)
-            index, engines = self._request_index(), self._engine_index()
-            # On an engine's cgroup the processes are already where they belong.
-            move = None if w.cgroup is not None else (workload_relpath(w), caller.pid)
-            pending = self._unit.stage(new_state, move=move, caller=caller)
-            self._indexed(index, engines, admitted=w)
-        self._unit.apply(pending)  # the kernel writes: without the lock
-        self._refuse_if_not_isolated(w, started)
-        self.counters.admitted(time.perf_counter() - started, decision.explanation.get("alignment", {}))
-        log.info("admitted %s for uid %d pid %d: cpus %s mems %s devices %s | merged: %s",
-                 w.name, caller.uid, caller.pid, effective_cpus(self.machine, new_state, w).format(),
-                 ",".join(map(str, w.booking.mems)), ",".join(w.booking.device_addresses()) or "-",
-                 _merged_text(decision.explanation))
-        return self._admission_view(new_state, w, decision.explanation, dry_run=False)
+        """Admit `request` for `caller` (service/cases/admit.py)."""
+        return admit_case.admit(self, request, caller, dry_run)
 
     def _indexed(self, index: dict[str, str], engines: list[str], admitted: Workload | None = None,
                  released: Workload | None = None) -> None:
@@ -257,15 +160,6 @@ class AgentService(ReadSide):
             if released.cgroup is not None and released.cgroup in engines:
                 engines.remove(released.cgroup)
         self._request_index_state = self._engine_index_state = self.state
-
-    def _manager_outcome(self, body: AdmitRequest, explanation: Mapping[str, Any], pinned: frozenset[str],
-                         failed: str | None, merge_refused: bool) -> ManagerOutcome:
-        """A decided admission (refused by the provider `failed`, or by the merge) as the
-        kubelet's managers count it."""
-        return ManagerOutcome(pinned=pinned, failed=failed, merge_refused=merge_refused,
-                              guaranteed=alignment_guaranteed(explanation),
-                              scope="pod" if body.pod else "container",
-                              full_pcpus_only=self.machine.cpu_options.full_pcpus_only)
 
     def release(self, name: str, caller: Caller | None, reason: str = "requested",
                 request_id: str | None = None) -> dict:
@@ -282,11 +176,13 @@ class AgentService(ReadSide):
     def lock(self) -> threading.RLock:
         return self._lock
 
-    def stage(self, new_state: AgentState, released: Workload | None = None) -> Pending:
+    def stage(self, new_state: AgentState, released: Workload | None = None, *,
+              admitted: Workload | None = None, move: tuple[str, int] | None = None,
+              caller: Caller | None = None) -> Pending:
         index, engines = self._request_index(), self._engine_index()
-        pending = self._unit.stage(new_state)
-        if released is not None:
-            self._indexed(index, engines, released=released)
+        pending = self._unit.stage(new_state, move=move, caller=caller)
+        if released is not None or admitted is not None:
+            self._indexed(index, engines, admitted=admitted, released=released)
         return pending
 
     def apply(self, pending: Pending) -> None:
@@ -298,6 +194,28 @@ class AgentService(ReadSide):
     def admission_view(self, state: AgentState, w: Workload, explanation: Mapping[str, Any],
                        dry_run: bool) -> dict:
         return self._admission_view(state, w, explanation, dry_run)
+
+    def request_index(self) -> Mapping[str, str]:
+        return self._request_index()
+
+    def engine_index(self) -> list[str]:
+        return self._engine_index()
+
+    def rejoin(self, w: Workload, caller: Caller) -> None:
+        # The agent may have stopped between the checkpoint and the move.
+        check_alive(caller)
+        if w.cgroup is None:
+            self.enforcer.apply(self._layout, self._layout, (workload_relpath(w), caller.pid))
+        else:
+            # The engine may have made its cgroup again meanwhile (a container
+            # restarted before its exit was seen): take it over once more.
+            rel, layout = workload_relpath(w), self._layout
+            base = layout if isinstance(layout, CgroupLayout) else CgroupLayout(layout)
+            self.enforcer.apply(base.updated({}, [rel]), layout, None, changed={rel})
+
+    def check_own_cgroup(self, cgroup: str, caller: Caller) -> None:
+        _check_root_owned(self.enforcer.path_of(cgroup), cgroup)
+        _check_owns_cgroup(self.enforcer.subtree_pids(cgroup), caller, cgroup)
 
     def isolation_pending(self) -> bool:
         """A restore failed and waits for its retry, or irqbalance restarted and is to be told again."""
@@ -377,159 +295,6 @@ class AgentService(ReadSide):
             self._engine_index_state = state
         return self._engine_paths
 
-    def _check_engine_clash(self, cgroup: str) -> None:
-        """One workload per engine cgroup, and none in or around another's: a
-        cpuset or limit written on a cgroup governs its whole subtree, so an
-        exclusive workload below another would run on the outer one's CPUs."""
-        clash = engine_clash(self._engine_index(), cgroup)
-        if clash is None:
-            return
-        spec = self._layout.get(clash)
-        holder = spec.workload if spec is not None else None
-        where = "already holds" if clash == cgroup else \
-            ("lies below" if cgroup.startswith(clash + "/") else "lies above") + f" cgroup {clash}, which holds"
-        raise InConflict(f"cgroup {cgroup} {where} workload {holder or '(unknown)'}; one engine cgroup "
-                         "takes one workload, and none nests in another's")
-
-    def _replay(self, request_id: str, caller: Caller) -> dict | None:
-        """The admission already made under `request_id` (its answer was lost:
-        the client retried after a restart or a dropped connection), or None."""
-        name = self._request_index().get(request_id)
-        w = self.state.workload(name) if name is not None else None
-        if w is None or w.request.get("request_id") != request_id:
-            return None
-        # A named engine cgroup's pid is the hook's that asked first: each hook run
-        # is a new process (a container restarted before its exit was seen asks again).
-        any_pid = w.cgroup is not None and caller.is_root
-        if w.owner_uid != caller.uid or (w.pid is not None and w.pid != caller.pid and not any_pid):
-            raise RequestIdTaken(f"request id {request_id} belongs to another admission "
-                                 "(another user or process); send a new random one")
-        try:
-            # The agent may have stopped between the checkpoint and the move.
-            check_alive(caller)
-            if w.cgroup is None:
-                self.enforcer.apply(self._layout, self._layout, (workload_relpath(w), caller.pid))
-            else:
-                # The engine may have made its cgroup again meanwhile (a container
-                # restarted before its exit was seen): take it over once more.
-                rel, layout = workload_relpath(w), self._layout
-                base = layout if isinstance(layout, CgroupLayout) else CgroupLayout(layout)
-                self.enforcer.apply(base.updated({}, [rel]), layout, None, changed={rel})
-        except (EnforcementError, OSError, ProcessLookupError) as exc:
-            raise Unavailable(f"workload {w.name} is booked but the process could not be "
-                              f"moved into it: {exc}") from None
-        log.info("replayed the admission of %s for uid %d pid %d (request id %s)",
-                 w.name, caller.uid, caller.pid, request_id)
-        view = self._admission_view(self.state, w, {}, dry_run=False)
-        view["replayed"] = True
-        return view
-
-    # ---- isolation ------------------------------------------------------------------
-    def _with_isolation(self, w: Workload, body: AdmitRequest, caller: Caller, started: float) -> Workload:
-        """`w` with the isolation it asked for (or the configured default) in its request."""
-        if body.isolate and not (caller.is_root or (self.isolate_gid is not None and
-                                                    caller.in_group(self.isolate_gid))):
-            self.counters.refused("forbidden", time.perf_counter() - started)
-            raise NotPermitted("--isolate changes machine-wide settings (interrupt affinities, idle states, "
-                               "CPU frequency): only root may ask for it, or the members of the group the "
-                               "agent's [isolation] group names")
-        kinds = tuple(body.isolate) if body.isolate is not None else self.isolate_default
-        if not kinds or (w.shared and body.isolate is None):
-            return w
-        if w.shared:
-            raise InvalidInput("--isolate needs exclusive CPUs (--cpus or --physcpubind); a shared "
-                               "workload runs on CPUs others use too", details={"field": "isolate"})
-        extra: dict[str, Any] = {ISOLATE: list(kinds)}
-        if body.isolate_strict:
-            extra[STRICT] = True
-        return msgspec.structs.replace(w, request={**w.request, **extra})
-
-    def _check_strict(self, state: AgentState, w: Workload, started: float) -> None:
-        """--isolate-strict asking for what this machine lacks: refused before anything is booked."""
-        if not w.request.get(STRICT):
-            return
-        missing = self.isolation.missing(state, w.name) if self.isolation is not None \
-            else tuple(f"{k}: not available in this agent" for k in isolation_asked(w))
-        if missing:
-            self._refuse_isolation(w, missing, started)
-
-    def _refuse_if_not_isolated(self, w: Workload, started: float) -> None:
-        """--isolate-strict and a write failed: released again (the knobs restored), refused."""
-        if not w.request.get(STRICT) or self.isolation is None:
-            return
-        report = self.isolation.report(w)
-        if report is not None and report.failed():
-            self.release(w.name, None, reason="--isolate-strict could not isolate it")
-            self._refuse_isolation(w, report.failed(), started)
-
-    def _refuse_isolation(self, w: Workload, failed: tuple[str, ...], started: float) -> None:
-        self.counters.refused("isolation_unavailable", time.perf_counter() - started)
-        message = f"--isolate-strict: cannot isolate {w.name}: {'; '.join(failed)}"
-        log.warning("refused %s: %s", w.name, message)
-        raise NoCapacity(message, details={"admit": False, "reason": message,
-                                           "reason_code": "isolation_unavailable",
-                                           "isolation": list(failed)})
-
-    def _request_from(self, body: AdmitRequest, caller: Caller) -> Request:
-        name = body.name or self._generate_name(body, caller)
-        for key, value in (("name", name), ("pod", body.pod)):
-            if value is not None and not is_workload_name(value):
-                raise InvalidRequest(f"{key} {value!r} must be {NAME_RULE}")
-        for value in (name, body.pod):
-            if value is not None and (refusal := engine_name_refusal(value, caller.uid)) is not None:
-                raise Refusal("forbidden", refusal)
-        if self.state.workload(name) is not None:
-            raise _NameTaken(name)
-        return to_admission_request(body, caller, name=name, created_unix=self.clock())
-
-    def _on_engine_cgroup(self, req: Request, body: AdmitRequest, caller: Caller) -> Request:
-        """`req` enforced on an engine's cgroup when the body asks for one: a
-        named one for root only (a container's, from its OCI hook), or the
-        caller's own when every process there is the caller's (numa-run in a
-        Slurm task). Booked inside what the engine granted that cgroup."""
-        if body.cgroup is None and not body.in_place:
-            return req
-        cgroup = body.cgroup
-        if cgroup is not None and not caller.is_root:
-            raise NotPermitted("only root may have a named cgroup enforced (an engine's hook runs as root); "
-                               "numa-run asks for its own with in_place")
-        engines = engines_of(self.enforcer)
-        if cgroup is None:
-            cgroup = None if engines is None else engines.cgroup_of(caller.pid)
-            if cgroup is None or cgroup.count("/") < 2:
-                raise InvalidRequest(f"in_place: pid {caller.pid} is in cgroup {cgroup or '(none)'}, "
-                                     "not below an engine's cgroup")
-        if engines is None:
-            raise InvalidRequest(f"cgroup {cgroup}: cannot enforce on the engine's cgroup {cgroup}: this agent pins "
-                                 f"with sched_setaffinity ({self.enforcer.reason}); that needs a cgroup v2 cpuset")
-        try:
-            # First: a path that is not an engine's (the agent's own tree) is a 400, whoever asks.
-            cpus, mems = engines.engine_grant(cgroup)
-            if body.cgroup is None and not caller.is_root:
-                _check_root_owned(self.enforcer.path_of(cgroup), cgroup)
-                _check_owns_cgroup(self.enforcer.subtree_pids(cgroup), caller, cgroup)
-        except EnforcementError as exc:
-            raise InvalidRequest(f"cgroup {cgroup}: {exc}") from None
-        self._check_engine_clash(cgroup)
-        granted = cpus & self.machine.usable_cpus
-        if req.within_cpus is not None:  # the caller's own bound narrows the engine's grant
-            granted = granted & req.within_cpus
-        return with_engine_grant(req, cgroup, granted, mems.nodes())
-
-    def _generate_name(self, body: AdmitRequest, caller: Caller) -> str:
-        command = body.command or ["workload"]
-        base = re.sub(r"[^a-z0-9]+", "-", os.path.basename(str(command[0])).lower()).strip("-") or "workload"
-        base = base[:40]
-        name = f"{base}-{caller.pid}"
-        n = 1
-        while self.state.workload(name) is not None:
-            n += 1
-            name = f"{base}-{caller.pid}-{n}"
-        return name
-
-class _NameTaken(InvalidRequest):
-    pass
-
 
 def _check_root_owned(path: str | None, cgroup: str) -> None:
     """A cgroup delegated to a user (owned by it) could carry a booking record of
@@ -556,17 +321,3 @@ def _check_owns_cgroup(pids: list[int], caller: Caller, cgroup: str) -> None:
         if uid != caller.uid:
             raise NotPermitted(f"cgroup {cgroup} holds pid {pid} of uid {uid}; only root, or the owner "
                                "of every process in it, may have it enforced")
-
-
-def _merged_text(explanation: Mapping[str, Any]) -> str:
-    """The merged hint as the hints are written ("{0} preferred"), "none" without a merge."""
-    merged = explanation.get("merged")
-    return str(TopologyHint.from_json(merged)) if merged else "none"
-
-
-def _hints_text(explanation: Mapping[str, Any]) -> str:
-    parts = []
-    for p in explanation.get("providers", ()):
-        parts.append(f"{p.get('provider')}/{p.get('resource')}: {', '.join(map(str, p.get('hints', [])))}"
-                     + (f" (+{p['more']} more)" if p.get("more") else ""))
-    return "; ".join(parts) or "none"

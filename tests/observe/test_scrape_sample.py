@@ -44,8 +44,9 @@ def service(tmp_path):
     topo = make_topology(sockets=2, cores_per_node=4, threads_per_core=1, memory_per_node_bytes=8 << 30)
     machine = build_machine(topo, PolicyConfig())
     root = make_simulated_cgroup_root(tmp_path / "cg", machine.usable_cpus, [0, 1])
-    service, _ = start(machine, tmp_path / "state", root)
-    service.observer = Observer(CountingSource(str(tmp_path / "proc")), service.enforcer.path_of, None)
+    service, _ = start(machine, tmp_path / "state", root,
+                       observer_of=lambda enforcer, state: Observer(CountingSource(str(tmp_path / "proc")),
+                                                                    enforcer.path_of, None))
     yield service
     service.enforcer.close()
 

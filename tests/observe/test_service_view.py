@@ -37,18 +37,20 @@ def _closing():
 
 @pytest.fixture
 def make(_closing, tmp_path):
-    def build():
-        service, root, out = _service(tmp_path)
+    def build(observer_of=None):
+        service, root, out = _service(tmp_path, observer_of)
         _closing.append(service)
         return service, root, out
     return build
 
 
-def _service(tmp_path):
+def _service(tmp_path, observer_of=None):
+    """`observer_of(enforcer, state, root)`: the observer given to the service."""
     topo = make_topology(sockets=2, cores_per_node=4, threads_per_core=1, memory_per_node_bytes=8 << 30)
     machine = build_machine(topo, PolicyConfig())
     root = make_simulated_cgroup_root(tmp_path / "cg", machine.usable_cpus, [0, 1])
-    service, _ = start(machine, tmp_path / "state", root)
+    service, _ = start(machine, tmp_path / "state", root, observer_of=None if observer_of is None else
+                       lambda enforcer, state: observer_of(enforcer, state, root))
     out = service.admit(AdmitRequest(name="web", cpus=2), Caller(pid=os.getpid(), uid=1000, gid=1000))
     return service, root, out
 
@@ -62,20 +64,24 @@ def _scrape(service) -> dict:
 
 
 def test_status_and_metrics_show_intruders_and_memory_per_node(tmp_path, make):
-    service, root, out = make()
+    proc = tmp_path / "proc"
+    source = ProcReader(str(proc))
+    watchers = []
+
+    def observer_of(enforcer, state, root):
+        watchers.append(IntruderWatcher(lambda: guarded_of(state(), enforcer.path_of, str(root)), source, 2.0))
+        return Observer(source, enforcer.path_of, watchers[0])
+
+    service, root, out = make(observer_of)
+    (watcher,) = watchers
     (node,) = out["numa_nodes"]
     other = 1 - node
     cpu = CpuSet.parse(out["cpus"]).ids()[0]
-    proc = tmp_path / "proc"
     add_task(proc, 500, 500, "spinner", cpu, "0-7", cgroup="/user.slice")
     add_task(proc, 600, 600, "web", cpu, out["cpus"], cgroup="/wl-web")
     add_task(proc, 700, 700, "kworker/u16:2", cpu, "0-7", kernel=True)
     (root / "wl-web" / "memory.numa_stat").write_text(
         f"anon N{node}={64 * MIB} N{other}={16 * MIB}\nfile N{node}=0 N{other}=0\n")
-    source = ProcReader(str(proc))
-    watcher = IntruderWatcher(lambda: guarded_of(service.state, service.enforcer.path_of, str(root)),
-                              source, 2.0)
-    service.observer = Observer(source, service.enforcer.path_of, watcher)
     watcher.scan_once()
 
     status = service.status()
@@ -110,9 +116,8 @@ def test_a_workload_is_guarded_with_its_owner_whose_mark_alone_counts(tmp_path, 
 
 
 def test_without_observation_data_status_says_not_available(tmp_path, make):
-    service, _, _ = make()
     source = ProcReader(str(tmp_path / "no-proc"))
-    service.observer = Observer(source, service.enforcer.path_of, None)
+    service, _, _ = make(lambda enforcer, state, root: Observer(source, enforcer.path_of, None))
     status = service.status()
     (web,) = status["workloads"]
     assert web["intruders"] == [] == web["kernel_threads"] and web["memory_numa"] is None  # the simulated tree has no numa_stat
@@ -121,13 +126,13 @@ def test_without_observation_data_status_says_not_available(tmp_path, make):
 
 
 def test_without_a_cgroup_numa_maps_is_read_only_on_request(tmp_path, make):
-    service, _, out = make()
-    (node,) = out["numa_nodes"]
     proc = tmp_path / "proc"
+    # no cgroup: affinity mode
+    service, _, out = make(lambda enforcer, state, root: Observer(ProcReader(str(proc)), lambda rel: None, None))
+    (node,) = out["numa_nodes"]
     (proc / str(os.getpid())).mkdir(parents=True)
     (proc / str(os.getpid()) / "numa_maps").write_text(
         f"7f0000000000 default anon=16384 dirty=16384 N{node}=16384 kernelpagesize_kB=4\n")
-    service.observer = Observer(ProcReader(str(proc)), lambda rel: None, None)  # no cgroup: affinity mode
     assert service.status()["workloads"][0]["memory_numa"] is None
     numa = service.status(memory=True)["workloads"][0]["memory_numa"]
     assert numa["source"] == "numa_maps" and numa["bytes"] == {str(node): 64 * MIB}
@@ -137,7 +142,6 @@ def test_without_a_cgroup_numa_maps_is_read_only_on_request(tmp_path, make):
 def test_a_scrape_reads_the_observations_outside_the_admission_lock(make):
     import threading
 
-    service, _, _ = make()
     free = []
 
     class Probe:
@@ -151,6 +155,6 @@ def test_a_scrape_reads_the_observations_outside_the_admission_lock(make):
             t.start()
             t.join()
 
-    service.observer = Probe()
+    service, _, _ = make(lambda enforcer, state, root: Probe())  # the lock read when it is called
     service.metrics_snapshot()
     assert free == [True]

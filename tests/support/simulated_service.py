@@ -11,13 +11,18 @@ from numa_agent.service.recovery import restore
 from numa_agent.state.checkpoint import CheckpointStore
 
 
-def start(machine, state_dir, cg_root, partitions="off", isolation=None, service_options=None, **kw):
-    """`service_options`: AgentService's keyword arguments (quotas, owner, ...); `kw`: restore's."""
+def start(machine, state_dir, cg_root, partitions="off", isolation=None, service_options=None,
+          observer_of=None, **kw):
+    """`service_options`: AgentService's keyword arguments (quotas, owner, ...); `kw`: restore's.
+    `observer_of(enforcer, state)`: the observer given to the service, `state()` its state."""
     enforcer = CgroupEnforcer(CgroupV2(cg_root, SimulatedCgroupfs(cg_root)), partitions=partitions)
     store = CheckpointStore(state_dir)
     enforcer.setup()
     state, report = restore(machine, store, enforcer, **kw)
-    service = AgentService(machine, store, enforcer, isolation=isolation, **(service_options or {}))
+    options = dict(service_options or {})
+    if observer_of is not None:
+        options["observer"] = observer_of(enforcer, lambda: service.state)
+    service = AgentService(machine, store, enforcer, isolation=isolation, **options)
     service.install(state)
     return service, report
 
