@@ -91,15 +91,19 @@ class CpuTopology:
                 numa=c.numa_node,
                 uncore=c.l3 if c.l3 is not None else socket,
             ))
-        infos.sort(key=lambda i: i.cpu)
-        cpus = tuple(infos)
+        return cls.counted(infos)
+
+    @classmethod
+    def counted(cls, cpus: Iterable[CpuInfo]) -> "CpuTopology":
+        """The CPUs in id order, with the header counts derived from them."""
+        infos = tuple(sorted(cpus, key=lambda i: i.cpu))
         return cls(
-            cpus=cpus,
-            num_cpus=len(cpus),
-            num_cores=len({i.core for i in cpus}),
-            num_sockets=len({i.socket for i in cpus}),
-            num_numa_nodes=len({i.numa for i in cpus}),
-            num_uncore_caches=len({i.uncore for i in cpus}),
+            cpus=infos,
+            num_cpus=len(infos),
+            num_cores=len({i.core for i in infos}),
+            num_sockets=len({i.socket for i in infos}),
+            num_numa_nodes=len({i.numa for i in infos}),
+            num_uncore_caches=len({i.uncore for i in infos}),
         )
 
     # ---- header-derived ratios (integer division, like the kubelet) -------

@@ -12,15 +12,7 @@ from numa_agent.core.hints import NumaMask
 
 def from_cpus(cpus: Iterable[CpuInfo]) -> CpuTopology:
     """Header counts derived from the CPUs themselves."""
-    infos = tuple(sorted(cpus, key=lambda i: i.cpu))
-    return CpuTopology(
-        cpus=infos,
-        num_cpus=len(infos),
-        num_cores=len({i.core for i in infos}),
-        num_sockets=len({i.socket for i in infos}),
-        num_numa_nodes=len({i.numa for i in infos}),
-        num_uncore_caches=len({i.uncore for i in infos}),
-    )
+    return CpuTopology.counted(cpus)
 
 
 def from_vectors(entry: Mapping) -> CpuTopology:
