@@ -404,6 +404,8 @@ class CgroupV2:
         try:
             self.files.mkdir(directory)
         except OSError as exc:
+            if exist_ok and exc.errno == errno.EEXIST:
+                return directory  # made meanwhile (another thread's change): as good
             raise cgroup_error_from_oserror(exc, "mkdir", str(directory)) from None
         return directory
 
