@@ -67,3 +67,84 @@ def test_two_evictions_at_once_both_make_do_with_one_released_cgroup(fake_root, 
         assert len(enforcer.pids(RELEASED_CGROUP)) == 2
     finally:
         enforcer.close()
+
+
+class _Paused:
+    """A CgroupV2 whose `populated` of one cgroup, in one thread, stops after
+    reading until `go` is set (`read` set when it has read)."""
+
+    def __init__(self, cg: CgroupV2, relpath: str) -> None:
+        self._cg, self._relpath = cg, relpath
+        self.thread: threading.Thread | None = None
+        self.read, self.go = threading.Event(), threading.Event()
+
+    def populated(self, relpath: str) -> bool:
+        found = self._cg.populated(relpath)
+        if relpath == self._relpath and threading.current_thread() is self.thread:
+            self.read.set()
+            self.go.wait()
+        return found
+
+
+def _reading(watcher, paused: _Paused) -> tuple[threading.Thread, list]:
+    """read_events in a thread of its own, stopped after reading `paused`'s cgroup."""
+    out: list = []
+    thread = threading.Thread(target=lambda: out.append(watcher.read_events()), daemon=True)
+    paused.thread = thread
+    thread.start()
+    paused.read.wait()
+    return thread, out
+
+
+def test_polling_keeps_a_move_in_told_while_a_reading_was_under_way(cg, fakefs, sleepers):
+    """The event loop reads `a` empty; meanwhile an API thread moves the process
+    in and says so (`occupied`). The reading must not overwrite that with its
+    older 'empty', or the process's exit before the next tick is never reported."""
+    from numa_agent.enforcement.polling import PollingWatcher
+
+    cg.create("a")
+    paused = _Paused(cg, "a")
+    with PollingWatcher(cg) as watcher:
+        watcher.watch("a")
+        watcher._cgroup = paused  # type: ignore[assignment]
+        thread, out = _reading(watcher, paused)
+        proc = sleepers()
+        try:
+            cg.move_pid("a", proc.pid)
+            watcher.occupied("a")
+        finally:
+            paused.go.set()
+        thread.join()
+        assert out == [[]]
+        fakefs.process_exited(proc.pid)
+        assert watcher.read_events() == ["a"]
+
+
+def test_polling_does_not_bring_back_a_watch_dropped_while_reading(cg, fakefs, sleepers):
+    """A release unwatches `a` (and removes it) while the event loop is reading
+    it: the reading must not put `a` back, or the same name admitted again
+    starts from the old cgroup's 'populated' and its fresh, empty cgroup is
+    reported as emptied before its process is moved in."""
+    from numa_agent.enforcement.polling import PollingWatcher
+
+    cg.create("a")
+    proc = sleepers()
+    cg.move_pid("a", proc.pid)
+    paused = _Paused(cg, "a")
+    with PollingWatcher(cg) as watcher:
+        watcher.watch("a")
+        watcher._cgroup = paused  # type: ignore[assignment]
+        thread, out = _reading(watcher, paused)
+        try:
+            watcher.unwatch("a")  # the release: evicted and removed
+            cg.create("b")
+            cg.move_pid("b", proc.pid)
+            cg.remove("a")
+        finally:
+            paused.go.set()
+        thread.join()
+        assert out == [[]]
+        assert watcher.watched() == []
+        cg.create("a")  # admitted again: watched before its process is moved in
+        watcher.watch("a")
+        assert watcher.read_events() == []
