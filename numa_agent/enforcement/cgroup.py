@@ -404,6 +404,8 @@ class CgroupV2:
         try:
             self.files.mkdir(directory)
         except OSError as exc:
+            if exist_ok and exc.errno == errno.EEXIST:
+                return directory  # made meanwhile (another thread's change): as good
             raise cgroup_error_from_oserror(exc, "mkdir", str(directory)) from None
         return directory
 
@@ -682,12 +684,16 @@ class EventWatcher:
         return self._fd
 
     def watch(self, relpath: str) -> None:
-        if relpath in self._rel_to_wd:
-            return
+        # Always asked of the kernel (the same file gives the same wd): a cgroup
+        # removed and made again under this name has a new one, and the old
+        # one's removal may not have been read yet.
         file = self._cgroup.path(relpath) / "cgroup.events"
         wd = libc().inotify_add_watch(self._fd, os.fsencode(file), _IN_MODIFY)
         if wd < 0:
             raise cgroup_error_from_oserror(_last_oserror(), "watch", str(file))
+        old = self._rel_to_wd.get(relpath)
+        if old is not None and old != wd:
+            self._wd_to_rel.pop(old, None)
         self._wd_to_rel[wd] = relpath
         self._rel_to_wd[relpath] = wd
 
@@ -729,7 +735,8 @@ class EventWatcher:
                 if mask & _IN_IGNORED:
                     # The cgroup was removed; its watch is gone.
                     self._wd_to_rel.pop(wd, None)
-                    self._rel_to_wd.pop(relpath, None)
+                    if self._rel_to_wd.get(relpath) == wd:
+                        del self._rel_to_wd[relpath]
                     continue
                 if mask & _IN_MODIFY:
                     changed.append(relpath)

@@ -256,8 +256,9 @@ class CgroupEnforcer:
         if not pids:
             return
         if RELEASED_CGROUP in new and not self.cgroup.exists(RELEASED_CGROUP):
+            # Another release, applied at the same time, may make it first.
             spec = new[RELEASED_CGROUP]
-            self.cgroup.create(RELEASED_CGROUP)
+            self.cgroup.create(RELEASED_CGROUP, exist_ok=True)
             self.cgroup.write_cpuset(RELEASED_CGROUP, spec.cpus, spec.mems)
         for pid in pids:
             try:

@@ -14,8 +14,10 @@ is told of the move, so an exit before the next tick is not missed).
 from __future__ import annotations
 
 import ctypes
+import itertools
 import logging
 import os
+import threading
 
 from numa_agent.enforcement.cgroup import CgroupV2, EventWatcher
 from numa_agent.enforcement.errors import CgroupError, CgroupMissingError
@@ -51,25 +53,38 @@ class PollingWatcher:
 
     def __init__(self, cgroup: CgroupV2, interval: float = POLL_INTERVAL) -> None:
         self._cgroup = cgroup
-        self._populated: dict[str, bool] = {}  # relpath -> as last read
+        # relpath -> (populated as last read or told, a token of that entry). The
+        # API's threads watch, unwatch and tell moves while the event loop reads:
+        # a reading is stored only over the entry it started from (its token),
+        # so it never undoes a move told meanwhile nor brings back a dropped watch.
+        self._populated: dict[str, tuple[bool, int]] = {}
+        self._tokens = itertools.count()
+        self._lock = threading.Lock()
         self._fd = _periodic_timer(interval)
 
     def fileno(self) -> int:
         return self._fd
 
     def watch(self, relpath: str) -> None:
-        if relpath not in self._populated:
-            self._populated[relpath] = self._cgroup.populated(relpath)  # a missing one raises, as inotify
+        with self._lock:
+            if relpath in self._populated:
+                return
+        now = self._cgroup.populated(relpath)  # a missing one raises, as inotify
+        with self._lock:
+            self._populated.setdefault(relpath, (now, next(self._tokens)))
 
     def occupied(self, relpath: str) -> None:
-        if relpath in self._populated:
-            self._populated[relpath] = True
+        with self._lock:
+            if relpath in self._populated:
+                self._populated[relpath] = (True, next(self._tokens))
 
     def unwatch(self, relpath: str) -> None:
-        self._populated.pop(relpath, None)
+        with self._lock:
+            self._populated.pop(relpath, None)
 
     def watched(self) -> list[str]:
-        return sorted(self._populated)
+        with self._lock:
+            return sorted(self._populated)
 
     def read_events(self) -> list[str]:
         """Watched cgroups that held processes and are empty now (or gone)."""
@@ -78,15 +93,22 @@ class PollingWatcher:
         except BlockingIOError:
             pass
         emptied = []
-        for relpath, was in list(self._populated.items()):
+        with self._lock:
+            entries = list(self._populated.items())
+        for relpath, entry in entries:
             try:
-                now = self._cgroup.populated(relpath)
+                now: bool | None = self._cgroup.populated(relpath)
             except CgroupMissingError:
-                del self._populated[relpath]  # removed: its watch is gone, as inotify's
-                emptied.append(relpath)
-                continue
-            self._populated[relpath] = now
-            if was and not now:
+                now = None  # removed: its watch is gone, as inotify's
+            with self._lock:
+                if self._populated.get(relpath) is not entry:
+                    continue  # changed meanwhile (moved in, unwatched): read again next tick
+                if now is None:
+                    del self._populated[relpath]
+                    emptied.append(relpath)
+                    continue
+                self._populated[relpath] = (now, entry[1])
+            if entry[0] and not now:
                 emptied.append(relpath)
         return emptied
 
@@ -94,7 +116,8 @@ class PollingWatcher:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
-            self._populated.clear()
+            with self._lock:
+                self._populated.clear()
 
     def __enter__(self) -> PollingWatcher:
         return self

@@ -152,3 +152,19 @@ def test_queue_overflow_reports_every_watched_cgroup(cg):
         finally:
             watcher._fd = inotify_fd
             os.close(read_end)
+
+
+def test_a_cgroup_made_again_under_the_same_name_is_watched_again(cg, sleepers):
+    """An engine's cgroup removed and made again (the same name admitted again
+    by an API thread) before the event loop read the old one's removal: the new
+    one's watch must not be taken for the old one's, nor dropped with it."""
+    cg.create("w")
+    with EventWatcher(cg) as watcher:
+        watcher.watch("w")
+        cg.remove("w")
+        cg.create("w")
+        watcher.watch("w")
+        assert watcher.read_events() == []
+        assert watcher.watched() == ["w"]
+        cg.move_pid("w", sleepers().pid)
+        assert watcher.read_events() == ["w"]
