@@ -203,10 +203,12 @@ def test_the_configmap_turns_nri_on_at_the_mounted_socket():
 
 
 def test_the_agents_loader_takes_the_nri_section():
-    _, with_nri = agent_config()
+    cfg, with_nri = agent_config()
     if not with_nri:
         pytest.skip("the config loader does not know [nri] yet (added by the NRI wiring); "
                     "the rest of the ConfigMap's file loads")
+    assert vars(cfg)["nri_enabled"] is True
+    assert str(Path(vars(cfg)["nri_socket"]).parent) in host_mounts(container("agent"))
 
 
 def test_each_container_runs_an_existing_subcommand():
