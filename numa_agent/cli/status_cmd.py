@@ -134,10 +134,19 @@ def workload_rows(workloads: list[dict[str, Any]], now: float) -> list[list[str]
             cpus += " (shared)"
         devices = ",".join(d.get("address", "?") for d in wl.get("devices") or []) or "-"
         rows.append([str(wl.get("name", "?")), str(wl.get("owner") or wl.get("owner_uid", "-")),
-                     wl.get("pod") or "-", cpus,
+                     _pod_cell(wl), cpus,
                      ",".join(str(n) for n in wl.get("numa_nodes") or []) or "-",
                      devices, _age(wl.get("created_unix"), now)])
     return rows
+
+
+def _pod_cell(wl: dict[str, Any]) -> str:
+    """The agent's pod, or for a container its runtime enforces (NRI) its
+    Kubernetes namespace/pod/container."""
+    ref = wl.get("runtime") or {}
+    if ref.get("pod"):
+        return "/".join(str(ref.get(key) or "-") for key in ("namespace", "pod", "container"))
+    return wl.get("pod") or "-"
 
 
 def owner_lines(owners: list[dict[str, Any]]) -> list[str]:

@@ -204,6 +204,8 @@ class AgentService(ReadSide):
     def rejoin(self, w: Workload, caller: Caller) -> None:
         # The agent may have stopped between the checkpoint and the move.
         check_alive(caller)
+        if w.runtime is not None:
+            return  # its runtime enforces it: nothing of the agent's to join
         if w.cgroup is None:
             self.enforcer.apply(self._layout, self._layout, (workload_relpath(w), caller.pid))
         else:

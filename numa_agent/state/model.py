@@ -18,7 +18,7 @@ import dataclasses
 import weakref
 from bisect import bisect_left
 from functools import cached_property
-from typing import Any, Callable, Iterable, Mapping, Sequence, TypeVar, cast
+from typing import Annotated, Any, Callable, Iterable, Literal, Mapping, Sequence, TypeVar, cast
 
 import msgspec
 
@@ -72,6 +72,22 @@ class Booking(_Value, frozen=True):
         return _sorted_devices(_from_json(d, cls))
 
 
+# A runtime's identifier or a Kubernetes name: at most 256 characters (the API's ShortStr).
+_RuntimeText = Annotated[str, msgspec.Meta(max_length=256)]
+
+
+class RuntimeRef(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """A container that a runtime enforces (NRI): the agent books, the runtime writes its cgroup."""
+
+    runtime: Literal["nri"]
+    container_id: _RuntimeText  # the runtime's container id
+    sandbox_id: _RuntimeText  # its pod sandbox's id
+    namespace: _RuntimeText = ""  # Kubernetes namespace, pod name, pod uid, container name
+    pod: _RuntimeText = ""
+    pod_uid: _RuntimeText = ""
+    container: _RuntimeText = ""
+
+
 # The request key saying how a workload was rebuilt after a lost checkpoint, and the
 # value that holds its CPUs for an operator instead (service.rebuild sets them).
 REBUILT = "rebuilt"
@@ -97,6 +113,9 @@ class Workload(_Value, frozen=True):
     cgroup: str | None = None
     # Exclusive CPUs resizes added, oldest first: a shrink gives back the last first.
     cpus_added: tuple[int, ...] = ()
+    # A container its runtime enforces (NRI): booked here, but no cgroup of the
+    # agent's, no process moved or followed; it lives until released by name.
+    runtime: RuntimeRef | None = None
 
     @property
     def quarantined(self) -> bool:
@@ -471,9 +490,9 @@ def _dec_hook(typ: type, value: Any) -> Any:
 
 
 def _without_unknown_identity(workload: dict[str, Any]) -> dict[str, Any]:
-    """pid_identity, an engine's cgroup and the CPUs resizes added are written only
+    """pid_identity, an engine's cgroup, a runtime's container and the CPUs resizes added are written only
     when there are some, so older checkpoints read back unchanged."""
-    for key in ("pid_identity", "cgroup"):
+    for key in ("pid_identity", "cgroup", "runtime"):
         if workload.get(key) is None:
             workload.pop(key, None)
     if not workload.get("cpus_added"):
