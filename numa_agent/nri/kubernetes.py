@@ -200,9 +200,12 @@ def page_size_kb(text: str) -> int:
     """A hugepage size in kB: the kernel's and runc's `2MB`, `1GB` (binary, as in
     hugetlb.2MB.max), or what numa-run takes (`2Mi`, `2048kB`). ValueError otherwise."""
     m = _KERNEL_SIZE.fullmatch(text.strip())
-    if m:
-        return int(m[1]) << (10 * "KMGT".index(m[2]))
-    return units.parse_hugepage_size(text)
+    if not m:
+        return units.parse_hugepage_size(text)
+    size_kb = int(m[1]) << (10 * "KMGT".index(m[2]))
+    if not size_kb or size_kb & (size_kb - 1):
+        raise ValueError(f"invalid hugepage size {text!r}: not a power of two")
+    return size_kb
 
 
 def hugepages(limits: Sequence[Any]) -> dict[str, int]:
