@@ -124,7 +124,8 @@ class KubernetesHandler:
             log.warning("NRI: %s", line)
             raise NriRefusal(line)
         cpus = placement.cpus if placement.cpus != len(w.booking.cpus) else None
-        memory = placement.memory_bytes if placement.memory_bytes != w.booking.memory_total("memory") else None
+        asked = placement.memory_bytes  # none (no limit now): the booking's memory stays
+        memory = asked if asked and asked != int(w.request.get("memory_bytes") or 0) else None
         if cpus is None and memory is None:
             return self._following(api.UpdateContainerResponse(), _pool_text(machine, state))
         try:

@@ -61,11 +61,12 @@ def use_fake_request(monkeypatch) -> None:
 
 
 def make_machine(policy: str = "best-effort", scope: str = "container", nodes: int = 2,
-                 cores_per_node: int = 4) -> Machine:
+                 cores_per_node: int = 4, memory_policy: str = "static") -> Machine:
     """2 nodes x 4 cores x 2 threads, 8 GiB a node (CPU 0's core reserved by default)."""
     topo = make_topology(sockets=nodes, cores_per_node=cores_per_node, threads_per_core=2,
                          memory_per_node_bytes=8 << 30)
-    return build_machine(topo, PolicyConfig(topology_policy=policy, topology_scope=scope))
+    return build_machine(topo, PolicyConfig(topology_policy=policy, topology_scope=scope,
+                                             memory_policy=memory_policy))
 
 
 @dataclass

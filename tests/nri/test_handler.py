@@ -258,3 +258,16 @@ def test_an_agent_without_state_refuses_in_one_line(handler, fake):
     fake.ready = False
     with pytest.raises(NriRefusal, match="^UnexpectedAdmissionError: numa-agent is starting"):
         handler.create_container(create(*besteffort(1)))
+
+
+def test_a_resize_compares_with_what_was_asked_not_what_the_memory_policy_booked(fake, monkeypatch):
+    use_fake_request(monkeypatch)
+    fake.machine = make_machine(memory_policy="none")
+    handler = KubernetesHandler(fake)
+    pod, ctr = guaranteed(1)
+    handler.create_container(create(pod, ctr))
+    assert fake.state.workloads[0].booking.memory_total("memory") == 0  # memory not booked under "none"
+    handler.update_container(api.UpdateContainerRequest(pod=pod, container=ctr, linux_resources=resources(
+        cpus=2, memory=GIB)))
+    handler.update_container(api.UpdateContainerRequest(pod=pod, container=ctr, linux_resources=resources(cpus=2)))
+    assert fake.names("resize") == []  # the same limit, then none: nothing to resize
