@@ -116,7 +116,7 @@ class KubernetesHandler:
                 log.warning("NRI: UpdateContainer for %s, which numa-agent neither booked nor placed: "
                             "left as the runtime has it", what)
             return self._following(api.UpdateContainerResponse(), _pool_text(machine, state))
-        placement = k8s.classify(pod, ctr, request.linux_resources)
+        placement = k8s.classify(pod, ctr, k8s.updated_resources(ctr.linux.resources, request.linux_resources))
         if not placement.exclusive:
             line = k8s.refusal_line(what, k8s.UNEXPECTED_ADMISSION_ERROR, (
                 f"it holds exclusive CPUs {w.booking.cpus.format()}, and the resize would make it "

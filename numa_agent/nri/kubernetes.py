@@ -175,6 +175,18 @@ def classify(pod: Any, container: Any, resources: Any = None) -> Placement:
                      f"whole CPU{'s' if cpus > 1 else ''}")
 
 
+def updated_resources(current: Any, new: Any) -> Any:
+    """The container's resources after an update that gives `new` (api.LinuxResources):
+    what `new` sets replaces what `current` has, what it leaves out stays (an update
+    that says nothing of CPUs changes no CPU count)."""
+    out = api.LinuxResources()
+    out.CopyFrom(current)
+    if new.hugepage_limits:
+        del out.hugepage_limits[:]
+    out.MergeFrom(new)
+    return out
+
+
 def whole_cpus(cpu: Any) -> tuple[int, str]:
     """(N, "") for a whole CPU count whose request equals its limit; (0, why not)."""
     if not cpu.HasField("quota") or cpu.quota.value <= 0:

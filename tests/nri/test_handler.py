@@ -271,3 +271,13 @@ def test_a_resize_compares_with_what_was_asked_not_what_the_memory_policy_booked
         cpus=2, memory=GIB)))
     handler.update_container(api.UpdateContainerRequest(pod=pod, container=ctr, linux_resources=resources(cpus=2)))
     assert fake.names("resize") == []  # the same limit, then none: nothing to resize
+
+
+def test_an_update_that_says_nothing_of_cpus_keeps_them(handler, fake):
+    pod, ctr = guaranteed(1)
+    handler.create_container(create(pod, ctr))
+    handler.update_container(api.UpdateContainerRequest(pod=pod, container=ctr, linux_resources=api.LinuxResources()))
+    memory_only = api.LinuxResources()
+    memory_only.memory.limit.value = 2 * GIB
+    handler.update_container(api.UpdateContainerRequest(pod=pod, container=ctr, linux_resources=memory_only))
+    assert fake.names("resize") == [(k8s.workload_name(ctr.id), None, 2 * GIB)]

@@ -168,3 +168,15 @@ def test_a_refusal_is_one_line_in_the_kubelets_words(refusal, reason):
 def test_page_sizes_that_are_none_are_refused(text):
     with pytest.raises(ValueError):
         k8s.page_size_kb(text)
+
+
+def test_an_update_replaces_what_it_sets_and_keeps_the_rest():
+    current = resources(cpus=2, memory=GIB, hugepages={"2MB": 4 << 20})
+    assert k8s.updated_resources(current, api.LinuxResources()) == current
+    memory_only = api.LinuxResources()
+    memory_only.memory.limit.value = 2 * GIB
+    after = k8s.updated_resources(current, memory_only)
+    assert (after.cpu.quota.value, after.memory.limit.value, len(after.hugepage_limits)) == (200_000, 2 * GIB, 1)
+    pages = k8s.updated_resources(current, api.LinuxResources(hugepage_limits=[api.HugepageLimit(
+        page_size="2MB", limit=8 << 20)]))
+    assert [(h.page_size, h.limit) for h in pages.hugepage_limits] == [("2MB", 8 << 20)]
