@@ -25,9 +25,8 @@ Each is timed two ways:
 `decide` is `admission.admit.decide` alone for the same request on the same
 machine and state. The AgentApi is tests/nri/fake_api.py's FakeApi: the real
 admission core (decide, release) without the service's checkpoint, enforcement
-and lock, because the service books for a runtime only once the runtimebook
-helper's `AdmitRequest.runtime` is merged; the service's own cost per
-admission is `benchmarks/service_scale_micro.py`'s. Prints p50 and p99 in
+and lock: what the plugin adds is measured apart from what any admission
+costs the service (`benchmarks/service_scale_micro.py`). Prints p50 and p99 in
 milliseconds and each path's p50 over decide's. Nothing here asserts a time.
 
 Run: python benchmarks/nri_latency.py [--probes N] [--nodes 8 64] [--containers 1000]

@@ -159,7 +159,7 @@ class KubernetesHandler:
         by_id = {p.id: p for p in pods}
         _, state = self._view()
         for w in state.workloads:
-            ref = k8s.runtime_of(w)
+            ref = w.runtime
             if ref is not None and ref.container_id not in alive:
                 self._release(ref.container_id, "container gone (synchronize)", w.name)
         answer = api.SynchronizeResponse()
@@ -227,7 +227,7 @@ class KubernetesHandler:
                 fields["pod_budget"] = budget
         try:
             req = msgspec.convert(fields, AdmitRequest)
-        except msgspec.ValidationError as e:  # an id no request holds; a service without runtime bookings
+        except msgspec.ValidationError as e:  # a field past its bound (an id too long for a request)
             line = k8s.refusal_line(what, k8s.UNEXPECTED_ADMISSION_ERROR, f"cannot ask the agent: {e}")
             log.error("NRI: %s", line)
             raise NriRefusal(line) from None
@@ -258,7 +258,7 @@ class KubernetesHandler:
     def _remove_pod(self, pod: Any) -> None:
         _, state = self._view()
         for w in state.workloads:
-            ref = k8s.runtime_of(w)
+            ref = w.runtime
             if ref is not None and ref.sandbox_id == pod.id:
                 self._release(ref.container_id, "pod sandbox removed", w.name)
         for cid in [cid for cid, sandbox in self._shared.items() if sandbox == pod.id]:
@@ -286,7 +286,7 @@ def _booking(state: AgentState, container_id: str) -> Workload | None:
     w = state.workload(k8s.workload_name(container_id))
     if w is None:
         return None
-    ref = k8s.runtime_of(w)
+    ref = w.runtime
     return w if ref is not None and ref.container_id == container_id else None
 
 

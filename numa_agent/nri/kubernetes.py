@@ -118,13 +118,6 @@ def pod_name(sandbox_id: str) -> str:
     return SANDBOX_POD_PREFIX + ContainerState(id=sandbox_id).short_id
 
 
-def runtime_of(workload: Any) -> Any:
-    """The workload's `RuntimeRef` (state/model.py's `Workload.runtime`): the container a
-    runtime enforces; None for any other workload (and for every one of an agent
-    whose state records no runtime bookings)."""
-    return getattr(workload, "runtime", None)
-
-
 # ---------------------------------------------------------------- the QoS class
 def qos_of_cgroup(path: str) -> str | None:
     """The QoS class the kubelet's cgroup path says (cgroupfs or systemd form,

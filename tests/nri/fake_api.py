@@ -1,19 +1,12 @@
 """A fake `AgentApi` for the NRI handler's tests and benchmark: the real pure
 admission core (decide, release, resize) over a real Machine and AgentState,
-without the service's checkpoint, enforcement or lock. It records the calls.
-
-Runtime bookings carry `runtime` (the NRI contract's `Workload.runtime`). Until
-the runtimebook helper's `RuntimeRef`, `AdmitRequest.runtime` and
-`Workload.runtime` are in service/requests.py and state/model.py, this module
-stands in for them (`RUNTIME_MERGED` False): `AdmitRequestWithRuntime` and
-`RuntimeWorkload` are subclasses with the contract's field, and `use_fake_request`
-makes the handler build requests of that type."""
+without the service's checkpoint, enforcement or lock. It records the calls."""
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import msgspec
 
@@ -23,41 +16,11 @@ from numa_agent.admission.machine import Machine, PolicyConfig, build_machine
 from numa_agent.admission.resize import resize as resize_workload
 from numa_agent.core.caller import Caller
 from numa_agent.nri import nri_api_pb2 as api
-from numa_agent.service import requests
 from numa_agent.service.cases.refusal import refused
 from numa_agent.service.refusals import InConflict, UnknownWorkload
-from numa_agent.service.requests import ShortStr, to_admission_request
+from numa_agent.service.requests import to_admission_request
 from numa_agent.state.model import AgentState, Workload
 from tests.support.synthetic import make_topology
-
-RUNTIME_MERGED = hasattr(requests.AdmitRequest, "runtime")
-
-if RUNTIME_MERGED:  # pragma: no cover - once the runtimebook helper's work is merged
-    AdmitRequestWithRuntime: Any = requests.AdmitRequest
-    RuntimeWorkload: Any = Workload
-else:
-    class RuntimeRef(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-        """The contract's RuntimeRef (common.md), as the runtimebook helper adds it."""
-        runtime: Literal["nri"]
-        container_id: ShortStr
-        sandbox_id: ShortStr
-        namespace: ShortStr = ""
-        pod: ShortStr = ""
-        pod_uid: ShortStr = ""
-        container: ShortStr = ""
-
-    class AdmitRequestWithRuntime(requests.AdmitRequest, forbid_unknown_fields=True):  # type: ignore[no-redef]
-        runtime: RuntimeRef | None = None
-
-    class RuntimeWorkload(Workload, frozen=True):  # type: ignore[no-redef]
-        runtime: Any = None
-
-
-def use_fake_request(monkeypatch) -> None:
-    """The handler builds AdmitRequestWithRuntime (nothing to do once merged)."""
-    if not RUNTIME_MERGED:
-        from numa_agent.nri import handler
-        monkeypatch.setattr(handler, "AdmitRequest", AdmitRequestWithRuntime)
 
 
 def make_machine(policy: str = "best-effort", scope: str = "container", nodes: int = 2,
@@ -95,7 +58,8 @@ class FakeApi:
             raise refused(e) from None
         fields = msgspec.structs.asdict(decision.workload)
         fields["request"] = {**decision.workload.request, "request_id": request.request_id}
-        w = RuntimeWorkload(**fields, runtime=request.runtime)
+        fields["runtime"] = request.runtime
+        w = Workload(**fields)
         self.state = decision.state.with_workload(w)
         self.by_request_id[request.request_id] = w.name
         return self._answer(w)

@@ -12,7 +12,7 @@ from numa_agent.nri import kubernetes as k8s
 from numa_agent.nri import nri_api_pb2 as api
 from numa_agent.nri.handler import KubernetesHandler
 from numa_agent.nri.plugin import NriRefusal
-from tests.nri.fake_api import FakeApi, container, create, make_machine, resources, sandbox, use_fake_request
+from tests.nri.fake_api import FakeApi, container, create, make_machine, resources, sandbox
 
 GIB = 1 << 30
 
@@ -24,7 +24,6 @@ def fake():
 
 @pytest.fixture
 def handler(fake, monkeypatch):
-    use_fake_request(monkeypatch)
     return KubernetesHandler(fake, clock=lambda: 1000.0)
 
 
@@ -83,7 +82,6 @@ def test_a_change_of_the_pool_updates_every_shared_container_in_the_same_answer(
 
 
 def test_a_refusal_fails_the_creation_in_the_kubelets_words(fake, monkeypatch):
-    use_fake_request(monkeypatch)
     fake.machine = make_machine(policy="single-numa-node")
     handler = KubernetesHandler(fake)
     with pytest.raises(NriRefusal) as refused:
@@ -201,7 +199,6 @@ def test_removing_a_pod_sandbox_releases_what_its_containers_hold(handler, fake)
 
 
 def test_pod_scope_books_the_pods_budget_at_its_first_exclusive_container(fake, monkeypatch):
-    use_fake_request(monkeypatch)
     fake.machine = make_machine(scope="pod")
     handler = KubernetesHandler(fake)
     pod = sandbox(1, pod_resources=resources(cpus=4, memory=2 * GIB))
@@ -261,7 +258,6 @@ def test_an_agent_without_state_refuses_in_one_line(handler, fake):
 
 
 def test_a_resize_compares_with_what_was_asked_not_what_the_memory_policy_booked(fake, monkeypatch):
-    use_fake_request(monkeypatch)
     fake.machine = make_machine(memory_policy="none")
     handler = KubernetesHandler(fake)
     pod, ctr = guaranteed(1)

@@ -1,7 +1,6 @@
 """The Kubernetes handler behind a plugin session, driven by the fake runtime over
 its socket: once with the fake AgentApi, once with the real AgentService on a
-simulated machine and cgroup tree (which books for a runtime once the runtimebook
-helper's `AdmitRequest.runtime` is merged; skipped until then)."""
+simulated machine and cgroup tree."""
 
 from __future__ import annotations
 
@@ -16,8 +15,7 @@ from numa_agent.nri import kubernetes as k8s
 from numa_agent.nri import nri_api_pb2 as api
 from numa_agent.nri import plugin
 from numa_agent.nri.handler import KubernetesHandler
-from numa_agent.service.requests import AdmitRequest
-from tests.nri.fake_api import FakeApi, container, create, make_machine, resources, sandbox, use_fake_request
+from tests.nri.fake_api import FakeApi, container, create, make_machine, resources, sandbox
 from tests.nri.fake_runtime import FakeRuntime
 from tests.support.simulated_service import start
 
@@ -25,7 +23,6 @@ GIB = 1 << 30
 
 
 def fake_api(tmp_path, monkeypatch):
-    use_fake_request(monkeypatch)
     return FakeApi()
 
 
@@ -37,8 +34,7 @@ def real_service(tmp_path, monkeypatch):
 
 @pytest.fixture(params=[
     fake_api,
-    pytest.param(real_service, marks=pytest.mark.skipif(
-        not hasattr(AdmitRequest, "runtime"), reason="the service books for a runtime once runtimebook merges")),
+    real_service,
 ], ids=["fake-api", "agent-service"])
 def agent(request, tmp_path, monkeypatch):
     return request.param(tmp_path, monkeypatch)
