@@ -12,10 +12,12 @@ import socket
 import threading
 
 import pytest
+from prometheus_client import CollectorRegistry, generate_latest
 
 from numa_agent.nri import adapter as nri_adapter
 from numa_agent.nri import nri_api_pb2 as api
 from numa_agent.nri import plugin
+from numa_agent.views.metrics import NriCollector
 from tests.nri.fake_runtime import FakeRuntime
 
 SETTLE = 10  # seconds a test waits for the adapter's thread at most (never reached when it works)
@@ -350,6 +352,18 @@ def test_the_handlers_calls_are_counted_timed_and_refusals_counted(tmp_path, mak
     created = stats["request_duration_seconds"]["CreateContainer"]
     assert created["count"] == 2 and created["sum"] == pytest.approx(0.0034)
     assert dict(map(tuple, created["buckets"]))[0.0005] == 1 and dict(map(tuple, created["buckets"]))[0.005] == 2
+    # as the metrics give them: base units, one bounded `call` label, every call from the start
+    registry = CollectorRegistry()
+    registry.register(NriCollector(adapter.stats))
+    text = generate_latest(registry).decode()
+    for line in ("numa_agent_nri_connected 1.0", "numa_agent_nri_connections_total 1.0",
+                 'numa_agent_nri_requests_total{call="CreateContainer"} 2.0',
+                 'numa_agent_nri_requests_total{call="StateChange"} 0.0',
+                 'numa_agent_nri_request_duration_seconds_bucket{call="CreateContainer",le="0.0005"} 1.0',
+                 'numa_agent_nri_request_duration_seconds_bucket{call="CreateContainer",le="+Inf"} 2.0',
+                 'numa_agent_nri_request_duration_seconds_count{call="Synchronize"} 1.0',
+                 "numa_agent_nri_refusals_total 1.0"):
+        assert line in text.splitlines(), line
     rt.close()
 
 
