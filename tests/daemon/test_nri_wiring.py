@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import socket
 import threading
+from dataclasses import replace
 
 import pytest
 
@@ -52,10 +53,10 @@ def _config(tmp_path, **nri) -> AgentConfig:
                        intruder_scan_seconds=0, nri_socket=str(tmp_path / "nri" / "nri.sock"), **nri)
 
 
-def _scrape(tmp_path) -> list[str]:
+def _scrape(tmp_path, name: str = "metrics.sock") -> list[str]:
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
         s.settimeout(10)
-        s.connect(str(tmp_path / "metrics.sock"))
+        s.connect(str(tmp_path / name))
         s.sendall(b"GET /metrics HTTP/1.1\r\nHost: agent\r\nConnection: close\r\n\r\n")
         data = b""
         while chunk := s.recv(65536):
@@ -153,3 +154,15 @@ def test_the_kubernetes_handler_is_the_default_and_its_absence_is_one_line(tmp_p
     with pytest.raises(StartupConfigError, match=r"^nri.enabled: this numa-agent has no NRI handler"):
         Agent(_config(tmp_path, nri_enabled=True), nri_handler=missing).start()
     Agent(_config(tmp_path)).start().stop()  # the failed start gave back the state directory and sockets
+
+
+def test_a_reload_that_moves_the_metrics_keeps_the_nri_families(tmp_path, made):
+    cfg = _config(tmp_path, nri_enabled=True)
+    moved = replace(cfg, metrics_address=f"unix:{tmp_path}/moved.sock")
+    agent = Agent(cfg, read_config=lambda: moved, nri_handler=made).start()
+    try:
+        agent.reload()
+        assert agent.cfg.metrics_address == moved.metrics_address
+        assert "numa_agent_nri_connected 0.0" in _scrape(tmp_path, "moved.sock")
+    finally:
+        agent.stop()
