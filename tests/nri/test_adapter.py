@@ -390,3 +390,46 @@ def test_stop_ends_a_wait_between_attempts_at_once(tmp_path, handler, caplog):
 def test_a_bad_index_is_refused_before_any_thread_starts(tmp_path, handler):
     with pytest.raises(plugin.NriError, match="two digits"):
         nri_adapter.NriAdapter(Settings(str(tmp_path / "nri.sock"), index="5"), handler)
+
+
+def test_a_new_sessions_calls_wait_for_the_broken_ones_last_call(tmp_path, make, waits, handler):
+    rt = Runtime(str(tmp_path / "nri.sock"))
+    inside, most = [0], [0]
+    entered, synchronizing = threading.Event(), threading.Event()
+
+    def counted(method):
+        def call(*args):
+            inside[0] += 1
+            most[0] = max(most[0], inside[0])
+            try:
+                return method(*args)
+            finally:
+                inside[0] -= 1
+        return call
+
+    def stuck(request):
+        # Held until the next session's Synchronize is inside the handler too, which the
+        # adapter never lets happen: so held for the half second, then let go.
+        entered.set()
+        synchronizing.wait(0.5)
+        return api.CreateContainerResponse()
+
+    def synchronize(pods, containers):
+        synchronizing.set()
+        return []
+
+    handler.create_container, handler.synchronize = counted(stuck), counted(synchronize)
+    make()
+    rt.begin()
+    synchronizing.clear()
+    rt.send_call("CreateContainer", api.CreateContainerRequest(container=_container("1")), timeout_nano=60 * 10**9)
+    assert entered.wait(SETTLE)
+    rt.conn.close()  # the session breaks while its handler call runs
+    waits.until(1)
+    waits.allow()
+    rt.accept_next()
+    rt.expect_register()
+    synchronize_call = rt.send_call("Synchronize", api.SynchronizeRequest(), timeout_nano=60 * 10**9)
+    assert rt.read_answer(synchronize_call).status.code == 0
+    assert most[0] == 1  # never two handler calls at once
+    rt.close()
