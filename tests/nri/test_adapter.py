@@ -284,6 +284,7 @@ def test_a_runtime_that_breaks_the_wire_ends_the_session_in_one_line_and_touches
     waits.until(1)
     ended = _lines(caplog, "reconnecting")
     assert len(ended) == 1 and says in ended[0] and "\n" not in ended[0]
+    assert len(_lines(caplog, says)) == 1  # one line for the broken session, not one more from the session
     assert handler.calls == [("synchronize", []), ("create", "ctr-1")]  # nothing released, nothing asked
     waits.allow()
     rt.begin([_container("1")])
