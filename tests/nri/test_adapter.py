@@ -19,6 +19,7 @@ from numa_agent.nri import nri_api_pb2 as api
 from numa_agent.nri import plugin
 from numa_agent.views.metrics import NriCollector
 from tests.nri.fake_runtime import FakeRuntime
+from tests.nri.test_plugin import EmptyHandler
 
 SETTLE = 10  # seconds a test waits for the adapter's thread at most (never reached when it works)
 
@@ -28,11 +29,11 @@ class Settings:
         self.nri_socket, self.nri_plugin_name, self.nri_plugin_index = path, "numa-agent", index
 
 
-class Handler:
-    """The stand-in handler: records the calls; refuses containers named in `refuse`."""
+class Handler(EmptyHandler):
+    """The session tests' handler: records the calls; refuses containers named in `refuse`."""
 
     def __init__(self) -> None:
-        self.calls: list[tuple[str, object]] = []
+        super().__init__()
         self.refuse: set[str] = set()
 
     def synchronize(self, pods, containers):
@@ -40,21 +41,10 @@ class Handler:
         return []
 
     def create_container(self, request):
-        self.calls.append(("create", request.container.id))
         if request.container.id in self.refuse:
+            self.calls.append(("create", request.container.id))
             raise plugin.NriRefusal("TopologyAffinityError: no NUMA node fits")
-        return api.CreateContainerResponse()
-
-    def update_container(self, request):
-        self.calls.append(("update", request.container.id))
-        return api.UpdateContainerResponse()
-
-    def stop_container(self, request):
-        self.calls.append(("stop", request.container.id))
-        return api.StopContainerResponse()
-
-    def state_change(self, event):
-        self.calls.append((api.Event.Name(event.event), event.container.id or event.pod.id))
+        return super().create_container(request)
 
 
 class Waits:
