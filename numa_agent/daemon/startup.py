@@ -337,11 +337,7 @@ class Agent:
         status say whether it is connected."""
         from numa_agent.nri.adapter import NriAdapter
 
-        try:
-            handler = self.nri_handler(service)
-        except ImportError as exc:
-            raise StartupConfigError(f"nri.enabled: this numa-agent has no NRI handler ({exc})") from None
-        adapter = NriAdapter(self.cfg, handler)
+        adapter = NriAdapter(self.cfg, self.nri_handler(service))
         service.edge_reports["nri"] = adapter.health
         return adapter
 
@@ -612,9 +608,9 @@ class Agent:
 def kubernetes_handler(api: AgentApi) -> NriHandler:
     """The NRI handler with Kubernetes' meaning (numa_agent/nri/handler.py), imported only
     when [nri] is enabled."""
-    from numa_agent.nri.handler import KubernetesHandler  # type: ignore[import-not-found,unused-ignore]
+    from numa_agent.nri.handler import KubernetesHandler
 
-    return KubernetesHandler(api)  # type: ignore[no-any-return,unused-ignore]
+    return KubernetesHandler(api)
 
 
 # ---- choosing the enforcer ----------------------------------------------------------

@@ -4,6 +4,7 @@ health, status and the metrics say whether the plugin is connected, and a stop e
 
 from __future__ import annotations
 
+import os
 import socket
 import threading
 from dataclasses import replace
@@ -11,10 +12,10 @@ from dataclasses import replace
 import pytest
 
 from numa_agent.cli.status_cmd import format_status
-from numa_agent.daemon import startup
 from numa_agent.daemon.config import AgentConfig
-from numa_agent.daemon.startup import Agent, StartupConfigError
+from numa_agent.daemon.startup import Agent
 from numa_agent.nri import nri_api_pb2 as api
+from numa_agent.nri.handler import KubernetesHandler
 from tests.nri.fake_runtime import FakeRuntime
 from tests.support.synthetic import make_topology
 from tests.support.sysfs_writer import write_sysfs
@@ -145,15 +146,12 @@ def test_status_says_when_the_plugin_is_not_connected():
     assert not any("NRI" in line for line in format_status({}, now=0.0))
 
 
-def test_the_kubernetes_handler_is_the_default_and_its_absence_is_one_line(tmp_path):
-    assert Agent(AgentConfig()).nri_handler is startup.kubernetes_handler
-
-    def missing(api):
-        raise ImportError("No module named 'numa_agent.nri.handler'")
-
-    with pytest.raises(StartupConfigError, match=r"^nri.enabled: this numa-agent has no NRI handler"):
-        Agent(_config(tmp_path, nri_enabled=True), nri_handler=missing).start()
-    Agent(_config(tmp_path)).start().stop()  # the failed start gave back the state directory and sockets
+def test_the_kubernetes_handler_is_the_default(tmp_path):
+    agent = Agent(_config(tmp_path, nri_enabled=True)).start()
+    try:
+        assert agent.nri is not None and isinstance(agent.nri.handler, KubernetesHandler)
+    finally:
+        agent.stop()
 
 
 def test_a_reload_that_moves_the_metrics_keeps_the_nri_families(tmp_path, made):
@@ -166,3 +164,44 @@ def test_a_reload_that_moves_the_metrics_keeps_the_nri_families(tmp_path, made):
         assert "numa_agent_nri_connected 0.0" in _scrape(tmp_path, "moved.sock")
     finally:
         agent.stop()
+
+
+def _register(rt: FakeRuntime, pods=(), containers=()) -> list:
+    rt.accept()
+    rt.expect_register()
+    rt.call("Configure", api.ConfigureRequest(runtime_name="containerd", runtime_version="1.7.24"),
+            api.ConfigureResponse)
+    code, text, answer = rt.call("Synchronize", api.SynchronizeRequest(pods=list(pods), containers=list(containers)),
+                                 api.SynchronizeResponse)
+    assert code == 0, text
+    return list(answer.update)
+
+
+def test_a_container_pinned_through_the_daemon_keeps_its_cpus_across_a_restart(tmp_path):
+    from tests.nri.fake_api import container, create, resources, sandbox
+
+    cfg = _config(tmp_path, nri_enabled=True)
+    (tmp_path / "nri").mkdir(mode=0o755)
+    pod = sandbox(1)
+    ctr = container(1, pod, resources(cpus=1, memory=64 << 20))
+    rt = FakeRuntime(cfg.nri_socket)
+    agent = Agent(cfg).start()
+    try:
+        _register(rt)
+        code, text, answer = rt.call("CreateContainer", create(pod, ctr), api.CreateContainerResponse)
+        assert code == 0, text
+        cpus = answer.adjust.linux.resources.cpu.cpus
+        assert cpus and agent.service.status()["workloads"][0]["runtime"]["container_id"] == ctr.id
+    finally:
+        agent.stop()
+        rt.close()
+    os.unlink(cfg.nri_socket)
+    rt = FakeRuntime(cfg.nri_socket)  # the runtime still runs the container; the agent comes back
+    agent = Agent(cfg).start()
+    try:
+        _register(rt, [pod], [container(1, pod, resources(cpus=1, memory=64 << 20), cpus=cpus)])
+        [w] = agent.service.status()["workloads"]
+        assert (w["name"], w["cpus"]) == (f"ctr-{ctr.id[:12]}", cpus)
+    finally:
+        agent.stop()
+        rt.close()
