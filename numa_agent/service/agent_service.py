@@ -95,6 +95,9 @@ class AgentService(ReadSide):
         # Reads the kernel's free hugepages for an admission asking for some
         # (service/hugepage_counters.py); None: the bookings alone decide.
         self.hugepage_counters: CounterReader | None = hugepage_counters
+        # What the adapters beside the API report of themselves in health and status, by key
+        # (the NRI plugin's connection: "nri"); added by the assembly as they are made.
+        self.edge_reports: dict[str, Callable[[], dict]] = {}
 
     @property
     def machine(self) -> Machine:

@@ -46,6 +46,7 @@ class ReadSide:
     clock: Callable[[], float]
     started: float
     sysfs_root: str
+    edge_reports: dict[str, Callable[[], dict]]
     pci_names: PciNameSource | None
     mark_key: bytes | None
     _topology_json: Callable[[], dict] | None
@@ -174,6 +175,7 @@ class ReadSide:
         status = self._status(state, viewer_uid)
         names = self._with_owner_names(status["workloads"] + status["pods"])
         status["quotas"] = self._quota_views(state, names)
+        status.update((key, report()) for key, report in self.edge_reports.items())
         return self._observed(state, status, memory)
 
     def _quota_views(self, state: AgentState, names: Mapping[int, str | None]) -> list[dict[str, Any]]:
@@ -272,6 +274,7 @@ class ReadSide:
                                 + "; ".join(f"{q['name']} (pid {q['pid']}, CPUs {q['cpus'] or 'none'})"
                                             for q in held)
                                 + "; see `numa-agent status`, then `numa-agent release NAME` as root")
+        out.update((key, report()) for key, report in self.edge_reports.items())
         return out
 
     def metrics_snapshot(self) -> dict:
