@@ -10,6 +10,7 @@ import json
 import logging
 import os
 import subprocess
+import threading
 
 import pytest
 
@@ -157,6 +158,56 @@ def test_a_released_process_follows_the_pool_when_it_changes(tmp_path, agent, pr
     assert answer["cpus"] == "1"
     assert os.sched_getaffinity(proc.pid) == {0}  # not an intruder on other's CPU
     agent.service.release("other", ROOT)
+    assert os.sched_getaffinity(proc.pid) == {0, 1}
+
+
+class _Tattling:
+    """A lock that says (sets `waited`) when a thread has to wait for it."""
+
+    def __init__(self, waited: threading.Event) -> None:
+        self._lock = threading.Lock()
+        self.waited = waited
+
+    def __enter__(self) -> None:
+        if not self._lock.acquire(blocking=False):
+            self.waited.set()
+            self._lock.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self._lock.release()
+
+
+def test_a_released_process_is_not_left_on_an_older_pool_by_changes_applied_at_once(tmp_path, agent, procs,
+                                                                                    monkeypatch):
+    """An admission takes CPU 1 from the pool and hands the released process the
+    pool it left ({0}); before it has pinned it, the admission's release is applied
+    (another thread) and hands it the pool grown back ({0, 1}). The older pool must
+    not be pinned last: the process would stay off CPU 1 until the pool changes again."""
+    proc, _ = admitted_sleeper(agent, procs)
+    agent.service.release("sleeper", ROOT)
+    paused, go, settled = threading.Event(), threading.Event(), threading.Event()
+    admitting: list[threading.Thread] = []
+    evict = agent.enforcer.evict
+
+    def held_up(*args, **kwargs):
+        if threading.current_thread() in admitting and not paused.is_set():
+            paused.set()
+            go.wait()
+        return evict(*args, **kwargs)
+
+    monkeypatch.setattr(agent.enforcer, "evict", held_up)
+    agent.service._unit._pool_lock = _Tattling(settled)
+    admission = threading.Thread(target=lambda: admitted_sleeper(agent, procs, name="other"))
+    admitting.append(admission)
+    admission.start()
+    paused.wait()
+    release = threading.Thread(target=lambda: (agent.service.release("other", ROOT), settled.set()))
+    release.start()
+    settled.wait()  # the release is done, or waits for the pool the admission hands out
+    go.set()
+    admission.join()
+    release.join()
+    assert agent.service.status()["shared_pool"] == "0-1"
     assert os.sched_getaffinity(proc.pid) == {0, 1}
 
 
