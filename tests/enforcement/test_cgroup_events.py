@@ -12,6 +12,7 @@ from numa_agent.core.cpuset import CpuSet
 from numa_agent.enforcement import cgroup as cgroup_module
 from numa_agent.enforcement.cgroup import EventWatcher
 from numa_agent.enforcement.errors import CgroupError, CgroupMissingError, CgroupUnsupportedError
+from tests.support.tattling_lock import TattlingLock
 
 
 @pytest.fixture(autouse=True)
@@ -171,22 +172,6 @@ def test_a_cgroup_made_again_under_the_same_name_is_watched_again(cg, sleepers):
         assert watcher.read_events() == ["w"]
 
 
-class _Tattling:
-    """A lock that says (sets `waited`) when a thread has to wait for it."""
-
-    def __init__(self, waited: threading.Event) -> None:
-        self._lock = threading.Lock()
-        self.waited = waited
-
-    def __enter__(self) -> None:
-        if not self._lock.acquire(blocking=False):
-            self.waited.set()
-            self._lock.acquire()
-
-    def __exit__(self, *exc: object) -> None:
-        self._lock.release()
-
-
 def test_an_event_between_adding_a_watch_and_mapping_it_is_not_lost(cg, sleepers, monkeypatch):
     """An API thread watches `w`; the kernel hands out the watch, the process moves
     in and the event loop reads (another thread) before the watch is mapped to `w`:
@@ -199,7 +184,7 @@ def test_an_event_between_adding_a_watch_and_mapping_it_is_not_lost(cg, sleepers
     real = cgroup_module.libc()
     reader_out: list = []
     settled = threading.Event()  # the reading is done, or waits for the watch to finish
-    lock = _Tattling(settled)
+    lock = TattlingLock(settled)
 
     def read() -> None:
         reader_out.extend(watcher.read_events())

@@ -29,6 +29,7 @@ from tests.service.test_agent_service import Crash
 from tests.service.test_rebuild import KEY, ROOT, machine_of
 from tests.support.marks import give_mark, spawn_awaiting_mark
 from tests.support.pod_resources import list_response
+from tests.support.tattling_lock import TattlingLock
 
 needs_two = pytest.mark.skipif(not {0, 1} <= os.sched_getaffinity(0), reason="needs CPUs 0 and 1")
 pytestmark = needs_two
@@ -161,22 +162,6 @@ def test_a_released_process_follows_the_pool_when_it_changes(tmp_path, agent, pr
     assert os.sched_getaffinity(proc.pid) == {0, 1}
 
 
-class _Tattling:
-    """A lock that says (sets `waited`) when a thread has to wait for it."""
-
-    def __init__(self, waited: threading.Event) -> None:
-        self._lock = threading.Lock()
-        self.waited = waited
-
-    def __enter__(self) -> None:
-        if not self._lock.acquire(blocking=False):
-            self.waited.set()
-            self._lock.acquire()
-
-    def __exit__(self, *exc: object) -> None:
-        self._lock.release()
-
-
 def test_a_released_process_is_not_left_on_an_older_pool_by_changes_applied_at_once(tmp_path, agent, procs,
                                                                                     monkeypatch):
     """An admission takes CPU 1 from the pool and hands the released process the
@@ -196,7 +181,7 @@ def test_a_released_process_is_not_left_on_an_older_pool_by_changes_applied_at_o
         return evict(*args, **kwargs)
 
     monkeypatch.setattr(agent.enforcer, "evict", held_up)
-    agent.service._unit._pool_lock = _Tattling(settled)
+    agent.service._unit._pool_lock = TattlingLock(settled)
     admission = threading.Thread(target=lambda: admitted_sleeper(agent, procs, name="other"))
     admitting.append(admission)
     admission.start()
