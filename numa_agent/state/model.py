@@ -384,7 +384,10 @@ class AgentState(_Value, frozen=True, dict=True, weakref=True):
             if key in mine:
                 theirs[key] = mine[key] if key != index[0] else _with_entry(mine[key], index[1], index[2])
         counted = [(key, held) for key, held in _COUNTED if key in mine]
-        followers = [(key, value) for key, value in self.memo.items() if isinstance(value, FollowsChanges)]
+        # Taken in one step (no Python code runs while it is copied): a value may be
+        # added to this memo meanwhile by a reader outside the service's lock.
+        memo = tuple(self.memo.items())
+        followers = [(key, value) for key, value in memo if isinstance(value, FollowsChanges)]
         if (counted or followers) and self._workloads_sorted and self._pods_sorted:
             # (sorted: one value per name, so the named ones are all that changed)
             removed, added = _top_level_of(self, workloads, pods), _top_level_of(new, workloads, pods)
@@ -396,7 +399,7 @@ class AgentState(_Value, frozen=True, dict=True, weakref=True):
                 followed = value.after(removed, added)
                 if followed is not None:
                     new.memo[key] = followed
-        counting = [(key, v) for key, v in self.memo.items() if isinstance(v, FollowsWorkloads)]
+        counting = [(key, v) for key, v in memo if isinstance(v, FollowsWorkloads)]
         if counting and self._workloads_sorted:
             gone = [w for w in map(self.workload, workloads) if w is not None]
             came = [w for w in map(new.workload, workloads) if w is not None]
