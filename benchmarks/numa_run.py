@@ -159,23 +159,26 @@ def _run_step(argv: Sequence[str]) -> None:
         raise BenchError(f"{' '.join(argv[:4])} ... failed ({proc.returncode}): {proc.stdout.strip()[-500:]}")
 
 
-def time_command(cmd: Command, runs: int, install: Install,
-                 settle=lambda: None) -> list[float]:
-    """Wall milliseconds of `runs` runs after one untimed warm-up run; `settle` (untimed)
+def time_commands(cmds: Sequence[Command], runs: int, install: Install,
+                  settle=lambda: None) -> list[list[float]]:
+    """Wall milliseconds of `runs` runs of each command, after one untimed warm-up round;
+    the commands take turns, one run each a round, so a machine whose load changes
+    weighs on all of them alike (the ratios are of the same moments). `settle` (untimed)
     runs after each exclusive one, until the agent has released its CPU."""
-    samples = []
+    samples: list[list[float]] = [[] for _ in cmds]
     for i in range(runs + 1):
-        t0 = time.perf_counter_ns()
-        proc = subprocess.run(cmd.argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                              env=install.env, cwd=install.cwd)
-        elapsed = (time.perf_counter_ns() - t0) / 1e6
-        if proc.returncode != 0:
-            raise BenchError(f"{cmd.name} exited with {proc.returncode}: "
-                             f"{proc.stderr.decode(errors='replace').strip()[-500:]}")
-        if i:
-            samples.append(elapsed)
-        if cmd.exclusive:
-            settle()
+        for cmd, taken in zip(cmds, samples, strict=True):
+            t0 = time.perf_counter_ns()
+            proc = subprocess.run(cmd.argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                  env=install.env, cwd=install.cwd)
+            elapsed = (time.perf_counter_ns() - t0) / 1e6
+            if proc.returncode != 0:
+                raise BenchError(f"{cmd.name} exited with {proc.returncode}: "
+                                 f"{proc.stderr.decode(errors='replace').strip()[-500:]}")
+            if i:
+                taken.append(elapsed)
+            if cmd.exclusive:
+                settle()
     return samples
 
 
@@ -255,12 +258,11 @@ def measure(runs: int, install_kind: str = "wheel", agent_kind: str = "affinity"
         agent = start_agent(Path(tmp) / "agent", agent_kind)
         try:
             agent.start()
-            results = []
-            for cmd in commands(agent.socket, install):
-                samples = time_command(cmd, runs, install, settle=lambda: wait_released(agent))
-                results.append({"name": cmd.name, "argv": list(cmd.argv), "runs": len(samples),
-                                "median_ms": statistics.median(samples),
-                                "p90_ms": percentile(samples, 90)})
+            cmds = commands(agent.socket, install)
+            timed = time_commands(cmds, runs, install, settle=lambda: wait_released(agent))
+            results = [{"name": cmd.name, "argv": list(cmd.argv), "runs": len(samples),
+                        "median_ms": statistics.median(samples), "p90_ms": percentile(samples, 90)}
+                       for cmd, samples in zip(cmds, timed, strict=True)]
             imports = {}
             for name, launch in ((EXCLUSIVE, ("--cpus", "1")), (SHARED, ("--shared",))):
                 imports[name] = import_profile(agent.socket, install, launch)
@@ -281,7 +283,8 @@ def measure(runs: int, install_kind: str = "wheel", agent_kind: str = "affinity"
 
 def render(report: dict[str, Any]) -> str:
     lines = [f"numa-run from a {report['install']} install (Python {report['python']}), agent "
-             f"{report['agent']}; wall time over {report['runs']} runs each (after one warm-up run):",
+             f"{report['agent']}; wall time over {report['runs']} runs each, the commands in turn "
+             "(after one warm-up round):",
              table(["command", "median ms", "p90 ms"],
                    [[c["name"], fmt(c["median_ms"], 2), fmt(c["p90_ms"], 2)] for c in report["commands"]]),
              "", "ratios of medians:"]

@@ -146,6 +146,21 @@ def test_bench_numa_run_bad_runs_exit_2(capsys):
     assert "bench-numa-run: --runs must be at least 1, got 0" in capsys.readouterr().err
 
 
+def test_bench_numa_run_times_the_commands_in_turn(monkeypatch):
+    """A round runs each command once, so a load that comes and goes weighs on all alike."""
+    ran, settled = [], []
+
+    def fake_run(argv, **kwargs):
+        ran.append(argv[0])
+        return subprocess.CompletedProcess(argv, 0, b"", b"")
+
+    monkeypatch.setattr(numa_run.subprocess, "run", fake_run)
+    cmds = [numa_run.Command("a", ("a",), exclusive=True), numa_run.Command("b", ("b",))]
+    samples = numa_run.time_commands(cmds, 2, numa_run.checkout_install(), settle=lambda: settled.append(1))
+    assert ran == ["a", "b"] * 3  # one warm-up round, then two timed
+    assert [len(s) for s in samples] == [2, 2] and len(settled) == 3
+
+
 def test_bench_numa_run_refuses_a_wheelhouse_that_is_no_directory(capsys, tmp_path):
     assert numa_run.main(["--wheelhouse", str(tmp_path / "absent")]) == 2
     assert f"bench-numa-run: --wheelhouse {tmp_path / 'absent'} is not a directory" in capsys.readouterr().err
