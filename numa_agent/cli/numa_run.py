@@ -124,6 +124,16 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     common.add_allocation_options(parser)
+    ranks = parser.add_argument_group(
+        "ranks launched together (see docs/numa-run.md)",
+        "--cpus, --memory, --hugepages and --device are then per rank, as srun's -c is\n"
+        "per task; each rank is booked on one NUMA node with its devices.")
+    ranks.add_argument("--tasks", type=common.task_count, metavar="N",
+                       help="launch N ranks of COMMAND, booked all or nothing, each on its "
+                            "devices' NUMA node, with NUMA_RUN_TASK, LOCAL_RANK and their counts")
+    ranks.add_argument("--distribution", choices=("block", "cyclic"),
+                       help="ranks to NUMA nodes: block fills one node first (default), cyclic "
+                            "goes round the nodes, as srun's --distribution")
     pol = parser.add_argument_group(
         "memory policy (numactl's, set with set_mempolicy(2) before exec; one of them)",
         # Wrapped at 78 columns by hand: textwrap is not imported on the launch path.
@@ -510,6 +520,9 @@ def run(args: argparse.Namespace) -> int:
             common.print_error(PROG, f"{command[0]}: command {what}")
             return unusable
     common.warn_small_sizes(PROG, [("--memory", args.memory), ("--pod-memory", args.pod_memory)])
+    if args.tasks is not None or args.distribution is not None:
+        from numa_agent.cli.ranks import run_tasks  # only for --tasks: a launch does not pay for it
+        return run_tasks(args, command, env_of=workload_env, pin=_apply_affinity)
     args.slurm_case = slurm_case()
     admitted = _admit(args, command)
     if isinstance(admitted, int):
