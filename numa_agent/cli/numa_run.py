@@ -64,6 +64,8 @@ examples:
   numa-run -N 0 -l --cpus 2 ./app            CPUs of node 0, memory from the running CPU's node
   numa-run -C '!0' --dry-run                 every CPU but 0 (quoted for the shell)
   numa-run -s                                print the current policy, like numactl -s
+  numa-run --tasks 8 --cpus 12 --device gpu=1 python train.py
+      8 ranks, each with 12 CPUs and a GPU on the GPU's node (per rank, as srun -c)
 
 Memory policies (-i, -p, -l, -w) are set with set_mempolicy(2) right before
 exec, inside the booking: their nodes must lie within the booked memory nodes
