@@ -5,6 +5,7 @@ signals forwarded, and every booking released."""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -168,3 +169,48 @@ def test_dry_run_prints_the_plan_and_books_nothing(agent, clean):
     assert out.stdout.strip() == ("would launch 3 ranks (cyclic): rank 0 on node 0, rank 1 on node 1, "
                                   "rank 2 on node 2")
     assert workloads(agent) == []
+
+
+def test_a_signal_the_terminal_sent_the_group_is_not_sent_twice(agent, clean, tmp_path):
+    """Ctrl-C reaches every rank from the terminal (they share numa-run's process group):
+    numa-run forwards it no more, but forwards a signal sent to it alone (here SIGUSR1).
+    A second SIGINT that reaches a rank while the first is still pending merges with it
+    (standard signals do not queue), so forwarding it anyway is caught most times, not every
+    time; the correct launcher always passes."""
+    import fcntl
+    import pty
+    import termios
+
+    master, slave = pty.openpty()
+
+    def controlling_terminal() -> None:  # numa-run leads a session whose terminal is the pty
+        os.setsid()
+        fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+    # Each rank takes its signals one by one (sigwaitinfo) and writes down each.
+    rank = ("import os, signal, sys\n"
+            "wanted = {signal.SIGINT, signal.SIGUSR1}\n"
+            "signal.pthread_sigmask(signal.SIG_BLOCK, wanted)\n"
+            "where, me = sys.argv[1], os.environ['NUMA_RUN_TASK']\n"
+            "open(f'{where}/ready.{me}', 'w').close()\n"
+            "while True:\n"
+            "    got = signal.sigwaitinfo(wanted).si_signo\n"
+            "    with open(f'{where}/{me}', 'a') as f:\n"
+            "        f.write(signal.Signals(got).name + '\\n')\n"
+            "    if got == signal.SIGUSR1:\n"
+            "        break\n")
+    proc = subprocess.Popen([sys.executable, "-m", "numa_agent.cli.numa_run", "--socket", agent.socket,
+                             "--tasks", "2", "--", sys.executable, "-c", rank, str(tmp_path)],
+                            stdin=slave, stdout=slave, stderr=slave, cwd=REPO, preexec_fn=controlling_terminal)
+    os.close(slave)
+    try:
+        assert wait_for(lambda: len(list(tmp_path.glob("ready.*"))) == 2, timeout=30)
+        os.write(master, b"\x03")  # the terminal's SIGINT to its foreground process group
+        assert wait_for(lambda: all((tmp_path / str(k)).exists() for k in range(2)), timeout=30)
+        proc.send_signal(signal.SIGUSR1)  # to numa-run alone: forwarded, after any SIGINT it forwards
+        assert proc.wait(timeout=30) == 0
+    finally:
+        proc.kill()
+        proc.wait()
+        os.close(master)
+    assert [(tmp_path / str(k)).read_text().split() for k in range(2)] == [["SIGINT", "SIGUSR1"]] * 2
