@@ -187,6 +187,14 @@ def exclusive_cpu_count(text: str) -> int:
     return count
 
 
+def task_count(text: str) -> int:
+    """numa-run --tasks: one rank or more."""
+    count = parse_count(text, "task count")
+    if count == 0:
+        raise _type_error("0 tasks launch nothing: give 1 or more (or leave --tasks out)")
+    return count
+
+
 def hugepages_item(text: str) -> tuple[str, int]:
     """"2Mi=512" -> ("2048", 512): page size in kB as the API wants it."""
     return _argument(request_syntax.parse_hugepages_item, text)

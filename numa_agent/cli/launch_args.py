@@ -90,6 +90,8 @@ SPECS = (
     Spec(("--isolate",), "isolate", convert=common.isolate_kinds),
     Spec(("--isolate-strict",), "isolate_strict", Spec.FLAG),
     Spec(("--socket",), "socket"),
+    Spec(("--tasks",), "tasks", convert=common.task_count),
+    Spec(("--distribution",), "distribution", choices=lambda: ("block", "cyclic")),
     Spec(("-i", "--interleave"), "interleave", convert=common.node_list),
     Spec(("-p", "--preferred"), "preferred", convert=common.node_list),
     Spec(("-l", "--localalloc"), "localalloc", Spec.FLAG),

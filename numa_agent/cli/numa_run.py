@@ -64,6 +64,8 @@ examples:
   numa-run -N 0 -l --cpus 2 ./app            CPUs of node 0, memory from the running CPU's node
   numa-run -C '!0' --dry-run                 every CPU but 0 (quoted for the shell)
   numa-run -s                                print the current policy, like numactl -s
+  numa-run --tasks 8 --cpus 12 --device gpu=1 python train.py
+      8 ranks, each with 12 CPUs and a GPU on the GPU's node (per rank, as srun -c)
 
 Memory policies (-i, -p, -l, -w) are set with set_mempolicy(2) right before
 exec, inside the booking: their nodes must lie within the booked memory nodes
@@ -124,6 +126,16 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     common.add_allocation_options(parser)
+    ranks = parser.add_argument_group(
+        "ranks launched together (see docs/numa-run.md)",
+        "--cpus, --memory, --hugepages and --device are then per rank, as srun's -c is\n"
+        "per task; each rank is booked on one NUMA node with its devices.")
+    ranks.add_argument("--tasks", type=common.task_count, metavar="N",
+                       help="launch N ranks of COMMAND, booked all or nothing, each on its "
+                            "devices' NUMA node, with NUMA_RUN_TASK, LOCAL_RANK and their counts")
+    ranks.add_argument("--distribution", choices=("block", "cyclic"),
+                       help="ranks to NUMA nodes: block fills one node first (default), cyclic "
+                            "goes round the nodes, as srun's --distribution")
     pol = parser.add_argument_group(
         "memory policy (numactl's, set with set_mempolicy(2) before exec; one of them)",
         # Wrapped at 78 columns by hand: textwrap is not imported on the launch path.
@@ -510,6 +522,9 @@ def run(args: argparse.Namespace) -> int:
             common.print_error(PROG, f"{command[0]}: command {what}")
             return unusable
     common.warn_small_sizes(PROG, [("--memory", args.memory), ("--pod-memory", args.pod_memory)])
+    if args.tasks is not None or args.distribution is not None:
+        from numa_agent.cli.ranks import run_tasks  # only for --tasks: a launch does not pay for it
+        return run_tasks(args, command, env_of=workload_env, pin=_apply_affinity)
     args.slurm_case = slurm_case()
     admitted = _admit(args, command)
     if isinstance(admitted, int):

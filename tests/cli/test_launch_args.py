@@ -100,7 +100,7 @@ def test_what_argparse_must_answer_is_left_to_it(argv):
 
 # ---------------------------------------------------------------- the corpus
 VALUES = ["0", "1", "2", "4", "0-3", "0,1", "!0", "+0", "all", "1Gi", "512M", "2Mi=1", "gpu=1",
-          "gpu", "irqs", "none", "restricted", "least-allocated", "web", "", "-1", "-x", "--",
+          "gpu", "irqs", "none", "restricted", "least-allocated", "block", "web", "", "-1", "-x", "--",
           "a b", "=1", "1=", "x=y=z", "Ω", "99999999999999999999"]
 OPTION_STRINGS = [s for spec in SPECS for s in spec.strings]
 ODD_OPTIONS = ["-h", "--help", "--version", "--cpu", "--mem", "--sh", "--dry", "--bogus", "-H",

@@ -24,6 +24,7 @@ SCENARIOS = (
     "17-kubelet",
     "19-release-sticks",
     "20-resize",
+    "21-tasks",
     "18-memhot",  # last: its DIMM stays plugged
 )
 

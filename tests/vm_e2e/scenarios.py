@@ -1139,6 +1139,95 @@ def s20_resize(g: Guest) -> str | None:
             f"{after.format()}; affinity fallback {cpus.format()} -> {wide.format()} -> {cpus.format()}")
 
 
+# The NVMe stands in for a GPU: `--tasks` aligns each rank with its device whatever it is.
+TASKS_CONFIG = """\
+[devices.gpu]
+class_prefixes = ["0x0108"]
+
+[devices.nic]
+class_prefixes = ["0x0200"]
+"""
+# Each rank writes what the kernel says of it (its /proc/self/status), its cgroup and its
+# environment, then rank 1 fails with 7.
+RANK_REPORT = ('f="$0/$NUMA_RUN_TASK"; { grep -E "^(Cpus|Mems)_allowed_list" /proc/self/status; '
+               'echo "cgroup=$(cut -d: -f3 /proc/self/cgroup)"; echo "devices=$NUMA_AGENT_DEVICES"; '
+               'echo "rank=$NUMA_RUN_TASK/$NUMA_RUN_TASKS local=$LOCAL_RANK/$LOCAL_WORLD_SIZE"; } > "$f.tmp"; '
+               'mv "$f.tmp" "$f"; [ "$NUMA_RUN_TASK" != 1 ] || exit 7')
+
+
+def _rank_reports(g: Guest, where: Path, tasks: int, cores: int) -> list[tuple[CpuSet, CpuSet, str, str]]:
+    """(CPUs, mems, cgroup, devices) of each rank as it reported them, checked: whole cores,
+    distinct, on one node with its memory, its rank and count in the environment."""
+    seen: list[tuple[CpuSet, CpuSet, str, str]] = []
+    taken = CpuSet()
+    for rank in range(tasks):
+        text = (where / str(rank)).read_text()
+        cpus, mems = parse_allowed(text)
+        fields = dict(re.findall(r"^(cgroup|devices)=(.*)$", text, re.M))
+        check(f"rank={rank}/{tasks} local={rank}/{tasks}" in text, f"rank {rank}'s environment: {text!r}")
+        nodes = g.kernel.nodes_of(cpus)
+        check(len(cpus) == cores * g.kernel.threads_per_core and g.kernel.whole_cores(cpus),
+              f"rank {rank} runs on {cpus.format()}, not {cores} whole core(s)")
+        check(nodes == list(mems.ids()) and len(nodes) == 1,
+              f"rank {rank}: CPUs {cpus.format()} on nodes {nodes}, memory on {mems.format()}")
+        check(taken.isdisjoint(cpus), f"rank {rank}'s CPUs {cpus.format()} are another rank's too")
+        taken = taken | cpus
+        seen.append((cpus, mems, fields.get("cgroup", ""), fields.get("devices", "")))
+    return seen
+
+
+def s21_tasks(g: Guest) -> str | None:
+    """numa-run --tasks: ranks booked together on distinct whole cores, each on its node
+    (cyclic: one on each node) or its device's node, the failing rank's status returned,
+    every booking released when numa-run returns; more ranks than devices refused with one
+    line and nothing booked; numa-run killed with -9: its ranks end and are released."""
+    g.restart_agent("tasks", config=TASKS_CONFIG)
+    cores = 1
+    n = str(cores * g.kernel.threads_per_core)
+    spread = g.work / "tasks-cyclic"
+    spread.mkdir()
+    r = g.numa_run("--tasks", "2", "--cpus", n, "--distribution", "cyclic", "--name", "rk", "-v",
+                   command=("sh", "-c", RANK_REPORT, str(spread)))
+    check(r.returncode == 7, f"--tasks 2 (rank 1 exits 7): exit {r.returncode}: {last_lines(r.stderr, 4)}")
+    check(not g.workloads(), f"still listed once numa-run returned: {[w['name'] for w in g.workloads()]}")
+    ranks = _rank_reports(g, spread, 2, cores)
+    check([m.format() for _, m, _, _ in ranks] == [str(k) for k in g.kernel.cpu_nodes[:2]],
+          f"cyclic: ranks' memory on {[m.format() for _, m, _, _ in ranks]}, expected one rank per node")
+    check([c for _, _, c, _ in ranks] == ["/numa-agent/wl-rk-0", "/numa-agent/wl-rk-1"],
+          f"the ranks' cgroups are {[c for _, _, c, _ in ranks]}")
+    gpus = [a for a in g.kernel.devices_of_class("0x0108") if g.kernel.pci_nodes[a] >= 0]
+    if not gpus:
+        raise ScenarioSkipped("no NVMe on this shape reports a NUMA node")
+    aligned = g.work / "tasks-device"
+    aligned.mkdir()
+    r = g.numa_run("--tasks", "1", "--cpus", n, "--device", "gpu=1", command=("sh", "-c", RANK_REPORT, str(aligned)))
+    check(r.returncode == 0, f"--tasks 1 --device gpu=1: exit {r.returncode}: {last_lines(r.stderr, 4)}")
+    (cpus, mems, _, devices), = _rank_reports(g, aligned, 1, cores)
+    node = g.kernel.pci_nodes[gpus[0]]
+    check(devices == gpus[0] and mems == CpuSet([node]),
+          f"the rank got device {devices!r} and memory on {mems.format()}; the gpu {gpus[0]} is on node {node}")
+    r = g.numa_run(f"--tasks={len(gpus) + 1}", "--device", "gpu=1", command=("true",))
+    errors = [line for line in r.stderr.splitlines() if line.strip()]
+    check(r.returncode == 125 and len(errors) == 1 and "more tasks than gpu devices" in errors[0],
+          f"more ranks than gpus: exit {r.returncode}: {last_lines(r.stderr, 4)}")
+    check(not g.workloads(), "a refused --tasks left bookings behind")
+    # numa-run killed: the ranks' PR_SET_PDEATHSIG ends them and the agent releases what they held
+    err = open(g.work / "tasks-killed.err", "w+")
+    proc = subprocess.Popen([*g.numa_run_argv, "--socket", g.agent.socket, "--tasks", "2", "--name", "rkill",
+                             "--", *SLEEP], stdout=subprocess.DEVNULL, stderr=err, stdin=subprocess.DEVNULL)
+    g.launched.append(proc)
+    listed = wait_for(lambda: proc.poll() is not None or len(g.workloads()) == 2, timeout=ADMIT_TIMEOUT,
+                      interval=0.1)
+    check(listed is True and proc.poll() is None, f"--tasks 2 -- sleep: not both listed (exit {proc.poll()})")
+    pids = [w["pid"] for w in g.workloads()]
+    proc.kill()
+    proc.wait()
+    check(g.wait_released(["rkill-0", "rkill-1"], timeout=30),
+          f"numa-run killed with -9: its ranks {pids} are still listed after 30 s")
+    return (f"cyclic ranks on {', '.join(c.format() for c, _, _, _ in ranks)}; the gpu's rank on "
+            f"{cpus.format()} (node {node})")
+
+
 INFLIGHT_CLIENTS = 40
 # Under TCG 40 numa-runs starting together saturate the guest: the restarted agent took
 # 3.5 min to start in a first run (70-80 s for the whole scenario since). numa-run's retry
@@ -1872,6 +1961,7 @@ RUNNERS = {
     "17-kubelet": s17_kubelet,
     "19-release-sticks": s19_release_sticks,
     "20-resize": s20_resize,
+    "21-tasks": s21_tasks,
     "18-memhot": s18_memhot,
 }
 assert tuple(RUNNERS) == SCENARIOS
