@@ -353,7 +353,8 @@ class PluginSession:
             return
         if request.service != PLUGIN_SERVICE or request.method in _INLINE or request.method not in _METHODS:
             # Needs no handler: answered here, at once, whatever the handler is doing.
-            self._send(mux.PLUGIN_SERVICE_CONN, _response_frame(frame.stream_id, self._dispatch(request)))
+            self._send(mux.PLUGIN_SERVICE_CONN, _answer_frame(frame.stream_id, request.method,
+                                                              self._dispatch(request)))
             return
         call = _Call(frame.stream_id, request)
         seconds = request.timeout_nano / 1e9 if request.timeout_nano > 0 else REQUEST_TIMEOUT
@@ -372,7 +373,7 @@ class PluginSession:
         if call.timer is not None:
             call.timer.cancel()
         try:
-            self._send(mux.PLUGIN_SERVICE_CONN, _response_frame(call.stream_id, payload))
+            self._send(mux.PLUGIN_SERVICE_CONN, _answer_frame(call.stream_id, call.request.method, payload))
         except OSError as e:
             log.warning("NRI: cannot answer %s: %s", call.request.method, e.strerror)
         return True
@@ -396,7 +397,7 @@ class PluginSession:
         types = _METHODS.get(request.method) if request.service == PLUGIN_SERVICE else None
         if types is None:
             return ttrpc.encode_response(code=ttrpc.UNIMPLEMENTED, message=(
-                f"{request.service}/{request.method} is not implemented by numa-agent"))
+                f"{_shown(request.service)}/{_shown(request.method)} is not implemented by numa-agent"))
         request_type, _ = types
         message = request_type()
         try:
@@ -467,6 +468,23 @@ def _deliver(answer: queue.Queue[Any], item: Any) -> None:
 
 def _response_frame(stream_id: int, payload: bytes) -> bytes:
     return ttrpc.encode_frame(stream_id, ttrpc.TYPE_RESPONSE, payload)
+
+
+def _answer_frame(stream_id: int, method: str, payload: bytes) -> bytes:
+    """The frame answering `method` with `payload`; an answer over ttrpc's limit (a
+    Synchronize whose updates name thousands of containers) is a RESOURCE_EXHAUSTED
+    error instead, so the runtime hears in time and the thread that answers goes on."""
+    try:
+        return _response_frame(stream_id, payload)
+    except ttrpc.TtrpcError as e:
+        log.error("NRI: numa-agent's answer to %s not sent: %s", method, e)
+        return _response_frame(stream_id, ttrpc.encode_response(code=ttrpc.RESOURCE_EXHAUSTED, message=(
+            f"numa-agent's answer to {_shown(method)} not sent: {e}")))
+
+
+def _shown(text: str, limit: int = 80) -> str:
+    """A name the runtime sent, cut to `limit` characters for a one-line message."""
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def _one_line(e: BaseException) -> str:

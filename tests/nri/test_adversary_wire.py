@@ -1,0 +1,54 @@
+"""The plugin session against a runtime that misbehaves: answers too large for
+ttrpc, floods of calls, calls after Shutdown. Each test names what the
+session must survive; the fake runtime (fake_runtime.py) speaks the wire."""
+
+from __future__ import annotations
+
+from numa_agent.nri import nri_api_pb2 as api
+from numa_agent.nri import ttrpc
+from tests.nri.test_plugin import EmptyHandler, Session, _configure_and_sync, _container, _pod
+
+
+class HugeAnswer(EmptyHandler):
+    """Answers CreateContainer for `huge` with more updates than a ttrpc message holds."""
+
+    huge = "ctr-huge"
+
+    def create_container(self, request):
+        response = super().create_container(request)
+        if request.container.id == self.huge:
+            response.update.extend(api.ContainerUpdate(container_id=f"{i:08d}" + "x" * 1000)
+                                   for i in range(5000))  # about 5 MB, over ttrpc's 4 MiB
+        return response
+
+
+def test_an_answer_over_ttrpcs_limit_is_an_error_and_the_session_goes_on(tmp_path):
+    handler = HugeAnswer()
+    s = Session(tmp_path, handler)
+    try:
+        rt = s.runtime
+        _configure_and_sync(rt)
+        code, message, _ = rt.call("CreateContainer", api.CreateContainerRequest(
+            pod=_pod("1"), container=_container("huge")), api.CreateContainerResponse)
+        assert code == ttrpc.RESOURCE_EXHAUSTED and "4 MiB" in message and "\n" not in message
+        # The worker that answers the handler's calls still runs: the next call is the handler's.
+        code, _, created = rt.call("CreateContainer", api.CreateContainerRequest(
+            pod=_pod("1"), container=_container("2")), api.CreateContainerResponse)
+        assert code == 0 and created is not None
+        assert handler.calls[-1] == ("create", "ctr-2")
+    finally:
+        assert s.finish() is None
+
+
+def test_an_unknown_method_of_ttrpcs_whole_size_is_unimplemented_and_the_session_goes_on(tmp_path):
+    s = Session(tmp_path, EmptyHandler())
+    try:
+        rt = s.runtime
+        _configure_and_sync(rt)
+        method = "M" * (ttrpc.MESSAGE_LENGTH_MAX - 50)  # the request fits; echoed whole, its answer would not
+        code, message, _ = rt.call(method, api.Empty())
+        assert code == ttrpc.UNIMPLEMENTED and len(message) < 300
+        code, _, _ = rt.call("StopContainer", api.StopContainerRequest(pod=_pod("1"), container=_container("9")))
+        assert code == 0
+    finally:
+        assert s.finish() is None
