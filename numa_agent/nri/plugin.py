@@ -18,12 +18,15 @@ it decodes each request, answers at once those that need no handler
 (Configure, Shutdown, unknown methods) and queues the rest for one worker
 thread, which calls the handler in the order the runtime sent the calls (the
 handler is the agent's one state owner: calls in order, never two at once).
-A timer per request answers DEADLINE_EXCEEDED at 90% of the call's time if
+One deadline thread answers DEADLINE_EXCEEDED at 90% of a call's time if
 the handler has not answered by then; whichever answer comes first is sent,
 the other dropped (a late handler result is logged, and a call whose time
 passed while it queued never reaches the handler). So a slow handler can
 delay the handler calls queued behind it, each still answered in its time,
 but never the reading of the next call nor the answers that need no handler.
+At most QUEUED_MAX calls wait for the handler (the one it runs included): a
+runtime that sends more at once has the rest answered RESOURCE_EXHAUSTED at
+once, so a flood costs neither a thread nor memory for each call.
 
 Events for a container the runtime never announced (in Synchronize or
 CreateContainer) do not reach the handler: UpdateContainer for one is
@@ -36,12 +39,15 @@ session goes on.
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import logging
 import os
 import queue
 import socket
 import stat
 import threading
+import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -60,6 +66,7 @@ DEFAULT_SOCKET = "/var/run/nri/nri.sock"
 REGISTRATION_TIMEOUT = 5.0  # the runtime's plugin_registration_timeout, by default
 REQUEST_TIMEOUT = 2.0  # the runtime's plugin_request_timeout, by default
 ANSWER_SHARE = 0.9  # of a call's time, after which the session answers for a slow handler
+QUEUED_MAX = 64  # calls waiting for the handler; the runtime makes one at a time per plugin
 
 # The events the agent subscribes to (api.proto's Event enum; bit e-1 for event e).
 EVENTS = ("RUN_POD_SANDBOX", "STOP_POD_SANDBOX", "REMOVE_POD_SANDBOX", "CREATE_CONTAINER", "UPDATE_CONTAINER",
@@ -152,7 +159,6 @@ class _Call:
     stream_id: int
     request: Any  # ttrpc_wire_pb2.Request
     answered: bool = False
-    timer: threading.Timer | None = None
 
 
 # method -> (request type, response type)
@@ -189,6 +195,12 @@ class PluginSession:
         self._pending: dict[int, queue.Queue[tuple[int, str, bytes] | BaseException]] = {}
         self._pending_lock = threading.Lock()
         self._work: queue.Queue[_Call | None] = queue.Queue()
+        self._queued = 0  # calls given to the worker and not yet done with (under _deadline_lock)
+        self._deadlines: list[tuple[float, int, _Call]] = []  # a heap: (when, order of arrival, call)
+        self._arrivals = itertools.count()  # (a runtime may reuse a stream id: never compare calls)
+        self._deadlines_end = False
+        self._deadline_lock = threading.Condition()
+        self._deadline_thread = threading.Thread(target=self._deadline_loop, name="nri-deadline", daemon=True)
         self._containers: set[str] = set()  # announced by the runtime, not yet removed
         self._closed = threading.Event()
         self._error: BaseException | None = None
@@ -205,6 +217,7 @@ class PluginSession:
     def start(self) -> None:
         self._reader.start()
         self._worker.start()
+        self._deadline_thread.start()
 
     def run(self) -> None:
         """Register, then serve until the runtime goes; NriError (one line) when
@@ -233,6 +246,7 @@ class PluginSession:
             self._reader.join(5)
         self.sock.close()
         self._work.put(None)
+        self._end_deadlines()
 
     # --- the plugin's calls to the runtime (connection 2)
 
@@ -325,6 +339,7 @@ class PluginSession:
                 for answer in self._pending.values():
                     _deliver(answer, self._error or ttrpc.TtrpcError("the runtime closed the connection"))
             self._work.put(None)
+            self._end_deadlines()
 
     def _on_frame(self, conn_id: int, frame: ttrpc.Frame) -> None:
         if conn_id == mux.RUNTIME_SERVICE_CONN:
@@ -358,20 +373,27 @@ class PluginSession:
             return
         call = _Call(frame.stream_id, request)
         seconds = request.timeout_nano / 1e9 if request.timeout_nano > 0 else REQUEST_TIMEOUT
-        call.timer = threading.Timer(seconds * ANSWER_SHARE, self._too_late, (call,))
-        call.timer.daemon = True
-        call.timer.start()
+        with self._deadline_lock:
+            busy = self._queued >= QUEUED_MAX
+            if not busy:
+                self._queued += 1
+                heapq.heappush(self._deadlines, (time.monotonic() + seconds * ANSWER_SHARE,
+                                                 next(self._arrivals), call))
+                self._deadline_lock.notify()
+        if busy:
+            log.warning("NRI: %s refused: %d calls already wait for numa-agent", request.method, QUEUED_MAX)
+            self._send(mux.PLUGIN_SERVICE_CONN, _response_frame(frame.stream_id, ttrpc.encode_response(
+                code=ttrpc.RESOURCE_EXHAUSTED, message=f"numa-agent has {QUEUED_MAX} calls waiting; try again")))
+            return
         self._work.put(call)
 
-    # --- answering (the worker thread, and the deadline timers)
+    # --- answering (the worker thread, and the deadline thread)
 
     def _answer(self, call: _Call, payload: bytes) -> bool:
         with self._answer_lock:
             if call.answered:
                 return False
             call.answered = True
-        if call.timer is not None:
-            call.timer.cancel()
         try:
             self._send(mux.PLUGIN_SERVICE_CONN, _answer_frame(call.stream_id, call.request.method, payload))
         except OSError as e:
@@ -384,13 +406,39 @@ class PluginSession:
             log.error("NRI: %s not answered in time by the handler; the runtime was told it failed",
                       call.request.method)
 
+    def _deadline_loop(self) -> None:
+        """Answers each call its handler has not answered by its deadline."""
+        lock, heap = self._deadline_lock, self._deadlines
+        while True:
+            with lock:
+                while True:
+                    if self._deadlines_end:
+                        return
+                    while heap and heap[0][2].answered:
+                        heapq.heappop(heap)
+                    now = time.monotonic()
+                    if heap and heap[0][0] <= now:
+                        call = heapq.heappop(heap)[2]
+                        break
+                    lock.wait(min(heap[0][0] - now, 60.0) if heap else None)
+            self._too_late(call)
+
+    def _end_deadlines(self) -> None:
+        with self._deadline_lock:
+            self._deadlines_end = True
+            self._deadline_lock.notify()
+
     def _work_loop(self) -> None:
         while (call := self._work.get()) is not None:
-            if call.answered:  # its deadline passed while it queued
-                continue
-            payload = self._dispatch(call.request)
-            if not self._answer(call, payload):
-                log.warning("NRI: the handler's late answer to %s dropped", call.request.method)
+            try:
+                if call.answered:  # its deadline passed while it queued
+                    continue
+                payload = self._dispatch(call.request)
+                if not self._answer(call, payload):
+                    log.warning("NRI: the handler's late answer to %s dropped", call.request.method)
+            finally:
+                with self._deadline_lock:
+                    self._queued -= 1
 
     def _dispatch(self, request: Any) -> bytes:
         """The call's answer (a ttrpc Response), whatever the handler does."""

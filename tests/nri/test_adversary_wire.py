@@ -4,8 +4,10 @@ session must survive; the fake runtime (fake_runtime.py) speaks the wire."""
 
 from __future__ import annotations
 
+import threading
+
 from numa_agent.nri import nri_api_pb2 as api
-from numa_agent.nri import ttrpc
+from numa_agent.nri import plugin, ttrpc
 from tests.nri.test_plugin import EmptyHandler, Session, _configure_and_sync, _container, _pod
 
 
@@ -37,6 +39,31 @@ def test_an_answer_over_ttrpcs_limit_is_an_error_and_the_session_goes_on(tmp_pat
         assert code == 0 and created is not None
         assert handler.calls[-1] == ("create", "ctr-2")
     finally:
+        assert s.finish() is None
+
+
+def test_a_flood_of_calls_is_refused_past_a_bound_and_holds_no_thread_each(tmp_path):
+    handler = EmptyHandler()
+    handler.release.clear()  # the handler blocks on the first call: every other one waits
+    s = Session(tmp_path, handler)
+    try:
+        rt = s.runtime
+        _configure_and_sync(rt)
+        before = threading.active_count()
+        sent = [rt.send_call("CreateContainer", api.CreateContainerRequest(pod=_pod("1"), container=_container(str(i))),
+                             timeout_nano=600 * 10**9) for i in range(plugin.QUEUED_MAX + 200)]
+        # Those past the bound are answered at once, without the handler.
+        refused = rt.read_answers(200)
+        assert set(refused) <= set(sent)
+        assert {a.status.code for a in refused.values()} == {ttrpc.RESOURCE_EXHAUSTED}
+        # Each waiting call holds no thread of its own (a deadline each would be one).
+        assert threading.active_count() - before <= 2
+        handler.release.set()
+        answered = rt.read_answers(plugin.QUEUED_MAX)
+        assert {a.status.code for a in answered.values()} == {0}
+        assert set(answered) | set(refused) == set(sent)
+    finally:
+        handler.release.set()
         assert s.finish() is None
 
 
