@@ -44,7 +44,13 @@ from numa_agent.service.refusals import (
     RequestIdTaken,
     Unavailable,
 )
-from numa_agent.service.requests import AdmitRequest, RuntimeRef, to_admission_request, with_engine_grant
+from numa_agent.service.requests import (
+    AdmitRequest,
+    RuntimeRef,
+    empty_runtime_id,
+    to_admission_request,
+    with_engine_grant,
+)
 from numa_agent.state.checkpoint import describe_oserror
 from numa_agent.state.model import AgentState, Workload
 
@@ -284,9 +290,12 @@ def _on_engine_cgroup(parts: AdmitParts, req: Request, body: AdmitRequest, calle
 def _check_runtime(state: AgentState, body: AdmitRequest, caller: Caller) -> None:
     """A container its runtime enforces is root's to book (the NRI plugin runs in
     the agent), and a pod holds such containers only or none (its cgroup is the
-    agent's to make, or the runtime's)."""
+    agent's to make, or the runtime's). Both of its ids are given: the HTTP API's
+    checks are not the NRI handler's, which asks in-process."""
     if body.runtime is not None and not caller.is_root:
         raise NotPermitted("only root may book a container its runtime enforces (the NRI plugin runs in the agent)")
+    if body.runtime is not None and (what := empty_runtime_id(body.runtime)) is not None:
+        raise InvalidInput(f"runtime.{what} is empty", details={"field": f"runtime.{what}"})
     pod = state.pod(body.pod) if body.pod is not None else None
     if pod is not None and runtime_enforced(state, pod) != (body.runtime is not None):
         raise InvalidRequest(f"pod {pod.name} holds containers " + (

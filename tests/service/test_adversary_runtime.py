@@ -1,15 +1,16 @@
-"""A runtime (NRI) admission replayed by its request id gets only the booking
-that same container made: never a workload the agent enforces (a podman
-container's, a numa-run's) nor another container's, whose CPUs it would then
-be told to share. On the simulated cgroup tree of an agent started as the
-daemon starts it."""
+"""Runtime (NRI) admissions from a runtime that lies. Replayed by its request id,
+one gets only the booking that same container made: never a workload the agent
+enforces (a podman container's, a numa-run's) nor another container's, whose
+CPUs it would then be told to share. A container or sandbox without an id is
+refused: the in-process caller (the NRI handler) does not pass the HTTP API's
+checks. On the simulated cgroup tree of an agent started as the daemon starts it."""
 
 from __future__ import annotations
 
 import pytest
 
-from numa_agent.service.refusals import RequestIdTaken
-from numa_agent.service.requests import AdmitRequest
+from numa_agent.service.refusals import InvalidInput, RequestIdTaken
+from numa_agent.service.requests import AdmitRequest, RuntimeRef
 from tests.service.test_engine_cgroup import (
     CONTAINER,
     machine,  # noqa: F401 (a fixture)
@@ -44,3 +45,12 @@ def test_a_runtime_admission_never_replays_another_containers_booking(machine): 
     again = machine.service.admit(AdmitRequest(name="ctr-a", cpus=2, request_id=CONTAINER_ID,
                                                runtime=ref("first")), root_caller())
     assert again["replayed"] is True
+
+
+@pytest.mark.parametrize("empty", ["container_id", "sandbox_id"])
+def test_a_runtime_container_without_an_id_is_refused(machine, empty):  # noqa: F811
+    ids = {"container_id": "c0ffee01", "sandbox_id": "5andb0x", empty: ""}
+    with pytest.raises(InvalidInput, match=f"runtime.{empty} is empty"):
+        machine.service.admit(AdmitRequest(name="ctr-a", cpus=2, runtime=RuntimeRef(runtime="nri", **ids)),
+                              root_caller())
+    assert machine.service.state.workloads == ()
