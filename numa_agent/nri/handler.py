@@ -35,7 +35,8 @@ for it through `AgentApi` (service/ports.py), as root and the agent's own pid:
 Pod scope (`[topology] scope = "pod"`, read from the published machine):
 when the runtime gives the pod's totals (`linux.pod_resources`) in whole CPUs,
 the first exclusive container books the pod's budget (`sbx-<sandbox id12>`)
-and every exclusive container of the pod takes from it; otherwise each
+and every exclusive container of the pod takes from it; otherwise (or when
+another sandbox whose id shares those 12 hex digits holds that budget) each
 container is booked alone, as under container scope.
 
 The shared pool is `admission/view.py`'s `shared_pool` of the published state.
@@ -213,18 +214,24 @@ class KubernetesHandler:
             raise NriRefusal(line) from None
 
     def _admit(self, pod: Any, ctr: Any, placement: k8s.Placement, body: dict[str, Any], what: str) -> dict:
+        sandbox_id = pod.id or ctr.pod_sandbox_id
         fields: dict[str, Any] = {
             "name": k8s.workload_name(ctr.id), "request_id": k8s.request_id(ctr.id), "cpus": placement.cpus,
             "memory_bytes": placement.memory_bytes, "hugepages": dict(placement.hugepages),
             **k8s.placement_fields(body),
-            "runtime": {"runtime": "nri", "container_id": ctr.id, "sandbox_id": pod.id or ctr.pod_sandbox_id,
+            "runtime": {"runtime": "nri", "container_id": ctr.id, "sandbox_id": sandbox_id,
                         "namespace": pod.namespace[:_SHORT], "pod": pod.name[:_SHORT],
                         "pod_uid": pod.uid[:_SHORT], "container": ctr.name[:_SHORT]}}
         machine, state = self._view()
         if machine.policy.topology_scope == "pod" and (budget := k8s.pod_budget(pod)) is not None:
-            fields["pod"] = k8s.pod_name(pod.id)
-            if state.pod(fields["pod"]) is None:
-                fields["pod_budget"] = budget
+            name = k8s.pod_name(sandbox_id)
+            held = state.pod(name)
+            if held is None:
+                fields.update(pod=name, pod_budget=budget)
+            elif all(m.runtime is not None and m.runtime.sandbox_id == sandbox_id for m in state.members_of(name)):
+                fields["pod"] = name
+            else:  # another sandbox's budget under the same 12 hex digits: never taken from
+                log.warning("NRI: %s: pod budget %s belongs to another pod sandbox; booked alone", what, name)
         try:
             req = msgspec.convert(fields, AdmitRequest)
         except msgspec.ValidationError as e:  # a field past its bound (an id too long for a request)

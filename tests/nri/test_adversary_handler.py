@@ -1,0 +1,46 @@
+"""KubernetesHandler against a runtime that lies or collides: ids sharing their
+first 12 hex digits, pods whose budgets are another's, events for containers
+booked elsewhere. Over the fake AgentApi (tests/nri/fake_api.py), whose
+admission core is the real one."""
+
+from __future__ import annotations
+
+from numa_agent.nri import kubernetes as k8s
+from numa_agent.nri import nri_api_pb2 as api
+from numa_agent.nri.handler import KubernetesHandler
+from tests.nri.fake_api import FakeApi, container, create, make_machine, resources, sandbox
+
+GIB = 1 << 30
+
+
+def colliding(pod: api.PodSandbox, n: int) -> api.PodSandbox:
+    """A pod whose id shares `pod`'s first 12 hex digits (so its `sbx-` name)."""
+    other = sandbox(n, pod_resources=pod.linux.pod_resources)
+    other.id = pod.id[:12] + f"{n:02x}" * 26
+    return other
+
+
+def test_a_pod_whose_id_shares_another_pods_12_hex_never_takes_from_its_budget():
+    fake = FakeApi(machine=make_machine(scope="pod"))
+    handler = KubernetesHandler(fake)
+    first = sandbox(1, pod_resources=resources(cpus=4, memory=2 * GIB))
+    handler.create_container(create(first, container(1, first, resources(cpus=2, memory=GIB))))
+    budget = fake.state.pod(k8s.pod_name(first.id))
+    assert budget is not None and len(budget.booking.cpus) == 4
+
+    second = colliding(first, 2)
+    assert k8s.pod_name(second.id) == budget.name
+    handler.create_container(create(second, container(2, second, resources(cpus=2, memory=GIB))))
+    w = fake.state.workload(k8s.workload_name(container(2, second).id))
+    assert w is not None and w.runtime is not None and w.runtime.sandbox_id == second.id
+    # Booked, but not out of the first pod's budget: that one still has room for its own.
+    assert w.pod != budget.name and not w.booking.cpus & budget.booking.cpus
+    assert fake.state.members_of(budget.name)[0].runtime.sandbox_id == first.id
+    assert len(fake.state.members_of(budget.name)) == 1
+    handler.create_container(create(first, container(3, first, resources(cpus=2, memory=GIB), name="c3")))
+    assert len(fake.state.members_of(budget.name)) == 2
+
+    # The second pod's removal releases its own container only, not the first pod's.
+    handler.state_change(api.StateChangeEvent(event=api.REMOVE_POD_SANDBOX, pod=second))
+    assert fake.state.workload(k8s.workload_name(container(2, second).id)) is None
+    assert len(fake.state.members_of(budget.name)) == 2
