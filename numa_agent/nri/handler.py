@@ -12,6 +12,9 @@ for it through `AgentApi` (service/ports.py), as root and the agent's own pid:
   as the runtime has them). Whenever the pool differs from the one the shared
   containers were last given, the answer carries an update for each of them.
   A refusal fails the creation with one line, the kubelet's reason first.
+  A container created again (the runtime retried) is answered as before
+  when it is the same kind in the same pod, and refused otherwise: it keeps
+  what it had.
 - UpdateContainer (the kubelet's in-place resize): an exclusive container's
   new whole CPU count or memory limit is a resize, answered with its new
   cpuset; a resize that would leave it no whole CPUs is refused (the kubelet
@@ -95,6 +98,7 @@ class KubernetesHandler:
             raise NriRefusal(line)
         if notes := k8s.annotation_notes(body, placement):
             log.info("NRI: %s: ignored annotations: %s", what, "; ".join(notes))
+        self._check_created_once(pod, ctr, placement, what)
         if not placement.exclusive:
             machine, state = self._view()
             pool = _pool_text(machine, state)
@@ -186,6 +190,29 @@ class KubernetesHandler:
         return updates
 
     # ------------------------------------------------------------ the parts
+    def _check_created_once(self, pod: Any, ctr: Any, placement: k8s.Placement, what: str) -> None:
+        """A container created again (a retry) must be what it was: booked in the same
+        pod, or shared in the same pod; else NriRefusal, and it keeps what it had (a
+        booked one put on the pool's updates too would leave its CPUs for the pool's)."""
+        _, state = self._view()
+        held = _booking(state, ctr.id)
+        sandbox_id = pod.id or ctr.pod_sandbox_id
+        if held is not None and held.runtime is not None:
+            if placement.exclusive and held.runtime.sandbox_id == sandbox_id:
+                return  # the admission replays the booking
+            had = f"holds exclusive CPUs {held.booking.cpus.format()} in pod sandbox {held.runtime.sandbox_id[:12]}"
+        elif ctr.id in self._shared:
+            if not placement.exclusive and self._shared[ctr.id] == sandbox_id:
+                return
+            had = f"runs on the shared pool in pod sandbox {self._shared[ctr.id][:12]}"
+        else:
+            return
+        line = k8s.refusal_line(what, k8s.UNEXPECTED_ADMISSION_ERROR, (
+            f"the container was already created and {had}; created again as {placement.why} in pod sandbox "
+            f"{sandbox_id[:12]}, it is refused"))
+        log.warning("NRI: %s", line)
+        raise NriRefusal(line)
+
     def _synchronized(self, pod: Any, c: Any) -> tuple[bool, str, str] | None:
         """(kept: True, booked now: False; cpus; mems) for a container with exclusive
         CPUs after synchronizing; None for one on the shared pool."""

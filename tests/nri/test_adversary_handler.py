@@ -5,9 +5,12 @@ admission core is the real one."""
 
 from __future__ import annotations
 
+import pytest
+
 from numa_agent.nri import kubernetes as k8s
 from numa_agent.nri import nri_api_pb2 as api
 from numa_agent.nri.handler import KubernetesHandler
+from numa_agent.nri.plugin import NriRefusal
 from tests.nri.fake_api import FakeApi, container, create, make_machine, resources, sandbox
 
 GIB = 1 << 30
@@ -44,3 +47,38 @@ def test_a_pod_whose_id_shares_another_pods_12_hex_never_takes_from_its_budget()
     handler.state_change(api.StateChangeEvent(event=api.REMOVE_POD_SANDBOX, pod=second))
     assert fake.state.workload(k8s.workload_name(container(2, second).id)) is None
     assert len(fake.state.members_of(budget.name)) == 2
+
+
+def _updated(response) -> set[str]:
+    return {u.container_id for u in response.update}
+
+
+def test_a_container_created_again_the_same_way_gets_the_same_booking():
+    fake = FakeApi()
+    handler = KubernetesHandler(fake)
+    pod = sandbox(1)
+    ctr = container(1, pod, resources(cpus=2, memory=GIB))
+    first = handler.create_container(create(pod, ctr)).adjust.linux.resources.cpu.cpus
+    again = handler.create_container(create(pod, ctr)).adjust.linux.resources.cpu.cpus
+    assert first == again and len(fake.state.workloads) == 1
+
+
+@pytest.mark.parametrize("exclusive_first", [True, False])
+def test_a_container_created_again_as_another_kind_is_refused_and_keeps_what_it_had(exclusive_first):
+    fake = FakeApi()
+    handler = KubernetesHandler(fake)
+    guaranteed, shared = sandbox(1), sandbox(2, "besteffort")
+    as_exclusive = container(1, guaranteed, resources(cpus=2, memory=GIB))
+    as_shared = container(1, shared)  # the same container id
+    first, second = (guaranteed, as_exclusive), (shared, as_shared)
+    if not exclusive_first:
+        first, second = second, first
+    handler.create_container(create(*first))
+    booked = [(w.name, w.booking.cpus) for w in fake.state.workloads]
+    with pytest.raises(NriRefusal, match="already"):
+        handler.create_container(create(*second))
+    assert [(w.name, w.booking.cpus) for w in fake.state.workloads] == booked
+    # A change of the pool updates the shared containers: this one only if it was created shared.
+    other = sandbox(3)
+    grown = handler.create_container(create(other, container(3, other, resources(cpus=2, memory=GIB))))
+    assert (as_exclusive.id in _updated(grown)) == (not exclusive_first)
