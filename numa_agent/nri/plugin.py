@@ -21,7 +21,9 @@ handler is the agent's one state owner: calls in order, never two at once).
 One deadline thread answers DEADLINE_EXCEEDED at 90% of a call's time if
 the handler has not answered by then; whichever answer comes first is sent,
 the other dropped (a late handler result is logged, and a call whose time
-passed while it queued never reaches the handler). So a slow handler can
+passed while it queued never reaches the handler). A CreateContainer the
+handler granted too late is undone: the runtime failed the creation, so the
+handler's StopContainer releases what it booked. So a slow handler can
 delay the handler calls queued behind it, each still answered in its time,
 but never the reading of the next call nor the answers that need no handler.
 At most QUEUED_MAX calls wait for the handler (the one it runs included): a
@@ -436,9 +438,28 @@ class PluginSession:
                 payload = self._dispatch(call.request)
                 if not self._answer(call, payload):
                     log.warning("NRI: the handler's late answer to %s dropped", call.request.method)
+                    self._undo_late(call.request, payload)
             finally:
                 with self._deadline_lock:
                     self._queued -= 1
+
+    def _undo_late(self, request: Any, payload: bytes) -> None:
+        """A CreateContainer the handler granted after the runtime was told it failed:
+        the container will not run with that answer, so what the handler booked for it
+        is released as at its stop (the handler's StopContainer). Were the container
+        created all the same, the next Synchronize books it again."""
+        if request.method != "CreateContainer" or ttrpc.decode_response(payload)[0] != ttrpc.OK:
+            return
+        created = api.CreateContainerRequest.FromString(request.payload)
+        try:
+            self.handler.stop_container(api.StopContainerRequest(pod=created.pod, container=created.container))
+        except Exception as e:  # one line, the session goes on
+            log.error("NRI: releasing container %s, whose creation failed late: %s: %s", created.container.id,
+                      type(e).__name__, _one_line(e))
+        else:
+            log.warning("NRI: container %s was granted after its CreateContainer's time: released",
+                        created.container.id)
+        self._containers.discard(created.container.id)
 
     def _dispatch(self, request: Any) -> bytes:
         """The call's answer (a ttrpc Response), whatever the handler does."""

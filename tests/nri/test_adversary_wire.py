@@ -79,3 +79,23 @@ def test_an_unknown_method_of_ttrpcs_whole_size_is_unimplemented_and_the_session
         assert code == 0
     finally:
         assert s.finish() is None
+
+
+def test_a_creation_granted_after_its_time_is_released(tmp_path):
+    handler = EmptyHandler()
+    s = Session(tmp_path, handler)
+    try:
+        rt = s.runtime
+        _configure_and_sync(rt)
+        handler.release.clear()
+        late = rt.send_call("CreateContainer", api.CreateContainerRequest(pod=_pod("1"), container=_container("1")),
+                            timeout_nano=100_000_000)
+        assert handler.entered.wait(10)
+        assert rt.read_answer(late).status.code == ttrpc.DEADLINE_EXCEEDED  # the runtime fails the creation
+        handler.release.set()  # the handler grants it after all: its answer is dropped
+        # The calls are handled in order: by this one's answer, the late grant was undone.
+        assert rt.call("StopContainer", api.StopContainerRequest(pod=_pod("1"), container=_container("2")))[0] == 0
+        assert handler.calls[-2:] == [("create", "ctr-1"), ("stop", "ctr-1")]
+    finally:
+        handler.release.set()
+        assert s.finish() is None
