@@ -19,7 +19,8 @@ for it through `AgentApi` (service/ports.py), as root and the agent's own pid:
   new whole CPU count or memory limit is a resize, answered with its new
   cpuset; a resize that would leave it no whole CPUs is refused (the kubelet
   does not take exclusive CPUs back in place either). A shared container
-  follows the pool.
+  follows the pool. One already at its new size whose cpuset is not the
+  booked one (the resize's answer was lost) is given its booked cpuset.
 - StopContainer and a container's removal release its booking (only the one
   this container's id made; one already gone is fine); a pod sandbox's
   removal releases what its containers still hold, and with the last member
@@ -132,7 +133,11 @@ class KubernetesHandler:
         asked = placement.memory_bytes  # none (no limit now): the booking's memory stays
         memory = asked if asked and asked != int(w.request.get("memory_bytes") or 0) else None
         if cpus is None and memory is None:
-            return self._following(api.UpdateContainerResponse(), _pool_text(machine, state))
+            response = api.UpdateContainerResponse()
+            booked, has = w.booking.cpus.format(), ctr.linux.resources.cpu.cpus
+            if has and not _same_cpus(has, booked):  # an earlier answer was lost: its cpuset again
+                response.update.append(k8s.update(ctr.id, booked, k8s.mems_text(w.booking.mems)))
+            return self._following(response, _pool_text(machine, state))
         try:
             answer = self.api.resize(w.name, self.caller, cpus=cpus, memory_bytes=memory)
         except ServiceRefusal as e:

@@ -82,3 +82,19 @@ def test_a_container_created_again_as_another_kind_is_refused_and_keeps_what_it_
     other = sandbox(3)
     grown = handler.create_container(create(other, container(3, other, resources(cpus=2, memory=GIB))))
     assert (as_exclusive.id in _updated(grown)) == (not exclusive_first)
+
+
+def test_a_resize_whose_answer_was_lost_gives_the_booked_cpus_when_retried():
+    fake = FakeApi()
+    handler = KubernetesHandler(fake)
+    pod = sandbox(1)
+    ctr = container(1, pod, resources(cpus=2, memory=GIB))
+    ctr.linux.resources.cpu.cpus = handler.create_container(create(pod, ctr)).adjust.linux.resources.cpu.cpus
+    grow = api.UpdateContainerRequest(pod=pod, container=ctr, linux_resources=resources(cpus=4, memory=GIB))
+    handler.update_container(grow)  # resized; the answer is lost (too late, or the runtime restarted)
+    booked = fake.state.workload(k8s.workload_name(ctr.id)).booking.cpus
+    assert len(booked) == 4
+    # The kubelet retries: the container still has its 2 CPUs, the booking its 4.
+    retried = handler.update_container(grow)
+    assert [(u.container_id, u.linux.resources.cpu.cpus) for u in retried.update] == [(ctr.id, booked.format())]
+    assert len(fake.names("resize")) == 1
