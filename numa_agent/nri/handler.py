@@ -255,10 +255,18 @@ class KubernetesHandler:
                         "namespace": pod.namespace[:_SHORT], "pod": pod.name[:_SHORT],
                         "pod_uid": pod.uid[:_SHORT], "container": ctr.name[:_SHORT]}}
         machine, state = self._view()
+        held = state.workload(fields["name"])
+        if held is not None and (held.runtime is None or held.runtime.container_id != ctr.id):
+            whose = "another container" if held.runtime is not None else "a workload the agent enforces"
+            line = k8s.refusal_line(what, k8s.UNEXPECTED_ADMISSION_ERROR, (
+                f"its booking's name {held.name} (from the container id's first 12 hex digits) is held by "
+                f"{whose}; a container created again gets a new id"))
+            log.warning("NRI: %s", line)
+            raise NriRefusal(line)
         if machine.policy.topology_scope == "pod" and (budget := k8s.pod_budget(pod)) is not None:
             name = k8s.pod_name(sandbox_id)
-            held = state.pod(name)
-            if held is None:
+            budget_held = state.pod(name)
+            if budget_held is None:
                 fields.update(pod=name, pod_budget=budget)
             elif all(m.runtime is not None and m.runtime.sandbox_id == sandbox_id for m in state.members_of(name)):
                 fields["pod"] = name

@@ -98,3 +98,22 @@ def test_a_resize_whose_answer_was_lost_gives_the_booked_cpus_when_retried():
     retried = handler.update_container(grow)
     assert [(u.container_id, u.linux.resources.cpu.cpus) for u in retried.update] == [(ctr.id, booked.format())]
     assert len(fake.names("resize")) == 1
+
+
+def test_a_container_whose_id_shares_another_bookings_12_hex_is_refused_saying_so():
+    fake = FakeApi()
+    handler = KubernetesHandler(fake)
+    pod = sandbox(1)
+    first = container(1, pod, resources(cpus=2, memory=GIB))
+    handler.create_container(create(pod, first))
+    second = container(2, pod, resources(cpus=2, memory=GIB), name="other")
+    second.id = first.id[:12] + "ee" * 26
+    with pytest.raises(NriRefusal) as refused:
+        handler.create_container(create(pod, second))
+    line = str(refused.value)
+    assert "first 12 hex digits" in line and "--name" not in line and "\n" not in line
+    assert [w.runtime.container_id for w in fake.state.workloads] == [first.id]
+    # Its stop or removal releases nothing of the other's.
+    handler.stop_container(api.StopContainerRequest(pod=pod, container=second))
+    handler.state_change(api.StateChangeEvent(event=api.REMOVE_CONTAINER, pod=pod, container=second))
+    assert [w.runtime.container_id for w in fake.state.workloads] == [first.id]
