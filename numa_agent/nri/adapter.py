@@ -243,6 +243,10 @@ class _Counted:
     def state_change(self, event: Any) -> None:
         self._adapter._call("StateChange", self._adapter.handler.state_change, event)
 
+    def answer_lost(self, method: str) -> None:  # no call of the runtime's: not counted
+        with self._adapter._handler_lock:
+            self._adapter.handler.answer_lost(method)
+
 
 def _shut(session: plugin.PluginSession) -> None:
     try:

@@ -194,6 +194,12 @@ class KubernetesHandler:
                  "pool %s; %d updates", len(alive), kept, booked, len(self._shared), pool or "(empty)", len(updates))
         return updates
 
+    def answer_lost(self, method: str) -> None:
+        """An answer of ours the runtime never got may have carried the pool to the
+        shared containers: the next answer that can carry updates gives it to all."""
+        log.info("NRI: the answer to %s was lost: the shared containers get the pool again", method)
+        self._pool = None
+
     # ------------------------------------------------------------ the parts
     def _check_created_once(self, pod: Any, ctr: Any, placement: k8s.Placement, what: str) -> None:
         """A container created again (a retry) must be what it was: booked in the same

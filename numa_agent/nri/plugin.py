@@ -23,7 +23,8 @@ the handler has not answered by then; whichever answer comes first is sent,
 the other dropped (a late handler result is logged, and a call whose time
 passed while it queued never reaches the handler). A CreateContainer the
 handler granted too late is undone: the runtime failed the creation, so the
-handler's StopContainer releases what it booked. So a slow handler can
+handler's StopContainer releases what it booked; of any other late answer the
+handler is told (`answer_lost`: the updates it carried were never sent). So a slow handler can
 delay the handler calls queued behind it, each still answered in its time,
 but never the reading of the next call nor the answers that need no handler.
 At most QUEUED_MAX calls wait for the handler (the one it runs included): a
@@ -112,6 +113,12 @@ class NriHandler(Protocol):
 
     def state_change(self, event: Any) -> None:
         """api.StateChangeEvent: a pod's run, stop or removal; a container's removal."""
+        ...
+
+    def answer_lost(self, method: str) -> None:
+        """The handler's answer to a `method` call (Synchronize, UpdateContainer,
+        StopContainer) came after the call's time and was dropped: the updates it
+        carried never reached the runtime."""
         ...
 
 
@@ -447,8 +454,16 @@ class PluginSession:
         """A CreateContainer the handler granted after the runtime was told it failed:
         the container will not run with that answer, so what the handler booked for it
         is released as at its stop (the handler's StopContainer). Were the container
-        created all the same, the next Synchronize books it again."""
-        if request.method != "CreateContainer" or ttrpc.decode_response(payload)[0] != ttrpc.OK:
+        created all the same, the next Synchronize books it again. Any other call's
+        answer that granted something: the handler is told it was lost."""
+        if ttrpc.decode_response(payload)[0] != ttrpc.OK:
+            return
+        if request.method != "CreateContainer":
+            try:
+                self.handler.answer_lost(request.method)
+            except Exception as e:  # one line, the session goes on
+                log.error("NRI: telling the handler its answer to %s was lost: %s: %s", request.method,
+                          type(e).__name__, _one_line(e))
             return
         created = api.CreateContainerRequest.FromString(request.payload)
         try:

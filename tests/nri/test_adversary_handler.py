@@ -117,3 +117,21 @@ def test_a_container_whose_id_shares_another_bookings_12_hex_is_refused_saying_s
     handler.stop_container(api.StopContainerRequest(pod=pod, container=second))
     handler.state_change(api.StateChangeEvent(event=api.REMOVE_CONTAINER, pod=pod, container=second))
     assert [w.runtime.container_id for w in fake.state.workloads] == [first.id]
+
+
+def test_after_a_lost_answer_the_next_one_gives_the_pool_to_every_shared_container():
+    fake = FakeApi()
+    handler = KubernetesHandler(fake)
+    shared = sandbox(1, "besteffort")
+    follower = container(1, shared)
+    handler.create_container(create(shared, follower))
+    pod = sandbox(2)
+    ctr = container(2, pod, resources(cpus=2, memory=GIB))
+    handler.create_container(create(pod, ctr))
+    # A resize that shrinks the pool; its answer (with the follower's update) never reaches the runtime.
+    handler.update_container(api.UpdateContainerRequest(pod=pod, container=ctr,
+                                                        linux_resources=resources(cpus=4, memory=GIB)))
+    handler.answer_lost("UpdateContainer")
+    other = sandbox(3, "besteffort")
+    answer = handler.create_container(create(other, container(3, other)))
+    assert follower.id in _updated(answer)

@@ -99,3 +99,30 @@ def test_a_creation_granted_after_its_time_is_released(tmp_path):
     finally:
         handler.release.set()
         assert s.finish() is None
+
+
+class SlowUpdate(EmptyHandler):
+    def update_container(self, request):
+        response = super().update_container(request)
+        self.entered.set()
+        self.release.wait()
+        return response
+
+
+def test_the_handler_is_told_of_an_answer_the_runtime_never_got(tmp_path):
+    handler = SlowUpdate()
+    s = Session(tmp_path, handler)
+    try:
+        rt = s.runtime
+        _configure_and_sync(rt, [_container("1")])
+        handler.release.clear()
+        late = rt.send_call("UpdateContainer", api.UpdateContainerRequest(pod=_pod("1"), container=_container("1")),
+                            timeout_nano=100_000_000)
+        assert handler.entered.wait(10)
+        assert rt.read_answer(late).status.code == ttrpc.DEADLINE_EXCEEDED
+        handler.release.set()
+        assert rt.call("StopContainer", api.StopContainerRequest(pod=_pod("1"), container=_container("2")))[0] == 0
+        assert handler.calls[-2:] == [("update", "ctr-1"), ("lost", "UpdateContainer")]
+    finally:
+        handler.release.set()
+        assert s.finish() is None
