@@ -501,7 +501,8 @@ class PluginSession:
         return ttrpc.encode_response(response.SerializeToString())
 
     def _on_Configure(self, request: Any) -> Any:  # noqa: N802 (ttrpc's method names)
-        self.runtime = f"{request.runtime_name} {request.runtime_version}".strip()
+        # Shown by health, status and log lines: a name and a version, not a megabyte.
+        self.runtime = f"{_shown(request.runtime_name)} {_shown(request.runtime_version, 40)}".strip()
         log.info("NRI: configured by %s", self.runtime or "an unnamed runtime")
         return api.ConfigureResponse(events=self.events)
 

@@ -126,3 +126,15 @@ def test_the_handler_is_told_of_an_answer_the_runtime_never_got(tmp_path):
     finally:
         handler.release.set()
         assert s.finish() is None
+
+
+def test_a_runtimes_name_is_kept_short_for_health_and_status(tmp_path):
+    s = Session(tmp_path, EmptyHandler())
+    try:
+        rt = s.runtime
+        rt.expect_register()
+        code, _, _ = rt.call("Configure", api.ConfigureRequest(runtime_name="containerd" * 100_000,
+                                                               runtime_version="\x1b]0;v\x07"), api.ConfigureResponse)
+        assert code == 0 and s.session.runtime.startswith("containerd") and len(s.session.runtime) <= 200
+    finally:
+        assert s.finish() is None
