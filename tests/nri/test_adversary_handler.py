@@ -135,3 +135,14 @@ def test_after_a_lost_answer_the_next_one_gives_the_pool_to_every_shared_contain
     other = sandbox(3, "besteffort")
     answer = handler.create_container(create(other, container(3, other)))
     assert follower.id in _updated(answer)
+
+
+def test_a_synchronize_listing_a_container_twice_books_it_once_and_updates_it_once():
+    fake = FakeApi()
+    handler = KubernetesHandler(fake)
+    pod, shared = sandbox(1), sandbox(2, "besteffort")
+    exclusive = container(1, pod, resources(cpus=2, memory=GIB))
+    follower = container(2, shared)
+    updates = handler.synchronize([pod, shared, pod], [exclusive, follower, exclusive, follower])
+    assert [w.runtime.container_id for w in fake.state.workloads] == [exclusive.id]
+    assert sorted(u.container_id for u in updates) == sorted([exclusive.id, follower.id])

@@ -4,10 +4,14 @@ session must survive; the fake runtime (fake_runtime.py) speaks the wire."""
 
 from __future__ import annotations
 
+import os
 import threading
+
+import pytest
 
 from numa_agent.nri import nri_api_pb2 as api
 from numa_agent.nri import plugin, ttrpc
+from tests.nri.fake_runtime import FakeRuntime
 from tests.nri.test_plugin import EmptyHandler, Session, _configure_and_sync, _container, _pod
 
 
@@ -138,3 +142,31 @@ def test_a_runtimes_name_is_kept_short_for_health_and_status(tmp_path):
         assert code == 0 and s.session.runtime.startswith("containerd") and len(s.session.runtime) <= 200
     finally:
         assert s.finish() is None
+
+
+def test_a_symlink_at_the_sockets_name_is_refused_even_to_a_trusted_socket(tmp_path):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    rt = FakeRuntime(str(elsewhere / "nri.sock"))
+    (tmp_path / "nri").mkdir()
+    (tmp_path / "nri" / "nri.sock").symlink_to(rt.path)
+    try:
+        with pytest.raises(plugin.NriError, match="is not a socket"):
+            plugin.connect(str(tmp_path / "nri" / "nri.sock"))
+    finally:
+        rt.close()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a directory to another user needs root")
+def test_a_directory_another_user_owns_on_the_path_is_refused(tmp_path):
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    rt = FakeRuntime(str(theirs / "nri.sock"))
+    os.chown(theirs, 65534, 65534)
+    (tmp_path / "nri").symlink_to(theirs)  # a link root made, to a directory a user owns
+    try:
+        for path in (rt.path, str(tmp_path / "nri" / "nri.sock")):
+            with pytest.raises(plugin.NriError, match="refused"):
+                plugin.connect(path)
+    finally:
+        rt.close()
