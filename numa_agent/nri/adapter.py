@@ -127,7 +127,12 @@ class NriAdapter:
         """Connect, serve, wait, again, until stop()."""
         delay = BACKOFF_FIRST
         while not self._stopping.is_set():
-            lasted = self._attempt()
+            try:
+                lasted = self._attempt()
+            except Exception as e:  # the kernel refused a descriptor or a thread: one attempt lost, not the thread
+                self._not_connected(f"NRI: connecting to {self.socket_path} failed: {type(e).__name__}: "
+                                    f"{' '.join(str(e).split())}; retrying")
+                lasted = None
             if self._stopping.is_set():
                 break
             if lasted is not None and lasted >= BACKOFF_CAP:

@@ -149,12 +149,17 @@ def connect(path: str = DEFAULT_SOCKET, *, owners: Iterable[int] | None = None) 
         except FileNotFoundError:
             raise NriError(f"NRI socket {path} does not exist: is NRI enabled in the runtime's configuration, "
                            "and the runtime running?") from None
+        except OSError as e:
+            raise NriError(f"NRI socket {path}: {e.strerror}") from None
         if not stat.S_ISSOCK(st.st_mode):
             raise NriError(f"NRI socket {path} is not a socket")
         if st.st_uid not in trusted:
             raise NriError(f"NRI socket {path} refused: it is owned by uid {st.st_uid}, not by root or the "
                            "agent's user, so it is not the runtime's")
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        try:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        except OSError as e:  # out of descriptors: the adapter tries again later
+            raise NriError(f"NRI socket {path}: cannot make a socket: {e.strerror}") from None
         try:
             sock.connect(directory.proc_path(name))
         except OSError as e:
