@@ -496,14 +496,14 @@ class PluginSession:
                 f"{request.method}'s payload is no {request_type.__name__}"))
         method: Callable[[Any], Any] = getattr(self, f"_on_{request.method}")
         try:
-            response = method(message)
+            body = method(message).SerializeToString()  # a handler's wrong answer fails here, in the try
         except NriRefusal as e:
             return ttrpc.encode_response(code=ttrpc.FAILED_PRECONDITION, message=_one_line(e))
         except Exception as e:  # the session goes on; the runtime hears one line
             log.error("NRI: the handler failed on %s: %s: %s", request.method, type(e).__name__, _one_line(e))
             return ttrpc.encode_response(code=ttrpc.INTERNAL, message=(
                 f"numa-agent failed on {request.method}: {type(e).__name__}: {_one_line(e)}"))
-        return ttrpc.encode_response(response.SerializeToString())
+        return ttrpc.encode_response(body)
 
     def _on_Configure(self, request: Any) -> Any:  # noqa: N802 (ttrpc's method names)
         # Shown by health, status and log lines: a name and a version, not a megabyte.

@@ -170,3 +170,24 @@ def test_a_directory_another_user_owns_on_the_path_is_refused(tmp_path):
                 plugin.connect(path)
     finally:
         rt.close()
+
+
+class AnswersNothing(EmptyHandler):
+    def create_container(self, request):
+        super().create_container(request)
+        return None  # a handler's bug: no answer at all
+
+
+def test_a_handler_that_answers_nothing_is_an_internal_error_and_the_session_goes_on(tmp_path):
+    handler = AnswersNothing()
+    s = Session(tmp_path, handler)
+    try:
+        rt = s.runtime
+        _configure_and_sync(rt)
+        code, message, _ = rt.call("CreateContainer", api.CreateContainerRequest(pod=_pod("1"),
+                                                                                 container=_container("1")))
+        assert code == ttrpc.INTERNAL and "\n" not in message
+        code, _, _ = rt.call("CreateContainer", api.CreateContainerRequest(pod=_pod("1"), container=_container("2")))
+        assert code == ttrpc.INTERNAL and handler.calls[-1] == ("create", "ctr-2")  # the worker still runs
+    finally:
+        assert s.finish() is None
