@@ -104,7 +104,7 @@ class KubernetesHandler:
             machine, state = self._view()
             pool = _pool_text(machine, state)
             response = self._following(api.CreateContainerResponse(adjust=k8s.adjustment(pool)), pool)
-            self._shared[ctr.id] = pod.id
+            self._shared[ctr.id] = pod.id or ctr.pod_sandbox_id
             log.info("NRI: %s runs on the shared pool %s: %s", what, pool or "(empty)", placement.why)
             return response
         answer = self._admit(pod, ctr, placement, body, what)

@@ -146,3 +146,15 @@ def test_a_synchronize_listing_a_container_twice_books_it_once_and_updates_it_on
     updates = handler.synchronize([pod, shared, pod], [exclusive, follower, exclusive, follower])
     assert [w.runtime.container_id for w in fake.state.workloads] == [exclusive.id]
     assert sorted(u.container_id for u in updates) == sorted([exclusive.id, follower.id])
+
+
+def test_a_shared_container_whose_pod_is_named_only_by_its_own_field_may_be_created_again():
+    handler = KubernetesHandler(FakeApi())
+    pod = sandbox(1, "besteffort")
+    ctr = container(1, pod)
+    anonymous = api.PodSandbox()
+    anonymous.CopyFrom(pod)
+    anonymous.id = ""  # the runtime gave the pod without its id; the container names it
+    first = handler.create_container(create(anonymous, ctr))
+    again = handler.create_container(create(anonymous, ctr))
+    assert again.adjust == first.adjust
