@@ -27,6 +27,7 @@ from numa_agent.service.requests import (
     AdmitRequest,
     RequestId,
     ResizeRequest,
+    empty_runtime_id,
 )
 
 MAX_BODY_BYTES = 64 * 1024
@@ -140,9 +141,8 @@ def _check_runtime(req: AdmitRequest) -> None:
     if req.shared:
         raise BadRequest("runtime: a shared container is not booked, it runs on the shared pool",
                          details={"field": "shared"})
-    for what in ("container_id", "sandbox_id"):
-        if not getattr(req.runtime, what):
-            raise BadRequest(f"runtime.{what} is empty", details={"field": f"runtime.{what}"})
+    if (what := empty_runtime_id(req.runtime)) is not None:
+        raise BadRequest(f"runtime.{what} is empty", details={"field": f"runtime.{what}"})
 
 
 def _isolate(req: AdmitRequest) -> list[str] | None:

@@ -127,7 +127,12 @@ class NriAdapter:
         """Connect, serve, wait, again, until stop()."""
         delay = BACKOFF_FIRST
         while not self._stopping.is_set():
-            lasted = self._attempt()
+            try:
+                lasted = self._attempt()
+            except Exception as e:  # the kernel refused a descriptor or a thread: one attempt lost, not the thread
+                self._not_connected(f"NRI: connecting to {self.socket_path} failed: {type(e).__name__}: "
+                                    f"{' '.join(str(e).split())}; retrying")
+                lasted = None
             if self._stopping.is_set():
                 break
             if lasted is not None and lasted >= BACKOFF_CAP:
@@ -242,6 +247,10 @@ class _Counted:
 
     def state_change(self, event: Any) -> None:
         self._adapter._call("StateChange", self._adapter.handler.state_change, event)
+
+    def answer_lost(self, method: str) -> None:  # no call of the runtime's: not counted
+        with self._adapter._handler_lock:
+            self._adapter.handler.answer_lost(method)
 
 
 def _shut(session: plugin.PluginSession) -> None:

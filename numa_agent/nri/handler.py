@@ -12,11 +12,15 @@ for it through `AgentApi` (service/ports.py), as root and the agent's own pid:
   as the runtime has them). Whenever the pool differs from the one the shared
   containers were last given, the answer carries an update for each of them.
   A refusal fails the creation with one line, the kubelet's reason first.
+  A container created again (the runtime retried) is answered as before
+  when it is the same kind in the same pod, and refused otherwise: it keeps
+  what it had.
 - UpdateContainer (the kubelet's in-place resize): an exclusive container's
   new whole CPU count or memory limit is a resize, answered with its new
   cpuset; a resize that would leave it no whole CPUs is refused (the kubelet
   does not take exclusive CPUs back in place either). A shared container
-  follows the pool.
+  follows the pool. One already at its new size whose cpuset is not the
+  booked one (the resize's answer was lost) is given its booked cpuset.
 - StopContainer and a container's removal release its booking (only the one
   this container's id made; one already gone is fine); a pod sandbox's
   removal releases what its containers still hold, and with the last member
@@ -35,7 +39,8 @@ for it through `AgentApi` (service/ports.py), as root and the agent's own pid:
 Pod scope (`[topology] scope = "pod"`, read from the published machine):
 when the runtime gives the pod's totals (`linux.pod_resources`) in whole CPUs,
 the first exclusive container books the pod's budget (`sbx-<sandbox id12>`)
-and every exclusive container of the pod takes from it; otherwise each
+and every exclusive container of the pod takes from it; otherwise (or when
+another sandbox whose id shares those 12 hex digits holds that budget) each
 container is booked alone, as under container scope.
 
 The shared pool is `admission/view.py`'s `shared_pool` of the published state.
@@ -94,11 +99,12 @@ class KubernetesHandler:
             raise NriRefusal(line)
         if notes := k8s.annotation_notes(body, placement):
             log.info("NRI: %s: ignored annotations: %s", what, "; ".join(notes))
+        self._check_created_once(pod, ctr, placement, what)
         if not placement.exclusive:
             machine, state = self._view()
             pool = _pool_text(machine, state)
             response = self._following(api.CreateContainerResponse(adjust=k8s.adjustment(pool)), pool)
-            self._shared[ctr.id] = pod.id
+            self._shared[ctr.id] = pod.id or ctr.pod_sandbox_id
             log.info("NRI: %s runs on the shared pool %s: %s", what, pool or "(empty)", placement.why)
             return response
         answer = self._admit(pod, ctr, placement, body, what)
@@ -127,7 +133,11 @@ class KubernetesHandler:
         asked = placement.memory_bytes  # none (no limit now): the booking's memory stays
         memory = asked if asked and asked != int(w.request.get("memory_bytes") or 0) else None
         if cpus is None and memory is None:
-            return self._following(api.UpdateContainerResponse(), _pool_text(machine, state))
+            response = api.UpdateContainerResponse()
+            booked, has = w.booking.cpus.format(), ctr.linux.resources.cpu.cpus
+            if has and not _same_cpus(has, booked):  # an earlier answer was lost: its cpuset again
+                response.update.append(k8s.update(ctr.id, booked, k8s.mems_text(w.booking.mems)))
+            return self._following(response, _pool_text(machine, state))
         try:
             answer = self.api.resize(w.name, self.caller, cpus=cpus, memory_bytes=memory)
         except ServiceRefusal as e:
@@ -184,7 +194,36 @@ class KubernetesHandler:
                  "pool %s; %d updates", len(alive), kept, booked, len(self._shared), pool or "(empty)", len(updates))
         return updates
 
+    def answer_lost(self, method: str) -> None:
+        """An answer of ours the runtime never got may have carried the pool to the
+        shared containers: the next answer that can carry updates gives it to all."""
+        log.info("NRI: the answer to %s was lost: the shared containers get the pool again", method)
+        self._pool = None
+
     # ------------------------------------------------------------ the parts
+    def _check_created_once(self, pod: Any, ctr: Any, placement: k8s.Placement, what: str) -> None:
+        """A container created again (a retry) must be what it was: booked in the same
+        pod, or shared in the same pod; else NriRefusal, and it keeps what it had (a
+        booked one put on the pool's updates too would leave its CPUs for the pool's)."""
+        _, state = self._view()
+        held = _booking(state, ctr.id)
+        sandbox_id = pod.id or ctr.pod_sandbox_id
+        if held is not None and held.runtime is not None:
+            if placement.exclusive and held.runtime.sandbox_id == sandbox_id:
+                return  # the admission replays the booking
+            had = f"holds exclusive CPUs {held.booking.cpus.format()} in pod sandbox {held.runtime.sandbox_id[:12]}"
+        elif ctr.id in self._shared:
+            if not placement.exclusive and self._shared[ctr.id] == sandbox_id:
+                return
+            had = f"runs on the shared pool in pod sandbox {self._shared[ctr.id][:12]}"
+        else:
+            return
+        line = k8s.refusal_line(what, k8s.UNEXPECTED_ADMISSION_ERROR, (
+            f"the container was already created and {had}; created again as {placement.why} in pod sandbox "
+            f"{sandbox_id[:12]}, it is refused"))
+        log.warning("NRI: %s", line)
+        raise NriRefusal(line)
+
     def _synchronized(self, pod: Any, c: Any) -> tuple[bool, str, str] | None:
         """(kept: True, booked now: False; cpus; mems) for a container with exclusive
         CPUs after synchronizing; None for one on the shared pool."""
@@ -213,18 +252,32 @@ class KubernetesHandler:
             raise NriRefusal(line) from None
 
     def _admit(self, pod: Any, ctr: Any, placement: k8s.Placement, body: dict[str, Any], what: str) -> dict:
+        sandbox_id = pod.id or ctr.pod_sandbox_id
         fields: dict[str, Any] = {
             "name": k8s.workload_name(ctr.id), "request_id": k8s.request_id(ctr.id), "cpus": placement.cpus,
             "memory_bytes": placement.memory_bytes, "hugepages": dict(placement.hugepages),
             **k8s.placement_fields(body),
-            "runtime": {"runtime": "nri", "container_id": ctr.id, "sandbox_id": pod.id or ctr.pod_sandbox_id,
+            "runtime": {"runtime": "nri", "container_id": ctr.id, "sandbox_id": sandbox_id,
                         "namespace": pod.namespace[:_SHORT], "pod": pod.name[:_SHORT],
                         "pod_uid": pod.uid[:_SHORT], "container": ctr.name[:_SHORT]}}
         machine, state = self._view()
+        held = state.workload(fields["name"])
+        if held is not None and (held.runtime is None or held.runtime.container_id != ctr.id):
+            whose = "another container" if held.runtime is not None else "a workload the agent enforces"
+            line = k8s.refusal_line(what, k8s.UNEXPECTED_ADMISSION_ERROR, (
+                f"its booking's name {held.name} (from the container id's first 12 hex digits) is held by "
+                f"{whose}; a container created again gets a new id"))
+            log.warning("NRI: %s", line)
+            raise NriRefusal(line)
         if machine.policy.topology_scope == "pod" and (budget := k8s.pod_budget(pod)) is not None:
-            fields["pod"] = k8s.pod_name(pod.id)
-            if state.pod(fields["pod"]) is None:
-                fields["pod_budget"] = budget
+            name = k8s.pod_name(sandbox_id)
+            budget_held = state.pod(name)
+            if budget_held is None:
+                fields.update(pod=name, pod_budget=budget)
+            elif all(m.runtime is not None and m.runtime.sandbox_id == sandbox_id for m in state.members_of(name)):
+                fields["pod"] = name
+            else:  # another sandbox's budget under the same 12 hex digits: never taken from
+                log.warning("NRI: %s: pod budget %s belongs to another pod sandbox; booked alone", what, name)
         try:
             req = msgspec.convert(fields, AdmitRequest)
         except msgspec.ValidationError as e:  # a field past its bound (an id too long for a request)

@@ -18,12 +18,18 @@ it decodes each request, answers at once those that need no handler
 (Configure, Shutdown, unknown methods) and queues the rest for one worker
 thread, which calls the handler in the order the runtime sent the calls (the
 handler is the agent's one state owner: calls in order, never two at once).
-A timer per request answers DEADLINE_EXCEEDED at 90% of the call's time if
+One deadline thread answers DEADLINE_EXCEEDED at 90% of a call's time if
 the handler has not answered by then; whichever answer comes first is sent,
 the other dropped (a late handler result is logged, and a call whose time
-passed while it queued never reaches the handler). So a slow handler can
+passed while it queued never reaches the handler). A CreateContainer the
+handler granted too late is undone: the runtime failed the creation, so the
+handler's StopContainer releases what it booked; of any other late answer the
+handler is told (`answer_lost`: the updates it carried were never sent). So a slow handler can
 delay the handler calls queued behind it, each still answered in its time,
 but never the reading of the next call nor the answers that need no handler.
+At most QUEUED_MAX calls wait for the handler (the one it runs included): a
+runtime that sends more at once has the rest answered RESOURCE_EXHAUSTED at
+once, so a flood costs neither a thread nor memory for each call.
 
 Events for a container the runtime never announced (in Synchronize or
 CreateContainer) do not reach the handler: UpdateContainer for one is
@@ -36,12 +42,15 @@ session goes on.
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import logging
 import os
 import queue
 import socket
 import stat
 import threading
+import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -60,6 +69,7 @@ DEFAULT_SOCKET = "/var/run/nri/nri.sock"
 REGISTRATION_TIMEOUT = 5.0  # the runtime's plugin_registration_timeout, by default
 REQUEST_TIMEOUT = 2.0  # the runtime's plugin_request_timeout, by default
 ANSWER_SHARE = 0.9  # of a call's time, after which the session answers for a slow handler
+QUEUED_MAX = 64  # calls waiting for the handler; the runtime makes one at a time per plugin
 
 # The events the agent subscribes to (api.proto's Event enum; bit e-1 for event e).
 EVENTS = ("RUN_POD_SANDBOX", "STOP_POD_SANDBOX", "REMOVE_POD_SANDBOX", "CREATE_CONTAINER", "UPDATE_CONTAINER",
@@ -105,6 +115,12 @@ class NriHandler(Protocol):
         """api.StateChangeEvent: a pod's run, stop or removal; a container's removal."""
         ...
 
+    def answer_lost(self, method: str) -> None:
+        """The handler's answer to a `method` call (Synchronize, UpdateContainer,
+        StopContainer) came after the call's time and was dropped: the updates it
+        carried never reached the runtime."""
+        ...
+
 
 def check_index(index: str) -> str:
     if len(index) != 2 or not index.isascii() or not index.isdigit():
@@ -133,12 +149,17 @@ def connect(path: str = DEFAULT_SOCKET, *, owners: Iterable[int] | None = None) 
         except FileNotFoundError:
             raise NriError(f"NRI socket {path} does not exist: is NRI enabled in the runtime's configuration, "
                            "and the runtime running?") from None
+        except OSError as e:
+            raise NriError(f"NRI socket {path}: {e.strerror}") from None
         if not stat.S_ISSOCK(st.st_mode):
             raise NriError(f"NRI socket {path} is not a socket")
         if st.st_uid not in trusted:
             raise NriError(f"NRI socket {path} refused: it is owned by uid {st.st_uid}, not by root or the "
                            "agent's user, so it is not the runtime's")
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        try:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        except OSError as e:  # out of descriptors: the adapter tries again later
+            raise NriError(f"NRI socket {path}: cannot make a socket: {e.strerror}") from None
         try:
             sock.connect(directory.proc_path(name))
         except OSError as e:
@@ -152,7 +173,6 @@ class _Call:
     stream_id: int
     request: Any  # ttrpc_wire_pb2.Request
     answered: bool = False
-    timer: threading.Timer | None = None
 
 
 # method -> (request type, response type)
@@ -189,6 +209,12 @@ class PluginSession:
         self._pending: dict[int, queue.Queue[tuple[int, str, bytes] | BaseException]] = {}
         self._pending_lock = threading.Lock()
         self._work: queue.Queue[_Call | None] = queue.Queue()
+        self._queued = 0  # calls given to the worker and not yet done with (under _deadline_lock)
+        self._deadlines: list[tuple[float, int, _Call]] = []  # a heap: (when, order of arrival, call)
+        self._arrivals = itertools.count()  # (a runtime may reuse a stream id: never compare calls)
+        self._deadlines_end = False
+        self._deadline_lock = threading.Condition()
+        self._deadline_thread = threading.Thread(target=self._deadline_loop, name="nri-deadline", daemon=True)
         self._containers: set[str] = set()  # announced by the runtime, not yet removed
         self._closed = threading.Event()
         self._error: BaseException | None = None
@@ -205,6 +231,7 @@ class PluginSession:
     def start(self) -> None:
         self._reader.start()
         self._worker.start()
+        self._deadline_thread.start()
 
     def run(self) -> None:
         """Register, then serve until the runtime goes; NriError (one line) when
@@ -233,6 +260,7 @@ class PluginSession:
             self._reader.join(5)
         self.sock.close()
         self._work.put(None)
+        self._end_deadlines()
 
     # --- the plugin's calls to the runtime (connection 2)
 
@@ -325,6 +353,7 @@ class PluginSession:
                 for answer in self._pending.values():
                     _deliver(answer, self._error or ttrpc.TtrpcError("the runtime closed the connection"))
             self._work.put(None)
+            self._end_deadlines()
 
     def _on_frame(self, conn_id: int, frame: ttrpc.Frame) -> None:
         if conn_id == mux.RUNTIME_SERVICE_CONN:
@@ -353,26 +382,34 @@ class PluginSession:
             return
         if request.service != PLUGIN_SERVICE or request.method in _INLINE or request.method not in _METHODS:
             # Needs no handler: answered here, at once, whatever the handler is doing.
-            self._send(mux.PLUGIN_SERVICE_CONN, _response_frame(frame.stream_id, self._dispatch(request)))
+            self._send(mux.PLUGIN_SERVICE_CONN, _answer_frame(frame.stream_id, request.method,
+                                                              self._dispatch(request)))
             return
         call = _Call(frame.stream_id, request)
         seconds = request.timeout_nano / 1e9 if request.timeout_nano > 0 else REQUEST_TIMEOUT
-        call.timer = threading.Timer(seconds * ANSWER_SHARE, self._too_late, (call,))
-        call.timer.daemon = True
-        call.timer.start()
+        with self._deadline_lock:
+            busy = self._queued >= QUEUED_MAX
+            if not busy:
+                self._queued += 1
+                heapq.heappush(self._deadlines, (time.monotonic() + seconds * ANSWER_SHARE,
+                                                 next(self._arrivals), call))
+                self._deadline_lock.notify()
+        if busy:
+            log.warning("NRI: %s refused: %d calls already wait for numa-agent", request.method, QUEUED_MAX)
+            self._send(mux.PLUGIN_SERVICE_CONN, _response_frame(frame.stream_id, ttrpc.encode_response(
+                code=ttrpc.RESOURCE_EXHAUSTED, message=f"numa-agent has {QUEUED_MAX} calls waiting; try again")))
+            return
         self._work.put(call)
 
-    # --- answering (the worker thread, and the deadline timers)
+    # --- answering (the worker thread, and the deadline thread)
 
     def _answer(self, call: _Call, payload: bytes) -> bool:
         with self._answer_lock:
             if call.answered:
                 return False
             call.answered = True
-        if call.timer is not None:
-            call.timer.cancel()
         try:
-            self._send(mux.PLUGIN_SERVICE_CONN, _response_frame(call.stream_id, payload))
+            self._send(mux.PLUGIN_SERVICE_CONN, _answer_frame(call.stream_id, call.request.method, payload))
         except OSError as e:
             log.warning("NRI: cannot answer %s: %s", call.request.method, e.strerror)
         return True
@@ -383,20 +420,73 @@ class PluginSession:
             log.error("NRI: %s not answered in time by the handler; the runtime was told it failed",
                       call.request.method)
 
+    def _deadline_loop(self) -> None:
+        """Answers each call its handler has not answered by its deadline."""
+        lock, heap = self._deadline_lock, self._deadlines
+        while True:
+            with lock:
+                while True:
+                    if self._deadlines_end:
+                        return
+                    while heap and heap[0][2].answered:
+                        heapq.heappop(heap)
+                    now = time.monotonic()
+                    if heap and heap[0][0] <= now:
+                        call = heapq.heappop(heap)[2]
+                        break
+                    lock.wait(min(heap[0][0] - now, 60.0) if heap else None)
+            self._too_late(call)
+
+    def _end_deadlines(self) -> None:
+        with self._deadline_lock:
+            self._deadlines_end = True
+            self._deadline_lock.notify()
+
     def _work_loop(self) -> None:
         while (call := self._work.get()) is not None:
-            if call.answered:  # its deadline passed while it queued
-                continue
-            payload = self._dispatch(call.request)
-            if not self._answer(call, payload):
-                log.warning("NRI: the handler's late answer to %s dropped", call.request.method)
+            try:
+                if call.answered:  # its deadline passed while it queued
+                    continue
+                payload = self._dispatch(call.request)
+                if not self._answer(call, payload):
+                    log.warning("NRI: the handler's late answer to %s dropped", call.request.method)
+                    self._undo_late(call.request, payload)
+            finally:
+                with self._deadline_lock:
+                    self._queued -= 1
+
+    def _undo_late(self, request: Any, payload: bytes) -> None:
+        """A CreateContainer the handler granted after the runtime was told it failed:
+        the container will not run with that answer, so what the handler booked for it
+        is released as at its stop (the handler's StopContainer). Were the container
+        created all the same, the next Synchronize books it again. Any other call's
+        answer that granted something: the handler is told it was lost."""
+        if ttrpc.decode_response(payload)[0] != ttrpc.OK:
+            return
+        if request.method != "CreateContainer":
+            try:
+                self.handler.answer_lost(request.method)
+            except Exception as e:  # one line, the session goes on
+                log.error("NRI: telling the handler its answer to %s was lost: %s: %s", request.method,
+                          type(e).__name__, _one_line(e))
+            return
+        created = api.CreateContainerRequest.FromString(request.payload)
+        try:
+            self.handler.stop_container(api.StopContainerRequest(pod=created.pod, container=created.container))
+        except Exception as e:  # one line, the session goes on
+            log.error("NRI: releasing container %s, whose creation failed late: %s: %s", created.container.id,
+                      type(e).__name__, _one_line(e))
+        else:
+            log.warning("NRI: container %s was granted after its CreateContainer's time: released",
+                        created.container.id)
+        self._containers.discard(created.container.id)
 
     def _dispatch(self, request: Any) -> bytes:
         """The call's answer (a ttrpc Response), whatever the handler does."""
         types = _METHODS.get(request.method) if request.service == PLUGIN_SERVICE else None
         if types is None:
             return ttrpc.encode_response(code=ttrpc.UNIMPLEMENTED, message=(
-                f"{request.service}/{request.method} is not implemented by numa-agent"))
+                f"{_shown(request.service)}/{_shown(request.method)} is not implemented by numa-agent"))
         request_type, _ = types
         message = request_type()
         try:
@@ -406,17 +496,18 @@ class PluginSession:
                 f"{request.method}'s payload is no {request_type.__name__}"))
         method: Callable[[Any], Any] = getattr(self, f"_on_{request.method}")
         try:
-            response = method(message)
+            body = method(message).SerializeToString()  # a handler's wrong answer fails here, in the try
         except NriRefusal as e:
             return ttrpc.encode_response(code=ttrpc.FAILED_PRECONDITION, message=_one_line(e))
         except Exception as e:  # the session goes on; the runtime hears one line
             log.error("NRI: the handler failed on %s: %s: %s", request.method, type(e).__name__, _one_line(e))
             return ttrpc.encode_response(code=ttrpc.INTERNAL, message=(
                 f"numa-agent failed on {request.method}: {type(e).__name__}: {_one_line(e)}"))
-        return ttrpc.encode_response(response.SerializeToString())
+        return ttrpc.encode_response(body)
 
     def _on_Configure(self, request: Any) -> Any:  # noqa: N802 (ttrpc's method names)
-        self.runtime = f"{request.runtime_name} {request.runtime_version}".strip()
+        # Shown by health, status and log lines: a name and a version, not a megabyte.
+        self.runtime = f"{_shown(request.runtime_name)} {_shown(request.runtime_version, 40)}".strip()
         log.info("NRI: configured by %s", self.runtime or "an unnamed runtime")
         return api.ConfigureResponse(events=self.events)
 
@@ -467,6 +558,23 @@ def _deliver(answer: queue.Queue[Any], item: Any) -> None:
 
 def _response_frame(stream_id: int, payload: bytes) -> bytes:
     return ttrpc.encode_frame(stream_id, ttrpc.TYPE_RESPONSE, payload)
+
+
+def _answer_frame(stream_id: int, method: str, payload: bytes) -> bytes:
+    """The frame answering `method` with `payload`; an answer over ttrpc's limit (a
+    Synchronize whose updates name thousands of containers) is a RESOURCE_EXHAUSTED
+    error instead, so the runtime hears in time and the thread that answers goes on."""
+    try:
+        return _response_frame(stream_id, payload)
+    except ttrpc.TtrpcError as e:
+        log.error("NRI: numa-agent's answer to %s not sent: %s", method, e)
+        return _response_frame(stream_id, ttrpc.encode_response(code=ttrpc.RESOURCE_EXHAUSTED, message=(
+            f"numa-agent's answer to {_shown(method)} not sent: {e}")))
+
+
+def _shown(text: str, limit: int = 80) -> str:
+    """A name the runtime sent, cut to `limit` characters for a one-line message."""
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def _one_line(e: BaseException) -> str:

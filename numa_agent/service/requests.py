@@ -23,8 +23,14 @@ from numa_agent.state.model import replace as replace_value
 # RuntimeRef (a container its runtime enforces, NRI) is declared with the state,
 # which records it on the workload (state/ may not import service/), and is this
 # module's as much: AdmitRequest.runtime names it.
-__all__ = ["AdmitRequest", "PodBudget", "ResizeRequest", "RuntimeRef", "to_admission_request",
+__all__ = ["AdmitRequest", "PodBudget", "ResizeRequest", "RuntimeRef", "empty_runtime_id", "to_admission_request",
            "with_engine_grant"]
+
+
+def empty_runtime_id(ref: RuntimeRef) -> str | None:
+    """The id field (`container_id`, `sandbox_id`) a runtime's container left empty, or
+    None: its runtime's calls name it by both, so neither may be empty."""
+    return next((what for what in ("container_id", "sandbox_id") if not getattr(ref, what)), None)
 
 MAX_CPUS = 4096
 MAX_MEMORY_BYTES = 2 ** 50

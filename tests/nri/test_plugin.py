@@ -50,6 +50,9 @@ class EmptyHandler:
     def state_change(self, event):
         self.calls.append((api.Event.Name(event.event), event.container.id or event.pod.id))
 
+    def answer_lost(self, method):
+        self.calls.append(("lost", method))
+
 
 class Session:
     """A plugin session run in a thread against a fake runtime."""

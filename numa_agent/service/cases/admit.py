@@ -44,7 +44,13 @@ from numa_agent.service.refusals import (
     RequestIdTaken,
     Unavailable,
 )
-from numa_agent.service.requests import AdmitRequest, to_admission_request, with_engine_grant
+from numa_agent.service.requests import (
+    AdmitRequest,
+    RuntimeRef,
+    empty_runtime_id,
+    to_admission_request,
+    with_engine_grant,
+)
 from numa_agent.state.checkpoint import describe_oserror
 from numa_agent.state.model import AgentState, Workload
 
@@ -59,7 +65,7 @@ def admit(parts: AdmitParts, request: AdmitRequest, caller: Caller, dry_run: boo
     with parts.lock:
         request_id = None if dry_run else request.request_id
         if request_id is not None:
-            replayed = _replay(parts, request_id, caller)
+            replayed = _replay(parts, request_id, caller, request.runtime)
             if replayed is not None:
                 return replayed
         deciding = time.perf_counter()
@@ -153,9 +159,11 @@ def _check_engine_clash(parts: AdmitParts, cgroup: str) -> None:
                      "takes one workload, and none nests in another's")
 
 
-def _replay(parts: AdmitParts, request_id: str, caller: Caller) -> dict | None:
+def _replay(parts: AdmitParts, request_id: str, caller: Caller, runtime: RuntimeRef | None) -> dict | None:
     """The admission already made under `request_id` (its answer was lost:
-    the client retried after a restart or a dropped connection), or None."""
+    the client retried after a restart or a dropped connection), or None.
+    A runtime's container (`runtime`) replays only the booking that same
+    container made: its runtime would otherwise enforce CPUs another holds."""
     name = parts.request_index().get(request_id)
     w = parts.state.workload(name) if name is not None else None
     if w is None or w.request.get("request_id") != request_id:
@@ -166,6 +174,9 @@ def _replay(parts: AdmitParts, request_id: str, caller: Caller) -> dict | None:
     if w.owner_uid != caller.uid or (w.pid is not None and w.pid != caller.pid and not any_pid):
         raise RequestIdTaken(f"request id {request_id} belongs to another admission "
                              "(another user or process); send a new random one")
+    if runtime is not None and (w.runtime is None or w.runtime.container_id != runtime.container_id):
+        raise RequestIdTaken(f"request id {request_id} belongs to {w.name}, which another container or "
+                             "workload holds; a container replays only its own booking")
     try:
         parts.rejoin(w, caller)
     except (EnforcementError, OSError, ProcessLookupError) as exc:
@@ -279,9 +290,12 @@ def _on_engine_cgroup(parts: AdmitParts, req: Request, body: AdmitRequest, calle
 def _check_runtime(state: AgentState, body: AdmitRequest, caller: Caller) -> None:
     """A container its runtime enforces is root's to book (the NRI plugin runs in
     the agent), and a pod holds such containers only or none (its cgroup is the
-    agent's to make, or the runtime's)."""
+    agent's to make, or the runtime's). Both of its ids are given: the HTTP API's
+    checks are not the NRI handler's, which asks in-process."""
     if body.runtime is not None and not caller.is_root:
         raise NotPermitted("only root may book a container its runtime enforces (the NRI plugin runs in the agent)")
+    if body.runtime is not None and (what := empty_runtime_id(body.runtime)) is not None:
+        raise InvalidInput(f"runtime.{what} is empty", details={"field": f"runtime.{what}"})
     pod = state.pod(body.pod) if body.pod is not None else None
     if pod is not None and runtime_enforced(state, pod) != (body.runtime is not None):
         raise InvalidRequest(f"pod {pod.name} holds containers " + (
