@@ -26,6 +26,7 @@ from numa_agent.core import names
 from numa_agent.core.mempolicy import (
     MemoryPolicy,
     PolicyRefused,
+    binding_needed,
     chosen_policy,
     effective_policy,
     failure_message,
@@ -256,8 +257,8 @@ def _apply_affinity(record: dict[str, Any], bind_memory: bool = True) -> str | N
         from numa_agent.core.cpuset import CpuSet
         os.sched_setaffinity(0, CpuSet.parse(cpus).ids())
     mems = record.get("mems")
-    if mems and bind_memory:
-        from numa_agent.enforcement.mempolicy import bind_self
+    if mems and bind_memory and binding_needed((int(n) for n in mems), _read(HAS_MEMORY)):
+        from numa_agent.enforcement.mempolicy import bind_self  # ctypes: only when it binds
 
         result = bind_self(int(n) for n in mems)
         if not result:
@@ -329,6 +330,7 @@ def _print_binding(record: dict[str, Any], env: dict[str, str], memory_note: str
 
 
 CGROUP_MOUNT = "/sys/fs/cgroup"
+HAS_MEMORY = "/sys/devices/system/node/has_memory"  # the nodes with memory, as a list
 
 
 def _read(path: str) -> str | None:

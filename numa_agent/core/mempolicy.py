@@ -172,3 +172,18 @@ def show_lines(*, mode: int, nodes: Sequence[int], next_node: int | None, affini
 def _mask_line(label: str, ids: Iterable[int]) -> str:
     # numactl prints each id followed by a space.
     return f"{label}: " + "".join(f"{i} " for i in sorted(ids))
+
+
+def binding_needed(mems: Iterable[int], has_memory: str | None) -> bool:
+    """Whether MPOL_BIND over `mems` restricts anything: not when they are every
+    node the kernel lists with memory (`has_memory`, the text of
+    /sys/devices/system/node/has_memory; None or bad text: bind, to be safe).
+    Bound to all of them, pages go to the nearest node with room, as by default."""
+    if has_memory is None:
+        return True
+    try:
+        every = CpuSet.parse(has_memory.strip())
+    except ValueError:
+        return True
+    return not every or not every.issubset(CpuSet(sorted(set(mems))))
+

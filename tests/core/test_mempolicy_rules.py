@@ -10,6 +10,7 @@ from numa_agent.core.mempolicy import (
     MPOL_WEIGHTED_INTERLEAVE,
     MemoryPolicy,
     PolicyRefused,
+    binding_needed,
     chosen_policy,
     effective_policy,
     failure_message,
@@ -93,3 +94,18 @@ def test_show_interleave_and_bind_and_preferred():
     pref = show_lines(mode=MPOL_PREFERRED, nodes=(1,), next_node=None, affinity=CpuSet([0]),
                       node_cpus=NODES, mems_allowed=(0, 1))
     assert pref[:2] == ["policy: preferred", "preferred node: 1"] and pref[-1] == "preferred: 1 "
+
+
+@pytest.mark.parametrize(("mems", "has_memory", "needed"), [
+    ([0], "0\n", False),            # the only memory node: binding restricts nothing
+    ([0, 1], "0-1\n", False),
+    ([1, 0, 0], "0-1", False),
+    ([0], "0-1\n", True),           # fewer than every memory node: bind
+    ([0, 1], "0-2", True),          # a memory-only node left out (CXL): bind
+    ([0, 1, 2], "0,2", False),      # a CPU node without memory named too: nothing restricted
+    ([0], None, True),              # has_memory unreadable: bind, to be safe
+    ([0], "garbage", True),
+    ([0], "", True),
+])
+def test_memory_is_bound_only_where_binding_restricts(mems, has_memory, needed):
+    assert binding_needed(mems, has_memory) is needed
