@@ -98,12 +98,26 @@ def ensure_wheelhouse(directory: Path = WHEELHOUSE) -> str | None:
     return None
 
 
+def ensure_containerd() -> str | None:
+    """containerd 1.7.24 and runc unpacked where the containerd guest looks for them
+    (scripts/fetch-containerd; the guest has no network)."""
+    from vmharness.build import default_cache_dir
+
+    where = default_cache_dir() / "containerd"
+    done = subprocess.run([str(REPO / "scripts" / "fetch-containerd"), str(where)], capture_output=True, text=True)
+    for line in done.stderr.strip().splitlines():
+        print(f"vm-e2e: {line}", file=sys.stderr, flush=True)
+    if done.returncode != 0:
+        return f"cannot fetch containerd for the containerd guest: scripts/fetch-containerd exited {done.returncode}"
+    return None
+
+
 def closing_line(passed: int, failed: int, skipped: int) -> str:
     return f"{passed} passed, {failed} failed" + (f", {skipped} skipped" if skipped else "")
 
 
 def main(argv: list[str] | None = None, *, run_in_guest=None, venv_check=ensure_venv,
-         wheelhouse_check=ensure_wheelhouse) -> int:
+         wheelhouse_check=ensure_wheelhouse, containerd_check=ensure_containerd) -> int:
     parser = argparse.ArgumentParser(
         prog="scripts/vm-e2e",
         description="Boot each machine shape once in QEMU and run the end-to-end scenarios inside: the real "
@@ -129,7 +143,8 @@ def main(argv: list[str] | None = None, *, run_in_guest=None, venv_check=ensure_
     if args.timeout is not None and args.timeout <= 0:
         parser.error(f"--timeout must be positive, got {args.timeout:g}")
     shapes, selected = _selected(parser, shapes, args.scenario)
-    problem = venv_check() or (wheelhouse_check() if any(get_shape(s).boots_systemd for s in shapes) else None)
+    problem = (venv_check() or (wheelhouse_check() if any(get_shape(s).boots_systemd for s in shapes) else None)
+               or (containerd_check() if "containerd" in shapes else None))
     if problem:
         print(f"vm-e2e: {problem}", file=sys.stderr)
         return 2

@@ -32,7 +32,8 @@ ALL, N2, N4 = len(SCENARIOS), len(PLAN["2node"]), len(PLAN["4node"])
 assert len(PLAN["cpuless"]) == 2
 
 def run(argv, fake, tmp_path, capsys, venv_check=lambda: None):
-    code = runner.main([*argv, "--out-dir", str(tmp_path)], run_in_guest=fake, venv_check=venv_check)
+    code = runner.main([*argv, "--out-dir", str(tmp_path)], run_in_guest=fake, venv_check=venv_check,
+                       containerd_check=lambda: None)
     out, err = capsys.readouterr()
     return code, out.splitlines(), err
 
@@ -148,6 +149,30 @@ def test_a_missing_wheelhouse_stops_before_booting(tmp_path, capsys):
                        venv_check=lambda: None, wheelhouse_check=lambda: "cannot fetch the wheels")
     assert code == 2 and fake.calls == []
     assert "cannot fetch the wheels" in capsys.readouterr().err
+
+
+def test_the_containerd_shape_fetches_the_runtime_then_runs_its_own_scenarios(tmp_path, capsys):
+    from tests.vm_e2e.plan import CONTAINERD_SCENARIOS
+    fake = guest_answering(lambda shape: "\n".join(result_line("PASS", s, shape) for s in CONTAINERD_SCENARIOS))
+    fetched = []
+    code = runner.main(["--shape", "containerd", "--out-dir", str(tmp_path)], run_in_guest=fake,
+                       venv_check=lambda: None, containerd_check=lambda: fetched.append(1))
+    out, _ = capsys.readouterr()
+    assert code == 0 and fetched == [1]
+    assert fake.calls[0][1][-4:] == ["-m", "tests.vm_e2e.containerd_scenarios", "--shape", "containerd"]
+    assert out.splitlines()[-1] == f"{len(CONTAINERD_SCENARIOS)} passed, 0 failed"
+
+
+def test_a_runtime_that_cannot_be_fetched_stops_before_booting_and_other_shapes_do_not_fetch(tmp_path, capsys):
+    fake = guest_answering("")
+    code = runner.main(["--shape", "containerd", "--out-dir", str(tmp_path)], run_in_guest=fake,
+                       venv_check=lambda: None, containerd_check=lambda: "cannot fetch containerd")
+    assert code == 2 and fake.calls == []
+    assert "cannot fetch containerd" in capsys.readouterr().err
+    asked = []
+    runner.main(["--shape", "4node", "--out-dir", str(tmp_path)], run_in_guest=guest_answering(all_pass),
+                venv_check=lambda: None, containerd_check=lambda: asked.append(1))
+    assert asked == []
 
 
 def test_a_guest_that_hangs_before_reporting_anything_is_booted_once_more(tmp_path, capsys):
