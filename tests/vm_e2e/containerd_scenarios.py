@@ -25,6 +25,7 @@ import sys
 import tarfile
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -311,14 +312,15 @@ class ContainerdGuest(Guest):
         raise ScenarioFailed(f"{started.pod.name}: no cgroup v2 line for pid {pid}")
 
     def records(self, started: Started, status: dict | None = None) -> list[dict]:
-        """The agent's records of the container (`numa-agent status --json`): none or one."""
-        status = status if status is not None else self.status_cli()
+        """The agent's records of the container in `status` (GET /v1/status, which `numa-agent
+        status --json` prints; asked here when not given): none or one."""
+        status = status if status is not None else self.status()
         return [w for w in status["workloads"] if (w.get("runtime") or {}).get("container_id") == started.container]
 
     def record(self, started: Started) -> dict:
         found = wait_for(lambda: self.records(started), timeout=30, interval=0.5)
         check(found, f"{started.pod.name}: the agent does not list container {started.container[:12]}: "
-                     f"{[w['name'] for w in self.status_cli()['workloads']]}")
+                     f"{[w['name'] for w in self.workloads()]}")
         check(len(found) == 1, f"{started.pod.name}: the agent lists container {started.container[:12]} "
                                f"{len(found)} times: {found}")
         return found[0]
@@ -329,15 +331,20 @@ class ContainerdGuest(Guest):
         self.sandboxes.remove(started.sandbox)
 
     def cleanup(self) -> str:
-        problems = []
-        if self.containerd.running():
-            for sandbox in list(self.sandboxes):
-                try:
-                    self.cri.stop_pod(sandbox)
-                    self.cri.remove_pod(sandbox)
-                except grpc.RpcError as exc:
-                    problems.append(f"removing pod {sandbox[:12]}: {rpc_error(exc)}")
-            self.sandboxes.clear()
+        """Every pod the scenario ran stopped and removed (at once: each takes seconds here),
+        then the agent must list nothing."""
+        problems: list[str] = []
+
+        def remove(sandbox: str) -> None:
+            try:
+                self.cri.stop_pod(sandbox)
+                self.cri.remove_pod(sandbox)
+            except grpc.RpcError as exc:
+                problems.append(f"removing pod {sandbox[:12]}: {rpc_error(exc)}")
+        if self.containerd.running() and self.sandboxes:
+            with ThreadPoolExecutor(len(self.sandboxes)) as pool:
+                list(pool.map(remove, self.sandboxes))
+        self.sandboxes.clear()
         out = os.environ.get("NUMA_AGENT_VM_OUT")
         if out:
             Path(out, f"containerd-{self.shape}.log").write_text(self.containerd.log())
@@ -403,7 +410,9 @@ def s_guaranteed(g: ContainerdGuest) -> str:
     """A Guaranteed 2-CPU container gets one whole core and that core's memory node."""
     a = g.run("guaranteed", cpus=2, memory=MEMORY)
     cpus, mems = check_whole_core(g, a, 2)
-    record = g.record(a)
+    records = g.records(a, g.status_cli())  # the operator's view
+    check(len(records) == 1, f"numa-agent status --json lists the container {len(records)} times")
+    record = records[0]
     runtime = record.get("runtime") or {}
     check(runtime.get("pod") == "guaranteed" and runtime.get("container") == "main"
           and runtime.get("pod_uid") == a.pod.uid and runtime.get("sandbox_id") == a.sandbox,
@@ -465,7 +474,7 @@ def s_single_numa(g: ContainerdGuest) -> str:
     else:
         raise ScenarioFailed(f"CreateContainer of {pod.cpus} CPUs under single-numa-node succeeded ({container[:12]})")
     check("TopologyAffinityError" in said, f"CreateContainer failed without naming TopologyAffinityError: {said}")
-    listed = [w["name"] for w in g.status_cli()["workloads"] if w.get("exclusive")]
+    listed = [w["name"] for w in g.workloads() if w.get("exclusive")]
     check(not listed, f"a refused container left bookings: {listed}")
     out = os.environ.get("NUMA_AGENT_VM_OUT")
     if out:  # what docs/kubernetes.md can show of a refusal
@@ -507,7 +516,7 @@ def s_runtime_restart(g: ContainerdGuest) -> str:
     b = g.run("after", cpus=2, memory=MEMORY)
     theirs, _ = check_whole_core(g, b, 2)
     check(not (cpus & theirs), f"a container made after the restart got {theirs.format()}, overlapping")
-    booked_once(g.status_cli())
+    booked_once(g.status())
     took = g.timings.get("plugin connected (containerd restarted)", 0.0)
     return f"kept {cpus.format()}; plugin back {took:.1f} s after containerd; new container {theirs.format()}"
 
@@ -518,7 +527,7 @@ def s_agent_restart(g: ContainerdGuest) -> str:
     b = g.run("kept-b", cpus=2, memory=MEMORY)
     first, _ = check_whole_core(g, a, 2)
     second, _ = check_whole_core(g, b, 2)
-    before = booked_once(g.status_cli())
+    before = booked_once(g.status())
     g.agent.kill()
     g.start_agent()  # waits for the plugin to connect again
     status = g.status_cli()
@@ -533,7 +542,7 @@ def s_agent_restart(g: ContainerdGuest) -> str:
     c = g.run("new", cpus=2, memory=MEMORY)
     third, _ = check_whole_core(g, c, 2)
     check(not (third & (first | second)), f"a container made after the restart got {third.format()}, overlapping")
-    booked_once(g.status_cli())
+    booked_once(g.status())
     return f"{first.format()} and {second.format()} kept, each booked once; new container {third.format()}"
 
 
