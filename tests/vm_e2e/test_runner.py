@@ -8,7 +8,7 @@ import pytest
 from vmharness import GuestBootError, GuestError, GuestResult
 
 from tests.vm_e2e import runner, scenarios
-from tests.vm_e2e.plan import PLAN, SCENARIOS, result_line
+from tests.vm_e2e.plan import DEFAULT_SHAPES, GUEST_MODULES, PLAN, SCENARIOS, guest_module, result_line, scenarios_of
 
 
 def guest_answering(stdout="", exit_code=0, timed_out=False, raises=None, report=None):
@@ -258,3 +258,15 @@ def test_a_quick_scenario_prints_nothing_and_a_broken_log_does_not_end_it(capfd)
     with ScenarioWatch("1-pin-core", "2node", broken, every=0.05):
         time.sleep(0.12)
     assert "(unreadable: gone)" in capfd.readouterr().out
+
+
+@pytest.mark.parametrize("shape", sorted(GUEST_MODULES))
+def test_each_engines_guest_module_runs_the_scenarios_its_shape_reports_in_order(shape):
+    import importlib
+
+    from vmharness import get_shape
+
+    module = importlib.import_module(guest_module(shape))
+    assert tuple(module.RUNNERS) == scenarios_of(shape) == PLAN[shape]
+    assert get_shape(shape).name == shape
+    assert shape in DEFAULT_SHAPES  # CI runs every engine's guest
