@@ -163,12 +163,19 @@ def test_the_containerd_shape_fetches_the_runtime_then_runs_its_own_scenarios(tm
     assert out.splitlines()[-1] == f"{len(CONTAINERD_SCENARIOS)} passed, 0 failed"
 
 
-def test_a_runtime_that_cannot_be_fetched_stops_before_booting_and_other_shapes_do_not_fetch(tmp_path, capsys):
-    fake = guest_answering("")
-    code = runner.main(["--shape", "containerd", "--out-dir", str(tmp_path)], run_in_guest=fake,
+def test_a_runtime_that_cannot_be_fetched_fails_its_guest_alone_and_other_shapes_do_not_fetch(tmp_path, capsys):
+    from tests.vm_e2e.plan import CONTAINERD_SCENARIOS
+    fake = guest_answering(all_pass)
+    (tmp_path / "containerd").mkdir()
+    (tmp_path / "containerd" / "report-containerd.json").write_text(json.dumps(  # an earlier run's
+        {"shape": "containerd", "results": [{"scenario": CONTAINERD_SCENARIOS[0], "status": "PASS"}]}))
+    code = runner.main(["--shape", "cpuless,containerd", "--out-dir", str(tmp_path)], run_in_guest=fake,
                        venv_check=lambda: None, containerd_check=lambda: "cannot fetch containerd")
-    assert code == 2 and fake.calls == []
-    assert "cannot fetch containerd" in capsys.readouterr().err
+    out, err = capsys.readouterr()
+    assert code == 1 and [c[0] for c in fake.calls] == ["cpuless"]
+    assert "vm-e2e: cannot fetch containerd" in err
+    failed = [line for line in out.splitlines() if line.startswith("FAIL")]
+    assert failed == [f"FAIL {s} containerd: guest: not booted: cannot fetch containerd" for s in CONTAINERD_SCENARIOS]
     asked = []
     runner.main(["--shape", "4node", "--out-dir", str(tmp_path)], run_in_guest=guest_answering(all_pass),
                 venv_check=lambda: None, containerd_check=lambda: asked.append(1))
