@@ -64,8 +64,8 @@ def measure(count: int, pools: tuple[CpuSet, CpuSet]) -> list[str]:
             layouts.append({SHARED_CGROUP: CgroupSpec(SHARED_CGROUP, pool, (0,)), **layout})
         for i, pid in enumerate(pids):
             enforcer.track(f"shared/s{i}", pid)
-        held = {pid: enforcer._held[f"shared/s{i}"] for i, pid in enumerate(pids)
-                if f"shared/s{i}" in enforcer._held}
+        held = {pid: f.held for i, pid in enumerate(pids)
+                if (f := enforcer._followed.get(f"shared/s{i}")) is not None and f.held is not None}
         turn = [0]
         ids = [pool.ids() for pool in pools]
 

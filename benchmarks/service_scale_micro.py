@@ -8,7 +8,10 @@ the disk, the kernel or the other programs of a busy machine that make
 Prints p50 and min per N (ms per admission and release) and the ratio of the
 largest N to the smallest, for shared probes (the pool stays) and exclusive
 ones (the pool changes: every shared workload's layout entry follows it),
-each with the kubelet state files off and on, and on over off.
+each with the kubelet state files off and on, and on over off. Then the same
+for a probe asking for one 2 MiB hugepage, which reads the kernel's counters (a
+stand-in reader: every page free) and looks for the pages the live holders of
+hugepages have in use (a few of the N live workloads hold some).
 
 Run: python benchmarks/service_scale_micro.py [COUNTS...]   (default 10 100 1000)
 """
@@ -145,6 +148,41 @@ def measure(machine, counts: list[int], tmp: Path, kubelet: bool) -> dict[tuple[
     return figures
 
 
+HUGEPAGE_HOLDERS = 3
+
+
+def free_hugepages(pools):
+    """A stand-in for the sysfs counters: every page of the machine free, none reserved."""
+    return tuple((node, size, 4096) for node, size in pools), tuple((size, 0) for size in {s for _, s in pools})
+
+
+def measure_hugepages(counts: list[int], tmp: Path) -> dict[int, tuple[float, float]]:
+    """live -> (p50, min) ms per admission and release of a probe asking for one
+    2 MiB hugepage, with HUGEPAGE_HOLDERS of the live workloads holding some."""
+    me = Caller(pid=os.getpid(), uid=1000, gid=1000)
+    machine = build_machine(make_topology(sockets=2, cores_per_node=4, threads_per_core=2,
+                                          memory_per_node_bytes=16 << 30, hugepages_2m_per_node=4096),
+                            PolicyConfig())
+    service = AgentService(machine, CheckpointStore(tmp / "state"), NoEnforcer(), hugepage_counters=free_hugepages)
+    service.install(AgentState(policy_fingerprint=machine.policy.fingerprint()))
+    for i in range(HUGEPAGE_HOLDERS):
+        service.admit(AdmitRequest(name=f"huge-{i}", shared=True, hugepages={"2048": 2}), me)
+    live, figures = HUGEPAGE_HOLDERS, {}
+    for count in counts:
+        while live < count:
+            service.admit(AdmitRequest(name=f"hold-{live:05d}", shared=True), me)
+            live += 1
+        times = []
+        for i in range(PROBES):
+            name = f"probe-huge-{count}-{i}"
+            t0 = time.perf_counter()
+            service.admit(AdmitRequest(name=name, shared=True, hugepages={"2048": 1}), me)
+            service.release(name, me)
+            times.append((time.perf_counter() - t0) * 1e3)
+        figures[max(count, live)] = (statistics.median(times), min(times))
+    return figures
+
+
 def main(argv: list[str]) -> int:
     counts = sorted(int(a) for a in argv) or [10, 100, 1000]
     os.fdatasync = os.fsync = lambda fd: None  # the disk is not what is measured here
@@ -157,6 +195,7 @@ def main(argv: list[str]) -> int:
             for setting in ("off", "on") if rep % 2 == 0 else ("on", "off"):
                 where = Path(tmp) / f"{setting}-{rep}"
                 runs[setting].append(measure(machine, counts, where, kubelet=setting == "on"))
+        huge = measure_hugepages(counts, Path(tmp) / "hugepages")
     figures = {setting: {key: min(run[key] for run in found) for key in found[0]} for setting, found in runs.items()}
     rows = [[kind, str(count), setting, f"{figures[setting][kind, count][0]:.3f}",
              f"{figures[setting][kind, count][1]:.3f}"]
@@ -174,6 +213,13 @@ def main(argv: list[str]) -> int:
                 [[kind, str(count), *(f"{figures['on'][kind, count][i] / figures['off'][kind, count][i]:.2f}x"
                                       for i in (0, 1))]
                  for kind in ("shared", "exclusive") for count in counts]))
+    print(f"a probe asking for one 2 MiB hugepage (the kernel's counters read, the pages in use of "
+          f"{HUGEPAGE_HOLDERS} live holders of hugepages looked for), kubelet off; ms")
+    print(table(["live", "p50 ms", "min ms"], [[str(n), f"{p50:.3f}", f"{low:.3f}"] for n, (p50, low) in huge.items()]))
+    if len(huge) > 1:
+        (few, at_few), (many, at_many) = min(huge.items()), max(huge.items())
+        print(f"hugepage probe, {many}/{few} live: p50 {at_many[0] / at_few[0]:.2f}x, "
+              f"min {at_many[1] / at_few[1]:.2f}x")
     return 0
 
 

@@ -131,14 +131,15 @@ LAYERS: tuple[frozenset[str], ...] = tuple(frozenset(layer.split()) for layer in
     "numa_agent",                  # the version, nothing else
     "core",                        # the shared vocabulary: cpusets, hints, names, units, the caller
     "state discovery",             # the state model and its files; sysfs read into a Topology
-    "admission isolation nri",     # the pure managers and merge; the isolation planner and knobs;
-                                   # NRI's wire and plugin session (no meaning: that is its handler's)
+    "admission isolation",         # the pure managers and merge; the isolation planner and knobs
     "enforcement hotplug",         # cgroups and affinity; fitting state to changed hardware
     "observe",                     # intruders and memory per node
     "views",                       # renderings of values: the topology report, the metrics collector
     "service",                     # the use-cases: their requests and refusals, the state's one owner
     "api kubelet",                 # adapters: the local HTTP API; the kubelet's files and PodResources
     "engines",                     # the OCI hook, a client of the API
+    "nri",                         # NRI: the wire and plugin session (which reach only core and
+                                   # state, below), and the Kubernetes handler over the service
     "daemon",                      # assembly, the event loop, configuration, logging, sd_notify
     "cli",                         # the commands
 ))
@@ -174,10 +175,20 @@ def test_the_application_core_speaks_no_protocol():
     assert package_graph(import_graph())["service"].isdisjoint({"api", "kubelet", "engines", "daemon", "cli"})
 
 
+# What a container means to the agent (nri/kubernetes.py, nri/handler.py); every other
+# module of nri/ is the wire and the plugin session, given a handler from above.
+NRI_MEANING = frozenset({"numa_agent.nri.kubernetes", "numa_agent.nri.handler"})
+
+
 def test_the_nri_wire_knows_no_use_case():
-    """NRI's wire and plugin session import the vocabulary and the state's files only:
+    """NRI's wire and plugin session reach the vocabulary and the state's files only:
     what a container means is the handler's, given to the session from above."""
-    assert package_graph(import_graph())["nri"] <= {PACKAGE, "core", "state"}
+    graph = import_graph()
+    wire = [m for m in graph if m.startswith("numa_agent.nri") and m not in NRI_MEANING]
+    assert "numa_agent.nri.plugin" in wire
+    allowed = ("numa_agent.core", "numa_agent.state", "numa_agent.nri")
+    assert {m: sorted(t for t in reachable(graph, m) if not t.startswith(allowed) or t in NRI_MEANING)
+            for m in wire} == {m: [] for m in wire}
 
 
 def reachable(graph: dict[str, set[str]], start: str) -> set[str]:
@@ -197,7 +208,7 @@ def test_reachable_follows_imports_through_others():
 
 
 SERVICE = "numa_agent.service"
-ADAPTER_PACKAGES = ("api", "kubelet", "views", "engines")
+ADAPTER_PACKAGES = ("api", "kubelet", "views", "engines", "nri")
 
 
 def test_the_read_side_reaches_no_writer():
@@ -208,7 +219,7 @@ def test_the_read_side_reaches_no_writer():
 
 
 def test_the_adapters_hold_the_protocol_not_the_service():
-    """The API, the kubelet's servers, the views and the OCI hook name the service by
+    """The API, the kubelet's servers, the views, the OCI hook and NRI name the service by
     service/ports.py's AgentApi: none reaches the implementation or its commit unit."""
     graph = import_graph()
     implementation = {f"{SERVICE}.agent_service", f"{SERVICE}.commit"}

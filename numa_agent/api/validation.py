@@ -107,6 +107,8 @@ def _check(req: AdmitRequest) -> AdmitRequest:
         if "\x00" in arg:
             raise BadRequest("command arguments cannot contain NUL", details={"field": "command"})
     isolate = _isolate(req)
+    if req.runtime is not None:
+        _check_runtime(req)
     if req.cgroup is not None:
         _check_cgroup(req.cgroup, req.in_place)
     within = None if req.within_cpus is None else parse_cpu_list(req.within_cpus, "within_cpus").format()
@@ -125,6 +127,22 @@ def _check_cgroup(cgroup: str, in_place: bool) -> None:
             _CGROUP_COMPONENT_RE.fullmatch(p) and p not in (".", "..") for p in parts[1:]):
         raise BadRequest(f"cgroup {_shown(cgroup)} is not an engine's cgroup below the cgroup2 mount, "
                          "like '/libpod_parent/libpod-<id>'", details={"field": "cgroup"})
+
+
+def _check_runtime(req: AdmitRequest) -> None:
+    """A container its runtime enforces: the runtime writes its cgroup (so no
+    engine cgroup, no in_place), and only its exclusive containers are booked
+    (the shared ones run on the pool, which the runtime is told)."""
+    assert req.runtime is not None
+    if req.cgroup is not None or req.in_place:
+        raise BadRequest("runtime excludes cgroup and in_place: the runtime enforces its container's cgroup",
+                         details={"field": "runtime"})
+    if req.shared:
+        raise BadRequest("runtime: a shared container is not booked, it runs on the shared pool",
+                         details={"field": "shared"})
+    for what in ("container_id", "sandbox_id"):
+        if not getattr(req.runtime, what):
+            raise BadRequest(f"runtime.{what} is empty", details={"field": f"runtime.{what}"})
 
 
 def _isolate(req: AdmitRequest) -> list[str] | None:

@@ -7,8 +7,10 @@ status are the command's own. Imports are kept to the minimum because this
 runs in front of every latency-sensitive program: no third-party module, and of
 the standard library no typing, dataclasses, pathlib, shutil, textwrap or socket
 (the raw _socket); what only some launches need (ctypes for a memory policy,
-Slurm's rules inside a Slurm task) is imported where it is used, ctypes while
-the agent decides when a policy is likely (memory_policy_likely).
+Slurm's rules inside a Slurm task) is imported where it is used: ctypes only
+where a memory policy is set (while the agent decides, for -i/-p/-l/-w; where
+the affinity fallback binds), never for a launch its cgroup confines. Installed,
+numa-run is bin/numa-run, a script file that imports nothing but this module.
 scripts/bench-numa-run shows the cost and the slowest imports.
 """
 
@@ -380,21 +382,12 @@ def slurm_request(args: argparse.Namespace, body: dict[str, Any], case: Confinem
     return None
 
 
-def memory_policy_likely(policy_asked: bool,
-                         controllers: str = f"{CGROUP_MOUNT}/cgroup.controllers") -> bool:
-    """Whether this launch will probably call set_mempolicy: a memory policy was asked
-    for, or the host has no cpuset controller, so the agent pins with its affinity
-    fallback, whose memory binding numa-run sets on itself. A guess that decides only
-    when ctypes is loaded (during the admission or after it), never whether a policy is set."""
-    if policy_asked:
-        return True
-    text = _read(controllers)
-    return text is None or "cpuset" not in text.split()
-
-
 def load_memory_tools() -> None:
     """Load what set_mempolicy needs (ctypes and the C library: a few ms) while the agent
-    decides. A failure here is met again, and reported, where the policy is set."""
+    decides, for a launch that asked for a memory policy (-i, -p, -l, -w). The affinity
+    fallback's binding, known only from the answer, loads them where it binds; a launch
+    its cgroup confines never loads them. A failure here is met again, and reported,
+    where the policy is set."""
     try:
         from numa_agent.enforcement.libc import libc
         from numa_agent.enforcement.mempolicy import set_policy  # noqa: F401  (loaded, not called)
@@ -440,8 +433,7 @@ def _admit(args: argparse.Namespace,
             body["request_id"] = new_request_id()
         path = "/v1/workloads?dry_run=1" if args.dry_run else "/v1/workloads"
         # The launch's own set-up overlaps the agent's work on the admission.
-        prepare = None if args.dry_run or not memory_policy_likely(asked is not None) \
-            else load_memory_tools
+        prepare = load_memory_tools if asked is not None and not args.dry_run else None
         record = _post(args, path, body, prepare)
     except common.AgentError as exc:
         message = name_policy_nodes(asked, args.membind is not None, exc.error.get("message", ""))

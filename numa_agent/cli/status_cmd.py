@@ -134,10 +134,19 @@ def workload_rows(workloads: list[dict[str, Any]], now: float) -> list[list[str]
             cpus += " (shared)"
         devices = ",".join(d.get("address", "?") for d in wl.get("devices") or []) or "-"
         rows.append([str(wl.get("name", "?")), str(wl.get("owner") or wl.get("owner_uid", "-")),
-                     wl.get("pod") or "-", cpus,
+                     _pod_cell(wl), cpus,
                      ",".join(str(n) for n in wl.get("numa_nodes") or []) or "-",
                      devices, _age(wl.get("created_unix"), now)])
     return rows
+
+
+def _pod_cell(wl: dict[str, Any]) -> str:
+    """The agent's pod, or for a container its runtime enforces (NRI) its
+    Kubernetes namespace/pod/container."""
+    ref = wl.get("runtime") or {}
+    if ref.get("pod"):
+        return "/".join(str(ref.get(key) or "-") for key in ("namespace", "pod", "container"))
+    return wl.get("pod") or "-"
 
 
 def owner_lines(owners: list[dict[str, Any]]) -> list[str]:
@@ -212,7 +221,7 @@ def format_status(status: dict[str, Any], now: float, intruders: bool = False) -
     policy = status.get("policy") or {}
     lines = [f"enforcement: {status.get('enforcement', '-')}   topology policy: "
              f"{policy.get('topology', '-')} (scope {policy.get('scope', '-')})   "
-             f"shared pool: {status.get('shared_pool') or '-'}", ""]
+             f"shared pool: {status.get('shared_pool') or '-'}", *nri_lines(status.get("nri")), ""]
     lines += _table(node_rows(status.get("nodes") or []), right_from=2)
     lines += memory_note_lines(status.get("nodes") or [])
     lines += memory_only_lines(status.get("nodes") or [], policy)
@@ -243,6 +252,17 @@ def format_status(status: dict[str, Any], now: float, intruders: bool = False) -
                      f"{q.get('pid')} ({q.get('marked')}, affinity {q.get('affinity')}): "
                      f"{q.get('reason')}; {q.get('remedy')}")
     return lines
+
+
+def nri_lines(nri: dict[str, Any] | None) -> list[str]:
+    """Whether the NRI plugin is connected to the runtime (only when [nri] is enabled)."""
+    if not nri:
+        return []
+    if nri.get("connected"):
+        return [f"NRI plugin {nri.get('plugin')}: connected to {nri.get('runtime') or 'the runtime'} on "
+                f"{nri.get('socket')}"]
+    return [f"NRI plugin {nri.get('plugin')}: NOT CONNECTED to {nri.get('socket')}: "
+            f"{nri.get('error') or 'connecting'}"]
 
 
 def isolation_status_lines(status: dict[str, Any], workloads: list[dict[str, Any]]) -> list[str]:

@@ -42,6 +42,9 @@ DEFAULT_STATE_DIR = "/var/lib/numa-agent"
 DEFAULT_METRICS = "127.0.0.1:9464"
 AUTO = "auto"
 POD_RESOURCES_SOCKET_NAME = "pod-resources.sock"
+# The runtime's NRI socket (numa_agent.nri.plugin.DEFAULT_SOCKET; not imported here, which
+# would load protobuf for every command that reads the configuration; a test holds them equal).
+DEFAULT_NRI_SOCKET = "/var/run/nri/nri.sock"
 
 
 class ConfigError(ValueError):
@@ -71,6 +74,11 @@ class AgentConfig:
     kubelet_state_dir: str = AUTO
     pod_namespace: str = "numa-agent"
     quotas: Quotas = field(default_factory=Quotas)  # [quotas]; empty: nobody is limited
+    # [nri]: the agent as an NRI plugin of the container runtime (containerd, CRI-O)
+    nri_enabled: bool = False
+    nri_socket: str = DEFAULT_NRI_SOCKET
+    nri_plugin_name: str = "numa-agent"
+    nri_plugin_index: str = "10"  # two digits: the runtime calls its plugins in this order
     policy: PolicyConfig = field(default_factory=PolicyConfig)
 
     def pod_resources_path(self) -> str | None:
@@ -184,6 +192,27 @@ class KubeletSection(_Section, frozen=True):
         | UnsetType = msgspec.field(default=UNSET, name="namespace")
 
 
+class NriSection(_Section, frozen=True):
+    nri_enabled: bool | UnsetType = msgspec.field(default=UNSET, name="enabled")
+    nri_socket: str | UnsetType = msgspec.field(default=UNSET, name="socket")
+    # Shown by the runtime beside the index ("10-numa-agent"): a name, not a path.
+    nri_plugin_name: str | UnsetType = msgspec.field(default=UNSET, name="plugin_name")
+    # Exactly two digits, as NRI orders its plugins: text ("05"), where a number would lose a zero.
+    nri_plugin_index: str | int | UnsetType = msgspec.field(default=UNSET, name="plugin_index")
+
+    def given(self) -> dict[str, Any]:
+        fields = super().given()
+        for key, check in (("nri_socket", _absolute), ("nri_plugin_name", _plugin_name),
+                           ("nri_plugin_index", _plugin_index)):
+            if key in fields:
+                name = key.removeprefix("nri_")
+                try:
+                    check(fields[key])
+                except ValueError as exc:
+                    raise ConfigError(f"nri.{name}: {exc}") from None
+        return fields
+
+
 class QuotaEntry(_Section, frozen=True):
     """One [quotas] entry: `default`, `users.<name>` or `groups.<name>`."""
 
@@ -206,6 +235,7 @@ class ConfigFile(_Section, frozen=True):
     memory_manager: MemoryManagerSection = MemoryManagerSection()
     topology_manager: TopologyManagerSection = TopologyManagerSection()
     isolation: IsolationSection = IsolationSection()
+    nri: NriSection = NriSection()
     devices: dict[str, Any] = {}  # resource name -> DeviceSelectorSection
     quotas: QuotasSection = QuotasSection()
 
@@ -297,7 +327,8 @@ def config_from_mapping(doc: Mapping[str, Any]) -> AgentConfig:
     if "isolate_default" in isolation:
         isolation["isolate_default"] = parse_kinds(isolation["isolate_default"])
     return AgentConfig(**_agent_fields(parsed.agent), **parsed.observe.given(), **isolation,
-                       **_kubelet_fields(parsed.kubelet), quotas=_quotas(parsed.quotas, set(parsed.devices)),
+                       **_kubelet_fields(parsed.kubelet), **parsed.nri.given(),
+                       quotas=_quotas(parsed.quotas, set(parsed.devices)),
                        policy=_policy(parsed))
 
 
@@ -388,6 +419,31 @@ def _log_level(level: str) -> str:
 def _not_empty(value: str) -> str:
     if not value.strip():
         raise ValueError("must not be empty")
+    return _no_nul(value)
+
+
+_PLUGIN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
+
+
+def _plugin_name(value: str) -> str:
+    if not _PLUGIN_NAME.fullmatch(value):
+        raise ValueError(f"{value!r} is not a plugin name: 1 to 63 letters, digits, '.', '_' or '-', "
+                         "starting with a letter or digit")
+    return value
+
+
+def _plugin_index(value: str | int) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"{value!r} is a number; write the index as two digits in quotes, e.g. \"{value:02d}\""
+                         if isinstance(value, int) and 0 <= value <= 99 else f"{value!r} is not two digits in quotes")
+    if len(value) != 2 or not value.isascii() or not value.isdigit():
+        raise ValueError(f"{value!r} is not two digits (\"00\" to \"99\"): NRI orders its plugins by them")
+    return value
+
+
+def _absolute(value: str) -> str:
+    if not value.startswith("/"):
+        raise ValueError(f"{value!r} is not an absolute path")
     return _no_nul(value)
 
 

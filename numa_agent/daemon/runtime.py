@@ -341,7 +341,8 @@ def _workload_at(state: AgentState, rel: str, layout: Mapping[str, CgroupSpec]) 
         name = name[len(WORKLOAD_PREFIX):]
     workloads = state.workloads
     i = bisect.bisect_left(workloads, name, key=lambda w: w.name)
-    if i < len(workloads) and workloads[i].name == name and workload_relpath(workloads[i]) == rel:
+    if i < len(workloads) and workloads[i].name == name and workload_relpath(workloads[i]) == rel \
+            and workloads[i].runtime is None:  # a runtime's container has no cgroup of the agent's
         return workloads[i]
     return None
 

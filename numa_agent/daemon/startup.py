@@ -26,9 +26,12 @@ if TYPE_CHECKING:
     from numa_agent.hotplug.events import EventSource
     from numa_agent.kubelet.files import StateFiles
     from numa_agent.kubelet.grpc_server import PodResourcesServer
+    from numa_agent.nri.adapter import NriAdapter
+    from numa_agent.nri.plugin import NriHandler
     from numa_agent.observe.observer import MemorySampler, Observer
     from numa_agent.observe.watcher import IntruderWatcher
     from numa_agent.service.agent_service import AgentService
+    from numa_agent.service.ports import AgentApi
     from numa_agent.state.directory import StateDirClaim
     from numa_agent.state.model import AgentState
     from numa_agent.views.metrics import MetricsServer
@@ -75,7 +78,8 @@ class Agent:
     """Wires the edges around the service; start(), stop()."""
 
     def __init__(self, cfg: AgentConfig, hotplug_source: EventSource | None = None,
-                 read_config: Callable[[], AgentConfig] | None = None) -> None:
+                 read_config: Callable[[], AgentConfig] | None = None,
+                 nri_handler: Callable[[AgentApi], NriHandler] | None = None) -> None:
         self.cfg = cfg
         # The configuration as loaded (self.cfg may have a snapshot's extracted root
         # for its sysfs_root), with what reloads applied: what a reload compares with.
@@ -89,6 +93,10 @@ class Agent:
         self.watcher: IntruderWatcher | None = None
         self.sampler: MemorySampler | None = None  # the metrics' memory figures, off the scrape
         self.hotplug = hotplug_source  # tests inject a fake; else kernel uevents
+        # [nri] enabled: the plugin's connection to the runtime, and what makes its handler
+        # from the service (tests give a stand-in; else the Kubernetes one).
+        self.nri: NriAdapter | None = None
+        self.nri_handler = nri_handler or kubernetes_handler
         self.service: AgentService | None = None
         self.kubelet_files: StateFiles | None = None  # the kubelet-shaped state files; None: off
         self.claim: StateDirClaim | None = None
@@ -121,10 +129,10 @@ class Agent:
 
     def _abandon(self, claim: StateDirClaim) -> None:
         """Give back whatever a failed start took."""
-        for observing in (self.watcher, self.sampler):
+        for observing in (self.nri, self.watcher, self.sampler):
             if observing is not None:
                 observing.stop()
-        self.watcher = self.sampler = None
+        self.nri = self.watcher = self.sampler = None
         for server in (self.api, self.pod_resources):
             if server is not None:
                 server.stop()  # bound but never served: removes the socket
@@ -283,15 +291,14 @@ class Agent:
         service, api = self.service, self.api
         assert service is not None and api is not None, "the edges start after the service"
         self._start_observing(service)  # before the API serves: every status has its fields
+        if cfg.nri_enabled:
+            self.nri = self._nri_adapter(service)  # started once the API serves
         # Metrics listen before the API answers: a client that sees the agent up can scrape it.
         if cfg.metrics_address:
-            from numa_agent.views.metrics import build_registry, start_metrics_server
+            from numa_agent.views.metrics import start_metrics_server
 
-            registry = build_registry(service.metrics_snapshot)
-            if self.pod_resources is not None:  # its gate's refusals beside the metrics listener's
-                registry.register(self.pod_resources.collector())
             try:
-                self.metrics = start_metrics_server(cfg.metrics_address, registry,
+                self.metrics = start_metrics_server(cfg.metrics_address, self._registry(service),
                                                     socket_mode=cfg.socket_mode, socket_group=cfg.socket_group)
             except UntrustedDirectory as exc:  # changed since it was checked
                 raise StartupConfigError(str(exc)) from None
@@ -302,6 +309,8 @@ class Agent:
         if self.pod_resources is not None:
             self.pod_resources.attach(service)
             self.pod_resources.start()
+        if self.nri is not None:  # READY does not wait for the runtime: the adapter waits for it alone
+            self.nri.start()
         if self.hotplug is None and cfg.hotplug and os.path.abspath(cfg.sysfs_root) == "/":
             from numa_agent.hotplug.events import HotplugUnavailable, UdevEventSource
 
@@ -322,6 +331,26 @@ class Agent:
                         f"{service.enforcer.mode}; socket {cfg.socket}")
         log.info("ready: socket %s, enforcement %s%s", cfg.socket, service.enforcer.mode,
                  f" ({service.enforcer.reason})" if service.enforcer.reason else "")
+
+    def _nri_adapter(self, service: AgentService) -> NriAdapter:
+        """The NRI plugin ([nri] enabled), its handler made from the service; health and
+        status say whether it is connected."""
+        from numa_agent.nri.adapter import NriAdapter
+
+        adapter = NriAdapter(self.cfg, self.nri_handler(service))
+        service.edge_reports["nri"] = adapter.health
+        return adapter
+
+    def _registry(self, service: AgentService):
+        """The metrics' registry: the agent's families, PodResources' gate, the NRI plugin's."""
+        from numa_agent.views.metrics import NriCollector, build_registry
+
+        registry = build_registry(service.metrics_snapshot)
+        if self.pod_resources is not None:  # its gate's refusals beside the metrics listener's
+            registry.register(self.pod_resources.collector())
+        if self.nri is not None:
+            registry.register(NriCollector(self.nri.stats))
+        return registry
 
     def _observer(self, enforcer: Enforcer, state_of: Callable[[], AgentState]) -> Observer:
         """Memory locality in status, and the intruder scan (started with the
@@ -389,6 +418,8 @@ class Agent:
         from numa_agent.daemon import sdnotify
 
         sdnotify.stopping()
+        if self.nri is not None:  # first: its handler's calls reach the service through no API
+            self.nri.stop()
         if self.api is not None:
             # The socket file stays: a client that finds it refusing waits for the next
             # agent (a restart), where a missing one fails at once (no agent starts).
@@ -536,14 +567,14 @@ class Agent:
         the endpoint left where it was, when the new address cannot be served. The new
         one is listened on before the old one closes, so scrapes see no gap, except when
         the old one holds the port the new one wants (127.0.0.1:9464 to 0.0.0.0:9464)."""
-        from numa_agent.views.metrics import build_registry, start_metrics_server
+        from numa_agent.views.metrics import start_metrics_server
 
         old, was, cfg, service = self.metrics, self.cfg.metrics_address, self.cfg, self.service
         assert service is not None, "reloads come once started"
         refusals = (OSError, ValueError, UntrustedDirectory)
 
         def serve(where: str) -> MetricsServer:
-            return start_metrics_server(where, build_registry(service.metrics_snapshot),
+            return start_metrics_server(where, self._registry(service),
                                         socket_mode=cfg.socket_mode, socket_group=cfg.socket_group)
 
         if address is None:
@@ -572,6 +603,14 @@ class Agent:
         if old is not None:
             old.stop()
         return True
+
+
+def kubernetes_handler(api: AgentApi) -> NriHandler:
+    """The NRI handler with Kubernetes' meaning (numa_agent/nri/handler.py), imported only
+    when [nri] is enabled."""
+    from numa_agent.nri.handler import KubernetesHandler
+
+    return KubernetesHandler(api)
 
 
 # ---- choosing the enforcer ----------------------------------------------------------

@@ -44,15 +44,10 @@ class AffinityEnforcer:
     def __init__(self, reason: str, proc_root: str = "/proc") -> None:
         self.reason: str | None = reason
         self.proc_root = proc_root
-        self._pidfds: dict[str, int] = {}  # relpath -> pidfd
-        self._by_fd: dict[int, str] = {}
-        self._pids: dict[str, int] = {}
-        # relpath -> its process's /proc/PID/task and /proc/PID/task/PID/children,
-        # opened while its pidfd vouched for it: a re-pin of the pool lists and
-        # reads them again (opening a /proc file costs several times the read).
-        # Missing where they could not be opened (out of descriptors): by path then.
-        self._held: dict[str, _Held] = {}
-        # The event loop's thread reads these while the API's changes them.
+        self._followed: dict[str, _Followed] = {}  # relpath -> its process's descriptors
+        self._by_fd: dict[int, str] = {}  # pidfd -> relpath
+        # The event loop's thread reads these while the API's change them, and
+        # changes applied at once (service/commit.py) each read and forget them.
         self._fds_lock = threading.Lock()
         # Readable while a watched pidfd is; one added meanwhile wakes a poll
         # of it too. A pidfd leaves it when its exit is reported (once, as an
@@ -73,6 +68,14 @@ class AffinityEnforcer:
         # not in `changed` (update_layout), but in pool_followers. They move
         # as one (pool_steps): pinned before every other change when the pool
         # loses CPUs, after every other when it gains some; only `changed` is planned.
+        lease = _Lease(self)
+        try:
+            self._apply(lease, old, new, move, changed)
+        finally:
+            lease.give_back()
+
+    def _apply(self, lease: "_Lease", old: Layout, new: Layout, move: tuple[str, int] | None,
+               changed: Collection[str] | None) -> None:
         pins = _Pins()
         followers: list[str] = []
         shrink_to = grow_to = None
@@ -82,12 +85,13 @@ class AffinityEnforcer:
         changes = list(order_changes(old, new, changed))
         strays = self._strays(old, new, changes, followers if shrink_to is not None else [])
         if shrink_to is not None:
-            self._pin_followers(pins, new, followers, shrink_to)
+            self._pin_followers(lease, pins, new, followers, shrink_to)
             self._pin_strays(strays, followers, new, shrink_to)
         for change in changes:
             if change.kind == "remove":
-                pid = self._pids.get(change.relpath)
-                alive = self._alive(change.relpath)
+                gone = lease.get(change.relpath)
+                pid = gone.pid if gone is not None else None
+                alive = gone is not None and not pidfd_exited(gone.pidfd)
                 self._forget(change.relpath)
                 if pid is not None and alive and SHARED_CGROUP in new:
                     pins.add(pid, new[SHARED_CGROUP].cpus)  # back to the shared pool
@@ -105,11 +109,14 @@ class AffinityEnforcer:
                                  owner=spec.record.owner_uid)
             # Only a process whose pidfd says it is still the same one: its PID
             # may already be another process's if it exited a moment ago.
-            if spec.workload is None or spec.pid is None or not self._alive(spec.relpath):
+            if spec.workload is None or spec.pid is None:
                 continue
-            pins.add(spec.pid, spec.cpus, self._held_files(spec.relpath, spec.pid))
+            followed = lease.get(spec.relpath)
+            if followed is None or pidfd_exited(followed.pidfd):
+                continue
+            pins.add(spec.pid, spec.cpus, followed.held_for(spec.pid))
         if grow_to is not None:
-            self._pin_followers(pins, new, followers, grow_to)
+            self._pin_followers(lease, pins, new, followers, grow_to)
         pins.flush()
         if move is not None:
             relpath, pid = move
@@ -163,24 +170,18 @@ class AffinityEnforcer:
                 finally:
                     os.close(fd)
 
-    def _pin_followers(self, pins: "_Pins", new: Layout, followers: list[str], cpus: CpuSet) -> None:
-        """Queue the pool's followers whose processes are still the admitted ones."""
-        alive = self._alive_among(followers)
+    def _pin_followers(self, lease: "_Lease", pins: "_Pins", new: Layout, followers: list[str],
+                       cpus: CpuSet) -> None:
+        """Queue the pool's followers whose processes are still the admitted ones:
+        one poll of their pidfds together, not one each."""
+        followed = lease.many(followers)
+        exited = exited_among(f.pidfd for f in followed.values())
         for rel in followers:
             spec = new.get(rel)
-            if spec is not None and spec.workload is not None and spec.pid is not None and rel in alive:
-                pins.add(spec.pid, cpus, self._held_files(rel, spec.pid))
-
-    def _held_files(self, relpath: str, pid: int) -> "_Held | None":
-        """The files held for `relpath`'s process, if it is `pid`."""
-        return self._held.get(relpath) if self._pids.get(relpath) == pid else None
-
-    def _alive_among(self, relpaths: Collection[str]) -> set[str]:
-        """Which of `relpaths` follow a process that has not exited: one poll of
-        their pidfds together, not one each."""
-        by_fd = {fd: rel for rel in relpaths if (fd := self._pidfds.get(rel)) is not None}
-        exited = exited_among(by_fd)
-        return {rel for fd, rel in by_fd.items() if fd not in exited}
+            f = followed.get(rel)
+            if spec is not None and spec.workload is not None and spec.pid is not None and f is not None \
+                    and f.pidfd not in exited:
+                pins.add(spec.pid, cpus, f.held_for(spec.pid))
 
     def evict(self, relpath: str | None, pid: int | None, identity: str | None, layout: Layout) -> None:
         """Re-pin a released workload's process and its descendants to the
@@ -204,7 +205,7 @@ class AffinityEnforcer:
     def track(self, relpath: str, pid: int | None, identity: str | None = None) -> bool:
         """Watch `pid` for exit; False if it is already gone or unknown, or if
         it is no longer the process that was admitted (a recycled PID)."""
-        if relpath in self._pidfds:
+        if relpath in self._followed:
             return True
         if pid is None:
             return False
@@ -221,34 +222,50 @@ class AffinityEnforcer:
             return False
         held = _open_held(pid, fd, self.proc_root)
         with self._fds_lock:
-            self._pidfds[relpath] = fd
+            self._followed[relpath] = _Followed(pid, fd, held)
             self._by_fd[fd] = relpath
-            self._pids[relpath] = pid
-            if held is not None:
-                self._held[relpath] = held
             self._epoll.register(fd, select.EPOLLIN)
         return True
 
     def _alive(self, relpath: str) -> bool:
-        """The followed process has not exited (its pidfd is not readable)."""
-        fd = self._pidfds.get(relpath)
-        return fd is not None and not pidfd_exited(fd)
+        """The followed process has not exited (its pidfd is not readable);
+        asked under the lock, so that the pidfd is not closed meanwhile."""
+        with self._fds_lock:
+            f = self._followed.get(relpath)
+            return f is not None and not pidfd_exited(f.pidfd)
+
+    def _borrow(self, relpaths: Iterable[str]) -> "dict[str, _Followed]":
+        """The records of those of `relpaths` that are followed, each kept open
+        until given back (`_give_back`), whatever forgets it meanwhile."""
+        with self._fds_lock:
+            out = {rel: f for rel in relpaths if (f := self._followed.get(rel)) is not None}
+            for f in out.values():
+                f.users += 1
+        return out
+
+    def _give_back(self, borrowed: "Iterable[_Followed]") -> None:
+        with self._fds_lock:
+            for f in borrowed:
+                f.users -= 1
+                if f.forgotten and not f.users:
+                    f.close()
 
     def _forget(self, relpath: str) -> None:
-        with self._fds_lock:  # a number closed here may be reused at once (see released)
-            fd = self._pidfds.pop(relpath, None)
-            self._pids.pop(relpath, None)
-            held = self._held.pop(relpath, None)
-            if held is not None:
-                os.close(held.task)
-                os.close(held.children)
-            if fd is not None:
-                self._by_fd.pop(fd, None)
-                _unwatch(self._epoll, fd)
-                os.close(fd)
+        """Stop following `relpath`: its descriptors are closed now, or by the
+        last apply still reading them (a number closed may be reused at once by
+        any open: see released, and _Lease)."""
+        with self._fds_lock:
+            f = self._followed.pop(relpath, None)
+            if f is None:
+                return
+            self._by_fd.pop(f.pidfd, None)
+            _unwatch(self._epoll, f.pidfd)
+            f.forgotten = True
+            if not f.users:
+                f.close()
 
     def exists(self, relpath: str) -> bool:
-        return relpath in self._pidfds
+        return relpath in self._followed
 
     def populated(self, relpath: str) -> bool:
         """Its process has not exited: asked of its pidfd (a signal of 0 would
@@ -256,8 +273,9 @@ class AffinityEnforcer:
         return self._alive(relpath)
 
     def pids(self, relpath: str) -> list[int]:
-        pid = self._pids.get(relpath)
-        return [pid] if pid is not None and self._alive(relpath) else []
+        with self._fds_lock:
+            f = self._followed.get(relpath)
+            return [f.pid] if f is not None and not pidfd_exited(f.pidfd) else []
 
     def subtree_pids(self, relpath: str) -> list[int]:
         return self.pids(relpath)
@@ -265,9 +283,10 @@ class AffinityEnforcer:
     def read_cpuset(self, relpath: str) -> tuple[CpuSet, tuple[int, ...]]:
         """The tracked process's CPU affinity; its memory policy cannot be
         read from outside, so no memory nodes."""
-        pid = self._pids.get(relpath)
-        if pid is None:
+        f = self._followed.get(relpath)
+        if f is None:
             raise EnforcementError(f"no process is tracked for {relpath}")
+        pid = f.pid
         try:
             return CpuSet(os.sched_getaffinity(pid)), ()
         except OSError as exc:
@@ -277,7 +296,7 @@ class AffinityEnforcer:
     def existing(self) -> list[str]:
         """Only the tracked workloads: nothing of a workload outlives the
         agent but its process, so there is never anything to adopt."""
-        return sorted(self._pidfds)
+        return sorted(self._followed)
 
     def live_marked(self) -> list[MarkedProcess] | None:
         """Processes carrying NUMA_AGENT_WORKLOAD (numa_agent.enforcement.marked):
@@ -303,7 +322,7 @@ class AffinityEnforcer:
         return sorted(out)
 
     def close(self) -> None:
-        for rel in list(self._pidfds):
+        for rel in list(self._followed):
             self._forget(rel)
         self._epoll.close()
 
@@ -314,6 +333,55 @@ class _Held(NamedTuple):
 
     task: int
     children: int
+
+
+class _Followed:
+    """A followed process: its PID, its pidfd and the files held for it. Closed
+    when it is forgotten, or, if an apply is reading them then (borrowed, `users`),
+    when the last one gives it back: never while a reader may still use a number."""
+
+    __slots__ = ("pid", "pidfd", "held", "users", "forgotten")
+
+    def __init__(self, pid: int, pidfd: int, held: _Held | None) -> None:
+        self.pid, self.pidfd, self.held = pid, pidfd, held
+        self.users = 0
+        self.forgotten = False
+
+    def held_for(self, pid: int) -> _Held | None:
+        """The files held for its process, if that is `pid`."""
+        return self.held if self.pid == pid else None
+
+    def close(self) -> None:
+        if self.held is not None:
+            os.close(self.held.task)
+            os.close(self.held.children)
+        os.close(self.pidfd)
+
+
+class _Lease:
+    """The followed processes one apply reads (their pidfds polled, their held
+    files listed and read when it pins), borrowed as it first asks for each and
+    given back when it is done: a release applied meanwhile from another thread
+    cannot close them under it, and so cannot let an open elsewhere take the
+    number and the re-pin act on that file. No lock is held while it pins."""
+
+    def __init__(self, enforcer: AffinityEnforcer) -> None:
+        self._enforcer = enforcer
+        self._taken: dict[str, _Followed | None] = {}
+
+    def get(self, relpath: str) -> _Followed | None:
+        return self.many((relpath,)).get(relpath)
+
+    def many(self, relpaths: Iterable[str]) -> dict[str, _Followed]:
+        wanted = [rel for rel in relpaths if rel not in self._taken]
+        if wanted:
+            borrowed = self._enforcer._borrow(wanted)
+            self._taken.update({rel: borrowed.get(rel) for rel in wanted})
+        return {rel: f for rel in relpaths if (f := self._taken.get(rel)) is not None}
+
+    def give_back(self) -> None:
+        self._enforcer._give_back(f for f in self._taken.values() if f is not None)
+        self._taken = {}
 
 
 def _open_held(pid: int, pidfd: int, proc: str = "/proc") -> _Held | None:

@@ -33,6 +33,7 @@ import errno
 import os
 import re
 import struct
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Collection, Iterable, Protocol, runtime_checkable
@@ -665,12 +666,19 @@ class EventWatcher:
     `cgroup.events` (inotify IN_MODIFY; also POLLPRI). Register `fileno()`
     with a selector or asyncio loop and call `read_events()` when readable;
     then ask `CgroupV2.populated()` for the new state.
+
+    API threads watch and unwatch while the event loop reads: a watch is added
+    and mapped to its cgroup under `_lock`, and the events are read and
+    decoded under it too, so that an event of a watch just added is never read
+    before the watch is mapped (dropped as unknown, or taken for the cgroup
+    a reused number named before).
     """
 
     def __init__(self, cgroup: CgroupV2) -> None:
         self._cgroup = cgroup
         self._wd_to_rel: dict[int, str] = {}
         self._rel_to_wd: dict[str, int] = {}
+        self._lock = threading.Lock()
         try:
             init = libc().inotify_init1
         except AttributeError:
@@ -688,32 +696,39 @@ class EventWatcher:
         # removed and made again under this name has a new one, and the old
         # one's removal may not have been read yet.
         file = self._cgroup.path(relpath) / "cgroup.events"
-        wd = libc().inotify_add_watch(self._fd, os.fsencode(file), _IN_MODIFY)
-        if wd < 0:
-            raise cgroup_error_from_oserror(_last_oserror(), "watch", str(file))
-        old = self._rel_to_wd.get(relpath)
-        if old is not None and old != wd:
-            self._wd_to_rel.pop(old, None)
-        self._wd_to_rel[wd] = relpath
-        self._rel_to_wd[relpath] = wd
+        with self._lock:
+            wd = libc().inotify_add_watch(self._fd, os.fsencode(file), _IN_MODIFY)
+            if wd < 0:
+                raise cgroup_error_from_oserror(_last_oserror(), "watch", str(file))
+            old = self._rel_to_wd.get(relpath)
+            if old is not None and old != wd:
+                self._wd_to_rel.pop(old, None)
+            self._wd_to_rel[wd] = relpath
+            self._rel_to_wd[relpath] = wd
 
     def occupied(self, relpath: str) -> None:
         """A process was moved in: inotify saw the change itself."""
 
     def unwatch(self, relpath: str) -> None:
-        wd = self._rel_to_wd.pop(relpath, None)
-        if wd is not None:
-            self._wd_to_rel.pop(wd, None)
-            # Fails harmlessly when the cgroup (and so the watch) is gone.
-            libc().inotify_rm_watch(self._fd, wd)
+        with self._lock:
+            wd = self._rel_to_wd.pop(relpath, None)
+            if wd is not None:
+                self._wd_to_rel.pop(wd, None)
+                # Fails harmlessly when the cgroup (and so the watch) is gone.
+                libc().inotify_rm_watch(self._fd, wd)
 
     def watched(self) -> list[str]:
-        return sorted(self._rel_to_wd)
+        with self._lock:
+            return sorted(self._rel_to_wd)
 
     def read_events(self) -> list[str]:
         """Relative paths whose `cgroup.events` changed since the last call,
         each once, in arrival order; [] when nothing is pending. On queue
         overflow every watched path is returned, since any may have changed."""
+        with self._lock:
+            return self._read_events()
+
+    def _read_events(self) -> list[str]:
         changed: list[str] = []
         while True:
             try:
@@ -727,7 +742,7 @@ class EventWatcher:
                 wd, mask, _cookie, name_len = _EVENT_HEADER.unpack_from(data, offset)
                 offset += _EVENT_HEADER.size + name_len
                 if mask & _IN_Q_OVERFLOW:
-                    changed.extend(self.watched())
+                    changed.extend(sorted(self._rel_to_wd))
                     continue
                 relpath = self._wd_to_rel.get(wd)
                 if relpath is None:
@@ -743,11 +758,12 @@ class EventWatcher:
         return list(dict.fromkeys(changed))
 
     def close(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
-            self._wd_to_rel.clear()
-            self._rel_to_wd.clear()
+        with self._lock:
+            if self._fd >= 0:
+                os.close(self._fd)
+                self._fd = -1
+                self._wd_to_rel.clear()
+                self._rel_to_wd.clear()
 
     def __enter__(self) -> "EventWatcher":
         return self

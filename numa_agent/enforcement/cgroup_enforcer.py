@@ -251,15 +251,20 @@ class CgroupEnforcer:
 
     def _evict(self, relpath: str, new: Layout) -> None:
         """Move processes still in a released workload's cgroup to the
-        shared pool, so the cgroup can go and its CPUs return."""
+        shared pool, so the cgroup can go and its CPUs return.
+
+        `shared/_released` is one of the pool's cgroups: its CPUs are written
+        only by the pool's writer (the commit unit, under its pool lock, with
+        the latest pool). Made here where it is missing, it is left asking for
+        nothing, so the kernel gives it `shared/`'s CPUs and nodes as they stand:
+        never the pool of this change, which a change applied meanwhile may
+        have replaced."""
         pids = self.pids(relpath)
         if not pids:
             return
         if RELEASED_CGROUP in new and not self.cgroup.exists(RELEASED_CGROUP):
             # Another release, applied at the same time, may make it first.
-            spec = new[RELEASED_CGROUP]
             self.cgroup.create(RELEASED_CGROUP, exist_ok=True)
-            self.cgroup.write_cpuset(RELEASED_CGROUP, spec.cpus, spec.mems)
         for pid in pids:
             try:
                 self.cgroup.move_pid(RELEASED_CGROUP, pid)

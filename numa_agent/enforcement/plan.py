@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass, field, replace
-from typing import Collection, Iterable, Iterator, Mapping, NamedTuple
+from typing import Collection, Iterable, Iterator, Mapping, NamedTuple, TypeVar
 
 from numa_agent.admission.admit import effective_cpus, shared_pool
 from numa_agent.admission.machine import Machine
@@ -140,6 +140,19 @@ def _pod_spec(machine: Machine, pod: Pod) -> CgroupSpec:
                       record=replace_value(pod, members=()))
 
 
+def runtime_enforced(state: AgentState, holder: Workload | Pod | None) -> bool:
+    """A container its runtime enforces (NRI), or a pod of such containers (a
+    pod's members are all or none of them): it has no cgroup of the agent's
+    and the agent never writes one for it. Its exclusive CPUs still leave the
+    shared pool (`shared_pool` reads every booking)."""
+    if isinstance(holder, Workload):
+        return holder.runtime is not None
+    if holder is None or not holder.members:
+        return False
+    member = state.workload(holder.members[0])
+    return member is not None and member.runtime is not None
+
+
 def _follows_pool(w: Workload) -> bool:
     """Runs on the whole shared pool: its cgroup inherits the pool's CPUs."""
     return w.shared and w.pod is None and not w.cpunodebind and w.cgroup is None
@@ -228,11 +241,13 @@ def _bound_to_pool(spec: CgroupSpec) -> bool:
 def desired_layout(machine: Machine, state: AgentState) -> CgroupLayout:
     out = _pool_specs(machine, state)
     for pod in state.pods:
-        spec = _pod_spec(machine, pod)
-        out[spec.relpath] = spec
+        if not runtime_enforced(state, pod):
+            spec = _pod_spec(machine, pod)
+            out[spec.relpath] = spec
     for w in state.workloads:
-        spec = _workload_spec(machine, state, w)
-        out[spec.relpath] = spec
+        if w.runtime is None:
+            spec = _workload_spec(machine, state, w)
+            out[spec.relpath] = spec
     return CgroupLayout(out)
 
 
@@ -286,14 +301,23 @@ def update_layout(machine: Machine, old_layout: Mapping[str, CgroupSpec], old_st
         dirty.update(base.bound())
     edits.update(pool_specs)
     for pod_name in dirty_pods:
-        _replace_entry(edits, old_state.pod(pod_name), new_state.pod(pod_name),
-                       pod_relpath, lambda p: _pod_spec(machine, p))
+        _replace_entry(edits, _enforced(old_state, old_state.pod(pod_name)),
+                       _enforced(new_state, new_state.pod(pod_name)), pod_relpath, lambda p: _pod_spec(machine, p))
     for name in dirty:
-        _replace_entry(edits, old_state.workload(name), new_state.workload(name),
+        _replace_entry(edits, _enforced(old_state, old_state.workload(name)),
+                       _enforced(new_state, new_state.workload(name)),
                        workload_relpath, lambda w: _workload_spec(machine, new_state, w))
     out = base.updated({rel: spec for rel, spec in edits.items() if spec is not None},
                        [rel for rel, spec in edits.items() if spec is None])
     return out, frozenset(edits)
+
+
+_H = TypeVar("_H", Workload, Pod)
+
+
+def _enforced(state: AgentState, holder: _H | None) -> _H | None:
+    """`holder` when the agent enforces it with a cgroup of its tree, else None."""
+    return None if holder is None or runtime_enforced(state, holder) else holder
 
 
 def _with_cpus(spec: CgroupSpec, cpus: CpuSet) -> CgroupSpec:

@@ -238,6 +238,8 @@ class PodResourcesServer:
         found = None
         if request.pod_namespace == self.namespace:
             found = pod_resources.pod(machine, state, request.pod_name, self.namespace)
+        if found is None:  # a Kubernetes pod of containers their runtime enforces (NRI)
+            found = pod_resources.runtime_pod(machine, state, request.pod_namespace, request.pod_name)
         if found is None:
             raise _NotFound(f"pod {request.pod_name!r} not found in namespace {request.pod_namespace!r} "
                             f"(this agent's pods are in {self.namespace!r})")

@@ -3,6 +3,10 @@
 The same mapping as the state files (numa_agent.kubelet.state_files): an
 agent pod is a pod, its members its containers; a workload outside pods is a
 pod of one container of its name; every pod is in the configured namespace.
+A container its runtime enforces (NRI) that names its Kubernetes pod is
+reported as Kubernetes knows it instead: under its namespace and pod name,
+as its container name, the containers of one pod in one PodResources pod
+(found through `runtime_pods`, an index the state's memo keeps).
 A container's `cpu_ids` are the CPUs its state file entry names (exclusive
 CPUs, or a pod's shared part; none on the shared pool, as with the kubelet),
 its memory the same blocks, its devices one entry per device with its NUMA
@@ -11,9 +15,11 @@ node.
 
 from __future__ import annotations
 
-from typing import Iterable
+from dataclasses import dataclass
+from typing import Iterable, Sequence
 
 from numa_agent.admission.machine import Machine
+from numa_agent.core.layered import Layered
 from numa_agent.kubelet import podresources_pb2 as pb
 from numa_agent.kubelet.state_files import (
     changed_pods,
@@ -23,7 +29,7 @@ from numa_agent.kubelet.state_files import (
     memory_blocks,
     pod_of,
 )
-from numa_agent.state.model import AgentState, Workload
+from numa_agent.state.model import AgentState, FollowsWorkloads, Workload
 
 DEFAULT_NAMESPACE = "numa-agent"
 
@@ -37,10 +43,46 @@ def _device(machine: Machine, resource: str, address: str) -> pb.ContainerDevice
                                topology=_topology((machine.topology.device(address).numa_node,)))
 
 
+def kubernetes_pod(w: Workload) -> tuple[str, str] | None:
+    """(namespace, pod) of a container its runtime enforces, as Kubernetes
+    names them; None for the agent's own workloads (and a reference naming no pod)."""
+    ref = w.runtime
+    return (ref.namespace, ref.pod) if ref is not None and ref.pod else None
+
+
+@dataclass(frozen=True)
+class RuntimePods(FollowsWorkloads):
+    """(namespace, pod) -> the names of its containers its runtime enforces,
+    sorted; followed through every update at the cost of the change."""
+
+    pods: Layered[tuple[str, str], tuple[str, ...]]
+
+    def after_workloads(self, removed: Sequence[Workload], added: Sequence[Workload]) -> "RuntimePods":
+        changed: dict[tuple[str, str], set[str]] = {}
+        for workloads, keep in ((removed, False), (added, True)):
+            for w in workloads:
+                key = kubernetes_pod(w)
+                if key is None:
+                    continue
+                names = changed.setdefault(key, set(self.pods.get(key) or ()))
+                (names.add if keep else names.discard)(w.name)
+        if not changed:
+            return self
+        return RuntimePods(self.pods.updated({k: tuple(sorted(v)) for k, v in changed.items() if v},
+                                             [k for k, v in changed.items() if not v]))
+
+
+def runtime_pods(state: AgentState) -> RuntimePods:
+    kept = state.memo.get("runtime_pods")
+    if not isinstance(kept, RuntimePods):
+        kept = state.memo["runtime_pods"] = RuntimePods(Layered()).after_workloads((), state.workloads)
+    return kept
+
+
 def container(machine: Machine, state: AgentState, w: Workload) -> pb.ContainerResources:
     cpus = container_cpus(machine, state, w)
     return pb.ContainerResources(
-        name=w.name,
+        name=(w.runtime.container if w.runtime is not None and kubernetes_pod(w) else "") or w.name,
         devices=[_device(machine, resource, addr) for resource, addr in w.booking.devices],
         cpu_ids=list(cpus) if cpus is not None else [],
         memory=[pb.ContainerMemory(memory_type=b["type"], size=b["size"], topology=_topology(b["numaAffinity"]))
@@ -48,11 +90,36 @@ def container(machine: Machine, state: AgentState, w: Workload) -> pb.ContainerR
 
 
 def pod(machine: Machine, state: AgentState, name: str, namespace: str) -> pb.PodResources | None:
-    members = containers_of(state, name)
+    """The agent's pod `name` (or workload outside pods) in the configured `namespace`."""
+    members = [w for w in containers_of(state, name) if kubernetes_pod(w) is None]
     if not members:
         return None
     return pb.PodResources(name=name, namespace=namespace,
                            containers=[container(machine, state, w) for w in members])
+
+
+def runtime_pod(machine: Machine, state: AgentState, namespace: str, name: str) -> pb.PodResources | None:
+    """Kubernetes pod `namespace`/`name`, of the containers their runtime enforces."""
+    members = [w for w in map(state.workload, runtime_pods(state).pods.get((namespace, name)) or ())
+               if w is not None]
+    if not members:
+        return None
+    return pb.PodResources(name=name, namespace=namespace,
+                           containers=[container(machine, state, w) for w in members])
+
+
+# A ListEncoder part's key: the agent's pod name, or for a Kubernetes pod of
+# runtime-enforced containers its namespace and name after a NUL (no name has one).
+def _part_key(w: Workload) -> str:
+    found = kubernetes_pod(w)
+    return pod_of(w) if found is None else f"\0{found[0]}\0{found[1]}"
+
+
+def _part(machine: Machine, state: AgentState, key: str, namespace: str) -> pb.PodResources | None:
+    if key.startswith("\0"):
+        ns, _, name = key[1:].partition("\0")
+        return runtime_pod(machine, state, ns, name)
+    return pod(machine, state, key, namespace)
 
 
 class ListEncoder:
@@ -68,12 +135,12 @@ class ListEncoder:
         self._parts: dict[str, bytes] = {}
 
     def update(self, machine: Machine, state: AgentState) -> bytes:
-        changed = changed_pods(self._machine, self._state, machine, state)
+        changed = changed_pods(self._machine, self._state, machine, state, key=_part_key)
         if changed is None:
             self._parts = {}
-            changed = {pod_of(w) for w in state.workloads}
+            changed = {_part_key(w) for w in state.workloads}
         for name in changed:
-            p = pod(machine, state, name, self.namespace)
+            p = _part(machine, state, name, self.namespace)
             if p is None:
                 self._parts.pop(name, None)
             else:

@@ -26,7 +26,7 @@ every workload again.
 from __future__ import annotations
 
 import hashlib
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import msgspec
 
@@ -151,10 +151,11 @@ def machine_state(machine: Machine, state: AgentState) -> dict[str, Any]:
 
 # ---- the documents, kept per pod -------------------------------------------------
 def changed_pods(old_machine: Machine | None, old: AgentState | None, machine: Machine,
-                 state: AgentState) -> set[str] | None:
+                 state: AgentState, key: Callable[[Workload], str] = pod_of) -> set[str] | None:
     """The kubelet pods whose containers may differ between `old` and `state`
     (derived from it by a few updates), or None when everything must be
-    built again (no old state, another machine, an unrelated state)."""
+    built again (no old state, another machine, an unrelated state). `key`:
+    the pod a workload is reported in (PodResources has its own for NRI's)."""
     if old is None or machine is not old_machine:
         return None
     changes = state.changes_since(old)
@@ -166,7 +167,7 @@ def changed_pods(old_machine: Machine | None, old: AgentState | None, machine: M
         for s in (old, state):
             w = s.workload(name)
             if w is not None:
-                out.add(pod_of(w))
+                out.add(key(w))
     return out
 
 

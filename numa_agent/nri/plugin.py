@@ -308,17 +308,17 @@ class PluginSession:
                     demux.close()
                     for reader in readers.values():
                         reader.close()
-                    log.info("the runtime closed the NRI connection")
+                    log.debug("the runtime closed the NRI connection")  # wait() returns: its caller says it
                     return
                 for conn_id, chunk in demux.feed(data):
                     for frame in readers[conn_id].feed(chunk):
                         self._on_frame(conn_id, frame)
         except ttrpc.TtrpcError as e:
-            self._error = e
-            log.error("NRI: %s", e)
-        except Exception as e:  # one line for whatever else, never a dead thread that says nothing
+            self._error = e  # wait() raises it: its caller (nri/adapter.py) says it, in one line
+            log.debug("NRI: %s", e)
+        except Exception as e:  # never a dead thread that says nothing: wait() raises it
             self._error = ttrpc.TtrpcError(f"{type(e).__name__}: {e}")
-            log.error("NRI: the session failed: %s: %s", type(e).__name__, e)
+            log.debug("NRI: the session failed: %s: %s", type(e).__name__, e)
         finally:
             with self._pending_lock:
                 self._closed.set()

@@ -55,8 +55,8 @@ def guarded_of(state: AgentState, path_of: Callable[[str], str | None],
     """The workloads holding exclusive CPUs, each with what marks its own tasks."""
     out = []
     for w in state.workloads:
-        if w.shared or not w.booking.cpus or w.quarantined:
-            continue
+        if w.shared or not w.booking.cpus or w.quarantined or w.runtime is not None:
+            continue  # (a runtime's container: its cgroup is the runtime's, its tasks unknown here)
         cgroup = cgroup_name(path_of(workload_relpath(w)), mount)
         out.append(Guarded(w.name, w.booking.cpus, cgroup, w.pid, w.owner_uid))
     return out

@@ -95,6 +95,9 @@ class AgentService(ReadSide):
         # Reads the kernel's free hugepages for an admission asking for some
         # (service/hugepage_counters.py); None: the bookings alone decide.
         self.hugepage_counters: CounterReader | None = hugepage_counters
+        # What the adapters beside the API report of themselves in health and status, by key
+        # (the NRI plugin's connection: "nri"); added by the assembly as they are made.
+        self.edge_reports: dict[str, Callable[[], dict]] = {}
 
     @property
     def machine(self) -> Machine:
@@ -204,6 +207,8 @@ class AgentService(ReadSide):
     def rejoin(self, w: Workload, caller: Caller) -> None:
         # The agent may have stopped between the checkpoint and the move.
         check_alive(caller)
+        if w.runtime is not None:
+            return  # its runtime enforces it: nothing of the agent's to join
         if w.cgroup is None:
             self.enforcer.apply(self._layout, self._layout, (workload_relpath(w), caller.pid))
         else:

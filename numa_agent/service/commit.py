@@ -17,6 +17,8 @@ Order is kept where it matters:
   lock of its own: the pool of the latest state, less the CPUs that changes
   still being applied free (those are still in their cgroups). So the latest
   pool wins and the pool never holds a CPU a cgroup still holds exclusively.
+  What released workloads left running is handed to the pool under the same
+  lock, with the pool as written (an eviction never writes a pool of its own).
 
 A change whose writes fail is undone by a new change, staged and applied the
 same way: the changed workloads and pods put back as they were before it, in
@@ -274,7 +276,7 @@ class CommitUnit:
                 log.error("the shared pool could not be written after %s: %s", "a change", exc)
             old_pool, new_pool = pending.old_layout.get(SHARED_CGROUP), pending.new_layout.get(SHARED_CGROUP)
             if pending.decided.revoked and new_pool != old_pool:
-                hand_to_pool(pending.decided, self.enforcer, self.layout)  # released processes follow the pool
+                self._hand_to_pool(pending.decided)  # released processes follow the pool
             with self.lock:
                 self.publish()
                 self.isolate()
@@ -349,6 +351,18 @@ class CommitUnit:
                     self._pool_written.pop(rel, None)  # not known: written whole next time
                 raise
             self._pool_written.update(targets)
+
+    def _hand_to_pool(self, state: AgentState) -> None:
+        """What `state`'s revoked workloads left running goes to the pool, as the
+        pool's cgroups are written: under the pool lock, with the latest layout's
+        pool as written, so that a change applied meanwhile cannot have its newer
+        pool overwritten by this one's older (an eviction may make
+        `shared/_released`; the affinity fallback pins the pool's CPUs). A pool
+        cgroup whose written value is not known is taken as the layout has it."""
+        with self._pool_lock:
+            with self.lock:
+                layout = self.layout
+            hand_to_pool(state, self.enforcer, _with_specs(layout, self._pool_written))
 
     def _failed(self, p: Pending, exc: BaseException) -> NoReturn:
         msg = str(exc) if not isinstance(exc, ProcessLookupError) else \

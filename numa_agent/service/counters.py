@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import bisect
 from dataclasses import dataclass, field
+
+from numa_agent.core.histogram import Histogram
 
 DURATION_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 # The kubelet's topology_manager_admission_duration_ms buckets (0.05 ms doubling, 15 of
@@ -13,33 +14,6 @@ TOPOLOGY_DURATION_BUCKETS = tuple(0.05 * 2 ** i / 1000 for i in range(15))
 PINNING_MANAGERS = ("cpu", "memory")
 # (scope, boundary) label pairs of the alignment families, as the kubelet initialises them.
 ALIGNMENT_LABELS = (("container", "numa_node"), ("pod", "numa_node"), ("container", "physical_cpu"))
-
-
-@dataclass
-class Histogram:
-    """Observations in fixed buckets; snapshot() gives them cumulative, as Prometheus does."""
-
-    bounds: tuple[float, ...]
-    counts: list[int] = field(default_factory=list)
-    sum: float = 0.0
-    count: int = 0
-
-    def __post_init__(self) -> None:
-        self.counts = [0] * len(self.bounds)
-
-    def observe(self, value: float) -> None:
-        self.sum += value
-        self.count += 1
-        i = bisect.bisect_left(self.bounds, value)
-        if i < len(self.counts):
-            self.counts[i] += 1
-
-    def snapshot(self) -> dict:
-        cumulative, running = [], 0
-        for bound, count in zip(self.bounds, self.counts, strict=True):
-            running += count
-            cumulative.append([bound, running])
-        return {"buckets": cumulative, "sum": self.sum, "count": self.count}
 
 
 @dataclass(frozen=True)

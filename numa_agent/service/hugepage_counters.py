@@ -15,23 +15,28 @@ booking of one of those sizes has a cgroup (the cgroup enforcer), its
 ``hugetlb.<size>.numa_stat`` says how many of its pages are faulted in on
 each node (as much of that as it booked there counts as in use); where it
 has none (the affinity fallback, a cgroup without the hugetlb controller),
-none of its pages is known in use.
+none of its pages is known in use. Only the holders of hugepages are looked
+at: an index of them (`hugepage_holders`) is kept in the state's memo and
+follows each admission and release, so the look costs the holders of
+hugepages, not every live workload.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from typing import Callable, Iterable
+from dataclasses import dataclass
+from typing import Callable, Iterable, Mapping, Sequence
 
 from numa_agent.admission.machine import Machine
-from numa_agent.admission.memory_manager import KernelHugepages, hugepages_resource
+from numa_agent.admission.memory_manager import KernelHugepages, hugepage_size_kb, hugepages_resource
+from numa_agent.core.layered import Layered
 from numa_agent.discovery.files import DiscoveryError
 from numa_agent.discovery.sysfs import FreeHugepages
 from numa_agent.enforcement.cgroup import hugetlb_size_name
 from numa_agent.enforcement.plan import pod_relpath, workload_relpath
 from numa_agent.service.requests import AdmitRequest
-from numa_agent.state.model import AgentState, Pod
+from numa_agent.state.model import AgentState, FollowsChanges, Holder, Pod
 
 log = logging.getLogger("numa_agent.service")
 
@@ -83,14 +88,14 @@ def booked_in_use(state: AgentState, cgroup_path: CgroupPath, sizes_kb: Iterable
     are not the booking's to count)."""
     sizes = tuple(sizes_kb)
     found: dict[tuple[int, int], int] = {}
-    for holder in state.top_level_holders():
+    for relpath, holder in hugepage_holders(state).items():
         memory = holder.booking.memory
         for size in sizes:
             resource = hugepages_resource(size)
             booked = {n: per[resource] for n, per in memory.items() if per.get(resource)}
             if not booked:
                 continue
-            where = cgroup_path(pod_relpath(holder) if isinstance(holder, Pod) else workload_relpath(holder))
+            where = cgroup_path(relpath)
             if where is None:
                 continue
             faulted = _faulted(os.path.join(where, f"hugetlb.{hugetlb_size_name(size)}.numa_stat"))
@@ -99,6 +104,41 @@ def booked_in_use(state: AgentState, cgroup_path: CgroupPath, sizes_kb: Iterable
                 if used:
                     found[(n, size)] = found.get((n, size), 0) + used
     return tuple((n, size, b) for (n, size), b in sorted(found.items()))
+
+
+_MEMO = "hugepage_holders"
+
+
+def hugepage_holders(state: AgentState) -> Mapping[str, Holder]:
+    """The top-level holders (pods, workloads outside pods) whose booking holds
+    hugepages, by their cgroup's path in the layout. Kept in the state's memo
+    and followed through admissions and releases (FollowsChanges): after the
+    first look, an admission costs its change, not the number of live workloads."""
+    kept = state.memo.get(_MEMO)
+    if kept is None:
+        kept = state.memo[_MEMO] = _HugepageHolders(Layered()).after((), list(state.top_level_holders()))
+    return kept.holders
+
+
+def _holds_hugepages(holder: Holder) -> bool:
+    return any(amount and hugepage_size_kb(resource) is not None
+               for per in holder.booking.memory.values() for resource, amount in per.items())
+
+
+def _path_of(holder: Holder) -> str:
+    return pod_relpath(holder) if isinstance(holder, Pod) else workload_relpath(holder)
+
+
+@dataclass(frozen=True)
+class _HugepageHolders(FollowsChanges):
+    holders: Layered[str, Holder]
+
+    def after(self, removed: Sequence[Holder], added: Sequence[Holder]) -> "_HugepageHolders":
+        gone = [_path_of(h) for h in removed if _holds_hugepages(h)]
+        came = {_path_of(h): h for h in added if _holds_hugepages(h)}
+        if not gone and not came:
+            return self  # the same value
+        return _HugepageHolders(self.holders.updated(came, gone))
 
 
 def _faulted(path: str) -> dict[int, int]:

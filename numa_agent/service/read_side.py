@@ -10,6 +10,8 @@ from __future__ import annotations
 import threading
 from typing import Any, Callable, Mapping
 
+import msgspec
+
 from numa_agent import __version__
 from numa_agent.admission.accounting import node_accounting
 from numa_agent.admission.admit import alignment, effective_cpus, pod_shared_cpus, shared_pool
@@ -44,6 +46,7 @@ class ReadSide:
     clock: Callable[[], float]
     started: float
     sysfs_root: str
+    edge_reports: dict[str, Callable[[], dict]]
     pci_names: PciNameSource | None
     mark_key: bytes | None
     _topology_json: Callable[[], dict] | None
@@ -89,7 +92,7 @@ class ReadSide:
             view["isolation"].update(done=[], not_done=list(self.isolation.missing(state, w.name))
                                      if self.isolation is not None else view["isolation"]["not_done"])
         view.update({
-            "cgroup": None if dry_run else self.enforcer.path_of(workload_relpath(w)),
+            "cgroup": None if dry_run or w.runtime is not None else self.enforcer.path_of(workload_relpath(w)),
             "enforcement": self.enforcer.mode,
             "explanation": dict(explanation), "dry_run": dry_run,
             "mark": None if dry_run else self._mark(w),
@@ -136,6 +139,8 @@ class ReadSide:
             "isolation": self._isolation_view(w),
             # The engine's cgroup it is enforced on (/proc/PID/cgroup's form), None: the agent's tree.
             "engine_cgroup": w.cgroup,
+            # The container its runtime enforces (NRI), None: the agent enforces it.
+            "runtime": msgspec.to_builtins(w.runtime) if w.runtime is not None else None,
         }
 
     def list_workloads(self, viewer_uid: int | None = None) -> list[dict]:
@@ -170,6 +175,7 @@ class ReadSide:
         status = self._status(state, viewer_uid)
         names = self._with_owner_names(status["workloads"] + status["pods"])
         status["quotas"] = self._quota_views(state, names)
+        status.update((key, report()) for key, report in self.edge_reports.items())
         return self._observed(state, status, memory)
 
     def _quota_views(self, state: AgentState, names: Mapping[int, str | None]) -> list[dict[str, Any]]:
@@ -268,6 +274,7 @@ class ReadSide:
                                 + "; ".join(f"{q['name']} (pid {q['pid']}, CPUs {q['cpus'] or 'none'})"
                                             for q in held)
                                 + "; see `numa-agent status`, then `numa-agent release NAME` as root")
+        out.update((key, report()) for key, report in self.edge_reports.items())
         return out
 
     def metrics_snapshot(self) -> dict:

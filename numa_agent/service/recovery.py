@@ -1,7 +1,8 @@
 """Start-up: restore the checkpoint, then reconcile it with the kernel.
 
 - A workload whose cgroup is gone or empty (or, in the affinity fallback,
-  whose process is gone) is released.
+  whose process is gone) is released; not one its runtime enforces (NRI,
+  `Workload.runtime`), which has neither and stays as the checkpoint has it.
 - A populated workload or pod cgroup the checkpoint does not know is adopted
   from its booking record (the `user.numa_agent.record` attribute the agent
   writes on the cgroup, see enforcement/record.py) when it has one that
@@ -121,8 +122,10 @@ def restore(machine: Machine, store, enforcer: Enforcer, on_policy_change: str =
     for name, what in lost:
         log.warning("workload %s lost %s while the agent was stopped", name, what)
 
+    # A container its runtime enforces has no cgroup nor process of the agent's
+    # to follow: it stands until released by name (its runtime tells, NRI).
     released = [w.name for w in state.workloads
-                if not enforcer.track(workload_relpath(w), w.pid, w.pid_identity)]
+                if w.runtime is None and not enforcer.track(workload_relpath(w), w.pid, w.pid_identity)]
     for name in released:
         from numa_agent.admission.admit import release
         state, _, _ = release(state, name)

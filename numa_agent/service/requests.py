@@ -17,7 +17,14 @@ from numa_agent.admission.admit import InvalidRequest, Request, Resources
 from numa_agent.core.caller import Caller
 from numa_agent.core.cpuset import CpuSet, CpuSetParseError
 from numa_agent.core.policy import AllocationStrategy, TopologyPolicy
+from numa_agent.state.model import RuntimeRef
 from numa_agent.state.model import replace as replace_value
+
+# RuntimeRef (a container its runtime enforces, NRI) is declared with the state,
+# which records it on the workload (state/ may not import service/), and is this
+# module's as much: AdmitRequest.runtime names it.
+__all__ = ["AdmitRequest", "PodBudget", "ResizeRequest", "RuntimeRef", "to_admission_request",
+           "with_engine_grant"]
 
 MAX_CPUS = 4096
 MAX_MEMORY_BYTES = 2 ** 50
@@ -83,6 +90,10 @@ class AdmitRequest(msgspec.Struct, forbid_unknown_fields=True):
     # The caller's own bound on where its CPUs may lie (numa-run: the CPUs Slurm's
     # task/affinity bound the task to); narrows, never widens, what is booked.
     within_cpus: Annotated[str, msgspec.Meta(max_length=MAX_CPU_LIST_CHARS)] | None = None
+    # A container its runtime enforces (root only: the NRI plugin). Booked as any
+    # admission, but the agent makes no cgroup for it, moves no process and never
+    # writes its cgroup: the runtime enforces the answer's cpus and mems.
+    runtime: RuntimeRef | None = None
 
 
 class ResizeRequest(msgspec.Struct, forbid_unknown_fields=True):

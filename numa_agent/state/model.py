@@ -18,7 +18,7 @@ import dataclasses
 import weakref
 from bisect import bisect_left
 from functools import cached_property
-from typing import Any, Callable, Iterable, Mapping, Sequence, TypeVar, cast
+from typing import Annotated, Any, Callable, Iterable, Literal, Mapping, Sequence, TypeVar, cast
 
 import msgspec
 
@@ -72,6 +72,22 @@ class Booking(_Value, frozen=True):
         return _sorted_devices(_from_json(d, cls))
 
 
+# A runtime's identifier or a Kubernetes name: at most 256 characters (the API's ShortStr).
+_RuntimeText = Annotated[str, msgspec.Meta(max_length=256)]
+
+
+class RuntimeRef(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """A container that a runtime enforces (NRI): the agent books, the runtime writes its cgroup."""
+
+    runtime: Literal["nri"]
+    container_id: _RuntimeText  # the runtime's container id
+    sandbox_id: _RuntimeText  # its pod sandbox's id
+    namespace: _RuntimeText = ""  # Kubernetes namespace, pod name, pod uid, container name
+    pod: _RuntimeText = ""
+    pod_uid: _RuntimeText = ""
+    container: _RuntimeText = ""
+
+
 # The request key saying how a workload was rebuilt after a lost checkpoint, and the
 # value that holds its CPUs for an operator instead (service.rebuild sets them).
 REBUILT = "rebuilt"
@@ -97,6 +113,9 @@ class Workload(_Value, frozen=True):
     cgroup: str | None = None
     # Exclusive CPUs resizes added, oldest first: a shrink gives back the last first.
     cpus_added: tuple[int, ...] = ()
+    # A container its runtime enforces (NRI): booked here, but no cgroup of the
+    # agent's, no process moved or followed; it lives until released by name.
+    runtime: RuntimeRef | None = None
 
     @property
     def quarantined(self) -> bool:
@@ -365,7 +384,10 @@ class AgentState(_Value, frozen=True, dict=True, weakref=True):
             if key in mine:
                 theirs[key] = mine[key] if key != index[0] else _with_entry(mine[key], index[1], index[2])
         counted = [(key, held) for key, held in _COUNTED if key in mine]
-        followers = [(key, value) for key, value in self.memo.items() if isinstance(value, FollowsChanges)]
+        # Taken in one step (no Python code runs while it is copied): a value may be
+        # added to this memo meanwhile by a reader outside the service's lock.
+        memo = tuple(self.memo.items())
+        followers = [(key, value) for key, value in memo if isinstance(value, FollowsChanges)]
         if (counted or followers) and self._workloads_sorted and self._pods_sorted:
             # (sorted: one value per name, so the named ones are all that changed)
             removed, added = _top_level_of(self, workloads, pods), _top_level_of(new, workloads, pods)
@@ -377,7 +399,7 @@ class AgentState(_Value, frozen=True, dict=True, weakref=True):
                 followed = value.after(removed, added)
                 if followed is not None:
                     new.memo[key] = followed
-        counting = [(key, v) for key, v in self.memo.items() if isinstance(v, FollowsWorkloads)]
+        counting = [(key, v) for key, v in memo if isinstance(v, FollowsWorkloads)]
         if counting and self._workloads_sorted:
             gone = [w for w in map(self.workload, workloads) if w is not None]
             came = [w for w in map(new.workload, workloads) if w is not None]
@@ -471,9 +493,9 @@ def _dec_hook(typ: type, value: Any) -> Any:
 
 
 def _without_unknown_identity(workload: dict[str, Any]) -> dict[str, Any]:
-    """pid_identity, an engine's cgroup and the CPUs resizes added are written only
+    """pid_identity, an engine's cgroup, a runtime's container and the CPUs resizes added are written only
     when there are some, so older checkpoints read back unchanged."""
-    for key in ("pid_identity", "cgroup"):
+    for key in ("pid_identity", "cgroup", "runtime"):
         if workload.get(key) is None:
             workload.pop(key, None)
     if not workload.get("cpus_added"):

@@ -93,12 +93,18 @@ def _states(values: Mapping[str, Any] | None) -> list[tuple[str, float]]:
 
 def _histogram(name: str, doc: str, snapshot: Mapping[str, Any] | None) -> HistogramMetricFamily:
     """A histogram family from a snapshot's cumulative [upper_bound, count] buckets."""
+    buckets, total = _buckets(snapshot)
+    return HistogramMetricFamily(name, doc, buckets=buckets, sum_value=total)
+
+
+def _buckets(snapshot: Mapping[str, Any] | None) -> tuple[list[tuple[str, float]], float]:
+    """A snapshot's cumulative buckets as the exposition's (le, count) pairs, `+Inf` last; its sum."""
     snapshot = snapshot or {}
     count = float(snapshot.get("count", 0))
     buckets = sorted((float(le), float(n)) for le, n in snapshot.get("buckets", []))
     pairs = [(floatToGoString(le), n) for le, n in buckets if not math.isinf(le)]
     pairs.append(("+Inf", count))
-    return HistogramMetricFamily(name, doc, buckets=pairs, sum_value=float(snapshot.get("sum", 0.0)))
+    return pairs, float(snapshot.get("sum", 0.0))
 
 
 class AgentCollector:
@@ -382,6 +388,35 @@ def _quota_families(owners: list[Mapping[str, Any]]) -> list[Metric]:
 def _page_size_key(size: str) -> tuple[int, str]:
     digits = "".join(ch for ch in str(size) if ch.isdigit())
     return (int(digits) if digits else 0, str(size))
+
+
+class NriCollector:
+    """The NRI plugin's families (`numa_agent_nri_*`) from `stats_fn()`: nri/adapter.py's
+    `NriAdapter.stats`, whose `call` keys are the fixed set of NRI methods the handler answers."""
+
+    def __init__(self, stats_fn: Callable[[], Mapping[str, Any]]) -> None:
+        self._stats_fn = stats_fn
+
+    def collect(self) -> Iterator[Metric]:
+        stats = self._stats_fn()
+        yield GaugeMetricFamily(PREFIX + "nri_connected", "1 while the NRI plugin is registered with the "
+                                "container runtime, 0 while it waits for or reconnects to it.",
+                                value=1.0 if stats["connected"] else 0.0)
+        yield CounterMetricFamily(PREFIX + "nri_connections", "Registrations with the container runtime "
+                                  "(each reconnection adds one).", value=float(stats["connections_total"]))
+        requests = CounterMetricFamily(PREFIX + "nri_requests", "The runtime's NRI calls answered by the agent's "
+                                       "handler, by NRI method.", labels=["call"])
+        durations = HistogramMetricFamily(PREFIX + "nri_request_duration_seconds", "Time the agent's handler took "
+                                          "to answer the runtime's NRI calls, by NRI method.", labels=["call"])
+        for call, count in stats["requests_total"].items():
+            requests.add_metric([call], float(count))
+            buckets, total = _buckets(stats["request_duration_seconds"][call])
+            durations.add_metric([call], buckets, sum_value=total)
+        yield requests
+        yield durations
+        yield CounterMetricFamily(PREFIX + "nri_refusals", "Containers whose creation or update the agent refused "
+                                  "over NRI (the runtime fails them with the reason).",
+                                  value=float(stats["refusals_total"]))
 
 
 def build_registry(snapshot_fn: Callable[[], Snapshot], version: str | None = None) -> CollectorRegistry:

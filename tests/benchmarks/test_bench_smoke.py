@@ -116,10 +116,13 @@ def test_bench_numa_run_json_on_one_run():
     for launch in (numa_run.EXCLUSIVE, numa_run.SHARED, numa_run.FLOOR):
         for base in (numa_run.PYTHON, numa_run.BARE):
             assert f"{launch} / {base}" in report["ratios"]
-    imports = report["imports"]
-    assert 0 < len(imports["top"]) <= 10 and imports["modules"] >= len(imports["top"])
-    cumulative = [m["cumulative_us"] for m in imports["top"]]
-    assert cumulative == sorted(cumulative, reverse=True)
+    assert report["agent"] == "affinity"
+    assert sorted(report["imports"]) == sorted([numa_run.EXCLUSIVE, numa_run.SHARED])
+    for imports in report["imports"].values():
+        assert 0 < len(imports["top"]) <= 10 and imports["modules"] >= len(imports["top"])
+        cumulative = [m["cumulative_us"] for m in imports["top"]]
+        assert cumulative == sorted(cumulative, reverse=True)
+        assert set(imports["watched"]) <= set(numa_run.WATCHED)
 
 
 @needs_two_cpus
@@ -127,8 +130,8 @@ def test_bench_numa_run_stops_the_agent_when_a_command_fails(monkeypatch):
     started = []
     real_start = numa_run.start_agent
 
-    def recording_start(workdir):
-        started.append(real_start(workdir))
+    def recording_start(workdir, kind="affinity"):
+        started.append(real_start(workdir, kind))
         return started[-1]
 
     monkeypatch.setattr(numa_run, "start_agent", recording_start)
@@ -141,6 +144,43 @@ def test_bench_numa_run_stops_the_agent_when_a_command_fails(monkeypatch):
 def test_bench_numa_run_bad_runs_exit_2(capsys):
     assert numa_run.main(["--runs", "0"]) == 2
     assert "bench-numa-run: --runs must be at least 1, got 0" in capsys.readouterr().err
+
+
+def test_bench_numa_run_times_the_commands_in_turn(monkeypatch):
+    """A round runs each command once, so a load that comes and goes weighs on all alike."""
+    ran, settled = [], []
+
+    def fake_run(argv, **kwargs):
+        ran.append(argv[0])
+        return subprocess.CompletedProcess(argv, 0, b"", b"")
+
+    monkeypatch.setattr(numa_run.subprocess, "run", fake_run)
+    cmds = [numa_run.Command("a", ("a",), exclusive=True), numa_run.Command("b", ("b",))]
+    samples = numa_run.time_commands(cmds, 2, numa_run.checkout_install(), settle=lambda: settled.append(1))
+    assert ran == ["a", "b"] * 3  # one warm-up round, then two timed
+    assert [len(s) for s in samples] == [2, 2] and len(settled) == 3
+
+
+def test_bench_numa_run_refuses_a_wheelhouse_that_is_no_directory(capsys, tmp_path):
+    assert numa_run.main(["--wheelhouse", str(tmp_path / "absent")]) == 2
+    assert f"bench-numa-run: --wheelhouse {tmp_path / 'absent'} is not a directory" in capsys.readouterr().err
+
+
+@needs_two_cpus
+def test_bench_numa_run_profiles_the_installed_file_against_a_simulated_agent(tmp_path):
+    """The import profile runs bin/numa-run itself (what it imports counts), here against
+    an agent that confines as a cgroup would: numa-run sets no memory policy."""
+    agent = numa_run.start_agent(tmp_path / "agent", "simulated")
+    try:
+        agent.start()
+        install = numa_run.checkout_install()
+        assert install.script and install.script.endswith("/numa-run")
+        for launch in (("--shared",), ("--cpus", "1")):
+            profile = numa_run.import_profile(agent.socket, install, launch)
+            numa_run.wait_released(agent)
+            assert "ctypes" not in profile["watched"] and "argparse" not in profile["watched"]
+    finally:
+        agent.stop()
 
 
 def test_importtime_lines_parse_and_failures_are_reported(monkeypatch):

@@ -89,6 +89,18 @@ def test_format_status_ages_and_shared():
     assert "pod p2: cpus 10-11 nodes 1 members c (budget 2 CPUs, 1 GiB of memory)" in lines
 
 
+def test_format_status_names_a_runtime_container_by_namespace_pod_and_container():
+    ref = {"runtime": "nri", "container_id": "c0ffee", "sandbox_id": "5b", "namespace": "prod",
+           "pod": "web-0", "pod_uid": "u1", "container": "app"}
+    status = {"workloads": [{"name": "ctr-c0ffee", "owner_uid": 0, "owner": "root", "pod": None, "cpus": "2-3",
+                             "numa_nodes": [0], "runtime": ref},
+                            {"name": "bare", "owner_uid": 0, "owner": "root", "pod": "p9", "cpus": "4",
+                             "numa_nodes": [0], "runtime": {**ref, "namespace": "", "pod": "", "container": ""}}]}
+    lines = format_status(status, now=0)
+    assert next(line for line in lines if line.startswith("ctr-c0ffee ")).split()[2] == "prod/web-0/app"
+    assert next(line for line in lines if line.startswith("bare ")).split()[2] == "p9"
+
+
 @pytest.mark.parametrize("mode,line", [
     ("explicit", "node(s) 2,3 memory-only (no usable CPU): booked only for a request naming them (-m)"),
     ("ordinary", 'node(s) 2,3 memory-only (no usable CPU), booked like any node (memory_only_nodes = "ordinary")'),

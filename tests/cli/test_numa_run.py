@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from numa_agent.cli import common
-from numa_agent.cli.numa_run import main, memory_policy_likely, parse_args, workload_env
+from numa_agent.cli.numa_run import main, parse_args, workload_env
 
 REPO = Path(__file__).parents[2]
 
@@ -188,10 +188,6 @@ def _imported(argv, env):
     return out, launch - base
 
 
-# What set_mempolicy needs, loaded during the admission where a memory policy is likely.
-MEMORY_TOOLS = {"ctypes", "struct", "numa_agent.enforcement"}
-
-
 @pytest.mark.parametrize("argv", [["--cpus", "1", "--", "true"], ["--shared", "--", "true"],
                                   ["--cpus=1", "true"]])
 def test_a_launch_imports_only_what_it_needs(server, fake, argv):
@@ -200,25 +196,11 @@ def test_a_launch_imports_only_what_it_needs(server, fake, argv):
     out, loaded = _imported(argv, env)
     assert out.returncode == 0, out.stderr[-2000:]
     assert fake.service_calls().count("admit") == 1  # it did launch, through the agent
-    # A host without the cpuset controller means the affinity fallback: its memory binding
-    # is numa-run's to set, so ctypes comes early there (and only there).
-    never = LAUNCH_NEVER_IMPORTS - (MEMORY_TOOLS if memory_policy_likely(False) else set())
+    # The agent's cgroup confines the launch: no memory policy to set, whatever the host
+    # (ctypes comes only with -i/-p/-l/-w or the affinity fallback's answer).
+    never = LAUNCH_NEVER_IMPORTS
     heavy = {m for m in loaded if m in never or m.startswith(tuple(f"{p}." for p in never))}
     assert heavy == set(), f"numa-run's launch imported {sorted(heavy)}"
-
-
-@pytest.mark.parametrize("controllers,asked,likely", [
-    ("cpuset cpu io memory pids\n", False, False),   # cgroup enforcement: cpuset.mems binds
-    ("cpuset cpu io memory pids\n", True, True),     # -i/-p/-l/-w: set_mempolicy in any mode
-    ("cpu io memory pids\n", False, True),           # no cpuset: the affinity fallback
-    ("cpusets cpu\n", False, True),                  # a word, not a substring
-    (None, False, True),                              # no cgroup2 mounted there
-])
-def test_a_memory_policy_is_expected_where_numa_run_will_set_one(tmp_path, controllers, asked, likely):
-    path = tmp_path / "cgroup.controllers"
-    if controllers is not None:
-        path.write_text(controllers)
-    assert memory_policy_likely(asked, str(path)) is likely
 
 
 def test_the_memory_tools_load_while_the_agent_decides(server, fake):
@@ -275,6 +257,19 @@ def test_affinity_mode_pins_itself(fake, sock_dir):
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[1]"
     assert "numa-run: wl-1 cpus 1 mems 0 devices - (affinity)" in out.stderr
+
+
+def test_affinity_mode_binds_memory_without_a_policy_option(fake, sock_dir):
+    """ctypes is not loaded ahead for a launch without -i/-p/-l/-w: the affinity answer's
+    memory binding loads it and is set all the same (the command reads MPOL_BIND, 2)."""
+    from numa_agent.api.server import ApiServer
+    fake.enforcement = "affinity"
+    code = ("from numa_agent.enforcement.mempolicy import get_policy; p = get_policy(); "
+            "print(p.mode, list(p.nodes))")
+    with ApiServer(fake, f"{sock_dir}/agent.sock") as srv:
+        out = run_numa_run(srv, "--cpus", "1", "--", sys.executable, "-c", code)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "2 [0]"
 
 
 def test_a_memory_size_below_a_page_is_warned_of_and_verbose_shows_the_booking(server, fake):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import selectors
+import threading
 
 import pytest
 
@@ -11,6 +12,7 @@ from numa_agent.core.cpuset import CpuSet
 from numa_agent.enforcement import cgroup as cgroup_module
 from numa_agent.enforcement.cgroup import EventWatcher
 from numa_agent.enforcement.errors import CgroupError, CgroupMissingError, CgroupUnsupportedError
+from tests.support.tattling_lock import TattlingLock
 
 
 @pytest.fixture(autouse=True)
@@ -168,3 +170,43 @@ def test_a_cgroup_made_again_under_the_same_name_is_watched_again(cg, sleepers):
         assert watcher.watched() == ["w"]
         cg.move_pid("w", sleepers().pid)
         assert watcher.read_events() == ["w"]
+
+
+def test_an_event_between_adding_a_watch_and_mapping_it_is_not_lost(cg, sleepers, monkeypatch):
+    """An API thread watches `w`; the kernel hands out the watch, the process moves
+    in and the event loop reads (another thread) before the watch is mapped to `w`:
+    its event must still be reported as `w`'s, then or at the next reading."""
+    cg.create("w")
+    try:
+        watcher = EventWatcher(cg)
+    except CgroupError as exc:
+        pytest.skip(f"no inotify instance to be had here: {exc}")
+    real = cgroup_module.libc()
+    reader_out: list = []
+    settled = threading.Event()  # the reading is done, or waits for the watch to finish
+    lock = TattlingLock(settled)
+
+    def read() -> None:
+        reader_out.extend(watcher.read_events())
+        settled.set()
+
+    class Hooked:
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        def inotify_add_watch(self, fd, path, mask):
+            wd = real.inotify_add_watch(fd, path, mask)
+            cg.move_pid("w", sleepers().pid)  # cgroup.events changes: an event for wd is queued
+            reader = threading.Thread(target=read)
+            reader.start()
+            settled.wait()
+            hooked["reader"] = reader
+            return wd
+
+    hooked: dict = {}
+    with watcher:
+        watcher._lock = lock
+        monkeypatch.setattr(cgroup_module, "libc", lambda: Hooked())
+        watcher.watch("w")
+        hooked["reader"].join()
+        assert reader_out + watcher.read_events() == ["w"]

@@ -148,3 +148,37 @@ def test_polling_does_not_bring_back_a_watch_dropped_while_reading(cg, fakefs, s
         cg.create("a")  # admitted again: watched before its process is moved in
         watcher.watch("a")
         assert watcher.read_events() == []
+
+
+def test_an_eviction_does_not_write_an_older_pool_over_a_newer_one(fake_root, sleepers):
+    """A release evicts into `shared/_released`, missing, with the pool of its own
+    change (older); once it has made the cgroup, the pool's writer (the commit unit,
+    under its pool lock) writes a newer, wider pool into `shared/` and `shared/_released`.
+    The eviction must not then write its older pool there: the released processes
+    would stay off CPUs the pool has again."""
+    enforcer = CgroupEnforcer(CgroupV2(fake_root, SimulatedCgroupfs(fake_root)))
+    try:
+        enforcer.setup()
+        older, newer = CpuSet.parse("0-9"), CpuSet.parse("0-11")
+        layout = {SHARED_CGROUP: CgroupSpec(SHARED_CGROUP, older, (0, 1)),
+                  "wl-a": CgroupSpec("wl-a", CpuSet([12]), (0,), workload="a")}
+        enforcer.apply({}, layout)
+        enforcer.cgroup.move_pid("wl-a", sleepers().pid)
+        released_at = {rel: CgroupSpec(rel, cpus, (0, 1)) for rel, cpus in
+                       ((SHARED_CGROUP, older), (RELEASED_CGROUP, older))}
+        wider = {rel: CgroupSpec(rel, newer, (0, 1)) for rel in (SHARED_CGROUP, RELEASED_CGROUP)}
+        create = enforcer.cgroup.create
+
+        def made(relpath: str, exist_ok: bool = False):
+            out = create(relpath, exist_ok=exist_ok)
+            if relpath == RELEASED_CGROUP:  # the pool's writer, from another thread, meanwhile
+                assert _run(lambda: enforcer.apply(released_at, wider, changed=frozenset(wider))) == []
+            return out
+
+        enforcer.cgroup.create = made  # type: ignore[method-assign]
+        assert _run(lambda: enforcer.evict("wl-a", None, None, released_at)) == []
+        enforcer.cgroup.create = create  # type: ignore[method-assign]
+        assert enforcer.pids(RELEASED_CGROUP) and not enforcer.exists("wl-a")
+        assert enforcer.cgroup.read_effective(RELEASED_CGROUP)[0] == newer
+    finally:
+        enforcer.close()

@@ -7,6 +7,7 @@ import errno
 import os
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -176,10 +177,10 @@ def test_no_file_is_held_in_the_upper_half_of_the_open_files_limit(monkeypatch, 
     enforcer = AffinityEnforcer("test")
     try:
         assert enforcer.track("shared/s0", procs[0].pid)
-        assert "shared/s0" in enforcer._held
+        assert enforcer._followed["shared/s0"].held is not None
         monkeypatch.setattr(enforcer_module, "_held_limit", lambda: 3)  # every number is above
         assert enforcer.track("shared/s1", procs[1].pid)
-        assert "shared/s1" not in enforcer._held and enforcer.populated("shared/s1")
+        assert enforcer._followed["shared/s1"].held is None and enforcer.populated("shared/s1")
         paths = children_paths_read(monkeypatch)
         wide, narrow = two_cpus()
         repin(enforcer, [p.pid for p in procs], wide, narrow)
@@ -232,3 +233,51 @@ def test_a_held_file_that_does_not_answer_whole_is_read_by_path_instead(tmp_path
     finally:
         for fd in fds:
             os.close(fd)
+
+
+def test_a_release_during_a_pool_re_pin_cannot_turn_a_held_file_into_another_s(monkeypatch, sleepers):
+    """A pool re-pin queued a follower with the files held for it; before it reads
+    them, a release of that follower (another thread) lets go of them, and an
+    open elsewhere takes the lowest free number: a bystander's /proc/PID/task.
+    The re-pin must still read the follower's own files, never the bystander's:
+    the bystander, no workload at all, keeps its CPUs."""
+    wide, narrow = two_cpus()
+    procs = [sleepers() for _ in range(2)]
+    pids = [p.pid for p in procs]
+    bystander = sleepers()
+    os.sched_setaffinity(bystander.pid, wide.ids())
+    enforcer = AffinityEnforcer("test")
+    real_pin = enforcer_module._pin_trees
+    opened: list[int] = []
+    seen: dict = {}
+
+    def release_s0_first(pins, cpus, *args, finder=None, **kwargs):
+        if finder is not None and pids[0] in finder.held and not seen:
+            seen["task"] = finder.held[pids[0]].task
+            # The release of s0, applied from another thread meanwhile.
+            release = threading.Thread(target=enforcer.apply, args=(
+                pool_layout(narrow, pids), {SHARED_CGROUP: CgroupSpec(SHARED_CGROUP, narrow, (0,)),
+                                            "shared/s1": pool_layout(narrow, pids)["shared/s1"]}),
+                kwargs={"changed": frozenset({"shared/s0"})})
+            release.start()
+            release.join()
+            # Any open now takes the lowest free number: the held one, if it was let go.
+            while True:
+                fd = os.open(f"/proc/{bystander.pid}/task", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+                opened.append(fd)
+                if fd >= seen["task"]:
+                    break
+        return real_pin(pins, cpus, *args, finder=finder, **kwargs)
+
+    try:
+        for i, pid in enumerate(pids):
+            assert enforcer.track(f"shared/s{i}", pid)
+        monkeypatch.setattr(enforcer_module, "_pin_trees", release_s0_first)
+        repin(enforcer, pids, wide, narrow)
+        assert "task" in seen and not enforcer.exists("shared/s0")
+        assert CpuSet(os.sched_getaffinity(bystander.pid)) == wide  # not reached through a reused number
+        assert CpuSet(os.sched_getaffinity(pids[1])) == narrow
+    finally:
+        for fd in opened:
+            os.close(fd)
+        enforcer.close()

@@ -41,7 +41,8 @@ def dist(tmp_path_factory):
     for name in ("pyproject.toml", "README.md", "LICENSE", "MANIFEST.in", "tests/test_lint.py"):
         shutil.copy(REPO / name, src / name)
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc", ".pytest_cache")
-    for tree in ("numa_agent", "systemd", "docs", "completions", "oci", "contrib", "scripts", "tests/packaging"):
+    for tree in ("numa_agent", "bin", "systemd", "docs", "completions", "oci", "contrib", "scripts",
+                 "tests/packaging"):
         shutil.copytree(REPO / tree, src / tree, ignore=ignore)
     out = subprocess.run([sys.executable, "-m", "build", "--outdir", str(base / "dist"), str(src)],
                          capture_output=True, text=True, timeout=600)
@@ -60,6 +61,11 @@ def test_wheel_carries_units_config_man_pages_completions_and_hooks(dist):
             assert data + target in names, target
             assert z.read(data + target) == (REPO / source).read_bytes(), target
         assert "numa_agent/cli/numa_run.py" in names
+        # numa-run is a script file pip copies with its interpreter line (no generated wrapper)
+        script = z.read(f"numa_agent-{VERSION}.data/scripts/numa-run").decode()
+        assert script.splitlines()[0] == "#!python" and "import re" not in script
+        console = z.read(f"numa_agent-{VERSION}.dist-info/entry_points.txt").decode()
+        assert "numa-agent = numa_agent.cli.numa_agent:main" in console and "numa-run" not in console
         info = f"numa_agent-{VERSION}.dist-info/"
         assert z.read(info + "licenses/LICENSE") == (REPO / "LICENSE").read_bytes()
         metadata = z.read(info + "METADATA").decode()
@@ -78,7 +84,7 @@ def test_sdist_carries_the_same_and_what_installs_it(dist):
     expected = set(WHEEL_DATA.values()) | {"LICENSE", "README.md", "pyproject.toml", "scripts/install",
                                           "scripts/gen-docs", "scripts/bootstrap.sh", "docs/man/numa-run.1.in",
                                           "docs/man/numa-agent.8.in", "docs/architecture.md",
-                                          "numa_agent/__init__.py"}
+                                          "numa_agent/__init__.py", "bin/numa-run"}
     assert sorted(expected - names) == []
     # The tests stay in the repository, with the fixtures and their own licence.
     assert not any(n.startswith("tests/") for n in names)

@@ -19,7 +19,7 @@ def _copy_sources(dest: Path) -> Path:
     for name in ("pyproject.toml", "README.md", "LICENSE"):
         shutil.copy(REPO / name, dest / name)
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
-    for tree in ("numa_agent", "systemd", "docs/man", "completions", "oci", "contrib/slurm"):
+    for tree in ("numa_agent", "bin", "systemd", "docs/man", "completions", "oci", "contrib/slurm"):
         shutil.copytree(REPO / tree, dest / tree, ignore=ignore)
     for page in (REPO / "docs").glob("*.md"):
         shutil.copy(page, dest / "docs" / page.name)

@@ -53,7 +53,7 @@ def test_unknown_key_is_named_with_the_known_ones(tmp_path):
         "unknown key cpu_manager.polcy: did you mean cpu_manager.policy? "
         "(known: options, policy, reserved_cpu_count, reserved_cpus)")
     assert _error(tmp_path, '[topology]\npolicy = "none"\n').startswith(
-        "unknown key topology (known: agent, cpu_manager, devices, isolation, kubelet, memory_manager, observe, "
+        "unknown key topology (known: agent, cpu_manager, devices, isolation, kubelet, memory_manager, nri, observe, "
         "quotas, topology_manager)")
     assert _error(tmp_path, '[devices.gpu]\nvendr = "0x10de"\n').startswith(
         "unknown key devices.gpu.vendr: did you mean devices.gpu.vendor?")

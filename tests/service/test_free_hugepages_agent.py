@@ -125,3 +125,59 @@ def test_in_use_counts_no_more_than_was_booked_and_nothing_unreadable(tmp_path):
     assert booked_in_use(state, paths.get, (2048,)) == (
         (0, 2048, 2 * PAGE),)
     assert booked_in_use(state, lambda rel: None, (2048,)) == ()
+
+
+def _hugepage_holder(name, pages=0, pod=None, kind="workload"):
+    from numa_agent.state.model import Booking, Pod, Workload
+    booking = Booking(memory={0: {"hugepages-2048kB": pages * PAGE}} if pages else {0: {"memory": 1 << 20}})
+    if kind == "pod":
+        return Pod(name=name, owner_uid=0, booking=booking)
+    return Workload(name=name, owner_uid=0, booking=booking, shared=True, pod=pod)
+
+
+def test_the_holders_of_hugepages_follow_admissions_and_releases():
+    """The index of the top-level holders of hugepages, followed from state to
+    state, is the one a fresh look at every holder gives."""
+    from numa_agent.service.hugepage_counters import hugepage_holders
+    from numa_agent.state.model import AgentState
+
+    def fresh(state):
+        return hugepage_holders(AgentState(workloads=state.workloads, pods=state.pods))
+
+    state = AgentState()
+    for i in range(20):
+        state = state.with_workload(_hugepage_holder(f"w{i:02d}", pages=i % 3))
+    assert set(hugepage_holders(state)) == {f"shared/w{i:02d}" for i in range(20) if i % 3}
+    steps = [lambda s: s.without_workload("w01"),                        # a holder released
+             lambda s: s.with_workload(_hugepage_holder("w02", pages=0)),  # resized: none any more
+             lambda s: s.with_workload(_hugepage_holder("w03", pages=2)),  # resized: some now
+             lambda s: s.with_pod(_hugepage_holder("p", pages=4, kind="pod")),
+             lambda s: s.with_workload(_hugepage_holder("m", pod="p")),   # out of its pod's budget
+             lambda s: s.without_workload("m").without_pod("p"),
+             lambda s: s.without_workload("w00")]                          # holds none: nothing changes
+    for step in steps:
+        state = step(state)
+        assert dict(hugepage_holders(state)) == dict(fresh(state))
+    assert "pod-p" not in hugepage_holders(state) and "shared/w03" in hugepage_holders(state)
+
+
+def test_a_hugepage_admission_does_not_walk_every_live_workload(tmp_path, monkeypatch):
+    """Once known, the holders of hugepages follow each change: the pages in use
+    of the next state are found without a look at the workloads that hold none."""
+    from numa_agent.service.hugepage_counters import booked_in_use
+    from numa_agent.state.model import AgentState
+
+    state = AgentState()
+    for i in range(200):
+        state = state.with_workload(_hugepage_holder(f"w{i:03d}"))
+    state = state.with_workload(_hugepage_holder("big", pages=4))
+    (tmp_path / "big").mkdir()
+    (tmp_path / "big/hugetlb.2MB.numa_stat").write_text(f"total={2 * PAGE} N0={2 * PAGE}\n")
+    paths = {"shared/big": str(tmp_path / "big")}
+    assert booked_in_use(state, paths.get, (2048,)) == ((0, 2048, 2 * PAGE),)
+    walked = []
+    real = AgentState.top_level_holders
+    monkeypatch.setattr(AgentState, "top_level_holders", lambda self: walked.append(self) or real(self))
+    state = state.with_workload(_hugepage_holder("next", pages=2))  # admitted
+    assert booked_in_use(state, paths.get, (2048,)) == ((0, 2048, 2 * PAGE),)
+    assert walked == []

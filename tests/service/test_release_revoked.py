@@ -10,6 +10,7 @@ import json
 import logging
 import os
 import subprocess
+import threading
 
 import pytest
 
@@ -28,6 +29,7 @@ from tests.service.test_agent_service import Crash
 from tests.service.test_rebuild import KEY, ROOT, machine_of
 from tests.support.marks import give_mark, spawn_awaiting_mark
 from tests.support.pod_resources import list_response
+from tests.support.tattling_lock import TattlingLock
 
 needs_two = pytest.mark.skipif(not {0, 1} <= os.sched_getaffinity(0), reason="needs CPUs 0 and 1")
 pytestmark = needs_two
@@ -157,6 +159,40 @@ def test_a_released_process_follows_the_pool_when_it_changes(tmp_path, agent, pr
     assert answer["cpus"] == "1"
     assert os.sched_getaffinity(proc.pid) == {0}  # not an intruder on other's CPU
     agent.service.release("other", ROOT)
+    assert os.sched_getaffinity(proc.pid) == {0, 1}
+
+
+def test_a_released_process_is_not_left_on_an_older_pool_by_changes_applied_at_once(tmp_path, agent, procs,
+                                                                                    monkeypatch):
+    """An admission takes CPU 1 from the pool and hands the released process the
+    pool it left ({0}); before it has pinned it, the admission's release is applied
+    (another thread) and hands it the pool grown back ({0, 1}). The older pool must
+    not be pinned last: the process would stay off CPU 1 until the pool changes again."""
+    proc, _ = admitted_sleeper(agent, procs)
+    agent.service.release("sleeper", ROOT)
+    paused, go, settled = threading.Event(), threading.Event(), threading.Event()
+    admitting: list[threading.Thread] = []
+    evict = agent.enforcer.evict
+
+    def held_up(*args, **kwargs):
+        if threading.current_thread() in admitting and not paused.is_set():
+            paused.set()
+            go.wait()
+        return evict(*args, **kwargs)
+
+    monkeypatch.setattr(agent.enforcer, "evict", held_up)
+    agent.service._unit._pool_lock = TattlingLock(settled)
+    admission = threading.Thread(target=lambda: admitted_sleeper(agent, procs, name="other"))
+    admitting.append(admission)
+    admission.start()
+    paused.wait()
+    release = threading.Thread(target=lambda: (agent.service.release("other", ROOT), settled.set()))
+    release.start()
+    settled.wait()  # the release is done, or waits for the pool the admission hands out
+    go.set()
+    admission.join()
+    release.join()
+    assert agent.service.status()["shared_pool"] == "0-1"
     assert os.sched_getaffinity(proc.pid) == {0, 1}
 
 

@@ -9,7 +9,7 @@ import msgspec
 import pytest
 
 from numa_agent.core.cpuset import CpuSet
-from numa_agent.state.model import STATE_SCHEMA, AgentState, Booking, Pod, Workload, replace
+from numa_agent.state.model import STATE_SCHEMA, AgentState, Booking, Pod, RuntimeRef, Workload, replace
 from tests.support.state_updates import random_update
 
 
@@ -66,13 +66,16 @@ def test_json_is_unchanged_by_the_index():
     assert set(state.to_json()) == {"schema", "workloads", "pods", "policy_fingerprint"}
 
 
+RUNTIME = RuntimeRef(runtime="nri", container_id="c", sandbox_id="s", namespace="ns", pod="p", container="c")
+
+
 def reference_json(state):
     """The payload as one conversion of the whole state (what to_json did before it kept
     each workload's part)."""
     out = msgspec.to_builtins(state, enc_hook=lambda v: v.format(), str_keys=True)
     out["workloads"] = list(out["workloads"])
     for w in out["workloads"]:
-        for key in ("pid_identity", "cgroup"):  # written only when there is one
+        for key in ("pid_identity", "cgroup", "runtime"):  # written only when there is one
             if w.get(key) is None:
                 w.pop(key, None)
         if not w.get("cpus_added"):
@@ -92,7 +95,8 @@ def test_the_payload_equals_one_conversion_of_the_whole_state_along_any_updates(
         if rng.random() < 0.6:
             state = state.with_workload(Workload(name=name, owner_uid=step, booking=Booking(cpus=CpuSet([step % 8])),
                                                  pid_identity=rng.choice([None, "b:1"]), request={"n": step},
-                                                 cgroup=rng.choice([None, "/engine/ctr"])))
+                                                 cgroup=rng.choice([None, "/engine/ctr"]),
+                                                 runtime=rng.choice([None, RUNTIME])))
         else:
             state = state.without_workload(name)
         if step % 3 == 0:

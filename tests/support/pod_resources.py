@@ -15,7 +15,7 @@ import grpc
 from numa_agent.kubelet import grpc_server
 from numa_agent.kubelet import podresources_pb2 as pb
 from numa_agent.kubelet import podresources_pb2_grpc as pb_grpc
-from numa_agent.kubelet.pod_resources import pod
+from numa_agent.kubelet.pod_resources import container, kubernetes_pod, pod
 from numa_agent.kubelet.state_files import pod_of
 
 PATIENCE = 30.0  # how long a List may take to be answered: a bound, not a measure
@@ -54,13 +54,22 @@ def answers(path: str) -> bool:
 
 
 def list_response(machine, state, namespace: str) -> pb.ListPodResourcesResponse:
-    """The List answer of `state`, every pod encoded afresh."""
+    """The List answer of `state`, every pod encoded afresh; the Kubernetes pods
+    of runtime-enforced containers (NRI) grouped by a scan, not by the index."""
     pods: dict[str, None] = {}
+    kubernetes: dict[tuple[str, str], list] = {}
     for w in state.workloads:
-        pods.setdefault(pod_of(w), None)
+        found = kubernetes_pod(w)
+        if found is None:
+            pods.setdefault(pod_of(w), None)
+        else:
+            kubernetes.setdefault(found, []).append(w)
     out = []
     for name in pods:
         p = pod(machine, state, name, namespace)
         if p is not None:
             out.append(p)
+    for (ns, name), members in kubernetes.items():
+        out.append(pb.PodResources(name=name, namespace=ns,
+                                   containers=[container(machine, state, w) for w in members]))
     return pb.ListPodResourcesResponse(pod_resources=out)

@@ -28,7 +28,7 @@ from numa_agent.core.caller import Caller
 from numa_agent.core.hints import TopologyHint
 from numa_agent.core.names import NAME_RULE, engine_name_refusal, is_workload_name
 from numa_agent.enforcement.errors import EnforcementError
-from numa_agent.enforcement.plan import engine_clash, workload_relpath
+from numa_agent.enforcement.plan import engine_clash, runtime_enforced, workload_relpath
 from numa_agent.enforcement.protocol import engines_of
 from numa_agent.isolation.keeper import ISOLATE, STRICT, isolation_asked
 from numa_agent.service.cases import release as release_case
@@ -65,6 +65,7 @@ def admit(parts: AdmitParts, request: AdmitRequest, caller: Caller, dry_run: boo
         deciding = time.perf_counter()
         try:
             req = _request_from(parts, request, caller)
+            _check_runtime(parts.state, request, caller)
             req = _on_engine_cgroup(parts, req, request, caller)
             deciding = time.perf_counter()
             # A dry run (numa-run --dry-run, numa-agent explain) shows every provider's
@@ -99,7 +100,7 @@ def admit(parts: AdmitParts, request: AdmitRequest, caller: Caller, dry_run: boo
             outcome = _manager_outcome(parts, request, decision.explanation, decision.pinned, None,
                                        merge_refused=False)
             parts.counters.decided(outcome, time.perf_counter() - deciding)
-        w = decision.workload
+        w = _with_runtime(decision.workload, request)
         w = _with_isolation(parts, w, request, caller, started)
         decision_state = decision.state if w is decision.workload else decision.state.with_workload(w)
         _check_strict(parts, decision_state, w, started)
@@ -112,8 +113,9 @@ def admit(parts: AdmitParts, request: AdmitRequest, caller: Caller, dry_run: boo
             # Checkpointed with the workload, so a retry after a restart finds it.
             w = msgspec.structs.replace(w, request={**w.request, "request_id": request_id})
             new_state = new_state.with_workload(w)
-        # On an engine's cgroup the processes are already where they belong.
-        move = None if w.cgroup is not None else (workload_relpath(w), caller.pid)
+        # On an engine's cgroup the processes are already where they belong; a
+        # runtime's container has none of the agent's to go to.
+        move = None if w.cgroup is not None or w.runtime is not None else (workload_relpath(w), caller.pid)
         pending = parts.stage(new_state, admitted=w, move=move, caller=caller)
     parts.apply(pending)  # the kernel writes: without the lock
     _refuse_if_not_isolated(parts, w, started)
@@ -272,6 +274,27 @@ def _on_engine_cgroup(parts: AdmitParts, req: Request, body: AdmitRequest, calle
     if req.within_cpus is not None:  # the caller's own bound narrows the engine's grant
         granted = granted & req.within_cpus
     return with_engine_grant(req, cgroup, granted, mems.nodes())
+
+
+def _check_runtime(state: AgentState, body: AdmitRequest, caller: Caller) -> None:
+    """A container its runtime enforces is root's to book (the NRI plugin runs in
+    the agent), and a pod holds such containers only or none (its cgroup is the
+    agent's to make, or the runtime's)."""
+    if body.runtime is not None and not caller.is_root:
+        raise NotPermitted("only root may book a container its runtime enforces (the NRI plugin runs in the agent)")
+    pod = state.pod(body.pod) if body.pod is not None else None
+    if pod is not None and runtime_enforced(state, pod) != (body.runtime is not None):
+        raise InvalidRequest(f"pod {pod.name} holds containers " + (
+            "their runtime enforces; a workload the agent enforces cannot join it" if body.runtime is None
+            else "the agent enforces; a container its runtime enforces cannot join it"))
+
+
+def _with_runtime(w: Workload, body: AdmitRequest) -> Workload:
+    """`w` as a container its runtime enforces: no process the agent follows
+    (the one that asked is the agent's own), the runtime's reference kept."""
+    if body.runtime is None:
+        return w
+    return msgspec.structs.replace(w, runtime=body.runtime, pid=None, pid_identity=None)
 
 
 def _generate_name(state: AgentState, body: AdmitRequest, caller: Caller) -> str:
