@@ -457,7 +457,8 @@ def s_resize(g: ContainerdGuest) -> str:
     record = g.record(a)
     check(CpuSet.parse(record["cpus"]) == after, f"the agent books {record['cpus']}, the container reads "
                                                  f"{after.format()}")
-    return f"{before.format()} -> {after.format()} in place"
+    mems = g.inside(a)[1]
+    return f"{before.format()} -> {after.format()} in place (memory nodes {mems.format()})"
 
 
 def s_single_numa(g: ContainerdGuest) -> str:
