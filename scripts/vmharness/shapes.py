@@ -246,9 +246,9 @@ SHAPES["systemd"] = replace(SHAPES["2node"], name="systemd", init="systemd", hot
                                         "the command runs as a unit")
 
 
-# The 2node machine for the engines' guests (podman, Slurm): chroot-booted like 2node,
-# without the hotplug DIMM slots.
-for _engine in ("podman", "slurm"):
+# The 2node machine for the engines' guests (podman, Slurm, containerd): chroot-booted like
+# 2node, without the hotplug DIMM slots.
+for _engine in ("podman", "slurm", "containerd"):
     SHAPES[_engine] = replace(SHAPES["2node"], name=_engine, hotplug_mib=0,
                               description=f"the 2node machine, for the {_engine} scenarios")
 

@@ -51,6 +51,14 @@ def test_hotplug_memory_gives_slots_room_and_a_monitor_socket_in_the_job_folder(
     assert "-qmp" not in _args(SHAPES["systemd"])
 
 
+@pytest.mark.parametrize("engine", ["podman", "slurm", "containerd"])
+def test_the_engines_guests_are_the_2node_machine_without_dimm_slots(engine):
+    shape = get_shape(engine)
+    assert shape.name == engine and not shape.boots_systemd and shape.hotplug_mib == 0
+    assert shape.expected_node_cpus() == SHAPES["2node"].expected_node_cpus()
+    assert _values(_args(shape), "-m") == ["2048"] and "-qmp" not in _args(shape)
+
+
 def test_expected_cpus_per_node_follow_socket_major_numbering():
     assert SHAPES["2node"].expected_node_cpus() == {0: (0, 1, 2, 3), 1: (4, 5, 6, 7)}
     assert SHAPES["4node"].expected_node_cpus() == {0: (0, 1), 1: (2, 3), 2: (4, 5), 3: (6, 7)}

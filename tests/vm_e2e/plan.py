@@ -63,6 +63,18 @@ SLURM_SCENARIOS: tuple[str, ...] = (
     "slurm-confined",  # restarts them with task/cgroup
     "slurm-shared-cgroup",  # last: restarts them without per-task cgroups
 )
+# containerd 1.7.24 with NRI, driven through CRI as the kubelet does
+# (tests/vm_e2e/containerd_scenarios.py): the agent as its NRI plugin.
+CONTAINERD_SCENARIOS: tuple[str, ...] = (
+    "containerd-guaranteed",
+    "containerd-besteffort",
+    "containerd-second",
+    "containerd-resize",
+    "containerd-single-numa",  # restarts the agent under single-numa-node
+    "containerd-release",
+    "containerd-runtime-restart",
+    "containerd-agent-restart",
+)
 
 # shape -> (module run inside its guest, the scenarios it reports on); the rest
 # run tests.vm_e2e.scenarios.
@@ -70,6 +82,7 @@ GUEST_MODULES: dict[str, tuple[str, tuple[str, ...]]] = {
     "systemd": ("tests.vm_e2e.systemd_scenarios", SYSTEMD_SCENARIOS),
     "podman": ("tests.vm_e2e.podman_scenarios", PODMAN_SCENARIOS),
     "slurm": ("tests.vm_e2e.slurm_scenarios", SLURM_SCENARIOS),
+    "containerd": ("tests.vm_e2e.containerd_scenarios", CONTAINERD_SCENARIOS),
 }
 
 # Shapes not named here run nothing (every scenario is a SKIP).
@@ -81,9 +94,10 @@ PLAN: dict[str, tuple[str, ...]] = {
     "systemd": SYSTEMD_SCENARIOS,
     "podman": PODMAN_SCENARIOS,
     "slurm": SLURM_SCENARIOS,
+    "containerd": CONTAINERD_SCENARIOS,
 }
 
-DEFAULT_SHAPES = ("2node", "4node", "cpuless", "systemd", "podman", "slurm")
+DEFAULT_SHAPES = ("2node", "4node", "cpuless", "systemd", "podman", "slurm", "containerd")
 
 
 def scenarios_of(shape: str) -> tuple[str, ...]:

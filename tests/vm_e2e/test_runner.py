@@ -8,7 +8,7 @@ import pytest
 from vmharness import GuestBootError, GuestError, GuestResult
 
 from tests.vm_e2e import runner, scenarios
-from tests.vm_e2e.plan import PLAN, SCENARIOS, result_line
+from tests.vm_e2e.plan import DEFAULT_SHAPES, GUEST_MODULES, PLAN, SCENARIOS, guest_module, result_line, scenarios_of
 
 
 def guest_answering(stdout="", exit_code=0, timed_out=False, raises=None, report=None):
@@ -32,7 +32,8 @@ ALL, N2, N4 = len(SCENARIOS), len(PLAN["2node"]), len(PLAN["4node"])
 assert len(PLAN["cpuless"]) == 2
 
 def run(argv, fake, tmp_path, capsys, venv_check=lambda: None):
-    code = runner.main([*argv, "--out-dir", str(tmp_path)], run_in_guest=fake, venv_check=venv_check)
+    code = runner.main([*argv, "--out-dir", str(tmp_path)], run_in_guest=fake, venv_check=venv_check,
+                       containerd_check=lambda: None)
     out, err = capsys.readouterr()
     return code, out.splitlines(), err
 
@@ -150,6 +151,37 @@ def test_a_missing_wheelhouse_stops_before_booting(tmp_path, capsys):
     assert "cannot fetch the wheels" in capsys.readouterr().err
 
 
+def test_the_containerd_shape_fetches_the_runtime_then_runs_its_own_scenarios(tmp_path, capsys):
+    from tests.vm_e2e.plan import CONTAINERD_SCENARIOS
+    fake = guest_answering(lambda shape: "\n".join(result_line("PASS", s, shape) for s in CONTAINERD_SCENARIOS))
+    fetched = []
+    code = runner.main(["--shape", "containerd", "--out-dir", str(tmp_path)], run_in_guest=fake,
+                       venv_check=lambda: None, containerd_check=lambda: fetched.append(1))
+    out, _ = capsys.readouterr()
+    assert code == 0 and fetched == [1]
+    assert fake.calls[0][1][-4:] == ["-m", "tests.vm_e2e.containerd_scenarios", "--shape", "containerd"]
+    assert out.splitlines()[-1] == f"{len(CONTAINERD_SCENARIOS)} passed, 0 failed"
+
+
+def test_a_runtime_that_cannot_be_fetched_fails_its_guest_alone_and_other_shapes_do_not_fetch(tmp_path, capsys):
+    from tests.vm_e2e.plan import CONTAINERD_SCENARIOS
+    fake = guest_answering(all_pass)
+    (tmp_path / "containerd").mkdir()
+    (tmp_path / "containerd" / "report-containerd.json").write_text(json.dumps(  # an earlier run's
+        {"shape": "containerd", "results": [{"scenario": CONTAINERD_SCENARIOS[0], "status": "PASS"}]}))
+    code = runner.main(["--shape", "cpuless,containerd", "--out-dir", str(tmp_path)], run_in_guest=fake,
+                       venv_check=lambda: None, containerd_check=lambda: "cannot fetch containerd")
+    out, err = capsys.readouterr()
+    assert code == 1 and [c[0] for c in fake.calls] == ["cpuless"]
+    assert "vm-e2e: cannot fetch containerd" in err
+    failed = [line for line in out.splitlines() if line.startswith("FAIL")]
+    assert failed == [f"FAIL {s} containerd: guest: not booted: cannot fetch containerd" for s in CONTAINERD_SCENARIOS]
+    asked = []
+    runner.main(["--shape", "4node", "--out-dir", str(tmp_path)], run_in_guest=guest_answering(all_pass),
+                venv_check=lambda: None, containerd_check=lambda: asked.append(1))
+    assert asked == []
+
+
 def test_a_guest_that_hangs_before_reporting_anything_is_booted_once_more(tmp_path, capsys):
     answers = iter([("", True), (all_pass("cpuless"), False)])
 
@@ -233,3 +265,15 @@ def test_a_quick_scenario_prints_nothing_and_a_broken_log_does_not_end_it(capfd)
     with ScenarioWatch("1-pin-core", "2node", broken, every=0.05):
         time.sleep(0.12)
     assert "(unreadable: gone)" in capfd.readouterr().out
+
+
+@pytest.mark.parametrize("shape", sorted(GUEST_MODULES))
+def test_each_engines_guest_module_runs_the_scenarios_its_shape_reports_in_order(shape):
+    import importlib
+
+    from vmharness import get_shape
+
+    module = importlib.import_module(guest_module(shape))
+    assert tuple(module.RUNNERS) == scenarios_of(shape) == PLAN[shape]
+    assert get_shape(shape).name == shape
+    assert shape in DEFAULT_SHAPES  # CI runs every engine's guest
