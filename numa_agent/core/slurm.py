@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Iterable, Mapping
 
 from numa_agent.core.cpuset import CpuSet
 from numa_agent.core.names import owner_suffix
-from numa_agent.core.topology import Topology
+from numa_agent.core.pci import device_file
+from numa_agent.core.topology import PciDevice, Topology
 
 MIB = 1 << 20
 
@@ -45,6 +46,12 @@ class SlurmNode:
     def kernel_ids(self, abstract: CpuSet) -> CpuSet:
         back = {a: k for k, a in self.abstract.items()}
         return CpuSet(back[a] for a in abstract)
+
+    def core_ids(self, cpus: CpuSet) -> CpuSet:
+        """Slurm's logical core indexes (gres.conf `Cores=`) of the cores these kernel CPUs
+        are on: the abstract CPU id's core, as hwloc's `Core L#` counts them (core 0 the
+        first core of the first socket)."""
+        return CpuSet(self.abstract[c] // self.threads_per_core for c in cpus)
 
 
 def slurm_node(topology: Topology) -> SlurmNode:
@@ -78,11 +85,13 @@ def _span(values: set[int]) -> str:
     return f"{min(values)}-{max(values)}" if len(values) > 1 else str(min(values))
 
 
-def node_line(name: str, topology: Topology, reserved_cpus: CpuSet, reserved_memory_bytes: int = 0) -> str:
+def node_line(name: str, topology: Topology, reserved_cpus: CpuSet, reserved_memory_bytes: int = 0,
+              gres: Iterable[GresLine] = ()) -> str:
     """slurm.conf's NodeName line for this machine, with the agent's reserved CPUs as
-    `CpuSpecList` (abstract ids; Slurm widens them to whole cores) and its reserved memory
-    as `MemSpecLimit`. RealMemory is the nodes' MemTotal in whole MiB, rounded down:
-    slurmd drains a node configured with more than it finds."""
+    `CpuSpecList` (abstract ids; Slurm widens them to whole cores), its reserved memory
+    as `MemSpecLimit` and, given gres.conf's lines, their counts as `Gres=`. RealMemory is
+    the nodes' MemTotal in whole MiB, rounded down: slurmd drains a node configured with
+    more than it finds."""
     node = slurm_node(topology)
     real_mib = sum(n.memory_total_bytes for n in topology.numa_nodes) // MIB
     fields = [f"NodeName={name}", f"CPUs={node.cpus}", "Boards=1", f"SocketsPerBoard={node.sockets}",
@@ -92,7 +101,92 @@ def node_line(name: str, topology: Topology, reserved_cpus: CpuSet, reserved_mem
         fields.append(f"CpuSpecList={node.abstract_ids(reserved_cpus).format()}")
     if reserved_memory_bytes > 0:
         fields.append(f"MemSpecLimit={-(-reserved_memory_bytes // MIB)}")  # rounded up: never less
+    gres = tuple(gres)
+    if gres:
+        fields.append(gres_field(gres))
     return " ".join(fields)
+
+
+# ---------------------------------------------------------------- gres.conf
+_GRES_NAME = re.compile(r"[a-z0-9][-a-z0-9_]*")
+
+
+@dataclass(frozen=True)
+class GresLine:
+    """One line of gres.conf: a device file, or a count of devices without one, and the
+    Slurm cores near them (empty: the device's NUMA node is unknown, so no Cores=)."""
+
+    name: str
+    file: str | None
+    count: int
+    cores: CpuSet
+
+    def text(self, node_name: str) -> str:
+        what = f"File={self.file}" if self.file else f"Count={self.count}"
+        cores = f" Cores={self.cores.format()}" if self.cores else ""
+        return f"NodeName={node_name} Name={self.name} {what}{cores}"
+
+
+def gres_name(resource: str) -> str:
+    """The GRES name of a [devices] resource: its name without the domain
+    (`nvidia.com/gpu` -> `gpu`). SlurmShapeError for one Slurm's names cannot carry."""
+    name = resource.rpartition("/")[2]
+    if not _GRES_NAME.fullmatch(name):
+        raise SlurmShapeError(f"device resource {resource!r}: {name!r} is no GRES name Slurm takes "
+                              "(lowercase letters, digits, '-', '_'); rename it in [devices]")
+    return name
+
+
+def gres_lines(topology: Topology, resources: Iterable[tuple[str, Iterable[PciDevice]]]) -> list[GresLine]:
+    """gres.conf's lines for the configured device resources (name, its devices), by
+    resource then address: `File=` for a device with a device file (core.pci.device_file),
+    else `Count=` (devices alike merged into one line), `Cores=` the Slurm cores of its
+    NUMA node. SlurmShapeError when Slurm could not take them: a resource whose devices
+    have a file and some not (gres.conf gives File on all of a name's lines or none), a GPU
+    without one (gres/gpu needs File), two resources of one GRES name."""
+    node = slurm_node(topology)
+    online = topology.online_cpus
+    lines: list[GresLine] = []
+    owner: dict[str, str] = {}
+    for resource, devices in sorted(resources, key=lambda r: r[0]):
+        devices = sorted(devices, key=lambda d: d.address)
+        if not devices:
+            continue
+        name = gres_name(resource)
+        if name in owner:
+            raise SlurmShapeError(f"device resources {owner[name]!r} and {resource!r} would both be GRES "
+                                  f"{name!r}; rename one in [devices]")
+        owner[name] = resource
+        files = {d.address: device_file(d) for d in devices}
+        without = [a for a, f in files.items() if f is None]
+        if without and (len(without) < len(devices) or name == "gpu"):
+            why = ("gres.conf gives File= on all of a GRES's lines or on none" if len(without) < len(devices)
+                   else "Slurm's gres/gpu needs File= for each")
+            raise SlurmShapeError(f"device resource {resource!r}: {', '.join(without)} has no device file "
+                                  f"(/dev/nvidiaN, /dev/nvmeN, /dev/dri/renderDN) and {why}")
+        counted: dict[CpuSet, int] = {}
+        for d in devices:
+            near = topology.node(d.numa_node).cpus & online if d.numa_node in topology.node_ids else CpuSet()
+            cores = node.core_ids(near)
+            if files[d.address]:
+                lines.append(GresLine(name, files[d.address], 1, cores))
+            else:
+                counted[cores] = counted.get(cores, 0) + 1
+        lines += [GresLine(name, None, n, cores) for cores, n in counted.items()]
+    return lines
+
+
+def gres_field(lines: Iterable[GresLine]) -> str:
+    """The NodeName line's `Gres=gpu:4,nic:2`: each GRES name's count, in order."""
+    counts: dict[str, int] = {}
+    for line in lines:
+        counts[line.name] = counts.get(line.name, 0) + line.count
+    return "Gres=" + ",".join(f"{name}:{n}" for name, n in counts.items())
+
+
+def gres_types(lines: Iterable[GresLine]) -> str:
+    """slurm.conf's `GresTypes=` naming them."""
+    return "GresTypes=" + ",".join(dict.fromkeys(line.name for line in lines))
 
 
 def widened_to_cores(topology: Topology, cpus: CpuSet) -> CpuSet:
