@@ -326,6 +326,20 @@ class Confinement:
         return f"{self.task.label}: confined by Slurm to {where}; booked inside them{booked}"
 
 
+def task_refusal(case: Confinement, cpus: int, physcpubind: CpuSet | None = None) -> str | None:
+    """Why numa-run refuses a task Slurm confined before asking the agent: it asks for
+    more CPUs than Slurm gave it (--cpus), or names CPUs outside them (-C). The agent
+    would refuse both as well; this says it in Slurm's terms, in one line."""
+    if not case.confined:
+        return None
+    gave = f"Slurm gave this task CPUs {case.cpus.format() or 'none'} ({len(case.cpus)})"
+    if physcpubind is not None and not physcpubind.issubset(case.cpus):
+        return f"{gave}, -C {physcpubind.format()} asked"
+    if cpus > len(case.cpus):
+        return f"{gave}, --cpus {cpus} asked"
+    return None
+
+
 def _plural(nodes: str) -> str:
     return "s" if ("," in nodes or "-" in nodes) else ""
 
