@@ -139,11 +139,13 @@ def gres_name(resource: str) -> str:
 
 def gres_lines(topology: Topology, resources: Iterable[tuple[str, Iterable[PciDevice]]]) -> list[GresLine]:
     """gres.conf's lines for the configured device resources (name, its devices), by
-    resource then address: `File=` for a device with a device file (core.pci.device_file),
-    else `Count=` (devices alike merged into one line), `Cores=` the Slurm cores of its
-    NUMA node. SlurmShapeError when Slurm could not take them: a resource whose devices
-    have a file and some not (gres.conf gives File on all of a name's lines or none), a GPU
-    without one (gres/gpu needs File), two resources of one GRES name."""
+    resource then address: one `File=` line for each device with a device file
+    (core.pci.device_file), `Cores=` the Slurm cores of its NUMA node; a resource whose
+    devices have none is one `Count=` line, near the cores of all their nodes (none when
+    one's node is unknown or they cover the machine). SlurmShapeError when Slurm could not
+    take them: a resource whose devices have a file and some not (gres.conf gives File on
+    all of a name's lines or none), a GPU without one (gres/gpu needs File), two resources
+    of one GRES name."""
     node = slurm_node(topology)
     online = topology.online_cpus
     lines: list[GresLine] = []
@@ -164,15 +166,16 @@ def gres_lines(topology: Topology, resources: Iterable[tuple[str, Iterable[PciDe
                    else "Slurm's gres/gpu needs File= for each")
             raise SlurmShapeError(f"device resource {resource!r}: {', '.join(without)} has no device file "
                                   f"(/dev/nvidiaN, /dev/nvmeN, /dev/dri/renderDN) and {why}")
-        counted: dict[CpuSet, int] = {}
-        for d in devices:
-            near = topology.node(d.numa_node).cpus & online if d.numa_node in topology.node_ids else CpuSet()
-            cores = node.core_ids(near)
-            if files[d.address]:
-                lines.append(GresLine(name, files[d.address], 1, cores))
-            else:
-                counted[cores] = counted.get(cores, 0) + 1
-        lines += [GresLine(name, None, n, cores) for cores, n in counted.items()]
+        near = [node.core_ids(topology.node(d.numa_node).cpus & online) if d.numa_node in topology.node_ids
+                else None for d in devices]
+        if not without:
+            lines += [GresLine(name, files[d.address], 1, cores or CpuSet()) for d, cores in zip(devices, near, strict=True)]
+            continue
+        # slurmd takes one line of a GRES without File= ("duplicate records" is fatal): the
+        # count, near the cores of all of them, or any core when one's node is unknown.
+        union = CpuSet() if None in near else CpuSet.union_of(c for c in near if c is not None)
+        every = CpuSet(range(node.cpus // node.threads_per_core))
+        lines.append(GresLine(name, None, len(devices), CpuSet() if union == every else union))
     return lines
 
 

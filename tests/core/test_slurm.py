@@ -6,7 +6,6 @@ from __future__ import annotations
 import pytest
 
 from numa_agent.core.cpuset import CpuSet
-from numa_agent.core.topology import UNKNOWN_NODE, PciDevice
 from numa_agent.core.slurm import (
     SlurmShapeError,
     SlurmTask,
@@ -23,6 +22,7 @@ from numa_agent.core.slurm import (
     step_of_cgroup,
     tasks_on_node,
 )
+from numa_agent.core.topology import UNKNOWN_NODE, PciDevice
 from numa_agent.discovery.sysfs import read_topology
 from tests.conftest import SNAPSHOT_NAMES
 
@@ -133,23 +133,29 @@ def test_gres_lines_name_the_device_files_and_slurms_cores_not_cpus(topo):
     assert gres_types(lines) == "GresTypes=gpu,nvme,render"
 
 
-def test_devices_without_a_file_are_counted_near_their_cores_or_anywhere(topo):
+NIC1 = _device("0000:86:00.0", 1, pci_class="0x020000", vendor="0x8086", net=("eth3",))
+
+
+@pytest.mark.parametrize("nics, line", [
+    ([NIC0B, NIC0], "NodeName=n Name=nic Count=2 Cores=0-7"),  # both on node 0: its cores 0-7
+    ([NIC0, NIC_FAR], "NodeName=n Name=nic Count=2"),  # one's node is unknown: any core
+    ([NIC0, NIC1], "NodeName=n Name=nic Count=2"),  # both nodes: every core, said by saying none
+])
+def test_devices_without_a_file_are_one_count_near_all_their_cores(topo, nics, line):
+    # slurmd refuses two lines of one GRES without File= ("gres.conf duplicate records").
     t = topo("intel-snb-2s-2numa-pci-nvme-nic")  # 2 x 8 cores, no SMT: cores 0-7 on node 0
-    lines = gres_lines(t, [("nic", [NIC_FAR, NIC0B, NIC0]), ("empty", [])])
-    assert [line.text("n") for line in lines] == [
-        "NodeName=n Name=nic Count=1",  # its node is unknown: any core
-        "NodeName=n Name=nic Count=2 Cores=0-7",
-    ]
-    assert fields(node_line("n", t, CpuSet(), gres=lines))["Gres"] == "nic:3"
+    lines = gres_lines(t, [("nic", nics), ("empty", [])])
+    assert [x.text("n") for x in lines] == [line]
+    assert fields(node_line("n", t, CpuSet(), gres=lines))["Gres"] == "nic:2"
 
 
 def test_the_gres_lines_of_a_fixtures_own_devices(topo):
     t = topo("intel-snb-2s-2numa-pci-nvme-nic")
     nics = [d for d in t.pci_devices if d.pci_class.startswith("0x0200")]
-    lines = gres_lines(t, [("nic", nics)])
-    assert sum(line.count for line in lines) == len(nics) and all(line.file is None for line in lines)
-    for line in lines:
-        assert line.cores in (CpuSet(), CpuSet.parse("0-7"), CpuSet.parse("8-15"))
+    (line,) = gres_lines(t, [("nic", nics)])
+    assert (line.name, line.file, line.count) == ("nic", None, len(nics))
+    nodes = {d.numa_node for d in nics}
+    assert line.cores == (CpuSet.parse("0-7") if nodes == {0} else CpuSet.parse("8-15") if nodes == {1} else CpuSet())
 
 
 @pytest.mark.parametrize("resources, message", [
