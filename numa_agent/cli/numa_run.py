@@ -391,7 +391,7 @@ def slurm_request(args: argparse.Namespace, body: dict[str, Any], case: Confinem
     if too_few:
         return too_few
     if case.in_place:
-        shared = shared_cgroup_refusal(case.task, case.cgroup, tasks_on_node(os.environ))
+        shared = shared_cgroup_refusal(case.task, case.cgroup, tasks_on_node(os.environ), case.cgroup_confined)
         if shared:
             return shared
         body["in_place"] = True

@@ -288,15 +288,25 @@ def tasks_on_node(env: Mapping[str, str]) -> int | None:
     return counts[index] if index < len(counts) else None
 
 
-def shared_cgroup_refusal(task: SlurmTask, cgroup: str, tasks_here: int | None) -> str | None:
+def shared_cgroup_refusal(task: SlurmTask, cgroup: str, tasks_here: int | None,
+                          cgroup_confined: bool = False) -> str | None:
     """Why numa-run cannot book this task in place, when Slurm keeps several tasks of the
-    step in one cgroup (22.05's `.../user/task_special` without per-task cgroups): one
-    cgroup takes one booking, and leaving it escapes Slurm (scancel no longer kills it)."""
+    step in one cgroup (22.05's `.../user/task_special`): one cgroup takes one booking, and
+    leaving it escapes Slurm (scancel no longer kills it). Without task/cgroup,
+    jobacct_gather/cgroup gives each task a cgroup of its own; with it (`cgroup_confined`:
+    the cgroup holds fewer than every CPU) 22.05 keeps them in one all the same (seen in
+    the test guest under task/cgroup,task/affinity), and one task per node in each step is
+    the remedy left."""
     if cgroup.rsplit("/", 1)[-1] != SHARED_TASK_CGROUP or not tasks_here or tasks_here < 2:
         return None
-    return (f"{task.label}: Slurm keeps this step's {tasks_here} tasks on this node in one cgroup "
-            f"({cgroup}), which can hold one booking; give each task a cgroup of its own with "
-            "JobAcctGatherType=jobacct_gather/cgroup in slurm.conf, or run one task per node")
+    shared = (f"{task.label}: Slurm keeps this step's {tasks_here} tasks on this node in one cgroup "
+              f"({cgroup}), which can hold one booking; ")
+    if cgroup_confined:
+        return shared + ("under task/cgroup Slurm 22.05 does so whatever JobAcctGatherType says: run one "
+                         "task per node in each step (srun --ntasks-per-node=1, or one srun -n1 --exact "
+                         "per task)")
+    return shared + ("give each task a cgroup of its own with JobAcctGatherType=jobacct_gather/cgroup in "
+                     "slurm.conf, or run one task per node")
 
 
 @dataclass(frozen=True)
@@ -310,6 +320,7 @@ class Confinement:
     confined: bool  # Slurm narrowed the CPUs below the machine's online CPUs
     granted: CpuSet  # what the agent books within: the cgroup's effective CPUs in place, else all
     cgroup: str = ""  # the task's cgroup, as /proc/self/cgroup names it
+    cgroup_confined: bool = False  # Slurm's cgroup holds fewer than every online CPU (task/cgroup)
 
     @property
     def bound_narrower(self) -> bool:
@@ -358,4 +369,4 @@ def confinement(task: SlurmTask, cgroup: str, *, online: CpuSet, cgroup_cpus: Cp
     cpus = granted & affinity if affinity else granted
     mems = (cgroup_mems or CpuSet()) if in_place else CpuSet()
     return Confinement(task, in_place, cpus, mems, confined=bool(online - cpus), granted=granted,
-                       cgroup=cgroup)
+                       cgroup=cgroup, cgroup_confined=in_place and bool(online - granted))

@@ -255,6 +255,18 @@ def test_tasks_sharing_slurms_one_cgroup_cannot_each_be_booked_in_place():
     assert shared_cgroup_refusal(task, SHARED.replace("task_special", "task_1"), 3) is None  # a cgroup per task
 
 
+def test_under_task_cgroup_the_remedy_is_one_task_per_node_in_each_step():
+    # Slurm 22.05 keeps task/cgroup's tasks in task_special even with jobacct_gather/cgroup.
+    case = confinement(SlurmTask("5", "0", "1"), SHARED, online=ONLINE, cgroup_cpus=CpuSet.parse("2-5"),
+                       cgroup_mems=None, affinity=CpuSet.parse("2-3"))
+    assert case.cgroup_confined
+    why = shared_cgroup_refusal(case.task, SHARED, 2, case.cgroup_confined)
+    assert why is not None and "jobacct_gather/cgroup" not in why and "--ntasks-per-node=1" in why
+    bound = confinement(SlurmTask("5", "0", "1"), SHARED, online=ONLINE, cgroup_cpus=ONLINE,
+                        cgroup_mems=None, affinity=CpuSet.parse("2-3"))
+    assert not bound.cgroup_confined  # task/affinity alone: the cgroup holds every CPU
+
+
 def test_a_reservation_of_part_of_a_core_is_noted_with_the_whole_core(topo):
     t = topo("intel-skx-2s-ht-2numa-pci-nec-ve")
     note = spec_note(t, CpuSet.parse("0"))
