@@ -477,47 +477,66 @@ def epilog_ran(g: SlurmGuest, job: str, before: int) -> str:
 
 
 def s_combined(g: SlurmGuest) -> str:
-    """TaskPlugin=task/cgroup,task/affinity with ConstrainCores=yes: Slurm confines the step to
-    4 CPUs and binds each of its 2 tasks to 2 of them; numa-run books each task inside its own
-    binding (the narrower), on distinct whole cores with its node's memory, in Slurm's cgroup.
-    A task asking for more than Slurm gave it is refused in numa-run's one line; the job's
-    Epilog leaves nothing of it booked."""
+    """TaskPlugin=task/cgroup,task/affinity with ConstrainCores=yes: two one-task steps
+    (`srun -n1 -c2 numa-run --cpus 2`, at once) are each booked inside what Slurm gave the
+    task (its cgroup and its binding), in place, on distinct whole cores with their node's
+    memory. More CPUs than Slurm gave is refused in numa-run's one line. Two tasks of one
+    step share Slurm 22.05's one cgroup under task/cgroup (jobacct_gather/cgroup or not):
+    each is refused naming one task per node. The jobs' Epilogs leave nothing booked."""
     g.slurm.start("task/cgroup,task/affinity")
-    record = g.work / "combined"
-    proc = g.srun("combined", "-n2", "-c2", cpus=2, record=record)
-    ws = running_tasks(g, "combined", proc, record, 2)
-    job = ws[0]["name"].split("-")[1]
+    procs = {name: g.srun(name, "-n1", "-c2", cpus=2, record=g.work / name) for name in ("comb-a", "comb-b")}
+
+    def both() -> list[dict] | str | None:
+        if any(p.poll() is not None for p in procs.values()):
+            return "exited"
+        listed = g.slurm_workloads()
+        written = all(Path(f"{g.work / name}.0").exists() for name in procs)
+        return listed if len(listed) == 2 and written else None
+    got = wait_for(both, timeout=SLURM_TIMEOUT, interval=0.5)
+    check(isinstance(got, list), f"the two steps were not both admitted within {SLURM_TIMEOUT:g} s: "
+                                 f"{ {n: last_lines(_output(g.work / f'{n}.srun'), 4) for n in procs} }")
+    assert isinstance(got, list)
     seen: list[CpuSet] = []
-    for i, w in enumerate(ws):
-        cpus, _, cgroup = check_task(g, w, record, i)
-        line = case_line(g, "combined", job, i)
-        bound = re.search(r"confined by Slurm to CPUs (\S+?)[;,]", line)
-        check(bound is not None, f"task {i}: numa-run's case line names no binding: {line!r}")
-        assert bound is not None
+    said = []
+    for name in procs:
+        record = g.work / name
+        task_cgroup = next(ln[3:] for ln in Path(f"{record}.0").read_text().splitlines() if ln.startswith("0::"))
+        job = re.search(r"/job_(\d+)/", task_cgroup)
+        check(job is not None, f"{name}: the task runs in {task_cgroup!r}, not in a Slurm job's cgroup")
+        assert job is not None
+        (w,) = [x for x in got if x["name"].startswith(f"slurm-{job.group(1)}-0-0-")]
+        cpus, mems, cgroup = check_task(g, w, record, 0)
         step = cgroup.split("/step_0/")[0] + "/step_0"
         granted = CpuSet.parse((CGROUP_MOUNT / step.lstrip("/") / "cpuset.cpus.effective").read_text().strip())
-        given = CpuSet.parse(bound.group(1))
-        check(len(granted) == 4 and len(given) == 2 and given.issubset(granted),
-              f"task {i}: the step's cpuset is {granted.format()}, the task's binding {given.format()}: "
-              "expected 4 CPUs and 2 of them")
-        check(cpus.issubset(given), f"task {i}: booked {cpus.format()} outside its binding {given.format()}")
+        line = case_line(g, name, job.group(1), 0)
+        check(cpus.issubset(granted) and f"confined by Slurm to CPUs {granted.format()}" in line,
+              f"{name}: booked {cpus.format()}, Slurm's step cpuset {granted.format()}: {line!r}")
         for other in seen:
-            check(not (other & cpus), f"tasks share CPUs {(other & cpus).format()}: {[x['cpus'] for x in ws]}")
+            check(not (other & cpus), f"the tasks share CPUs {(other & cpus).format()}: {[x['cpus'] for x in got]}")
         seen.append(cpus)
+        said.append(f"{w['name']}: {cpus.format()} (node {mems.format()}) in step cpuset {granted.format()}")
     refused = sh("srun", "-n1", "-c2", str(g.numa_run), "--cpus", "4", "--", "true", check_rc=False,
                  env=g.slurm.env)
-    said = refused.stdout + refused.stderr
-    (g.slurm.logs / "refusal-combined.txt").write_text(said)  # what docs/slurm.md shows
-    line = next((ln for ln in said.splitlines() if ln.startswith("numa-run: Slurm gave this task CPUs ")), "")
+    out = refused.stdout + refused.stderr
+    (g.slurm.logs / "refusal-combined.txt").write_text(out)  # what docs/slurm.md shows
+    line = next((ln for ln in out.splitlines() if ln.startswith("numa-run: Slurm gave this task CPUs ")), "")
     check(refused.returncode != 0 and line.endswith("(2), --cpus 4 asked"),
-          f"srun -c2 numa-run --cpus 4 exited {refused.returncode}: {last_lines(said, 6)}")
+          f"srun -c2 numa-run --cpus 4 exited {refused.returncode}: {last_lines(out, 6)}")
+    two = sh("srun", "-n2", "-c2", str(g.numa_run), "--cpus", "2", "--", "true", check_rc=False, env=g.slurm.env)
+    both_said = two.stdout + two.stderr
+    check(two.returncode != 0 and both_said.count("--ntasks-per-node=1") == 2,
+          f"srun -n2 exited {two.returncode}; each task should be refused naming one task per node: "
+          f"{last_lines(both_said, 6)}")
     before = len(_output(g.slurm.epilog_log))
-    sh("scancel", job, env=g.slurm.env)
-    epilog_ran(g, job, before)
-    check(wait_for(lambda: not g.slurm_workloads(job), timeout=30, interval=0.2),
-          f"the agent still lists {[x['name'] for x in g.slurm_workloads(job)]} after the Epilog")
-    return (", ".join(f"{w['name']}: {w['cpus']} (node {w['mems']})" for w in ws)
-            + f"; {case_line(g, 'combined', job, 0)}; refusal: {line}; released by job {job}'s end")
+    jobs = [w["name"].split("-")[1] for w in got]
+    for job in jobs:
+        sh("scancel", job, env=g.slurm.env)
+    for job in jobs:
+        epilog_ran(g, job, before)
+    check(wait_for(lambda: not g.slurm_workloads(), timeout=30, interval=0.2),
+          f"the agent still lists {[x['name'] for x in g.slurm_workloads()]} after the Epilogs")
+    first = next(ln for ln in both_said.splitlines() if "--ntasks-per-node=1" in ln)
+    return "; ".join(said) + f"; refusal: {line}; two tasks of a step: {first}; released by jobs {jobs}' end"
 
 
 def gres_of_slurmd(g: SlurmGuest) -> dict[str, list[dict[str, str]]]:
