@@ -380,18 +380,26 @@ def slurm_case(env: Mapping[str, str] | None = None) -> Confinement | None:
 def slurm_request(args: argparse.Namespace, body: dict[str, Any], case: Confinement) -> str | None:
     """Fit the admission to the Slurm case: the task's workload name (unless --name), in
     place on Slurm's cgroup, and, where Slurm confined the task (its cgroup, task/affinity's
-    binding), within those CPUs. Returns why numa-run refuses, or None."""
-    from numa_agent.core.slurm import shared_cgroup_refusal, tasks_on_node
+    binding: the narrower), within those CPUs, -C and -N too. Returns why numa-run
+    refuses, or None."""
+    from numa_agent.core.cpuset import CpuSet
+    from numa_agent.core.slurm import shared_cgroup_refusal, task_refusal, tasks_on_node
 
     body.setdefault("name", case.task.workload_name(os.geteuid()))
+    pinned = body.get("physcpubind")
+    too_few = task_refusal(case, int(body.get("cpus") or 0), CpuSet.parse(pinned) if pinned else None)
+    if too_few:
+        return too_few
     if case.in_place:
-        shared = shared_cgroup_refusal(case.task, case.cgroup, tasks_on_node(os.environ))
+        shared = shared_cgroup_refusal(case.task, case.cgroup, tasks_on_node(os.environ), case.cgroup_confined)
         if shared:
             return shared
         body["in_place"] = True
-    if case.confined and args.physcpubind is None and args.cpunodebind is None:
+    if case.confined:
         # Never outside what Slurm gave the task: its binding, or its cgroup's grant (which
-        # the agent reads itself in place, and cannot in the affinity fallback).
+        # the agent reads itself in place, and cannot in the affinity fallback). The agent
+        # writes the booking on the task's cgroup, which the kernel applies to the task
+        # whatever task/affinity bound it to: a booking outside the binding would widen it.
         body["within_cpus"] = case.cpus.format()
     return None
 
@@ -438,8 +446,10 @@ def _admit(args: argparse.Namespace,
         body = common.build_request(args, command, context, membind)
         if args.slurm_case is not None:
             refused = slurm_request(args, body, args.slurm_case)
-            if refused:
-                common.print_error(PROG, refused)
+            if refused:  # said in Slurm's terms, as the line of the case that applied
+                from numa_agent.core.printable import printable
+
+                print(printable(f"{PROG}: {refused}"), file=sys.stderr)
                 return EXIT_FAILURE
         if not args.dry_run:
             # Makes the admission safe to retry across an agent restart: the

@@ -56,6 +56,21 @@ def os_names(dev: PciDevice) -> tuple[str, ...]:
     return tuple(names)
 
 
+def device_file(dev: PciDevice) -> str | None:
+    """The character device a program opens to use this PCI device, where it has one:
+    an NVIDIA GPU's /dev/nvidia<minor> (the driver's "Device Minor"), an NVMe
+    controller's /dev/nvmeN, a DRM device's render node /dev/dri/renderDN. None for the
+    rest (a NIC is reached by its interface name, not a file)."""
+    if dev.nvidia_minor is not None:
+        return f"/dev/nvidia{dev.nvidia_minor}"
+    for prefix, directory in (("nvme/nvme", "/dev/"), ("drm/renderD", "/dev/dri/")):
+        names = sorted(child.partition("/")[2] for child in dev.other_children
+                       if child.startswith(prefix) and child[len(prefix):].isdigit())
+        if names:
+            return directory + names[0]
+    return None
+
+
 @dataclass(frozen=True)
 class PciNames:
     """Names from pci.ids for some ids; a missing name is None."""

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Iterable, Mapping
 
 from numa_agent.core.cpuset import CpuSet
 from numa_agent.core.names import owner_suffix
-from numa_agent.core.topology import Topology
+from numa_agent.core.pci import device_file
+from numa_agent.core.topology import PciDevice, Topology
 
 MIB = 1 << 20
 
@@ -45,6 +46,12 @@ class SlurmNode:
     def kernel_ids(self, abstract: CpuSet) -> CpuSet:
         back = {a: k for k, a in self.abstract.items()}
         return CpuSet(back[a] for a in abstract)
+
+    def core_ids(self, cpus: CpuSet) -> CpuSet:
+        """Slurm's logical core indexes (gres.conf `Cores=`) of the cores these kernel CPUs
+        are on: the abstract CPU id's core, as hwloc's `Core L#` counts them (core 0 the
+        first core of the first socket)."""
+        return CpuSet(self.abstract[c] // self.threads_per_core for c in cpus)
 
 
 def slurm_node(topology: Topology) -> SlurmNode:
@@ -78,11 +85,13 @@ def _span(values: set[int]) -> str:
     return f"{min(values)}-{max(values)}" if len(values) > 1 else str(min(values))
 
 
-def node_line(name: str, topology: Topology, reserved_cpus: CpuSet, reserved_memory_bytes: int = 0) -> str:
+def node_line(name: str, topology: Topology, reserved_cpus: CpuSet, reserved_memory_bytes: int = 0,
+              gres: Iterable[GresLine] = ()) -> str:
     """slurm.conf's NodeName line for this machine, with the agent's reserved CPUs as
-    `CpuSpecList` (abstract ids; Slurm widens them to whole cores) and its reserved memory
-    as `MemSpecLimit`. RealMemory is the nodes' MemTotal in whole MiB, rounded down:
-    slurmd drains a node configured with more than it finds."""
+    `CpuSpecList` (abstract ids; Slurm widens them to whole cores), its reserved memory
+    as `MemSpecLimit` and, given gres.conf's lines, their counts as `Gres=`. RealMemory is
+    the nodes' MemTotal in whole MiB, rounded down: slurmd drains a node configured with
+    more than it finds."""
     node = slurm_node(topology)
     real_mib = sum(n.memory_total_bytes for n in topology.numa_nodes) // MIB
     fields = [f"NodeName={name}", f"CPUs={node.cpus}", "Boards=1", f"SocketsPerBoard={node.sockets}",
@@ -92,7 +101,95 @@ def node_line(name: str, topology: Topology, reserved_cpus: CpuSet, reserved_mem
         fields.append(f"CpuSpecList={node.abstract_ids(reserved_cpus).format()}")
     if reserved_memory_bytes > 0:
         fields.append(f"MemSpecLimit={-(-reserved_memory_bytes // MIB)}")  # rounded up: never less
+    gres = tuple(gres)
+    if gres:
+        fields.append(gres_field(gres))
     return " ".join(fields)
+
+
+# ---------------------------------------------------------------- gres.conf
+_GRES_NAME = re.compile(r"[a-z0-9][-a-z0-9_]*")
+
+
+@dataclass(frozen=True)
+class GresLine:
+    """One line of gres.conf: a device file, or a count of devices without one, and the
+    Slurm cores near them (empty: the device's NUMA node is unknown, so no Cores=)."""
+
+    name: str
+    file: str | None
+    count: int
+    cores: CpuSet
+
+    def text(self, node_name: str) -> str:
+        what = f"File={self.file}" if self.file else f"Count={self.count}"
+        cores = f" Cores={self.cores.format()}" if self.cores else ""
+        return f"NodeName={node_name} Name={self.name} {what}{cores}"
+
+
+def gres_name(resource: str) -> str:
+    """The GRES name of a [devices] resource: its name without the domain
+    (`nvidia.com/gpu` -> `gpu`). SlurmShapeError for one Slurm's names cannot carry."""
+    name = resource.rpartition("/")[2]
+    if not _GRES_NAME.fullmatch(name):
+        raise SlurmShapeError(f"device resource {resource!r}: {name!r} is no GRES name Slurm takes "
+                              "(lowercase letters, digits, '-', '_'); rename it in [devices]")
+    return name
+
+
+def gres_lines(topology: Topology, resources: Iterable[tuple[str, Iterable[PciDevice]]]) -> list[GresLine]:
+    """gres.conf's lines for the configured device resources (name, its devices), by
+    resource then address: one `File=` line for each device with a device file
+    (core.pci.device_file), `Cores=` the Slurm cores of its NUMA node; a resource whose
+    devices have none is one `Count=` line, near the cores of all their nodes (none when
+    one's node is unknown or they cover the machine). SlurmShapeError when Slurm could not
+    take them: a resource whose devices have a file and some not (gres.conf gives File on
+    all of a name's lines or none), a GPU without one (gres/gpu needs File), two resources
+    of one GRES name."""
+    node = slurm_node(topology)
+    online = topology.online_cpus
+    lines: list[GresLine] = []
+    owner: dict[str, str] = {}
+    for resource, devices in sorted(resources, key=lambda r: r[0]):
+        devices = sorted(devices, key=lambda d: d.address)
+        if not devices:
+            continue
+        name = gres_name(resource)
+        if name in owner:
+            raise SlurmShapeError(f"device resources {owner[name]!r} and {resource!r} would both be GRES "
+                                  f"{name!r}; rename one in [devices]")
+        owner[name] = resource
+        files = {d.address: device_file(d) for d in devices}
+        without = [a for a, f in files.items() if f is None]
+        if without and (len(without) < len(devices) or name == "gpu"):
+            why = ("gres.conf gives File= on all of a GRES's lines or on none" if len(without) < len(devices)
+                   else "Slurm's gres/gpu needs File= for each")
+            raise SlurmShapeError(f"device resource {resource!r}: {', '.join(without)} has no device file "
+                                  f"(/dev/nvidiaN, /dev/nvmeN, /dev/dri/renderDN) and {why}")
+        near = [node.core_ids(topology.node(d.numa_node).cpus & online) if d.numa_node in topology.node_ids
+                else None for d in devices]
+        if not without:
+            lines += [GresLine(name, files[d.address], 1, cores or CpuSet()) for d, cores in zip(devices, near, strict=True)]
+            continue
+        # slurmd takes one line of a GRES without File= ("duplicate records" is fatal): the
+        # count, near the cores of all of them, or any core when one's node is unknown.
+        union = CpuSet() if None in near else CpuSet.union_of(c for c in near if c is not None)
+        every = CpuSet(range(node.cpus // node.threads_per_core))
+        lines.append(GresLine(name, None, len(devices), CpuSet() if union == every else union))
+    return lines
+
+
+def gres_field(lines: Iterable[GresLine]) -> str:
+    """The NodeName line's `Gres=gpu:4,nic:2`: each GRES name's count, in order."""
+    counts: dict[str, int] = {}
+    for line in lines:
+        counts[line.name] = counts.get(line.name, 0) + line.count
+    return "Gres=" + ",".join(f"{name}:{n}" for name, n in counts.items())
+
+
+def gres_types(lines: Iterable[GresLine]) -> str:
+    """slurm.conf's `GresTypes=` naming them."""
+    return "GresTypes=" + ",".join(dict.fromkeys(line.name for line in lines))
 
 
 def widened_to_cores(topology: Topology, cpus: CpuSet) -> CpuSet:
@@ -191,15 +288,25 @@ def tasks_on_node(env: Mapping[str, str]) -> int | None:
     return counts[index] if index < len(counts) else None
 
 
-def shared_cgroup_refusal(task: SlurmTask, cgroup: str, tasks_here: int | None) -> str | None:
+def shared_cgroup_refusal(task: SlurmTask, cgroup: str, tasks_here: int | None,
+                          cgroup_confined: bool = False) -> str | None:
     """Why numa-run cannot book this task in place, when Slurm keeps several tasks of the
-    step in one cgroup (22.05's `.../user/task_special` without per-task cgroups): one
-    cgroup takes one booking, and leaving it escapes Slurm (scancel no longer kills it)."""
+    step in one cgroup (22.05's `.../user/task_special`): one cgroup takes one booking, and
+    leaving it escapes Slurm (scancel no longer kills it). Without task/cgroup,
+    jobacct_gather/cgroup gives each task a cgroup of its own; with it (`cgroup_confined`:
+    the cgroup holds fewer than every CPU) 22.05 keeps them in one all the same (seen in
+    the test guest under task/cgroup,task/affinity), and one task per node in each step is
+    the remedy left."""
     if cgroup.rsplit("/", 1)[-1] != SHARED_TASK_CGROUP or not tasks_here or tasks_here < 2:
         return None
-    return (f"{task.label}: Slurm keeps this step's {tasks_here} tasks on this node in one cgroup "
-            f"({cgroup}), which can hold one booking; give each task a cgroup of its own with "
-            "JobAcctGatherType=jobacct_gather/cgroup in slurm.conf, or run one task per node")
+    shared = (f"{task.label}: Slurm keeps this step's {tasks_here} tasks on this node in one cgroup "
+              f"({cgroup}), which can hold one booking; ")
+    if cgroup_confined:
+        return shared + ("under task/cgroup Slurm 22.05 does so whatever JobAcctGatherType says: run one "
+                         "task per node in each step (srun --ntasks-per-node=1, or one srun -n1 --exact "
+                         "per task)")
+    return shared + ("give each task a cgroup of its own with JobAcctGatherType=jobacct_gather/cgroup in "
+                     "slurm.conf, or run one task per node")
 
 
 @dataclass(frozen=True)
@@ -213,6 +320,7 @@ class Confinement:
     confined: bool  # Slurm narrowed the CPUs below the machine's online CPUs
     granted: CpuSet  # what the agent books within: the cgroup's effective CPUs in place, else all
     cgroup: str = ""  # the task's cgroup, as /proc/self/cgroup names it
+    cgroup_confined: bool = False  # Slurm's cgroup holds fewer than every online CPU (task/cgroup)
 
     @property
     def bound_narrower(self) -> bool:
@@ -232,6 +340,20 @@ class Confinement:
         return f"{self.task.label}: confined by Slurm to {where}; booked inside them{booked}"
 
 
+def task_refusal(case: Confinement, cpus: int, physcpubind: CpuSet | None = None) -> str | None:
+    """Why numa-run refuses a task Slurm confined before asking the agent: it asks for
+    more CPUs than Slurm gave it (--cpus), or names CPUs outside them (-C). The agent
+    would refuse both as well; this says it in Slurm's terms, in one line."""
+    if not case.confined:
+        return None
+    gave = f"Slurm gave this task CPUs {case.cpus.format() or 'none'} ({len(case.cpus)})"
+    if physcpubind is not None and not physcpubind.issubset(case.cpus):
+        return f"{gave}, -C {physcpubind.format()} asked"
+    if cpus > len(case.cpus):
+        return f"{gave}, --cpus {cpus} asked"
+    return None
+
+
 def _plural(nodes: str) -> str:
     return "s" if ("," in nodes or "-" in nodes) else ""
 
@@ -247,4 +369,4 @@ def confinement(task: SlurmTask, cgroup: str, *, online: CpuSet, cgroup_cpus: Cp
     cpus = granted & affinity if affinity else granted
     mems = (cgroup_mems or CpuSet()) if in_place else CpuSet()
     return Confinement(task, in_place, cpus, mems, confined=bool(online - cpus), granted=granted,
-                       cgroup=cgroup)
+                       cgroup=cgroup, cgroup_confined=in_place and bool(online - granted))

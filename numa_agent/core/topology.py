@@ -97,6 +97,7 @@ class PciDevice:
     block: tuple[str, ...] = ()  # block device names (NVMe namespaces...)
     infiniband: tuple[str, ...] = ()
     other_children: tuple[str, ...] = ()  # other class children, "class/name"
+    nvidia_minor: int | None = None  # the NVIDIA driver's "Device Minor": /dev/nvidia<minor>
 
 
 # No slots: the cached_property views below need an instance __dict__.

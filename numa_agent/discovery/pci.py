@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+from dataclasses import replace
 from typing import Mapping
 
 from numa_agent.core.cpuset import CpuSet
@@ -32,11 +33,14 @@ _NOT_CLASS_DIRS = frozenset({"power", "msi_irqs", "iommu_group", "driver", "subs
                              "firmware_node", "physfn", "link", "ptp_pin"})
 
 
-def read_pci_devices(sys_dir: str, online: CpuSet, node_of_cpu: Mapping[int, int]) -> tuple[PciDevice, ...]:
+def read_pci_devices(sys_dir: str, online: CpuSet, node_of_cpu: Mapping[int, int],
+                     proc_dir: str | None = None) -> tuple[PciDevice, ...]:
     """Every device under `sys_dir/bus/pci/devices`, sorted by address.
 
     `online` and `node_of_cpu` (online CPU -> NUMA node) drive the
-    local_cpulist fallback for devices with no numa_node."""
+    local_cpulist fallback for devices with no numa_node. Under `proc_dir`, the
+    NVIDIA driver's `driver/nvidia/gpus/<address>/information` gives a GPU's
+    device minor (its /dev/nvidia<minor>)."""
     base = os.path.join(sys_dir, "bus", "pci", "devices")
     try:
         names = sorted(os.listdir(base))
@@ -50,8 +54,29 @@ def read_pci_devices(sys_dir: str, online: CpuSet, node_of_cpu: Mapping[int, int
         real = os.path.realpath(path)
         if not os.path.isdir(real):
             continue
-        devices.append(_read_device(name, real, online, node_of_cpu))
+        device = _read_device(name, real, online, node_of_cpu)
+        if proc_dir is not None and device.vendor.lower() == NVIDIA_VENDOR:
+            minor = nvidia_minor(os.path.join(proc_dir, "driver", "nvidia", "gpus", name, "information"))
+            device = replace(device, nvidia_minor=minor)
+        devices.append(device)
     return tuple(devices)
+
+
+NVIDIA_VENDOR = "0x10de"
+
+
+def nvidia_minor(path: str) -> int | None:
+    """The "Device Minor:" of the NVIDIA driver's information file, None without one
+    (nothing else depends on it: an unreadable file is no reason to fail discovery)."""
+    try:
+        text = read_text(path) or ""
+    except DiscoveryError:
+        return None
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "Device Minor" and value.strip().isdigit():
+            return int(value.strip())
+    return None
 
 
 def _read_device(address: str, path: str, online: CpuSet, node_of_cpu: Mapping[int, int]) -> PciDevice:

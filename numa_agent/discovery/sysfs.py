@@ -96,7 +96,7 @@ def read_topology(root: str | os.PathLike = "/") -> Topology:
     return Topology(
         numa_nodes=nodes,
         cpus=tuple(cpus),
-        pci_devices=read_pci_devices(sys_dir, online, online_node_of_cpu),
+        pci_devices=read_pci_devices(sys_dir, online, online_node_of_cpu, proc_dir),
         allowed_cpus=allowed_cpus,
         allowed_mems=allowed_mems,
         architecture=architecture,

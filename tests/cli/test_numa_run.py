@@ -555,9 +555,43 @@ def test_task_affinity_without_a_step_cgroup_bounds_it_too():
     assert refused is None and body["within_cpus"] == "2-5" and "in_place" not in body
 
 
-def test_explicit_cpus_are_left_to_the_caller():
-    refused, body = _slurm_body(["-C", "6-7"], _case(STEP_CGROUP, "0-7", "2-5"))
-    assert refused is None and body["physcpubind"] == "6-7" and "within_cpus" not in body
+def test_explicit_cpus_inside_what_slurm_gave_are_booked_within_it():
+    refused, body = _slurm_body(["-C", "4-5"], _case(STEP_CGROUP, "0-7", "2-5"))
+    assert refused is None and body["physcpubind"] == "4-5" and body["within_cpus"] == "2-5"
+    refused, body = _slurm_body(["-N", "1", "--cpus", "2"], _case(STEP_CGROUP, "0-7", "2-5"))
+    assert refused is None and body["within_cpus"] == "2-5"  # -N's CPUs, of those Slurm gave
+
+
+def test_explicit_cpus_outside_what_slurm_gave_are_refused_in_one_line():
+    # task/cgroup granted the step 0-7, task/affinity bound this task to 2-5: 6-7 are another
+    # task's, and a booking there would widen this one (the kernel applies its cgroup's cpuset).
+    refused, body = _slurm_body(["-C", "5-6"], _case(STEP_CGROUP, "0-7", "2-5"))
+    assert refused == "Slurm gave this task CPUs 2-5 (4), -C 5-6 asked"
+
+
+@pytest.mark.parametrize("cgroup_cpus, affinity, gave", [
+    ("4-7", "0-7", "4-7 (4)"),  # task/cgroup alone
+    ("0-7", "4-5", "4-5 (2)"),  # task/affinity alone
+    ("4-7", "2-5", "4-5 (2)"),  # both: the narrower of the two
+])
+def test_a_task_holding_fewer_cpus_than_asked_is_refused_saying_what_slurm_gave(cgroup_cpus, affinity, gave):
+    refused, body = _slurm_body(["--cpus", "6"], _case(STEP_CGROUP, cgroup_cpus, affinity))
+    assert refused == f"Slurm gave this task CPUs {gave}, --cpus 6 asked"
+    assert "in_place" not in body  # nothing asked of the agent
+
+
+def test_a_task_slurm_did_not_confine_is_left_to_the_agent():
+    refused, _ = _slurm_body(["--cpus", "12"], _case(STEP_CGROUP, "0-7", "0-7"))
+    assert refused is None
+
+
+def test_the_refusal_is_numa_runs_one_line_exit_125(server, fake, monkeypatch, capsys):
+    from numa_agent.cli import numa_run
+
+    monkeypatch.setattr(numa_run, "slurm_case", lambda env=None: _case(STEP_CGROUP, "4-7", "4-5"))
+    assert main(["--socket", server.socket_path, "--cpus", "4", "--", "true"]) == 125
+    assert capsys.readouterr().err == "numa-run: Slurm gave this task CPUs 4-5 (2), --cpus 4 asked\n"
+    assert fake.calls == []
 
 
 def test_tasks_sharing_one_slurm_cgroup_are_refused_with_the_remedy(monkeypatch):

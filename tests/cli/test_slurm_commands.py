@@ -134,3 +134,72 @@ def test_slurm_node_refuses_an_unevenly_shaped_machine(capsys):
     hybrid = REPO / "tests" / "fixtures" / "sysfs" / "intel-raptorlake-hybrid-1s.tar.gz"
     assert numa_agent_main(["slurm-node", "--config", os.devnull, "--sysfs-root", str(hybrid)]) == 1
     assert "not evenly shaped" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------ slurm-node --gres, --gres-conf
+GRES_CONFIG = ('[devices.gpu]\nvendor = "0x10de"\n\n[devices.nvme]\nclass_prefixes = ["0x0108"]\n\n'
+               '[devices.nic]\nclass_prefixes = ["0x0200"]\n')
+
+
+@pytest.fixture(scope="module")
+def gpu_machine(tmp_path_factory, snapshots):
+    """The Skylake-SP snapshot (2 x 8 cores x 2 threads, CPU 0's sibling is 16) with two
+    NVIDIA GPUs as their driver shows them, an NVMe controller and a NIC."""
+    import dataclasses
+
+    from numa_agent.core.topology import PciDevice
+    from numa_agent.discovery.sysfs import read_topology
+    from tests.support.sysfs_writer import write_sysfs
+
+    tmp = tmp_path_factory.mktemp("gres")
+    base = read_topology(snapshots.root(SKX.name.removesuffix(".tar.gz")))
+
+    def dev(address, cls, vendor, node, **kw):
+        return PciDevice(address=address, pci_class=cls, vendor=vendor, device="0x20b0", numa_node=node,
+                         local_cpus=base.node(node).cpus, **kw)
+    devices = (dev("0000:18:00.0", "0x020000", "0x8086", 0, net=("eth0",)),
+               dev("0000:3b:00.0", "0x030200", "0x10de", 0, driver="nvidia", nvidia_minor=0),
+               dev("0000:5e:00.0", "0x010802", "0x8086", 1, other_children=("nvme/nvme0",), block=("nvme0n1",)),
+               dev("0000:d8:00.0", "0x030200", "0x10de", 1, driver="nvidia", nvidia_minor=1))
+    root = write_sysfs(dataclasses.replace(base, pci_devices=devices), tmp / "machine")
+    config = tmp / "config.toml"
+    config.write_text(GRES_CONFIG)
+    return root, config
+
+
+def test_slurm_node_gres_adds_the_counts_to_the_node_line(gpu_machine, capsys):
+    root, config = gpu_machine
+    assert numa_agent_main(["slurm-node", "--gres", "--config", str(config), "--sysfs-root", str(root),
+                            "--node-name", "c1"]) == 0
+    out, err = capsys.readouterr()
+    assert out.count("\n") == 1 and out.startswith("NodeName=c1 CPUs=32 ")
+    assert out.rstrip().endswith(" CpuSpecList=0 Gres=gpu:2,nic:1,nvme:1")
+    assert "GresTypes=gpu,nic,nvme" in err and "--gres-conf" in err
+
+
+def test_slurm_node_gres_conf_prints_one_line_per_device(gpu_machine, capsys):
+    root, config = gpu_machine
+    assert numa_agent_main(["slurm-node", "--gres-conf", "--config", str(config), "--sysfs-root", str(root),
+                            "--node-name", "c1"]) == 0
+    out, err = capsys.readouterr()
+    assert out.splitlines() == [
+        "NodeName=c1 Name=gpu File=/dev/nvidia0 Cores=0-7",
+        "NodeName=c1 Name=gpu File=/dev/nvidia1 Cores=8-15",
+        "NodeName=c1 Name=nic Count=1 Cores=0-7",
+        "NodeName=c1 Name=nvme File=/dev/nvme0 Cores=8-15",
+    ]
+    assert err == ""
+
+
+@pytest.mark.parametrize("flag", ["--gres", "--gres-conf"])
+@pytest.mark.parametrize("config_text, message", [
+    ("", "the configuration has no [devices] resources"),
+    ('[devices.fpga]\nclass_prefixes = ["0x1200"]\n', "the [devices] resources (fpga) select no device"),
+])
+def test_slurm_node_gres_without_devices_is_one_line_exit_1(tmp_path, capsys, flag, config_text, message):
+    config = tmp_path / "config.toml"
+    config.write_text(config_text)
+    assert numa_agent_main(["slurm-node", flag, "--config", str(config), "--sysfs-root", str(SKX)]) == 1
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and message in err
+    assert err.startswith("numa-agent slurm-node: no device resources to give Slurm: ")

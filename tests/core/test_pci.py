@@ -80,3 +80,17 @@ def test_class_name_falls_back_to_the_class_and_unknown_ids_have_no_name():
     assert names.class_name(accel) == "Processing accelerators"
     assert names.vendor_name(accel) is None and names.device_name(accel) is None
     assert NO_NAMES.class_name(accel) is None
+
+
+@pytest.mark.parametrize("fields, path", [
+    ({"vendor": "0x10de", "nvidia_minor": 3}, "/dev/nvidia3"),  # the driver's Device Minor
+    ({"other_children": ("nvme/nvme2",), "block": ("nvme2n1",)}, "/dev/nvme2"),
+    ({"other_children": ("drm/card1", "drm/renderD129")}, "/dev/dri/renderD129"),
+    ({"other_children": ("drm/card1",)}, None),  # a display card without a render node
+    ({"net": ("eth0",)}, None),
+    ({"other_children": ("nvme-subsystem/nvme-subsys0",)}, None),
+])
+def test_the_device_file_a_program_opens(fields, path):
+    from numa_agent.core.pci import device_file
+
+    assert device_file(_dev("0x030200", **fields)) == path

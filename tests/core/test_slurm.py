@@ -10,6 +10,9 @@ from numa_agent.core.slurm import (
     SlurmShapeError,
     SlurmTask,
     confinement,
+    gres_lines,
+    gres_name,
+    gres_types,
     job_prefix,
     node_line,
     shared_cgroup_refusal,
@@ -19,6 +22,7 @@ from numa_agent.core.slurm import (
     step_of_cgroup,
     tasks_on_node,
 )
+from numa_agent.core.topology import UNKNOWN_NODE, PciDevice
 from numa_agent.discovery.sysfs import read_topology
 from tests.conftest import SNAPSHOT_NAMES
 
@@ -97,6 +101,76 @@ def test_node_line_without_reservations_has_no_spec_fields(topo):
     f = fields(node_line("n", topo("intel-snb-2s-2numa-pci-nvme-nic"), CpuSet()))
     assert "CpuSpecList" not in f and "MemSpecLimit" not in f
     assert (f["CPUs"], f["SocketsPerBoard"], f["CoresPerSocket"], f["ThreadsPerCore"]) == ("16", "2", "8", "1")
+
+
+# ---------------------------------------------------------------- gres.conf
+def _device(address, node, **fields):
+    return PciDevice(address=address, pci_class=fields.pop("pci_class", "0x030200"),
+                     vendor=fields.pop("vendor", "0x10de"), device="0x20b0", numa_node=node, **fields)
+
+
+GPU0 = _device("0000:3b:00.0", 0, nvidia_minor=1)
+GPU1 = _device("0000:d8:00.0", 1, nvidia_minor=0)
+NVME = _device("0000:5e:00.0", 1, pci_class="0x010802", vendor="0x8086", other_children=("nvme/nvme0",))
+RENDER = _device("0000:af:00.0", 1, vendor="0x1002", other_children=("drm/card0", "drm/renderD128"))
+NIC0 = _device("0000:18:00.0", 0, pci_class="0x020000", vendor="0x8086", net=("eth0",))
+NIC0B = _device("0000:18:00.1", 0, pci_class="0x020000", vendor="0x8086", net=("eth1",))
+NIC_FAR = _device("0000:00:19.0", UNKNOWN_NODE, pci_class="0x020000", vendor="0x8086", net=("eth2",))
+
+
+def test_gres_lines_name_the_device_files_and_slurms_cores_not_cpus(topo):
+    # Skylake-SP, 2 x 8 cores x 2 threads: node 0 is the kernel's 0-7,16-23, Slurm's cores 0-7
+    # (its abstract CPU ids 0-15: Cores= counts cores, CpuSpecList threads).
+    t = topo("intel-skx-2s-ht-2numa-pci-nec-ve")
+    lines = gres_lines(t, [("nvidia.com/gpu", [GPU1, GPU0]), ("nvme", [NVME]), ("render", [RENDER])])
+    assert [line.text("c1") for line in lines] == [
+        "NodeName=c1 Name=gpu File=/dev/nvidia1 Cores=0-7",  # by PCI address, not by minor
+        "NodeName=c1 Name=gpu File=/dev/nvidia0 Cores=8-15",
+        "NodeName=c1 Name=nvme File=/dev/nvme0 Cores=8-15",
+        "NodeName=c1 Name=render File=/dev/dri/renderD128 Cores=8-15",
+    ]
+    assert node_line("c1", t, CpuSet(), gres=lines).endswith(" Gres=gpu:2,nvme:1,render:1")
+    assert gres_types(lines) == "GresTypes=gpu,nvme,render"
+
+
+NIC1 = _device("0000:86:00.0", 1, pci_class="0x020000", vendor="0x8086", net=("eth3",))
+
+
+@pytest.mark.parametrize("nics, line", [
+    ([NIC0B, NIC0], "NodeName=n Name=nic Count=2 Cores=0-7"),  # both on node 0: its cores 0-7
+    ([NIC0, NIC_FAR], "NodeName=n Name=nic Count=2"),  # one's node is unknown: any core
+    ([NIC0, NIC1], "NodeName=n Name=nic Count=2"),  # both nodes: every core, said by saying none
+])
+def test_devices_without_a_file_are_one_count_near_all_their_cores(topo, nics, line):
+    # slurmd refuses two lines of one GRES without File= ("gres.conf duplicate records").
+    t = topo("intel-snb-2s-2numa-pci-nvme-nic")  # 2 x 8 cores, no SMT: cores 0-7 on node 0
+    lines = gres_lines(t, [("nic", nics), ("empty", [])])
+    assert [x.text("n") for x in lines] == [line]
+    assert fields(node_line("n", t, CpuSet(), gres=lines))["Gres"] == "nic:2"
+
+
+def test_the_gres_lines_of_a_fixtures_own_devices(topo):
+    t = topo("intel-snb-2s-2numa-pci-nvme-nic")
+    nics = [d for d in t.pci_devices if d.pci_class.startswith("0x0200")]
+    (line,) = gres_lines(t, [("nic", nics)])
+    assert (line.name, line.file, line.count) == ("nic", None, len(nics))
+    nodes = {d.numa_node for d in nics}
+    assert line.cores == (CpuSet.parse("0-7") if nodes == {0} else CpuSet.parse("8-15") if nodes == {1} else CpuSet())
+
+
+@pytest.mark.parametrize("resources, message", [
+    ([("nic", [NIC0, NVME])], "0000:18:00.0 has no device file .* on all of a GRES's lines or on none"),
+    ([("gpu", [_device("0000:3b:00.0", 0)])], "gres/gpu needs File="),
+    ([("a.com/gpu", [GPU0]), ("b.com/gpu", [GPU1])], "'a.com/gpu' and 'b.com/gpu' would both be GRES 'gpu'"),
+    ([("fast.nic", [NIC0])], "no GRES name Slurm takes"),
+])
+def test_gres_lines_slurm_could_not_take_are_refused_with_the_reason(topo, resources, message):
+    with pytest.raises(SlurmShapeError, match=message):
+        gres_lines(topo("intel-skx-2s-ht-2numa-pci-nec-ve"), resources)
+
+
+def test_a_gres_name_is_the_resource_without_its_domain():
+    assert gres_name("nvidia.com/gpu") == "gpu" and gres_name("nic") == "nic"
 
 
 # ---------------------------------------------------------------- a Slurm task
@@ -179,6 +253,18 @@ def test_tasks_sharing_slurms_one_cgroup_cannot_each_be_booked_in_place():
     assert why is not None and "3 tasks" in why and "JobAcctGatherType=jobacct_gather/cgroup" in why
     assert shared_cgroup_refusal(task, SHARED, 1) is None  # alone in it: booked in place
     assert shared_cgroup_refusal(task, SHARED.replace("task_special", "task_1"), 3) is None  # a cgroup per task
+
+
+def test_under_task_cgroup_the_remedy_is_one_task_per_node_in_each_step():
+    # Slurm 22.05 keeps task/cgroup's tasks in task_special even with jobacct_gather/cgroup.
+    case = confinement(SlurmTask("5", "0", "1"), SHARED, online=ONLINE, cgroup_cpus=CpuSet.parse("2-5"),
+                       cgroup_mems=None, affinity=CpuSet.parse("2-3"))
+    assert case.cgroup_confined
+    why = shared_cgroup_refusal(case.task, SHARED, 2, case.cgroup_confined)
+    assert why is not None and "jobacct_gather/cgroup" not in why and "--ntasks-per-node=1" in why
+    bound = confinement(SlurmTask("5", "0", "1"), SHARED, online=ONLINE, cgroup_cpus=ONLINE,
+                        cgroup_mems=None, affinity=CpuSet.parse("2-3"))
+    assert not bound.cgroup_confined  # task/affinity alone: the cgroup holds every CPU
 
 
 def test_a_reservation_of_part_of_a_core_is_noted_with_the_whole_core(topo):

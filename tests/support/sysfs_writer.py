@@ -33,6 +33,10 @@ def write_sysfs(topology: Topology, root: str | os.PathLike) -> Path:
     _write_nodes(topology, root / "sys/devices/system/node")
     for device in topology.pci_devices:
         _write_pci_device(device, root / "sys")
+        if device.nvidia_minor is not None:  # as the NVIDIA driver shows a GPU
+            _put(root / "proc/driver/nvidia/gpus" / device.address / "information",
+                 f"Model: \t\t Synthetic GPU\nIRQ:   \t\t 90\nGPU UUID: \t GPU-{device.address}\n"
+                 f"Device Minor: \t {device.nvidia_minor}\nBus Location: \t {device.address}")
     _write_proc(topology, root / "proc")
     return root
 

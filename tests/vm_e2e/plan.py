@@ -61,6 +61,8 @@ SLURM_SCENARIOS: tuple[str, ...] = (
     "slurm-epilog",
     "slurm-affinity",  # restarts the daemons with task/affinity
     "slurm-confined",  # restarts them with task/cgroup
+    "slurm-combined",  # restarts them with task/cgroup,task/affinity
+    "slurm-gres",  # restarts them with the devices as GRES
     "slurm-shared-cgroup",  # last: restarts them without per-task cgroups
 )
 # containerd 1.7.24 with NRI, driven through CRI as the kubelet does

@@ -15,8 +15,10 @@ nothing leaves it), a munge key and munged, /sys/fs/cgroup/system.slice with its
 controllers (slurmd's cgroup/v2 plugin outside systemd: IgnoreSystemd=yes), the agent on
 the default socket (the Epilog, run by slurmd with a bare environment, finds it there) and
 numa-agent in /usr/local/bin. The daemons run with TaskPlugin=task/none first, then are
-restarted with task/affinity, then with task/cgroup and ConstrainCores=yes, and last with
-task/none again but without per-task cgroups.
+restarted with task/affinity, then with task/cgroup and ConstrainCores=yes, then with both
+(task/cgroup,task/affinity), then with both and the guest's PCI devices as GRES (GresTypes=,
+`numa-agent slurm-node --gres` and `--gres-conf`), and last with task/none again but without
+per-task cgroups.
 JobAcctGatherType=jobacct_gather/{'cgroup' if per_task_cgroups else 'none'} gives each task a cgroup of its own (task_<id>):
 without it Slurm 22.05 keeps all of a step's tasks on a node in one (user/task_special),
 which holds one booking, and a task that left it for a cgroup of its own would no longer
@@ -80,10 +82,12 @@ class Slurm:
         self.conf = work / "slurm.conf"
         self.env = {"SLURM_CONF": str(self.conf)}
         self.daemons: list[subprocess.Popen] = []
-        self.task_plugin: tuple[str, bool] | None = None
+        self.task_plugin: tuple[str, bool, bool] | None = None
         self.epilog_log = logs / "epilog.log"
+        # `numa-agent slurm-node --gres` and `--gres-conf`: what start(gres=True) configures.
+        self.gres_node_line = self.gres_conf = ""
 
-    def write_config(self, task_plugin: str, per_task_cgroups: bool = True) -> None:
+    def write_config(self, task_plugin: str, per_task_cgroups: bool = True, gres: bool = False) -> None:
         wrapper = self.work / "epilog"
         # The shipped Epilog, its output and exit status kept where the scenarios read them.
         wrapper.write_text(f"#!/bin/sh\n{{ echo \"epilog job $SLURM_JOB_ID\"; {EPILOG}; "
@@ -112,21 +116,35 @@ JobAcctGatherType=jobacct_gather/{'cgroup' if per_task_cgroups else 'none'}
 AccountingStorageType=accounting_storage/none
 KillWait=5
 Epilog={wrapper}
-{self.node_line}
+{self.gres_types() if gres else ''}
+{self.gres_node_line if gres else self.node_line}
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 """)
+        constrain = "task/cgroup" in task_plugin.split(",")
         (w / "cgroup.conf").write_text("CgroupPlugin=cgroup/v2\nIgnoreSystemd=yes\n"
-                                       f"ConstrainCores={'yes' if task_plugin == 'task/cgroup' else 'no'}\n")
+                                       f"ConstrainCores={'yes' if constrain else 'no'}\n")
+        gres_conf = w / "gres.conf"  # beside slurm.conf, where both daemons look
+        if gres:
+            gres_conf.write_text(self.gres_conf + "\n")
+        else:
+            gres_conf.unlink(missing_ok=True)
 
-    def start(self, task_plugin: str, per_task_cgroups: bool = True) -> None:
+    def gres_types(self) -> str:
+        """slurm.conf's GresTypes= naming every GRES of the node line's Gres=."""
+        gres = node_fields(self.gres_node_line).get("Gres", "")
+        return "GresTypes=" + ",".join(item.split(":")[0] for item in gres.split(","))
+
+    def start(self, task_plugin: str, per_task_cgroups: bool = True, gres: bool = False) -> None:
         """The daemons running with this TaskPlugin and the node idle; without per-task
-        cgroups (no jobacct_gather/cgroup) a step's tasks share one."""
-        if self.task_plugin == (task_plugin, per_task_cgroups) and all(d.poll() is None for d in self.daemons):
+        cgroups (no jobacct_gather/cgroup) a step's tasks share one; with gres, the node's
+        devices are GRES (numa-agent slurm-node --gres and --gres-conf)."""
+        wanted = (task_plugin, per_task_cgroups, gres)
+        if self.task_plugin == wanted and all(d.poll() is None for d in self.daemons):
             return
         self.stop()
         for sub in ("ctld", "d"):
             (self.work / sub).mkdir(parents=True, exist_ok=True)
-        self.write_config(task_plugin, per_task_cgroups)
+        self.write_config(task_plugin, per_task_cgroups, gres)
         for daemon in ("slurmctld", "slurmd"):
             out = open(self.logs / f"{daemon}.out", "a")
             self.daemons.append(subprocess.Popen([daemon, "-D"], stdout=out, stderr=subprocess.STDOUT,
@@ -135,7 +153,7 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
         check(state, f"the node is not idle within {SLURM_TIMEOUT:g} s with {task_plugin} "
                      f"(sinfo: {self.node_state()!r}); slurmctld: {self.tail('slurmctld.log')}; "
                      f"slurmd: {self.tail('slurmd.log')}")
-        self.task_plugin = (task_plugin, per_task_cgroups)
+        self.task_plugin = wanted
 
     def stop(self) -> None:
         for daemon in self.daemons:
@@ -185,9 +203,13 @@ class SlurmGuest(Guest):
         self.numa_agent = Path(sys.executable).parent / "numa-agent"
         self.numa_run = Path(sys.executable).parent / "numa-run"
         self.bring_up_node()
-        self.node_line = sh(str(self.numa_agent), "slurm-node", "--config", str(work / "agent" / "config.toml"),
-                            "--node-name", NODE).stdout.strip()
+        node_cmd = (str(self.numa_agent), "slurm-node", "--config", str(work / "agent" / "config.toml"),
+                    "--node-name", NODE)
+        self.node_line = sh(*node_cmd).stdout.strip()
         self.slurm = Slurm(self.slurm_work, logs, self.node_line)
+        # A failure here is slurm-gres's to report, not every scenario's.
+        self.gres_said = [sh(*node_cmd, flag, check_rc=False) for flag in ("--gres", "--gres-conf")]
+        self.slurm.gres_node_line, self.slurm.gres_conf = (done.stdout.strip() for done in self.gres_said)
 
     def bring_up_node(self) -> None:
         """Hostname, an address of its own, munge, cgroups for slurmd, numa-agent on PATH."""
@@ -360,15 +382,7 @@ def s_epilog(g: SlurmGuest) -> str:
     stray = f"slurm-{job}-extern-9"
     g.launch(stray, "--cpus", "2")  # moved into the agent's own tree: scancel does not reach it
     sh("scancel", job, env=g.slurm.env)
-
-    def epilog_output() -> str:
-        return _output(g.slurm.epilog_log)[before:]
-    ran = wait_for(lambda: f"epilog job {job}\n" in epilog_output() and "epilog exit" in epilog_output(),
-                   timeout=SLURM_TIMEOUT, interval=0.5)
-    log = epilog_output()
-    check(ran, f"slurmd did not run the Epilog for job {job} within {SLURM_TIMEOUT:g} s: "
-               f"epilog.log {last_lines(log, 4)!r}; slurmd: {g.slurm.tail('slurmd.log')}")
-    check("epilog exit 0" in log, f"the Epilog did not exit 0: {last_lines(log, 4)}")
+    log = epilog_ran(g, job, before)
     check(f"released {stray}" in log, f"the Epilog did not release {stray}: {last_lines(log, 4)}")
     check(wait_for(lambda: not g.slurm_workloads(job), timeout=30, interval=0.2),
           f"the agent still lists {[x['name'] for x in g.slurm_workloads(job)]} after the Epilog")
@@ -421,7 +435,7 @@ def s_confined(g: SlurmGuest) -> str:
     refused = sh("srun", "-n1", "-c2", str(g.numa_run), "--cpus", "4", "--", "true", check_rc=False,
                  env=g.slurm.env)
     (g.slurm.logs / "refusal.txt").write_text(refused.stdout + refused.stderr)  # what docs/slurm.md shows
-    check(refused.returncode != 0 and "numa-run: refused" in refused.stdout + refused.stderr,
+    check(refused.returncode != 0 and "numa-run: Slurm gave this task CPUs " in refused.stdout + refused.stderr,
           f"srun -c2 numa-run --cpus 4 exited {refused.returncode}: {last_lines(refused.stderr, 6)}")
     return (f"step cpuset {granted.format()}, booked {cpus.format()} (node {mems.format()}); {line}; "
             f"slurmd reserved machine CPUs {spec.group(1) if spec else '?'}; refusal: "
@@ -448,6 +462,135 @@ def s_shared_cgroup(g: SlurmGuest) -> str:
     return f"{w['name']} in place on {cgroup}; two tasks: {first}"
 
 
+def epilog_ran(g: SlurmGuest, job: str, before: int) -> str:
+    """slurmd ran the Epilog for `job` (after `before` characters of its log) and it exited 0;
+    returns what it wrote."""
+    def output() -> str:
+        return _output(g.slurm.epilog_log)[before:]
+    ran = wait_for(lambda: f"epilog job {job}\n" in output() and "epilog exit" in output(),
+                   timeout=SLURM_TIMEOUT, interval=0.5)
+    log = output()
+    check(ran, f"slurmd did not run the Epilog for job {job} within {SLURM_TIMEOUT:g} s: "
+               f"epilog.log {last_lines(log, 4)!r}; slurmd: {g.slurm.tail('slurmd.log')}")
+    check("epilog exit 0" in log, f"the Epilog did not exit 0: {last_lines(log, 4)}")
+    return log
+
+
+def s_combined(g: SlurmGuest) -> str:
+    """TaskPlugin=task/cgroup,task/affinity with ConstrainCores=yes: two one-task steps
+    (`srun -n1 -c2 numa-run --cpus 2`, at once) are each booked inside what Slurm gave the
+    task (its cgroup and its binding), in place, on distinct whole cores with their node's
+    memory. More CPUs than Slurm gave is refused in numa-run's one line. Two tasks of one
+    step share Slurm 22.05's one cgroup under task/cgroup (jobacct_gather/cgroup or not):
+    each is refused naming one task per node. The jobs' Epilogs leave nothing booked."""
+    g.slurm.start("task/cgroup,task/affinity")
+    procs = {name: g.srun(name, "-n1", "-c2", cpus=2, record=g.work / name) for name in ("comb-a", "comb-b")}
+
+    def both() -> list[dict] | str | None:
+        if any(p.poll() is not None for p in procs.values()):
+            return "exited"
+        listed = g.slurm_workloads()
+        written = all(Path(f"{g.work / name}.0").exists() for name in procs)
+        return listed if len(listed) == 2 and written else None
+    got = wait_for(both, timeout=SLURM_TIMEOUT, interval=0.5)
+    check(isinstance(got, list), f"the two steps were not both admitted within {SLURM_TIMEOUT:g} s: "
+                                 f"{ {n: last_lines(_output(g.work / f'{n}.srun'), 4) for n in procs} }")
+    assert isinstance(got, list)
+    seen: list[CpuSet] = []
+    said = []
+    for name in procs:
+        record = g.work / name
+        task_cgroup = next(ln[3:] for ln in Path(f"{record}.0").read_text().splitlines() if ln.startswith("0::"))
+        job = re.search(r"/job_(\d+)/", task_cgroup)
+        check(job is not None, f"{name}: the task runs in {task_cgroup!r}, not in a Slurm job's cgroup")
+        assert job is not None
+        (w,) = [x for x in got if x["name"].startswith(f"slurm-{job.group(1)}-0-0-")]
+        cpus, mems, cgroup = check_task(g, w, record, 0)
+        step = cgroup.split("/step_0/")[0] + "/step_0"
+        granted = CpuSet.parse((CGROUP_MOUNT / step.lstrip("/") / "cpuset.cpus.effective").read_text().strip())
+        line = case_line(g, name, job.group(1), 0)
+        check(cpus.issubset(granted) and f"confined by Slurm to CPUs {granted.format()}" in line,
+              f"{name}: booked {cpus.format()}, Slurm's step cpuset {granted.format()}: {line!r}")
+        for other in seen:
+            check(not (other & cpus), f"the tasks share CPUs {(other & cpus).format()}: {[x['cpus'] for x in got]}")
+        seen.append(cpus)
+        said.append(f"{w['name']}: {cpus.format()} (node {mems.format()}) in step cpuset {granted.format()}")
+    refused = sh("srun", "-n1", "-c2", str(g.numa_run), "--cpus", "4", "--", "true", check_rc=False,
+                 env=g.slurm.env)
+    out = refused.stdout + refused.stderr
+    (g.slurm.logs / "refusal-combined.txt").write_text(out)  # what docs/slurm.md shows
+    line = next((ln for ln in out.splitlines() if ln.startswith("numa-run: Slurm gave this task CPUs ")), "")
+    check(refused.returncode != 0 and line.endswith("(2), --cpus 4 asked"),
+          f"srun -c2 numa-run --cpus 4 exited {refused.returncode}: {last_lines(out, 6)}")
+    before = len(_output(g.slurm.epilog_log))
+    jobs = [w["name"].split("-")[1] for w in got]
+    for job in jobs:
+        sh("scancel", job, env=g.slurm.env)
+    for job in jobs:
+        epilog_ran(g, job, before)
+    check(wait_for(lambda: not g.slurm_workloads(), timeout=30, interval=0.2),
+          f"the agent still lists {[x['name'] for x in g.slurm_workloads()]} after the Epilogs")
+    # With the jobs gone, a step of two tasks has the cores it needs.
+    two = sh("srun", "-n2", "-c2", str(g.numa_run), "--cpus", "2", "--", "true", check_rc=False, env=g.slurm.env)
+    both_said = two.stdout + two.stderr
+    check(two.returncode != 0 and both_said.count("--ntasks-per-node=1") == 2,
+          f"srun -n2 exited {two.returncode}; each task should be refused naming one task per node: "
+          f"{last_lines(both_said, 6)}")
+    first = next(ln for ln in both_said.splitlines() if "--ntasks-per-node=1" in ln)
+    return "; ".join(said) + f"; refusal: {line}; two tasks of a step: {first}; released by jobs {jobs}' end"
+
+
+def gres_of_slurmd(g: SlurmGuest) -> dict[str, list[dict[str, str]]]:
+    """`slurmd -G`: the GRES slurmd reads from slurm.conf and gres.conf, by name."""
+    out = sh("slurmd", "-G", env=g.slurm.env)
+    found: dict[str, list[dict[str, str]]] = {}
+    for line in (out.stdout + out.stderr).splitlines():
+        if "Gres Name=" in line:
+            f = node_fields(line[line.index("Gres Name="):].removeprefix("Gres "))
+            found.setdefault(f.get("Name", ""), []).append(f)
+    return found
+
+
+def s_gres(g: SlurmGuest) -> str:
+    """The guest's PCI devices as GRES: `numa-agent slurm-node --gres` and `--gres-conf`
+    (the NVMe controller's /dev/nvme0, the two NICs counted) with GresTypes= in slurm.conf:
+    slurmctld takes them and the node comes up idle, not drained, with those counts; slurmd
+    reads each device's Cores= as the cores of its NUMA node. A step asking for the NVMe
+    with --gres-flags=enforce-binding runs on its node's cores and numa-run books there."""
+    for done in g.gres_said:
+        check(done.returncode == 0, f"`{' '.join(done.args)}` exited {done.returncode}: {last_lines(done.stderr, 4)}")
+    g.slurm.start("task/cgroup,task/affinity", gres=True)
+    shown = sh("scontrol", "show", "node", NODE, env=g.slurm.env).stdout
+    gres = re.search(r"\bGres=(\S+)", shown)
+    state = re.search(r"\bState=(\S+)", shown)
+    wanted = node_fields(g.slurm.gres_node_line)["Gres"]
+    # Slurm adds the sockets the cores of Cores= lie on: nvme:1(S:1).
+    check(gres is not None and re.sub(r"\(S:[^)]*\)", "", gres.group(1)) == wanted,
+          f"scontrol show node says Gres={gres.group(1) if gres else '?'}, the node line {wanted}")
+    check(state is not None and "DRAIN" not in state.group(1) and "INVALID" not in state.group(1),
+          f"the node is {state.group(1) if state else '?'}: {last_lines(shown, 4)}")
+    nvmes = [a for a in g.kernel.devices_of_class("0x0108") if g.kernel.pci_nodes[a] >= 0]
+    check(len(nvmes) == 1, f"the shape should have one NVMe with a node: {nvmes}")
+    node = g.kernel.pci_nodes[nvmes[0]]
+    cores = sorted({min(g.kernel.siblings[c].ids()) for c in g.kernel.node_cpus[node].ids()})
+    firsts = sorted({min(s.ids()) for s in g.kernel.siblings.values()})
+    near = CpuSet(firsts.index(c) for c in cores)  # Slurm's core index: cores in order
+    read = gres_of_slurmd(g)
+    nvme = read.get("nvme", [])
+    check(len(nvme) == 1 and nvme[0].get("File") == "/dev/nvme0" and Path("/dev/nvme0").exists()
+          and CpuSet.parse(nvme[0].get("Cores", "") or "") == near,
+          f"slurmd -G reads nvme as {nvme}; expected File=/dev/nvme0 Cores={near.format()} (node {node})")
+    record = g.work / "gres"
+    proc = g.srun("gres", "-n1", "-c2", "--gres=nvme:1", "--gres-flags=enforce-binding", cpus=2, record=record)
+    (w,) = running_tasks(g, "gres", proc, record, 1)
+    cpus, mems, _ = check_task(g, w, record, 0)
+    check(g.kernel.nodes_of(cpus) == [node], f"the step holding the NVMe booked {cpus.format()}, not on node {node}")
+    g.slurm.cancel_all()
+    return (f"{g.slurm.gres_types()}; {wanted}; gres.conf: {' | '.join(g.slurm.gres_conf.splitlines())}; "
+            f"node {state.group(1) if state else '?'}; slurmd -G nvme: {nvme}; "
+            f"--gres=nvme:1 booked {cpus.format()} (node {mems.format()})")
+
+
 RUNNERS = {
     "slurm-node": s_node,
     "slurm-one-task": s_one_task,
@@ -455,6 +598,8 @@ RUNNERS = {
     "slurm-epilog": s_epilog,
     "slurm-affinity": s_affinity,
     "slurm-confined": s_confined,
+    "slurm-combined": s_combined,
+    "slurm-gres": s_gres,
     "slurm-shared-cgroup": s_shared_cgroup,
 }
 assert tuple(RUNNERS) == SLURM_SCENARIOS
