@@ -15,11 +15,9 @@ node.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Iterable
 
 from numa_agent.admission.machine import Machine
-from numa_agent.core.layered import Layered
 from numa_agent.kubelet import podresources_pb2 as pb
 from numa_agent.kubelet.state_files import (
     changed_pods,
@@ -29,7 +27,8 @@ from numa_agent.kubelet.state_files import (
     memory_blocks,
     pod_of,
 )
-from numa_agent.state.model import AgentState, FollowsWorkloads, Workload
+from numa_agent.state.model import AgentState, Workload
+from numa_agent.state.runtime_pods import kubernetes_pod, runtime_pods
 
 DEFAULT_NAMESPACE = "numa-agent"
 
@@ -41,42 +40,6 @@ def _topology(nodes: Iterable[int]) -> pb.TopologyInfo:
 def _device(machine: Machine, resource: str, address: str) -> pb.ContainerDevices:
     return pb.ContainerDevices(resource_name=resource, device_ids=[address],
                                topology=_topology((machine.topology.device(address).numa_node,)))
-
-
-def kubernetes_pod(w: Workload) -> tuple[str, str] | None:
-    """(namespace, pod) of a container its runtime enforces, as Kubernetes
-    names them; None for the agent's own workloads (and a reference naming no pod)."""
-    ref = w.runtime
-    return (ref.namespace, ref.pod) if ref is not None and ref.pod else None
-
-
-@dataclass(frozen=True)
-class RuntimePods(FollowsWorkloads):
-    """(namespace, pod) -> the names of its containers its runtime enforces,
-    sorted; followed through every update at the cost of the change."""
-
-    pods: Layered[tuple[str, str], tuple[str, ...]]
-
-    def after_workloads(self, removed: Sequence[Workload], added: Sequence[Workload]) -> "RuntimePods":
-        changed: dict[tuple[str, str], set[str]] = {}
-        for workloads, keep in ((removed, False), (added, True)):
-            for w in workloads:
-                key = kubernetes_pod(w)
-                if key is None:
-                    continue
-                names = changed.setdefault(key, set(self.pods.get(key) or ()))
-                (names.add if keep else names.discard)(w.name)
-        if not changed:
-            return self
-        return RuntimePods(self.pods.updated({k: tuple(sorted(v)) for k, v in changed.items() if v},
-                                             [k for k, v in changed.items() if not v]))
-
-
-def runtime_pods(state: AgentState) -> RuntimePods:
-    kept = state.memo.get("runtime_pods")
-    if not isinstance(kept, RuntimePods):
-        kept = state.memo["runtime_pods"] = RuntimePods(Layered()).after_workloads((), state.workloads)
-    return kept
 
 
 def container(machine: Machine, state: AgentState, w: Workload) -> pb.ContainerResources:

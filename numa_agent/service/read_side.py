@@ -28,6 +28,7 @@ from numa_agent.service.counters import Counters
 from numa_agent.service.revocations import released_views
 from numa_agent.service.tally import workload_tally
 from numa_agent.state.model import REBUILT, AgentState, Workload
+from numa_agent.state.runtime_pods import runtime_pods
 
 VERSION = __version__
 
@@ -236,6 +237,7 @@ class ReadSide:
             "workload_tally": {"held": tally.held, "lost": tally.lost},
             "pod_count": len(state.pods),
             "isolation": self.isolation.status(state) if self.isolation is not None else None,
+            "kubernetes_containers": _kubernetes_containers(state),
         }
 
     def topology(self) -> dict:
@@ -285,6 +287,18 @@ class ReadSide:
         status["quotas"] = self._quota_views(state, {}) if self.quotas else []  # metrics: only owners with one
         return {"status": self._observed(state, status, scrape=True), "counters": counters, "isolation_knobs": knobs,
                 "info": {"version": VERSION, "enforcement": self.enforcer.mode}}
+
+
+def _kubernetes_containers(state: AgentState) -> list[dict[str, str]]:
+    """The containers a runtime enforces, as Kubernetes names them: from the
+    state's index of them (as many as there are, not every workload)."""
+    out = []
+    for (namespace, pod), names in sorted(runtime_pods(state).pods.items()):
+        for name in names:
+            w = state.workload(name)
+            if w is not None and w.runtime is not None:
+                out.append({"workload": name, "namespace": namespace, "pod": pod, "container": w.runtime.container})
+    return out
 
 
 def _may_see_command(viewer_uid: int | None, owner_uid: int) -> bool:

@@ -78,6 +78,18 @@ def _label(value: Any) -> str:
     return printable(str(value))
 
 
+def _kubernetes_family(containers: list[Mapping[str, Any]]) -> Metric:
+    """One series per container a runtime enforces (NRI), naming it as Kubernetes does:
+    joined on `workload` to the series that carry only the agent's name."""
+    info = GaugeMetricFamily(
+        PREFIX + "kubernetes_container_info", "A container its runtime enforces (NRI): the agent's workload "
+        "name and the container's Kubernetes namespace, pod and name. Always 1.",
+        labels=["workload", "namespace", "pod", "container"])
+    for c in containers:
+        info.add_metric([_label(c.get(key, "")) for key in ("workload", "namespace", "pod", "container")], 1.0)
+    return info
+
+
 def _labelled_counts(values: Mapping[str, Any] | None, always: tuple[str, ...] = ()) -> list[tuple[str, float]]:
     """(label, value) pairs: the `always` labels first in that order, then the rest sorted."""
     values = values or {}
@@ -166,6 +178,7 @@ class AgentCollector:
             value=tally["lost"]))
 
         families += self._observe_families(workloads, status.get("observe") or {})
+        families.append(_kubernetes_family(status.get("kubernetes_containers") or []))
         families += _quota_families(status.get("quotas") or [])
 
         aligned = CounterMetricFamily(

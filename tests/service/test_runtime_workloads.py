@@ -170,3 +170,22 @@ def test_the_intruder_watch_guards_no_runtime_container(machine):
     machine.service.admit(AdmitRequest(name="plain", cpus=2), root_caller(machine.container().pid))
     guarded = guarded_of(machine.service.state, machine.service.enforcer.path_of, None)
     assert [g.name for g in guarded] == ["plain"]
+
+
+def test_the_metrics_name_each_runtime_container_as_kubernetes_does(machine):
+    from prometheus_client.core import CollectorRegistry
+    from prometheus_client.exposition import generate_latest
+
+    from numa_agent.views.metrics import AgentCollector
+
+    machine.service.admit(AdmitRequest(name="ctr-a", cpus=2, runtime=ref()), root_caller())
+    machine.service.admit(AdmitRequest(name="ctr-b", cpus=0, memory_bytes=1 << 20,
+                                       runtime=ref("c0ffee02", container="side\x1b[2J")), root_caller())
+    machine.service.admit(AdmitRequest(name="plain", cpus=0), root_caller())
+    machine.service.release("ctr-a", root_caller())
+    registry = CollectorRegistry()
+    registry.register(AgentCollector(machine.service.metrics_snapshot))
+    lines = [line for line in generate_latest(registry).decode().splitlines()
+             if line.startswith("numa_agent_kubernetes_container_info{")]
+    assert lines == ['numa_agent_kubernetes_container_info{container="side\\\\x1b[2J",namespace="prod",'
+                     'pod="web-0",workload="ctr-b"} 1.0']

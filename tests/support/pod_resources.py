@@ -15,8 +15,9 @@ import grpc
 from numa_agent.kubelet import grpc_server
 from numa_agent.kubelet import podresources_pb2 as pb
 from numa_agent.kubelet import podresources_pb2_grpc as pb_grpc
-from numa_agent.kubelet.pod_resources import container, kubernetes_pod, pod
+from numa_agent.kubelet.pod_resources import container, pod
 from numa_agent.kubelet.state_files import pod_of
+from numa_agent.state.runtime_pods import kubernetes_pod
 
 PATIENCE = 30.0  # how long a List may take to be answered: a bound, not a measure
 
