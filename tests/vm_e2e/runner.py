@@ -183,6 +183,8 @@ def main(argv: list[str] | None = None, *, run_in_guest=None, venv_check=ensure_
                 if tail:
                     why += " (" + " | ".join(tail) + ")"
             results, lines = shape_results(shape, stdout, why, selected)
+            for line in getattr(result, "peers", ()):  # how a shape's other guest ended
+                print(f"vm-e2e: {shape} {line}", file=sys.stderr, flush=True)
             timings.append(f"{shape}: {result.total_seconds:.1f} s (boot {result.boot_seconds:.1f} s, "
                            f"scenarios {result.run_seconds:.1f} s{_scenario_times(out_dir / f'report-{shape}.json')})")
         for line in lines:
