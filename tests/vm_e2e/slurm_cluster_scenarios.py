@@ -563,10 +563,15 @@ def check_placement(g: ClusterGuest, tasks: dict[int, dict], job: str) -> dict[s
     return per_node
 
 
-def placement_note(job: str, per_node: dict[str, list[tuple[int, CpuSet, int]]]) -> str:
+def placement_note(g: ClusterGuest, job: str, per_node: dict[str, list[tuple[int, CpuSet, int]]]) -> str:
+    """Where the tasks ran, and how much memory each guest had left while they ran (the
+    shape's memory is the least that leaves room)."""
+    available = {node: re.search(r"^MemAvailable:\s+(\d+) kB", g.read(node, "/proc/meminfo"), re.M)
+                 for node in NODES}
     return f"job {job}: " + "; ".join(
         f"{node}: " + ", ".join(f"task {p} CPUs {c.format()} node {n}" for p, c, n in placed)
-        for node, placed in sorted(per_node.items()))
+        for node, placed in sorted(per_node.items())) + "; MemAvailable " + ", ".join(
+        f"{node} {int(m.group(1)) >> 10 if m else '?'} MiB" for node, m in available.items())
 
 
 def end_tasks(g: ClusterGuest, name: str) -> None:
@@ -589,6 +594,7 @@ def s_srun(g: ClusterGuest) -> str:
     tasks = g.wait_tasks(g.work / "srun.srun", 4, alive=lambda: proc.poll() is None)
     job = tasks[0]["job"]
     per_node = check_placement(g, tasks, job)
+    note = placement_note(g, job, per_node)
     end_tasks(g, "srun")
     try:
         rc = proc.wait(SLURM_TIMEOUT)
@@ -597,7 +603,7 @@ def s_srun(g: ClusterGuest) -> str:
     check(rc == 0, f"srun exited {rc} after the tasks were told to end: "
                    f"{last_lines((g.work / 'srun.srun').read_text(errors='replace'), 6)}")
     wait_released(g, job)
-    return placement_note(job, per_node) + f"; lines: {g.node_lines[NODES[0]]}"
+    return note + f"; node line (numa1's): {g.node_lines[NODES[0]]}"
 
 
 def s_batch(g: ClusterGuest) -> str:
@@ -620,6 +626,7 @@ def s_batch(g: ClusterGuest) -> str:
           "would be in that guest)")
     tasks = g.wait_tasks(output, 4)
     per_node = check_placement(g, tasks, job)
+    note = placement_note(g, job, per_node)
     stray = f"slurm-{job}-extern-9"
     g.launch(stray, "--cpus", "1")
     g.peer.call("spawn", name="stray", argv=[str(g.numa_run), "--socket", SOCKET, "--name", stray, "--cpus", "1",
@@ -645,7 +652,7 @@ def s_batch(g: ClusterGuest) -> str:
     check(wait_for(lambda: g.shared_pools() == pools, timeout=30, interval=1),
           f"shared pools {({n: c.format() for n, c in g.shared_pools().items()})}, before the job "
           f"{({n: c.format() for n, c in pools.items()})}")
-    return placement_note(job, per_node) + "; Epilog: " + "; ".join(
+    return note + "; Epilog: " + "; ".join(
         f"{n}: " + " | ".join(ln for ln in said[n].splitlines() if not ln.startswith("epilog ")) for n in NODES)
 
 
@@ -659,6 +666,7 @@ def s_agent_kill(g: ClusterGuest) -> str:
     tasks = g.wait_tasks(g.work / "kill.srun", 4, alive=lambda: proc.poll() is None)
     job = tasks[0]["job"]
     per_node = check_placement(g, tasks, job)
+    note = placement_note(g, job, per_node)
     before = {w["name"]: (w["cpus"], w["pid"]) for w in g.node_workloads(NODES[1], job)}
     killed = g.peer.call("agent_kill")["pid"]
     for procid, t in tasks.items():
@@ -678,7 +686,7 @@ def s_agent_kill(g: ClusterGuest) -> str:
     check(rc == 0, f"srun exited {rc} after the tasks were told to end: "
                    f"{last_lines((g.work / 'kill.srun').read_text(errors='replace'), 6)}")
     wait_released(g, job)
-    return f"agent pid {killed} killed; kept {sorted(before)}; " + placement_note(job, per_node)
+    return f"agent pid {killed} killed; kept {sorted(before)}; " + note
 
 
 RUNNERS = {
