@@ -101,8 +101,8 @@ def test_the_two_guests_of_slurm2_are_joined_by_unix_sockets_and_nothing_else():
         assert f"virtio-net-pci,netdev=link0,mac={guest_mac(guest)},bus=pcie.0" in _values(args, "-device")
     assert ends[0] == ends[1][::-1]  # each guest sends to the other's end
     assert guest_mac(0) != guest_mac(1) and (guest_address(0), guest_address(1)) == ("10.0.2.11", "10.0.2.12")
-    # one guest's machine: 2 NUMA nodes of 384 MiB, whole cores for two tasks beside the reserved one
-    assert shape.expected_node_cpus() == {0: (0, 1, 2, 3), 1: (4, 5, 6, 7)} and shape.memory_mib == 768
+    # one guest's machine: 2 NUMA nodes of 256 MiB, whole cores for two tasks beside the reserved one
+    assert shape.expected_node_cpus() == {0: (0, 1, 2, 3), 1: (4, 5, 6, 7)} and shape.memory_mib == 512
     assert "-qmp" not in _args(shape) and not shape.expanders
 
 
