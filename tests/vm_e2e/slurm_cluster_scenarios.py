@@ -46,6 +46,7 @@ from tests.vm_e2e.scenarios import (
     parse_allowed,
     stop_all,
 )
+from tests.vm_e2e.slurm_scenarios import node_fields, sh
 
 REPO = Path(__file__).resolve().parents[2]
 NODES = ("numa1", "numa2")  # guest 0, guest 1
@@ -68,16 +69,6 @@ def logs_dir() -> Path:
     """Where each node keeps its logs: its own out share (the host keeps it), the same path in both."""
     out = os.environ.get("NUMA_AGENT_VM_OUT")
     return Path(out) / "slurm" if out else WORK / "slurm-logs"
-
-
-def sh(*argv: str, timeout: float = SLURM_TIMEOUT, check_rc: bool = True, env: dict | None = None,
-       stdin: str | None = None) -> subprocess.CompletedProcess:
-    done = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, input=stdin,
-                          env={**os.environ, **(env or {})})
-    if check_rc and done.returncode != 0:
-        raise ScenarioFailed(f"`{' '.join(argv)}` exited {done.returncode}: "
-                             f"{last_lines(done.stderr or done.stdout, 4)}")
-    return done
 
 
 def slurm_env() -> dict[str, str]:
@@ -322,10 +313,6 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
               f">> {logs}/epilog.log 2>&1\nexit 0\n")
     cgroup = "CgroupPlugin=cgroup/v2\nIgnoreSystemd=yes\nConstrainCores=no\n"
     return {"slurm.conf": conf, "cgroup.conf": cgroup, "epilog": epilog}
-
-
-def node_fields(line: str) -> dict[str, str]:
-    return dict(item.split("=", 1) for item in line.split() if "=" in item)
 
 
 def cluster_node_line(lines: dict[str, str]) -> str:
