@@ -61,7 +61,7 @@ SLURM_DIR = WORK / "slurm"  # the same path on both nodes: slurm.conf, cgroup.co
 # (task_special) in this guest, where numa-run refuses a second task (docs/slurm.md).
 TASK_PLUGIN = "task/none"
 SLURM_TIMEOUT = 180.0  # daemons and steps of two emulated guests on a busy host
-PEER_TIMEOUT = 300.0  # the second guest's boot and first Python import
+PEER_TIMEOUT = 420.0  # the second guest's boot (once more after a hung one: 180 s) and first Python import
 SLEEP = 900
 
 
