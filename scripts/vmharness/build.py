@@ -32,8 +32,9 @@ HOST_PACKAGES = {  # command that proves the package is there -> Debian package
 BUSYBOX = Path("/bin/busybox")  # busybox-static installs a static binary here
 # nvme and e1000e: the guest's NVMe and NIC get their drivers, so their MSI interrupts exist
 # (the isolation scenario moves them); dummy gives the Slurm guest an address of its own
-# (its daemons refuse to bind while only loopback has one).
-GUEST_MODULES = ("virtio_pci", "9pnet_virtio", "9p", "overlay", "nvme", "e1000e", "dummy")
+# (its daemons refuse to bind while only loopback has one); virtio_net carries the link
+# that joins the guests of a two-guest shape.
+GUEST_MODULES = ("virtio_pci", "9pnet_virtio", "9p", "overlay", "nvme", "e1000e", "dummy", "virtio_net")
 KERNEL_PACKAGE = re.compile(r"^linux-image-(6\.1\.\d+-\d+-amd64)$")  # generic flavour only
 XZ_MAGIC = b"\xfd7zXZ\x00"
 
@@ -259,6 +260,17 @@ mount -t tmpfs -o mode=1777 tmpfs $R/dev/shm || fail "/dev/shm"
 mount -t tmpfs -o mode=0755 tmpfs $R/run || fail "/run"
 mkdir -p /job
 mount -t 9p -o trans=virtio,version=9p2000.L,msize=512000 job /job || fail "mount job share"
+# A guest of a two-guest shape: its end of the link (found by MAC) gets its address.
+if [ -s /job/net ]; then
+    read mac address < /job/net
+    link=
+    for dev in /sys/class/net/*; do
+        [ "$(cat $dev/address)" = "$mac" ] && link=${dev##*/}
+    done
+    [ -n "$link" ] || fail "no interface with MAC $mac"
+    ip addr add $address dev $link && ip link set $link up && ip link set lo up || fail "address $address on $link"
+    say "link $link: $address"
+fi
 if [ "$(cat /job/init 2>/dev/null)" = systemd ]; then boot_systemd; fi
 # favordynmods (6.0+): a task's move between cgroups does not wait for an RCU grace
 # period, which under emulation, with vCPUs starved by the host, took minutes.

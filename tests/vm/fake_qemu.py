@@ -6,6 +6,7 @@ FAKE_QEMU_MODES is a comma-separated list, one mode per boot of the same job:
   exit   fail like QEMU refusing its arguments
   die    mark started, then stop without an exit status (a guest that panicked)
   stuck  mark started, then never power off (the host must stop it)
+FAKE_QEMU_PEER_MODES, when set, gives the second guest of a two-guest shape its own modes.
 """
 
 import os
@@ -27,7 +28,10 @@ def main(args):
     console = Path(option(args, "-serial", "file:")[len("file:"):])
     boots = int((job / "fake_boots").read_text()) if (job / "fake_boots").exists() else 0
     (job / "fake_boots").write_text(str(boots + 1))
-    mode = os.environ["FAKE_QEMU_MODES"].split(",")[boots]
+    modes = os.environ["FAKE_QEMU_MODES"]
+    if job.name.endswith("-guest1"):
+        modes = os.environ.get("FAKE_QEMU_PEER_MODES", modes)
+    mode = modes.split(",")[boots]
     init = (job / "init").read_text().strip() if (job / "init").exists() else "none"
     console.write_text(f"fake kernel boot {boots + 1}\nfake: mode {mode}\nfake: init {init}\n")
     if mode == "exit":

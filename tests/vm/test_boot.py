@@ -169,3 +169,48 @@ def test_the_systemd_shape_asks_the_guest_for_systemd_and_names_its_out_share(fa
     assert result.stdout.decode().strip() == "/vmharness/out"
     chroot = run_in_guest("2node", ["true"], timeout=30, cwd=tmp_path, quiet=True)
     assert "fake: init chroot" in chroot.console_tail
+
+
+def test_a_two_guest_shape_boots_both_and_tells_each_which_it_is(fake, tmp_path):
+    fake("ok")
+    out = tmp_path / "out"
+    out.mkdir()
+    script = 'echo "$NUMA_AGENT_VM_GUEST|$NUMA_AGENT_VM_ADDRESSES|$NUMA_AGENT_VM_SHAPE|${NUMA_AGENT_VM_OUT-none}"'
+    result = run_in_guest("slurm2", ["sh", "-c", script], timeout=30, cwd=tmp_path, out_dir=out,
+                          keep_job_dir=True, quiet=True)
+    # The result is the first guest's; the second ran the same command with its own index
+    # and out share (a folder of the first one's).
+    assert result.ok and result.stdout.decode() == "0|10.0.2.11 10.0.2.12|slurm2|/run/vmharness/out\n"
+    second = result.job_dir.with_name(result.job_dir.name + "-guest1")
+    assert (second / "stdout").read_text() == "1|10.0.2.11 10.0.2.12|slurm2|/run/vmharness/out\n"
+    assert (out / "guest1").is_dir() and (second / "shares").read_text() == "out\n"
+    # what each guest's init gives its end of the link (found by MAC)
+    assert (result.job_dir / "net").read_text() == "52:54:00:00:02:0b 10.0.2.11/24\n"
+    assert (second / "net").read_text() == "52:54:00:00:02:0c 10.0.2.12/24\n"
+    assert result.peers == ("guest 1: its command exited 0",)
+    one = run_in_guest("2node", ["sh", "-c", script], timeout=30, cwd=tmp_path, keep_job_dir=True, quiet=True)
+    assert one.stdout.decode() == "||2node|none\n" and not (one.job_dir / "net").exists() and one.peers == ()
+
+
+def test_a_second_guest_whose_boot_hangs_is_booted_again_and_one_that_never_ends_is_stopped(
+        fake, tmp_path, monkeypatch, capsys):
+    fake("hang", "ok")  # per guest: its first boot hangs
+    monkeypatch.setattr(boot, "PEER_GRACE_SECONDS", 0.5)
+    result = run_in_guest("slurm2", ["sh", "-c", '[ "$NUMA_AGENT_VM_GUEST" = 0 ] || exec sleep 5'], timeout=30,
+                          cwd=tmp_path, boot_timeout=2, quiet=False)
+    assert result.ok and result.attempts == 2
+    err = capsys.readouterr().err
+    assert "guest 1: boot failed: the guest did not start the command within 2 s" in err
+    assert "guest 1 started its command" in err
+    assert result.peers == ("guest 1: its command exited none; stopped by the host 0.5 s after the first "
+                            "guest's ended",)
+    assert jobs_left(tmp_path) == []  # both job folders removed
+
+
+def test_a_second_guest_that_never_boots_is_named_in_the_result(fake, tmp_path, monkeypatch):
+    fake("ok")
+    monkeypatch.setenv("FAKE_QEMU_PEER_MODES", "hang")
+    result = run_in_guest("slurm2", ["sh", "-c", "sleep 4"], timeout=30, cwd=tmp_path, boot_timeout=2,
+                          boot_attempts=1, quiet=True)
+    assert result.ok
+    assert result.peers == ("guest 1 never started its command: the guest did not start the command within 2 s",)

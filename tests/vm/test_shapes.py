@@ -4,12 +4,12 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from vmharness.shapes import SHAPES, Node, ShapeError, get_shape, qemu_args
+from vmharness.shapes import SHAPES, Node, ShapeError, get_shape, guest_address, guest_mac, qemu_args
 
 
-def _args(shape, out_dir=None):
+def _args(shape, out_dir=None, guest=0):
     return qemu_args(shape, kernel=Path("/k/vmlinux"), initrd=Path("/k/initrd"), job_dir=Path("/j"),
-                     out_dir=out_dir)
+                     out_dir=out_dir, guest=guest, net_dir=Path("/n") if shape.guests > 1 else None)
 
 
 def _values(args, flag):
@@ -74,6 +74,52 @@ def test_2node_matches_the_recipe_topology():
     assert "pxb-pcie,id=pxb0,bus_nr=128,numa_node=1,bus=pcie.0" in _values(args, "-device")
     assert any(d.startswith("nvme,bus=rp1") for d in _values(args, "-device"))
     assert "e1000e,id=nic1,bus=rp2" in _values(args, "-device")
+
+
+def _netdev(value: str) -> dict[str, str]:
+    kind, *pairs = value.split(",")
+    return {"kind": kind, **dict(p.split("=", 1) for p in pairs)}
+
+
+def test_the_two_guests_of_slurm2_are_joined_by_unix_sockets_and_nothing_else():
+    shape = SHAPES["slurm2"]
+    assert shape.guests == 2
+    ends = []
+    for guest in (0, 1):
+        args = _args(shape, guest=guest)
+        (netdev,) = _values(args, "-netdev")
+        fields = _netdev(netdev)
+        # A datagram link whose two ends are unix sockets in the run's private folder: no
+        # address of any IP network, loopback included, so nothing can leave the host.
+        assert fields == {"kind": "dgram", "id": "link0", "local.type": "unix", "local.path": f"/n/guest{guest}.sock",
+                          "remote.type": "unix", "remote.path": f"/n/guest{1 - guest}.sock"}
+        ends.append((fields["local.path"], fields["remote.path"]))
+        line = " ".join(args)
+        for word in ("inet", "host=", "port=", "udp=", "listen=", "connect=", "-net ", "user,", "tap,"):
+            assert word not in line, word
+        assert _values(args, "-nic") == ["none"]  # no default network besides the link
+        assert f"virtio-net-pci,netdev=link0,mac={guest_mac(guest)},bus=pcie.0" in _values(args, "-device")
+    assert ends[0] == ends[1][::-1]  # each guest sends to the other's end
+    assert guest_mac(0) != guest_mac(1) and (guest_address(0), guest_address(1)) == ("10.0.2.11", "10.0.2.12")
+    # one guest's machine: 2 NUMA nodes of 256 MiB, whole cores for two tasks beside the reserved one
+    assert shape.expected_node_cpus() == {0: (0, 1, 2, 3), 1: (4, 5, 6, 7)} and shape.memory_mib == 512
+    assert "-qmp" not in _args(shape) and not shape.expanders
+
+
+@pytest.mark.parametrize("name", sorted(n for n, s in SHAPES.items() if s.guests == 1))
+def test_a_one_guest_shape_has_no_network(name):
+    args = _args(SHAPES[name])
+    assert "-netdev" not in args and _values(args, "-nic") == ["none"]
+
+
+def test_a_two_guest_shape_needs_its_link_folder_and_a_guest_it_has():
+    shape = SHAPES["slurm2"]
+    with pytest.raises(ShapeError, match="guest 0 of 2 needs the folder of its link's sockets"):
+        qemu_args(shape, kernel=Path("/k"), initrd=Path("/i"), job_dir=Path("/j"))
+    with pytest.raises(ShapeError, match="guest 2 of 2 needs"):
+        _args(shape, guest=2)
+    with pytest.raises(ShapeError, match=r"guests must be 1 to 2 \(one link joins two\), not 3"):
+        _args(replace(shape, guests=3))
 
 
 def test_unknown_shape_names_the_known_ones():

@@ -77,6 +77,12 @@ CONTAINERD_SCENARIOS: tuple[str, ...] = (
     "containerd-runtime-restart",
     "containerd-agent-restart",
 )
+# Two guests, one Slurm cluster (tests/vm_e2e/slurm_cluster_scenarios.py).
+SLURM_CLUSTER_SCENARIOS: tuple[str, ...] = (
+    "cluster-srun",
+    "cluster-batch",
+    "cluster-agent-kill",
+)
 
 # shape -> (module run inside its guest, the scenarios it reports on); the rest
 # run tests.vm_e2e.scenarios.
@@ -85,6 +91,7 @@ GUEST_MODULES: dict[str, tuple[str, tuple[str, ...]]] = {
     "podman": ("tests.vm_e2e.podman_scenarios", PODMAN_SCENARIOS),
     "slurm": ("tests.vm_e2e.slurm_scenarios", SLURM_SCENARIOS),
     "containerd": ("tests.vm_e2e.containerd_scenarios", CONTAINERD_SCENARIOS),
+    "slurm2": ("tests.vm_e2e.slurm_cluster_scenarios", SLURM_CLUSTER_SCENARIOS),
 }
 
 # Shapes not named here run nothing (every scenario is a SKIP).
@@ -97,9 +104,10 @@ PLAN: dict[str, tuple[str, ...]] = {
     "podman": PODMAN_SCENARIOS,
     "slurm": SLURM_SCENARIOS,
     "containerd": CONTAINERD_SCENARIOS,
+    "slurm2": SLURM_CLUSTER_SCENARIOS,
 }
 
-DEFAULT_SHAPES = ("2node", "4node", "cpuless", "systemd", "podman", "slurm", "containerd")
+DEFAULT_SHAPES = ("2node", "4node", "cpuless", "systemd", "podman", "slurm", "containerd", "slurm2")
 
 
 def scenarios_of(shape: str) -> tuple[str, ...]:

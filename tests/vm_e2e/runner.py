@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None, *, run_in_guest=None, venv_check=ensure_
     args = parser.parse_args(argv)
     if run_in_guest is None:
         from vmharness import run_in_guest
-    from vmharness import GuestError, SetupError, get_shape
+    from vmharness import get_shape
 
     shapes = _shapes(parser, args.shape)
     if args.timeout is not None and args.timeout <= 0:
@@ -159,32 +159,9 @@ def main(argv: list[str] | None = None, *, run_in_guest=None, venv_check=ensure_
     t_all = time.monotonic()
     for shape in shapes:
         out_dir = out_root / shape
-        t0 = time.monotonic()
-        if shape == "containerd" and unfetched:
-            shutil.rmtree(out_dir, ignore_errors=True)  # no report of an earlier run stands for this one
-        try:
-            if shape == "containerd" and unfetched:
-                raise SetupError(f"not booted: {unfetched}")
-            timeout = guest_timeout(shape, selected, args.timeout)
-            result = _boot_shape(run_in_guest, shape, timeout, out_dir, selected)
-        except (GuestError, SetupError) as exc:
-            # The guest never reached the command (or died): every planned scenario failed with its message.
-            # What the guest reported before dying was streamed already; its report file keeps it.
-            results, lines = shape_results(shape, _report_lines(out_dir / f"report-{shape}.json"),
-                                           f"guest: {exc}", selected)
-            timings.append(f"{shape}: no result after {time.monotonic() - t0:.1f} s")
-        else:
-            stdout = result.stdout.decode("utf-8", "replace")
-            if result.timed_out:
-                why = f"no result: the scenarios did not finish within {timeout:g} s"
-            else:
-                why = f"no result: the scenario script exited {result.exit_code} before reaching it"
-                tail = result.stderr.decode("utf-8", "replace").strip().splitlines()[-3:]
-                if tail:
-                    why += " (" + " | ".join(tail) + ")"
-            results, lines = shape_results(shape, stdout, why, selected)
-            timings.append(f"{shape}: {result.total_seconds:.1f} s (boot {result.boot_seconds:.1f} s, "
-                           f"scenarios {result.run_seconds:.1f} s{_scenario_times(out_dir / f'report-{shape}.json')})")
+        results, lines, timing = _run_shape(run_in_guest, shape, out_dir, selected, args.timeout,
+                                            unfetched if shape == "containerd" else None)
+        timings.append(timing)
         for line in lines:
             print(line, flush=True)
         for note in _notes(out_dir / f"report-{shape}.json"):
@@ -195,6 +172,41 @@ def main(argv: list[str] | None = None, *, run_in_guest=None, venv_check=ensure_
           f"reports in {out_root}", file=sys.stderr, flush=True)
     print(closing_line(totals["PASS"], totals["FAIL"], totals["SKIP"]), flush=True)
     return 1 if totals["FAIL"] else 0
+
+
+def _run_shape(run_in_guest, shape: str, out_dir: Path, selected: tuple[str, ...] | None,
+               timeout_arg: float | None, unfetched: str | None) -> tuple[list, list[str], str]:
+    """Boot one shape and read its results: (results, lines to print, its timings entry).
+    `unfetched`: why the shape's runtime is missing (it is not booted then)."""
+    from vmharness import GuestError, SetupError
+
+    t0 = time.monotonic()
+    if unfetched:
+        shutil.rmtree(out_dir, ignore_errors=True)  # no report of an earlier run stands for this one
+    try:
+        if unfetched:
+            raise SetupError(f"not booted: {unfetched}")
+        timeout = guest_timeout(shape, selected, timeout_arg)
+        result = _boot_shape(run_in_guest, shape, timeout, out_dir, selected)
+    except (GuestError, SetupError) as exc:
+        # The guest never reached the command (or died): every planned scenario failed with its message.
+        # What the guest reported before dying was streamed already; its report file keeps it.
+        results, lines = shape_results(shape, _report_lines(out_dir / f"report-{shape}.json"),
+                                       f"guest: {exc}", selected)
+        return results, lines, f"{shape}: no result after {time.monotonic() - t0:.1f} s"
+    stdout = result.stdout.decode("utf-8", "replace")
+    if result.timed_out:
+        why = f"no result: the scenarios did not finish within {timeout:g} s"
+    else:
+        why = f"no result: the scenario script exited {result.exit_code} before reaching it"
+        tail = result.stderr.decode("utf-8", "replace").strip().splitlines()[-3:]
+        if tail:
+            why += " (" + " | ".join(tail) + ")"
+    results, lines = shape_results(shape, stdout, why, selected)
+    for line in getattr(result, "peers", ()):  # how a shape's other guest ended
+        print(f"vm-e2e: {shape} {line}", file=sys.stderr, flush=True)
+    return results, lines, (f"{shape}: {result.total_seconds:.1f} s (boot {result.boot_seconds:.1f} s, "
+                            f"scenarios {result.run_seconds:.1f} s{_scenario_times(out_dir / f'report-{shape}.json')})")
 
 
 def _shapes(parser: argparse.ArgumentParser, text: str) -> list[str]:
