@@ -46,7 +46,7 @@ from tests.vm_e2e.scenarios import (
     parse_allowed,
     stop_all,
 )
-from tests.vm_e2e.slurm_scenarios import node_fields, sh
+from tests.vm_e2e.slurm_scenarios import node_fields, sh, start_slurm_host
 
 REPO = Path(__file__).resolve().parents[2]
 NODES = ("numa1", "numa2")  # guest 0, guest 1
@@ -84,20 +84,7 @@ def set_up_node(name: str, munge_key: bytes) -> None:
     with open("/etc/hosts", "a") as hosts:
         for node, address in zip(NODES, addresses, strict=True):
             hosts.write(f"{address} {node}\n")
-    key = Path("/etc/munge/munge.key")
-    key.write_bytes(munge_key)
-    shutil.chown(key, "munge", "munge")
-    key.chmod(0o400)
-    for d in ("/run/munge", "/var/log/munge", "/var/lib/munge"):
-        Path(d).mkdir(parents=True, exist_ok=True)
-        shutil.chown(d, "munge", "munge")
-    sh("runuser", "-u", "munge", "--", "/usr/sbin/munged")
-    system_slice = CGROUP_MOUNT / "system.slice"
-    system_slice.mkdir(exist_ok=True)
-    (system_slice / "cgroup.subtree_control").write_text("+cpuset +cpu +memory +pids")
-    link = Path("/usr/local/bin/numa-agent")
-    link.unlink(missing_ok=True)
-    link.symlink_to(Path(sys.executable).parent / "numa-agent")
+    start_slurm_host(munge_key, Path(sys.executable).parent / "numa-agent")
     for d in (SLURM_DIR / name / "spool", logs_dir()):
         d.mkdir(parents=True, exist_ok=True)
 

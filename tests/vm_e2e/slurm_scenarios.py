@@ -70,6 +70,26 @@ def sh(*argv: str, timeout: float = SLURM_TIMEOUT, check_rc: bool = True,
     return done
 
 
+def start_slurm_host(munge_key: bytes, numa_agent: Path) -> None:
+    """What slurmd needs of a guest: the cluster's munge key and munged, the
+    controllers in /sys/fs/cgroup/system.slice, and numa-agent where the
+    Epilog looks (where scripts/install links it)."""
+    key = Path("/etc/munge/munge.key")
+    key.write_bytes(munge_key)
+    shutil.chown(key, "munge", "munge")
+    key.chmod(0o400)
+    for d in ("/run/munge", "/var/log/munge", "/var/lib/munge"):
+        Path(d).mkdir(parents=True, exist_ok=True)
+        shutil.chown(d, "munge", "munge")
+    sh("runuser", "-u", "munge", "--", "/usr/sbin/munged")
+    system_slice = CGROUP_MOUNT / "system.slice"
+    system_slice.mkdir(exist_ok=True)
+    (system_slice / "cgroup.subtree_control").write_text("+cpuset +cpu +memory +pids")
+    link = Path("/usr/local/bin/numa-agent")
+    link.unlink(missing_ok=True)
+    link.symlink_to(numa_agent)
+
+
 def node_fields(line: str) -> dict[str, str]:
     return dict(item.split("=", 1) for item in line.split() if "=" in item)
 
@@ -221,21 +241,7 @@ class SlurmGuest(Guest):
             sh("ip", "addr", "add", f"{ADDRESS}/32", "dev", "dummy0")
         with open("/etc/hosts", "a") as hosts:
             hosts.write(f"{ADDRESS} {NODE}\n")
-        key = Path("/etc/munge/munge.key")
-        key.write_bytes(os.urandom(1024))
-        shutil.chown(key, "munge", "munge")
-        key.chmod(0o400)
-        for d in ("/run/munge", "/var/log/munge", "/var/lib/munge"):
-            Path(d).mkdir(parents=True, exist_ok=True)
-            shutil.chown(d, "munge", "munge")
-        sh("runuser", "-u", "munge", "--", "/usr/sbin/munged")
-        system_slice = CGROUP_MOUNT / "system.slice"
-        system_slice.mkdir(exist_ok=True)
-        (system_slice / "cgroup.subtree_control").write_text("+cpuset +cpu +memory +pids")
-        # The Epilog looks where scripts/install links it.
-        link = Path("/usr/local/bin/numa-agent")
-        link.unlink(missing_ok=True)
-        link.symlink_to(self.numa_agent)
+        start_slurm_host(os.urandom(1024), self.numa_agent)
 
     def srun(self, name: str, *srun_args: str, cpus: int, record: str) -> subprocess.Popen:
         """`srun SRUN_ARGS numa-run --cpus N -- sh -c ...`: each task writes its
