@@ -113,7 +113,10 @@ class PodmanGuest(Guest):
     # -- podman
     def podman(self, *args: str, hooks: Path | None = None, timeout: float = PODMAN_TIMEOUT,
                env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-        argv = ["podman", "--storage-driver", "vfs", "--cgroup-manager", "cgroupfs", "--events-backend", "file",
+        # Storage of its own: the guest's root is the host's, whose /var/lib/containers may hold
+        # another driver's database (podman then refuses every command).
+        argv = ["podman", "--root", str(self.work / "storage"), "--runroot", str(self.work / "run"),
+                "--storage-driver", "vfs", "--cgroup-manager", "cgroupfs", "--events-backend", "file",
                 "--runtime", "crun", "--hooks-dir", str(hooks or self.hooks), *args]
         return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL,
                               env={**os.environ, **(env or {})})
