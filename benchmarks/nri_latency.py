@@ -49,13 +49,11 @@ from benchmarks.stats import fmt, percentile, table  # noqa: E402
 from numa_agent.admission.admit import decide  # noqa: E402
 from numa_agent.admission.machine import Machine, PolicyConfig, build_machine  # noqa: E402
 from numa_agent.core.caller import Caller  # noqa: E402
-from numa_agent.nri import handler as handler_module  # noqa: E402
 from numa_agent.nri import kubernetes as k8s  # noqa: E402
 from numa_agent.nri import nri_api_pb2 as api  # noqa: E402
 from numa_agent.nri import plugin  # noqa: E402
 from numa_agent.nri.handler import KubernetesHandler  # noqa: E402
-from numa_agent.service.requests import to_admission_request  # noqa: E402
-from tests.nri import fake_api  # noqa: E402
+from numa_agent.service.requests import AdmitRequest, to_admission_request  # noqa: E402
 from tests.nri.fake_api import FakeApi, container, create, resources, sandbox  # noqa: E402
 from tests.nri.fake_runtime import FakeRuntime  # noqa: E402
 from tests.support.synthetic import make_topology  # noqa: E402
@@ -112,8 +110,7 @@ def time_decide(fake: FakeApi, probes: int) -> list[float]:
     caller = Caller(pid=os.getpid(), uid=0, gid=0)
     out = []
     for n in range(probes):
-        body = handler_module.AdmitRequest(name=k8s.workload_name(probe(n, True).container.id), cpus=2,
-                                           memory_bytes=GIB)
+        body = AdmitRequest(name=k8s.workload_name(probe(n, True).container.id), cpus=2, memory_bytes=GIB)
         req = to_admission_request(body, caller, name=body.name, created_unix=0.0)
         started = time.perf_counter()
         decide(fake.machine, fake.state, req)
@@ -173,8 +170,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--nodes", type=int, nargs="+", default=[8, 64])
     parser.add_argument("--containers", type=int, default=1000)
     args = parser.parse_args(argv)
-    if not fake_api.RUNTIME_MERGED:  # what tests/nri/fake_api.use_fake_request does for the tests
-        handler_module.AdmitRequest = fake_api.AdmitRequestWithRuntime  # type: ignore[misc]
     rows = []
     for nodes in args.nodes:
         fake, handler, exclusive = filled(nodes, args.containers)

@@ -228,3 +228,13 @@ def test_service_scale_micro_runs_an_admission_and_release_per_setting():
     rows = [line.split() for line in out.stdout.splitlines()]
     measured = {(r[0], r[2]) for r in rows if len(r) == 5 and r[1] == "3"}
     assert measured == {(kind, setting) for kind in ("shared", "exclusive") for setting in ("off", "on")}
+
+
+def test_nri_latency_prints_each_path_next_to_decide():
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "nri_latency.py"), "--probes", "3",
+                          "--nodes", "2", "--containers", "20"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = [line.split() for line in out.stdout.splitlines()]
+    paths = {(r[3], r[4]) for r in rows if len(r) == 9 and r[0] == "2"}
+    assert paths == {("decide", "-"), ("handler", "exclusive"), ("session", "exclusive"),
+                     ("handler", "shared"), ("session", "shared")}
