@@ -46,7 +46,7 @@ from tests.vm_e2e.scenarios import (
     parse_allowed,
     stop_all,
 )
-from tests.vm_e2e.slurm_scenarios import node_fields, sh, start_slurm_host
+from tests.vm_e2e.slurm_scenarios import node_fields, sh, start_slurm_host, stop_daemons
 
 REPO = Path(__file__).resolve().parents[2]
 NODES = ("numa1", "numa2")  # guest 0, guest 1
@@ -344,15 +344,7 @@ class Cluster:
                     f"{self.peer_tail('slurmd-numa2.log')}")
 
     def stop(self) -> None:
-        for daemon in self.daemons:
-            if daemon.poll() is None:
-                daemon.terminate()
-        for daemon in self.daemons:
-            try:
-                daemon.wait(30)
-            except subprocess.TimeoutExpired:
-                daemon.kill()
-        self.daemons.clear()
+        stop_daemons(self.daemons)
         if self.running:
             self.peer.call("stop", name="slurmd")
         self.running = False

@@ -90,6 +90,19 @@ def start_slurm_host(munge_key: bytes, numa_agent: Path) -> None:
     link.symlink_to(numa_agent)
 
 
+def stop_daemons(daemons: list[subprocess.Popen]) -> None:
+    """SIGTERM to each, then each waited for (30 s, then SIGKILL); the list emptied."""
+    for daemon in daemons:
+        if daemon.poll() is None:
+            daemon.terminate()
+    for daemon in daemons:
+        try:
+            daemon.wait(30)
+        except subprocess.TimeoutExpired:
+            daemon.kill()
+    daemons.clear()
+
+
 def node_fields(line: str) -> dict[str, str]:
     return dict(item.split("=", 1) for item in line.split() if "=" in item)
 
@@ -176,15 +189,7 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
         self.task_plugin = wanted
 
     def stop(self) -> None:
-        for daemon in self.daemons:
-            if daemon.poll() is None:
-                daemon.terminate()
-        for daemon in self.daemons:
-            try:
-                daemon.wait(30)
-            except subprocess.TimeoutExpired:
-                daemon.kill()
-        self.daemons.clear()
+        stop_daemons(self.daemons)
         self.task_plugin = None
 
     def node_state(self) -> str:
