@@ -147,6 +147,12 @@ def warn_small_sizes(prog: str, sizes: list[tuple[str, int | None]]) -> None:
         print(f"{prog}: {line}", file=sys.stderr)
 
 
+def binding_text(record: dict[str, Any], env: dict[str, str]) -> str:
+    """`cpus 2-3 mems 0 devices - (cgroup)`: what a launch was given, as -v says it."""
+    return (f"cpus {env['NUMA_AGENT_CPUS'] or '-'} mems {env['NUMA_AGENT_MEMS'] or '-'} devices "
+            f"{env['NUMA_AGENT_DEVICES'] or '-'} ({record.get('enforcement', '-')})")
+
+
 def memory_booked_text(record: dict[str, Any]) -> str:
     """The memory a workload holds, for people: "1 GiB on node 0", "8 GiB on nodes 0,1
     (4 GiB, 4 GiB)", or "none booked" (the agent's memory_bytes: bytes per node)."""

@@ -315,9 +315,7 @@ def _release(args: argparse.Namespace, name: str) -> None:
 
 def _print_binding(record: dict[str, Any], env: dict[str, str], memory_note: str | None,
                    policy: MemoryPolicy | None = None) -> None:
-    print(f"{PROG}: {record.get('name', '')} cpus {env['NUMA_AGENT_CPUS'] or '-'} mems "
-          f"{env['NUMA_AGENT_MEMS'] or '-'} devices {env['NUMA_AGENT_DEVICES'] or '-'} "
-          f"({record.get('enforcement', '-')})", file=sys.stderr)
+    print(f"{PROG}: {record.get('name', '')} {common.binding_text(record, env)}", file=sys.stderr)
     if policy is not None:
         applied = "not applied: enforcement simulated" if record.get("enforcement") == "simulated" \
             else "set"

@@ -364,10 +364,8 @@ class Launch:
         os.environ.update(env)
         if self.args.verbose:  # one write: the ranks print at once
             sys.stderr.flush()
-            line = (f"{PROG}: rank {rank.index}: {record.get('name', '')} node {rank.node} cpus "
-                    f"{env['NUMA_AGENT_CPUS'] or '-'} mems {env['NUMA_AGENT_MEMS'] or '-'} devices "
-                    f"{env['NUMA_AGENT_DEVICES'] or '-'} ({record.get('enforcement', '-')})"
-                    + (f"; note: mems not enforced: {note}" if note else ""))
+            line = (f"{PROG}: rank {rank.index}: {record.get('name', '')} node {rank.node} "
+                    f"{common.binding_text(record, env)}" + (f"; note: mems not enforced: {note}" if note else ""))
             os.write(2, (printable(line) + "\n").encode())
         sys.stdout.flush()
         sys.stderr.flush()
