@@ -51,7 +51,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import msgspec
@@ -68,6 +68,7 @@ from numa_agent.service.ports import AgentApi
 from numa_agent.service.refusals import ServiceRefusal, UnknownWorkload
 from numa_agent.service.requests import AdmitRequest
 from numa_agent.state.model import AgentState, Workload
+from numa_agent.state.runtime_pods import runtime_pods
 
 log = logging.getLogger("numa_agent.nri")
 
@@ -168,10 +169,9 @@ class KubernetesHandler:
         alive = {c.id: c for c in containers if c.state not in _GONE}
         by_id = {p.id: p for p in pods}
         _, state = self._view()
-        for w in state.workloads:
-            ref = w.runtime
-            if ref is not None and ref.container_id not in alive:
-                self._release(ref.container_id, "container gone (synchronize)", w.name)
+        for w in _runtime_workloads(state, runtime_pods(state).sandboxes.values()):
+            if w.runtime.container_id not in alive:
+                self._release(w.runtime.container_id, "container gone (synchronize)", w.name)
         answer = api.SynchronizeResponse()
         updates = answer.update
         self._shared.clear()
@@ -310,10 +310,8 @@ class KubernetesHandler:
 
     def _remove_pod(self, pod: Any) -> None:
         _, state = self._view()
-        for w in state.workloads:
-            ref = w.runtime
-            if ref is not None and ref.sandbox_id == pod.id:
-                self._release(ref.container_id, "pod sandbox removed", w.name)
+        for w in _runtime_workloads(state, [runtime_pods(state).sandboxes.get(pod.id) or ()]):
+            self._release(w.runtime.container_id, "pod sandbox removed", w.name)
         for cid in [cid for cid, sandbox in self._shared.items() if sandbox == pod.id]:
             del self._shared[cid]
 
@@ -341,6 +339,12 @@ def _booking(state: AgentState, container_id: str) -> Workload | None:
         return None
     ref = w.runtime
     return w if ref is not None and ref.container_id == container_id else None
+
+
+def _runtime_workloads(state: AgentState, groups: Iterable[Sequence[str]]) -> list[Any]:
+    """The runtime bookings named in `groups` (the runtime-pod index's values)."""
+    return [w for names in groups for name in names
+            if (w := state.workload(name)) is not None and w.runtime is not None]
 
 
 def _pool_text(machine: Machine, state: AgentState) -> str:

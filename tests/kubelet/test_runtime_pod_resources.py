@@ -72,3 +72,31 @@ def test_kept_list_answer_follows_runtime_containers_exactly():
         key = lambda p: (p.namespace, p.name)  # noqa: E731
         assert sorted(kept.pod_resources, key=key) == \
             sorted(list_response(m, state, "ns").pod_resources, key=key), step
+
+
+def test_the_runtime_index_follows_each_change_as_a_fresh_one_reads():
+    """Both groupings (by Kubernetes pod, by sandbox) kept through admissions and
+    releases equal the ones built afresh from the state's workloads."""
+    from numa_agent.core.layered import Layered
+    from numa_agent.state.runtime_pods import RuntimePods, runtime_pods
+
+    m = machine()
+    rng = random.Random(5)
+    state = AgentState(policy_fingerprint=m.policy.fingerprint())
+    live: list[str] = []
+    runtime_pods(state)
+    for step in range(120):
+        try:
+            if live and rng.random() < 0.4:
+                state = release(state, live.pop(rng.randrange(len(live))))[0]
+            else:
+                r = ref(rng.choice(["a", "b"]), f"kp{rng.randrange(3)}", f"c{step}")
+                state = runtime_admitted(m, state, f"w{step}", r)
+                live.append(f"w{step}")
+        except (Refusal, InvalidRequest):
+            pass
+        kept = runtime_pods(state)
+        fresh = RuntimePods(Layered(), Layered()).after_workloads((), state.workloads)
+        assert dict(kept.pods.items()) == dict(fresh.pods.items()), step
+        assert dict(kept.sandboxes.items()) == dict(fresh.sandboxes.items()), step
+    assert any(kept.sandboxes.items())
