@@ -112,6 +112,12 @@ def _check(req: AdmitRequest) -> AdmitRequest:
         _check_runtime(req)
     if req.cgroup is not None:
         _check_cgroup(req.cgroup, req.in_place)
+    if req.pinned and not req.in_place:
+        raise BadRequest("pinned goes with in_place: the caller's own cgroup, shared with other tasks",
+                         details={"field": "pinned"})
+    if req.pinned and (req.shared or (req.cpus < 1 and req.physcpubind is None)):
+        raise BadRequest("pinned books exclusive CPUs (cpus, or physcpubind): a process pinned inside a "
+                         "cgroup it shares cannot follow the shared pool", details={"field": "pinned"})
     within = None if req.within_cpus is None else parse_cpu_list(req.within_cpus, "within_cpus").format()
     return msgspec.structs.replace(
         req, isolate=isolate, within_cpus=within, hugepages=_hugepages(req.hugepages, "hugepages"), devices=_devices(req.devices, "devices"),

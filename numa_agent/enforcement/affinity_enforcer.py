@@ -41,9 +41,12 @@ class AffinityEnforcer:
 
     mode = "affinity"
 
-    def __init__(self, reason: str, proc_root: str = "/proc") -> None:
+    def __init__(self, reason: str, proc_root: str = "/proc",
+                 setaffinity: Callable[[int, Iterable[int]], None] = os.sched_setaffinity) -> None:
         self.reason: str | None = reason
         self.proc_root = proc_root
+        # The kernel's call; a cgroup enforcer on a simulated tree pins nothing for real.
+        self._setaffinity = setaffinity
         self._followed: dict[str, _Followed] = {}  # relpath -> its process's descriptors
         self._by_fd: dict[int, str] = {}  # pidfd -> relpath
         # The event loop's thread reads these while the API's change them, and
@@ -76,7 +79,7 @@ class AffinityEnforcer:
 
     def _apply(self, lease: "_Lease", old: Layout, new: Layout, move: tuple[str, int] | None,
                changed: Collection[str] | None) -> None:
-        pins = _Pins()
+        pins = _Pins(self._setaffinity)
         followers: list[str] = []
         shrink_to = grow_to = None
         if changed is not None:
@@ -124,7 +127,7 @@ class AffinityEnforcer:
             # The caller's own threads, as writing cgroup.procs moves a
             # process: no search for descendants on the admission path (what
             # it forks from now on inherits the mask; a re-pin takes the tree).
-            _pin_trees((pid,), spec.cpus, descendants=False)
+            _pin_trees((pid,), spec.cpus, descendants=False, setaffinity=self._setaffinity)
             self.track(relpath, pid)
 
     def _strays(self, old: Layout, new: Layout, changes: list, followers: list[str]) -> dict[str, list[int]]:
@@ -161,7 +164,7 @@ class AffinityEnforcer:
                 try:
                     marked = read_marked(pid, self.proc_root)
                     if marked is not None and marked.name == name and owner in (None, marked.uid):
-                        _pin_trees((pid,), cpus)
+                        _pin_trees((pid,), cpus, setaffinity=self._setaffinity)
                         log.info("%s: pid %d left the workload's process tree; pinned to CPUs %s",
                                  rel, pid, cpus.format())
                 except EnforcementError as exc:
@@ -194,7 +197,7 @@ class AffinityEnforcer:
             return
         try:
             if identity is None or process_identity(pid) == identity:
-                _pin_trees((pid,), layout[SHARED_CGROUP].cpus)
+                _pin_trees((pid,), layout[SHARED_CGROUP].cpus, setaffinity=self._setaffinity)
         finally:
             os.close(fd)
 
@@ -249,6 +252,10 @@ class AffinityEnforcer:
                 f.users -= 1
                 if f.forgotten and not f.users:
                     f.close()
+
+    def forget(self, relpath: str) -> None:
+        """Stop following `relpath`, its process left as it is."""
+        self._forget(relpath)
 
     def _forget(self, relpath: str) -> None:
         """Stop following `relpath`: its descriptors are closed now, or by the
@@ -472,7 +479,8 @@ class _Pins:
     the same CPUs (the shared pool's workloads when it changes) pinned as one
     batch, sharing one finder."""
 
-    def __init__(self) -> None:
+    def __init__(self, setaffinity: Callable[[int, Iterable[int]], None] = os.sched_setaffinity) -> None:
+        self.setaffinity = setaffinity
         self.finder = _Tasks()
         self.pids: list[int] = []
         self.cpus: CpuSet | None = None
@@ -489,7 +497,7 @@ class _Pins:
 
     def flush(self) -> None:
         if self.cpus is not None and self.pids:
-            _pin_trees(self.pids, self.cpus, finder=self.finder)
+            _pin_trees(self.pids, self.cpus, finder=self.finder, setaffinity=self.setaffinity)
         self.pids, self.cpus = [], None
 
 

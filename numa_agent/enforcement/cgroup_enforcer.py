@@ -12,11 +12,12 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
-from typing import Collection
+from typing import Collection, Iterable
 
-from numa_agent.core.cpuset import CpuSet
+from numa_agent.core.cpuset import CpuSet, CpuSetParseError
 from numa_agent.core.hints import NumaMask
 from numa_agent.core.names import engine_cgroup_parent, is_engine_cgroup
+from numa_agent.enforcement.affinity_enforcer import AffinityEnforcer
 from numa_agent.enforcement.cgroup import CgroupV2
 from numa_agent.enforcement.errors import CgroupError, CgroupMissingError, EnforcementError
 from numa_agent.enforcement.marked import MarkedProcess
@@ -27,6 +28,7 @@ from numa_agent.enforcement.plan import (
     SHARED_CGROUP,
     WORKLOAD_PREFIX,
     CgroupSpec,
+    is_pinned,
     order_changes,
 )
 from numa_agent.enforcement.polling import open_watcher
@@ -60,6 +62,13 @@ class CgroupEnforcer:
                                    else "memory and hugetlb limits off (systemd < 254)")
         # relpath -> its directory, validated once: a scrape asks for every workload's.
         self._paths: dict[str, str] = {}
+        # Workloads pinned inside an engine's cgroup they share (plan.is_pinned): their
+        # processes' affinity holds the booking, followed by pidfd as in the fallback.
+        # On a simulated tree nothing is pinned for real (its CPUs are another machine's):
+        # each pin is recorded, by thread id, for the tests to read.
+        self.simulated_pins: dict[int, CpuSet] = {}
+        self.pins = AffinityEnforcer("pinned inside a shared engine cgroup", setaffinity=(
+            self._record_pin if cgroup.files.simulated else os.sched_setaffinity))
 
     # ---- set-up ---------------------------------------------------------
     def setup(self) -> None:
@@ -98,6 +107,8 @@ class CgroupEnforcer:
         return self.partitions
 
     def path_of(self, relpath: str) -> str | None:
+        if is_pinned(relpath):
+            return None  # no cgroup of its own
         path = self._paths.get(relpath)
         if path is None:
             if len(self._paths) >= _PATHS_KEPT:  # the released ones' too: start over now and then
@@ -115,6 +126,9 @@ class CgroupEnforcer:
         written: set[str] = set()
         for change in order_changes(old, new, changed):
             spec = change.spec
+            if is_pinned(change.relpath):
+                self._apply_pinned(change.relpath, old.get(change.relpath), spec)
+                continue
             if change.kind == "remove":
                 self.watcher.unwatch(change.relpath)
                 if is_engine_cgroup(change.relpath):
@@ -150,7 +164,10 @@ class CgroupEnforcer:
                 except CgroupMissingError:
                     if not self._engine_gone(spec.relpath):
                         raise
-        if move is not None:
+        if move is not None and is_pinned(move[0]):
+            # The caller stays in its engine's cgroup: its threads are pinned and followed.
+            self.pins.apply({}, {move[0]: new[move[0]]}, move, changed=(move[0],))
+        elif move is not None:
             relpath, pid = move
             cg.move_pid(relpath, pid)
             self.watcher.occupied(relpath)
@@ -158,6 +175,20 @@ class CgroupEnforcer:
         # cgroup that inherits the pool follows shared/, which is read back
         # whenever it changed).
         self.verify(new, None if changed is None else written)
+
+    def _record_pin(self, tid: int, cpus: Iterable[int]) -> None:
+        self.simulated_pins[tid] = CpuSet(cpus)
+
+    def _apply_pinned(self, relpath: str, before: CgroupSpec | None, spec: CgroupSpec | None) -> None:
+        """A pinned workload's change, in its place among the others: a new one is
+        pinned when its process is given (the move), a resized one re-pinned, and a
+        released one forgotten, what still runs of it handed back to its engine's
+        cgroup (every CPU asked: the kernel bounds it by that cgroup's cpuset)."""
+        if spec is None:
+            assert before is not None
+            self.pins.apply({relpath: before}, _EVERY_CPU_POOL(), None, changed=(relpath,))
+        elif before is not None:
+            self.pins.apply({relpath: before}, {relpath: spec}, None, changed=(relpath,))
 
     def _update(self, spec: CgroupSpec, before: CgroupSpec | None, written: set[str],
                 recorded: set[str]) -> None:
@@ -278,6 +309,10 @@ class CgroupEnforcer:
         removed, or an engine's handed back."""
         if relpath is None:
             return
+        if is_pinned(relpath):
+            self.pins.forget(relpath)
+            self.pins.evict(relpath, pid, identity, _EVERY_CPU_POOL())
+            return
         self.watcher.unwatch(relpath)
         if is_engine_cgroup(relpath):
             self._hand_back(relpath)
@@ -300,6 +335,8 @@ class CgroupEnforcer:
         specs = layout.values() if relpaths is None else [layout[rel] for rel in sorted(relpaths) if rel in layout]
         for spec in specs:
             rel = spec.relpath
+            if is_pinned(rel):
+                continue  # sched_setaffinity pinned it or raised
             try:
                 cpus, mems = self.cgroup.read_effective(rel)
             except CgroupMissingError:
@@ -333,21 +370,27 @@ class CgroupEnforcer:
 
     # ---- observation (restart, reconcile) ------------------------------------
     def exists(self, relpath: str) -> bool:
-        return self.cgroup.exists(relpath)
+        return self.pins.exists(relpath) if is_pinned(relpath) else self.cgroup.exists(relpath)
 
     def populated(self, relpath: str) -> bool:
+        if is_pinned(relpath):
+            return self.pins.populated(relpath)
         try:
             return self.cgroup.populated(relpath)
         except CgroupMissingError:
             return False
 
     def pids(self, relpath: str) -> list[int]:
+        if is_pinned(relpath):
+            return self.pins.pids(relpath)
         try:
             return self.cgroup.procs(relpath)
         except CgroupMissingError:
             return []
 
     def subtree_pids(self, relpath: str) -> list[int]:
+        if is_pinned(relpath):
+            return self.pins.pids(relpath)
         out, todo = [], [relpath]
         while todo:
             rel = todo.pop()
@@ -359,12 +402,16 @@ class CgroupEnforcer:
         return sorted(out)
 
     def read_cpuset(self, relpath: str) -> tuple[CpuSet, tuple[int, ...]]:
+        if is_pinned(relpath):
+            return self.pins.read_cpuset(relpath)
         cpus, mems = self.cgroup.read_effective(relpath)
         return cpus, mems.nodes()
 
     def read_limits(self, relpath: str) -> Limits:
         """`memory.max` and every `hugetlb.<size>.max` that holds a limit;
         a controller that is not enabled there has no limit to read."""
+        if is_pinned(relpath):
+            return NO_LIMITS  # a cgroup it shares: its limits are not this workload's
         cg = self.cgroup
         try:
             memory_max = cg.read_memory_max(relpath)
@@ -383,6 +430,8 @@ class CgroupEnforcer:
 
     # ---- the booking record: an extended attribute of the cgroup directory -------
     def write_record(self, relpath: str, data: bytes) -> None:
+        if is_pinned(relpath):
+            return  # no cgroup of its own to keep it
         try:
             self.cgroup.write_xattr(relpath, RECORD_XATTR, data)
             return
@@ -395,6 +444,8 @@ class CgroupEnforcer:
             pass
 
     def read_record(self, relpath: str) -> bytes | None:
+        if is_pinned(relpath):
+            return None
         try:
             return self.cgroup.read_xattr(relpath, RECORD_XATTR)
         except CgroupError as exc:
@@ -461,17 +512,23 @@ class CgroupEnforcer:
     # ---- liveness: inotify on each workload's cgroup.events ---------------------
     def track(self, relpath: str, pid: int | None, identity: str | None = None) -> bool:
         """The cgroup knows its processes: `pid` is not needed. Its watch is
-        set when the layout is applied."""
+        set when the layout is applied. A pinned workload has only its process."""
+        if is_pinned(relpath):
+            return self.pins.track(relpath, pid, identity)
         return self.populated(relpath)
 
     def fds(self) -> list[int]:
         """The inotify watcher, and whatever the files backend needs to notice
         exits (a simulated tree's pidfds; nothing on the kernel's)."""
-        return [self.watcher.fileno(), *self.cgroup.files.fds()]
+        return [self.watcher.fileno(), *self.cgroup.files.fds(), *self.pins.fds()]
 
     def released(self, ready_fds: Collection[int]) -> list[str]:
         """Watched cgroups whose `cgroup.events` changed and that are empty now
         (the change may as well have been a process moving in)."""
+        gone = self.pins.released(ready_fds)
+        return gone + self._released_cgroups(ready_fds)
+
+    def _released_cgroups(self, ready_fds: Collection[int]) -> list[str]:
         backend = set(self.cgroup.files.fds()) & set(ready_fds)
         if backend:
             # The simulated tree drops the exited processes now; inotify
@@ -482,8 +539,21 @@ class CgroupEnforcer:
         return [rel for rel in self.watcher.read_events() if not self.populated(rel)]
 
     def close(self) -> None:
+        self.pins.close()
         self.watcher.close()
         self.cgroup.files.close()
+
+
+def _EVERY_CPU_POOL() -> dict[str, CgroupSpec]:
+    """A released pinned process's layout to go back to: every possible CPU, which the
+    kernel bounds by the cpuset of the cgroup it is in (its engine's grant, as a
+    handed-back engine cgroup's processes get)."""
+    try:
+        with open("/sys/devices/system/cpu/possible") as f:
+            every = CpuSet.parse(f.read().strip())
+    except (OSError, CpuSetParseError):
+        every = CpuSet(range(os.cpu_count() or 1))
+    return {SHARED_CGROUP: CgroupSpec(SHARED_CGROUP, every, ())}
 
 
 __all__ = ["CgroupEnforcer", "CgroupError", "EnforcementError"]

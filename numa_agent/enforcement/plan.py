@@ -45,6 +45,9 @@ SHARED_CGROUP = "shared"
 RELEASED_CGROUP = "shared/_released"
 WORKLOAD_PREFIX = "wl-"
 POD_PREFIX = "pod-"
+# A workload pinned inside an engine's cgroup it shares (Workload.pinned_in):
+# no cgroup of its own, so its path names no directory ("pinned/<name>").
+PINNED_PREFIX = "pinned/"
 
 
 
@@ -76,6 +79,8 @@ def safe_component(name: str) -> str:
 
 
 def workload_relpath(w: Workload) -> str:
+    if w.pinned_in is not None:
+        return f"{PINNED_PREFIX}{safe_component(w.name)}"
     if w.cgroup is not None:
         return w.cgroup  # an engine's (CgroupV2.path checks it)
     name = safe_component(w.name)
@@ -84,6 +89,12 @@ def workload_relpath(w: Workload) -> str:
     if w.shared:
         return f"{SHARED_CGROUP}/{name}"
     return f"{WORKLOAD_PREFIX}{name}"
+
+
+def is_pinned(relpath: str) -> bool:
+    """The path of a workload pinned inside a cgroup it shares: the affinity of its
+    process, not a cgroup, holds its booking."""
+    return relpath.startswith(PINNED_PREFIX)
 
 
 def engine_clash(booked: list[str], cgroup: str) -> str | None:
@@ -155,7 +166,7 @@ def runtime_enforced(state: AgentState, holder: Workload | Pod | None) -> bool:
 
 def _follows_pool(w: Workload) -> bool:
     """Runs on the whole shared pool: its cgroup inherits the pool's CPUs."""
-    return w.shared and w.pod is None and not w.cpunodebind and w.cgroup is None
+    return w.shared and w.pod is None and not w.cpunodebind and w.cgroup is None and w.pinned_in is None
 
 
 def _workload_spec(machine: Machine, state: AgentState, w: Workload) -> CgroupSpec:

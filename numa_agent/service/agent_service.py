@@ -156,12 +156,12 @@ class AgentService(ReadSide):
         if admitted is not None:
             if admitted.request.get("request_id") is not None:
                 index[str(admitted.request["request_id"])] = admitted.name
-            if admitted.cgroup is not None:
-                bisect.insort(engines, admitted.cgroup)
+            if (held := engine_held(admitted)) is not None:
+                bisect.insort(engines, held)
         if released is not None:
             index.pop(str(released.request.get("request_id")), None)
-            if released.cgroup is not None and released.cgroup in engines:
-                engines.remove(released.cgroup)
+            if (held := engine_held(released)) is not None and held in engines:
+                engines.remove(held)
         self._request_index_state = self._engine_index_state = self.state
 
     def release(self, name: str, caller: Caller | None, reason: str = "requested",
@@ -296,9 +296,15 @@ class AgentService(ReadSide):
     def _engine_index(self) -> list[str]:
         state = self.state
         if self._engine_index_state is not state:
-            self._engine_paths = sorted(w.cgroup for w in state.workloads if w.cgroup is not None)
+            self._engine_paths = sorted(held for w in state.workloads if (held := engine_held(w)) is not None)
             self._engine_index_state = state
         return self._engine_paths
+
+
+def engine_held(w: Workload) -> str | None:
+    """The engine cgroup `w` is booked on, or pinned inside (listed once for each
+    workload pinned there: a release takes one out)."""
+    return w.cgroup if w.cgroup is not None else w.pinned_in
 
 
 def _check_root_owned(path: str | None, cgroup: str) -> None:

@@ -93,8 +93,12 @@ class ReadSide:
             view["isolation"].update(done=[], not_done=list(self.isolation.missing(state, w.name))
                                      if self.isolation is not None else view["isolation"]["not_done"])
         view.update({
-            "cgroup": None if dry_run or w.runtime is not None else self.enforcer.path_of(workload_relpath(w)),
-            "enforcement": self.enforcer.mode,
+            "cgroup": None if dry_run or w.runtime is not None else
+            self.enforcer.path_of(w.pinned_in or workload_relpath(w)),
+            # Pinned inside a cgroup it shares: its affinity holds the booking, and the
+            # launcher binds its own memory, as under the affinity fallback.
+            "enforcement": "affinity" if w.pinned_in is not None and self.enforcer.mode == "cgroup"
+            else self.enforcer.mode,
             "explanation": dict(explanation), "dry_run": dry_run,
             "mark": None if dry_run else self._mark(w),
         })
@@ -140,6 +144,8 @@ class ReadSide:
             "isolation": self._isolation_view(w),
             # The engine's cgroup it is enforced on (/proc/PID/cgroup's form), None: the agent's tree.
             "engine_cgroup": w.cgroup,
+            # The engine's cgroup it shares with others and is pinned inside (a Slurm step's tasks).
+            "pinned_in": w.pinned_in,
             # The container its runtime enforces (NRI), None: the agent enforces it.
             "runtime": msgspec.to_builtins(w.runtime) if w.runtime is not None else None,
         }

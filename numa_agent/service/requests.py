@@ -93,6 +93,10 @@ class AdmitRequest(msgspec.Struct, forbid_unknown_fields=True):
     # caller's own (numa-run inside a Slurm task's cgroup).
     cgroup: Annotated[str, msgspec.Meta(max_length=MAX_CGROUP_CHARS)] | None = None
     in_place: bool = False
+    # With in_place: the caller's cgroup holds other tasks booked apart (a Slurm
+    # step's tasks in one cgroup), so the agent pins the caller's process inside
+    # it instead of writing the cgroup (exclusive CPUs only).
+    pinned: bool = False
     # The caller's own bound on where its CPUs may lie (numa-run: the CPUs Slurm's
     # task/affinity bound the task to); narrows, never widens, what is booked.
     within_cpus: Annotated[str, msgspec.Meta(max_length=MAX_CPU_LIST_CHARS)] | None = None

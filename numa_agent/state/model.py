@@ -116,6 +116,10 @@ class Workload(_Value, frozen=True):
     # A container its runtime enforces (NRI): booked here, but no cgroup of the
     # agent's, no process moved or followed; it lives until released by name.
     runtime: RuntimeRef | None = None
+    # An engine's cgroup the workload shares with others booked apart (a Slurm
+    # step's tasks in one cgroup): the agent pins its process inside it with
+    # sched_setaffinity and follows it; the cgroup stays its engine's.
+    pinned_in: str | None = None
 
     @property
     def quarantined(self) -> bool:
@@ -493,9 +497,9 @@ def _dec_hook(typ: type, value: Any) -> Any:
 
 
 def _without_unknown_identity(workload: dict[str, Any]) -> dict[str, Any]:
-    """pid_identity, an engine's cgroup, a runtime's container and the CPUs resizes added are written only
-    when there are some, so older checkpoints read back unchanged."""
-    for key in ("pid_identity", "cgroup", "runtime"):
+    """pid_identity, an engine's cgroup (booked whole or pinned inside), a runtime's container and the CPUs
+    resizes added are written only when there are some, so older checkpoints read back unchanged."""
+    for key in ("pid_identity", "cgroup", "runtime", "pinned_in"):
         if workload.get(key) is None:
             workload.pop(key, None)
     if not workload.get("cpus_added"):

@@ -142,9 +142,9 @@ def test_a_shared_admission_pins_nobody_else_in_the_affinity_fallback(tmp_path, 
     pinned: list[tuple[int, bool]] = []
     real_pin = enforcer_module._pin_trees
 
-    def pin(pids, cpus, descendants=True, finder=None):
+    def pin(pids, cpus, descendants=True, finder=None, **kwargs):
         pinned.extend((pid, descendants) for pid in pids)
-        return real_pin(pids, cpus, descendants, finder)
+        return real_pin(pids, cpus, descendants, finder, **kwargs)
 
     monkeypatch.setattr(enforcer_module, "_pin_trees", pin)
     callers = [sleepers() for _ in range(5)]
@@ -192,9 +192,9 @@ def test_the_pool_followers_move_as_one_plan_before_the_new_holder(tmp_path, mon
         planned.append(only)
         return real_order(old, new, only)
 
-    def pin(pids, cpus, descendants=True, finder=None):
+    def pin(pids, cpus, descendants=True, finder=None, **kwargs):
         pinned.extend(pids)
-        return real_pin(pids, cpus, descendants, finder)
+        return real_pin(pids, cpus, descendants, finder, **kwargs)
 
     monkeypatch.setattr(enforcer_module, "order_changes", order)
     monkeypatch.setattr(enforcer_module, "_pin_trees", pin)

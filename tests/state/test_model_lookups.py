@@ -75,7 +75,7 @@ def reference_json(state):
     out = msgspec.to_builtins(state, enc_hook=lambda v: v.format(), str_keys=True)
     out["workloads"] = list(out["workloads"])
     for w in out["workloads"]:
-        for key in ("pid_identity", "cgroup", "runtime"):  # written only when there is one
+        for key in ("pid_identity", "cgroup", "runtime", "pinned_in"):  # written only when there is one
             if w.get(key) is None:
                 w.pop(key, None)
         if not w.get("cpus_added"):

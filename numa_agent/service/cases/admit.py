@@ -106,7 +106,7 @@ def admit(parts: AdmitParts, request: AdmitRequest, caller: Caller, dry_run: boo
             outcome = _manager_outcome(parts, request, decision.explanation, decision.pinned, None,
                                        merge_refused=False)
             parts.counters.decided(outcome, time.perf_counter() - deciding)
-        w = _with_runtime(decision.workload, request)
+        w = _pinned(_with_runtime(decision.workload, request), request)
         w = _with_isolation(parts, w, request, caller, started)
         decision_state = decision.state if w is decision.workload else decision.state.with_workload(w)
         _check_strict(parts, decision_state, w, started)
@@ -144,15 +144,22 @@ def _manager_outcome(parts: AdmitParts, body: AdmitRequest, explanation: Mapping
 
 
 # ---- requests ----------------------------------------------------------------
-def _check_engine_clash(parts: AdmitParts, cgroup: str) -> None:
+def _check_engine_clash(parts: AdmitParts, cgroup: str, pinned: bool = False) -> None:
     """One workload per engine cgroup, and none in or around another's: a
     cpuset or limit written on a cgroup governs its whole subtree, so an
-    exclusive workload below another would run on the outer one's CPUs."""
+    exclusive workload below another would run on the outer one's CPUs.
+    Workloads pinned inside one cgroup they share (`pinned`: a Slurm step's
+    tasks) are the exception: any number of them, and nothing else there."""
     clash = engine_clash(parts.engine_index(), cgroup)
     if clash is None:
         return
     spec = parts.layout.get(clash)
     holder = spec.workload if spec is not None else None
+    if spec is None and clash == cgroup:  # only pinned workloads hold it
+        if pinned:
+            return
+        raise InConflict(f"cgroup {cgroup} holds workloads pinned inside it (tasks booked apart); one "
+                         "booking for the whole cgroup cannot join them")
     where = "already holds" if clash == cgroup else \
         ("lies below" if cgroup.startswith(clash + "/") else "lies above") + f" cgroup {clash}, which holds"
     raise InConflict(f"cgroup {cgroup} {where} workload {holder or '(unknown)'}; one engine cgroup "
@@ -280,7 +287,7 @@ def _on_engine_cgroup(parts: AdmitParts, req: Request, body: AdmitRequest, calle
             parts.check_own_cgroup(cgroup, caller)
     except EnforcementError as exc:
         raise InvalidRequest(f"cgroup {cgroup}: {exc}") from None
-    _check_engine_clash(parts, cgroup)
+    _check_engine_clash(parts, cgroup, pinned=body.pinned)
     granted = cpus & parts.machine.usable_cpus
     if req.within_cpus is not None:  # the caller's own bound narrows the engine's grant
         granted = granted & req.within_cpus
@@ -301,6 +308,14 @@ def _check_runtime(state: AgentState, body: AdmitRequest, caller: Caller) -> Non
         raise InvalidRequest(f"pod {pod.name} holds containers " + (
             "their runtime enforces; a workload the agent enforces cannot join it" if body.runtime is None
             else "the agent enforces; a container its runtime enforces cannot join it"))
+
+
+def _pinned(w: Workload, body: AdmitRequest) -> Workload:
+    """`w` pinned inside the engine cgroup it was booked in (body.pinned): the agent
+    follows and pins its process there, and never writes that cgroup."""
+    if not body.pinned or w.cgroup is None:
+        return w
+    return msgspec.structs.replace(w, pinned_in=w.cgroup, cgroup=None)
 
 
 def _with_runtime(w: Workload, body: AdmitRequest) -> Workload:

@@ -80,6 +80,7 @@ def _revoked_after(parts: CaseParts, state: AgentState, w: Workload, reason: str
         running = parts.enforcer.populated(workload_relpath(w))
     if not running:
         return state
-    log.warning("released %s (%s) while pid %s still runs: it stays on the shared pool, no longer "
-                "managed, and is never taken for a workload again", w.name, reason, w.pid)
+    where = f"its cgroup's CPUs ({w.pinned_in})" if w.pinned_in is not None else "the shared pool"
+    log.warning("released %s (%s) while pid %s still runs: it goes back to %s, no longer "
+                "managed, and is never taken for a workload again", w.name, reason, w.pid, where)
     return state.with_revoked((*state.revoked, revocation_of(w, parts.clock())))
