@@ -381,7 +381,7 @@ def slurm_request(args: argparse.Namespace, body: dict[str, Any], case: Confinem
     binding: the narrower), within those CPUs, -C and -N too. Returns why numa-run
     refuses, or None."""
     from numa_agent.core.cpuset import CpuSet
-    from numa_agent.core.slurm import shared_cgroup_refusal, task_refusal, tasks_on_node
+    from numa_agent.core.slurm import shared_cgroup_refusal, shares_cgroup, task_refusal, tasks_on_node
 
     body.setdefault("name", case.task.workload_name(os.geteuid()))
     pinned = body.get("physcpubind")
@@ -389,10 +389,14 @@ def slurm_request(args: argparse.Namespace, body: dict[str, Any], case: Confinem
     if too_few:
         return too_few
     if case.in_place:
-        shared = shared_cgroup_refusal(case.task, case.cgroup, tasks_on_node(os.environ), case.cgroup_confined)
+        tasks_here = tasks_on_node(os.environ)
+        exclusive = int(body.get("cpus") or 0) or (1 if pinned else 0)
+        shared = shared_cgroup_refusal(case.task, case.cgroup, tasks_here, exclusive)
         if shared:
             return shared
         body["in_place"] = True
+        if shares_cgroup(case.cgroup, tasks_here):
+            body["pinned"] = True  # the step's tasks share the cgroup: each is pinned inside it
     if case.confined:
         # Never outside what Slurm gave the task: its binding, or its cgroup's grant (which
         # the agent reads itself in place, and cannot in the affinity fallback). The agent
@@ -427,7 +431,7 @@ def _post(args: argparse.Namespace, path: str, body: dict[str, Any],
     except common.AgentError as exc:
         if not (body.get("in_place") and exc.status == 400 and "in_place" in str(exc)):
             raise
-    return common.call(args, "POST", path, {k: v for k, v in body.items() if k != "in_place"})[1]
+    return common.call(args, "POST", path, {k: v for k, v in body.items() if k not in ("in_place", "pinned")})[1]
 
 
 def _admit(args: argparse.Namespace,

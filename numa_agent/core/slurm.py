@@ -288,25 +288,24 @@ def tasks_on_node(env: Mapping[str, str]) -> int | None:
     return counts[index] if index < len(counts) else None
 
 
-def shared_cgroup_refusal(task: SlurmTask, cgroup: str, tasks_here: int | None,
-                          cgroup_confined: bool = False) -> str | None:
-    """Why numa-run cannot book this task in place, when Slurm keeps several tasks of the
-    step in one cgroup (22.05's `.../user/task_special`): one cgroup takes one booking, and
-    leaving it escapes Slurm (scancel no longer kills it). Without task/cgroup,
-    jobacct_gather/cgroup gives each task a cgroup of its own; with it (`cgroup_confined`:
-    the cgroup holds fewer than every CPU) 22.05 keeps them in one all the same (seen in
-    the test guest under task/cgroup,task/affinity), and one task per node in each step is
-    the remedy left."""
-    if cgroup.rsplit("/", 1)[-1] != SHARED_TASK_CGROUP or not tasks_here or tasks_here < 2:
+def shares_cgroup(cgroup: str, tasks_here: int | None) -> bool:
+    """Slurm keeps this task in one cgroup with the step's other tasks on this node
+    (22.05's `.../user/task_special`, under task/cgroup whatever JobAcctGatherType says,
+    and without jobacct_gather/cgroup otherwise): a booking written on that cgroup would
+    be every task's, so each task is pinned inside it instead. A lone task there
+    (SLURM_STEP_TASKS_PER_NODE says 1) is booked on the cgroup itself."""
+    return cgroup.rsplit("/", 1)[-1] == SHARED_TASK_CGROUP and (tasks_here is None or tasks_here > 1)
+
+
+def shared_cgroup_refusal(task: SlurmTask, cgroup: str, tasks_here: int | None, cpus: int) -> str | None:
+    """Why numa-run cannot book this task, which shares Slurm's cgroup with the step's
+    other tasks (`shares_cgroup`): a task pinned there books whole CPUs of its own, and
+    one asking for none (the shared pool) cannot be pinned apart from the others."""
+    if not shares_cgroup(cgroup, tasks_here) or cpus > 0:
         return None
-    shared = (f"{task.label}: Slurm keeps this step's {tasks_here} tasks on this node in one cgroup "
-              f"({cgroup}), which can hold one booking; ")
-    if cgroup_confined:
-        return shared + ("under task/cgroup Slurm 22.05 does so whatever JobAcctGatherType says: run one "
-                         "task per node in each step (srun --ntasks-per-node=1, or one srun -n1 --exact "
-                         "per task)")
-    return shared + ("give each task a cgroup of its own with JobAcctGatherType=jobacct_gather/cgroup in "
-                     "slurm.conf, or run one task per node")
+    tasks = f"{tasks_here} tasks" if tasks_here else "tasks"
+    return (f"{task.label}: Slurm keeps this step's {tasks} on this node in one cgroup ({cgroup}); each is "
+            "pinned inside it on CPUs of its own: ask for them with --cpus N (or run one task per node)")
 
 
 @dataclass(frozen=True)

@@ -594,11 +594,17 @@ def test_the_refusal_is_numa_runs_one_line_exit_125(server, fake, monkeypatch, c
     assert fake.calls == []
 
 
-def test_tasks_sharing_one_slurm_cgroup_are_refused_with_the_remedy(monkeypatch):
+def test_tasks_sharing_one_slurm_cgroup_are_each_pinned_inside_it(monkeypatch):
     monkeypatch.setenv("SLURM_STEP_TASKS_PER_NODE", "3")
     monkeypatch.setenv("SLURM_NODEID", "0")
-    refused, body = _slurm_body(["--cpus", "2"], _case(STEP_CGROUP.replace("task_2", "task_special"), "0-7", "0-7"))
-    assert refused is not None and "jobacct_gather/cgroup" in refused and "in_place" not in body
+    shared = _case(STEP_CGROUP.replace("task_2", "task_special"), "0-7", "0-7")
+    refused, body = _slurm_body(["--cpus", "2"], shared)
+    assert refused is None and body["in_place"] is True and body["pinned"] is True
+    refused, body = _slurm_body(["-m", "0"], shared)  # the shared pool cannot be pinned apart
+    assert refused is not None and "--cpus N" in refused and "pinned" not in body
+    monkeypatch.setenv("SLURM_STEP_TASKS_PER_NODE", "1")  # alone in it: the cgroup is its own
+    refused, body = _slurm_body(["--cpus", "2"], shared)
+    assert refused is None and body["in_place"] is True and "pinned" not in body
 
 
 def test_an_agent_that_cannot_book_in_place_is_asked_again_without_it(server, fake, monkeypatch):

@@ -16,6 +16,7 @@ from numa_agent.core.slurm import (
     job_prefix,
     node_line,
     shared_cgroup_refusal,
+    shares_cgroup,
     slurm_node,
     slurm_task,
     spec_note,
@@ -247,22 +248,23 @@ def test_tasks_on_this_node(spec, node, expected):
 SHARED = "/system.slice/numa1_slurmstepd.scope/job_5/step_0/user/task_special"
 
 
-def test_tasks_sharing_slurms_one_cgroup_cannot_each_be_booked_in_place():
+def test_tasks_sharing_slurms_one_cgroup_are_each_pinned_inside_it():
+    assert shares_cgroup(SHARED, 3)
+    assert shares_cgroup(SHARED, None)  # Slurm did not say how many: pinned, to be safe
+    assert not shares_cgroup(SHARED, 1)  # alone in it: booked on the cgroup itself
+    assert not shares_cgroup(SHARED.replace("task_special", "task_1"), 3)  # a cgroup per task
+
+
+def test_a_task_sharing_slurms_cgroup_books_cpus_of_its_own_or_is_refused():
     task = SlurmTask("5", "0", "1")
-    why = shared_cgroup_refusal(task, SHARED, 3)
-    assert why is not None and "3 tasks" in why and "JobAcctGatherType=jobacct_gather/cgroup" in why
-    assert shared_cgroup_refusal(task, SHARED, 1) is None  # alone in it: booked in place
-    assert shared_cgroup_refusal(task, SHARED.replace("task_special", "task_1"), 3) is None  # a cgroup per task
-
-
-def test_under_task_cgroup_the_remedy_is_one_task_per_node_in_each_step():
-    # Slurm 22.05 keeps task/cgroup's tasks in task_special even with jobacct_gather/cgroup.
-    case = confinement(SlurmTask("5", "0", "1"), SHARED, online=ONLINE, cgroup_cpus=CpuSet.parse("2-5"),
+    why = shared_cgroup_refusal(task, SHARED, 3, cpus=0)
+    assert why is not None and "3 tasks" in why and "--cpus N" in why and "\n" not in why
+    assert shared_cgroup_refusal(task, SHARED, 3, cpus=2) is None
+    assert shared_cgroup_refusal(task, SHARED, 1, cpus=0) is None  # alone: the cgroup is its own
+    case = confinement(task, SHARED, online=ONLINE, cgroup_cpus=CpuSet.parse("2-5"),
                        cgroup_mems=None, affinity=CpuSet.parse("2-3"))
-    assert case.cgroup_confined
-    why = shared_cgroup_refusal(case.task, SHARED, 2, case.cgroup_confined)
-    assert why is not None and "jobacct_gather/cgroup" not in why and "--ntasks-per-node=1" in why
-    bound = confinement(SlurmTask("5", "0", "1"), SHARED, online=ONLINE, cgroup_cpus=ONLINE,
+    assert case.cgroup_confined and case.in_place  # task/cgroup: booked in place, pinned inside it
+    bound = confinement(task, SHARED, online=ONLINE, cgroup_cpus=ONLINE,
                         cgroup_mems=None, affinity=CpuSet.parse("2-3"))
     assert not bound.cgroup_confined  # task/affinity alone: the cgroup holds every CPU
 

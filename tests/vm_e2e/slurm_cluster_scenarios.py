@@ -56,10 +56,9 @@ SOCKET = "/run/numa-agent/agent.sock"  # the default: the Epilog's numa-agent fi
 EPILOG = REPO / "contrib" / "slurm" / "epilog"
 WORK = Path("/tmp/vm-e2e")
 SLURM_DIR = WORK / "slurm"  # the same path on both nodes: slurm.conf, cgroup.conf, the Epilog
-# task/none with a cgroup per task (jobacct_gather/cgroup), as the one-node slurm-three-tasks
-# proves: under task/cgroup Slurm 22.05 left a step's tasks on a node in one cgroup
-# (task_special) in this guest, where numa-run refuses a second task (docs/slurm.md).
-TASK_PLUGIN = "task/none"
+# The plugins sites combine. Slurm 22.05 keeps a step's tasks on a node in one cgroup
+# under task/cgroup (task_special), where each task is pinned inside it (docs/slurm.md).
+TASK_PLUGIN = "task/cgroup,task/affinity"
 SLURM_TIMEOUT = 180.0  # daemons and steps of two emulated guests on a busy host
 PEER_TIMEOUT = 420.0  # the second guest's boot (once more after a hung one: 180 s) and first Python import
 SLEEP = 900
@@ -298,7 +297,7 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
     # The shipped Epilog, its output and exit status kept where the scenarios read them.
     epilog = (f"#!/bin/sh\n{{ echo \"epilog job $SLURM_JOB_ID\"; {EPILOG}; echo \"epilog exit $?\"; }} "
               f">> {logs}/epilog.log 2>&1\nexit 0\n")
-    cgroup = "CgroupPlugin=cgroup/v2\nIgnoreSystemd=yes\nConstrainCores=no\n"
+    cgroup = "CgroupPlugin=cgroup/v2\nIgnoreSystemd=yes\nConstrainCores=yes\n"
     return {"slurm.conf": conf, "cgroup.conf": cgroup, "epilog": epilog}
 
 
@@ -385,8 +384,10 @@ def task_script(name: str) -> str:
     """What each task runs inside numa-run: says where it is and what the kernel allows it,
     from inside itself, then waits until its node has the scenario's end file."""
     end = WORK / f"end-{name}"
+    numa_run = Path(sys.executable).parent / "numa-run"
     return ('echo "job $SLURM_JOB_ID node $SLURMD_NODENAME pid $$"; grep _allowed_list /proc/self/status; '
-            f'cat /proc/self/cgroup; echo ready; while [ ! -e {end} ]; do sleep 1; done')
+            f'cat /proc/self/cgroup; {numa_run} --show | grep -E "^(policy|membind):"; echo ready; '
+            f'while [ ! -e {end} ]; do sleep 1; done')
 
 
 def parse_tasks(text: str) -> dict[int, dict]:
@@ -405,6 +406,9 @@ def parse_tasks(text: str) -> dict[int, dict]:
             t["status"] += body + "\n"
         elif body.startswith("0::"):
             t["cgroup"] = body[3:]
+        elif body.startswith(("policy:", "membind:")):
+            key, _, value = body.partition(":")
+            t[key] = value.strip()
         elif body == "ready":
             t["ready"] = True
     return tasks
@@ -507,7 +511,7 @@ def check_placement(g: ClusterGuest, tasks: dict[int, dict], job: str) -> dict[s
     """Two tasks on each node; each on whole cores of one NUMA node of its node with that
     node's memory, as read inside the task; the two of a node apart; inside the CPUs Slurm
     confined the step to there; booked by that node's agent as slurm-<job>-0-<task>-u0 for
-    the task's own pid (the step's cpuset is all of a node under task/none). Returns node -> [(task, CPUs, NUMA node)]."""
+    the task's own pid (inside the CPUs task/cgroup gave the step there). Returns node -> [(task, CPUs, NUMA node)]."""
     per_node: dict[str, list[tuple[int, CpuSet, int]]] = {}
     for procid, t in sorted(tasks.items()):
         check(t.get("job") == job, f"task {procid} says job {t.get('job')}, expected {job}")
@@ -518,8 +522,13 @@ def check_placement(g: ClusterGuest, tasks: dict[int, dict], job: str) -> dict[s
         numa = kernel.nodes_of(cpus)
         check(kernel.whole_cores(cpus) and len(numa) == 1,
               f"task {procid} on {node}: CPUs {cpus.format()} are not whole cores of one NUMA node ({numa})")
-        check(mems == CpuSet(numa), f"task {procid} on {node}: memory nodes {mems.format()}, its CPUs are on {numa}")
         cgroup = t.get("cgroup", "")
+        if cgroup.endswith("/task_special"):  # pinned inside the step's one cgroup: bound by its policy
+            bound = CpuSet(int(n) for n in t.get("membind", "").split())
+            check(bound == CpuSet(numa), f"task {procid} on {node}: memory policy {t.get('policy')!r} binds "
+                                         f"{bound.format()}, its CPUs are on {numa}")
+        else:
+            check(mems == CpuSet(numa), f"task {procid} on {node}: memory nodes {mems.format()}, its CPUs are on {numa}")
         check(f"/job_{job}/step_0/" in cgroup, f"task {procid} on {node} runs in {cgroup!r}, not Slurm's step")
         step = cgroup.split("/step_0/")[0] + "/step_0/cpuset.cpus.effective"
         granted = CpuSet.parse(g.read(node, f"{CGROUP_MOUNT}{step}").strip())

@@ -250,9 +250,11 @@ class SlurmGuest(Guest):
 
     def srun(self, name: str, *srun_args: str, cpus: int, record: str) -> subprocess.Popen:
         """`srun SRUN_ARGS numa-run --cpus N -- sh -c ...`: each task writes its
-        /proc/self/status lines and cgroup to record.<procid>, then sleeps."""
+        /proc/self/status lines, cgroup and memory policy (`numa-run --show`, which the
+        shell's child inherits) to record.<procid>, then sleeps."""
         script = (f"grep _allowed_list /proc/self/status > {record}.$SLURM_PROCID.tmp; "
                   f"cat /proc/self/cgroup >> {record}.$SLURM_PROCID.tmp; "
+                  f"{self.numa_run} --show >> {record}.$SLURM_PROCID.tmp; "
                   f"mv {record}.$SLURM_PROCID.tmp {record}.$SLURM_PROCID; exec sleep {SLEEP}")
         out = open(self.work / f"{name}.srun", "w+")
         proc = subprocess.Popen(["srun", *srun_args, str(self.numa_run), "--cpus", str(cpus), "--",
@@ -315,6 +317,41 @@ def check_task(g: SlurmGuest, w: dict, record: Path, procid: int) -> tuple[CpuSe
     live = proc_cgroup(w["pid"]) if Path(f"/proc/{w['pid']}").exists() else ""
     check(live == cgroup, f"{w['name']}: pid {w['pid']} is in {live!r} now")
     return cpus, mems, cgroup
+
+
+def check_pinned_tasks(g: SlurmGuest, tasks: list[dict], record: Path) -> str:
+    """Tasks of one step that share Slurm's one cgroup (user/task_special), each pinned
+    inside it: the task's own affinity is its booking, whole cores of one node, distinct
+    from the other tasks', inside the step's cpuset; its memory policy binds that node
+    (the cgroup's mems stay the step's); it stayed in the cgroup, which the agent did not
+    take over (no engine_cgroup, its cpuset still the step's)."""
+    said, seen = [], []
+    for procid, w in enumerate(tasks):
+        text = Path(f"{record}.{procid}").read_text()
+        cpus, _ = parse_allowed(text)
+        cgroup = next((line[3:] for line in text.splitlines() if line.startswith("0::")), "")
+        booked = CpuSet.parse(w["cpus"])
+        check(cgroup.endswith("/user/task_special"), f"{w['name']}: the task runs in {cgroup!r}, not Slurm's one cgroup")
+        check(w.get("pinned_in") == cgroup and w.get("engine_cgroup") is None,
+              f"{w['name']}: pinned_in {w.get('pinned_in')!r}, engine_cgroup {w.get('engine_cgroup')!r}; task in {cgroup!r}")
+        check(cpus == booked, f"{w['name']}: the task's Cpus_allowed_list is {cpus.format()}, booked {booked.format()}")
+        check(g.kernel.whole_cores(cpus), f"{w['name']}: CPUs {cpus.format()} are not whole cores")
+        nodes = g.kernel.nodes_of(cpus)
+        check(len(nodes) == 1, f"{w['name']}: CPUs {cpus.format()} span NUMA nodes {nodes}")
+        policy = dict(re.findall(r"^(policy|membind): *(.*?) *$", text, re.M))
+        bound = CpuSet(int(n) for n in policy.get("membind", "").split())
+        every = CpuSet.parse(Path("/sys/devices/system/node/has_memory").read_text().strip())
+        check(bound == CpuSet(nodes) and (policy.get("policy") == "bind" or bound == every),
+              f"{w['name']}: memory policy {policy}, its CPUs are on node {nodes}")
+        step = CGROUP_MOUNT / cgroup.lstrip("/")
+        granted = CpuSet.parse((step / "cpuset.cpus.effective").read_text().strip())
+        check(cpus.issubset(granted), f"{w['name']}: booked {cpus.format()} outside the cgroup's {granted.format()}")
+        for other in seen:
+            check(not (other & cpus), f"the tasks share CPUs {(other & cpus).format()}: {[t['cpus'] for t in tasks]}")
+        seen.append(cpus)
+        said.append(f"{w['name']} pinned to {cpus.format()} (node {min(nodes)}) in {cgroup.rsplit('/', 3)[-3]}/... "
+                    f"of CPUs {granted.format()}")
+    return "; ".join(said)
 
 
 def case_line(g: SlurmGuest, name: str, job: str, procid: int) -> str:
@@ -455,8 +492,8 @@ def s_confined(g: SlurmGuest) -> str:
 
 def s_shared_cgroup(g: SlurmGuest) -> str:
     """Without per-task cgroups Slurm 22.05 keeps a step's tasks on a node in one cgroup
-    (user/task_special): a lone task is still booked in place there, but of two tasks each
-    is refused with the remedy rather than booked on top of the other."""
+    (user/task_special): a lone task is still booked in place there; two tasks are each
+    pinned inside it on CPUs of their own, and released when the step ends."""
     g.slurm.start("task/none", per_task_cgroups=False)
     record = g.work / "lone"
     proc = g.srun("lone", "-n1", "-c2", cpus=2, record=record)
@@ -464,13 +501,15 @@ def s_shared_cgroup(g: SlurmGuest) -> str:
     _, _, cgroup = check_task(g, w, record, 0)
     check(cgroup.endswith("/user/task_special"), f"the lone task runs in {cgroup!r}, not Slurm's shared cgroup")
     g.slurm.cancel_all()
-    two = sh("srun", "-n2", "-c2", str(g.numa_run), "--cpus", "2", "--", "true", check_rc=False, env=g.slurm.env)
-    said = two.stdout + two.stderr
-    check(two.returncode != 0 and said.count("jobacct_gather/cgroup") == 2,
-          f"srun -n2 exited {two.returncode}; each task should be refused naming the remedy: {last_lines(said, 6)}")
-    check(not g.slurm_workloads(), f"the agent lists {[x['name'] for x in g.slurm_workloads()]}")
-    first = next(ln for ln in said.splitlines() if "jobacct_gather/cgroup" in ln)
-    return f"{w['name']} in place on {cgroup}; two tasks: {first}"
+    check(wait_for(lambda: not g.slurm_workloads(), timeout=30, interval=0.2),
+          f"the agent still lists {[x['name'] for x in g.slurm_workloads()]} after the lone task's step")
+    record = g.work / "pair"
+    proc = g.srun("pair", "-n2", "-c2", cpus=2, record=record)
+    pair = check_pinned_tasks(g, running_tasks(g, "pair", proc, record, 2), record)
+    g.slurm.cancel_all()
+    check(wait_for(lambda: not g.slurm_workloads(), timeout=30, interval=0.2),
+          f"the agent still lists {[x['name'] for x in g.slurm_workloads()]} after the step ended")
+    return f"{w['name']} in place on {cgroup}; two tasks: {pair}; released at the step's end"
 
 
 def epilog_ran(g: SlurmGuest, job: str, before: int) -> str:
@@ -493,7 +532,7 @@ def s_combined(g: SlurmGuest) -> str:
     task (its cgroup and its binding), in place, on distinct whole cores with their node's
     memory. More CPUs than Slurm gave is refused in numa-run's one line. Two tasks of one
     step share Slurm 22.05's one cgroup under task/cgroup (jobacct_gather/cgroup or not):
-    each is refused naming one task per node. The jobs' Epilogs leave nothing booked."""
+    each is pinned inside it, within its binding. The jobs' Epilogs leave nothing booked."""
     g.slurm.start("task/cgroup,task/affinity")
     procs = {name: g.srun(name, "-n1", "-c2", cpus=2, record=g.work / name) for name in ("comb-a", "comb-b")}
 
@@ -541,14 +580,19 @@ def s_combined(g: SlurmGuest) -> str:
         epilog_ran(g, job, before)
     check(wait_for(lambda: not g.slurm_workloads(), timeout=30, interval=0.2),
           f"the agent still lists {[x['name'] for x in g.slurm_workloads()]} after the Epilogs")
-    # With the jobs gone, a step of two tasks has the cores it needs.
-    two = sh("srun", "-n2", "-c2", str(g.numa_run), "--cpus", "2", "--", "true", check_rc=False, env=g.slurm.env)
-    both_said = two.stdout + two.stderr
-    check(two.returncode != 0 and both_said.count("--ntasks-per-node=1") == 2,
-          f"srun -n2 exited {two.returncode}; each task should be refused naming one task per node: "
-          f"{last_lines(both_said, 6)}")
-    first = next(ln for ln in both_said.splitlines() if "--ntasks-per-node=1" in ln)
-    return "; ".join(said) + f"; refusal: {line}; two tasks of a step: {first}; released by jobs {jobs}' end"
+    # With the jobs gone, a step of two tasks has the cores it needs: each pinned inside
+    # the step's one cgroup, within what task/affinity bound it to.
+    record = g.work / "comb-pair"
+    proc = g.srun("comb-pair", "-n2", "-c2", cpus=2, record=record)
+    tasks = running_tasks(g, "comb-pair", proc, record, 2)
+    pair = check_pinned_tasks(g, tasks, record)
+    job = tasks[0]["name"].split("-")[1]
+    before = len(_output(g.slurm.epilog_log))
+    sh("scancel", job, env=g.slurm.env)
+    epilog_ran(g, job, before)
+    check(wait_for(lambda: not g.slurm_workloads(), timeout=30, interval=0.2),
+          f"the agent still lists {[x['name'] for x in g.slurm_workloads()]} after job {job}'s Epilog")
+    return "; ".join(said) + f"; refusal: {line}; two tasks of a step: {pair}; released by jobs' end"
 
 
 def gres_of_slurmd(g: SlurmGuest) -> dict[str, list[dict[str, str]]]:
