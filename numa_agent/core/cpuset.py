@@ -25,19 +25,25 @@ def _clean(text: str | bytes) -> str:
     return text.replace("\x00", "").strip()
 
 
+def bits_of_ids(ids: Iterable[int], what: str) -> int:
+    """The bitmask of `ids` (CPUs, NUMA nodes: bit i for id i); ValueError
+    naming `what` for a negative id."""
+    bits = 0
+    for i in ids:
+        i = int(i)
+        if i < 0:
+            raise ValueError(f"{what} id must be >= 0, got {i}")
+        bits |= 1 << i
+    return bits
+
+
 class CpuSet:
     """An immutable, hashable, totally ordered-by-content set of CPU ids."""
 
     __slots__ = ("_bits", "_ids")
 
     def __init__(self, ids: Iterable[int] = ()) -> None:
-        bits = 0
-        for cpu in ids:
-            cpu = int(cpu)
-            if cpu < 0:
-                raise ValueError(f"CPU id must be >= 0, got {cpu}")
-            bits |= 1 << cpu
-        self._bits = bits
+        self._bits = bits_of_ids(ids, "CPU")
         self._ids: tuple[int, ...] | None = None
 
     # ---- constructors -------------------------------------------------

@@ -14,6 +14,8 @@ from functools import lru_cache
 from itertools import combinations
 from typing import Callable, Iterable, Iterator, Literal, Mapping
 
+from numa_agent.core.cpuset import bits_of_ids
+
 MaskPredicate = Callable[["NumaMask"], bool]
 
 
@@ -36,13 +38,7 @@ class NumaMask:
     bits: int  # the slot, set once at construction
 
     def __init__(self, nodes: Iterable[int] = ()) -> None:
-        bits = 0
-        for n in nodes:
-            n = int(n)
-            if n < 0:
-                raise ValueError(f"NUMA node id must be >= 0, got {n}")
-            bits |= 1 << n
-        object.__setattr__(self, "bits", bits)
+        object.__setattr__(self, "bits", bits_of_ids(nodes, "NUMA node"))
 
     @classmethod
     def from_bits(cls, bits: int) -> "NumaMask":

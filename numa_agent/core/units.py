@@ -100,6 +100,43 @@ def parse_hugepage_size(text: str | int) -> int:
                      f"least 1 KiB{hint}")
 
 
+# The names a page size goes by outside the product's own syntax. The kernel
+# writes KB, MB, GB (hugetlb.2MB.max, runc's page sizes) and kB (sysfs
+# hugepages-2048kB, /proc/meminfo) for binary units; Kubernetes names the
+# resource hugepages-2Mi. Only here, where the text can only be a page size.
+_KERNEL_PAGE = r"([0-9]{1,19})\s*([kKMGT])B"
+_HUGEPAGES = "hugepages-"
+_PAGE_NAMES = "expected a page size such as 2Mi, 1Gi, 2048kB, 2MB, hugepages-2Mi or hugepages-2048kB"
+
+
+def page_size_kb(text: str) -> int:
+    """A hugepage size in KiB from any name it goes by: the kernel's sysfs
+    directory `hugepages-2048kB` or its `2048kB`, the hugetlb controller's
+    `2MB`, `1GB`, `64KB` (binary, as in hugetlb.2MB.max), a Kubernetes
+    resource `hugepages-2Mi`, `hugepages-1Gi`, or what parse_hugepage_size
+    takes (`2Mi`, bytes). ValueError naming the text otherwise, and for a size
+    that is not a power of two."""
+    import re
+
+    size = str(text).strip()
+    size = size[len(_HUGEPAGES):] if size.startswith(_HUGEPAGES) else size
+    m = re.fullmatch(_KERNEL_PAGE, size)
+    if m is None:
+        try:
+            return parse_hugepage_size(size)
+        except ValueError as exc:  # its reason, for the text as given
+            reason = str(exc).removeprefix(f"invalid size {size!r}: ")
+            reason = reason.removeprefix(f"invalid hugepage size {size!r}: ")
+            raise ValueError(f"invalid hugepage size {text!r}: "
+                             f"{_PAGE_NAMES if reason == _ACCEPTED else reason}") from None
+    size_kb = int(m[1]) << (10 * "KMGT".index(m[2].upper()))
+    if not size_kb or size_kb & (size_kb - 1):
+        raise ValueError(f"invalid hugepage size {text!r}: not a power of two")
+    if size_kb << 10 > _MAX:
+        raise ValueError(f"invalid hugepage size {text!r}: larger than {_MAX} bytes")
+    return size_kb
+
+
 # Sizes for people: one formatter for every message, table and log line
 # (JSON and metrics keep bytes). Binary units with their IEC names, never the
 # ambiguous M or G, whichever way the size was written.

@@ -33,6 +33,7 @@ import threading
 import time
 from typing import Callable, Iterable, Mapping
 
+from numa_agent.core.backoff import Backoff
 from numa_agent.core.names import is_engine_cgroup
 from numa_agent.discovery.files import DiscoveryError
 from numa_agent.enforcement.plan import WORKLOAD_PREFIX, CgroupSpec, workload_relpath
@@ -92,11 +93,11 @@ class EventLoop:
         # pending releases again and again (an exited process's pidfd).
         self._muted: set[int] = set()
         self._retry_at: float | None = None
-        self._backoff = RETRY_FIRST
+        self._backoff = Backoff.starting(RETRY_FIRST, RETRY_CAP)
         self._failing_since: float | None = None
         # Isolation knobs whose restore failed: retried with the same backoff.
         self._isolation_at: float | None = None
-        self._isolation_backoff = RETRY_FIRST
+        self._isolation_backoff = Backoff.starting(RETRY_FIRST, RETRY_CAP)
 
     def start(self) -> "EventLoop":
         self._thread = threading.Thread(target=self.run, name="numa-agent-events", daemon=True)
@@ -275,7 +276,7 @@ class EventLoop:
         else:
             log.debug("release of %s after exit failed again: %s", name, exc)
         if self._retry_at is None:
-            self._retry_at = now + self._backoff
+            self._retry_at = now + self._backoff.delay
 
     def _done(self, rel: str) -> None:
         if self.pending.pop(rel, None) is None:
@@ -285,23 +286,23 @@ class EventLoop:
             log.warning("pending releases done after %.1f s of failures", self.clock() - self._failing_since)
             self._failing_since = None
             self._retry_at = None
-            self._backoff = RETRY_FIRST
+            self._backoff = self._backoff.reset()
 
     def _retry_isolation(self) -> None:
         pending = getattr(self.service, "isolation_pending", None)
         if pending is None or not pending():
-            self._isolation_at, self._isolation_backoff = None, RETRY_FIRST
+            self._isolation_at, self._isolation_backoff = None, self._isolation_backoff.reset()
             return
         now = self.clock()
         if self._isolation_at is not None and now >= self._isolation_at:
             self.service.retry_isolation()
-            self._isolation_backoff = min(self._isolation_backoff * 2, RETRY_CAP)
+            self._isolation_backoff = self._isolation_backoff.doubled()
             self._isolation_at = None
             if not pending():
-                self._isolation_backoff = RETRY_FIRST
+                self._isolation_backoff = self._isolation_backoff.reset()
                 return
         if self._isolation_at is None:
-            self._isolation_at = now + self._isolation_backoff
+            self._isolation_at = now + self._isolation_backoff.delay
 
     def _retry(self) -> None:
         # Set-aside descriptors come back: whatever they report beyond the
@@ -316,8 +317,8 @@ class EventLoop:
                 continue
             self._release(rel, name)
         if self.pending:
-            self._backoff = min(self._backoff * 2, RETRY_CAP)
-            self._retry_at = self.clock() + self._backoff
+            self._backoff = self._backoff.doubled()
+            self._retry_at = self.clock() + self._backoff.delay
 
     def _release_empty(self) -> None:
         """Workloads whose process died while we were not yet watching."""

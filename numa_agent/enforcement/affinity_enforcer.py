@@ -442,8 +442,13 @@ def _pin_trees(pids: Iterable[int], cpus: CpuSet, descendants: bool = True,
     a thread makes after its pin inherits the new mask): a process's main
     thread is pinned before its threads are listed, a thread before its
     children are read, and the threads are listed again only while a listing
-    finds some not yet pinned (made before their maker's pin). A process of
-    one thread and no children costs one pin, one listing, one read."""
+    finds some not yet pinned (made before their maker's pin). A fork or clone
+    in flight at its maker's pin has copied the old mask but is listed only
+    once done, so once the whole tree is pinned each process's threads are
+    listed and each thread's children read once more, and what is new is
+    pinned (with its tree). One still in flight then escapes: only a cpuset
+    cgroup closes that. A process of one thread and no children costs one
+    pin, two listings, two reads."""
     if not cpus:
         log.error("no CPU to pin pid(s) %s to (the shared pool is empty); they keep their affinity",
                   ",".join(map(str, pids)))
@@ -451,26 +456,37 @@ def _pin_trees(pids: Iterable[int], cpus: CpuSet, descendants: bool = True,
     ids = cpus.ids()
     finder = finder or _Tasks()
     pinned: set[int] = set()
-    todo, seen = list(pids), set()
+
+    def pin(pid: int, tid: int) -> bool:
+        """Pin `tid` of `pid`; False if it exited meanwhile (its threads may live on)."""
+        pinned.add(tid)
+        try:
+            setaffinity(tid, ids)
+        except ProcessLookupError:
+            return False
+        except OSError as exc:
+            raise EnforcementError(f"cannot pin task {tid} of pid {pid} to CPUs "
+                                   f"{cpus.format()}: {exc.strerror}") from None
+        return True
+
+    todo, seen, settled = list(pids), set[int](), set[int]()
     while todo:
-        pid = todo.pop()
-        if pid in seen:
-            continue
-        seen.add(pid)
-        new = [pid]
-        while new:
-            for tid in new:
-                pinned.add(tid)
-                try:
-                    setaffinity(tid, ids)
-                except ProcessLookupError:
-                    continue  # exited meanwhile (its threads may live on: listed below)
-                except OSError as exc:
-                    raise EnforcementError(f"cannot pin task {tid} of pid {pid} to CPUs "
-                                           f"{cpus.format()}: {exc.strerror}") from None
-                if descendants:
+        while todo:
+            pid = todo.pop()
+            if pid in seen:
+                continue
+            seen.add(pid)
+            new = [pid]
+            while new:
+                for tid in new:
+                    if pin(pid, tid) and descendants:
+                        todo.extend(finder.children(pid, tid))
+                new = [tid for tid in finder.threads(pid) if tid not in pinned]
+        for pid in seen - settled:  # the tree as found is pinned: the second look
+            settled.add(pid)
+            for tid in finder.threads(pid):
+                if (tid in pinned or pin(pid, tid)) and descendants:
                     todo.extend(finder.children(pid, tid))
-            new = [tid for tid in finder.threads(pid) if tid not in pinned]
     return len(pinned)
 
 

@@ -41,6 +41,7 @@ from typing import Collection, Iterable, Protocol, runtime_checkable
 from numa_agent.core.cpuset import CpuSet, CpuSetParseError
 from numa_agent.core.hints import NumaMask
 from numa_agent.core.names import is_engine_cgroup
+from numa_agent.core.units import page_size_kb
 from numa_agent.enforcement.errors import (
     CgroupError,
     CgroupInvalidError,
@@ -89,8 +90,8 @@ class CgroupCapabilities:
 def hugetlb_size_name(size: int | str) -> str:
     """The kernel's hugetlb cgroup file infix for a huge page size.
 
-    Accepts a size in kB (2048), a sysfs label ("2048kB",
-    "hugepages-1048576kB") or the cgroup form itself ("2MB"). The kernel names
+    Accepts a size in kB (2048) or any name of one (core.units.page_size_kb:
+    "2048kB", "hugepages-1048576kB", the cgroup form itself "2MB", "2Mi"). The kernel names
     files with the largest whole unit: KB below 1 MiB (upper-case K), then MB,
     then GB, so 2048kB -> "2MB" and 1048576kB -> "1GB".
     """
@@ -105,16 +106,7 @@ def hugetlb_size_name(size: int | str) -> str:
 
 
 def _size_kb(size: int | str) -> int:
-    if isinstance(size, int):
-        return size
-    text = size.strip()
-    if text.startswith("hugepages-"):
-        text = text[len("hugepages-"):]
-    match = re.fullmatch(r"(\d+)\s*(kB|KB|MB|GB)", text)
-    if not match:
-        raise ValueError(f"not a huge page size: {size!r} (expected e.g. 2048kB, 2MB or 1GB)")
-    number, unit = int(match.group(1)), match.group(2)
-    return number * {"kB": 1, "KB": 1, "MB": 1 << 10, "GB": 1 << 20}[unit]
+    return size if isinstance(size, int) else page_size_kb(size)
 
 
 @runtime_checkable

@@ -55,16 +55,19 @@ def container(machine: Machine, state: AgentState, w: Workload) -> pb.ContainerR
 def pod(machine: Machine, state: AgentState, name: str, namespace: str) -> pb.PodResources | None:
     """The agent's pod `name` (or workload outside pods) in the configured `namespace`."""
     members = [w for w in containers_of(state, name) if kubernetes_pod(w) is None]
-    if not members:
-        return None
-    return pb.PodResources(name=name, namespace=namespace,
-                           containers=[container(machine, state, w) for w in members])
+    return _pod(machine, state, namespace, name, members)
 
 
 def runtime_pod(machine: Machine, state: AgentState, namespace: str, name: str) -> pb.PodResources | None:
     """Kubernetes pod `namespace`/`name`, of the containers their runtime enforces."""
     members = [w for w in map(state.workload, runtime_pods(state).pods.get((namespace, name)) or ())
                if w is not None]
+    return _pod(machine, state, namespace, name, members)
+
+
+def _pod(machine: Machine, state: AgentState, namespace: str, name: str,
+         members: list[Workload]) -> pb.PodResources | None:
+    """The pod of these containers; None for none (a pod with no container is not listed)."""
     if not members:
         return None
     return pb.PodResources(name=name, namespace=namespace,

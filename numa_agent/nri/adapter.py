@@ -40,6 +40,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol
 
+from numa_agent.core.backoff import Backoff
 from numa_agent.core.histogram import Histogram
 from numa_agent.nri import plugin
 
@@ -125,7 +126,7 @@ class NriAdapter:
 
     def run(self) -> None:
         """Connect, serve, wait, again, until stop()."""
-        delay = BACKOFF_FIRST
+        backoff = Backoff.starting(BACKOFF_FIRST, BACKOFF_CAP)
         while not self._stopping.is_set():
             try:
                 lasted = self._attempt()
@@ -136,9 +137,9 @@ class NriAdapter:
             if self._stopping.is_set():
                 break
             if lasted is not None and lasted >= BACKOFF_CAP:
-                delay = BACKOFF_FIRST
-            self._sleep(delay * (1 - JITTER * self._jitter()))
-            delay = min(delay * 2, BACKOFF_CAP)
+                backoff = backoff.reset()
+            self._sleep(backoff.jittered(JITTER, self._jitter))
+            backoff = backoff.doubled()
         log.info("NRI: plugin %s-%s stopped", self.index, self.name)
 
     def _attempt(self) -> float | None:

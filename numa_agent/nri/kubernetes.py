@@ -56,7 +56,6 @@ container of the pod. On a container that runs on the shared pool:
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -198,28 +197,13 @@ def whole_cpus(cpu: Any) -> tuple[int, str]:
     return n, ""
 
 
-_KERNEL_SIZE = re.compile(r"([0-9]{1,7})([KMGT])B")
-
-
-def page_size_kb(text: str) -> int:
-    """A hugepage size in kB: the kernel's and runc's `2MB`, `1GB` (binary, as in
-    hugetlb.2MB.max), or what numa-run takes (`2Mi`, `2048kB`). ValueError otherwise."""
-    m = _KERNEL_SIZE.fullmatch(text.strip())
-    if not m:
-        return units.parse_hugepage_size(text)
-    size_kb = int(m[1]) << (10 * "KMGT".index(m[2]))
-    if not size_kb or size_kb & (size_kb - 1):
-        raise ValueError(f"invalid hugepage size {text!r}: not a power of two")
-    return size_kb
-
-
 def hugepages(limits: Sequence[Any]) -> dict[str, int]:
     """Page size in kB (text, as AdmitRequest.hugepages) -> pages, for the non-zero limits."""
     out: dict[str, int] = {}
     for limit in limits:
         if not limit.limit:
             continue
-        size_kb = page_size_kb(limit.page_size)
+        size_kb = units.page_size_kb(limit.page_size)
         pages, rest = divmod(limit.limit, size_kb << 10)
         if rest or pages > MAX_HUGEPAGE_COUNT:
             raise ValueError(f"a hugepage limit of {limit.limit} bytes of {limit.page_size} pages, not a "

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import struct
 
-from numa_agent.nri.ttrpc import TtrpcError
+from numa_agent.nri.ttrpc import TtrpcError, half_sent
 
 HEADER = struct.Struct(">II")
 HEADER_LEN = HEADER.size  # 8
@@ -74,8 +74,5 @@ class Demux:
 
     def close(self) -> None:
         """The trunk closed: MuxError if it left a frame half sent."""
-        if self._buf:
-            held = len(self._buf)
-            self._buf.clear()
-            raise MuxError(f"the peer closed the connection in the middle of a multiplexer frame ({held} bytes "
-                           "of it received)")
+        if why := half_sent(self._buf, "a multiplexer frame"):
+            raise MuxError(why)

@@ -107,11 +107,16 @@ class FrameReader:
 
     def close(self) -> None:
         """The peer closed: TtrpcError if it left a message half sent."""
-        if self._buf:
-            held = len(self._buf)
-            self._buf.clear()
-            raise TtrpcError(f"the peer closed the connection in the middle of a ttrpc message ({held} bytes "
-                             "of it received)")
+        if why := half_sent(self._buf, "a ttrpc message"):
+            raise TtrpcError(why)
+
+
+def half_sent(buf: bytearray, what: str) -> str:
+    """At the peer's close, what a reassembler of `what` (its frames) still
+    holds in `buf`, emptied: why that is an error, or "" for nothing held."""
+    held = len(buf)
+    buf.clear()
+    return f"the peer closed the connection in the middle of {what} ({held} bytes of it received)" if held else ""
 
 
 def encode_request(service: str, method: str, payload: bytes, timeout_nano: int = 0,

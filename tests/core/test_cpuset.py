@@ -3,6 +3,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from numa_agent.core.cpuset import CpuSet, CpuSetParseError
+from numa_agent.core.hints import NumaMask
 
 cpu_ids = st.sets(st.integers(min_value=0, max_value=2048), max_size=200)
 
@@ -72,3 +73,14 @@ def test_bad_lists_raise_clear_error(bad):
 def test_bad_mask_raises():
     with pytest.raises(CpuSetParseError, match="CPU mask"):
         CpuSet.parse_mask("zz,00")
+
+
+@pytest.mark.parametrize("make, message", [(CpuSet, "CPU id must be >= 0, got -1"),
+                                           (NumaMask, "NUMA node id must be >= 0, got -1")])
+def test_a_negative_id_is_refused_naming_what_it_is(make, message):
+    with pytest.raises(ValueError, match=message):
+        make([0, -1])
+
+
+def test_cpu_sets_and_numa_masks_keep_one_bit_per_id():
+    assert CpuSet([3, 0, 3]).bits == NumaMask((0, 3)).bits == 0b1001

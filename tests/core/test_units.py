@@ -8,7 +8,7 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from numa_agent.core.units import format_bytes, parse_hugepage_size, parse_size
+from numa_agent.core.units import format_bytes, page_size_kb, parse_hugepage_size, parse_size
 
 DECIMAL = {"k": 10 ** 3, "K": 10 ** 3, "KB": 10 ** 3, "M": 10 ** 6, "MB": 10 ** 6,
            "G": 10 ** 9, "GB": 10 ** 9, "T": 10 ** 12, "TB": 10 ** 12}
@@ -87,6 +87,30 @@ def test_every_power_of_two_page_size_parses_in_each_spelling(shift):
     spellings = [str(size), f"{size >> 10}Ki", f"{size >> 10}kB"]
     spellings += [f"{size >> 20}Mi"] if shift >= 20 else []
     assert {parse_hugepage_size(s) for s in spellings} == {size >> 10}
+
+
+# ---- page_size_kb: a page size by any of its names (the kernel's, the cgroup's, Kubernetes')
+
+@pytest.mark.parametrize("text,kb", [
+    ("hugepages-2048kB", 2048), ("hugepages-1048576kB", 1 << 20),  # sysfs directories
+    ("2048kB", 2048), ("2048 kB", 2048), ("64KB", 64), ("2048KB", 2048),  # the kernel's kB is KiB
+    ("2MB", 2048), ("1GB", 1 << 20), ("2 MB", 2048), ("1TB", 1 << 30),  # hugetlb.2MB.max, runc
+    ("hugepages-2Mi", 2048), ("hugepages-1Gi", 1 << 20),  # Kubernetes resource names
+    ("2Mi", 2048), ("1GiB", 1 << 20), (str(2 << 20), 2048), (" 2MB ", 2048),  # as numa-run takes
+])
+def test_a_page_size_by_each_of_its_names(text, kb):
+    assert page_size_kb(text) == kb
+
+
+@pytest.mark.parametrize("text,message", [
+    ("0KB", "not a power of two"), ("3MB", "not a power of two"), ("hugepages-3Mi", "not a power"),
+    ("2M", "did you mean 2Mi\\?"), ("hugepages-2M", "did you mean 2Mi\\?"), ("huge", "'huge': expected a page size"),
+    ("hugepages-", "invalid hugepage size"), ("\u0662MB", "invalid hugepage size"),
+    ("1099511627776TB", "invalid hugepage size .*: larger than"),
+])
+def test_what_names_no_page_size_is_refused(text, message):
+    with pytest.raises(ValueError, match=message):
+        page_size_kb(text)
 
 
 # ---- format_bytes: the one size formatter for people

@@ -343,13 +343,14 @@ def test_bad_partition_type(cg):
 @pytest.mark.parametrize("size, name", [
     (2048, "2MB"), ("2048kB", "2MB"), ("hugepages-1048576kB", "1GB"), ("1GB", "1GB"),
     (64, "64KB"), ("64kB", "64KB"), (32768, "32MB"), (16 << 20, "16GB"), ("2MB", "2MB"),
+    ("2Mi", "2MB"), ("hugepages-1Gi", "1GB"),
 ])
 def test_hugetlb_size_names(size, name):
     assert hugetlb_size_name(size) == name
 
 
 @pytest.mark.parametrize("size, message", [
-    ("2Mi", "not a huge page size: '2Mi'"), ("huge", "not a huge page size"),
+    ("3MB", "invalid hugepage size '3MB': not a power of two"), ("huge", "invalid hugepage size"),
     (0, "must be positive"),
 ])
 def test_bad_hugetlb_sizes(size, message):

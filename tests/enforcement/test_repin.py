@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+from types import SimpleNamespace
 
 import pytest
 
@@ -113,6 +114,36 @@ def test_a_released_workload_lets_go_of_its_descriptors(sleepers):
     enforcer.close()
 
 
+def pin_in_flight(threads, children) -> list[int]:
+    """The tasks _pin_trees pins of process 10, with these listings."""
+    pins: list[int] = []
+    finder = SimpleNamespace(threads=threads, children=children)
+    enforcer_module._pin_trees([10], CpuSet([0]), finder=finder, setaffinity=lambda tid, ids: pins.append(tid))
+    return pins
+
+
+def test_a_child_forked_as_its_parent_is_pinned_is_pinned_once_it_shows():
+    """A fork in flight at its parent's pin copied the old mask, and the child
+    is in the parent's children file only once the fork is done."""
+    reads: list[int] = []
+
+    def children(pid, tid):
+        reads.append(tid)
+        return [20] if pid == 10 and reads.count(10) > 1 else []
+
+    assert sorted(pin_in_flight(lambda pid: [pid], children)) == [10, 20]
+
+
+def test_a_thread_cloned_as_its_maker_is_pinned_is_pinned_once_it_shows():
+    listings: list[int] = []
+
+    def threads(pid):
+        listings.append(pid)
+        return [10, 11] if listings.count(10) > 1 else [pid]
+
+    assert sorted(pin_in_flight(threads, lambda pid, tid: [])) == [10, 11]
+
+
 FORKER = """
 import os, subprocess, sys, threading, time
 # A long-lived child forked before any re-pin, which forks on its own; then
@@ -184,7 +215,7 @@ def test_no_file_is_held_in_the_upper_half_of_the_open_files_limit(monkeypatch, 
         paths = children_paths_read(monkeypatch)
         wide, narrow = two_cpus()
         repin(enforcer, [p.pid for p in procs], wide, narrow)
-        assert paths == [f"/proc/{procs[1].pid}/task/{procs[1].pid}/children"]
+        assert paths == [f"/proc/{procs[1].pid}/task/{procs[1].pid}/children"] * 2  # first and second look
         assert all(CpuSet(os.sched_getaffinity(p.pid)) == narrow for p in procs)
     finally:
         enforcer.close()
@@ -202,9 +233,10 @@ def test_a_pool_change_lists_a_followed_process_s_threads_through_a_held_descrip
             assert enforcer.track(f"shared/s{i}", pid)
         monkeypatch.setattr(os, "listdir", lambda path=".": listed.append(path) or real_listdir(path))
         repin(enforcer, pids, wide, narrow)
-        # Each tree's threads through its held descriptor; by path only /proc itself, once:
+        # Each tree's threads through its held descriptor (twice: the first and the second
+        # look); by path only /proc itself, once:
         # the search for the processes that left a tree but carry its mark (test_strays.py).
-        assert len(listed) == len(pids) + 1 and [p for p in listed if isinstance(p, str)] == ["/proc"]
+        assert len(listed) == 2 * len(pids) + 1 and [p for p in listed if isinstance(p, str)] == ["/proc"]
         assert all(CpuSet(os.sched_getaffinity(pid)) == narrow for pid in pids)
     finally:
         enforcer.close()

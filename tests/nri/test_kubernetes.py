@@ -89,12 +89,6 @@ def test_new_resources_are_read_instead_of_the_containers():
     assert k8s.classify(pod, ctr, resources(cpus=4, memory=2 * GIB)).cpus == 4
 
 
-@pytest.mark.parametrize(("text", "kb"), [("2MB", 2048), ("1GB", 1 << 20), ("64KB", 64), ("2Mi", 2048),
-                                          ("2048kB", 2048)])
-def test_page_sizes_as_the_kernel_and_numa_run_spell_them(text, kb):
-    assert k8s.page_size_kb(text) == kb
-
-
 def test_names_are_the_oci_hooks():
     long = "ab" * 32
     assert k8s.workload_name(long) == "ctr-" + long[:12]
@@ -162,12 +156,6 @@ def test_the_adjustment_and_updates_set_the_cpuset():
 ])
 def test_a_refusal_is_one_line_in_the_kubelets_words(refusal, reason):
     assert k8s.service_refusal_line("container app", refusal) == reason
-
-
-@pytest.mark.parametrize("text", ["0KB", "3MB", "2M", "huge"])
-def test_page_sizes_that_are_none_are_refused(text):
-    with pytest.raises(ValueError):
-        k8s.page_size_kb(text)
 
 
 def test_an_update_replaces_what_it_sets_and_keeps_the_rest():
