@@ -12,6 +12,11 @@ Hints follow the kubelet's device manager:
   than exist or than are free) gets ``impossible()``; the reason comes from
   ``device_refusal_reason``.
 
+Allocation takes devices on the merged affinity's nodes first, then by NUMA distance
+(``allocate_devices``); among devices NUMA leaves equally good, the devices of one
+admission sit as close together in the PCI tree as they can, a NIC behind its GPU's
+switch or root (``allocate_request_devices``, ``pci_closeness``).
+
 Everything here is pure and iterates sorted tuples only.
 """
 
@@ -121,6 +126,7 @@ class DeviceResource:
 class InventoryDevice:
     address: str
     numa_node: int  # UNKNOWN_NODE when the kernel does not tell
+    pci_path: tuple[str, ...] = ()  # PciDevice.pci_path: host bridge, then bridges; () unknown
 
 
 @dataclass(frozen=True)
@@ -172,7 +178,7 @@ def resolve_inventory(topo: Topology, resources: Iterable[DeviceResource]) -> De
                 )
             owner[device.address] = r.name
             node = device.numa_node if device.numa_node >= 0 else UNKNOWN_NODE
-            members[r.name].append(InventoryDevice(device.address, node))
+            members[r.name].append(InventoryDevice(device.address, node, device.pci_path))
     return DeviceInventory(tuple((name, tuple(devs)) for name, devs in members.items()))
 
 
@@ -293,28 +299,27 @@ def _distance_fn(distances: Distances) -> Callable[[int, int], int]:
     return lookup
 
 
-def allocate_devices(
-    inventory: DeviceInventory,
-    allocated: Mapping[str, frozenset[str]],
-    resource: str,
-    count: int,
-    affinity: NumaMask | None,
-    distances: Distances,
-) -> tuple[str, ...]:
-    """Pick `count` free devices of `resource`; returns their addresses, sorted.
+def pci_closeness(a: tuple[str, ...], b: tuple[str, ...]) -> int:
+    """How close two devices sit in the PCI tree: the depth of their deepest common
+    ancestor, the length of their pci_paths' common prefix. 0: different host bridges,
+    or either place unknown; 1: the same host bridge; 2: the same root port; more: the
+    same switch (or a bridge below it)."""
+    depth = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        depth += 1
+    return depth
 
-    Order of preference: devices on a node of `affinity` (lowest address
-    first); then devices with a known node by their NUMA distance to the
-    closest node of `affinity` (then the sum of distances to all of it, then
-    address); then devices whose node is unknown. Without affinity, known-node
-    devices by address, then unknown ones. `distances` is a function
-    (a, b) -> distance such as ``Topology.distance``, or a mapping
-    node -> node -> distance.
-    """
-    if count < 0:
-        raise ValueError(f"device count for {resource!r} must be >= 0, got {count}")
-    if count == 0:
-        return ()
+
+def _closeness_to(path: tuple[str, ...], anchors: Iterable[tuple[str, ...]]) -> int:
+    return max((pci_closeness(path, a) for a in anchors), default=0)
+
+
+def _free_or_refused(inventory: DeviceInventory, allocated: Mapping[str, frozenset[str]],
+                     resource: str, count: int) -> tuple[InventoryDevice, ...]:
+    """The resource's free devices; DeviceAllocationError when it is unknown or fewer
+    than `count` are free."""
     if not inventory.has(resource):
         known = ", ".join(inventory.names) or "none configured"
         raise DeviceAllocationError(f"unknown device resource {resource!r} (known: {known})")
@@ -327,18 +332,118 @@ def allocate_devices(
             f"{resource}: requested {count} devices, {len(free)} of "
             f"{len(inventory.devices(resource))} are free ({listing})"
         )
+    return free
+
+
+def _numa_rank(affinity: NumaMask | None, distances: Distances) -> Callable[[InventoryDevice], tuple]:
+    """The NUMA rule's order of preference as a key (equal keys: equally good by NUMA)."""
     distance = _distance_fn(distances)
     near = affinity.nodes() if affinity else ()
 
     def rank(d: InventoryDevice) -> tuple:
         if d.numa_node < 0:
-            return (2, 0, 0, d.address)
+            return (2, 0, 0)
         if d.numa_node in near:
-            return (0, 0, 0, d.address)
+            return (0, 0, 0)
         if not near:
-            return (1, 0, 0, d.address)
+            return (1, 0, 0)
         gaps = [distance(d.numa_node, n) for n in near]
-        return (1, min(gaps), sum(gaps), d.address)
+        return (1, min(gaps), sum(gaps))
 
-    chosen = sorted(free, key=rank)[:count]
-    return tuple(sorted(d.address for d in chosen))
+    return rank
+
+
+def allocate_devices(
+    inventory: DeviceInventory,
+    allocated: Mapping[str, frozenset[str]],
+    resource: str,
+    count: int,
+    affinity: NumaMask | None,
+    distances: Distances,
+) -> tuple[str, ...]:
+    """Pick `count` free devices of `resource`; returns their addresses, sorted.
+
+    Order of preference: devices on a node of `affinity`; then devices with a known
+    node by their NUMA distance to the closest node of `affinity` (then the sum of
+    distances to all of it); then devices whose node is unknown. Without affinity,
+    known-node devices, then unknown ones. `distances` is a function (a, b) ->
+    distance such as ``Topology.distance``, or a mapping node -> node -> distance.
+    Among devices the NUMA rule ranks equal, one at a time: the closest in the PCI
+    tree to those picked before it (``pci_closeness``), then the lowest address.
+    """
+    if count < 0:
+        raise ValueError(f"device count for {resource!r} must be >= 0, got {count}")
+    if count == 0:
+        return ()
+    free = _free_or_refused(inventory, allocated, resource, count)
+    return _pick(free, count, _numa_rank(affinity, distances), (), ())
+
+
+def _pick(free: tuple[InventoryDevice, ...], count: int, rank: Callable[[InventoryDevice], tuple],
+          near: Iterable[tuple[str, ...]], ahead: tuple[tuple[tuple[str, ...], ...], ...]) -> tuple[str, ...]:
+    """`count` of `free` (enough of them), one at a time, each the least by: the NUMA
+    rank; the closeness in the PCI tree to the devices picked before it (`near`, then
+    this pick's own earlier devices); the closeness summed over `ahead`, for each
+    resource still to be picked the pci_paths of the devices it will choose among;
+    the address. PCI closeness only orders devices of equal NUMA rank: how many come
+    from each rank is the NUMA rule's, and a farther device is given when the close
+    ones are taken."""
+    anchors = [p for p in near if p]
+    if not anchors and not any(d.pci_path for d in free):  # nothing to be close to
+        chosen = sorted(free, key=lambda d: (rank(d), d.address))[:count]
+        return tuple(sorted(d.address for d in chosen))
+    left = list(free)
+    picked: list[str] = []
+    for _ in range(count):
+        best = min(left, key=lambda d: (rank(d), -_closeness_to(d.pci_path, anchors),
+                                        -sum(_closeness_to(d.pci_path, group) for group in ahead),
+                                        d.address))
+        left.remove(best)
+        picked.append(best.address)
+        if best.pci_path:
+            anchors.append(best.pci_path)
+    return tuple(sorted(picked))
+
+
+def allocate_request_devices(
+    inventory: DeviceInventory,
+    allocated: Mapping[str, frozenset[str]],
+    counts: Mapping[str, int],
+    affinity: NumaMask | None,
+    distances: Distances,
+) -> tuple[tuple[str, str], ...]:
+    """Every device one admission asks for: (resource, address) pairs, sorted.
+
+    The NUMA rule of ``allocate_devices`` decides first, for each resource alone.
+    Among devices it ranks equal, the devices of one admission sit as close together
+    in the PCI tree as they can (a GPU and the NIC behind the same switch, else the
+    same root port, else the same host bridge). The resources are picked in this
+    order: the one the NUMA rule leaves the fewest equally good free devices to
+    choose from first (one NIC free under one root and GPUs under two: the NIC, and
+    a GPU follows it), ties by name. Each device picked prefers the devices closest
+    to those picked before it, then those closest to the devices the resources still
+    to come will choose among (so a GPU picked first goes where a NIC is free), then
+    the lowest address. Never a refusal for PCI distance: a request the free devices
+    meet by the NUMA rule is met. A resource that is unknown or has too few free
+    devices is refused as ``allocate_devices`` refuses it, checked in name order.
+    """
+    wanted = sorted((r, c) for r, c in counts.items() if c != 0)
+    for resource, count in wanted:
+        if count < 0:
+            raise ValueError(f"device count for {resource!r} must be >= 0, got {count}")
+    rank = _numa_rank(affinity, distances)
+    frees = {r: _free_or_refused(inventory, allocated, r, c) for r, c in wanted}
+    tops: dict[str, tuple[tuple[str, ...], ...]] = {}
+    for resource, free in frees.items():
+        best = min(rank(d) for d in free)
+        tops[resource] = tuple(d.pci_path for d in free if rank(d) == best)
+    order = sorted(wanted, key=lambda rc: (len(tops[rc[0]]), rc[0]))
+    paths = {d.address: d.pci_path for free in frees.values() for d in free}
+    near: list[tuple[str, ...]] = []
+    out: list[tuple[str, str]] = []
+    for k, (resource, count) in enumerate(order):
+        ahead = tuple(tops[r] for r, _ in order[k + 1:])
+        addresses = _pick(frees[resource], count, rank, near, ahead)
+        near.extend(paths[a] for a in addresses)
+        out.extend((resource, a) for a in addresses)
+    return tuple(sorted(out))

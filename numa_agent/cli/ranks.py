@@ -5,7 +5,9 @@ numa_agent.core.rank_plan) is made from what the agent says is free; then one ch
 process per rank, in rank order, asks the agent for its own booking (the agent moves
 the calling process, so each rank must ask for itself): its CPUs and memory on its
 planned node (`cpunodebind` and `membind` that node, policy single-numa-node, so its
-devices are that node's too) and waits. Once every rank is booked, all are told to
+devices are that node's too; the agent gives one admission's devices close together in
+the PCI tree, so a rank's NIC sits under its GPU's switch or root where one is free) and
+waits. Once every rank is booked, all are told to
 exec at once; if one is refused, every rank booked so far releases its booking and
 ends, and numa-run exits 125 with one line naming the rank and why: all or nothing.
 

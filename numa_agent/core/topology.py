@@ -98,6 +98,16 @@ class PciDevice:
     infiniband: tuple[str, ...] = ()
     other_children: tuple[str, ...] = ()  # other class children, "class/name"
     nvidia_minor: int | None = None  # the NVIDIA driver's "Device Minor": /dev/nvidia<minor>
+    # Where the device sits in the PCI tree: its host bridge ("pci0000:80"), then each bridge
+    # down to its parent ("0000:80:00.0", ...), the device itself left out. () when unknown
+    # (a captured tree of plain directories). Two devices' common prefix is their deepest
+    # shared ancestor: the longer, the closer (same switch > same root port > same host bridge).
+    pci_path: tuple[str, ...] = ()
+
+    @property
+    def pci_root(self) -> str | None:
+        """The host bridge the device is under ("pci0000:80"), None when unknown."""
+        return self.pci_path[0] if self.pci_path else None
 
 
 # No slots: the cached_property views below need an instance __dict__.

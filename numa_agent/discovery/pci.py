@@ -46,6 +46,7 @@ def read_pci_devices(sys_dir: str, online: CpuSet, node_of_cpu: Mapping[int, int
         names = sorted(os.listdir(base))
     except (FileNotFoundError, NotADirectoryError):
         return ()
+    devices_dir = os.path.realpath(os.path.join(sys_dir, "devices"))
     devices = []
     for name in names:
         path = os.path.join(base, name)
@@ -54,12 +55,34 @@ def read_pci_devices(sys_dir: str, online: CpuSet, node_of_cpu: Mapping[int, int
         real = os.path.realpath(path)
         if not os.path.isdir(real):
             continue
-        device = _read_device(name, real, online, node_of_cpu)
+        device = _read_device(name, real, online, node_of_cpu, pci_path_of(real, devices_dir))
         if proc_dir is not None and device.vendor.lower() == NVIDIA_VENDOR:
             minor = nvidia_minor(os.path.join(proc_dir, "driver", "nvidia", "gpus", name, "information"))
             device = replace(device, nvidia_minor=minor)
         devices.append(device)
     return tuple(devices)
+
+
+# A host bridge's directory: "pci0000:80", "pci10000:00" (a VMD domain).
+_HOST_BRIDGE = re.compile(r"^pci[0-9a-f]{4,}:[0-9a-f]{2}$")
+
+
+def pci_path_of(real: str, devices_dir: str) -> tuple[str, ...]:
+    """A device's place in the PCI tree from the realpath of its sys/bus/pci/devices entry:
+    `<devices_dir>/pci0000:80/0000:80:00.0/0000:81:00.0` -> ("pci0000:80", "0000:80:00.0"),
+    the first host bridge below `devices_dir` (sys/devices, resolved) and every directory
+    below it down to the device's parent. () when the entry does not lead into
+    `devices_dir` through a host bridge (a plain directory of a captured tree). The host
+    bridge may sit below other devices (`platform/.../pci0000:00` on device-tree machines,
+    a Hyper-V VMBus device): what lies above it is no PCI hierarchy."""
+    rel = os.path.relpath(real, devices_dir)
+    if rel == os.curdir or rel.startswith(os.pardir):
+        return ()
+    parts = rel.split(os.sep)[:-1]
+    for i, part in enumerate(parts):
+        if _HOST_BRIDGE.match(part):
+            return tuple(parts[i:])
+    return ()
 
 
 NVIDIA_VENDOR = "0x10de"
@@ -79,7 +102,8 @@ def nvidia_minor(path: str) -> int | None:
     return None
 
 
-def _read_device(address: str, path: str, online: CpuSet, node_of_cpu: Mapping[int, int]) -> PciDevice:
+def _read_device(address: str, path: str, online: CpuSet, node_of_cpu: Mapping[int, int],
+                 pci_path: tuple[str, ...]) -> PciDevice:
     def attr(name: str) -> str | None:
         return read_text(os.path.join(path, name))
 
@@ -119,6 +143,7 @@ def _read_device(address: str, path: str, online: CpuSet, node_of_cpu: Mapping[i
         other_children=tuple(
             f"{cls}/{child}" for cls in sorted(children) for child in children[cls]
         ),
+        pci_path=pci_path,
     )
 
 
@@ -175,4 +200,4 @@ def _class_dirs(entries: list[os.DirEntry]) -> list[os.DirEntry]:
     return found
 
 
-__all__ = ["read_pci_devices", "DiscoveryError"]
+__all__ = ["read_pci_devices", "pci_path_of", "DiscoveryError"]

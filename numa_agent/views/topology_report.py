@@ -123,6 +123,7 @@ def _device_json(dev: PciDevice, names: PciNames) -> dict:
         "subsystem_device": dev.subsystem_device,
         "numa_node": dev.numa_node,
         "numa_node_source": dev.numa_node_source,
+        "pci_root": dev.pci_root,
         "driver": dev.driver,
         "local_cpus": dev.local_cpus.format(),
         "physfn": dev.physfn,
@@ -319,8 +320,8 @@ def _cache_text(cache: Cache, cache_id: int | None = None) -> str:
 
 
 def _device_text(dev: PciDevice, names: PciNames) -> str:
-    """`0000:02:00.0  eth0  Ethernet controller: Intel Corporation I350 ... [8086:1521]  driver igb`;
-    without pci.ids `class 0x020000 [8086:1521]`."""
+    """`0000:02:00.0  eth0  Ethernet controller: Intel Corporation I350 ... [8086:1521]  driver igb
+    host bridge pci0000:00`; without pci.ids `class 0x020000 [8086:1521]`."""
     parts = [dev.address]
     given = os_names(dev)
     if given:
@@ -328,6 +329,8 @@ def _device_text(dev: PciDevice, names: PciNames) -> str:
     parts.append(_device_description(dev, names))
     if dev.driver:
         parts.append(f"driver {dev.driver}")
+    if dev.pci_root:
+        parts.append(f"host bridge {dev.pci_root}")
     if dev.sriov_totalvfs is not None:
         parts.append(f"SR-IOV {dev.sriov_numvfs or 0}/{dev.sriov_totalvfs} VFs")
     if dev.physfn:

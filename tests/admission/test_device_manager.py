@@ -12,16 +12,20 @@ from hypothesis import strategies as st
 from numa_agent.admission.device_manager import (
     DeviceAllocationError,
     DeviceConfigError,
+    DeviceInventory,
     DeviceResource,
     DeviceSelector,
     InventoryDevice,
     allocate_devices,
+    allocate_request_devices,
     device_hints,
     device_refusal_reason,
+    pci_closeness,
     resolve_inventory,
 )
 from numa_agent.core.hints import NumaMask, TopologyHint
 from numa_agent.core.topology import PciDevice
+from numa_agent.discovery.sysfs import read_topology
 from tests.support.synthetic import make_topology
 
 GPU = ("0x030200", "0x10de", "0x20b0", None, "nvidia")
@@ -323,3 +327,213 @@ def test_property_hints_match_reference_and_allocation_takes_only_free_devices(g
         in_use = in_use - set(got)
     assert in_use == frozenset()
     assert device_hints(inv, {"gpu": in_use}, "gpu", 1, nodes).hints() == initial
+
+
+# ------------------------------------------------------------- PCI closeness
+
+NIC_RESOURCE = DeviceResource("nic", DeviceSelector(class_prefixes=("0x0200",)))
+ROOT_A = ("pci0000:00", "0000:00:01.0")  # a root port under host bridge A
+ROOT_B = ("pci0000:80", "0000:80:01.0")
+
+
+def placed(address, cls, node, path):
+    vendor = "0x10de" if cls.startswith("0x03") else "0x8086"
+    return PciDevice(address=address, pci_class=cls, vendor=vendor, device="0x0001", numa_node=node,
+                     pci_path=path)
+
+
+def two_roots_node():
+    """Node 0 holds two GPUs and two NICs under two host bridges, the addresses in no
+    order of their roots: GPU 01 and NIC 04 under A, GPU 02 and NIC 03 under B."""
+    topo = machine([], extra=[placed("0000:01:00.0", "0x030200", 0, ROOT_A),
+                              placed("0000:02:00.0", "0x030200", 0, ROOT_B),
+                              placed("0000:03:00.0", "0x020000", 0, ROOT_B),
+                              placed("0000:04:00.0", "0x020000", 0, ROOT_A)])
+    return resolve_inventory(topo, [GPU_RESOURCE, NIC_RESOURCE])
+
+
+def in_use(pairs):
+    out: dict[str, frozenset[str]] = {}
+    for resource, address in pairs:
+        out[resource] = out.get(resource, frozenset()) | {address}
+    return out
+
+
+def test_pci_closeness_is_the_depth_of_the_deepest_common_ancestor():
+    switch = ROOT_A + ("0000:01:00.0",)
+    assert pci_closeness(switch + ("0000:02:08.0",), switch + ("0000:02:10.0",)) == 3  # one switch
+    assert pci_closeness(ROOT_A + ("0000:01:00.0",), ROOT_A) == 2  # one root port
+    assert pci_closeness(ROOT_A, ("pci0000:00", "0000:00:02.0")) == 1  # one host bridge
+    assert pci_closeness(ROOT_A, ROOT_B) == 0
+    assert pci_closeness((), ROOT_A) == 0  # unknown: as far as another host bridge
+
+
+def test_each_admission_takes_the_nic_under_its_gpus_host_bridge():
+    inv = two_roots_node()
+    ask = {"gpu": 1, "nic": 1}
+    first = allocate_request_devices(inv, {}, ask, NumaMask([0]), {})
+    assert first == (("gpu", "0000:01:00.0"), ("nic", "0000:04:00.0"))  # both under A
+    second = allocate_request_devices(inv, in_use(first), ask, NumaMask([0]), {})
+    assert second == (("gpu", "0000:02:00.0"), ("nic", "0000:03:00.0"))  # both under B
+
+
+def test_the_resource_with_fewer_choices_anchors_and_the_other_follows():
+    inv = two_roots_node()
+    # NIC 04 (A) went to a workload without a GPU: the one NIC left anchors under B.
+    got = allocate_request_devices(inv, in_use([("nic", "0000:04:00.0")]), {"gpu": 1, "nic": 1},
+                                   NumaMask([0]), {})
+    assert got == (("gpu", "0000:02:00.0"), ("nic", "0000:03:00.0"))
+
+
+def test_a_farther_nic_of_the_node_is_given_when_the_close_one_is_taken():
+    inv = two_roots_node()
+    busy = in_use([("gpu", "0000:01:00.0"), ("nic", "0000:03:00.0")])  # A's GPU, B's NIC
+    got = allocate_request_devices(inv, busy, {"gpu": 1, "nic": 1}, NumaMask([0]), {})
+    assert got == (("gpu", "0000:02:00.0"), ("nic", "0000:04:00.0"))  # B's GPU, A's NIC: no refusal
+
+
+def test_the_numa_rule_decides_before_pci_closeness():
+    # A NIC on node 1 under the GPU's very root port loses to node 0's NIC under another root.
+    topo = machine([], extra=[placed("0000:01:00.0", "0x030200", 0, ROOT_A),
+                              placed("0000:02:00.0", "0x020000", 1, ROOT_A),
+                              placed("0000:03:00.0", "0x020000", 0, ROOT_B)])
+    inv = resolve_inventory(topo, [GPU_RESOURCE, NIC_RESOURCE])
+    got = allocate_request_devices(inv, {}, {"gpu": 1, "nic": 1}, NumaMask([0]), topo.distance)
+    assert got == (("gpu", "0000:01:00.0"), ("nic", "0000:03:00.0"))
+
+
+def test_the_first_gpu_goes_where_a_nic_is_free():
+    # GPUs under B and A, NICs under A and C: the only aligned pair is A's.
+    root_c = ("pci0000:c0", "0000:c0:01.0")
+    topo = machine([], extra=[placed("0000:01:00.0", "0x030200", 0, ROOT_B),
+                              placed("0000:02:00.0", "0x030200", 0, ROOT_A),
+                              placed("0000:03:00.0", "0x020000", 0, root_c),
+                              placed("0000:04:00.0", "0x020000", 0, ROOT_A)])
+    inv = resolve_inventory(topo, [GPU_RESOURCE, NIC_RESOURCE])
+    got = allocate_request_devices(inv, {}, {"gpu": 1, "nic": 1}, NumaMask([0]), {})
+    assert got == (("gpu", "0000:02:00.0"), ("nic", "0000:04:00.0"))
+
+
+def test_several_devices_of_one_resource_stay_behind_one_switch():
+    switch = ROOT_A + ("0000:01:00.0",)
+    ports = [switch + (f"0000:02:{p:02x}.0",) for p in (8, 16)]
+    topo = machine([], extra=[placed("0000:03:00.0", "0x030200", 0, ports[0]),
+                              placed("0000:04:00.0", "0x030200", 0, ROOT_B),
+                              placed("0000:05:00.0", "0x030200", 0, ports[1])])
+    inv = resolve_inventory(topo, [GPU_RESOURCE])
+    assert allocate_devices(inv, {}, "gpu", 2, NumaMask([0]), {}) == ("0000:03:00.0", "0000:05:00.0")
+
+
+def test_a_real_machine_pairs_each_hca_with_a_vector_engine_of_its_switch(snapshot):
+    # Skylake-SP, node 0: under host bridges pci0000:17 and pci0000:3a, one switch each
+    # with a ConnectX HCA (class 0x0207) and five NEC vector engines (0x0b40).
+    root, _ = snapshot("intel-skx-2s-ht-2numa-pci-nec-ve")
+    topo = read_topology(root)
+    inv = resolve_inventory(topo, [DeviceResource("hca", DeviceSelector(class_prefixes=("0x0207",))),
+                                   DeviceResource("ve", DeviceSelector(class_prefixes=("0x0b40",)))])
+    ask = {"hca": 1, "ve": 1}
+    booked: list[tuple[str, str]] = []
+    for _ in range(2):
+        got = allocate_request_devices(inv, in_use(booked), ask, NumaMask([0]), topo.distance)
+        assert len({topo.device(a).pci_root for _, a in got}) == 1, got
+        booked.extend(got)
+    assert [a for r, a in booked if r == "hca"] == ["0000:1a:00.0", "0000:3e:00.0"]
+    # Without PCI closeness the second admission's engine came from pci0000:17 (0000:1c:00.0).
+    assert [a for r, a in booked if r == "ve"] == ["0000:1b:00.0", "0000:3d:00.0"]
+
+
+def test_a_request_is_refused_in_name_order_and_never_for_pci_distance():
+    inv = two_roots_node()
+    busy = in_use([("gpu", "0000:01:00.0"), ("gpu", "0000:02:00.0"), ("nic", "0000:03:00.0"),
+                   ("nic", "0000:04:00.0")])
+    with pytest.raises(DeviceAllocationError, match=r"^gpu: requested 1 devices, 0 of 2 are free"):
+        allocate_request_devices(inv, busy, {"nic": 1, "gpu": 1}, NumaMask([0]), {})
+    with pytest.raises(DeviceAllocationError, match=r"unknown device resource 'fpga'"):
+        allocate_request_devices(inv, {}, {"fpga": 1, "gpu": 1}, None, {})
+    with pytest.raises(ValueError, match="device count for 'nic' must be >= 0, got -1"):
+        allocate_request_devices(inv, {}, {"nic": -1}, None, {})
+    assert allocate_request_devices(inv, busy, {"gpu": 0, "nic": 0}, None, {}) == ()
+
+
+PATHS = st.sampled_from([(), ROOT_A, ROOT_B, ROOT_A + ("0000:01:00.0",),
+                         ROOT_A + ("0000:01:00.0", "0000:02:08.0"), ROOT_A + ("0000:01:00.0", "0000:02:10.0"),
+                         ("pci0000:00", "0000:00:02.0"), ("pci0000:c0",)])
+DEVICES = st.lists(st.tuples(st.sampled_from(["gpu", "nic", "nvme"]), st.sampled_from([-1, 0, 1, 2, 3]), PATHS),
+                   min_size=1, max_size=10)
+
+
+def synthetic_inventory(devices, with_paths=True):
+    groups: dict[str, list[InventoryDevice]] = {"gpu": [], "nic": [], "nvme": []}
+    for i, (resource, node, path) in enumerate(devices):
+        groups[resource].append(InventoryDevice(addr(i), node, path if with_paths else ()))
+    return DeviceInventory(tuple((r, tuple(d)) for r, d in groups.items()))
+
+
+def numa_rank(d, affinity, distance):
+    """allocate_devices' NUMA order written out (its key without the address)."""
+    near = affinity.nodes() if affinity else ()
+    if d.numa_node < 0:
+        return (2, 0, 0)
+    if d.numa_node in near:
+        return (0, 0, 0)
+    if not near:
+        return (1, 0, 0)
+    gaps = [distance(d.numa_node, n) for n in near]
+    return (1, min(gaps), sum(gaps))
+
+
+@settings(max_examples=150, deadline=None)
+@given(devices=DEVICES, taken=st.sets(st.integers(0, 9)),
+       counts=st.fixed_dictionaries({"gpu": st.integers(0, 3), "nic": st.integers(0, 3), "nvme": st.integers(0, 2)}),
+       affinity=st.none() | st.sets(st.integers(0, 3), min_size=1))
+def test_property_pci_closeness_only_breaks_the_numa_rules_ties(devices, taken, counts, affinity):
+    topo = machine([], sockets=2, nodes_per_socket=2)
+    mask = None if affinity is None else NumaMask(affinity)
+    inv = synthetic_inventory(devices)
+    allocated = in_use((r, addr(i)) for i, (r, _, _) in enumerate(devices) if i in taken)
+    free = {r: [d for d in inv.devices(r) if d.address not in allocated.get(r, frozenset())] for r in counts}
+    if any(counts[r] > len(free[r]) for r in counts):
+        with pytest.raises(DeviceAllocationError):
+            allocate_request_devices(inv, allocated, counts, mask, topo.distance)
+        return
+    got = allocate_request_devices(inv, allocated, counts, mask, topo.distance)
+    # Never refused, exactly what was asked, only free devices, each once.
+    assert len(got) == len(set(got)) == sum(counts.values())
+    rank = {d.address: numa_rank(d, mask, topo.distance) for r in counts for d in inv.devices(r)}
+    for resource, count in counts.items():
+        mine = [a for r, a in got if r == resource]
+        assert len(mine) == count and set(mine) <= {d.address for d in free[resource]}
+        # As many devices from each NUMA rank as the NUMA rule alone takes.
+        alone = sorted(free[resource], key=lambda d: (rank[d.address], d.address))[:count]
+        assert sorted(rank[a] for a in mine) == sorted(rank[d.address] for d in alone)
+    # Where no device says where it sits, nothing changes: each resource by the NUMA
+    # rule then the lowest address, as before.
+    blind = synthetic_inventory(devices, with_paths=False)
+    assert allocate_request_devices(blind, allocated, counts, mask, topo.distance) == tuple(sorted(
+        (r, a) for r, c in counts.items() if c
+        for a in allocate_devices(blind, allocated, r, c, mask, topo.distance)))
+
+
+@settings(max_examples=150, deadline=None)
+@given(devices=DEVICES, taken=st.sets(st.integers(0, 9)), affinity=st.sets(st.integers(0, 3), min_size=1))
+def test_property_one_gpu_and_one_nic_are_as_close_as_any_equally_ranked_pair(devices, taken, affinity):
+    topo = machine([], sockets=2, nodes_per_socket=2)
+    mask = NumaMask(affinity)
+    inv = synthetic_inventory(devices)
+    allocated = in_use((r, addr(i)) for i, (r, _, _) in enumerate(devices) if i in taken)
+    free = {r: [d for d in inv.devices(r) if d.address not in allocated.get(r, frozenset())]
+            for r in ("gpu", "nic")}
+    if not free["gpu"] or not free["nic"]:
+        return
+    got = dict(allocate_request_devices(inv, allocated, {"gpu": 1, "nic": 1}, mask, topo.distance))
+    path = {d.address: d.pci_path for r in free for d in free[r]}
+
+    def best_ranked(resource):
+        ranks = {d.address: numa_rank(d, mask, topo.distance) for d in free[resource]}
+        top = min(ranks.values())
+        return [a for a, k in ranks.items() if k == top]
+
+    gpus, nics = best_ranked("gpu"), best_ranked("nic")
+    assert got["gpu"] in gpus and got["nic"] in nics
+    closest = max(pci_closeness(path[g], path[n]) for g in gpus for n in nics)
+    assert pci_closeness(path[got["gpu"]], path[got["nic"]]) == closest

@@ -79,7 +79,7 @@ def test_bad_node_memtotal(machine):
 
 def test_bad_pci_numa_node(tmp_path):
     root = write_sysfs(make_topology(devices=[("0x020000", "0x8086", "0x1572", 0, None)]), tmp_path / "m")
-    _write(root / "sys/devices/pci0000:01/0000:01:00.0/numa_node", "zero\n")
+    _write(root / "sys/bus/pci/devices/0000:01:00.0/numa_node", "zero\n")
     with pytest.raises(DiscoveryError, match=r"0000:01:00.0/numa_node: expected an integer, got 'zero'"):
         read_topology(root)
 

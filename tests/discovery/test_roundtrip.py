@@ -70,8 +70,12 @@ def test_roundtrip_kernel_architecture_and_derived_device_node(tmp_path):
     unknown = PciDevice(address="0000:00:05.0", pci_class="0x088000", vendor="0x8086", device="0x2021",
                         numa_node=-1, numa_node_source="unknown", local_cpus=base.online_cpus)
     gpu = PciDevice(address="0000:3b:00.0", pci_class="0x030200", vendor="0x10de", device="0x20b0",
-                    numa_node=0, driver="nvidia", local_cpus=base.node(0).cpus, nvidia_minor=3)
-    topo = dataclasses.replace(base, pci_devices=(unknown, gpu, derived, pf, vf, vf3),
+                    numa_node=0, driver="nvidia", local_cpus=base.node(0).cpus, nvidia_minor=3,
+                    pci_path=("pci0000:3a", "0000:3a:00.0", "0000:3b:00.0", "0000:3c:08.0"))
+    nic = dataclasses.replace(pf, address="0000:3e:00.0", virtfns=(), sriov_totalvfs=None,
+                              sriov_numvfs=None, net=("ens2",), infiniband=(),
+                              pci_path=("pci0000:3a", "0000:3a:00.0", "0000:3b:00.0", "0000:3c:0c.0"))
+    topo = dataclasses.replace(base, pci_devices=(unknown, gpu, nic, derived, pf, vf, vf3),
                                kernel="6.1.0-13-amd64", architecture="x86_64")
     assert roundtrip(topo, tmp_path) == topo
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from numa_agent.core.cpuset import CpuSet
+from numa_agent.core.names import is_pci_address
 from numa_agent.core.topology import UNKNOWN_NODE
 from numa_agent.discovery.sysfs import read_topology
 
@@ -254,6 +255,40 @@ def test_skx_sriov_capable_nics_and_vector_engines(discovered):
     assert sorted(ve) == [f"ve/ve{i}" for i in range(8)]
 
 
+def test_pci_paths_follow_the_kernels_links_down_to_the_parent(discovered):
+    topo, _ = discovered("intel-skx-2s-ht-2numa-pci-nec-ve")
+    # A ConnectX (0x0207) and five vector engines behind one switch under each of two
+    # host bridges of node 0, each behind its own downstream port.
+    hca = topo.device("0000:3e:00.0")
+    assert hca.pci_path == ("pci0000:3a", "0000:3a:00.0", "0000:3b:00.0", "0000:3c:08.0")
+    assert hca.pci_root == "pci0000:3a"
+    assert topo.device("0000:3a:00.0").pci_path == ("pci0000:3a",)  # a root port
+    assert topo.device("0000:1a:00.0").pci_root == "pci0000:17"
+    snb, _ = discovered("intel-snb-2s-2numa-pci-nvme-nic")
+    assert snb.device("0000:05:00.0").pci_path == ("pci0000:00", "0000:00:1c.0", "0000:04:00.0")
+    assert snb.device("0000:82:00.0").pci_path == ("pci0000:80", "0000:80:02.2")
+
+
+def test_plain_device_directories_have_no_pci_path(discovered):
+    topo, _ = discovered("power9-2s-smt4-gpu-numa-nodes")  # captured without the links
+    assert topo.pci_devices and all(d.pci_path == () and d.pci_root is None for d in topo.pci_devices)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_pci_paths_agree_with_the_bridges_above(discovered, name):
+    topo, _ = discovered(name)
+    addresses = {d.address for d in topo.pci_devices}
+    for dev in topo.pci_devices:
+        if not dev.pci_path:
+            continue
+        domain = dev.address.split(":")[0]
+        assert dev.pci_root is not None and dev.pci_root.startswith(f"pci{domain}:")
+        assert all(is_pci_address(p) for p in dev.pci_path[1:])
+        parent = dev.pci_path[-1]
+        if parent in addresses:  # a bridge the snapshot holds: its own path leads to it
+            assert topo.device(parent).pci_path + (parent,) == dev.pci_path
+
+
 def test_bulldozer_compute_units_count_as_smt_siblings(discovered):
     # Linux reports the two integer cores of a compute unit as thread
     # siblings; discovery follows sysfs (32 x 2), hwloc reports 64 x 1.
@@ -323,3 +358,6 @@ def test_live_machine():
     topo = read_topology("/")
     assert len(topo.numa_nodes) >= 1
     assert len(topo.online_cpus) >= 1
+    # The kernel links every sys/bus/pci/devices entry into sys/devices below a host bridge.
+    for dev in topo.pci_devices:
+        assert dev.pci_root is not None, dev.address

@@ -1,8 +1,8 @@
 """Write a `Topology` as a sysfs/procfs tree that discovery reads back.
 
 The tree looks like a modern kernel's (list files and hex masks, `die_id`,
-`core_cpus_list`, per-node hugepages, PCI devices under
-`sys/devices/pciDDDD:BB/` with `sys/bus/pci/devices` symlinks) plus
+`core_cpus_list`, per-node hugepages, PCI devices under `sys/devices/` along their
+`pci_path` with `sys/bus/pci/devices` symlinks, plain directories there without one) plus
 `proc/self/status`. Tests of the whole agent point `--sysfs-root` at it:
 
     root = write_sysfs(make_topology(sockets=2, nodes_per_socket=4), tmp_path / "machine")
@@ -127,11 +127,17 @@ def _write_nodes(topo: Topology, node_dir: Path) -> None:
 
 
 def _write_pci_device(dev: PciDevice, sys_dir: Path) -> None:
-    domain, bus, _ = dev.address.split(":")
-    rel = f"devices/pci{domain}:{bus}/{dev.address}"
-    d = sys_dir / rel
-    d.mkdir(parents=True, exist_ok=True)
-    _link(sys_dir / "bus/pci/devices" / dev.address, f"../../../{rel}")
+    """Under sys/devices/<its pci_path>/ with a sys/bus/pci/devices symlink, as a kernel
+    shows it; a device of no known pci_path as a plain directory of sys/bus/pci/devices,
+    as some captured trees have it (discovery reads () from both)."""
+    if dev.pci_path:
+        rel = "/".join(("devices",) + dev.pci_path + (dev.address,))
+        d = sys_dir / rel
+        d.mkdir(parents=True, exist_ok=True)
+        _link(sys_dir / "bus/pci/devices" / dev.address, f"../../../{rel}")
+    else:
+        d = sys_dir / "bus/pci/devices" / dev.address
+        d.mkdir(parents=True, exist_ok=True)
     for name, value in (("class", dev.pci_class), ("vendor", dev.vendor), ("device", dev.device),
                         ("subsystem_vendor", dev.subsystem_vendor),
                         ("subsystem_device", dev.subsystem_device),

@@ -98,22 +98,24 @@ def test_text_shows_the_devices_work_is_placed_by_and_counts_the_rest(snapshot, 
         assert address in out
     assert "0000:00:01.0" not in out  # a 0x060400 root port
     assert "0000:00:04.0" not in out  # an ioatdma engine
-    assert "    0000:00:02.0  nvme0n1  class 0x010802 [8086:0953]  driver nvme  (node from local_cpulist)\n" in out
-    assert "    0000:02:00.0  eth0  class 0x020000 [8086:1521]  driver igb\n" in out
-    assert "    0000:82:00.0  ib0,mlx4_0  class 0x028000 [15b3:1003]  driver mlx4_core\n" in out
-    assert "    0000:83:00.0  mic0  class 0x0b4000 [8086:225c]  driver mic\n" in out
+    assert ("    0000:00:02.0  nvme0n1  class 0x010802 [8086:0953]  driver nvme  host bridge pci0000:00"
+            "  (node from local_cpulist)\n") in out
+    assert "    0000:02:00.0  eth0  class 0x020000 [8086:1521]  driver igb  host bridge pci0000:00\n" in out
+    assert ("    0000:82:00.0  ib0,mlx4_0  class 0x028000 [15b3:1003]  driver mlx4_core"
+            "  host bridge pci0000:80\n") in out
+    assert "    0000:83:00.0  mic0  class 0x0b4000 [8086:225c]  driver mic  host bridge pci0000:80\n" in out
 
 
 def test_text_names_devices_from_pci_ids(snapshot, capsys, pci_ids):
     root, _ = snapshot("intel-snb-2s-2numa-pci-nvme-nic")
     out = _topology_text(capsys, root, "--pci-ids", pci_ids)
     assert ("    0000:00:02.0  nvme0n1  Non-Volatile memory controller: Intel Corporation "
-            "PCIe Data Center SSD [8086:0953]  driver nvme  (node from local_cpulist)\n") in out
+            "PCIe Data Center SSD [8086:0953]  driver nvme  host bridge pci0000:00  (node from local_cpulist)\n") in out
     assert ("    0000:02:00.0  eth0  Ethernet controller: Intel Corporation "
-            "I350 Gigabit Network Connection [8086:1521]  driver igb\n") in out
+            "I350 Gigabit Network Connection [8086:1521]  driver igb  host bridge pci0000:00\n") in out
     # The vendor is known, the device and the subclass are not.
     assert ("    0000:82:00.0  ib0,mlx4_0  Network controller: Mellanox Technologies device 1003 [15b3:1003]"
-            "  driver mlx4_core\n") in out
+            "  driver mlx4_core  host bridge pci0000:80\n") in out
 
 
 def test_all_devices_lists_bridges_and_dma_engines(snapshot, capsys, tmp_path):
@@ -121,7 +123,7 @@ def test_all_devices_lists_bridges_and_dma_engines(snapshot, capsys, tmp_path):
     out = _topology_text(capsys, root, "--all-devices", "--pci-ids", str(tmp_path / "none.ids"))
     for device in exp["pci"]["devices"]:
         assert device["bdf"] + "  " in out
-    assert "    0000:00:04.0  class 0x088000 [8086:3c20]  driver ioatdma\n" in out
+    assert "    0000:00:04.0  class 0x088000 [8086:3c20]  driver ioatdma  host bridge pci0000:00\n" in out
     assert "not shown" not in out
 
 
@@ -209,6 +211,7 @@ def test_json_keys_follow_the_design_contract():
         "numa_node": 1, "driver": "nvidia", "local_cpus": "4-7,12-15"}
     assert {k: gpu[k] for k in ("kind", "os_names", "class_name", "vendor_name", "device_name")} == {
         "kind": "gpu", "os_names": [], "class_name": None, "vendor_name": None, "device_name": None}
+    assert gpu["pci_root"] is None  # a synthetic device of no known place in the PCI tree
     assert out["caches"][:3] == [
         {"name": "L1d", "level": 1, "type": "data", "id": 0, "size_bytes": 48 << 10, "cpus": "0,8"},
         {"name": "L1d", "level": 1, "type": "data", "id": 1, "size_bytes": 48 << 10, "cpus": "1,9"},
@@ -235,6 +238,8 @@ def test_json_has_device_names_kinds_and_cache_bytes(snapshot, capsys, pci_ids):
         "kind": "infiniband", "os_names": ["ib0", "mlx4_0"], "class_name": "Network controller",
         "vendor_name": "Mellanox Technologies", "device_name": None}
     assert devices["0000:00:04.0"]["kind"] is None
+    # The host bridge each device is under: the NVMe on socket 0's, the HCA on socket 1's.
+    assert (devices["0000:00:02.0"]["pci_root"], devices["0000:82:00.0"]["pci_root"]) == ("pci0000:00", "pci0000:80")
     l3 = [c for c in out["caches"] if c["name"] == "L3"]
     assert l3 == [{"name": "L3", "level": 3, "type": "unified", "id": 0, "size_bytes": 20480 << 10, "cpus": "0-7"},
                   {"name": "L3", "level": 3, "type": "unified", "id": 8, "size_bytes": 20480 << 10, "cpus": "8-15"}]

@@ -1206,6 +1206,7 @@ def s21_tasks(g: Guest) -> str | None:
     node = g.kernel.pci_nodes[gpus[0]]
     check(devices == gpus[0] and mems == CpuSet([node]),
           f"the rank got device {devices!r} and memory on {mems.format()}; the gpu {gpus[0]} is on node {node}")
+    paired = _rank_with_the_nic_under_its_gpu(g, n, cores, gpus[0])
     r = g.numa_run(f"--tasks={len(gpus) + 1}", "--device", "gpu=1", command=("true",))
     errors = [line for line in r.stderr.splitlines() if line.strip()]
     check(r.returncode == 125 and len(errors) == 1 and "more tasks than gpu devices" in errors[0],
@@ -1225,7 +1226,38 @@ def s21_tasks(g: Guest) -> str | None:
     check(g.wait_released(["rkill-0", "rkill-1"], timeout=30),
           f"numa-run killed with -9: its ranks {pids} are still listed after 30 s")
     return (f"cyclic ranks on {', '.join(c.format() for c, _, _, _ in ranks)}; the gpu's rank on "
-            f"{cpus.format()} (node {node})")
+            f"{cpus.format()} (node {node}){paired}")
+
+
+def _kernel_pci_root(address: str) -> str | None:
+    """The host bridge a device is under, from the kernel's own link (sys/devices/pciDDDD:BB/...)."""
+    parts = Path(os.path.realpath(SYS_PCI / address)).parts
+    return next((p for p in parts if re.fullmatch(r"pci[0-9a-f]{4,}:[0-9a-f]{2}", p)), None)
+
+
+def _rank_with_the_nic_under_its_gpu(g: Guest, n: str, cores: int, gpu: str) -> str:
+    """--tasks 1 --device gpu=1 --device nic=1: the rank's NIC is one under its gpu's host
+    bridge where the kernel shows one (2node: nic1 behind the NVMe's pxb-pcie, another NIC
+    on pcie.0), and GET /v1/topology's pci_root says so too. '' where no NIC shares it."""
+    root = _kernel_pci_root(gpu)
+    near = [a for a in g.kernel.devices_of_class("0x0200") if root and _kernel_pci_root(a) == root]
+    if not near:
+        return ""
+    where = g.work / "tasks-nic"
+    where.mkdir()
+    r = g.numa_run("--tasks", "1", "--cpus", n, "--device", "gpu=1", "--device", "nic=1",
+                   command=("sh", "-c", RANK_REPORT, str(where)))
+    check(r.returncode == 0, f"--tasks 1 --device gpu=1 --device nic=1: exit {r.returncode}: {last_lines(r.stderr, 4)}")
+    (_, _, _, devices), = _rank_reports(g, where, 1, cores)
+    nics = [a for a in devices.split(",") if a != gpu]
+    check(gpu in devices.split(",") and len(nics) == 1 and nics[0] in near,
+          f"the rank got {devices!r}; the gpu {gpu} is under {root}, as are the NICs {near}")
+    status, body = g.agent.call("GET", "/v1/topology")
+    agent_roots = {d["address"]: d.get("pci_root") for d in body.get("pci_devices", [])}
+    check(status == 200 and agent_roots.get(gpu) == agent_roots.get(nics[0]) == root,
+          f"/v1/topology: the gpu under {agent_roots.get(gpu)}, the NIC {nics[0]} under "
+          f"{agent_roots.get(nics[0])}; the kernel says {root}")
+    return f"; with the NIC {nics[0]} under its {root}"
 
 
 INFLIGHT_CLIENTS = 40

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping
 
-from numa_agent.admission.device_manager import allocate_devices, device_hints, device_refusal_reason
+from numa_agent.admission.device_manager import allocate_request_devices, device_hints, device_refusal_reason
 from numa_agent.admission.errors import DeviceAllocationError
 from numa_agent.admission.keep import require_nodes
 from numa_agent.admission.provider import NOTHING, Allocation
@@ -38,14 +38,11 @@ class DeviceProvider:
         if request.keep is not None and request.keep.booking.devices:
             kept = request.keep.booking.devices
             return Allocation(devices=kept, numa_nodes=_nodes_of(view, kept))
-        devices: list[tuple[str, str]] = []
-        for resource, count in sorted(request.resources.devices.items()):
-            if count > 0:
-                addrs = allocate_devices(machine.devices, in_use, resource, count, affinity, machine.distances)
-                devices.extend((resource, a) for a in addrs)
+        devices = allocate_request_devices(machine.devices, in_use, request.resources.devices, affinity,
+                                           machine.distances)
         if not devices:
             return NOTHING
-        return Allocation(devices=tuple(sorted(devices)), numa_nodes=_nodes_of(view, devices))
+        return Allocation(devices=devices, numa_nodes=_nodes_of(view, devices))
 
     def refusal_reason(self, request: Request, view: AdmissionView) -> str | None:
         machine, in_use = view.machine, view.devices_in_use
