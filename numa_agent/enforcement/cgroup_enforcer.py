@@ -9,6 +9,7 @@ workload gets them and come back only after it is gone.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from pathlib import Path
@@ -20,7 +21,7 @@ from numa_agent.core.names import engine_cgroup_parent, is_engine_cgroup
 from numa_agent.enforcement.affinity_enforcer import AffinityEnforcer
 from numa_agent.enforcement.cgroup import CgroupV2
 from numa_agent.enforcement.errors import CgroupError, CgroupMissingError, EnforcementError
-from numa_agent.enforcement.marked import MarkedProcess
+from numa_agent.enforcement.marked import MarkedProcess, scan_marked
 from numa_agent.enforcement.plan import (
     AGENT_CGROUP,
     POD_PREFIX,
@@ -507,7 +508,19 @@ class CgroupEnforcer:
         return Grant(cpus, mems, f"cgroup root {self.cgroup.root}")
 
     def live_marked(self) -> list[MarkedProcess] | None:
-        return None  # the cgroup tree is the record; start-up adopts from it
+        """The marked processes in an engine's cgroup, outside the agent's tree: the only
+        trace a lost checkpoint leaves of a task pinned inside a cgroup it shares (the
+        cgroup tree is the record of every other workload, adopted from it; a workload
+        booked on a whole engine cgroup is adopted from its record first, and so known).
+        One pass over /proc, at start-up only."""
+        root = "/" + str(self.cgroup.root.relative_to(self.cgroup.mount)).strip("/.")
+        found = []
+        for p in scan_marked(exclude=(os.getpid(),)):
+            where = self.cgroup.cgroup_of(p.pid)
+            if where is None or where == root or where.startswith(root.rstrip("/") + "/") or where == "/":
+                continue  # gone, in the agent's own tree, or in no engine's cgroup
+            found.append(dataclasses.replace(p, cgroup=where))
+        return found
 
     # ---- liveness: inotify on each workload's cgroup.events ---------------------
     def track(self, relpath: str, pid: int | None, identity: str | None = None) -> bool:

@@ -41,6 +41,9 @@ class MarkedProcess:
     env_exclusive: bool | None = None  # NUMA_AGENT_EXCLUSIVE; None from a numa-run that did not set it
     mark: str | None = None  # NUMA_AGENT_MARK: the agent's token for (name, pid, start time)
     started_unix: float | None = None  # when it started, seconds since the epoch (None: not known)
+    # The engine's cgroup it shares with other tasks, where the cgroup enforcer found it
+    # (a task pinned inside it); None: the affinity fallback, which reads no cgroup.
+    cgroup: str | None = None
 
     def describe(self) -> str:
         return f"pid {self.pid} ({MARK}={self.name}, CPUs {self.affinity.format() or 'none'})"

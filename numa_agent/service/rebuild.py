@@ -79,10 +79,14 @@ class Rebuild:
     messages: tuple[tuple[int, str], ...] = field(default=())  # (logging level, text)
 
 
-def source_text(marked: Sequence[MarkedProcess] | None) -> str:
-    """What the state is rebuilt from, for the log."""
+def source_text(marked: Sequence[MarkedProcess] | None, cgroups: bool = False) -> str:
+    """What the state is rebuilt from, for the log (`cgroups`: the enforcer keeps its
+    own record of the workloads, and `marked` are only the tasks pinned in engines' cgroups)."""
     if marked is None:
         return "the workload cgroups below the cgroup root"
+    if cgroups:
+        return (f"the workload cgroups below the cgroup root, and the live processes marked {MARK} "
+                f"in engines' cgroups ({len(marked)} found)")
     return (f"the live processes marked {MARK} in /proc ({len(marked)} found); "
             "workloads without one are gone")
 
@@ -131,6 +135,12 @@ def reconcile(machine: Machine, state: AgentState, processes: Iterable[MarkedPro
     for p in candidates:
         others = [cpus for pid, cpus in seen.items() if pid != p.pid]
         kind, why = _classify(machine, state, p, seen[p.pid], others)
+        if p.cgroup is not None and kind != "exclusive":
+            # Outside the agent's tree only a task pinned inside a cgroup it shares is the
+            # agent's, and such a task holds exclusive CPUs: nothing to rebuild, and no
+            # CPUs held for an operator (that needs a cgroup of the agent's to hold them).
+            messages.append((logging.WARNING, f"{p.describe()} in cgroup {p.cgroup}: {why}; not rebuilt"))
+            continue
         if kind == "hold":
             state, name = _hold(machine, state, p, seen[p.pid], why)
             held.append(name)
@@ -215,6 +225,7 @@ def _rebuild(machine: Machine, state: AgentState, p: MarkedProcess, cpus: CpuSet
         unknown.append("devices")
     request: dict[str, Any] = {REBUILT: PARTIAL, "rebuilt_from": f"pid {p.pid}", "unknown": unknown}
     w = Workload(name=p.name, owner_uid=p.uid, shared=shared, pid=p.pid, pid_identity=p.identity,
+                 pinned_in=p.cgroup,  # a task pinned inside its engine's cgroup, pinned and followed again
                  booking=Booking(cpus=exclusive, numa_nodes=machine.nodes_of(exclusive) if exclusive else (),
                                  mems=mems, devices=devices),
                  created_unix=p.started_unix or 0.0,  # its process's start: not known, 0 as before

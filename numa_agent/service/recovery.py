@@ -85,17 +85,18 @@ def restore(machine: Machine, store, enforcer: Enforcer, on_policy_change: str =
     start, so no live mark can be this agent's."""
     fingerprint = machine.policy.fingerprint()
     marked = enforcer.live_marked()
+    source = source_text(marked, cgroups=kept_records(enforcer) is not None)
     quarantined = generation = None
     try:
         loaded = store.load_generation()
-        quarantined, generation = _set_aside(store, loaded, source_text(marked))
+        quarantined, generation = _set_aside(store, loaded, source)
         state = _decoded(store, loaded)
     except (CheckpointCorruptError, ValueError, KeyError, TypeError) as exc:
         moved = store.quarantine(path=store.directory / generation if generation else None)
         _set_aside_journal(store)
         quarantined, generation = (quarantined or (str(moved) if moved else None)), None
         log.error("checkpoint unusable (%s); moved aside to %s; rebuilding from %s",
-                  exc, moved, source_text(marked))
+                  exc, moved, source)
         state = None
     if state is None:
         state = AgentState(policy_fingerprint=fingerprint)

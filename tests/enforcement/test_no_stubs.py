@@ -34,7 +34,6 @@ LEGIT = {
     ("AffinityEnforcer", "setup"): "sched_setaffinity needs nothing made before use: no tree, no controllers",
     ("AffinityEnforcer", "verify"): "nothing to read back: a pin either took or raised, and children inherit it",
     ("AffinityEnforcer", "path_of"): "the documented answer where a workload has no directory to show",
-    ("CgroupEnforcer", "live_marked"): "the documented answer where the cgroup tree is the record start-up adopts",
 }
 
 

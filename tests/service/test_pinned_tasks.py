@@ -116,3 +116,23 @@ def test_pinned_is_for_exclusive_cpus_in_the_callers_own_cgroup(body, why):
 
     with pytest.raises(BadRequest, match=why):
         parse_admit_request(msgspec.json.encode(body))
+
+
+def test_start_up_reads_the_marked_processes_of_engines_cgroups_only(machine):
+    from tests.support.marks import give_mark, spawn_awaiting_mark
+
+    procs = []
+    for where in (STEP, None, "wl-x"):  # an engine's cgroup, outside the hierarchy, the agent's own tree
+        proc = spawn_awaiting_mark(["sleep", "60"], {"NUMA_AGENT_WORKLOAD": f"t{len(procs)}"})
+        procs.append(proc)
+        machine.procs.append(proc)
+        if where == "wl-x":
+            enforcer = machine.service.enforcer
+            enforcer.cgroup.create("wl-x", exist_ok=True)
+            enforcer.cgroup.move_pid("wl-x", proc.pid)
+        elif where is not None:
+            machine.container(STEP).kill()  # (makes the cgroups)
+            machine.top.move_pid(STEP.strip("/"), proc.pid)
+        give_mark(proc, "token")
+    found = machine.service.enforcer.live_marked()
+    assert [(p.pid, p.cgroup) for p in found] == [(procs[0].pid, STEP)]

@@ -33,7 +33,7 @@ def machine_of(cpus=8, reserved=1, **policy):
 
 
 def marked(pid, name, cpus, env_cpus="same", start=None, uid=1000, ppid=1, mems="0", devices="",
-           env_exclusive=None, mark="issued"):
+           env_exclusive=None, mark="issued", cgroup=None):
     """As numa-run started it: the mark the agent issued for it, or (a child,
     ppid not 1) inherited from its parent, started at tick = pid by default."""
     affinity = CpuSet.parse(cpus)
@@ -43,7 +43,8 @@ def marked(pid, name, cpus, env_cpus="same", start=None, uid=1000, ppid=1, mems=
     return MarkedProcess(pid=pid, ppid=ppid, name=name, uid=uid,
                          start_time=start_time, identity=f"{BOOT}:{pid}",
                          affinity=affinity, env_cpus=cpus if env_cpus == "same" else env_cpus,
-                         env_mems=mems, env_devices=devices, env_exclusive=env_exclusive, mark=mark)
+                         env_mems=mems, env_devices=devices, env_exclusive=env_exclusive, mark=mark,
+                         cgroup=cgroup)
 
 
 # ---- the rule -------------------------------------------------------------------------
@@ -171,7 +172,7 @@ def test_scan_finds_a_real_marked_process():
         p.wait()
 
 
-def test_only_the_affinity_enforcer_has_marked_processes(tmp_path):
+def test_only_the_affinity_enforcer_scans_every_marked_process(tmp_path):
     from numa_agent.enforcement.cgroup import CgroupV2
     from numa_agent.enforcement.cgroup_enforcer import CgroupEnforcer
     from numa_agent.enforcement.simulated_cgroupfs import SimulatedCgroupfs, make_simulated_cgroup_root
@@ -179,10 +180,28 @@ def test_only_the_affinity_enforcer_has_marked_processes(tmp_path):
     cgroup = CgroupEnforcer(CgroupV2(root, SimulatedCgroupfs(root)))
     affinity = AffinityEnforcer("test", proc_root=str(tmp_path / "no-proc"))
     try:
-        assert cgroup.live_marked() is None and affinity.live_marked() == []
+        # The cgroup enforcer's are only those in engines' cgroups (tests/service/test_pinned_tasks.py):
+        # none where its root is the whole hierarchy.
+        assert cgroup.live_marked() == [] and affinity.live_marked() == []
     finally:
         cgroup.close()
         affinity.close()
+
+
+def test_a_task_pinned_in_an_engines_cgroup_is_rebuilt_pinned_there_and_only_exclusive():
+    m = machine_of(reserved=0)
+    step = "/slurmstepd.scope/job_5/step_0/user/task_special"
+    out = reconcile(m, AgentState(), [marked(100, "slurm-5-0-0-u0", "2-3", env_exclusive=True, cgroup=step),
+                                      marked(101, "slurm-5-0-1-u0", "0-7", env_exclusive=False, cgroup=step),
+                                      marked(102, "slurm-5-0-2-u0", "4-7", env_cpus="4-5", cgroup=step)],
+                    key=KEY)
+    w = out.state.workload("slurm-5-0-0-u0")
+    assert out.rebuilt == ("slurm-5-0-0-u0",) and w.pinned_in == step and w.cgroup is None
+    assert w.booking.cpus == CpuSet.parse("2-3") and w.pid == 100
+    # A shared one runs on what its engine gave it, one that moved is not the agent's to
+    # attribute: neither is rebuilt, and nothing is held for an operator outside the tree.
+    assert out.held == () and [x.name for x in out.state.workloads] == ["slurm-5-0-0-u0"]
+    assert any("slurm-5-0-1-u0" in text and "not rebuilt" in text for _, text in out.messages)
 
 
 def test_numa_run_saying_shared_or_exclusive_settles_what_the_affinity_cannot():

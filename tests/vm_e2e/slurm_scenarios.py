@@ -493,7 +493,8 @@ def s_confined(g: SlurmGuest) -> str:
 def s_shared_cgroup(g: SlurmGuest) -> str:
     """Without per-task cgroups Slurm 22.05 keeps a step's tasks on a node in one cgroup
     (user/task_special): a lone task is still booked in place there; two tasks are each
-    pinned inside it on CPUs of their own, and released when the step ends."""
+    pinned inside it on CPUs of their own, rebuilt alike when the checkpoint is lost under
+    them, and released when the step ends."""
     g.slurm.start("task/none", per_task_cgroups=False)
     record = g.work / "lone"
     proc = g.srun("lone", "-n1", "-c2", cpus=2, record=record)
@@ -505,11 +506,22 @@ def s_shared_cgroup(g: SlurmGuest) -> str:
           f"the agent still lists {[x['name'] for x in g.slurm_workloads()]} after the lone task's step")
     record = g.work / "pair"
     proc = g.srun("pair", "-n2", "-c2", cpus=2, record=record)
-    pair = check_pinned_tasks(g, running_tasks(g, "pair", proc, record, 2), record)
+    tasks = running_tasks(g, "pair", proc, record, 2)
+    pair = check_pinned_tasks(g, tasks, record)
+    # The checkpoint lost (both generations) under them: each rebuilt from its marked
+    # process, pinned inside the cgroup again on the same CPUs, not double-booked.
+    before = {t["name"]: (t["cpus"], t["pid"], t["pinned_in"]) for t in tasks}
+    g.agent.kill()
+    for name in ("checkpoint.json", "checkpoint.json.prev"):
+        (g.agent.state_dir / name).unlink(missing_ok=True)
+    g.start_agent()
+    after = {t["name"]: (t["cpus"], t["pid"], t["pinned_in"]) for t in g.slurm_workloads()}
+    check(after == before, f"after a lost checkpoint the agent lists {after}, before {before}")
     g.slurm.cancel_all()
     check(wait_for(lambda: not g.slurm_workloads(), timeout=30, interval=0.2),
           f"the agent still lists {[x['name'] for x in g.slurm_workloads()]} after the step ended")
-    return f"{w['name']} in place on {cgroup}; two tasks: {pair}; released at the step's end"
+    return (f"{w['name']} in place on {cgroup}; two tasks: {pair}; rebuilt alike after a lost checkpoint; "
+            "released at the step's end")
 
 
 def epilog_ran(g: SlurmGuest, job: str, before: int) -> str:
