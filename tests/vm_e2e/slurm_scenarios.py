@@ -354,6 +354,15 @@ def check_pinned_tasks(g: SlurmGuest, tasks: list[dict], record: Path) -> str:
     return "; ".join(said)
 
 
+def pinned_pair(g: SlurmGuest, name: str) -> tuple[list[dict], str]:
+    """`srun -n2 -c2 numa-run --cpus 2`: both tasks running, each checked pinned inside the
+    step's one cgroup (check_pinned_tasks); their workloads and what was seen."""
+    record = g.work / name
+    proc = g.srun(name, "-n2", "-c2", cpus=2, record=record)
+    tasks = running_tasks(g, name, proc, record, 2)
+    return tasks, check_pinned_tasks(g, tasks, record)
+
+
 def case_line(g: SlurmGuest, name: str, job: str, procid: int) -> str:
     srun_out = _output(g.work / f"{name}.srun")
     line = next((ln for ln in srun_out.splitlines() if ln.startswith(f"numa-run: Slurm step {job}.0 task {procid}: ")), "")
@@ -504,10 +513,7 @@ def s_shared_cgroup(g: SlurmGuest) -> str:
     g.slurm.cancel_all()
     check(wait_for(lambda: not g.slurm_workloads(), timeout=30, interval=0.2),
           f"the agent still lists {[x['name'] for x in g.slurm_workloads()]} after the lone task's step")
-    record = g.work / "pair"
-    proc = g.srun("pair", "-n2", "-c2", cpus=2, record=record)
-    tasks = running_tasks(g, "pair", proc, record, 2)
-    pair = check_pinned_tasks(g, tasks, record)
+    tasks, pair = pinned_pair(g, "pair")
     # The checkpoint lost (both generations) under them: each rebuilt from its marked
     # process, pinned inside the cgroup again on the same CPUs, not double-booked.
     before = {t["name"]: (t["cpus"], t["pid"], t["pinned_in"]) for t in tasks}
@@ -594,10 +600,7 @@ def s_combined(g: SlurmGuest) -> str:
           f"the agent still lists {[x['name'] for x in g.slurm_workloads()]} after the Epilogs")
     # With the jobs gone, a step of two tasks has the cores it needs: each pinned inside
     # the step's one cgroup, within what task/affinity bound it to.
-    record = g.work / "comb-pair"
-    proc = g.srun("comb-pair", "-n2", "-c2", cpus=2, record=record)
-    tasks = running_tasks(g, "comb-pair", proc, record, 2)
-    pair = check_pinned_tasks(g, tasks, record)
+    tasks, pair = pinned_pair(g, "comb-pair")
     job = tasks[0]["name"].split("-")[1]
     before = len(_output(g.slurm.epilog_log))
     sh("scancel", job, env=g.slurm.env)
