@@ -35,6 +35,7 @@ from numa_agent.enforcement.plan import (
 from numa_agent.enforcement.polling import open_watcher
 from numa_agent.enforcement.protocol import NO_LIMITS, Grant, Layout, Limits
 from numa_agent.enforcement.record import RECORD_XATTR, encode_record
+from numa_agent.state.model import Workload
 
 log = logging.getLogger("numa_agent.enforcement")
 
@@ -166,8 +167,7 @@ class CgroupEnforcer:
                     if not self._engine_gone(spec.relpath):
                         raise
         if move is not None and is_pinned(move[0]):
-            # The caller stays in its engine's cgroup: its threads are pinned and followed.
-            self.pins.apply({}, {move[0]: new[move[0]]}, move, changed=(move[0],))
+            self._pin_caller(move[0], move[1], new[move[0]])
         elif move is not None:
             relpath, pid = move
             cg.move_pid(relpath, pid)
@@ -176,6 +176,19 @@ class CgroupEnforcer:
         # cgroup that inherits the pool follows shared/, which is read back
         # whenever it changed).
         self.verify(new, None if changed is None else written)
+
+    def _pin_caller(self, relpath: str, pid: int, spec: CgroupSpec) -> None:
+        """The caller stays in its engine's cgroup: its threads are pinned and followed.
+        Followed first, by a pidfd and only while `pid` is still the process admitted
+        (the identity the API read when it connected): a PID another process took since
+        is never pinned. A caller gone before or during its pin fails the change, which
+        is taken back, as a move of a process gone does."""
+        identity = spec.record.pid_identity if isinstance(spec.record, Workload) else None
+        if not self.pins.track(relpath, pid, identity):
+            raise ProcessLookupError(f"pid {pid} exited before it could be pinned")
+        self.pins.apply({}, {relpath: spec}, (relpath, pid), changed=(relpath,))
+        if not self.pins.populated(relpath):
+            raise ProcessLookupError(f"pid {pid} exited while it was pinned")
 
     def _record_pin(self, tid: int, cpus: Iterable[int]) -> None:
         self.simulated_pins[tid] = CpuSet(cpus)
