@@ -3,17 +3,22 @@ by a reused PID before its pin, resizes and hotplug of a pinned booking, whole
 bookings around it, and restarts from a damaged or lost checkpoint. On the
 simulated hierarchy, where a pin is recorded, not made (`simulated_pins`)."""
 
-import json
+import dataclasses
 import os
-import subprocess
 
+import msgspec
 import pytest
 
+from numa_agent.admission.machine import build_machine
 from numa_agent.core.caller import Caller
 from numa_agent.core.cpuset import CpuSet
+from numa_agent.daemon.startup import Agent
 from numa_agent.enforcement.processes import process_identity
+from numa_agent.enforcement.record import RECORD_XATTR, encode_record
 from numa_agent.service.refusals import InConflict, Unavailable
 from numa_agent.service.requests import AdmitRequest
+from numa_agent.state.checkpoint import CheckpointStore
+from numa_agent.state.model import AgentState
 from tests.service.test_engine_cgroup import Machine
 
 STEP = "/system.slice/slurmstepd.scope/job_7/step_0/user/task_special"
@@ -74,3 +79,122 @@ def test_a_pid_another_process_took_since_the_caller_asked_is_never_pinned(machi
         machine.service.admit(AdmitRequest(name="slurm-7-0-0", cpus=2, in_place=True, pinned=True), me)
     assert _pinned_to(machine, stranger.pid) is None
     assert machine.service.state.workloads == ()
+
+
+def test_a_resized_pinned_task_is_pinned_again_to_what_it_holds_now(machine):
+    proc, me, view = _task(machine, cpus=2)
+    grown = machine.service.resize("slurm-7-0-0", me, cpus=3)
+    assert _pinned_to(machine, proc.pid) == CpuSet.parse(grown["cpus"]) and len(CpuSet.parse(grown["cpus"])) == 3
+    shrunk = machine.service.resize("slurm-7-0-0", me, cpus=1)
+    assert _pinned_to(machine, proc.pid) == CpuSet.parse(shrunk["cpus"]) and len(CpuSet.parse(shrunk["cpus"])) == 1
+    assert machine.service.state.workload("slurm-7-0-0").pinned_in == STEP
+
+
+def test_hotplug_taking_a_pinned_tasks_cpu_pins_it_to_what_is_left(machine):
+    proc, _, view = _task(machine, cpus=2)
+    lost = min(CpuSet.parse(view["cpus"]))
+    old = machine.service.machine
+    topology = old.topology
+    offline = dataclasses.replace(topology, cpus=tuple(dataclasses.replace(c, online=False) if c.id == lost else c
+                                                       for c in topology.cpus))
+    machine.service.replace_machine(build_machine(offline, old.policy))
+    left = machine.service.state.workload("slurm-7-0-0").booking.cpus
+    assert lost not in left and len(left) == 1
+    assert _pinned_to(machine, proc.pid) == left
+
+
+def test_status_shows_a_pinned_task_without_its_shared_cgroups_memory(machine):
+    _task(machine)
+    status = machine.service.status(memory=True)
+    (view,) = status["workloads"]
+    assert view["pinned_in"] == STEP and view["engine_cgroup"] is None
+    # Its own process's pages (numa_maps), never the shared cgroup's memory.numa_stat.
+    assert view["memory_numa"] is None or view["memory_numa"]["source"] == "numa_maps"
+    machine.service.metrics_snapshot()
+
+
+def _checkpoint(machine):
+    return machine.service.store.directory
+
+
+def test_a_restart_after_both_checkpoints_are_lost_adopts_nothing_of_the_shared_cgroup(machine):
+    first, _, _ = _task(machine, "slurm-7-0-0")
+    _task(machine, "slurm-7-0-1")
+    machine.agent.stop()
+    for entry in _checkpoint(machine).iterdir():
+        if entry.is_file():
+            entry.unlink()
+    machine.agent = Agent(machine.cfg).start()
+    assert machine.service.state.workloads == ()
+    # The step's cgroup is still its engine's: booked neither whole nor for a task.
+    assert machine.service.engine_index() == []
+    second = machine.container(STEP)
+    machine.service.admit(AdmitRequest(name="slurm-7-0-2", cpus=2, in_place=True, pinned=True), _caller(second))
+
+
+def _restart_with(machine, change):
+    """Restart after the checkpoint's pinned workloads were changed by `change` (a damaged entry)."""
+    directory = machine.service.store.directory
+    machine.agent.stop()
+    store = CheckpointStore(directory)
+    data = store.load()
+    data["workloads"] = [{**w, **change(w)} for w in data["workloads"]]
+    store.commit(AgentState.from_json(data), snapshot=True)
+    store.close()
+    machine.agent = Agent(machine.cfg).start()
+
+
+@pytest.mark.parametrize("garbage", ["", "relative/path", "/../../etc", "/", "/system.slice"])
+def test_a_damaged_pinned_in_neither_stops_the_agent_nor_its_views(machine, garbage):
+    proc, me, _ = _task(machine)
+    _restart_with(machine, lambda w: {"pinned_in": garbage})
+    machine.service.status(memory=True)
+    machine.service.list_workloads()
+    machine.service.metrics_snapshot()
+    # Nor an admission beside it.
+    other = machine.container(STEP)
+    machine.service.admit(AdmitRequest(name="slurm-7-0-1", cpus=2, in_place=True, pinned=True), _caller(other))
+
+
+@pytest.mark.parametrize("pinned", [False, True])
+def test_a_booking_below_a_cgroup_of_pinned_tasks_is_refused_naming_them(machine, pinned):
+    _task(machine)
+    proc = machine.container(STEP + "/inner")
+    with pytest.raises(InConflict, match=r"which holds workloads pinned inside it \(tasks booked apart\)$"):
+        machine.service.admit(AdmitRequest(name="slurm-7-0-9", cpus=2, in_place=True, pinned=pinned),
+                              _caller(proc))
+    assert [w.name for w in machine.service.state.workloads] == ["slurm-7-0-0"]
+
+
+def test_roots_booking_above_a_cgroup_of_pinned_tasks_is_refused_naming_them(machine):
+    _task(machine)
+    root = Caller(pid=os.getpid(), uid=0, gid=0)
+    with pytest.raises(InConflict, match=r"which holds workloads pinned inside it \(tasks booked apart\)$"):
+        machine.service.admit(AdmitRequest(name="ctr-0123456789ab", cpus=2,
+                                           cgroup="/system.slice/slurmstepd.scope/job_7"), root)
+    assert [w.name for w in machine.service.state.workloads] == ["slurm-7-0-0"]
+
+
+def test_a_task_moved_out_of_its_shared_cgroup_while_the_agent_was_down_is_released(machine):
+    proc, _, _ = _task(machine, "slurm-7-0-0")
+    _task(machine, "slurm-7-0-1")
+    machine.agent.stop()
+    elsewhere = "system.slice/slurmstepd.scope/job_7/step_extern"
+    top = machine.top
+    top.create(elsewhere)
+    top.move_pid(elsewhere, proc.pid)
+    machine.agent = Agent(machine.cfg).start()
+    assert [w.name for w in machine.service.state.workloads] == ["slurm-7-0-1"]
+    assert not machine.service.enforcer.exists("pinned/slurm-7-0-0")
+
+
+def test_a_stale_record_on_a_cgroup_of_pinned_tasks_is_not_adopted_as_a_whole_booking(machine):
+    _task(machine, "slurm-7-0-0")
+    pinned = machine.service.state.workload("slurm-7-0-0")
+    machine.agent.stop()
+    # As a crash might leave it: a whole booking's record, never handed back, on the same cgroup.
+    stale = msgspec.structs.replace(pinned, name="slurm-7-0-5", pinned_in=None, cgroup=STEP)
+    machine.top.write_xattr(STEP.strip("/"), RECORD_XATTR, encode_record(stale))
+    machine.agent = Agent(machine.cfg).start()
+    assert [w.name for w in machine.service.state.workloads] == ["slurm-7-0-0"]
+    assert machine.top.files.read(machine.top.path(STEP.strip("/")) / "cpuset.cpus").strip() == b""
