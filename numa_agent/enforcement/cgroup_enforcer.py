@@ -197,12 +197,33 @@ class CgroupEnforcer:
         """A pinned workload's change, in its place among the others: a new one is
         pinned when its process is given (the move), a resized one re-pinned, and a
         released one forgotten, what still runs of it handed back to its engine's
-        cgroup (every CPU asked: the kernel bounds it by that cgroup's cpuset)."""
+        cgroup (every CPU asked: the kernel bounds it by that cgroup's cpuset).
+        One followed already when it is laid out anew (a restart) is pinned again
+        unless its process runs within its CPUs: the agent may have died between
+        a checkpoint and its pin. Within them it is left as it is (threads the
+        workload pinned to CPUs of its own keep them)."""
         if spec is None:
             assert before is not None
             self.pins.apply({relpath: before}, _EVERY_CPU_POOL(), None, changed=(relpath,))
         elif before is not None:
             self.pins.apply({relpath: before}, {relpath: spec}, None, changed=(relpath,))
+        elif self.pins.exists(relpath) and not self._runs_within(relpath, spec.cpus):
+            log.info("%s: pid %s runs outside its CPUs %s (the agent stopped before its pin); pinned again",
+                     relpath, spec.pid, spec.cpus.format())
+            self.pins.apply({}, {relpath: spec}, None, changed=(relpath,))
+
+    def _runs_within(self, relpath: str, cpus: CpuSet) -> bool:
+        """The followed process of `relpath` (its main thread) may run only on `cpus`."""
+        pids = self.pins.pids(relpath)
+        if not pids:
+            return True  # exited: nothing to pin, its release follows
+        if self.cgroup.files.simulated:
+            pinned = self.simulated_pins.get(pids[0])
+            return pinned is not None and pinned.issubset(cpus)
+        try:
+            return CpuSet(os.sched_getaffinity(pids[0])).issubset(cpus)
+        except OSError:
+            return True  # exited meanwhile
 
     def _update(self, spec: CgroupSpec, before: CgroupSpec | None, written: set[str],
                 recorded: set[str]) -> None:

@@ -198,3 +198,24 @@ def test_a_stale_record_on_a_cgroup_of_pinned_tasks_is_not_adopted_as_a_whole_bo
     machine.agent = Agent(machine.cfg).start()
     assert [w.name for w in machine.service.state.workloads] == ["slurm-7-0-0"]
     assert machine.top.files.read(machine.top.path(STEP.strip("/")) / "cpuset.cpus").strip() == b""
+
+
+def test_a_power_cut_between_the_checkpoint_and_the_pin_is_pinned_at_the_restart(machine, monkeypatch):
+    # The agent dies after the admission's checkpoint, before the caller's pin.
+    monkeypatch.setattr(machine.service.enforcer, "_pin_caller", lambda relpath, pid, spec: None)
+    proc, _, view = _task(machine)
+    assert _pinned_to(machine, proc.pid) is None
+    monkeypatch.undo()
+    machine.restart()
+    assert machine.service.enforcer.populated("pinned/slurm-7-0-0")
+    assert _pinned_to(machine, proc.pid) == CpuSet.parse(view["cpus"])
+
+
+def test_a_power_cut_between_a_shrinks_checkpoint_and_its_pin_is_pinned_at_the_restart(machine, monkeypatch):
+    proc, me, view = _task(machine, cpus=3)
+    monkeypatch.setattr(machine.service.enforcer, "_apply_pinned", lambda relpath, before, spec: None)
+    shrunk = machine.service.resize("slurm-7-0-0", me, cpus=1)
+    assert _pinned_to(machine, proc.pid) == CpuSet.parse(view["cpus"])  # still the three
+    monkeypatch.undo()
+    machine.restart()
+    assert _pinned_to(machine, proc.pid) == CpuSet.parse(shrunk["cpus"])
