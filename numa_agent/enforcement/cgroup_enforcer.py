@@ -390,7 +390,7 @@ class CgroupEnforcer:
     def cgroup_of(self, pid: int) -> str | None:
         return self.cgroup.cgroup_of(pid)
 
-    def engine_grant(self, cgroup: str) -> tuple[CpuSet, NumaMask]:
+    def engine_grant(self, cgroup: str, own: bool = False) -> tuple[CpuSet, NumaMask]:
         try:
             path = self.cgroup.path(cgroup)
             if not self.cgroup.exists(cgroup):
@@ -399,6 +399,14 @@ class CgroupEnforcer:
             if parent == "/":
                 raise EnforcementError(f"cgroup {path} is a child of the root; an engine's cgroup "
                                        "lies below a parent of the engine's")
+            if own:
+                try:
+                    return self.cgroup.read_effective(cgroup)
+                except CgroupMissingError:
+                    if not self.cgroup.exists(cgroup):
+                        raise
+                    # No cpuset files there (its parent does not enable the controller):
+                    # its tasks run on its parent's.
             return self.cgroup.read_effective(parent)
         except CgroupError as exc:
             raise EnforcementError(str(exc)) from None

@@ -15,7 +15,7 @@ from numa_agent.core.cpuset import CpuSet
 from numa_agent.daemon.startup import Agent
 from numa_agent.enforcement.processes import process_identity
 from numa_agent.enforcement.record import RECORD_XATTR, encode_record
-from numa_agent.service.refusals import InConflict, Unavailable
+from numa_agent.service.refusals import InConflict, InvalidInput, NoCapacity, NotPermitted, Unavailable
 from numa_agent.service.requests import AdmitRequest
 from numa_agent.state.checkpoint import CheckpointStore
 from numa_agent.state.model import AgentState
@@ -219,3 +219,45 @@ def test_a_power_cut_between_a_shrinks_checkpoint_and_its_pin_is_pinned_at_the_r
     monkeypatch.undo()
     machine.restart()
     assert _pinned_to(machine, proc.pid) == CpuSet.parse(shrunk["cpus"])
+
+
+def _as_user(proc, uid=1000):
+    return Caller(pid=proc.pid, uid=uid, gid=uid, identity=process_identity(proc.pid))
+
+
+def test_a_user_cannot_pin_inside_a_cgroup_holding_another_users_process(machine):
+    proc = machine.container(STEP)  # root's, as far as the agent can tell
+    with pytest.raises(NotPermitted, match="holds pid"):
+        machine.service.admit(AdmitRequest(name="slurm-7-0-0-u1000", cpus=2, in_place=True, pinned=True),
+                              _as_user(proc))
+    assert machine.service.state.workloads == () and _pinned_to(machine, proc.pid) is None
+
+
+def test_a_user_cannot_pin_inside_a_cgroup_delegated_to_it(machine):
+    proc = machine.container(STEP)
+    os.chown(machine.top.path(STEP.strip("/")), 1000, 1000)
+    with pytest.raises(NotPermitted, match="delegated to uid 1000"):
+        machine.service.admit(AdmitRequest(name="slurm-7-0-0-u1000", cpus=2, in_place=True, pinned=True),
+                              _as_user(proc))
+    assert machine.service.state.workloads == ()
+
+
+def test_nobody_pins_inside_the_agents_own_tree(machine):
+    proc = machine.container("/numa-agent/shared/_released")
+    for caller in (_caller(proc), _as_user(proc)):
+        with pytest.raises((InvalidInput, NotPermitted)):
+            machine.service.admit(AdmitRequest(name="slurm-7-0-0", cpus=2, in_place=True, pinned=True), caller)
+    assert machine.service.state.workloads == ()
+
+
+def test_a_pinned_task_is_booked_inside_its_own_cgroups_cpus_not_only_its_parents(machine):
+    # Slurm may narrow the task's own cgroup below what the step's parent grants:
+    # a pinned task runs within its own cgroup's cpuset, which the agent never writes.
+    proc = machine.container(STEP, parent_cpus="0-7")
+    machine.top.write_cpuset(STEP.strip("/"), CpuSet.parse("4-7"), [0, 1])
+    view = machine.service.admit(AdmitRequest(name="slurm-7-0-0", cpus=2, in_place=True, pinned=True),
+                                 _caller(proc))
+    assert CpuSet.parse(view["cpus"]).issubset(CpuSet.parse("4-7"))
+    with pytest.raises(NoCapacity, match="inside the CPUs its engine granted"):
+        machine.service.admit(AdmitRequest(name="slurm-7-0-1", cpus=3, in_place=True, pinned=True),
+                              _caller(machine.container(STEP)))

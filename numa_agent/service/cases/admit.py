@@ -283,7 +283,8 @@ def _on_engine_cgroup(parts: AdmitParts, req: Request, body: AdmitRequest, calle
                              f"with sched_setaffinity ({parts.enforcer.reason}); that needs a cgroup v2 cpuset")
     try:
         # First: a path that is not an engine's (the agent's own tree) is a 400, whoever asks.
-        cpus, mems = engines.engine_grant(cgroup)
+        # Pinned inside it: the cgroup's own cpuset, which the agent never writes, bounds the task.
+        cpus, mems = engines.engine_grant(cgroup, own=body.pinned)
         if body.cgroup is None and not caller.is_root:
             parts.check_own_cgroup(cgroup, caller)
     except EnforcementError as exc:
