@@ -261,3 +261,18 @@ def test_a_pinned_task_is_booked_inside_its_own_cgroups_cpus_not_only_its_parent
     with pytest.raises(NoCapacity, match="inside the CPUs its engine granted"):
         machine.service.admit(AdmitRequest(name="slurm-7-0-1", cpus=3, in_place=True, pinned=True),
                               _caller(machine.container(STEP)))
+
+
+def test_a_power_cut_before_a_release_by_name_is_enforced_hands_the_task_back_at_the_restart(machine, monkeypatch):
+    proc, me, view = _task(machine)
+    # The agent dies after the release's checkpoint, before the task is pinned back.
+    monkeypatch.setattr(machine.service.enforcer, "_apply_pinned", lambda relpath, before, spec: None)
+    monkeypatch.setattr(machine.service.enforcer, "evict", lambda relpath, pid, identity, layout: None)
+    machine.service.release("slurm-7-0-0", me)
+    assert _pinned_to(machine, proc.pid) == CpuSet.parse(view["cpus"])  # still on the CPUs given back
+    monkeypatch.undo()
+    machine.restart()
+    assert machine.service.state.workloads == ()
+    with open("/sys/devices/system/cpu/possible") as f:
+        every = CpuSet.parse(f.read().strip())
+    assert _pinned_to(machine, proc.pid) == every
