@@ -276,3 +276,12 @@ def test_a_power_cut_before_a_release_by_name_is_enforced_hands_the_task_back_at
     with open("/sys/devices/system/cpu/possible") as f:
         every = CpuSet.parse(f.read().strip())
     assert _pinned_to(machine, proc.pid) == every
+
+
+def test_a_restart_never_follows_nor_pins_a_process_that_reuses_a_pinned_tasks_pid(machine):
+    proc, _, _ = _task(machine)
+    # As if the task exited while the agent was down and another process took its pid.
+    _restart_with(machine, lambda w: {"pid_identity": "1:1"})
+    assert machine.service.state.workloads == ()
+    assert not machine.service.enforcer.exists("pinned/slurm-7-0-0")
+    assert _pinned_to(machine, proc.pid) is None
