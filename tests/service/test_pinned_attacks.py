@@ -285,3 +285,12 @@ def test_a_restart_never_follows_nor_pins_a_process_that_reuses_a_pinned_tasks_p
     assert machine.service.state.workloads == ()
     assert not machine.service.enforcer.exists("pinned/slurm-7-0-0")
     assert _pinned_to(machine, proc.pid) is None
+
+
+def test_a_released_task_pinned_again_under_another_name_keeps_its_new_pin_as_the_pool_changes(machine):
+    proc, me, _ = _task(machine, "slurm-7-0-0")
+    machine.service.release("slurm-7-0-0", me)  # by name while it runs: revoked
+    again = machine.service.admit(AdmitRequest(name="slurm-7-0-0-again", cpus=2, in_place=True, pinned=True), me)
+    other = machine.container("/system.slice/other.scope")
+    machine.service.admit(AdmitRequest(name="other", cpus=2), _caller(other))  # the pool changes
+    assert _pinned_to(machine, proc.pid) == CpuSet.parse(again["cpus"])
