@@ -213,17 +213,24 @@ class CgroupEnforcer:
             self.pins.apply({}, {relpath: spec}, None, changed=(relpath,))
 
     def _runs_within(self, relpath: str, cpus: CpuSet) -> bool:
-        """The followed process of `relpath` (its main thread) may run only on `cpus`."""
+        """Every thread of the followed process of `relpath` may run only on `cpus`
+        (a power cut in the middle of a pin leaves some as they were)."""
         pids = self.pins.pids(relpath)
-        if not pids:
-            return True  # exited: nothing to pin, its release follows
-        if self.cgroup.files.simulated:
-            pinned = self.simulated_pins.get(pids[0])
-            return pinned is not None and pinned.issubset(cpus)
         try:
-            return CpuSet(os.sched_getaffinity(pids[0])).issubset(cpus)
-        except OSError:
-            return True  # exited meanwhile
+            tids = [int(t) for t in os.listdir(f"{self.pins.proc_root}/{pids[0]}/task")] if pids else []
+        except (OSError, ValueError):
+            tids = []
+        for tid in tids:  # none: exited, nothing to pin (its release follows)
+            if self.cgroup.files.simulated:
+                now = self.simulated_pins.get(tid)
+            else:
+                try:
+                    now = CpuSet(os.sched_getaffinity(tid))
+                except OSError:
+                    continue  # exited meanwhile
+            if now is None or not now.issubset(cpus):
+                return False
+        return True
 
     def _update(self, spec: CgroupSpec, before: CgroupSpec | None, written: set[str],
                 recorded: set[str]) -> None:

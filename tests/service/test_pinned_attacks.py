@@ -294,3 +294,31 @@ def test_a_released_task_pinned_again_under_another_name_keeps_its_new_pin_as_th
     other = machine.container("/system.slice/other.scope")
     machine.service.admit(AdmitRequest(name="other", cpus=2), _caller(other))  # the pool changes
     assert _pinned_to(machine, proc.pid) == CpuSet.parse(again["cpus"])
+
+
+def test_a_power_cut_in_the_middle_of_a_pin_is_finished_at_the_restart(machine, monkeypatch):
+    import subprocess
+    import sys
+
+    code = "import threading, time; threading.Thread(target=time.sleep, args=(60,)).start(); time.sleep(60)"
+    proc = subprocess.Popen([sys.executable, "-c", code])
+    machine.procs.append(proc)
+    machine.container(STEP)  # makes the cgroup (and a task of its own)
+    machine.top.move_pid(STEP.strip("/"), proc.pid)
+    while len(os.listdir(f"/proc/{proc.pid}/task")) < 2:
+        os.sched_yield()
+    enforcer = machine.service.enforcer
+
+    def main_thread_only(relpath, pid, spec):  # the agent dies after the first thread's pin
+        enforcer.pins.track(relpath, pid, spec.record.pid_identity)
+        enforcer._record_pin(pid, spec.cpus.ids())
+
+    monkeypatch.setattr(enforcer, "_pin_caller", main_thread_only)
+    view = machine.service.admit(AdmitRequest(name="slurm-7-0-0", cpus=2, in_place=True, pinned=True), _caller(proc))
+    monkeypatch.undo()
+    booked = CpuSet.parse(view["cpus"])
+    # What a restart does with the tree as the kernel kept it (the pins made survive, as
+    # affinity does): the whole layout applied from nothing, the task followed again.
+    enforcer.apply({}, machine.service.layout)
+    for tid in map(int, os.listdir(f"/proc/{proc.pid}/task")):
+        assert _pinned_to(machine, tid) == booked
