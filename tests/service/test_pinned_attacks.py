@@ -322,3 +322,50 @@ def test_a_power_cut_in_the_middle_of_a_pin_is_finished_at_the_restart(machine, 
     enforcer.apply({}, machine.service.layout)
     for tid in map(int, os.listdir(f"/proc/{proc.pid}/task")):
         assert _pinned_to(machine, tid) == booked
+
+
+def test_a_release_by_name_staged_before_the_admissions_pin_is_applied_after_it(machine):
+    import threading
+
+    proc = machine.container(STEP)
+    me = _caller(proc)
+    unit = machine.service._unit
+    real_apply, real_stage = unit.apply, unit.stage
+    admission_staged, release_staged, go = threading.Event(), threading.Event(), threading.Event()
+
+    def apply(pending):
+        if pending.move is not None:  # the admission: held until the release is staged behind it
+            admission_staged.set()
+            go.wait()
+        return real_apply(pending)
+
+    def stage(new_state, *args, **kwargs):
+        pending = real_stage(new_state, *args, **kwargs)
+        if admission_staged.is_set() and pending.move is None:
+            release_staged.set()
+        return pending
+
+    unit.apply, unit.stage = apply, stage
+    errors = []
+
+    def run(call):
+        try:
+            call()
+        except Exception as exc:  # reported below
+            errors.append(exc)
+
+    admitting = threading.Thread(target=run, args=(lambda: machine.service.admit(
+        AdmitRequest(name="slurm-7-0-0", cpus=2, in_place=True, pinned=True), me),))
+    admitting.start()
+    admission_staged.wait()
+    releasing = threading.Thread(target=run, args=(lambda: machine.service.release("slurm-7-0-0", me),))
+    releasing.start()
+    release_staged.wait()
+    go.set()
+    admitting.join()
+    releasing.join()
+    assert errors == []
+    assert machine.service.state.workloads == ()
+    assert not machine.service.enforcer.exists("pinned/slurm-7-0-0")
+    with open("/sys/devices/system/cpu/possible") as f:
+        assert _pinned_to(machine, proc.pid) == CpuSet.parse(f.read().strip())
