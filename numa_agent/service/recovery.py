@@ -252,10 +252,10 @@ def _still_pinned_in(enforcer: Enforcer, w: Workload) -> bool:
     """A workload pinned inside a shared cgroup is followed again only while its
     process is still in that cgroup: moved out while the agent was down (or a
     damaged `pinned_in`), its grant, and so its booking, are not that cgroup's."""
-    if w.pinned_in is None:
-        return True
     engines = engines_of(enforcer)
-    where = engines.cgroup_of(w.pid) if engines is not None and w.pid is not None else None
+    if w.pinned_in is None or engines is None:
+        return True  # (an agent without cgroups tells no cgroup: it follows the process alone)
+    where = engines.cgroup_of(w.pid) if w.pid is not None else None
     if where is not None and where != w.pinned_in:
         log.warning("%s: pid %s is in cgroup %s, not %s where it was pinned; released", w.name, w.pid,
                     where, w.pinned_in)

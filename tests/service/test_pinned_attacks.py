@@ -369,3 +369,23 @@ def test_a_release_by_name_staged_before_the_admissions_pin_is_applied_after_it(
     assert not machine.service.enforcer.exists("pinned/slurm-7-0-0")
     with open("/sys/devices/system/cpu/possible") as f:
         assert _pinned_to(machine, proc.pid) == CpuSet.parse(f.read().strip())
+
+
+def test_a_restart_in_the_affinity_fallback_still_follows_a_pinned_task(machine):
+    """No cgroup v2 for the agent this time: it cannot tell the task's cgroup, only
+    follow its process, as it did before any check of the cgroup."""
+    from numa_agent.enforcement.affinity_enforcer import AffinityEnforcer
+    from numa_agent.service.recovery import restore
+
+    _task(machine, "slurm-7-0-0")
+    directory, booked_on = machine.service.store.directory, machine.service.machine
+    machine.agent.stop()
+    store, fallback = CheckpointStore(directory), AffinityEnforcer("no cgroup v2 (a test)")
+    try:
+        state, report = restore(booked_on, store, fallback)
+        assert [w.name for w in state.workloads] == ["slurm-7-0-0"] and report.released == ()
+        assert fallback.populated("pinned/slurm-7-0-0")
+    finally:
+        fallback.close()
+        store.close()
+    machine.agent = Agent(machine.cfg).start()  # for the fixture's close
