@@ -284,7 +284,7 @@ def _on_engine_cgroup(parts: AdmitParts, req: Request, body: AdmitRequest, calle
     try:
         # First: a path that is not an engine's (the agent's own tree) is a 400, whoever asks.
         # Pinned inside it: the cgroup's own cpuset, which the agent never writes, bounds the task.
-        cpus, mems = engines.engine_grant(cgroup, own=body.pinned)
+        cpus, mems = engines.engine_grant(cgroup, own=True) if body.pinned else engines.engine_grant(cgroup)
         if body.cgroup is None and not caller.is_root:
             parts.check_own_cgroup(cgroup, caller)
     except EnforcementError as exc:
