@@ -35,6 +35,7 @@ from numa_agent.enforcement.plan import (
 from numa_agent.enforcement.polling import open_watcher
 from numa_agent.enforcement.protocol import NO_LIMITS, Grant, Layout, Limits
 from numa_agent.enforcement.record import RECORD_XATTR, encode_record
+from numa_agent.state.model import Workload
 
 log = logging.getLogger("numa_agent.enforcement")
 
@@ -166,8 +167,7 @@ class CgroupEnforcer:
                     if not self._engine_gone(spec.relpath):
                         raise
         if move is not None and is_pinned(move[0]):
-            # The caller stays in its engine's cgroup: its threads are pinned and followed.
-            self.pins.apply({}, {move[0]: new[move[0]]}, move, changed=(move[0],))
+            self._pin_caller(move[0], move[1], new[move[0]])
         elif move is not None:
             relpath, pid = move
             cg.move_pid(relpath, pid)
@@ -177,6 +177,19 @@ class CgroupEnforcer:
         # whenever it changed).
         self.verify(new, None if changed is None else written)
 
+    def _pin_caller(self, relpath: str, pid: int, spec: CgroupSpec) -> None:
+        """The caller stays in its engine's cgroup: its threads are pinned and followed.
+        Followed first, by a pidfd and only while `pid` is still the process admitted
+        (the identity the API read when it connected): a PID another process took since
+        is never pinned. A caller gone before or during its pin fails the change, which
+        is taken back, as a move of a process gone does."""
+        identity = spec.record.pid_identity if isinstance(spec.record, Workload) else None
+        if not self.pins.track(relpath, pid, identity):
+            raise ProcessLookupError(f"pid {pid} exited before it could be pinned")
+        self.pins.apply({}, {relpath: spec}, (relpath, pid), changed=(relpath,))
+        if not self.pins.populated(relpath):
+            raise ProcessLookupError(f"pid {pid} exited while it was pinned")
+
     def _record_pin(self, tid: int, cpus: Iterable[int]) -> None:
         self.simulated_pins[tid] = CpuSet(cpus)
 
@@ -184,12 +197,40 @@ class CgroupEnforcer:
         """A pinned workload's change, in its place among the others: a new one is
         pinned when its process is given (the move), a resized one re-pinned, and a
         released one forgotten, what still runs of it handed back to its engine's
-        cgroup (every CPU asked: the kernel bounds it by that cgroup's cpuset)."""
+        cgroup (every CPU asked: the kernel bounds it by that cgroup's cpuset).
+        One followed already when it is laid out anew (a restart) is pinned again
+        unless its process runs within its CPUs: the agent may have died between
+        a checkpoint and its pin. Within them it is left as it is (threads the
+        workload pinned to CPUs of its own keep them)."""
         if spec is None:
             assert before is not None
             self.pins.apply({relpath: before}, _EVERY_CPU_POOL(), None, changed=(relpath,))
         elif before is not None:
             self.pins.apply({relpath: before}, {relpath: spec}, None, changed=(relpath,))
+        elif self.pins.exists(relpath) and not self._runs_within(relpath, spec.cpus):
+            log.info("%s: pid %s runs outside its CPUs %s (the agent stopped before its pin); pinned again",
+                     relpath, spec.pid, spec.cpus.format())
+            self.pins.apply({}, {relpath: spec}, None, changed=(relpath,))
+
+    def _runs_within(self, relpath: str, cpus: CpuSet) -> bool:
+        """Every thread of the followed process of `relpath` may run only on `cpus`
+        (a power cut in the middle of a pin leaves some as they were)."""
+        pids = self.pins.pids(relpath)
+        try:
+            tids = [int(t) for t in os.listdir(f"{self.pins.proc_root}/{pids[0]}/task")] if pids else []
+        except (OSError, ValueError):
+            tids = []
+        for tid in tids:  # none: exited, nothing to pin (its release follows)
+            if self.cgroup.files.simulated:
+                now = self.simulated_pins.get(tid)
+            else:
+                try:
+                    now = CpuSet(os.sched_getaffinity(tid))
+                except OSError:
+                    continue  # exited meanwhile
+            if now is None or not now.issubset(cpus):
+                return False
+        return True
 
     def _update(self, spec: CgroupSpec, before: CgroupSpec | None, written: set[str],
                 recorded: set[str]) -> None:
@@ -356,7 +397,7 @@ class CgroupEnforcer:
     def cgroup_of(self, pid: int) -> str | None:
         return self.cgroup.cgroup_of(pid)
 
-    def engine_grant(self, cgroup: str) -> tuple[CpuSet, NumaMask]:
+    def engine_grant(self, cgroup: str, own: bool = False) -> tuple[CpuSet, NumaMask]:
         try:
             path = self.cgroup.path(cgroup)
             if not self.cgroup.exists(cgroup):
@@ -365,6 +406,14 @@ class CgroupEnforcer:
             if parent == "/":
                 raise EnforcementError(f"cgroup {path} is a child of the root; an engine's cgroup "
                                        "lies below a parent of the engine's")
+            if own:
+                try:
+                    return self.cgroup.read_effective(cgroup)
+                except CgroupMissingError:
+                    if not self.cgroup.exists(cgroup):
+                        raise
+                    # No cpuset files there (its parent does not enable the controller):
+                    # its tasks run on its parent's.
             return self.cgroup.read_effective(parent)
         except CgroupError as exc:
             raise EnforcementError(str(exc)) from None

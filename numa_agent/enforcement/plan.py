@@ -97,6 +97,12 @@ def is_pinned(relpath: str) -> bool:
     return relpath.startswith(PINNED_PREFIX)
 
 
+def engine_held(w: Workload) -> str | None:
+    """The engine cgroup `w` is booked on, or pinned inside (listed once for each
+    workload pinned there: a release takes one out)."""
+    return w.cgroup if w.cgroup is not None else w.pinned_in
+
+
 def engine_clash(booked: list[str], cgroup: str) -> str | None:
     """The engine cgroup among `booked` (sorted) that is `cgroup`, above it or
     below it; None when there is none. O(depth log N)."""

@@ -197,11 +197,13 @@ class EngineCgroups(Protocol):
     on: an optional capability, held only by an enforcer that writes cgroup v2
     cpusets. Ask with `engines_of`."""
 
-    def engine_grant(self, cgroup: str) -> tuple[CpuSet, NumaMask]:
+    def engine_grant(self, cgroup: str, own: bool = False) -> tuple[CpuSet, NumaMask]:
         """What an engine's cgroup (`cgroup`, as /proc/PID/cgroup names it: a
         container's, a Slurm task's) may be given: its parent's effective CPUs
-        and memory nodes, which the engine decided. Raises EnforcementError
-        when the cgroup does not exist or is not an engine's."""
+        and memory nodes, which the engine decided; with `own`, its own (within
+        those): what its tasks run on while the agent leaves its cpuset alone
+        (tasks pinned inside it). Raises EnforcementError when the cgroup does
+        not exist or is not an engine's."""
         ...
 
     def cgroup_of(self, pid: int) -> str | None:

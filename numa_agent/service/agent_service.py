@@ -22,7 +22,7 @@ from numa_agent.admission.machine import Machine
 from numa_agent.admission.quota import NO_QUOTAS, Quotas
 from numa_agent.core.caller import Caller
 from numa_agent.discovery.pci_ids import PciNameSource
-from numa_agent.enforcement.plan import CgroupLayout, workload_relpath
+from numa_agent.enforcement.plan import CgroupLayout, engine_held, workload_relpath
 from numa_agent.enforcement.protocol import Enforcer, Layout
 from numa_agent.hotplug.rebase import memory_changes, rebase_state
 from numa_agent.isolation.keeper import IsolationKeeper
@@ -299,12 +299,6 @@ class AgentService(ReadSide):
             self._engine_paths = sorted(held for w in state.workloads if (held := engine_held(w)) is not None)
             self._engine_index_state = state
         return self._engine_paths
-
-
-def engine_held(w: Workload) -> str | None:
-    """The engine cgroup `w` is booked on, or pinned inside (listed once for each
-    workload pinned there: a release takes one out)."""
-    return w.cgroup if w.cgroup is not None else w.pinned_in
 
 
 def _check_root_owned(path: str | None, cgroup: str) -> None:

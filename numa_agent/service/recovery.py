@@ -44,6 +44,7 @@ from numa_agent.enforcement.plan import (
     SHARED_CGROUP,
     WORKLOAD_PREFIX,
     engine_clash,
+    engine_held,
     safe_component,
     workload_relpath,
 )
@@ -126,7 +127,8 @@ def restore(machine: Machine, store, enforcer: Enforcer, on_policy_change: str =
     # A container its runtime enforces has no cgroup nor process of the agent's
     # to follow: it stands until released by name (its runtime tells, NRI).
     released = [w.name for w in state.workloads
-                if w.runtime is None and not enforcer.track(workload_relpath(w), w.pid, w.pid_identity)]
+                if w.runtime is None and not (_still_pinned_in(enforcer, w)
+                                              and enforcer.track(workload_relpath(w), w.pid, w.pid_identity))]
     for name in released:
         from numa_agent.admission.admit import release
         state, _, _ = release(state, name)
@@ -246,6 +248,20 @@ def _adopt(machine: Machine, state: AgentState, enforcer: Enforcer,
     return state, adopted
 
 
+def _still_pinned_in(enforcer: Enforcer, w: Workload) -> bool:
+    """A workload pinned inside a shared cgroup is followed again only while its
+    process is still in that cgroup: moved out while the agent was down (or a
+    damaged `pinned_in`), its grant, and so its booking, are not that cgroup's."""
+    engines = engines_of(enforcer)
+    if w.pinned_in is None or engines is None:
+        return True  # (an agent without cgroups tells no cgroup: it follows the process alone)
+    where = engines.cgroup_of(w.pid) if w.pid is not None else None
+    if where is not None and where != w.pinned_in:
+        log.warning("%s: pid %s is in cgroup %s, not %s where it was pinned; released", w.name, w.pid,
+                    where, w.pinned_in)
+    return where == w.pinned_in
+
+
 def _adopt_engines(machine: Machine, state: AgentState, enforcer: Enforcer) -> tuple[AgentState, list[str]]:
     """Adopt the workloads enforced on engines' cgroups (containers, Slurm
     tasks) that the state lost, from the record on each: only one that names
@@ -253,7 +269,8 @@ def _adopt_engines(machine: Machine, state: AgentState, enforcer: Enforcer) -> t
     engines = engines_of(enforcer)
     if engines is None:
         return state, []
-    known = sorted(w.cgroup for w in state.workloads if w.cgroup is not None)
+    # Pinned workloads hold theirs too: no whole booking joins them there, nor above or below.
+    known = sorted(held for w in state.workloads if (held := engine_held(w)) is not None)
     adopted: list[str] = []
     for rel in engines.engine_cgroups():  # parents before children
         if rel in known or not enforcer.populated(rel):

@@ -33,7 +33,7 @@ import logging
 from typing import Any, Callable, Iterable
 
 from numa_agent.enforcement.errors import EnforcementError
-from numa_agent.enforcement.plan import workload_relpath
+from numa_agent.enforcement.plan import is_pinned, workload_relpath
 from numa_agent.enforcement.processes import process_alive, process_identity
 from numa_agent.enforcement.protocol import Enforcer, Layout, Records, kept_records
 from numa_agent.enforcement.record import decode_record
@@ -102,13 +102,17 @@ def hand_to_pool(state: AgentState, enforcer: Enforcer, layout: Layout) -> None:
     """What the revoked workloads left running goes to the shared pool of
     `layout`: a cgroup still carrying a revoked record is emptied into it and
     removed, a live revoked process (the affinity fallback) re-pinned to it,
-    once however many revocations name it.
+    once however many revocations name it; a live one pinned inside a cgroup it
+    shares, to every CPU (its cgroup bounds it), as its release does.
     A failure is logged: the start or the change it belongs to goes on."""
     lives = _lives_once()
     handed: set[tuple[int | None, str | None]] = set()
     for r in state.revoked:
-        cgroup = r.cgroup if record_remains(r, enforcer) else None
         pid = r.pid if (r.pid, r.pid_identity) not in handed and lives(r) else None
+        # A task pinned inside a cgroup it shares has only its process's affinity to hand
+        # back, unless that process is booked again meanwhile (pinned under another name).
+        pinned = pid is not None and bool(r.cgroup) and is_pinned(r.cgroup) and not _booked_again(state, r)
+        cgroup = r.cgroup if pinned or record_remains(r, enforcer) else None
         if cgroup is None and pid is None:
             continue
         handed.add((r.pid, r.pid_identity))
@@ -117,6 +121,11 @@ def hand_to_pool(state: AgentState, enforcer: Enforcer, layout: Layout) -> None:
         except (EnforcementError, OSError) as exc:
             log.error("cannot move what the released workload %s left running to the shared pool: %s",
                       r.name, exc)
+
+
+def _booked_again(state: AgentState, r: Revocation) -> bool:
+    """The revoked workload's process holds a workload of `state` now."""
+    return any(w.pid == r.pid and w.pid_identity == r.pid_identity for w in state.workloads)
 
 
 def released_views(state: AgentState) -> list[dict[str, Any]]:

@@ -154,15 +154,16 @@ def _check_engine_clash(parts: AdmitParts, cgroup: str, pinned: bool = False) ->
     if clash is None:
         return
     spec = parts.layout.get(clash)
-    holder = spec.workload if spec is not None else None
-    if spec is None and clash == cgroup:  # only pinned workloads hold it
+    where = ("lies below" if cgroup.startswith(clash + "/") else "lies above") + f" cgroup {clash}, which holds"
+    if spec is None:  # no cgroup of a workload's: only pinned workloads hold it
+        if clash != cgroup:
+            raise InConflict(f"cgroup {cgroup} {where} workloads pinned inside it (tasks booked apart)")
         if pinned:
             return
         raise InConflict(f"cgroup {cgroup} holds workloads pinned inside it (tasks booked apart); one "
                          "booking for the whole cgroup cannot join them")
-    where = "already holds" if clash == cgroup else \
-        ("lies below" if cgroup.startswith(clash + "/") else "lies above") + f" cgroup {clash}, which holds"
-    raise InConflict(f"cgroup {cgroup} {where} workload {holder or '(unknown)'}; one engine cgroup "
+    where = "already holds" if clash == cgroup else where
+    raise InConflict(f"cgroup {cgroup} {where} workload {spec.workload or '(unknown)'}; one engine cgroup "
                      "takes one workload, and none nests in another's")
 
 
@@ -282,7 +283,8 @@ def _on_engine_cgroup(parts: AdmitParts, req: Request, body: AdmitRequest, calle
                              f"with sched_setaffinity ({parts.enforcer.reason}); that needs a cgroup v2 cpuset")
     try:
         # First: a path that is not an engine's (the agent's own tree) is a 400, whoever asks.
-        cpus, mems = engines.engine_grant(cgroup)
+        # Pinned inside it: the cgroup's own cpuset, which the agent never writes, bounds the task.
+        cpus, mems = engines.engine_grant(cgroup, own=True) if body.pinned else engines.engine_grant(cgroup)
         if body.cgroup is None and not caller.is_root:
             parts.check_own_cgroup(cgroup, caller)
     except EnforcementError as exc:
