@@ -81,6 +81,9 @@ class Request:
     cgroup: str | None = None
     within_cpus: CpuSet | None = None
     within_mems: tuple[int, ...] | None = None
+    # The cgroup whose cpuset that grant is, for a refusal to name: None, the engine
+    # cgroup's parent; the cgroup itself for a task pinned inside it (its tasks run there).
+    granted_by: str | None = None
     # Set only by a resize (None for every admission): the booking to keep.
     keep: Keep | None = None
 

@@ -134,9 +134,11 @@ def to_admission_request(req: AdmitRequest, caller: Caller, *, name: str, create
         within_cpus=CpuSet.parse(req.within_cpus) if req.within_cpus is not None else None)
 
 
-def with_engine_grant(req: Request, cgroup: str, cpus: CpuSet, mems: tuple[int, ...]) -> Request:
-    """`req` enforced on the engine's cgroup `cgroup`, booked inside what its engine granted."""
-    return replace_value(req, cgroup=cgroup, within_cpus=cpus, within_mems=mems)
+def with_engine_grant(req: Request, cgroup: str, cpus: CpuSet, mems: tuple[int, ...],
+                      granted_by: str | None = None) -> Request:
+    """`req` enforced on the engine's cgroup `cgroup`, booked inside what its engine granted
+    (the cpuset of `granted_by`; None: of the cgroup's parent)."""
+    return replace_value(req, cgroup=cgroup, within_cpus=cpus, within_mems=mems, granted_by=granted_by)
 
 
 def _resources(r: AdmitRequest | PodBudget) -> Resources:

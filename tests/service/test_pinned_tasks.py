@@ -12,7 +12,7 @@ from numa_agent.api.validation import parse_admit_request
 from numa_agent.core.caller import Caller
 from numa_agent.core.cpuset import CpuSet
 from numa_agent.enforcement.record import RECORD_XATTR
-from numa_agent.service.refusals import InConflict
+from numa_agent.service.refusals import InConflict, NoCapacity
 from numa_agent.service.requests import AdmitRequest
 from tests.service.test_engine_cgroup import Machine
 from tests.support.agent_process import wait_for
@@ -136,3 +136,11 @@ def test_start_up_reads_the_marked_processes_of_engines_cgroups_only(machine):
         give_mark(proc, "token")
     found = machine.service.enforcer.live_marked()
     assert [(p.pid, p.cgroup) for p in found] == [(procs[0].pid, STEP)]
+
+
+def test_a_refusal_of_a_pinned_task_names_its_own_cgroup_whose_cpuset_bounds_it(machine):
+    _task(machine)
+    proc = machine.container(STEP)
+    me = Caller(pid=proc.pid, uid=os.getuid(), gid=os.getgid())
+    with pytest.raises(NoCapacity, match=f"the cpuset of cgroup {STEP}\\)"):
+        machine.service.admit(AdmitRequest(name="slurm-7-0-1", cpus=64, in_place=True, pinned=True), me)

@@ -44,9 +44,9 @@ def _outside_grant(request: Request, view: AdmissionView, count: int) -> str:
     if request.cgroup is None:  # the caller's own within_cpus, in the agent's tree
         where = f"inside within_cpus {granted.format() or 'none'}"
     else:
-        parent = engine_cgroup_parent(request.cgroup)
+        source = request.granted_by or engine_cgroup_parent(request.cgroup)
         where = (f"inside the CPUs its engine granted ({granted.format() or 'none'}, the cpuset of cgroup "
-                 f"{parent})")
+                 f"{source})")
     return (f"not enough CPUs: requested {count}, {len(free)} free for exclusive use {where}; "
             f"free there: {free.format() or 'none'}")
 

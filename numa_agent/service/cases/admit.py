@@ -293,7 +293,7 @@ def _on_engine_cgroup(parts: AdmitParts, req: Request, body: AdmitRequest, calle
     granted = cpus & parts.machine.usable_cpus
     if req.within_cpus is not None:  # the caller's own bound narrows the engine's grant
         granted = granted & req.within_cpus
-    return with_engine_grant(req, cgroup, granted, mems.nodes())
+    return with_engine_grant(req, cgroup, granted, mems.nodes(), granted_by=cgroup if body.pinned else None)
 
 
 def _check_runtime(state: AgentState, body: AdmitRequest, caller: Caller) -> None:
