@@ -204,7 +204,7 @@ class CgroupEnforcer:
         workload pinned to CPUs of its own keep them)."""
         if spec is None:
             assert before is not None
-            self.pins.apply({relpath: before}, _EVERY_CPU_POOL(), None, changed=(relpath,))
+            self.pins.apply({relpath: before}, _every_cpu_pool(), None, changed=(relpath,))
         elif before is not None:
             self.pins.apply({relpath: before}, {relpath: spec}, None, changed=(relpath,))
         elif self.pins.exists(relpath) and not self._runs_within(relpath, spec.cpus):
@@ -353,7 +353,7 @@ class CgroupEnforcer:
             return
         if is_pinned(relpath):
             self.pins.forget(relpath)
-            self.pins.evict(relpath, pid, identity, _EVERY_CPU_POOL())
+            self.pins.evict(relpath, pid, identity, _every_cpu_pool())
             return
         self.watcher.unwatch(relpath)
         if is_engine_cgroup(relpath):
@@ -606,7 +606,7 @@ class CgroupEnforcer:
         self.cgroup.files.close()
 
 
-def _EVERY_CPU_POOL() -> dict[str, CgroupSpec]:
+def _every_cpu_pool() -> dict[str, CgroupSpec]:
     """A released pinned process's layout to go back to: every possible CPU, which the
     kernel bounds by the cpuset of the cgroup it is in (its engine's grant, as a
     handed-back engine cgroup's processes get)."""
