@@ -110,8 +110,8 @@ def hand_to_pool(state: AgentState, enforcer: Enforcer, layout: Layout) -> None:
     for r in state.revoked:
         pid = r.pid if (r.pid, r.pid_identity) not in handed and lives(r) else None
         # A task pinned inside a cgroup it shares has only its process's affinity to hand
-        # back, unless that process is booked again meanwhile (pinned under another name).
-        pinned = pid is not None and bool(r.cgroup) and is_pinned(r.cgroup) and not _booked_again(state, r)
+        # back (a process booked again has no revocation left: service/cases/admit.py).
+        pinned = pid is not None and bool(r.cgroup) and is_pinned(r.cgroup)
         cgroup = r.cgroup if pinned or record_remains(r, enforcer) else None
         if cgroup is None and pid is None:
             continue
@@ -121,11 +121,6 @@ def hand_to_pool(state: AgentState, enforcer: Enforcer, layout: Layout) -> None:
         except (EnforcementError, OSError) as exc:
             log.error("cannot move what the released workload %s left running to the shared pool: %s",
                       r.name, exc)
-
-
-def _booked_again(state: AgentState, r: Revocation) -> bool:
-    """The revoked workload's process holds a workload of `state` now."""
-    return any(w.pid == r.pid and w.pid_identity == r.pid_identity for w in state.workloads)
 
 
 def released_views(state: AgentState) -> list[dict[str, Any]]:

@@ -144,3 +144,15 @@ def test_a_refusal_of_a_pinned_task_names_its_own_cgroup_whose_cpuset_bounds_it(
     me = Caller(pid=proc.pid, uid=os.getuid(), gid=os.getgid())
     with pytest.raises(NoCapacity, match=f"the cpuset of cgroup {STEP}\\)"):
         machine.service.admit(AdmitRequest(name="slurm-7-0-1", cpus=64, in_place=True, pinned=True), me)
+
+
+def test_a_released_process_booked_again_is_no_longer_revoked_even_after_a_restart(machine):
+    proc, me, _ = _task(machine, "slurm-7-0-0")
+    machine.service.release("slurm-7-0-0", me)  # by name while it runs: its release stands
+    assert [r.name for r in machine.service.state.revoked] == ["slurm-7-0-0"]
+    machine.service.admit(AdmitRequest(name="slurm-7-0-0-again", cpus=2, in_place=True, pinned=True), me)
+    # Its process is the new workload's now: nothing hands it back, nor skips its rebuild.
+    assert machine.service.state.revoked == ()
+    machine.restart()  # the revocations' copy beside the mark key does not bring it back
+    assert machine.service.state.revoked == ()
+    assert machine.service.state.workload("slurm-7-0-0-again").pid == proc.pid

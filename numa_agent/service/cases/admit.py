@@ -119,6 +119,7 @@ def admit(parts: AdmitParts, request: AdmitRequest, caller: Caller, dry_run: boo
             # Checkpointed with the workload, so a retry after a restart finds it.
             w = msgspec.structs.replace(w, request={**w.request, "request_id": request_id})
             new_state = new_state.with_workload(w)
+        new_state = _unrevoked(new_state, w)
         # On an engine's cgroup the processes are already where they belong; a
         # runtime's container has none of the agent's to go to.
         move = None if w.cgroup is not None or w.runtime is not None else (workload_relpath(w), caller.pid)
@@ -310,6 +311,16 @@ def _check_runtime(state: AgentState, body: AdmitRequest, caller: Caller) -> Non
         raise InvalidRequest(f"pod {pod.name} holds containers " + (
             "their runtime enforces; a workload the agent enforces cannot join it" if body.runtime is None
             else "the agent enforces; a container its runtime enforces cannot join it"))
+
+
+def _unrevoked(state: AgentState, w: Workload) -> AgentState:
+    """`state` without the revocations of `w`'s process: a process released while it
+    ran that asks anew is the new workload's now (its release no longer stands), so
+    nothing hands it back to the pool, and nothing keeps it from being rebuilt under
+    its new name. O(revocations), which are few: one per released live process."""
+    if w.pid is None or not state.revoked:
+        return state
+    return state.with_revoked(tuple(r for r in state.revoked if not r.covers_process(w.pid, w.pid_identity)))
 
 
 def _pinned(w: Workload, body: AdmitRequest) -> Workload:
