@@ -562,12 +562,15 @@ class CgroupEnforcer:
         cgroup tree is the record of every other workload, adopted from it; a workload
         booked on a whole engine cgroup is adopted from its record first, and so known).
         One pass over /proc, at start-up only."""
-        root = "/" + str(self.cgroup.root.relative_to(self.cgroup.mount)).strip("/.")
         found = []
         for p in scan_marked(exclude=(os.getpid(),)):
             where = self.cgroup.cgroup_of(p.pid)
-            if where is None or where == root or where.startswith(root.rstrip("/") + "/") or where == "/":
-                continue  # gone, in the agent's own tree, or in no engine's cgroup
+            if where is None:
+                continue  # gone
+            try:
+                self.cgroup.path(where)  # the rule an admission's engine cgroup meets
+            except CgroupError:
+                continue  # the agent's own tree, above it, or the top: no engine's cgroup
             found.append(dataclasses.replace(p, cgroup=where))
         return found
 
