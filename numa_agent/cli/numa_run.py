@@ -384,13 +384,13 @@ def slurm_request(args: argparse.Namespace, body: dict[str, Any], case: Confinem
     from numa_agent.core.slurm import shared_cgroup_refusal, shares_cgroup, task_refusal, tasks_on_node
 
     body.setdefault("name", case.task.workload_name(os.geteuid()))
-    pinned = body.get("physcpubind")
-    too_few = task_refusal(case, int(body.get("cpus") or 0), CpuSet.parse(pinned) if pinned else None)
+    physcpubind = body.get("physcpubind")
+    too_few = task_refusal(case, int(body.get("cpus") or 0), CpuSet.parse(physcpubind) if physcpubind else None)
     if too_few:
         return too_few
     if case.in_place:
         tasks_here = tasks_on_node(os.environ)
-        exclusive = int(body.get("cpus") or 0) or (1 if pinned else 0)
+        exclusive = int(body.get("cpus") or 0) or (1 if physcpubind else 0)
         shared = shared_cgroup_refusal(case.task, case.cgroup, tasks_here, exclusive)
         if shared:
             return shared
