@@ -565,6 +565,18 @@ def end_tasks(g: ClusterGuest, name: str) -> None:
     g.touch(WORK / f"end-{name}")
 
 
+def end_step(g: ClusterGuest, name: str, proc: subprocess.Popen, job: str) -> None:
+    """Tell the step's tasks to end: srun exits 0 and neither node keeps a booking of the job."""
+    end_tasks(g, name)
+    try:
+        rc = proc.wait(SLURM_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        rc = None
+    check(rc == 0, f"srun exited {rc} after the tasks were told to end: "
+                   f"{last_lines((g.work / f'{name}.srun').read_text(errors='replace'), 6)}")
+    wait_released(g, job)
+
+
 def wait_released(g: ClusterGuest, job: str) -> None:
     left = wait_for(lambda: not any(g.node_workloads(n, job) for n in NODES), timeout=SLURM_TIMEOUT, interval=1)
     check(left, "still booked after the job ended: "
@@ -582,14 +594,7 @@ def s_srun(g: ClusterGuest) -> str:
     job = tasks[0]["job"]
     per_node = check_placement(g, tasks, job)
     note = placement_note(g, job, per_node)
-    end_tasks(g, "srun")
-    try:
-        rc = proc.wait(SLURM_TIMEOUT)
-    except subprocess.TimeoutExpired:
-        rc = None
-    check(rc == 0, f"srun exited {rc} after the tasks were told to end: "
-                   f"{last_lines((g.work / 'srun.srun').read_text(errors='replace'), 6)}")
-    wait_released(g, job)
+    end_step(g, "srun", proc, job)
     return note + f"; node line (numa1's): {g.node_lines[NODES[0]]}"
 
 
@@ -665,14 +670,7 @@ def s_agent_kill(g: ClusterGuest) -> str:
     g.peer.call("agent_start", timeout=AGENT_START_TIMEOUT + 30)
     after = {w["name"]: (w["cpus"], w["pid"]) for w in g.node_workloads(NODES[1], job)}
     check(after == before, f"after the restart {NODES[1]}'s agent lists {after}, before the kill {before}")
-    end_tasks(g, "kill")
-    try:
-        rc = proc.wait(SLURM_TIMEOUT)
-    except subprocess.TimeoutExpired:
-        rc = None
-    check(rc == 0, f"srun exited {rc} after the tasks were told to end: "
-                   f"{last_lines((g.work / 'kill.srun').read_text(errors='replace'), 6)}")
-    wait_released(g, job)
+    end_step(g, "kill", proc, job)
     return f"agent pid {killed} killed; kept {sorted(before)}; " + note
 
 
