@@ -17,6 +17,7 @@ from numa_agent.daemon.startup import Agent
 from numa_agent.nri import nri_api_pb2 as api
 from numa_agent.nri.handler import KubernetesHandler
 from tests.nri.fake_runtime import FakeRuntime
+from tests.support.agent_process import wait_for
 from tests.support.synthetic import make_topology
 from tests.support.sysfs_writer import write_sysfs
 
@@ -120,6 +121,9 @@ def test_the_plugin_registers_after_the_api_and_health_status_and_metrics_say_so
                 api.ConfigureResponse)
         assert rt.call("Synchronize", api.SynchronizeRequest(), api.SynchronizeResponse)[0] == 0
         assert made.handlers[0].synchronized.is_set()
+        # The adapter records its registration when register() returns, which the session
+        # serving the runtime meanwhile may come before (tests/nri/test_adapter.py).
+        assert wait_for(lambda: agent.service.health()["nri"]["connected"])
         health = agent.service.health()
         assert health["status"] == "ok" and health["nri"]["connected"] is True
         assert health["nri"]["runtime"] == "containerd 1.7.24"

@@ -20,7 +20,6 @@ from numa_agent.nri import plugin
 from numa_agent.views.metrics import NriCollector
 from tests.nri.fake_runtime import FakeRuntime
 from tests.nri.test_plugin import EmptyHandler
-from tests.support.agent_process import wait_for
 
 SETTLE = 10  # seconds a test waits for the adapter's thread at most (never reached when it works)
 
@@ -340,7 +339,7 @@ def test_the_handlers_calls_are_counted_timed_and_refusals_counted(tmp_path, mak
     # The session serves the runtime from its own thread as soon as it is registered; the
     # adapter's thread records the registration when register() returns, which a loaded
     # machine may schedule after the calls above.
-    assert wait_for(lambda: adapter.stats()["connected"], timeout=10, interval=0.01)
+    assert _wait_for(lambda: adapter.stats()["connected"])
     stats = adapter.stats()
     assert stats["connected"] is True and stats["connections_total"] == 1 and stats["refusals_total"] == 1
     assert stats["requests_total"] == {"Synchronize": 1, "CreateContainer": 2, "UpdateContainer": 0,
